@@ -1,0 +1,1 @@
+"""Model folders: each subpackage exposes `spec = ModelSpec(...)` (see torchacco/spec.py)."""

@@ -1,0 +1,261 @@
+"""Typed configuration: small dataclass sections, loaded from TOML, overridden from the CLI.
+
+`load_config(["--config", "x.toml", "--training.steps", "20"])` returns a `Config`.
+Unknown sections or keys list the valid ones; a wrong type names the file, the key and
+the expected type. Every error is a `UserError` (one line for the user, no traceback).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from torchacco.errors import UserError
+
+DATA_PARALLEL = ("ddp", "zero1", "fsdp", "acco", "dpu", "wp")
+
+
+@dataclass
+class Job:
+    name: str = "run"
+    dump_folder: str = "outputs/run"  # every output of the run goes here
+    description: str = ""
+    overwrite: bool = True  # reuse an existing dump folder
+
+
+@dataclass
+class Model:
+    name: str = "gpt_neo"  # a folder in models/
+    flavor: str = "debug"
+    vocab_size: int = 0  # 0: the tokenizer's vocabulary size
+    compile: bool = False  # torch.compile each transformer block
+    activation_checkpoint: bool = False
+    init_from: str = ""  # reserved for Hugging Face safetensors import (not implemented yet)
+
+
+@dataclass
+class Tokenizer:
+    path: str = ""  # a tokenizer.json to load; empty: train a byte-level BPE on the training data
+    vocab_size: int = 10_000  # when training one
+
+
+@dataclass
+class Data:
+    dataset: str = "embedded"  # "embedded" (Shakespeare, Milton, KJV bible) or a file / directory
+    format: str = "auto"  # auto | text | jsonl | alpaca
+    text_field: str = "text"  # the field of .jsonl records holding the text
+    validation: str = ""  # separate validation file/dir; empty: split off val_fraction
+    val_fraction: float = 0.02
+    cache_dir: str = ""  # token caches and the embedded corpus; empty: $TORCHACCO_CACHE or ~/.cache/torchacco
+
+
+@dataclass
+class Training:
+    seq_len: int = 256
+    local_batch_size: int = 8  # sequences per micro-batch on one rank
+    global_batch_size: int = 0  # sequences per optimizer step over all ranks; 0: local × world (no accumulation)
+    steps: int = 100  # optimizer steps
+    max_tokens: int = 0  # stop after this many tokens (all ranks); 0: no limit
+    max_norm: float = 1.0  # gradient clipping; 0 disables
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    mixed_precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+    num_threads: int = 0  # CPU threads per rank; 0: cores / local ranks
+
+
+@dataclass
+class Optimizer:
+    name: str = "adamw"
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # not applied to norms, biases and embeddings
+
+
+@dataclass
+class LRSchedule:
+    warmup_steps: int = 0  # converted to tokens with the nominal tokens per step
+    decay: str = "cosine"  # cosine | linear | constant
+    min_lr_ratio: float = 0.1
+
+
+@dataclass
+class Parallelism:
+    data_parallel: str = "ddp"  # ddp | zero1 | fsdp | acco | dpu | wp
+    reshard_after_forward: bool = True  # fsdp
+    bucket_cap_mb: float = 25.0  # ddp
+    reduce_dtype: str = "fp32"  # fsdp and zero1 gradient reduction: fp32 | bf16
+    tensor_parallel_degree: int = 1
+    pipeline_parallel_degree: int = 1
+
+
+@dataclass
+class Eval:
+    every: int = 50  # steps between validation passes; 0 disables
+    batches: int = 8  # micro-batches per validation pass and rank
+
+
+@dataclass
+class Metrics:
+    log_every: int = 10
+    tensorboard: bool = True
+    progress_bar: bool = True
+
+
+@dataclass
+class Checkpoint:
+    enable: bool = False  # training checkpoints are not implemented yet: enabling is an error
+    every: int = 0
+    folder: str = "checkpoint"
+
+
+@dataclass
+class Config:
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    tokenizer: Tokenizer = field(default_factory=Tokenizer)
+    data: Data = field(default_factory=Data)
+    training: Training = field(default_factory=Training)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_schedule: LRSchedule = field(default_factory=LRSchedule)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    eval: Eval = field(default_factory=Eval)
+    metrics: Metrics = field(default_factory=Metrics)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        lines = []
+        for section, values in self.to_dict().items():
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+            lines.append("")
+        return "\n".join(lines)
+
+
+CHOICES = {
+    ("parallelism", "data_parallel"): DATA_PARALLEL,
+    ("training", "device"): ("auto", "cpu", "cuda"),
+    ("training", "mixed_precision"): ("auto", "bf16", "fp32"),
+    ("lr_schedule", "decay"): ("cosine", "linear", "constant"),
+    ("data", "format"): ("auto", "text", "jsonl", "alpaca"),
+    ("parallelism", "reduce_dtype"): ("fp32", "bf16"),
+    ("optimizer", "name"): ("adamw",),
+}
+
+
+def _sections() -> dict[str, type]:
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+
+
+def _key_types(section_cls: type) -> dict[str, type]:
+    hints = typing.get_type_hints(section_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
+
+
+def _convert(value, expected: type, where: str):
+    """Check a TOML value (or convert a CLI string) to the field's type."""
+    if isinstance(expected, types.UnionType):
+        expected = next(t for t in typing.get_args(expected) if t is not type(None))
+    if isinstance(value, str) and expected is not str:
+        text = value.strip()
+        try:
+            if expected is bool:
+                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                return text.lower() in ("true", "1", "yes")
+            if expected is int:
+                number = float(text)  # accepts "1e6" for token counts, but only whole numbers
+                if not number.is_integer():
+                    raise ValueError
+                return int(number)
+            return expected(text)
+        except ValueError:
+            raise UserError(f"{where}: expected {expected.__name__}, got '{value}'") from None
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is bool and not isinstance(value, bool):
+        raise UserError(f"{where}: expected true or false, got {value!r}")
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise UserError(f"{where}: expected {expected.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _set(cfg: Config, section: str, key: str, value, origin: str) -> None:
+    sections = _sections()
+    if section not in sections:
+        raise UserError(f"{origin}: unknown section [{section}]; valid sections: {', '.join(sections)}")
+    keys = _key_types(sections[section])
+    if key not in keys:
+        raise UserError(f"{origin}: unknown key '{key}' in [{section}]; valid keys: {', '.join(keys)}")
+    value = _convert(value, keys[key], f"{origin}: [{section}] {key}")
+    choices = CHOICES.get((section, key))
+    if choices is not None and value not in choices:
+        raise UserError(f"{origin}: [{section}] {key} = {value!r} is not one of: {', '.join(choices)}")
+    setattr(getattr(cfg, section), key, value)
+
+
+def config_from_dict(data: dict, origin: str = "config") -> Config:
+    cfg = Config()
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            raise UserError(f"{origin}: '{section}' must be a [section] table, not a plain value")
+        for key, value in values.items():
+            _set(cfg, section, key, value, origin)
+    return cfg
+
+
+def load_toml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path} (pass --config train_configs/<name>.toml)")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path}: TOML syntax error: {e}") from None
+
+
+def parse_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str, str]]]:
+    """Split `--config FILE --section.key VALUE ...` into the file and the overrides."""
+    config_file, overrides, i = None, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise UserError(f"unexpected argument '{arg}'; use --config FILE and --section.key VALUE")
+        name, eq, inline = arg[2:].partition("=")
+        if eq:
+            value, i = inline, i + 1
+        elif i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+        else:
+            raise UserError(f"'{arg}' needs a value")
+        if name in ("config", "job.config_file"):
+            config_file = value
+            continue
+        section, dot, key = name.partition(".")
+        if not dot or not key:
+            raise UserError(f"'{arg}': overrides are written --section.key VALUE (e.g. --training.steps 20)")
+        overrides.append((section, key, value))
+    return config_file, overrides
+
+
+def load_config(argv: list[str]) -> Config:
+    config_file, overrides = parse_overrides(argv)
+    cfg = config_from_dict(load_toml(config_file), str(config_file)) if config_file else Config()
+    for section, key, value in overrides:
+        _set(cfg, section, key, value, f"--{section}.{key}")
+    return cfg
