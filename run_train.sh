@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Train with torchacco:  ./run_train.sh --config train_configs/default.toml [--section.key VALUE ...]
+#
+# Environment:
+#   NGPU / NPROC     processes on this node (default: all GPUs with CUDA, else 2 CPU processes)
+#   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node rendezvous (torchrun c10d)
+#   PYTHON           the interpreter to use (default: python3, or the project's .venv once made)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PY="${PYTHON:-python3}"
+CHECK="import torch, torchdata, tokenizers, safetensors, tensorboard, torchacco, models, data"
+
+if ! "$PY" -c "$CHECK" 2>/dev/null; then
+  if [ -x "$ROOT/.venv/bin/python" ] && "$ROOT/.venv/bin/python" -c "$CHECK" 2>/dev/null; then
+    PY="$ROOT/.venv/bin/python"
+  else
+    "$ROOT/install.sh"
+    PY="$ROOT/.venv/bin/python"
+  fi
+fi
+
+NNODES="${NNODES:-1}"
+if [ -z "${NPROC:-${NGPU:-}}" ]; then
+  GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+  NPROC=$([ "$GPUS" -gt 0 ] && echo "$GPUS" || echo 2)
+else
+  NPROC="${NPROC:-$NGPU}"
+fi
+
+# Check the config in one process first: a mistake is one line, not one per rank.
+WORLD_SIZE=$((NNODES * NPROC)) "$PY" -m torchacco.validate "$@"
+
+if [ "$NNODES" -gt 1 ]; then
+  : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 for a multi-node run}"
+  RDZV=(--nnodes "$NNODES" --node_rank "${NODE_RANK:-0}" --rdzv_backend c10d
+        --rdzv_endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv_id "${RDZV_ID:-torchacco}")
+else
+  RDZV=(--standalone --nnodes 1)
+fi
+exec "$PY" -m torchacco.launch "${RDZV[@]}" --nproc_per_node "$NPROC" -m torchacco.train "$@"

@@ -1,0 +1,94 @@
+"""The device seam: the only module that asks which device it is on.
+
+Everything else receives a `Device` and calls its methods (memory statistics, peak
+FLOP/s, synchronisation, the collective backend) instead of branching on CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass
+
+import torch
+
+from torchacco.errors import UserError
+
+# Dense bf16 peak FLOP/s of common accelerators, for MFU. Unknown devices report no MFU.
+PEAK_BF16_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 70e12,
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    type: str  # "cuda" or "cpu"
+    index: int = 0
+
+    @property
+    def torch(self) -> torch.device:
+        return torch.device(self.type, self.index) if self.type == "cuda" else torch.device("cpu")
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.type == "cuda" else "gloo"
+
+    @property
+    def name(self) -> str:
+        if self.type == "cuda":
+            return torch.cuda.get_device_name(self.index)
+        return "cpu"
+
+    def peak_flops(self, dtype: torch.dtype) -> float | None:
+        if self.type != "cuda" or dtype != torch.bfloat16:
+            return None
+        return next((f for key, f in PEAK_BF16_FLOPS.items() if key in self.name), None)
+
+    def synchronize(self) -> None:
+        if self.type == "cuda":
+            torch.cuda.synchronize(self.index)
+
+    def reset_peak_memory(self) -> None:
+        if self.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.index)
+
+    def peak_memory_gib(self) -> float:
+        """CUDA: max allocated by tensors. CPU: the process's peak resident set size."""
+        if self.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.index) / 2**30
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def select_device(requested: str, local_rank: int) -> Device:
+    available = torch.cuda.is_available()
+    if requested == "cuda" and not available:
+        raise UserError(
+            "[training] device = 'cuda' but CUDA is not available on this machine; "
+            "use --training.device cpu (or auto)"
+        )
+    if requested == "cuda" or (requested == "auto" and available):
+        if local_rank >= torch.cuda.device_count():
+            raise UserError(
+                f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); "
+                "launch at most one process per GPU (NGPU)"
+            )
+        torch.cuda.set_device(local_rank)
+        return Device("cuda", local_rank)
+    return Device("cpu")
+
+
+def compute_dtype(setting: str, device: Device) -> torch.dtype:
+    """`auto` is bf16 on CUDA and fp32 on CPU, where bf16 matmuls are far slower."""
+    if setting == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[setting]
+
+
+def set_cpu_threads(requested: int, local_world_size: int) -> int:
+    threads = requested or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    torch.set_num_threads(threads)
+    return threads

@@ -1,0 +1,78 @@
+"""Training metrics: a console line, TensorBoard scalars and `metrics.jsonl`, from rank 0.
+
+Every record is one dict; the console, TensorBoard and the JSON lines file all show the
+same numbers, so scripts and people never disagree about a run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+class MetricsLogger:
+    def __init__(self, folder: Path, enabled: bool, tensorboard: bool, progress_bar: bool, total_steps: int):
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.progress_bar = progress_bar and enabled
+        self.start = time.perf_counter()
+        self.jsonl = None
+        self.writer = None
+        if not enabled:
+            return
+        self.jsonl = open(folder / "metrics.jsonl", "a", buffering=1)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(folder / "tb"))
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.jsonl.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self.writer.add_scalar(key, value, record["step"])
+        print(self._console_line(record), flush=True)
+
+    def _console_line(self, r: dict) -> str:
+        parts = [
+            f"step {r['step']:>6}",
+            f"loss {r['loss']:.4f}",
+            f"lr {r['lr']:.2e}",
+            f"{r['tokens_per_s']:,.0f} tok/s",
+        ]
+        if "tflops" in r:
+            parts.append(f"{r['tflops']:.3g} TFLOP/s" + (f" ({100 * r['mfu']:.1f}% MFU)" if "mfu" in r else ""))
+        parts += [f"mem {r['memory_gib']:.2f} GiB", f"gnorm {r['grad_norm']:.3f}"]
+        parts.append("data/compute/sync {:.0%}/{:.0%}/{:.0%}".format(
+            r["share_data"], r["share_compute"], r["share_sync"]))
+        if "val_loss" in r:
+            parts.append(f"val loss {r['val_loss']:.4f} (ppl {r['val_perplexity']:.1f})")
+        if self.progress_bar:
+            done = r["step"] / max(1, self.total_steps)
+            elapsed = time.perf_counter() - self.start
+            eta = elapsed / done * (1 - done) if done > 0 else 0.0
+            bar = "#" * int(20 * done)
+            parts.append(f"[{bar:<20}] {100 * done:3.0f}% ETA {_fmt_duration(eta)}")
+        return " | ".join(parts)
+
+    def info(self, message: str) -> None:
+        if self.enabled:
+            print(message, file=sys.stdout, flush=True)
+
+    def close(self) -> None:
+        if self.jsonl:
+            self.jsonl.close()
+        if self.writer:
+            self.writer.close()

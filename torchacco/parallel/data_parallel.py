@@ -1,0 +1,151 @@
+"""Data-parallel strategies, all behind one small interface the training loop uses.
+
+- `micro_batches()` yields one context per micro-batch of a compute period (DDP and FSDP
+  skip gradient sync on all but the last).
+- `step(local_tokens, lr_for)` turns this rank's sum-of-token-loss gradients into one
+  update normalised by the global token count, and returns an `UpdateResult`.
+- `evaluation()` gives the module holding the committed parameters θ.
+
+The loop produces gradients of the *sum* of token losses; each strategy divides by the
+all-reduced token count, so uneven or masked batches are weighted per token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from torchacco.config import Config
+from torchacco.optim import ShardedAdamW, build_adamw
+from torchacco.parallel.dims import ParallelDims
+from torchacco.parallel.flat import FlatParams
+from torchacco.parallel.sharded import UpdateResult, reduce_update_gather
+
+LrFor = Callable[[float], float]
+
+
+class Replicated:
+    """Shared by DDP and FSDP: torch's AdamW over the module's own parameters."""
+
+    def __init__(self, model: nn.Module, cfg: Config, dims: ParallelDims, accumulation: int):
+        self.model = model
+        self.dims = dims
+        self.accumulation = accumulation
+        self.max_norm = cfg.training.max_norm
+        self.optimizer = build_adamw(model, cfg.optimizer)
+
+    def _sync(self, last: bool):
+        raise NotImplementedError
+
+    def micro_batches(self) -> Iterator[contextlib.AbstractContextManager]:
+        for i in range(self.accumulation):
+            yield self._sync(last=i == self.accumulation - 1)
+
+    def step(self, local_tokens: float, lr_for: LrFor) -> UpdateResult:
+        tokens = torch.tensor(local_tokens, dtype=torch.float64, device=self.dims.mesh.device_type)
+        dist.all_reduce(tokens, group=self.dims.dp_group)
+        tokens = tokens.item()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        # The reduction averaged over ranks; rescale the mean of sums to a per-token mean.
+        torch._foreach_mul_([p.grad for p in params], self.dims.dp_size / tokens)
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm or float("inf"), foreach=True)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        lr = lr_for(tokens)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return UpdateResult(tokens, norm.item(), lr, True)
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        yield self.model
+
+
+class DDP(Replicated):
+    """torch DDP: replicated parameters, bucketed all-reduce overlapped with backward."""
+
+    def __init__(self, model, cfg, dims, accumulation):
+        wrapped = DistributedDataParallel(
+            model, process_group=dims.dp_group, bucket_cap_mb=cfg.parallelism.bucket_cap_mb,
+            gradient_as_bucket_view=True,
+        )
+        super().__init__(wrapped, cfg, dims, accumulation)
+
+    def _sync(self, last):
+        return contextlib.nullcontext() if last else self.model.no_sync()
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        yield self.model.module
+
+
+class FSDP(Replicated):
+    """FSDP2 (ZeRO-3): `fully_shard` per block, then the root."""
+
+    def __init__(self, model, cfg, dims, accumulation, param_dtype: torch.dtype):
+        reduce_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.parallelism.reduce_dtype]
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        reshard = cfg.parallelism.reshard_after_forward
+        for block in model.layers:
+            fully_shard(block, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+        super().__init__(model, cfg, dims, accumulation)
+
+    @contextlib.contextmanager
+    def _sync(self, last):
+        self.model.set_requires_gradient_sync(last)
+        yield
+
+
+class ZeRO1:
+    """Sharded fp32 optimizer state over flat buffers; the job runs after the last micro-batch."""
+
+    def __init__(self, model: nn.Module, cfg: Config, dims: ParallelDims, accumulation: int,
+                 param_dtype: torch.dtype):
+        self.model = model
+        self.accumulation = accumulation
+        self.max_norm = cfg.training.max_norm
+        self.flat = FlatParams(model, dims.dp_group, dtype=param_dtype)
+        self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, cfg.optimizer)
+
+    def micro_batches(self):
+        for _ in range(self.accumulation):
+            yield contextlib.nullcontext()
+
+    def step(self, local_tokens: float, lr_for: LrFor) -> UpdateResult:
+        flat = self.flat
+        send = flat.grads
+        if send.dtype != flat.params_buffer.dtype:
+            # Reduce in the compute dtype; the parameter buffer is free as the staging area
+            # because the all-gather below rewrites all of it.
+            flat.params_buffer.copy_(flat.grads)
+            send = flat.params_buffer
+        result = reduce_update_gather(flat, self.optimizer, send, local_tokens, lr_for, commit=True,
+                                      out=flat.params_buffer, max_norm=self.max_norm)
+        flat.grads.zero_()
+        return result
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        yield self.model
+
+
+def build_data_parallel(model: nn.Module, cfg: Config, dims: ParallelDims, accumulation: int,
+                        param_dtype: torch.dtype):
+    kind = cfg.parallelism.data_parallel
+    if kind == "ddp":
+        return DDP(model, cfg, dims, accumulation)
+    if kind == "fsdp":
+        return FSDP(model, cfg, dims, accumulation, param_dtype)
+    if kind == "zero1":
+        return ZeRO1(model, cfg, dims, accumulation, param_dtype)
+    raise AssertionError(f"unhandled data_parallel {kind!r}")  # config validation lists the choices

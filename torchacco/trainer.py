@@ -1,0 +1,265 @@
+"""The one training loop. Strategies (DDP, ZeRO-1, FSDP, later ACCO) decide how gradients
+become updates; the loop owns data, loss, metrics, evaluation and stopping.
+
+Usable from Python: `train(cfg, model=..., datasets=(train, val))`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from torchacco.config import Config
+from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
+from torchacco.errors import UserError
+from torchacco.lr import TokenSchedule
+from torchacco.metrics import MetricsLogger
+from torchacco.parallel.data_parallel import build_data_parallel
+from torchacco.parallel.dims import ParallelDims, all_reduce_sum, check_parallelism, init_distributed, launch_env
+from torchacco.spec import get_model_spec
+
+IGNORE_INDEX = -100
+
+
+def validate(cfg: Config, world_size: int) -> None:
+    """Checks that need no data and no process group, so mistakes surface before launch."""
+    t = cfg.training
+    check_parallelism(cfg, world_size)
+    if cfg.checkpoint.enable:
+        raise UserError("training checkpoints are not implemented yet; set [checkpoint] enable = false")
+    if cfg.model.init_from:
+        raise UserError("[model] init_from (Hugging Face import) is not implemented yet; leave it empty")
+    for key in ("seq_len", "local_batch_size", "steps"):
+        if getattr(t, key) <= 0:
+            raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
+    per_step = t.local_batch_size * world_size
+    if t.global_batch_size and t.global_batch_size % per_step:
+        raise UserError(
+            f"[training] global_batch_size = {t.global_batch_size} is not divisible by local_batch_size × "
+            f"data-parallel ranks = {t.local_batch_size} × {world_size} = {per_step}; "
+            f"use a multiple of {per_step}"
+        )
+    spec = get_model_spec(cfg.model.name)
+    args = spec.args(cfg.model.flavor)
+    if t.seq_len > args.max_seq_len:
+        raise UserError(
+            f"[training] seq_len = {t.seq_len} exceeds the model's {args.max_seq_len} positions "
+            f"({cfg.model.name} {cfg.model.flavor}); use --training.seq_len {args.max_seq_len} or less"
+        )
+    if cfg.data.dataset != "embedded" and not Path(cfg.data.dataset).exists():
+        raise UserError(f"[data] dataset path not found: {cfg.data.dataset} (a file or folder of .txt/.jsonl/.json)")
+    if cfg.tokenizer.path and not Path(cfg.tokenizer.path).is_file():
+        raise UserError(f"[tokenizer] path not found: {cfg.tokenizer.path} (a tokenizer.json file)")
+    if t.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("[training] device = 'cuda' but CUDA is not available; use --training.device cpu (or auto)")
+
+
+def _main_first(dims: ParallelDims, fn):
+    """Run `fn` on local rank 0 while the others wait; a failure there fails every rank."""
+    error = None
+    if dims.local_rank == 0:
+        try:
+            fn()
+        except UserError as e:
+            error = str(e)
+    errors = [None] * dims.world_size
+    dist.all_gather_object(errors, error)
+    message = next((e for e in errors if e), None)
+    if message:
+        raise UserError(message)
+
+
+def build_data(cfg: Config, dims: ParallelDims):
+    import data
+
+    _main_first(dims, lambda: data.prepare(cfg.data, cfg.tokenizer, cfg.training.seq_len))
+    tokenizer = data.load_tokenizer(cfg.data, cfg.tokenizer)
+    train_set, val_set = data.build_datasets(
+        cfg.data, cfg.tokenizer, cfg.training.seq_len, dims.dp_rank, dims.dp_size, cfg.training.seed
+    )
+    return tokenizer, train_set, val_set
+
+
+def build_model(cfg: Config, vocab_size: int, device: Device) -> nn.Module:
+    spec = get_model_spec(cfg.model.name)
+    args = spec.args(cfg.model.flavor, vocab_size=cfg.model.vocab_size or vocab_size)
+    if vocab_size > args.vocab_size:
+        raise UserError(
+            f"the tokenizer has {vocab_size} tokens but the model's vocabulary is {args.vocab_size}; "
+            f"set [model] vocab_size = {vocab_size} (or 0 to follow the tokenizer)"
+        )
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    model.to_empty(device=device.torch)
+    torch.manual_seed(cfg.training.seed)
+    with torch.no_grad():
+        model.init_weights()
+    return model
+
+
+def token_loss_sum(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of per-token cross-entropy losses and the number of tokens behind it."""
+    logits = model(batch["input_ids"])
+    labels = batch["labels"]
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum",
+                           ignore_index=IGNORE_INDEX)
+    return loss, (labels != IGNORE_INDEX).sum()
+
+
+def evaluate(model: nn.Module, loader, batches: int, device: Device, dims: ParallelDims) -> float:
+    was_training = model.training
+    model.eval()
+    loss_sum, count = torch.zeros((), dtype=torch.float64, device=device.torch), 0
+    with torch.no_grad():
+        for i, batch in enumerate(loader):
+            if i >= batches:
+                break
+            batch = {k: v.to(device.torch, non_blocking=True) for k, v in batch.items()}
+            loss, n = token_loss_sum(model, batch)
+            loss_sum += loss.double()
+            count += n.item()
+    model.train(was_training)
+    total, tokens = all_reduce_sum([loss_sum.item(), float(count)], device.torch, dims.dp_group)
+    return total / max(tokens, 1.0)
+
+
+def prepare_dump_folder(cfg: Config, dims: ParallelDims) -> Path:
+    folder = Path(cfg.job.dump_folder)
+    if dims.is_main:
+        if folder.exists() and any(folder.iterdir()) and not cfg.job.overwrite:
+            raise UserError(f"dump folder {folder} is not empty; pass --job.overwrite true or another --job.dump_folder")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "config.toml").write_text(cfg.to_toml())
+            (folder / "metrics.jsonl").unlink(missing_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot write to dump folder {folder}: {e.strerror}; choose another --job.dump_folder") from None
+    return folder
+
+
+def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = None) -> dict:
+    """Train with `cfg`. `model` (built, on the right device) and `datasets` ((train, val)
+    torch datasets of {"input_ids", "labels"}) replace the configured ones when given."""
+    _, world, local_rank, local_world = launch_env()
+    validate(cfg, world)
+    device = select_device(cfg.training.device, local_rank)
+    if device.type == "cpu":
+        set_cpu_threads(cfg.training.num_threads, local_world)
+    own_group = not dist.is_initialized()
+    dims = init_distributed(device)
+    try:
+        return _train(cfg, dims, device, model, datasets)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> dict:
+    import data
+
+    t = cfg.training
+    folder = prepare_dump_folder(cfg, dims)
+    log = MetricsLogger(folder, dims.is_main, cfg.metrics.tensorboard, cfg.metrics.progress_bar, t.steps)
+    torch.manual_seed(t.seed)
+
+    if datasets is None:
+        tokenizer, train_set, val_set = build_data(cfg, dims)
+        vocab = tokenizer.vocab_size
+    else:
+        train_set, val_set = datasets
+        vocab = 0
+    if model is None:
+        model = build_model(cfg, vocab, device)
+    dtype = compute_dtype(t.mixed_precision, device)
+    if cfg.model.compile:
+        for block in model.layers:
+            block.compile()
+    n_params = sum(p.numel() for p in model.parameters())
+    flops_per_token = model.args.flops_per_token(t.seq_len) if hasattr(model, "args") else 6 * n_params
+
+    global_batch = t.global_batch_size or t.local_batch_size * dims.dp_size
+    accumulation = global_batch // (t.local_batch_size * dims.dp_size)
+    dp = build_data_parallel(model, cfg, dims, accumulation, dtype)
+    autocast = dtype if cfg.parallelism.data_parallel == "ddp" and dtype != torch.float32 else None
+
+    tokens_per_step = global_batch * t.seq_len
+    schedule = TokenSchedule(
+        peak_lr=cfg.optimizer.lr,
+        warmup_tokens=cfg.lr_schedule.warmup_steps * tokens_per_step,
+        total_tokens=t.max_tokens or t.steps * tokens_per_step,
+        decay=cfg.lr_schedule.decay,
+        min_lr_ratio=cfg.lr_schedule.min_lr_ratio,
+    )
+    train_loader = data.build_dataloader(train_set, t.local_batch_size)
+    val_loader = data.build_dataloader(val_set, t.local_batch_size)
+    batches = iter(train_loader)
+    log.info(
+        f"torchacco: {cfg.model.name}/{cfg.model.flavor} {n_params / 1e6:.2f}M params | "
+        f"{cfg.parallelism.data_parallel} × {dims.dp_size} on {device.name} | {str(dtype).removeprefix('torch.')} | "
+        f"batch {global_batch} × {t.seq_len} (accumulation {accumulation}) | {t.steps} steps | {folder}"
+    )
+
+    tokens_seen, last = 0.0, {"time": time.perf_counter(), "tokens": 0.0}
+    times = {"data": 0.0, "compute": 0.0, "sync": 0.0}
+    summary: dict = {}
+    device.reset_peak_memory()
+    for step in range(1, t.steps + 1):
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device.torch)
+        local_tokens = torch.zeros((), dtype=torch.int64, device=device.torch)
+        for micro_batch in dp.micro_batches():
+            t0 = time.perf_counter()
+            batch = {k: v.to(device.torch, non_blocking=True) for k, v in next(batches).items()}
+            t1 = time.perf_counter()
+            with micro_batch, torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+                loss, n = token_loss_sum(dp.model, batch)
+                loss.backward()
+            loss_sum += loss.detach().double()
+            local_tokens += n
+            times["data"] += t1 - t0
+            times["compute"] += time.perf_counter() - t1
+        device.synchronize()
+        t2 = time.perf_counter()
+        result = dp.step(local_tokens.item(), lambda n: schedule(tokens_seen + n))
+        device.synchronize()
+        times["sync"] += time.perf_counter() - t2
+        tokens_seen += result.tokens
+        if not math.isfinite(result.grad_norm):
+            raise RuntimeError(f"non-finite gradient norm at step {step}; lower the learning rate or check the data")
+
+        done = bool(step == t.steps or (t.max_tokens and tokens_seen >= t.max_tokens))
+        record = {}
+        if cfg.eval.every and (step % cfg.eval.every == 0 or done):
+            with dp.evaluation() as eval_model:
+                val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims)
+            record = {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
+        if step % cfg.metrics.log_every == 0 or step == 1 or done or record:
+            (global_loss,) = all_reduce_sum([loss_sum.item()], device.torch, dims.dp_group)
+            now = time.perf_counter()
+            tps = (tokens_seen - last["tokens"]) / (now - last["time"])
+            busy = sum(times.values()) or 1.0
+            achieved = flops_per_token * tps / dims.dp_size
+            record = {
+                "step": step, "tokens": int(tokens_seen), "loss": global_loss / result.tokens, "lr": result.lr,
+                "tokens_per_s": tps, "tokens_per_s_per_rank": tps / dims.dp_size, "grad_norm": result.grad_norm,
+                "tflops": achieved / 1e12, "memory_gib": device.peak_memory_gib(),
+                "share_data": times["data"] / busy, "share_compute": times["compute"] / busy,
+                "share_sync": times["sync"] / busy, **record,
+            }
+            if (peak := device.peak_flops(dtype)) is not None:
+                record["mfu"] = achieved / peak
+            log.log(record)
+            summary.update(record)
+            last = {"time": time.perf_counter(), "tokens": tokens_seen}
+            times = dict.fromkeys(times, 0.0)
+        if done:
+            break
+    summary["steps"] = step
+    log.close()
+    return summary
