@@ -57,15 +57,19 @@ def prepare(data_cfg, tok_cfg, seq_len: int) -> None:
     tok = Tokenizer(tok_path)
     folder = _tokens_folder(data_cfg, tok, identity)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".tmp-") as tmp:
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
+    try:
         meta = {"dataset": data_cfg.dataset, "vocab_size": tok.vocab_size, "tokenizer": str(tok_path),
                 "dtype": token_dtype(tok.vocab_size).__name__,
-                "train": write_split(Path(tmp), "train", train_docs, tok),
-                "val": write_split(Path(tmp), "val", val_docs, tok)}
-        (Path(tmp) / "meta.json").write_text(json.dumps(meta, indent=1))
-        shutil.rmtree(folder, ignore_errors=True)  # an entry from an interrupted older layout
-        os.replace(tmp, folder)
-        os.mkdir(tmp)  # so that TemporaryDirectory finds something to clean up
+                "train": write_split(tmp, "train", train_docs, tok), "val": write_split(tmp, "val", val_docs, tok)}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        try:
+            os.replace(tmp, folder)  # the entry appears complete, or not at all
+        except OSError:
+            if not (folder / "meta.json").is_file():  # not a concurrent run that finished first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     log.info("data: %s → %d train + %d val tokens (%d + %d documents), vocab %d, in %.1fs: %s",
              data_cfg.dataset, meta["train"]["tokens"], meta["val"]["tokens"], meta["train"]["documents"],
              meta["val"]["documents"], tok.vocab_size, time.perf_counter() - start, folder)

@@ -166,11 +166,11 @@ def _key_types(section_cls: type) -> dict[str, type]:
     return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
 
 
-def _convert(value, expected: type, where: str):
-    """Check a TOML value (or convert a CLI string) to the field's type."""
+def _convert(value, expected: type, where: str, from_cli: bool):
+    """Check a TOML value's type, or convert a CLI string to the field's type."""
     if isinstance(expected, types.UnionType):
         expected = next(t for t in typing.get_args(expected) if t is not type(None))
-    if isinstance(value, str) and expected is not str:
+    if from_cli and expected is not str:
         text = value.strip()
         try:
             if expected is bool:
@@ -194,14 +194,14 @@ def _convert(value, expected: type, where: str):
     return value
 
 
-def _set(cfg: Config, section: str, key: str, value, origin: str) -> None:
+def _set(cfg: Config, section: str, key: str, value, origin: str, from_cli: bool = False) -> None:
     sections = _sections()
     if section not in sections:
         raise UserError(f"{origin}: unknown section [{section}]; valid sections: {', '.join(sections)}")
     keys = _key_types(sections[section])
     if key not in keys:
         raise UserError(f"{origin}: unknown key '{key}' in [{section}]; valid keys: {', '.join(keys)}")
-    value = _convert(value, keys[key], f"{origin}: [{section}] {key}")
+    value = _convert(value, keys[key], f"{origin}: [{section}] {key}", from_cli)
     choices = CHOICES.get((section, key))
     if choices is not None and value not in choices:
         raise UserError(f"{origin}: [{section}] {key} = {value!r} is not one of: {', '.join(choices)}")
@@ -256,5 +256,5 @@ def load_config(argv: list[str]) -> Config:
     config_file, overrides = parse_overrides(argv)
     cfg = config_from_dict(load_toml(config_file), str(config_file)) if config_file else Config()
     for section, key, value in overrides:
-        _set(cfg, section, key, value, f"--{section}.{key}")
+        _set(cfg, section, key, value, f"--{section}.{key}", from_cli=True)
     return cfg

@@ -1,0 +1,91 @@
+"""The TOML config: typed sections, CLI overrides, errors that say what to fix."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchacco.config import config_from_dict, load_config, load_toml
+from torchacco.errors import UserError
+from torchacco.spec import get_model_spec
+
+CONFIGS = sorted(Path(__file__).parent.parent.joinpath("train_configs").glob("*.toml"))
+
+
+def test_overrides_convert_types():
+    cfg = load_config(["--training.steps", "20", "--optimizer.lr", "3e-4", "--metrics.tensorboard", "false",
+                       "--training.max_tokens=1e6", "--parallelism.data_parallel", "fsdp"])
+    assert cfg.training.steps == 20 and cfg.optimizer.lr == 3e-4 and cfg.metrics.tensorboard is False
+    assert cfg.training.max_tokens == 1_000_000 and cfg.parallelism.data_parallel == "fsdp"
+
+
+def test_override_beats_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[training]\nsteps = 5\nseq_len = 64\n")
+    cfg = load_config(["--config", str(path), "--training.steps", "7"])
+    assert (cfg.training.steps, cfg.training.seq_len) == (7, 64)
+
+
+def test_unknown_key_lists_valid_keys(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[training]\nstepz = 5\n")
+    with pytest.raises(UserError, match=r"c.toml: unknown key 'stepz' in \[training\]; valid keys: seq_len, .*steps"):
+        load_config(["--config", str(path)])
+
+
+def test_unknown_section_lists_sections():
+    with pytest.raises(UserError, match=r"unknown section \[trainer\]; valid sections: job, model"):
+        load_config(["--trainer.steps", "3"])
+
+
+def test_wrong_type_names_file_key_and_type(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[training]\nsteps = "many"\n')
+    with pytest.raises(UserError, match=r"c.toml: \[training\] steps: expected int, got str 'many'"):
+        load_config(["--config", str(path)])
+    with pytest.raises(UserError, match=r"--optimizer.lr: \[optimizer\] lr: expected float, got 'fast'"):
+        load_config(["--optimizer.lr", "fast"])
+    with pytest.raises(UserError, match="expected int"):
+        load_config(["--training.steps", "2.5"])
+
+
+def test_choices_are_checked():
+    with pytest.raises(UserError, match="is not one of: ddp, zero1, fsdp, acco, dpu, wp"):
+        load_config(["--parallelism.data_parallel", "zero2"])
+
+
+def test_missing_file_and_syntax_error(tmp_path):
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(["--config", str(tmp_path / "nope.toml")])
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[training\nsteps = 1\n")
+    with pytest.raises(UserError, match="TOML syntax error"):
+        load_config(["--config", str(bad)])
+
+
+def test_malformed_cli():
+    with pytest.raises(UserError, match="needs a value"):
+        load_config(["--training.steps"])
+    with pytest.raises(UserError, match="--section.key VALUE"):
+        load_config(["--steps", "3"])
+    with pytest.raises(UserError, match="unexpected argument"):
+        load_config(["steps"])
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(["--training.steps", "11", "--job.name", "x y", "--optimizer.lr", "0.5"])
+    dumped = tmp_path / "resolved.toml"
+    dumped.write_text(cfg.to_toml())
+    assert config_from_dict(load_toml(dumped)) == cfg
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_builds_on_meta(path):
+    cfg = load_config(["--config", str(path)])
+    spec = get_model_spec(cfg.model.name)
+    args = spec.args(cfg.model.flavor, vocab_size=cfg.model.vocab_size or None)
+    assert cfg.training.seq_len <= args.max_seq_len
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    assert sum(p.numel() for p in model.parameters()) > 0
+    assert len(model.layers) == args.n_layers

@@ -1,0 +1,69 @@
+"""Sharded AdamW equals torch's AdamW; `peek` leaves all state untouched; token-indexed LR."""
+
+import copy
+
+import pytest
+import torch
+
+from torchacco.config import Optimizer
+from torchacco.lr import TokenSchedule
+from torchacco.optim import ShardedAdamW
+
+
+def _reference_and_sharded(weight_decay=0.1, decay_until=30):
+    torch.manual_seed(0)
+    cfg = Optimizer(lr=1e-2, weight_decay=weight_decay, beta1=0.9, beta2=0.95, eps=1e-8)
+    decayed = torch.nn.Parameter(torch.randn(decay_until, dtype=torch.float64).float())
+    plain = torch.nn.Parameter(torch.randn(50 - decay_until))
+    ref = torch.optim.AdamW([{"params": [decayed], "weight_decay": weight_decay},
+                             {"params": [plain], "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    sharded = ShardedAdamW(torch.cat([decayed.detach(), plain.detach()]).clone(), [(0, decay_until)], cfg)
+    return ref, (decayed, plain), sharded
+
+
+def test_sharded_adamw_matches_torch_adamw():
+    ref, (decayed, plain), sharded = _reference_and_sharded()
+    for step in range(5):
+        grad = torch.randn(50)
+        lr = 1e-2 * (step + 1) / 5
+        decayed.grad, plain.grad = grad[:30].clone(), grad[30:].clone()
+        for g in ref.param_groups:
+            g["lr"] = lr
+        ref.step()
+        sharded.step(grad, lr)
+        torch.testing.assert_close(sharded.state.master, torch.cat([decayed.detach(), plain.detach()]),
+                                   rtol=1e-6, atol=1e-7)
+    assert sharded.state.step == 5
+
+
+def test_peek_is_step_without_side_effects():
+    _, _, sharded = _reference_and_sharded()
+    sharded.step(torch.randn(50), 1e-2)  # non-trivial moments
+    before = copy.deepcopy(sharded.state)
+    grad = torch.randn(50)
+    peeked = sharded.peek(grad, 5e-3)
+    for name in ("master", "exp_avg", "exp_avg_sq"):
+        assert torch.equal(getattr(sharded.state, name), getattr(before, name)), name
+    assert sharded.state.step == before.step
+    assert torch.equal(peeked, sharded.step(grad, 5e-3).clone())
+
+
+def test_peek_at_round_zero_uses_bias_correction_of_step_one():
+    _, _, sharded = _reference_and_sharded(weight_decay=0.0)
+    grad = torch.randn(50)
+    peeked = sharded.peek(grad, 1e-2)
+    # At step 1, Adam's bias-corrected update is lr * g / (|g| + eps') ≈ lr * sign(g).
+    torch.testing.assert_close(sharded.state.master - peeked, 1e-2 * grad.sign(), atol=1e-6, rtol=1e-4)
+    assert sharded.state.step == 0 and not sharded.state.exp_avg.any()
+
+
+def test_token_schedule():
+    s = TokenSchedule(peak_lr=1.0, warmup_tokens=100, total_tokens=1100, decay="cosine", min_lr_ratio=0.1)
+    assert s(50) == pytest.approx(0.5)
+    assert s(100) == pytest.approx(1.0)
+    assert s(600) == pytest.approx(0.55)
+    assert s(1100) == pytest.approx(0.1) and s(5000) == pytest.approx(0.1)
+    lin = TokenSchedule(1.0, 0, 1000, "linear", 0.0)
+    assert lin(250) == pytest.approx(0.75)
+    assert TokenSchedule(2.0, 0, 10, "constant")(7) == 2.0
