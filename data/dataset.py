@@ -8,6 +8,7 @@ data a `<split>.mask` of uint8 flags (0: a prompt token, left out of the loss).
 from __future__ import annotations
 
 import hashlib
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -174,4 +175,6 @@ class PackedDataset(IterableDataset):
 
 def build_loader(dataset: PackedDataset, batch_size: int) -> StatefulDataLoader:
     """Batches {"input_ids", "labels"}: LongTensor[batch_size, seq_len]; the last validation batch may be smaller."""
-    return StatefulDataLoader(dataset, batch_size=batch_size, num_workers=0)
+    with warnings.catch_warnings():  # torchdata 0.11 calls a torch API that newer torch deprecates
+        warnings.filterwarnings("ignore", message=".*set_vital.*")
+        return StatefulDataLoader(dataset, batch_size=batch_size, num_workers=0)

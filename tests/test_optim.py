@@ -60,10 +60,11 @@ def test_peek_at_round_zero_uses_bias_correction_of_step_one():
 
 def test_token_schedule():
     s = TokenSchedule(peak_lr=1.0, warmup_tokens=100, total_tokens=1100, decay="cosine", min_lr_ratio=0.1)
-    assert s(50) == pytest.approx(0.5)
-    assert s(100) == pytest.approx(1.0)
+    assert s(0, 50) == pytest.approx(0.5)  # warm-up counts the update's own tokens
+    assert s(50, 50) == pytest.approx(1.0)
     assert s(600) == pytest.approx(0.55)
     assert s(1100) == pytest.approx(0.1) and s(5000) == pytest.approx(0.1)
     lin = TokenSchedule(1.0, 0, 1000, "linear", 0.0)
-    assert lin(250) == pytest.approx(0.75)
+    assert lin(0, 100) == 1.0  # no warm-up: the first update is at the peak
+    assert lin(250, 100) == pytest.approx(0.75)
     assert TokenSchedule(2.0, 0, 10, "constant")(7) == 2.0

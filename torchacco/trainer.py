@@ -226,7 +226,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
             times["compute"] += time.perf_counter() - t1
         device.synchronize()
         t2 = time.perf_counter()
-        result = dp.step(local_tokens.item(), lambda n: schedule(tokens_seen + n))
+        result = dp.step(local_tokens.item(), lambda n: schedule(tokens_seen, n))
         device.synchronize()
         times["sync"] += time.perf_counter() - t2
         tokens_seen += result.tokens

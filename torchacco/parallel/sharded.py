@@ -18,6 +18,10 @@ import torch.distributed as dist
 from torchacco.optim import ShardedAdamW
 from torchacco.parallel.flat import FlatParams
 
+# torch 2.13 renamed the single-tensor collectives; keep working on older releases.
+reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 @dataclass
 class UpdateResult:
@@ -39,7 +43,7 @@ def reduce_update_gather(
 ) -> UpdateResult:
     group = flat.group
     grad = torch.empty(flat.shard_numel, dtype=grads.dtype, device=grads.device)
-    dist.reduce_scatter_tensor(grad, grads, group=group)
+    reduce_scatter(grad, grads, group=group)
     grad = grad.float()
 
     # One all-reduce for both: ‖Σ G‖² over the shards and the token count N; ‖Σ G / N‖ follows.
@@ -55,5 +59,5 @@ def reduce_update_gather(
 
     lr = lr_for(tokens)
     new = opt.step(grad, lr) if commit else opt.peek(grad, lr)
-    dist.all_gather_into_tensor(out, new.to(out.dtype), group=group)
+    all_gather(out, new.to(out.dtype), group=group)
     return UpdateResult(tokens, grad_norm, lr, commit)
