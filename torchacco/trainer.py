@@ -175,6 +175,11 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     else:
         train_set, val_set = datasets
         vocab = 0
+    if cfg.eval.every and getattr(val_set, "num_windows", None) == 0:
+        raise UserError(
+            f"the validation split has no window of {t.seq_len + 1} tokens per rank; raise [data] val_fraction, "
+            "point [data] validation at more text, or set [eval] every = 0"
+        )
     if model is None:
         model = build_model(cfg, vocab, device)
     dtype = compute_dtype(t.mixed_precision, device)

@@ -177,6 +177,6 @@ class Llama3(nn.Module):
         nn.init.normal_(self.tok_embeddings.weight, std=std)
         for name, m in self.named_modules():
             if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=std if name.endswith(("wo", "w2")) else std)
+                nn.init.normal_(m.weight, std=resid_std if name.endswith(("wo", "w2")) else std)
             elif isinstance(m, nn.RMSNorm):
                 nn.init.ones_(m.weight)
