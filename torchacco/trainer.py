@@ -22,7 +22,8 @@ from torchacco.errors import UserError
 from torchacco.lr import TokenSchedule
 from torchacco.metrics import MetricsLogger
 from torchacco.parallel.data_parallel import build_data_parallel
-from torchacco.parallel.dims import ParallelDims, all_reduce_sum, check_parallelism, init_distributed, launch_env
+from torchacco.parallel.dims import (ParallelDims, all_reduce_sum, check_parallelism, destroy, init_distributed,
+                                     launch_env)
 from torchacco.spec import get_model_spec
 
 IGNORE_INDEX = -100
@@ -158,7 +159,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
         return _train(cfg, dims, device, model, datasets)
     finally:
         if own_group:
-            dist.destroy_process_group()
+            destroy()
 
 
 def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> dict:

@@ -82,9 +82,12 @@ def hf_config(args: ModelArgs) -> dict:
 def args_from_hf_config(cfg: dict) -> ModelArgs:
     layers = [t for types, n in cfg["attention_types"] for _ in range(n) for t in types]
     if len(layers) != cfg["num_layers"]:
-        raise UserError(f"GPT-Neo config: attention_types gives {len(layers)} layers, num_layers is {cfg['num_layers']}")
+        raise UserError(
+            f"GPT-Neo config: attention_types gives {len(layers)} layers, num_layers is {cfg['num_layers']}"
+        )
     if cfg.get("activation_function", "gelu_new") != "gelu_new" or not cfg.get("tie_word_embeddings", True):
-        raise UserError("GPT-Neo config: only activation_function 'gelu_new' with tied embeddings is supported")
+        raise UserError("GPT-Neo config: only activation 'gelu_new' with tied embeddings is supported")
+    # the shortest unit that repeats to give every layer, e.g. ['global', 'local']
     period = next(p for p in range(1, len(layers) + 1) if layers == (layers[:p] * len(layers))[: len(layers)])
     return ModelArgs(
         vocab_size=cfg["vocab_size"],

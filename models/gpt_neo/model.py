@@ -79,10 +79,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = (p(x).view(B, T, self.n_heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q = self.q_proj(x).view(B, T, self.n_heads, -1).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_heads, -1).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_heads, -1).transpose(1, 2)
         # GPT-Neo uses unscaled scores (scale=1). HF upcasts q, k to fp32 for them; SDPA kernels
         # already form scores and softmax in fp32 from bf16/fp16 inputs, so no upcast is needed.
-        if self.window is None:
+        if self.window is None or T <= self.window:  # plain causal: the fast kernels apply
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
         else:
             # causal band: key j is visible from query i when i - window < j <= i

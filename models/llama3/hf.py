@@ -49,7 +49,7 @@ def from_hf(hf_state_dict: dict, args: ModelArgs) -> dict:
         if k in ours:
             out[ours[k]] = v
         elif not (k.endswith("rotary_emb.inv_freq") or (args.tie_embeddings and k == "lm_head.weight")):
-            raise UserError(f"Llama from_hf: unexpected tensor '{k}' for a {args.n_layers}-layer model")
+            raise UserError(f"Llama from_hf: unexpected tensor '{k}' for {args.n_layers} layers")
     return out
 
 
@@ -95,16 +95,16 @@ def args_from_hf_config(cfg: dict) -> ModelArgs:
     rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "llama3"):
-        raise UserError(f"Llama config: rope_type '{rope_type}' is not supported (only 'default' and 'llama3')")
+        raise UserError(f"Llama config: rope_type '{rope_type}' is not supported ('default', 'llama3' are)")
     if cfg.get("attention_bias") or cfg.get("mlp_bias") or cfg.get("hidden_act", "silu") != "silu":
-        raise UserError("Llama config: attention_bias/mlp_bias and hidden_act other than 'silu' are not supported")
+        raise UserError("Llama config: attention_bias, mlp_bias and hidden_act other than 'silu' are unsupported")
     dim, n_heads = cfg["hidden_size"], cfg["num_attention_heads"]
     if cfg.get("head_dim") not in (None, dim // n_heads):
         raise UserError(f"Llama config: head_dim {cfg['head_dim']} != hidden_size / num_attention_heads")
     n_kv = cfg.get("num_key_value_heads") or n_heads
     ffn = cfg["intermediate_size"]
     scaled = rope_type == "llama3"
-    defaults = ModelArgs()
+    off = ModelArgs()  # the scaling fields' defaults, kept when scaling is off
     return ModelArgs(
         vocab_size=cfg["vocab_size"],
         max_seq_len=cfg["max_position_embeddings"],
@@ -116,8 +116,8 @@ def args_from_hf_config(cfg: dict) -> ModelArgs:
         norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_theta=float(rope["rope_theta"]),
         rope_scaling_factor=float(rope["factor"]) if scaled else None,
-        rope_low_freq_factor=float(rope["low_freq_factor"]) if scaled else defaults.rope_low_freq_factor,
-        rope_high_freq_factor=float(rope["high_freq_factor"]) if scaled else defaults.rope_high_freq_factor,
-        rope_original_max_seq_len=rope["original_max_position_embeddings"] if scaled else defaults.rope_original_max_seq_len,
+        rope_low_freq_factor=float(rope["low_freq_factor"]) if scaled else off.rope_low_freq_factor,
+        rope_high_freq_factor=float(rope["high_freq_factor"]) if scaled else off.rope_high_freq_factor,
+        rope_original_max_seq_len=rope["original_max_position_embeddings"] if scaled else off.rope_original_max_seq_len,
         tie_embeddings=cfg.get("tie_word_embeddings", False),
     )

@@ -84,6 +84,9 @@ def check_parallelism(cfg, world_size: int) -> None:
 
 def destroy() -> None:
     if dist.is_initialized():
+        # Without the barrier a rank can tear gloo down while a peer still uses it, and the
+        # peer aborts ("terminate called without an active exception").
+        dist.barrier()
         dist.destroy_process_group()
 
 
