@@ -100,6 +100,17 @@ class Parallelism:
 
 
 @dataclass
+class Acco:
+    """The overlapped schedules: acco, dpu and wp."""
+
+    mode: str = "deterministic"  # deterministic: accumulation micro-batches per period, then wait for the job;
+    # adaptive: at least that many, then keep accumulating until the job is done
+    accumulator_dtype: str = "fp32"  # fp32 | bf16 (the paper's choice)
+    dpu_warmup_steps: int = 0  # dpu: synchronous updates before the one-step delay starts
+    drift_every: int = 10  # log ‖θ̃ − θ‖ / ‖θ‖ every this many commits (acco); 0 disables
+
+
+@dataclass
 class Eval:
     every: int = 50  # steps between validation passes; 0 disables
     batches: int = 8  # micro-batches per validation pass and rank
@@ -129,6 +140,7 @@ class Config:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    acco: Acco = field(default_factory=Acco)
     eval: Eval = field(default_factory=Eval)
     metrics: Metrics = field(default_factory=Metrics)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
@@ -153,6 +165,8 @@ CHOICES = {
     ("data", "format"): ("auto", "text", "jsonl", "alpaca"),
     ("parallelism", "reduce_dtype"): ("fp32", "bf16"),
     ("optimizer", "name"): ("adamw",),
+    ("acco", "mode"): ("deterministic", "adaptive"),
+    ("acco", "accumulator_dtype"): ("fp32", "bf16"),
 }
 
 

@@ -47,6 +47,8 @@ def validate(cfg: Config, world_size: int) -> None:
             f"data-parallel ranks = {t.local_batch_size} × {world_size} = {per_step}; "
             f"use a multiple of {per_step}"
         )
+    if cfg.parallelism.data_parallel in ("acco", "dpu", "wp"):
+        _validate_overlapped(cfg, world_size)
     spec = get_model_spec(cfg.model.name)
     args = spec.args(cfg.model.flavor)
     if t.seq_len > args.max_seq_len:
@@ -62,10 +64,27 @@ def validate(cfg: Config, world_size: int) -> None:
         raise UserError("[training] device = 'cuda' but CUDA is not available; use --training.device cpu (or auto)")
 
 
-def _main_first(dims: ParallelDims, fn):
-    """Run `fn` on local rank 0 while the others wait; a failure there fails every rank."""
+def _validate_overlapped(cfg: Config, world_size: int) -> None:
+    t, kind = cfg.training, cfg.parallelism.data_parallel
+    micro_batches = (t.global_batch_size or t.local_batch_size * world_size) // (t.local_batch_size * world_size)
+    if kind == "acco" and micro_batches % 2:
+        raise UserError(
+            f"acco computes each update over two periods (at θ̃ and at θ), so it needs an even number of "
+            f"micro-batches per update and rank; got {micro_batches}: set [training] global_batch_size to a multiple "
+            f"of 2 × local_batch_size × ranks = {2 * t.local_batch_size * world_size}"
+        )
+    if cfg.acco.mode == "adaptive" and not t.max_tokens:
+        raise UserError(
+            "[acco] mode = 'adaptive' lets each update's batch grow while communication runs, so a step count "
+            "does not fix the learning-rate schedule or the data seen: set [training] max_tokens (the token budget)"
+        )
+
+
+def _main_first(dims: ParallelDims, fn, on: bool | None = None):
+    """Run `fn` on local rank 0 (or where `on`) while the others wait; a failure there fails
+    every rank, so no rank is left waiting in a collective for one that has given up."""
     error = None
-    if dims.local_rank == 0:
+    if (dims.local_rank == 0) if on is None else on:
         try:
             fn()
         except UserError as e:
@@ -131,18 +150,32 @@ def evaluate(model: nn.Module, loader, batches: int, device: Device, dims: Paral
     return total / max(tokens, 1.0)
 
 
+def _overlap_metrics(result) -> dict:
+    """Exposed communication and overlap of an overlapped schedule's update (none for sync ones)."""
+    if not result.seconds:
+        return {}
+    metrics = {"exposed_comm_s": result.exposed_s,
+               "overlap": max(0.0, 1.0 - result.exposed_s / max(result.seconds, 1e-9))}
+    if result.drift is not None:
+        metrics["estimate_drift"] = result.drift
+    return metrics
+
+
 def prepare_dump_folder(cfg: Config, dims: ParallelDims) -> Path:
     folder = Path(cfg.job.dump_folder)
-    if dims.is_main:
-        if folder.exists() and any(folder.iterdir()) and not cfg.job.overwrite:
-            raise UserError(f"dump folder {folder} is not empty; pass --job.overwrite true or another --job.dump_folder")
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "config.toml").write_text(cfg.to_toml())
-            (folder / "metrics.jsonl").unlink(missing_ok=True)
-        except OSError as e:
-            raise UserError(f"cannot write to dump folder {folder}: {e.strerror}; choose another --job.dump_folder") from None
+    _main_first(dims, lambda: _make_dump_folder(cfg, folder), on=dims.is_main)
     return folder
+
+
+def _make_dump_folder(cfg: Config, folder: Path) -> None:
+    if folder.exists() and any(folder.iterdir()) and not cfg.job.overwrite:
+        raise UserError(f"dump folder {folder} is not empty; pass --job.overwrite true or another --job.dump_folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.toml").write_text(cfg.to_toml())
+        (folder / "metrics.jsonl").unlink(missing_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot write to dump folder {folder}: {e.strerror}; choose another --job.dump_folder") from None
 
 
 def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = None) -> dict:
@@ -192,9 +225,6 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
 
     global_batch = t.global_batch_size or t.local_batch_size * dims.dp_size
     accumulation = global_batch // (t.local_batch_size * dims.dp_size)
-    dp = build_data_parallel(model, cfg, dims, accumulation, dtype)
-    autocast = dtype if cfg.parallelism.data_parallel == "ddp" and dtype != torch.float32 else None
-
     tokens_per_step = global_batch * t.seq_len
     schedule = TokenSchedule(
         peak_lr=cfg.optimizer.lr,
@@ -203,6 +233,8 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         decay=cfg.lr_schedule.decay,
         min_lr_ratio=cfg.lr_schedule.min_lr_ratio,
     )
+    dp = build_data_parallel(model, cfg, dims, accumulation, schedule, dtype, device)
+    autocast = dtype if cfg.parallelism.data_parallel == "ddp" and dtype != torch.float32 else None
     train_loader = data.build_dataloader(train_set, t.local_batch_size)
     val_loader = data.build_dataloader(val_set, t.local_batch_size)
     batches = iter(train_loader)
@@ -212,11 +244,11 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         f"batch {global_batch} × {t.seq_len} (accumulation {accumulation}) | {t.steps} steps | {folder}"
     )
 
-    tokens_seen, last = 0.0, {"time": time.perf_counter(), "tokens": 0.0}
+    tokens_seen, step, last = 0.0, 0, {"time": time.perf_counter(), "tokens": 0.0}
     times = {"data": 0.0, "compute": 0.0, "sync": 0.0}
     summary: dict = {}
     device.reset_peak_memory()
-    for step in range(1, t.steps + 1):
+    while step < t.steps:
         loss_sum = torch.zeros((), dtype=torch.float64, device=device.torch)
         local_tokens = torch.zeros((), dtype=torch.int64, device=device.torch)
         for micro_batch in dp.micro_batches():
@@ -232,9 +264,11 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
             times["compute"] += time.perf_counter() - t1
         device.synchronize()
         t2 = time.perf_counter()
-        result = dp.step(local_tokens.item(), lambda n: schedule(tokens_seen, n))
-        device.synchronize()
+        result = dp.step(local_tokens.item(), loss_sum.item())
         times["sync"] += time.perf_counter() - t2
+        if result is None or not result.committed:
+            continue  # an overlapped schedule's non-committing round
+        step += 1
         tokens_seen += result.tokens
         if not math.isfinite(result.grad_norm):
             raise RuntimeError(f"non-finite gradient norm at step {step}; lower the learning rate or check the data")
@@ -246,17 +280,17 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
                 val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims)
             record = {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
         if step % cfg.metrics.log_every == 0 or step == 1 or done or record:
-            (global_loss,) = all_reduce_sum([loss_sum.item()], device.torch, dims.dp_group)
             now = time.perf_counter()
             tps = (tokens_seen - last["tokens"]) / (now - last["time"])
             busy = sum(times.values()) or 1.0
             achieved = flops_per_token * tps / dims.dp_size
             record = {
-                "step": step, "tokens": int(tokens_seen), "loss": global_loss / result.tokens, "lr": result.lr,
+                "step": step, "tokens": int(tokens_seen), "loss": result.loss, "lr": result.lr,
                 "tokens_per_s": tps, "tokens_per_s_per_rank": tps / dims.dp_size, "grad_norm": result.grad_norm,
                 "tflops": achieved / 1e12, "memory_gib": device.peak_memory_gib(),
                 "share_data": times["data"] / busy, "share_compute": times["compute"] / busy,
-                "share_sync": times["sync"] / busy, **record,
+                "share_sync": times["sync"] / busy, "tokens_per_update": result.tokens,
+                "micro_batches_per_rank": result.micro_batches, **_overlap_metrics(result), **record,
             }
             if (peak := device.peak_flops(dtype)) is not None:
                 record["mfu"] = achieved / peak
@@ -266,6 +300,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
             times = dict.fromkeys(times, 0.0)
         if done:
             break
+    dp.close()
     summary["steps"] = step
     log.close()
     return summary

@@ -2,9 +2,10 @@
 
 - `micro_batches()` yields one context per micro-batch of a compute period (DDP and FSDP
   skip gradient sync on all but the last).
-- `step(local_tokens, lr_for)` turns this rank's sum-of-token-loss gradients into one
-  update normalised by the global token count, and returns an `UpdateResult`.
-- `evaluation()` gives the module holding the committed parameters θ.
+- `step(local_tokens, local_loss)` ends the period: it turns this rank's sum-of-token-loss
+  gradients into an update normalised by the global token count, and returns the
+  `UpdateResult` of the update completed now (None when none completed: ACCO's first period).
+- `evaluation()` gives the module holding the committed parameters θ; `close()` drains.
 
 The loop produces gradients of the *sum* of token losses; each strategy divides by the
 all-reduced token count, so uneven or masked batches are weighted per token.
@@ -13,7 +14,7 @@ all-reduced token count, so uneven or masked batches are weighted per token.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -23,21 +24,23 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from torchacco.config import Config
+from torchacco.lr import TokenSchedule
 from torchacco.optim import ShardedAdamW, build_adamw
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.flat import FlatParams
-from torchacco.parallel.sharded import UpdateResult, reduce_update_gather
-
-LrFor = Callable[[float], float]
+from torchacco.parallel.sharded import COMMIT, UpdateResult, reduce_update_gather
 
 
 class Replicated:
     """Shared by DDP and FSDP: torch's AdamW over the module's own parameters."""
 
-    def __init__(self, model: nn.Module, cfg: Config, dims: ParallelDims, accumulation: int):
+    def __init__(self, model: nn.Module, cfg: Config, dims: ParallelDims, accumulation: int,
+                 schedule: TokenSchedule):
         self.model = model
         self.dims = dims
         self.accumulation = accumulation
+        self.schedule = schedule
+        self.tokens = 0.0  # committed so far, all ranks
         self.max_norm = cfg.training.max_norm
         self.optimizer = build_adamw(model, cfg.optimizer)
 
@@ -48,37 +51,41 @@ class Replicated:
         for i in range(self.accumulation):
             yield self._sync(last=i == self.accumulation - 1)
 
-    def step(self, local_tokens: float, lr_for: LrFor) -> UpdateResult:
-        tokens = torch.tensor(local_tokens, dtype=torch.float64, device=self.dims.mesh.device_type)
-        dist.all_reduce(tokens, group=self.dims.dp_group)
-        tokens = tokens.item()
+    def step(self, local_tokens: float, local_loss: float) -> UpdateResult:
+        totals = torch.tensor([local_tokens, local_loss], dtype=torch.float64, device=self.dims.mesh.device_type)
+        dist.all_reduce(totals, group=self.dims.dp_group)
+        tokens, loss_sum = totals.tolist()
         params = [p for p in self.model.parameters() if p.grad is not None]
         # The reduction averaged over ranks; rescale the mean of sums to a per-token mean.
         torch._foreach_mul_([p.grad for p in params], self.dims.dp_size / tokens)
         norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm or float("inf"), foreach=True)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
-        lr = lr_for(tokens)
+        lr = self.schedule(self.tokens, tokens)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return UpdateResult(tokens, norm.item(), lr, True)
+        self.tokens += tokens
+        return UpdateResult(tokens, loss_sum / tokens, norm.item(), lr, True, [self.accumulation] * self.dims.dp_size)
 
     @contextlib.contextmanager
     def evaluation(self):
         yield self.model
 
+    def close(self) -> None:
+        pass
+
 
 class DDP(Replicated):
     """torch DDP: replicated parameters, bucketed all-reduce overlapped with backward."""
 
-    def __init__(self, model, cfg, dims, accumulation):
+    def __init__(self, model, cfg, dims, accumulation, schedule):
         wrapped = DistributedDataParallel(
             model, process_group=dims.dp_group, bucket_cap_mb=cfg.parallelism.bucket_cap_mb,
             gradient_as_bucket_view=True,
         )
-        super().__init__(wrapped, cfg, dims, accumulation)
+        super().__init__(wrapped, cfg, dims, accumulation, schedule)
 
     def _sync(self, last):
         return contextlib.nullcontext() if last else self.model.no_sync()
@@ -91,14 +98,14 @@ class DDP(Replicated):
 class FSDP(Replicated):
     """FSDP2 (ZeRO-3): `fully_shard` per block, then the root."""
 
-    def __init__(self, model, cfg, dims, accumulation, param_dtype: torch.dtype):
+    def __init__(self, model, cfg, dims, accumulation, schedule, param_dtype: torch.dtype):
         reduce_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.parallelism.reduce_dtype]
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         reshard = cfg.parallelism.reshard_after_forward
         for block in model.layers:
             fully_shard(block, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(model, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-        super().__init__(model, cfg, dims, accumulation)
+        super().__init__(model, cfg, dims, accumulation, schedule)
 
     @contextlib.contextmanager
     def _sync(self, last):
@@ -110,18 +117,24 @@ class ZeRO1:
     """Sharded fp32 optimizer state over flat buffers; the job runs after the last micro-batch."""
 
     def __init__(self, model: nn.Module, cfg: Config, dims: ParallelDims, accumulation: int,
-                 param_dtype: torch.dtype):
+                 schedule: TokenSchedule, param_dtype: torch.dtype, grad_dtype: torch.dtype = torch.float32):
         self.model = model
         self.accumulation = accumulation
+        self.schedule = schedule
+        self.tokens = 0.0
         self.max_norm = cfg.training.max_norm
-        self.flat = FlatParams(model, dims.dp_group, dtype=param_dtype)
+        self.flat = FlatParams(model, dims.dp_group, dtype=param_dtype, grad_dtype=grad_dtype)
         self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, cfg.optimizer)
 
     def micro_batches(self):
         for _ in range(self.accumulation):
             yield contextlib.nullcontext()
 
-    def step(self, local_tokens: float, lr_for: LrFor) -> UpdateResult:
+    def lr_for(self) -> callable:
+        start = self.tokens  # by value: the job may run while the loop moves on
+        return lambda tokens: self.schedule(start, tokens)
+
+    def step(self, local_tokens: float, local_loss: float) -> UpdateResult:
         flat = self.flat
         send = flat.grads
         if send.dtype != flat.params_buffer.dtype:
@@ -129,23 +142,29 @@ class ZeRO1:
             # because the all-gather below rewrites all of it.
             flat.params_buffer.copy_(flat.grads)
             send = flat.params_buffer
-        result = reduce_update_gather(flat, self.optimizer, send, local_tokens, lr_for, commit=True,
-                                      out=flat.params_buffer, max_norm=self.max_norm)
+        result = reduce_update_gather(flat, self.optimizer, send, (local_tokens, local_loss, self.accumulation),
+                                      self.lr_for(), COMMIT, out=flat.params_buffer, max_norm=self.max_norm)
         flat.grads.zero_()
+        self.tokens += result.tokens
         return result
 
     @contextlib.contextmanager
     def evaluation(self):
         yield self.model
 
+    def close(self) -> None:
+        pass
+
 
 def build_data_parallel(model: nn.Module, cfg: Config, dims: ParallelDims, accumulation: int,
-                        param_dtype: torch.dtype):
+                        schedule: TokenSchedule, param_dtype: torch.dtype, device):
     kind = cfg.parallelism.data_parallel
     if kind == "ddp":
-        return DDP(model, cfg, dims, accumulation)
+        return DDP(model, cfg, dims, accumulation, schedule)
     if kind == "fsdp":
-        return FSDP(model, cfg, dims, accumulation, param_dtype)
+        return FSDP(model, cfg, dims, accumulation, schedule, param_dtype)
     if kind == "zero1":
-        return ZeRO1(model, cfg, dims, accumulation, param_dtype)
-    raise AssertionError(f"unhandled data_parallel {kind!r}")  # config validation lists the choices
+        return ZeRO1(model, cfg, dims, accumulation, schedule, param_dtype)
+    from torchacco.parallel import overlap
+
+    return overlap.build(kind, model, cfg, dims, accumulation, schedule, param_dtype, device)

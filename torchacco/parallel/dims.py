@@ -75,11 +75,6 @@ def check_parallelism(cfg, world_size: int) -> None:
             "tensor and pipeline parallelism are not implemented yet; "
             "set [parallelism] tensor_parallel_degree = 1 and pipeline_parallel_degree = 1"
         )
-    if p.data_parallel in ("acco", "dpu", "wp"):
-        raise UserError(
-            f"[parallelism] data_parallel = '{p.data_parallel}' is not implemented yet; "
-            "available now: ddp, zero1, fsdp"
-        )
 
 
 def destroy() -> None:

@@ -1,15 +1,15 @@
 """The sharded-optimizer job: the one communication round ZeRO-1, ACCO, DPU and WP share.
 
-all-reduce counts → reduce-scatter gradients → normalise by the global count → clip →
-AdamW step (commit) or peek (estimate) on this rank's fp32 shard → all-gather parameters.
-ZeRO-1 runs it synchronously after the last micro-batch; the overlapped schedules run it
-beside the next compute period.
+reduce-scatter gradients → gather per-rank counts → normalise by the global token count →
+clip → AdamW on this rank's fp32 shard (commit, or peek for an estimate) → all-gather the
+new parameters. ZeRO-1 runs it synchronously after the last micro-batch; the overlapped
+schedules run it beside the next compute period, on the communication runner.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -22,22 +22,31 @@ from torchacco.parallel.flat import FlatParams
 reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
+COMMIT = "commit"  # θ ← Opt(θ, ḡ): m, v, step and the master shard advance
+ESTIMATE = "estimate"  # θ̃ = Opt(θ, ḡ) without touching any state (ACCO)
+COMMIT_AND_PREDICT = "commit_and_predict"  # θ ← Opt(θ, ḡ), then gather Opt(θ, ḡ) once more (WP)
+
 
 @dataclass
 class UpdateResult:
     tokens: float  # global token count behind the update
+    loss: float  # global mean token loss of the gradients behind it
     grad_norm: float  # before clipping
     lr: float
     committed: bool
+    micro_batches: list[int] = field(default_factory=list)  # per rank
+    seconds: float = 0.0  # wall time of the job
+    exposed_s: float = 0.0  # time the compute side waited for jobs since the previous commit
+    drift: float | None = None  # ‖θ̃ − θ‖ / ‖θ‖ (ACCO, every few commits)
 
 
 def reduce_update_gather(
     flat: FlatParams,
     opt: ShardedAdamW,
     grads: torch.Tensor,  # full flat sum-of-token-loss gradients of this rank (the send buffer)
-    local_tokens: float,
+    local: tuple[float, float, int],  # this rank's (tokens, loss sum, micro-batches)
     lr_for: Callable[[float], float],  # global token count of this update -> learning rate
-    commit: bool,
+    kind: str,
     out: torch.Tensor,  # full flat buffer that receives the new parameters
     max_norm: float,
 ) -> UpdateResult:
@@ -46,18 +55,28 @@ def reduce_update_gather(
     reduce_scatter(grad, grads, group=group)
     grad = grad.float()
 
-    # One all-reduce for both: ‖Σ G‖² over the shards and the token count N; ‖Σ G / N‖ follows.
-    totals = torch.stack([grad.double().square().sum(), grad.new_tensor(local_tokens, dtype=torch.float64)])
-    dist.all_reduce(totals, group=group)
-    tokens = totals[1].item()
+    # One small collective for all the scalars: ‖shard‖², tokens, loss sum, micro-batches per rank.
+    mine = torch.tensor([0.0, *local], dtype=torch.float64, device=grad.device)
+    mine[0] = grad.double().square().sum()
+    stats = torch.empty(flat.world * 4, dtype=torch.float64, device=grad.device)
+    all_gather(stats, mine, group=group)
+    stats = stats.view(flat.world, 4).cpu()
+    sq_norm, tokens, loss_sum, _ = stats.sum(0).tolist()
     if tokens <= 0:
-        raise RuntimeError("no tokens contributed to this update on any rank (all labels masked?)")
+        raise RuntimeError("no tokens contributed to this update on any rank (are all labels masked?)")
     grad.div_(tokens)
-    grad_norm = math.sqrt(totals[0].item()) / tokens
+    grad_norm = math.sqrt(sq_norm) / tokens
     if max_norm and grad_norm > max_norm:
         grad.mul_(max_norm / (grad_norm + 1e-6))
 
     lr = lr_for(tokens)
-    new = opt.step(grad, lr) if commit else opt.peek(grad, lr)
+    if kind == ESTIMATE:
+        new = opt.peek(grad, lr)
+    elif kind == COMMIT:
+        new = opt.step(grad, lr)
+    else:
+        opt.step(grad, lr)
+        new = opt.peek(grad, lr)
     all_gather(out, new.to(out.dtype), group=group)
-    return UpdateResult(tokens, grad_norm, lr, commit)
+    return UpdateResult(tokens, loss_sum / tokens, grad_norm, lr, kind != ESTIMATE,
+                        [int(n) for n in stats[:, 3].tolist()])

@@ -1,0 +1,193 @@
+"""ACCO, DPU and WP: the sharded-optimizer job runs beside the next compute period.
+
+Buffers (see ACCO.md): the compute side owns the parameter buffer P (what forward and
+backward read) and the gradient accumulator A; the job owns the communication buffer C —
+gradients in, parameters out — the one extra bf16 copy over ZeRO-1. The fp32 master
+shard and AdamW moments are ZeRO-1's, untouched except by committing jobs.
+
+At every round boundary (`step()`) the compute side
+  1. waits for the job in flight — deterministic mode after a fixed number of micro-batches;
+     adaptive mode keeps accumulating until it is done — and swaps in the parameters it
+     produced: P ← C;
+  2. plans the next job; when the next period starts (`micro_batches()`), hands its
+     accumulator over (C ← A), launches the job on the runner and zeroes A or keeps adding.
+Launching at the start of a period means that between rounds — where the loop logs,
+evaluates and stops — no job is in flight and the master shards hold exactly θ.
+The schedules differ only in `_plan()`: which job, and whether A is zeroed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from torchacco.config import Config
+from torchacco.device import Device, make_runner
+from torchacco.lr import TokenSchedule
+from torchacco.parallel.data_parallel import ZeRO1
+from torchacco.parallel.dims import ParallelDims
+from torchacco.parallel.sharded import (COMMIT, COMMIT_AND_PREDICT, ESTIMATE, UpdateResult, all_gather,
+                                        reduce_update_gather)
+
+ACCUMULATOR_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class Overlapped(ZeRO1):
+    """ZeRO-1's buffers and job, run on a communication runner one round behind."""
+
+    def __init__(self, model, cfg: Config, dims: ParallelDims, accumulation: int, schedule: TokenSchedule,
+                 param_dtype: torch.dtype, device: Device):
+        super().__init__(model, cfg, dims, accumulation, schedule, param_dtype,
+                         grad_dtype=ACCUMULATOR_DTYPES[cfg.acco.accumulator_dtype])
+        self.comm = torch.zeros_like(self.flat.params_buffer)  # C: the job's private buffer
+        self.runner = make_runner(device)
+        self.adaptive = cfg.acco.mode == "adaptive"
+        self.pending: list[float] = [0.0, 0.0, 0]  # tokens, loss sum, micro-batches behind A
+        self.planned: tuple[str, bool] | None = None  # the job to launch when the next period starts
+        self.exposed = 0.0  # seconds the compute side waited on jobs since the last report
+
+    def micro_batches(self):
+        if self.planned is not None:
+            self._launch(*self.planned)
+            self.planned = None
+        n = 0
+        while True:
+            yield contextlib.nullcontext()
+            n += 1
+            job_running = self.runner.in_flight() and not self.runner.done()
+            if n >= self.accumulation and not (self.adaptive and job_running):
+                self.pending[2] += n
+                return
+
+    def _launch(self, kind: str, keep_accumulating: bool) -> None:
+        self.comm.copy_(self.flat.grads)  # C ← A
+        flat, opt, comm, local, lr_for = self.flat, self.optimizer, self.comm, tuple(self.pending), self.lr_for()
+
+        def job() -> UpdateResult:
+            start = time.perf_counter()
+            result = reduce_update_gather(flat, opt, comm, local, lr_for, kind, out=comm, max_norm=self.max_norm)
+            result.seconds = time.perf_counter() - start
+            return result
+
+        self.runner.launch(job)
+        if not keep_accumulating:
+            self.flat.grads.zero_()
+            self.pending = [0.0, 0.0, 0]
+
+    def _finish(self) -> UpdateResult | None:
+        """Wait for the job in flight, swap in its parameters (P ← C), account for it."""
+        if not self.runner.in_flight():
+            return None
+        start = time.perf_counter()
+        finished = self.runner.wait()
+        self.exposed += time.perf_counter() - start
+        self._before_swap(finished)
+        self.flat.params_buffer.copy_(self.comm)  # P ← C
+        if finished.committed:
+            self.tokens += finished.tokens
+            finished.exposed_s, self.exposed = self.exposed, 0.0
+        return finished
+
+    def step(self, local_tokens: float, local_loss: float) -> UpdateResult | None:
+        self.pending[0] += local_tokens
+        self.pending[1] += local_loss
+        finished = self._finish()
+        self.planned = self._plan(finished)
+        return finished
+
+    def _plan(self, finished: UpdateResult | None) -> tuple[str, bool]:
+        """(the next job's kind, whether A keeps accumulating after handing it over)."""
+        raise NotImplementedError
+
+    def _before_swap(self, finished: UpdateResult) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        """Between rounds (no job in flight), with θ — the fp32 master shards, gathered — in P.
+        C is free until the next launch, so it keeps P's contents meanwhile."""
+        assert not self.runner.in_flight()
+        self.comm.copy_(self.flat.params_buffer)
+        all_gather(self.flat.params_buffer, self.optimizer.state.master.to(self.comm.dtype), group=self.flat.group)
+        try:
+            yield self.model
+        finally:
+            self.flat.params_buffer.copy_(self.comm)
+
+    def close(self) -> None:
+        if self.runner.in_flight():
+            self.runner.wait()
+        self.runner.close()
+
+
+class ACCO(Overlapped):
+    """Rounds alternate, as in ACCO.md's table:
+
+    | round      | compute side                               | job                                      |
+    | ESTIMATE t | g_t at θ_t ADDED to A, which holds g̃_t      | θ̃_{t+1} = Opt(θ_t, mean g̃_t), no commit   |
+    | COMMIT t   | g̃_{t+1} at θ̃_{t+1} into a zeroed A          | θ_{t+1} = Opt(θ_t, (g̃_t + g_t) / N)       |
+
+    The first period computes at θ_0 (θ̃_0 = θ_0); the first job is an ESTIMATE.
+    """
+
+    def __init__(self, *args, drift_every: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.drift_every = drift_every
+        self.commits = 0
+
+    def _plan(self, finished):
+        if finished is None or finished.committed:
+            return ESTIMATE, True  # keep g̃_t in A: the next period adds g_t to it
+        return COMMIT, False  # A = g̃_t + g_t goes to the commit; g̃_{t+1} starts from zero
+
+    def _before_swap(self, finished):
+        # P still holds θ̃_{t+1}, C now holds θ_{t+1}: measure the estimation error.
+        if finished.committed:
+            self.commits += 1
+            if self.drift_every and self.commits % self.drift_every == 0:
+                theta = self.comm.float()
+                finished.drift = ((self.flat.params_buffer.float() - theta).norm() / theta.norm()).item()
+
+
+class DPU(Overlapped):
+    """Delayed parameter update: θ_{t+1} = Opt(θ_t, g(θ_{t-1})), one step stale, overlapped.
+    The first `warmup` updates are synchronous (no staleness)."""
+
+    def __init__(self, *args, warmup: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.warmup = warmup
+        self.commits = 0
+
+    def _plan(self, finished):
+        return COMMIT, False
+
+    def step(self, local_tokens, local_loss):
+        finished = super().step(local_tokens, local_loss)
+        if self.commits < self.warmup:  # synchronous: the update lands before the next period
+            self._launch(*self.planned)
+            self.planned = None
+            finished = self._finish()
+        self.commits += finished is not None
+        return finished
+
+
+class WP(Overlapped):
+    """Weight prediction: as DPU, but the compute runs at Opt(θ_{t+1}, ḡ_t), the last averaged
+    gradient applied once more; θ itself stays in the master shards."""
+
+    def _plan(self, finished):
+        return COMMIT_AND_PREDICT, False
+
+
+def build(kind, model, cfg: Config, dims, accumulation, schedule, param_dtype, device):
+    assert kind != "acco" or accumulation % 2 == 0, "validate() requires an even accumulation for acco"
+    common = (model, cfg, dims, accumulation // 2 if kind == "acco" else accumulation, schedule, param_dtype, device)
+    if kind == "acco":
+        return ACCO(*common, drift_every=cfg.acco.drift_every)
+    if kind == "dpu":
+        return DPU(*common, warmup=cfg.acco.dpu_warmup_steps)
+    if kind == "wp":
+        return WP(*common)
+    raise AssertionError(kind)
