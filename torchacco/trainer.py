@@ -62,6 +62,10 @@ def validate(cfg: Config, world_size: int) -> None:
         raise UserError(f"[tokenizer] path not found: {cfg.tokenizer.path} (a tokenizer.json file)")
     if t.device == "cuda" and not torch.cuda.is_available():
         raise UserError("[training] device = 'cuda' but CUDA is not available; use --training.device cpu (or auto)")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and t.device != "cpu" else 0
+    if gpus and local_world > gpus:
+        raise UserError(f"{local_world} processes per node but only {gpus} GPUs; set NGPU={gpus} (or fewer)")
 
 
 def _validate_overlapped(cfg: Config, world_size: int) -> None:
@@ -188,11 +192,16 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
         set_cpu_threads(cfg.training.num_threads, local_world)
     own_group = not dist.is_initialized()
     dims = init_distributed(device)
+    clean = False
     try:
-        return _train(cfg, dims, device, model, datasets)
+        summary = _train(cfg, dims, device, model, datasets)
+        clean = True
+        return summary
     finally:
         if own_group:
-            destroy()
+            # After an error, skip the barrier: peers may be inside another collective, and
+            # torchrun stops them once this process exits.
+            destroy(barrier=clean)
 
 
 def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> dict:
@@ -244,63 +253,65 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         f"batch {global_batch} × {t.seq_len} (accumulation {accumulation}) | {t.steps} steps | {folder}"
     )
 
-    tokens_seen, step, last = 0.0, 0, {"time": time.perf_counter(), "tokens": 0.0}
-    times = {"data": 0.0, "compute": 0.0, "sync": 0.0}
-    summary: dict = {}
-    device.reset_peak_memory()
-    while step < t.steps:
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device.torch)
-        local_tokens = torch.zeros((), dtype=torch.int64, device=device.torch)
-        for micro_batch in dp.micro_batches():
-            t0 = time.perf_counter()
-            batch = {k: v.to(device.torch, non_blocking=True) for k, v in next(batches).items()}
-            t1 = time.perf_counter()
-            with micro_batch, torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-                loss, n = token_loss_sum(dp.model, batch)
-                loss.backward()
-            loss_sum += loss.detach().double()
-            local_tokens += n
-            times["data"] += t1 - t0
-            times["compute"] += time.perf_counter() - t1
-        device.synchronize()
-        t2 = time.perf_counter()
-        result = dp.step(local_tokens.item(), loss_sum.item())
-        times["sync"] += time.perf_counter() - t2
-        if result is None or not result.committed:
-            continue  # an overlapped schedule's non-committing round
-        step += 1
-        tokens_seen += result.tokens
-        if not math.isfinite(result.grad_norm):
-            raise RuntimeError(f"non-finite gradient norm at step {step}; lower the learning rate or check the data")
+    try:
+        tokens_seen, step, last = 0.0, 0, {"time": time.perf_counter(), "tokens": 0.0}
+        times = {"data": 0.0, "compute": 0.0, "sync": 0.0}
+        summary: dict = {}
+        device.reset_peak_memory()
+        while step < t.steps:
+            loss_sum = torch.zeros((), dtype=torch.float64, device=device.torch)
+            local_tokens = torch.zeros((), dtype=torch.int64, device=device.torch)
+            for micro_batch in dp.micro_batches():
+                t0 = time.perf_counter()
+                batch = {k: v.to(device.torch, non_blocking=True) for k, v in next(batches).items()}
+                t1 = time.perf_counter()
+                with micro_batch, torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+                    loss, n = token_loss_sum(dp.model, batch)
+                    loss.backward()
+                loss_sum += loss.detach().double()
+                local_tokens += n
+                times["data"] += t1 - t0
+                times["compute"] += time.perf_counter() - t1
+            device.synchronize()
+            t2 = time.perf_counter()
+            result = dp.step(local_tokens.item(), loss_sum.item())
+            times["sync"] += time.perf_counter() - t2
+            if result is None or not result.committed:
+                continue  # an overlapped schedule's non-committing round
+            step += 1
+            tokens_seen += result.tokens
+            if not math.isfinite(result.grad_norm):
+                raise RuntimeError(f"non-finite gradient norm at step {step}; lower the learning rate or check the data")
 
-        done = bool(step == t.steps or (t.max_tokens and tokens_seen >= t.max_tokens))
-        record = {}
-        if cfg.eval.every and (step % cfg.eval.every == 0 or done):
-            with dp.evaluation() as eval_model:
-                val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims)
-            record = {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
-        if step % cfg.metrics.log_every == 0 or step == 1 or done or record:
-            now = time.perf_counter()
-            tps = (tokens_seen - last["tokens"]) / (now - last["time"])
-            busy = sum(times.values()) or 1.0
-            achieved = flops_per_token * tps / dims.dp_size
-            record = {
-                "step": step, "tokens": int(tokens_seen), "loss": result.loss, "lr": result.lr,
-                "tokens_per_s": tps, "tokens_per_s_per_rank": tps / dims.dp_size, "grad_norm": result.grad_norm,
-                "tflops": achieved / 1e12, "memory_gib": device.peak_memory_gib(),
-                "share_data": times["data"] / busy, "share_compute": times["compute"] / busy,
-                "share_sync": times["sync"] / busy, "tokens_per_update": result.tokens,
-                "micro_batches_per_rank": result.micro_batches, **_overlap_metrics(result), **record,
-            }
-            if (peak := device.peak_flops(dtype)) is not None:
-                record["mfu"] = achieved / peak
-            log.log(record)
-            summary.update(record)
-            last = {"time": time.perf_counter(), "tokens": tokens_seen}
-            times = dict.fromkeys(times, 0.0)
-        if done:
-            break
-    dp.close()
+            done = bool(step == t.steps or (t.max_tokens and tokens_seen >= t.max_tokens))
+            record = {}
+            if cfg.eval.every and (step % cfg.eval.every == 0 or done):
+                with dp.evaluation() as eval_model:
+                    val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims)
+                record = {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
+            if step % cfg.metrics.log_every == 0 or step == 1 or done or record:
+                now = time.perf_counter()
+                tps = (tokens_seen - last["tokens"]) / (now - last["time"])
+                busy = sum(times.values()) or 1.0
+                achieved = flops_per_token * tps / dims.dp_size
+                record = {
+                    "step": step, "tokens": int(tokens_seen), "loss": result.loss, "lr": result.lr,
+                    "tokens_per_s": tps, "tokens_per_s_per_rank": tps / dims.dp_size, "grad_norm": result.grad_norm,
+                    "tflops": achieved / 1e12, "memory_gib": device.peak_memory_gib(),
+                    "share_data": times["data"] / busy, "share_compute": times["compute"] / busy,
+                    "share_sync": times["sync"] / busy, "tokens_per_update": result.tokens,
+                    "micro_batches_per_rank": result.micro_batches, **_overlap_metrics(result), **record,
+                }
+                if (peak := device.peak_flops(dtype)) is not None:
+                    record["mfu"] = achieved / peak
+                log.log(record)
+                summary.update(record)
+                last = {"time": time.perf_counter(), "tokens": tokens_seen}
+                times = dict.fromkeys(times, 0.0)
+            if done:
+                break
+    finally:
+        dp.close()  # drains an overlapped schedule's job and stops its thread, also on errors
+        log.close()
     summary["steps"] = step
-    log.close()
     return summary

@@ -77,11 +77,12 @@ def check_parallelism(cfg, world_size: int) -> None:
         )
 
 
-def destroy() -> None:
+def destroy(barrier: bool = True) -> None:
     if dist.is_initialized():
-        # Without the barrier a rank can tear gloo down while a peer still uses it, and the
-        # peer aborts ("terminate called without an active exception").
-        dist.barrier()
+        if barrier:
+            # Without it a rank can tear gloo down while a peer still uses it, and the peer
+            # aborts ("terminate called without an active exception").
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -1,0 +1,95 @@
+"""A torchrun worker for the schedule tests: drives a data-parallel strategy directly.
+
+Every rank draws its micro-batches from a generator seeded by (rank, index), with some labels
+masked so that token weighting matters. Rank 0 saves θ (the committed parameters), what each
+rank computed per period, and the update results.
+
+    torchrun --nproc_per_node 2 tests/overlap_worker.py KIND OUT COMMITS MICRO_BATCHES MODE SLOW_RANK_DELAY
+"""
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from torchacco.config import Config
+from torchacco.device import Device
+from torchacco.lr import TokenSchedule
+from torchacco.parallel.data_parallel import build_data_parallel
+from torchacco.parallel.dims import init_distributed
+from torchacco.trainer import token_loss_sum
+
+VOCAB, SEQ, BATCH = 64, 16, 2
+
+
+def tiny_model():
+    from models.llama3 import spec
+
+    args = spec.args("debug", vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                     ffn_hidden_dim=64, max_seq_len=SEQ)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.init_weights()
+    return model
+
+
+def micro_batch(rank: int, index: int) -> dict:
+    g = torch.Generator().manual_seed(1000 * rank + index)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+    labels = tokens[:, 1:].clone()
+    labels[torch.rand(labels.shape, generator=g) < 0.3] = -100
+    return {"input_ids": tokens[:, :-1], "labels": labels}
+
+
+def schedule() -> TokenSchedule:
+    return TokenSchedule(peak_lr=1e-2, warmup_tokens=0, total_tokens=400, decay="cosine", min_lr_ratio=0.1)
+
+
+def config(kind: str, mode: str) -> Config:
+    cfg = Config()
+    cfg.parallelism.data_parallel = kind
+    cfg.acco.mode = mode
+    cfg.acco.dpu_warmup_steps = 1 if kind == "dpu" else 0
+    cfg.training.max_norm = 0.5  # low enough that clipping is active
+    cfg.optimizer.weight_decay = 0.1
+    return cfg
+
+
+def main(kind, out, commits, micro_batches, mode, delay):
+    dims = init_distributed(Device("cpu"))
+    rank = dims.rank
+    dp = build_data_parallel(tiny_model(), config(kind, mode), dims, micro_batches, schedule(), torch.float32,
+                             Device("cpu"))
+    periods, results, index = [], [], 0
+    while len(results) < commits:
+        tokens, loss_sum, n = 0, 0.0, 0
+        for ctx in dp.micro_batches():
+            if rank == 1:
+                time.sleep(delay)  # a slow worker
+            with ctx:
+                loss, count = token_loss_sum(dp.model, micro_batch(rank, index))
+                loss.backward()
+            tokens, loss_sum, n, index = tokens + count.item(), loss_sum + loss.item(), n + 1, index + 1
+        periods.append(n)
+        result = dp.step(tokens, loss_sum)
+        if result is not None and result.committed:
+            results.append(result)
+    with dp.evaluation():
+        theta = torch.cat([p.detach().reshape(-1).float() for p in dp.model.parameters()])
+    dp.close()
+    all_periods = [None] * dims.world_size
+    dist.all_gather_object(all_periods, periods)
+    if rank == 0:
+        torch.save({"theta": theta, "periods": all_periods,
+                    "results": [(r.tokens, r.loss, r.lr, r.micro_batches, r.grad_norm) for r in results]}, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    kind, out, commits, micro_batches, mode, delay = sys.argv[1:]
+    main(kind, out, int(commits), int(micro_batches), mode, float(delay))

@@ -1,0 +1,106 @@
+"""Bad input through ./run_train.sh: one clear `torchacco: error:` line, a non-zero exit, no
+traceback, no hang. Config mistakes are caught by `torchacco.validate` before launch (~3 s);
+data, tokenizer and dump-folder mistakes inside the 2 workers, where rank 0 alone reports (~10 s)."""
+
+import pytest
+import torch
+
+from conftest import run_train, tiny_args
+
+ERROR = "torchacco: error:"
+
+
+def check_one_clear_error(proc, *words: str, launched: bool) -> str:
+    """The run failed with exactly one error line naming `words`; returns that line."""
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith(ERROR)]
+    assert len(errors) == 1, output[-3000:]
+    assert errors[0] in proc.stderr.splitlines()
+    for word in words:
+        assert word.lower() in errors[0].lower(), (word, errors[0])
+    # The torchrun wrapper's summary is not a second error; validate stops before any launch.
+    summaries = [line for line in output.splitlines() if "worker(s) failed" in line]
+    assert len(summaries) == (1 if launched else 0), output[-3000:]
+    assert all(not line.startswith(ERROR) for line in summaries)
+    return errors[0]
+
+
+def run(tiny_corpus, cache_dir, out, *extra: str):
+    return run_train(tiny_args(tiny_corpus, cache_dir, out, *extra), nproc=2, timeout=120)
+
+
+@pytest.mark.parametrize("extra, words", [
+    pytest.param(["--config", "no/such/config.toml"], ["config file not found", "no/such/config.toml", "--config"],
+                 id="missing-config-file"),
+    pytest.param(["--training.stepz", "5"], ["unknown key 'stepz'", "[training]", "valid keys", "steps"],
+                 id="unknown-key"),
+    pytest.param(["--trainng.steps", "5"], ["unknown section [trainng]", "valid sections", "training"],
+                 id="unknown-section"),
+    pytest.param(["--training.steps", "ten"], ["[training] steps", "expected int", "ten"], id="wrong-type"),
+    pytest.param(["--training.global_batch_size", "12"],
+                 ["global_batch_size = 12", "not divisible", "4 × 2 = 8", "multiple of 8"], id="global-batch"),
+    pytest.param(["--training.seq_len", "4096"], ["seq_len = 4096", "512 positions", "--training.seq_len 512"],
+                 id="seq-len-above-positions"),
+    pytest.param(["--data.dataset", "no/such/data"], ["dataset path not found", "no/such/data"],
+                 id="missing-dataset"),
+    pytest.param(["--model.name", "gpt5"], ["unknown model 'gpt5'", "available", "gpt_neo", "llama3"],
+                 id="unknown-model"),
+    pytest.param(["--model.flavor", "huge"], ["no flavor 'huge'", "choose one of", "debug"], id="unknown-flavor"),
+    pytest.param(["--parallelism.data_parallel", "acco", "--training.global_batch_size", "8"],
+                 ["even number of micro-batches", "global_batch_size", "= 16"], id="acco-odd-micro-batches"),
+    pytest.param(["--parallelism.data_parallel", "dpu", "--acco.mode", "adaptive"],
+                 ["mode = 'adaptive'", "set [training] max_tokens"], id="adaptive-without-token-budget"),
+    pytest.param(["--parallelism.data_parallel", "ddpp"], ["'ddpp' is not one of", "ddp, zero1, fsdp"],
+                 id="unknown-data-parallel"),
+    pytest.param(["--checkpoint.enable", "true"], ["checkpoints are not implemented yet", "enable = false"],
+                 id="checkpoint-not-implemented"),
+    pytest.param(["--training.device", "cuda"], ["cuda", "not available", "--training.device cpu"],
+                 id="cuda-without-cuda",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+])
+def test_bad_option_is_one_line_before_launch(extra, words, tiny_corpus, cache_dir, tmp_path):
+    proc = run(tiny_corpus, cache_dir, tmp_path / "out", *extra)
+    check_one_clear_error(proc, *words, launched=False)
+
+
+@pytest.mark.parametrize("toml, words", [
+    pytest.param("[training]\nsteps = 5\nseq_len = \n", ["TOML syntax error", "line 3"], id="toml-syntax"),
+    pytest.param("[training]\nsteps = 5\nlearning_rate = 0.1\n", ["unknown key 'learning_rate'", "valid keys"],
+                 id="unknown-key"),
+    pytest.param('[training]\nsteps = "5"\n', ["[training] steps", "expected int", "str"], id="wrong-type"),
+])
+def test_bad_config_file_is_one_line_before_launch(toml, words, tiny_corpus, cache_dir, tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text(toml)
+    proc = run_train(["--config", str(config), *tiny_args(tiny_corpus, cache_dir, tmp_path / "out")],
+                     nproc=2, timeout=120)
+    check_one_clear_error(proc, str(config), *words, launched=False)
+
+
+def test_tokenizer_larger_than_model_vocab(tiny_corpus, cache_dir, tmp_path):
+    proc = run(tiny_corpus, cache_dir, tmp_path / "out", "--model.vocab_size", "300")
+    line = check_one_clear_error(proc, "the tokenizer has", "model's vocabulary is 300", "[model] vocab_size",
+                                 launched=True)
+    assert "set [model] vocab_size = 3" in line  # the tokenizer's size, whatever the BPE reached
+
+
+def test_empty_dataset_folder(tiny_corpus, cache_dir, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run(tiny_corpus, cache_dir, tmp_path / "out", "--data.dataset", str(empty))
+    check_one_clear_error(proc, "no .txt files under", str(empty), "data.dataset", launched=True)
+
+
+def test_unwritable_dump_folder(tiny_corpus, cache_dir):
+    # Only rank 0 writes the dump folder: its failure must stop rank 1 too, not leave it waiting.
+    proc = run(tiny_corpus, cache_dir, "/proc/forbidden")
+    check_one_clear_error(proc, "cannot write to dump folder /proc/forbidden", "--job.dump_folder", launched=True)
+
+
+def test_corrupt_tokenizer_file(tiny_corpus, cache_dir, tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": {"type": "BPE", "vocab": ')
+    proc = run(tiny_corpus, cache_dir, tmp_path / "out", "--tokenizer.path", str(bad))
+    check_one_clear_error(proc, str(bad), "not a valid tokenizer.json", "tokenizer.path", launched=True)
