@@ -215,3 +215,20 @@ def test_acco_memory_over_zero1_is_one_bf16_parameter_copy():
         assert footprint["acco"] - footprint["zero1"] == numel * 2
     finally:
         dist.destroy_process_group()
+
+
+def test_acco_validation_loss_close_to_zero1_on_the_embedded_corpus(tmp_path):
+    from conftest import read_metrics, run_train
+
+    val = {}
+    for kind in ("zero1", "acco"):
+        proc = run_train(["--config", "train_configs/default.toml", "--parallelism.data_parallel", kind,
+                          "--model.flavor", "debug", "--training.steps", "24", "--lr_schedule.warmup_steps", "4",
+                          "--eval.every", "24", "--eval.batches", "16", "--metrics.tensorboard", "false",
+                          "--job.dump_folder", str(tmp_path / kind)], timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        records = read_metrics(tmp_path / kind)
+        val[kind] = records[-1]["val_loss"], records[-1]["tokens"]
+    assert val["acco"][1] == val["zero1"][1]  # equal tokens
+    assert val["zero1"][0] < 7.0  # it learned (ln 10000 ≈ 9.2)
+    assert abs(val["acco"][0] - val["zero1"][0]) / val["zero1"][0] < 0.03, val

@@ -41,7 +41,7 @@ class MetricsLogger:
         self.jsonl.write(json.dumps(record) + "\n")
         if self.writer is not None:
             for key, value in record.items():
-                if isinstance(value, (int, float)) and key != "step":
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
                     self.writer.add_scalar(key, value, record["step"])
         print(self._console_line(record), flush=True)
 
@@ -57,6 +57,12 @@ class MetricsLogger:
         parts += [f"mem {r['memory_gib']:.2f} GiB", f"gnorm {r['grad_norm']:.3f}"]
         parts.append("data/compute/sync {:.0%}/{:.0%}/{:.0%}".format(
             r["share_data"], r["share_compute"], r["share_sync"]))
+        if "overlap" in r:  # overlapped schedules (acco, dpu, wp)
+            mb = r["micro_batches_per_rank"]
+            parts.append(f"exposed comm {r['exposed_comm_s']:.3f}s overlap {r['overlap']:.0%} "
+                         f"micro-batches {min(mb)}-{max(mb)}")
+        if "estimate_drift" in r:
+            parts.append(f"|θ̃-θ|/|θ| {r['estimate_drift']:.2e}")
         if "val_loss" in r:
             parts.append(f"val loss {r['val_loss']:.4f} (ppl {r['val_perplexity']:.1f})")
         if self.progress_bar:

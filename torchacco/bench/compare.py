@@ -1,0 +1,104 @@
+"""Run training variants side by side and compare throughput as ratios.
+
+    python -m torchacco.bench.compare --config train_configs/default.toml --steps 30 \\
+        --variant zero1 "--parallelism.data_parallel zero1" \\
+        --variant acco  "--parallelism.data_parallel acco" \\
+        --comm-delay-ms 100 --out bench_results/zero1_vs_acco
+
+Each variant runs on NPROC processes (default 2) through the same launcher as run_train.sh.
+The first `--warmup` logged steps are dropped. Prints a table and writes `<out>.json` and
+`<out>.md`. `--comm-delay-ms` is the benchmark-only artificial delay of delayed_train.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_variant(config: str, overrides: list[str], steps: int, folder: Path, nproc: int, delay_ms: float) -> list[dict]:
+    args = ["--config", config, "--training.steps", str(steps), "--metrics.log_every", "1",
+            "--metrics.progress_bar", "false", "--metrics.tensorboard", "false", "--eval.every", "0",
+            "--job.dump_folder", str(folder), *overrides]
+    env = {**os.environ, "TORCHACCO_BENCH_COMM_DELAY_MS": str(delay_ms)}
+    subprocess.run([sys.executable, "-m", "torchacco.validate", *args], check=True, cwd=ROOT,
+                   env={**env, "WORLD_SIZE": str(nproc)})
+    cmd = [sys.executable, "-m", "torchacco.launch", "--standalone", "--nnodes", "1", "--nproc_per_node",
+           str(nproc), "-m", "torchacco.bench.delayed_train", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
+        raise SystemExit(f"variant failed: {' '.join(overrides)}")
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def summarize(records: list[dict], warmup: int) -> dict:
+    kept = records[warmup:] if len(records) > warmup else records
+    # metrics.jsonl gives each step's tokens and throughput; their ratio is the step's wall time.
+    step_times = [r["tokens_per_update"] / r["tokens_per_s"] for r in kept]
+    # Exposed communication: what the compute side waited for (overlapped schedules measure it;
+    # for synchronous ones it is all of the time after the last micro-batch).
+    exposed = [r.get("exposed_comm_s", r["share_sync"] * t) for r, t in zip(kept, step_times)]
+    return {
+        "steps": len(kept),
+        "tokens_per_s": sum(r["tokens_per_update"] for r in kept) / sum(step_times),
+        "step_time_s": statistics.mean(step_times),
+        "exposed_comm_s": statistics.mean(exposed),
+        "overlap": statistics.mean(r.get("overlap", 0.0) for r in kept),
+        "final_loss": kept[-1]["loss"],
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="train_configs/default.toml")
+    parser.add_argument("--variant", nargs=2, action="append", metavar=("NAME", "OVERRIDES"), required=True)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--nproc", type=int, default=int(os.environ.get("NPROC", 2)))
+    parser.add_argument("--comm-delay-ms", type=float, default=0.0,
+                        help="BENCHMARK ONLY: artificial delay before each sharded-job collective")
+    parser.add_argument("--out", default="bench_results/compare")
+    args = parser.parse_args(argv)
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name, overrides in args.variant:
+        started = time.perf_counter()
+        records = run_variant(args.config, shlex.split(overrides), args.steps, out.parent / f"{out.name}_{name}",
+                              args.nproc, args.comm_delay_ms)
+        results[name] = {"overrides": overrides, **summarize(records, args.warmup),
+                         "wall_s": time.perf_counter() - started}
+    base = next(iter(results.values()))
+    for r in results.values():
+        r["speedup_tokens_per_s"] = r["tokens_per_s"] / base["tokens_per_s"]
+
+    header = ("| variant | tokens/s | step time (s) | exposed comm (s) | overlap | final loss | tokens/s vs first |\n"
+              "|---|---:|---:|---:|---:|---:|---:|\n")
+    rows = "".join(
+        f"| {name} | {r['tokens_per_s']:,.0f} | {r['step_time_s']:.3f} | {r['exposed_comm_s']:.3f} | "
+        f"{r['overlap']:.0%} | {r['final_loss']:.4f} | {r['speedup_tokens_per_s']:.2f}× |\n"
+        for name, r in results.items())
+    meta = (f"config `{args.config}`, {args.nproc} processes, {args.steps} steps ({args.warmup} dropped), "
+            f"artificial per-collective delay {args.comm_delay_ms:g} ms (benchmark only)\n\n")
+    table = meta + header + rows
+    print(table)
+    out.with_suffix(".md").write_text(table)
+    out.with_suffix(".json").write_text(json.dumps({"config": args.config, "nproc": args.nproc, "steps": args.steps,
+                                                    "comm_delay_ms": args.comm_delay_ms, "results": results},
+                                                   indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
