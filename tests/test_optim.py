@@ -68,3 +68,19 @@ def test_token_schedule():
     assert lin(0, 100) == 1.0  # no warm-up: the first update is at the peak
     assert lin(250, 100) == pytest.approx(0.75)
     assert TokenSchedule(2.0, 0, 10, "constant")(7) == 2.0
+
+
+def test_no_weight_decay_on_norms_biases_and_embeddings():
+    from torchacco.optim import no_weight_decay_ids
+    from torchacco.spec import get_model_spec
+
+    spec = get_model_spec("gpt_neo")
+    model = spec.model_cls(spec.args("debug"))
+    skip = no_weight_decay_ids(model)
+    names = {name for name, p in model.named_parameters() if id(p) in skip}
+    assert {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "layers.0.ln_1.weight",
+            "layers.0.attn.out_proj.bias", "layers.0.mlp.c_fc.bias"} <= names
+    decayed = {name for name, p in model.named_parameters() if id(p) not in skip}
+    assert decayed == {name for name, p in model.named_parameters() if p.ndim == 2 and "wte" not in name
+                       and "wpe" not in name}
+    assert "layers.0.attn.q_proj.weight" in decayed and "layers.1.mlp.c_proj.weight" in decayed

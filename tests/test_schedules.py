@@ -9,7 +9,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import pytest
 import torch
 import torch.nn.functional as F
 

@@ -6,6 +6,7 @@ Usable from Python: `train(cfg, model=..., datasets=(train, val))`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -246,7 +247,6 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     autocast = dtype if cfg.parallelism.data_parallel == "ddp" and dtype != torch.float32 else None
     train_loader = data.build_dataloader(train_set, t.local_batch_size)
     val_loader = data.build_dataloader(val_set, t.local_batch_size)
-    batches = iter(train_loader)
     log.info(
         f"torchacco: {cfg.model.name}/{cfg.model.flavor} {n_params / 1e6:.2f}M params | "
         f"{cfg.parallelism.data_parallel} × {dims.dp_size} on {device.name} | {str(dtype).removeprefix('torch.')} | "
@@ -254,64 +254,95 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     )
 
     try:
-        tokens_seen, step, last = 0.0, 0, {"time": time.perf_counter(), "tokens": 0.0}
-        times = {"data": 0.0, "compute": 0.0, "sync": 0.0}
-        summary: dict = {}
-        device.reset_peak_memory()
-        while step < t.steps:
-            loss_sum = torch.zeros((), dtype=torch.float64, device=device.torch)
-            local_tokens = torch.zeros((), dtype=torch.int64, device=device.torch)
-            for micro_batch in dp.micro_batches():
-                t0 = time.perf_counter()
-                batch = {k: v.to(device.torch, non_blocking=True) for k, v in next(batches).items()}
-                t1 = time.perf_counter()
-                with micro_batch, torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-                    loss, n = token_loss_sum(dp.model, batch)
-                    loss.backward()
-                loss_sum += loss.detach().double()
-                local_tokens += n
-                times["data"] += t1 - t0
-                times["compute"] += time.perf_counter() - t1
-            device.synchronize()
-            t2 = time.perf_counter()
-            result = dp.step(local_tokens.item(), loss_sum.item())
-            times["sync"] += time.perf_counter() - t2
-            if result is None or not result.committed:
-                continue  # an overlapped schedule's non-committing round
-            step += 1
-            tokens_seen += result.tokens
-            if not math.isfinite(result.grad_norm):
-                raise RuntimeError(f"non-finite gradient norm at step {step}; lower the learning rate or check the data")
-
-            done = bool(step == t.steps or (t.max_tokens and tokens_seen >= t.max_tokens))
-            record = {}
-            if cfg.eval.every and (step % cfg.eval.every == 0 or done):
-                with dp.evaluation() as eval_model:
-                    val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims)
-                record = {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
-            if step % cfg.metrics.log_every == 0 or step == 1 or done or record:
-                now = time.perf_counter()
-                tps = (tokens_seen - last["tokens"]) / (now - last["time"])
-                busy = sum(times.values()) or 1.0
-                achieved = flops_per_token * tps / dims.dp_size
-                record = {
-                    "step": step, "tokens": int(tokens_seen), "loss": result.loss, "lr": result.lr,
-                    "tokens_per_s": tps, "tokens_per_s_per_rank": tps / dims.dp_size, "grad_norm": result.grad_norm,
-                    "tflops": achieved / 1e12, "memory_gib": device.peak_memory_gib(),
-                    "share_data": times["data"] / busy, "share_compute": times["compute"] / busy,
-                    "share_sync": times["sync"] / busy, "tokens_per_update": result.tokens,
-                    "micro_batches_per_rank": result.micro_batches, **_overlap_metrics(result), **record,
-                }
-                if (peak := device.peak_flops(dtype)) is not None:
-                    record["mfu"] = achieved / peak
-                log.log(record)
-                summary.update(record)
-                last = {"time": time.perf_counter(), "tokens": tokens_seen}
-                times = dict.fromkeys(times, 0.0)
-            if done:
-                break
+        summary = _loop(cfg, dims, device, dp, iter(train_loader), val_loader, log,
+                        Throughput(flops_per_token, dims.dp_size, device, dtype), autocast)
     finally:
         dp.close()  # drains an overlapped schedule's job and stops its thread, also on errors
         log.close()
+    return summary
+
+
+def _loop(cfg, dims, device, dp, batches, val_loader, log, throughput, autocast) -> dict:
+    t = cfg.training
+    tokens_seen, step, summary = 0.0, 0, {}
+    device.reset_peak_memory()
+    while step < t.steps:
+        local_tokens, loss_sum = compute_period(dp, batches, device, autocast, throughput.times)
+        with throughput.timing("sync"):
+            result = dp.step(local_tokens, loss_sum)
+        if result is None or not result.committed:
+            continue  # an overlapped schedule's non-committing round
+        step += 1
+        tokens_seen += result.tokens
+        if not math.isfinite(result.grad_norm):
+            raise RuntimeError(f"non-finite gradient norm at step {step}; lower the learning rate or check the data")
+
+        done = bool(step == t.steps or (t.max_tokens and tokens_seen >= t.max_tokens))
+        evaluate_now = cfg.eval.every and (step % cfg.eval.every == 0 or done)
+        if step % cfg.metrics.log_every == 0 or step == 1 or done or evaluate_now:
+            record = {"step": step, "tokens": int(tokens_seen), "loss": result.loss, "lr": result.lr,
+                      **throughput.since_last(tokens_seen, result)}
+            if evaluate_now:
+                with dp.evaluation() as eval_model:
+                    val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims)
+                record |= {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
+            log.log(record)
+            summary.update(record)
+            throughput.restart(tokens_seen)  # evaluation and logging are not training time
+        if done:
+            break
     summary["steps"] = step
     return summary
+
+
+def compute_period(dp, batches, device: Device, autocast, times: dict) -> tuple[float, float]:
+    """Forward and backward over one compute period's micro-batches; (tokens, loss sum) of this rank."""
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device.torch)
+    tokens = torch.zeros((), dtype=torch.int64, device=device.torch)
+    for micro_batch in dp.micro_batches():
+        t0 = time.perf_counter()
+        batch = {k: v.to(device.torch, non_blocking=True) for k, v in next(batches).items()}
+        t1 = time.perf_counter()
+        with micro_batch, torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            loss, n = token_loss_sum(dp.model, batch)
+            loss.backward()
+        loss_sum += loss.detach().double()
+        tokens += n
+        times["data"] += t1 - t0
+        times["compute"] += time.perf_counter() - t1
+    device.synchronize()
+    return tokens.item(), loss_sum.item()
+
+
+class Throughput:
+    """Tokens/s, FLOP/s, memory and the data/compute/sync split between two log records."""
+
+    def __init__(self, flops_per_token: float, dp_size: int, device: Device, dtype: torch.dtype):
+        self.flops_per_token, self.dp_size, self.device = flops_per_token, dp_size, device
+        self.peak = device.peak_flops(dtype)
+        self.restart(0.0)
+
+    def restart(self, tokens: float) -> None:
+        self.start, self.tokens = time.perf_counter(), tokens
+        self.times = {"data": 0.0, "compute": 0.0, "sync": 0.0}
+
+    @contextlib.contextmanager
+    def timing(self, phase: str):
+        start = time.perf_counter()
+        yield
+        self.times[phase] += time.perf_counter() - start
+
+    def since_last(self, tokens: float, result) -> dict:
+        tps = (tokens - self.tokens) / (time.perf_counter() - self.start)
+        busy = sum(self.times.values()) or 1.0
+        achieved = self.flops_per_token * tps / self.dp_size
+        record = {
+            "tokens_per_s": tps, "tokens_per_s_per_rank": tps / self.dp_size, "grad_norm": result.grad_norm,
+            "tflops": achieved / 1e12, "memory_gib": self.device.peak_memory_gib(),
+            "share_data": self.times["data"] / busy, "share_compute": self.times["compute"] / busy,
+            "share_sync": self.times["sync"] / busy, "tokens_per_update": result.tokens,
+            "micro_batches_per_rank": result.micro_batches, **_overlap_metrics(result),
+        }
+        if self.peak is not None:
+            record["mfu"] = achieved / self.peak
+        return record
