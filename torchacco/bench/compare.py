@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     results = {}
     for name, overrides in args.variant:
         started = time.perf_counter()
-        records = run_variant(args.config, shlex.split(overrides), args.steps, out.parent / f"{out.name}_{name}",
+        records = run_variant(args.config, shlex.split(overrides), args.steps, out.parent / "runs" / out.name / name,
                               args.nproc, args.comm_delay_ms)
         results[name] = {"overrides": overrides, **summarize(records, args.warmup),
                          "wall_s": time.perf_counter() - started}

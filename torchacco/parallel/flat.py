@@ -2,8 +2,13 @@
 
 One contiguous buffer makes the optimizer-sharding collectives single calls
 (reduce-scatter of gradients, all-gather of parameters) and gives each data-parallel
-rank an equal slice. Padding makes the length a multiple of world × alignment, so any
+rank an equal slice. Padding makes the length a multiple of the world size, so any
 world size works, including ranks whose slice is only padding.
+
+Rank r's slice starts at r × ceil(numel / world): DTensor's layout for a 1-D tensor of
+`numel` elements sharded over the ranks. So the fp32 master slice and the AdamW moments
+are exactly the local shards of unpadded DTensors, which DCP can save and reshard onto
+another world size. (That is why there is no extra alignment padding per rank.)
 """
 
 from __future__ import annotations
@@ -13,8 +18,6 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from torchacco.optim import no_weight_decay_ids
-
-ALIGN = 64  # elements; keeps every rank's slice aligned for vectorised kernels
 
 
 class FlatParams:
@@ -32,9 +35,8 @@ class FlatParams:
             self.offsets.append(total)
             total += p.numel()
         self.numel = total
-        unit = self.world * ALIGN
-        self.padded_numel = -(-total // unit) * unit
-        self.shard_numel = self.padded_numel // self.world
+        self.shard_numel = -(-total // self.world)
+        self.padded_numel = self.shard_numel * self.world
         shard_start = self.rank * self.shard_numel
         shard_end = shard_start + self.shard_numel
 
@@ -71,5 +73,6 @@ class FlatParams:
         """This rank's slice of a full-length flat tensor."""
         return full[self.rank * self.shard_numel:(self.rank + 1) * self.shard_numel]
 
-    def buffer_bytes(self) -> dict[str, int]:
-        return {"params": self.params_buffer.nbytes, "grads": self.grads.nbytes}
+    def real_shard_numel(self) -> int:
+        """Elements of this rank's slice that are parameters, not padding (possibly 0)."""
+        return max(0, min(self.numel - self.rank * self.shard_numel, self.shard_numel))
