@@ -9,6 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -19,11 +20,11 @@ WORKER = Path(__file__).parent / "overlap_worker.py"
 ROOT = Path(__file__).parent.parent
 
 
-def run_worker(tmp_path, kind, commits, micro_batches, mode="deterministic", delay=0.0) -> dict:
+def run_worker(tmp_path, kind, commits, micro_batches, mode="deterministic", delay=0.0, nproc=2, model="tiny") -> dict:
     out = tmp_path / f"{kind}.pt"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCHACCO_TEST_MODEL": model}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER),
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), str(WORKER),
          kind, str(out), str(commits), str(micro_batches), mode, str(delay)],
         capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -38,7 +39,7 @@ class Reference:
         self.params = list(self.model.parameters())
         cfg = worker.config("acco", "deterministic")
         self.max_norm = cfg.training.max_norm
-        embeddings = {id(self.model.tok_embeddings.weight)} if hasattr(self.model, "tok_embeddings") else set()
+        embeddings = {id(m.weight) for m in self.model.modules() if isinstance(m, torch.nn.Embedding)}
         decay = [p for p in self.params if p.ndim >= 2 and id(p) not in embeddings]
         plain = [p for p in self.params if not (p.ndim >= 2 and id(p) not in embeddings)]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.optimizer.weight_decay},
@@ -112,6 +113,14 @@ def acco_reference(periods, commits):
     return theta
 
 
+def zero1_reference(periods, commits):
+    ref = Reference(periods)
+    theta = ref.theta()
+    for period in range(commits):
+        theta = ref.adamw(theta, *ref.gradients_at(theta, period), commit=True)
+    return theta
+
+
 def dpu_reference(periods, commits, warmup):
     ref = Reference(periods)
     theta = ref.theta()
@@ -159,6 +168,16 @@ def test_wp_equals_its_equations(tmp_path):
     run = run_worker(tmp_path, "wp", commits=6, micro_batches=2)
     expected = wp_reference(run["periods"], commits=6)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["zero1", "acco"])
+def test_rank_whose_shard_is_only_padding_still_trains(tmp_path, monkeypatch, kind):
+    monkeypatch.setattr(worker, "MODEL", "micro")
+    run = run_worker(tmp_path, kind, commits=4, micro_batches=2, nproc=4, model="micro")
+    periods = run["periods"]
+    # 6 parameters on 4 ranks: shards of 2, 2, 2 and 0 (padding only).
+    expected = acco_reference(periods, 4) if kind == "acco" else zero1_reference(periods, 4)
+    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_acco_adaptive_slow_rank_contributes_less_and_update_is_token_weighted(tmp_path):

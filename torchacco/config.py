@@ -125,9 +125,13 @@ class Metrics:
 
 @dataclass
 class Checkpoint:
-    enable: bool = False  # training checkpoints are not implemented yet: enabling is an error
-    every: int = 0
-    folder: str = "checkpoint"
+    enable: bool = False
+    every: int = 0  # steps between checkpoints; 0: only at the end of training
+    folder: str = "checkpoint"  # inside the dump folder (shared by all nodes)
+    keep: int = 2  # the most recent checkpoints kept; 0 keeps all
+    resume: bool = True  # continue from the latest checkpoint in the folder, if there is one
+    load_path: str = ""  # resume from this step-N folder instead (e.g. another run's)
+    async_save: bool = False  # write in the background while training continues
 
 
 @dataclass

@@ -20,7 +20,8 @@ def _fmt_duration(seconds: float) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, folder: Path, enabled: bool, tensorboard: bool, progress_bar: bool, total_steps: int):
+    def __init__(self, folder: Path, enabled: bool, tensorboard: bool, progress_bar: bool, total_steps: int,
+                 keep_until_step: int = 0):
         self.enabled = enabled
         self.total_steps = total_steps
         self.progress_bar = progress_bar and enabled
@@ -29,7 +30,12 @@ class MetricsLogger:
         self.writer = None
         if not enabled:
             return
-        self.jsonl = open(folder / "metrics.jsonl", "a", buffering=1)
+        path = folder / "metrics.jsonl"
+        # A resumed run continues the file from its checkpoint's step; a new run starts it afresh.
+        kept = [line for line in path.read_text().splitlines()
+                if json.loads(line)["step"] <= keep_until_step] if path.exists() and keep_until_step else []
+        path.write_text("".join(line + "\n" for line in kept))
+        self.jsonl = open(path, "a", buffering=1)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from torchacco.checkpoint import Checkpointer, RankState, TrainState
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
 from torchacco.errors import UserError
@@ -34,8 +35,8 @@ def validate(cfg: Config, world_size: int) -> None:
     """Checks that need no data and no process group, so mistakes surface before launch."""
     t = cfg.training
     check_parallelism(cfg, world_size)
-    if cfg.checkpoint.enable:
-        raise UserError("training checkpoints are not implemented yet; set [checkpoint] enable = false")
+    if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
+        raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
     if cfg.model.init_from:
         raise UserError("[model] init_from (Hugging Face import) is not implemented yet; leave it empty")
     for key in ("seq_len", "local_batch_size", "steps"):
@@ -178,7 +179,6 @@ def _make_dump_folder(cfg: Config, folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.toml").write_text(cfg.to_toml())
-        (folder / "metrics.jsonl").unlink(missing_ok=True)
     except OSError as e:
         raise UserError(f"cannot write to dump folder {folder}: {e.strerror}; choose another --job.dump_folder") from None
 
@@ -210,7 +210,6 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
 
     t = cfg.training
     folder = prepare_dump_folder(cfg, dims)
-    log = MetricsLogger(folder, dims.is_main, cfg.metrics.tensorboard, cfg.metrics.progress_bar, t.steps)
     torch.manual_seed(t.seed)
 
     if datasets is None:
@@ -247,6 +246,12 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     autocast = dtype if cfg.parallelism.data_parallel == "ddp" and dtype != torch.float32 else None
     train_loader = data.build_dataloader(train_set, t.local_batch_size)
     val_loader = data.build_dataloader(val_set, t.local_batch_size)
+    state = TrainState(dims.dp_size)
+    checkpointer, resumed = _resume(cfg, folder, dims, dp, state, train_loader)
+    log = MetricsLogger(folder, dims.is_main, cfg.metrics.tensorboard, cfg.metrics.progress_bar, t.steps,
+                        keep_until_step=state.step)
+    if resumed:
+        log.info(f"torchacco: {resumed}")
     log.info(
         f"torchacco: {cfg.model.name}/{cfg.model.flavor} {n_params / 1e6:.2f}M params | "
         f"{cfg.parallelism.data_parallel} × {dims.dp_size} on {device.name} | {str(dtype).removeprefix('torch.')} | "
@@ -254,26 +259,63 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     )
 
     try:
-        summary = _loop(cfg, dims, device, dp, iter(train_loader), val_loader, log,
-                        Throughput(flops_per_token, dims.dp_size, device, dtype), autocast)
+        summary = _loop(cfg, dims, device, dp, state, train_loader, val_loader, log,
+                        Throughput(flops_per_token, dims.dp_size, device, dtype), autocast, checkpointer)
     finally:
         dp.close()  # drains an overlapped schedule's job and stops its thread, also on errors
         log.close()
+        if checkpointer is not None:
+            checkpointer.close()
     return summary
 
 
-def _loop(cfg, dims, device, dp, batches, val_loader, log, throughput, autocast) -> dict:
+def _resume(cfg: Config, folder: Path, dims: ParallelDims, dp, state: TrainState, loader):
+    """The checkpointer (or None) and a line saying what was resumed (or None)."""
+    c = cfg.checkpoint
+    if not c.enable:
+        return None, None
+    checkpointer = Checkpointer(folder / c.folder, dims.rank, c.keep, c.async_save)
+    path = Path(c.load_path) if c.load_path else checkpointer.latest() if c.resume else None
+    if path is None:
+        return checkpointer, None
+    checkpointer.load(path, {"train": state})
+    same_ranks = state.dp_size == dims.dp_size
+    if not same_ranks and getattr(dp, "resume_needs_same_ranks", False):
+        raise UserError(
+            f"{path} holds {cfg.parallelism.data_parallel}'s in-flight accumulators of {state.dp_size} data-parallel "
+            f"ranks; resume it on {state.dp_size} ranks (this run has {dims.dp_size})"
+        )
+    # Weights and optimizer state reshard onto any number of ranks; each rank's position in
+    # its data shard only means something for the same number of ranks.
+    checkpointer.load(path, checkpoint_state(dp, state, loader, dims, with_rank_state=same_ranks))
+    message = f"resumed from {path} at step {state.step} ({int(state.tokens):,} tokens)"
+    if not same_ranks:
+        message += (f"; data-parallel ranks changed ({state.dp_size} -> {dims.dp_size}): weights and optimizer "
+                    "state resharded, the data order restarts")
+    state.dp_size = dims.dp_size
+    return checkpointer, message
+
+
+def checkpoint_state(dp, state: TrainState, loader, dims: ParallelDims, with_rank_state: bool = True) -> dict:
+    rank_state = {f"rank{dims.rank}": RankState(loader)} if with_rank_state else {}
+    return {"train": state, "dp": dp, **rank_state}
+
+
+def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughput, autocast, checkpointer) -> dict:
     t = cfg.training
-    tokens_seen, step, summary = 0.0, 0, {}
+    batches = iter(train_loader)  # after a resume: continues where the checkpoint left off
+    summary = {}
     device.reset_peak_memory()
-    while step < t.steps:
+    throughput.restart(state.tokens)
+    while state.step < t.steps:
         local_tokens, loss_sum = compute_period(dp, batches, device, autocast, throughput.times)
         with throughput.timing("sync"):
             result = dp.step(local_tokens, loss_sum)
         if result is None or not result.committed:
             continue  # an overlapped schedule's non-committing round
-        step += 1
-        tokens_seen += result.tokens
+        state.step += 1
+        state.tokens += result.tokens
+        step, tokens_seen = state.step, state.tokens
         if not math.isfinite(result.grad_norm):
             raise RuntimeError(f"non-finite gradient norm at step {step}; lower the learning rate or check the data")
 
@@ -288,10 +330,13 @@ def _loop(cfg, dims, device, dp, batches, val_loader, log, throughput, autocast)
                 record |= {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
             log.log(record)
             summary.update(record)
-            throughput.restart(tokens_seen)  # evaluation and logging are not training time
+            throughput.restart(tokens_seen)  # evaluation, logging and checkpoints are not training time
+        if checkpointer is not None and (done or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0)):
+            checkpointer.save(step, checkpoint_state(dp, state, train_loader, dims))
+            throughput.restart(tokens_seen)
         if done:
             break
-    summary["steps"] = step
+    summary["steps"] = state.step
     return summary
 
 

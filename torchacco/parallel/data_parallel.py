@@ -6,6 +6,9 @@
   gradients into an update normalised by the global token count, and returns the
   `UpdateResult` of the update completed now (None when none completed: ACCO's first period).
 - `evaluation()` gives the module holding the committed parameters θ; `close()` drains.
+- `state_dict()` / `load_state_dict()` (DCP `Stateful`) hold everything needed to resume
+  exactly between two updates; `weights_state_dict()` is the part that holds θ, and
+  `full_state_dict()` gathers θ as full fp32 tensors by parameter name (for export).
 
 The loop produces gradients of the *sum* of token losses; each strategy divides by the
 all-reduced token count, so uneven or masked batches are weighted per token.
@@ -19,8 +22,10 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
 from torchacco.config import Config
@@ -28,7 +33,7 @@ from torchacco.lr import TokenSchedule
 from torchacco.optim import ShardedAdamW, build_adamw
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.flat import FlatParams
-from torchacco.parallel.sharded import COMMIT, UpdateResult, reduce_update_gather
+from torchacco.parallel.sharded import COMMIT, UpdateResult, all_gather, reduce_update_gather
 
 
 class Replicated:
@@ -75,6 +80,21 @@ class Replicated:
 
     def close(self) -> None:
         pass
+
+    def state_dict(self) -> dict:
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer, "tokens": self.tokens}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        self.tokens = state["tokens"]
+
+    def weights_state_dict(self) -> dict:
+        return {"model": get_model_state_dict(self.model)}
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {k: v.float() for k, v in get_model_state_dict(self.model, options=options).items()}
 
 
 class DDP(Replicated):
@@ -123,6 +143,7 @@ class ZeRO1:
         self.schedule = schedule
         self.tokens = 0.0
         self.max_norm = cfg.training.max_norm
+        self.dims = dims
         self.flat = FlatParams(model, dims.dp_group, dtype=param_dtype, grad_dtype=grad_dtype)
         self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, cfg.optimizer)
 
@@ -154,6 +175,38 @@ class ZeRO1:
 
     def close(self) -> None:
         pass
+
+    def _sharded(self, shard: torch.Tensor) -> DTensor:
+        """This rank's slice as the local shard of an unpadded 1-D DTensor: DCP saves it and
+        reshards it onto any world size; loading writes straight into `shard`."""
+        local = shard[:self.flat.real_shard_numel()]
+        return DTensor.from_local(local, self.dims.dp_mesh, [Shard(0)], run_check=False,
+                                  shape=(self.flat.numel,), stride=(1,))
+
+    def weights_state_dict(self) -> dict:
+        return {"optimizer": {"master": self._sharded(self.optimizer.state.master)}}
+
+    def state_dict(self) -> dict:
+        s = self.optimizer.state
+        return {"optimizer": {"master": self._sharded(s.master), "exp_avg": self._sharded(s.exp_avg),
+                              "exp_avg_sq": self._sharded(s.exp_avg_sq), "step": s.step},
+                "tokens": self.tokens}
+
+    def load_state_dict(self, state: dict) -> None:
+        # DCP has written master, m and v in place; the compute parameters follow from master.
+        self.optimizer.state.step = state["optimizer"]["step"]
+        self.tokens = state["tokens"]
+        self._refresh_params()
+
+    def _refresh_params(self) -> None:
+        master = self.optimizer.state.master
+        all_gather(self.flat.params_buffer, master.to(self.flat.params_buffer.dtype), group=self.flat.group)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        flat = torch.empty(self.flat.padded_numel, dtype=torch.float32, device=self.flat.params_buffer.device)
+        all_gather(flat, self.optimizer.state.master, group=self.flat.group)
+        return {name: flat[o:o + p.numel()].view_as(p).cpu().clone()
+                for name, p, o in zip(self.flat.names, self.flat.params, self.flat.offsets)}
 
 
 def build_data_parallel(model: nn.Module, cfg: Config, dims: ParallelDims, accumulation: int,

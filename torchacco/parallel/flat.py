@@ -26,7 +26,9 @@ class FlatParams:
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.params = [p for p in model.parameters() if p.requires_grad]  # shared weights once
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # shared weights once
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
         device = self.params[0].device
         skip = no_weight_decay_ids(model)
 

@@ -22,6 +22,7 @@ import contextlib
 import time
 
 import torch
+from torch.distributed.tensor import DTensor, Shard
 
 from torchacco.config import Config
 from torchacco.device import Device, make_runner
@@ -36,6 +37,8 @@ ACCUMULATOR_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 class Overlapped(ZeRO1):
     """ZeRO-1's buffers and job, run on a communication runner one round behind."""
+
+    resume_needs_same_ranks = True  # checkpoints hold each rank's accumulator
 
     def __init__(self, model, cfg: Config, dims: ParallelDims, accumulation: int, schedule: TokenSchedule,
                  param_dtype: torch.dtype, device: Device):
@@ -120,6 +123,38 @@ class Overlapped(ZeRO1):
         if self.runner.in_flight():
             self.runner.wait()
         self.runner.close()
+
+    def state_dict(self) -> dict:
+        """Between rounds: ZeRO-1's state, plus what the next rounds need — the compute
+        parameters P (θ̃, θ or WP's prediction), this rank's accumulator and its counts, and
+        the planned job (ACCO's round parity)."""
+        assert not self.runner.in_flight()
+        world = self.flat.world
+        per_rank = dict(device_mesh=self.dims.dp_mesh, placements=[Shard(0)], run_check=False)
+        pending = torch.tensor([self.pending], dtype=torch.float64, device=self.comm.device)
+        self._pending_buffer = pending  # DCP loads into it
+        return {**super().state_dict(), "schedule": {
+            "world": world, "commits": getattr(self, "commits", 0),
+            "planned": "" if self.planned is None else f"{self.planned[0]}:{int(self.planned[1])}",
+            "params": self.flat.params_buffer,
+            "accumulator": DTensor.from_local(self.flat.grads.unsqueeze(0), **per_rank,
+                                              shape=(world, self.flat.padded_numel), stride=(self.flat.padded_numel, 1)),
+            "pending": DTensor.from_local(pending, **per_rank, shape=(world, 3), stride=(3, 1)),
+        }}
+
+    def load_state_dict(self, state: dict) -> None:
+        schedule = state["schedule"]
+        assert schedule["world"] == self.flat.world, "the trainer checks the world size before loading"
+        super().load_state_dict(state)
+        tokens, loss, micro_batches = self._pending_buffer[0].tolist()
+        self.pending = [tokens, loss, int(micro_batches)]
+        kind, _, keep = schedule["planned"].partition(":")
+        self.planned = (kind, bool(int(keep))) if kind else None
+        if hasattr(self, "commits"):
+            self.commits = schedule["commits"]
+
+    def _refresh_params(self) -> None:
+        pass  # P was saved as it was (θ̃, θ or a prediction) and DCP loaded it in place
 
 
 class ACCO(Overlapped):

@@ -1,0 +1,114 @@
+"""Checkpoints: exact resume, resharding across world sizes, atomic saves, clear errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from conftest import ROOT, read_metrics, run_train, tiny_args
+from torchacco.checkpoint import step_dirs
+
+
+def args(corpus, cache, out, kind, steps, *extra):
+    # The schedule length comes from max_tokens, so stopping early does not change it.
+    return tiny_args(corpus, cache, out, "--parallelism.data_parallel", kind, "--training.global_batch_size", "16",
+                     "--training.max_tokens", str(6 * 16 * 64), "--training.steps", str(steps),
+                     "--checkpoint.enable", "true", *extra)
+
+
+@pytest.mark.parametrize("kind", ["ddp", "zero1", "fsdp", "acco"])
+def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_path, kind):
+    full = run_train(args(tiny_corpus, cache_dir, tmp_path / "full", kind, 6))
+    assert full.returncode == 0, full.stderr[-3000:]
+    first = run_train(args(tiny_corpus, cache_dir, tmp_path / "split", kind, 3))
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_train(args(tiny_corpus, cache_dir, tmp_path / "split", kind, 6))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout and "at step 3" in second.stdout
+
+    expected, resumed = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "split")
+    assert [r["step"] for r in resumed] == list(range(1, 7))  # the file continues, no duplicates
+    for key in ("loss", "lr", "tokens", "grad_norm"):
+        assert [r[key] for r in resumed] == [r[key] for r in expected], key
+    assert resumed[-1]["val_loss"] == expected[-1]["val_loss"]
+
+
+def _logical_state(checkpoint: Path, out: Path) -> dict:
+    """The checkpoint's tensors as full (unsharded) tensors, read without any process group."""
+    dcp_to_torch_save(checkpoint, out)
+    return torch.load(out, weights_only=False)
+
+
+def reshard(run_dir: Path, checkpoint: Path, out: Path, nproc: int) -> Path:
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           str(nproc), str(ROOT / "tests" / "reshard_worker.py"), str(run_dir), str(checkpoint),
+                           str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return step_dirs(out)[-1][1]
+
+
+@pytest.mark.parametrize("kind", ["zero1", "fsdp"])
+def test_checkpoint_reshards_from_2_ranks_to_1_and_back(tiny_corpus, cache_dir, tmp_path, kind):
+    run = tmp_path / "run"
+    assert run_train(args(tiny_corpus, cache_dir, run, kind, 3)).returncode == 0
+    two = step_dirs(run / "checkpoint")[-1][1]
+    one = reshard(run, two, tmp_path / "one", nproc=1)  # 2 ranks -> 1
+    back = reshard(run, one, tmp_path / "back", nproc=2)  # 1 rank -> 2
+
+    states = [_tensors(_logical_state(c, tmp_path / f"{name}.pt")["dp"]) for c, name in ((two, "a"), (one, "b"), (back, "c"))]
+    assert states[0].keys() == states[1].keys() == states[2].keys()
+    assert any("exp_avg_sq" in k for k in states[0]) and len(states[0]) >= 3  # weights and optimizer moments
+    for name, tensor in states[0].items():
+        assert torch.equal(tensor, states[1][name]) and torch.equal(tensor, states[2][name]), name
+
+
+def test_resume_on_a_different_number_of_ranks_continues_training(tiny_corpus, cache_dir, tmp_path):
+    run = tmp_path / "run"
+    assert run_train(args(tiny_corpus, cache_dir, run, "zero1", 3)).returncode == 0
+    proc = run_train(args(tiny_corpus, cache_dir, run, "zero1", 5, "--training.global_batch_size", "8"), nproc=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "data-parallel ranks changed (2 -> 1)" in proc.stdout
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4, 5]
+
+
+def _tensors(tree, prefix="") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_tensors(value, f"{prefix}{key}."))
+        elif isinstance(value, torch.Tensor):
+            out[prefix + key] = value
+    return out
+
+
+def test_keeps_the_last_k_and_ignores_unfinished_saves(tiny_corpus, cache_dir, tmp_path):
+    out = tmp_path / "run"
+    (out / "checkpoint" / "step-00000099.tmp").mkdir(parents=True)  # a save that crashed
+    proc = run_train(args(tiny_corpus, cache_dir, out, "zero1", 5, "--checkpoint.every", "1",
+                          "--checkpoint.keep", "2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = sorted(p.name for p in (out / "checkpoint").iterdir())
+    assert names == ["step-00000004", "step-00000005"]  # the crashed .tmp was not resumed from, and is gone
+    assert "resumed" not in proc.stdout
+
+
+def test_resuming_another_models_checkpoint_is_one_clear_error(tiny_corpus, cache_dir, tmp_path):
+    out = tmp_path / "run"
+    assert run_train(args(tiny_corpus, cache_dir, out, "zero1", 2)).returncode == 0
+    proc = run_train(args(tiny_corpus, cache_dir, out, "zero1", 4, "--model.flavor", "tiny"))
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
+    assert len(errors) == 1 and "does not match this run's model" in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_acco_checkpoint_resumes_only_on_the_same_world_size(tiny_corpus, cache_dir, tmp_path):
+    out = tmp_path / "run"
+    assert run_train(args(tiny_corpus, cache_dir, out, "acco", 2)).returncode == 0
+    proc = run_train(args(tiny_corpus, cache_dir, tmp_path / "one", "acco", 4, "--training.global_batch_size", "8",
+                          "--checkpoint.load_path", str(step_dirs(out / "checkpoint")[-1][1])), nproc=1)
+    assert proc.returncode != 0
+    assert "resume it on 2 ranks" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,153 @@
+"""Training checkpoints with torch.distributed.checkpoint (DCP).
+
+A checkpoint is taken between two updates and holds everything needed to continue exactly:
+the strategy's state (weights, sharded optimizer state, schedule position and, for the
+overlapped schedules, the compute parameters, accumulators and round parity), the train
+state (step, tokens), and each rank's data-loader position and RNG state.
+
+Layout: `<dump_folder>/<checkpoint.folder>/step-00000100/` (DCP files). A save writes
+`step-N.tmp/` and rank 0 renames it to `step-N/` once every rank has finished, so a folder
+named `step-N` is always complete; a crash mid-save leaves only a `.tmp` that the next save
+removes. The folder must be shared by all nodes (a network filesystem on clusters).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
+
+from torchacco.errors import UserError
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class TrainState(Stateful):
+    def __init__(self, dp_size: int = 1):
+        self.step = 0
+        self.tokens = 0.0
+        self.dp_size = dp_size  # of the run that saved it, after a load
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "tokens": self.tokens, "dp_size": self.dp_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.tokens, self.dp_size = state["step"], state["tokens"], state["dp_size"]
+
+
+class RankState(Stateful):
+    """What differs per rank: its data-loader position and RNG streams."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def state_dict(self) -> dict:
+        state = {"dataloader": self.loader.state_dict(), "cpu_rng": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda_rng"] = torch.cuda.get_rng_state()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loader.load_state_dict(state["dataloader"])
+        torch.set_rng_state(state["cpu_rng"])
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda_rng"])
+
+
+def step_dirs(folder: Path) -> list[tuple[int, Path]]:
+    if not folder.is_dir():
+        return []
+    found = ((STEP_DIR.match(p.name), p) for p in folder.iterdir() if p.is_dir())
+    return sorted((int(m.group(1)), p) for m, p in found if m)
+
+
+def _snapshot(value):
+    """A copy of a state dict that training can no longer change (for asynchronous saves)."""
+    if isinstance(value, Stateful):
+        value = value.state_dict()
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    if isinstance(value, DTensor):
+        return DTensor.from_local(value.to_local().detach().clone(), value.device_mesh, value.placements,
+                                  run_check=False, shape=value.shape, stride=value.stride())
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    return value
+
+
+class Checkpointer:
+    def __init__(self, folder: Path, rank: int, keep: int, async_save: bool):
+        self.folder = folder
+        self.rank = rank
+        self.keep = keep
+        self.async_save = async_save
+        # Checkpoint collectives run on their own group, so an asynchronous save never
+        # interleaves with the training collectives.
+        self.group = dist.new_group(backend="gloo")
+        self.in_flight: tuple | None = None
+
+    def latest(self) -> Path | None:
+        dirs = step_dirs(self.folder)
+        return dirs[-1][1] if dirs else None
+
+    def save(self, step: int, state: dict) -> None:
+        self.wait()
+        final = self.folder / f"step-{step:08d}"
+        tmp = final.with_name(final.name + ".tmp")
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier(group=self.group)
+        if self.async_save:
+            self.in_flight = (dcp.async_save(_snapshot(state), checkpoint_id=tmp, process_group=self.group), tmp, final)
+        else:
+            dcp.save(state, checkpoint_id=tmp, process_group=self.group)
+            self._publish(tmp, final)
+
+    def wait(self) -> None:
+        """Finish an asynchronous save, if one is in flight."""
+        if self.in_flight is not None:
+            future, tmp, final = self.in_flight
+            self.in_flight = None
+            future.result()
+            self._publish(tmp, final)
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        dist.barrier(group=self.group)  # every rank has written its part
+        if self.rank == 0:
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)  # atomic: `step-N` appears complete or not at all
+            for _, old in step_dirs(self.folder)[:-self.keep] if self.keep else []:
+                shutil.rmtree(old, ignore_errors=True)
+            for stale in self.folder.glob("step-*.tmp"):
+                if stale != tmp:
+                    shutil.rmtree(stale, ignore_errors=True)
+        dist.barrier(group=self.group)
+
+    def load(self, path: Path, state: dict) -> None:
+        if not (path / ".metadata").is_file():
+            raise UserError(f"{path} is not a complete torchacco checkpoint (no .metadata); "
+                            "point [checkpoint] load_path at a step-N folder")
+        try:
+            dcp.load(state, checkpoint_id=path, process_group=self.group)
+        except CheckpointException as e:  # a BaseException: DCP's planner failed on some rank
+            causes = [f for f in e.failures.values() if isinstance(f, BaseException)]
+            if causes and isinstance(causes[0], UserError):
+                raise causes[0] from None
+            cause = str(causes[0]).strip().splitlines()[0][:300] if causes else "unreadable"
+            raise UserError(
+                f"cannot resume from {path}: it does not match this run's model or data_parallel strategy "
+                f"({cause}); resume with the config it was saved with, or start a new --job.dump_folder"
+            ) from None
+
+    def close(self) -> None:
+        self.wait()
+        dist.destroy_process_group(self.group)
