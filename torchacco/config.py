@@ -39,7 +39,7 @@ class Model:
     flavor: str = "debug"
     vocab_size: int = 0  # 0: the tokenizer's vocabulary size
     compile: bool = False  # torch.compile each transformer block
-    init_from: str = ""  # reserved for Hugging Face safetensors import (not implemented yet)
+    init_from: str = ""  # a Hugging Face folder (config.json + safetensors): its architecture and weights
 
 
 @dataclass
@@ -132,6 +132,8 @@ class Checkpoint:
     resume: bool = True  # continue from the latest checkpoint in the folder, if there is one
     load_path: str = ""  # resume from this step-N folder instead (e.g. another run's)
     async_save: bool = False  # write in the background while training continues
+    export_hf: bool = False  # at the end, write θ as a Hugging Face folder (<dump_folder>/hf)
+    export_dtype: str = "fp32"  # fp32 | bf16
 
 
 @dataclass
@@ -170,6 +172,7 @@ CHOICES = {
     ("parallelism", "reduce_dtype"): ("fp32", "bf16"),
     ("optimizer", "name"): ("adamw",),
     ("acco", "mode"): ("deterministic", "adaptive"),
+    ("checkpoint", "export_dtype"): ("fp32", "bf16"),
     ("acco", "accumulator_dtype"): ("fp32", "bf16"),
 }
 

@@ -7,6 +7,7 @@ Usable from Python: `train(cfg, model=..., datasets=(train, val))`.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import time
@@ -17,6 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from torchacco import hf_io
 from torchacco.checkpoint import Checkpointer, RankState, TrainState
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
@@ -37,8 +39,9 @@ def validate(cfg: Config, world_size: int) -> None:
     check_parallelism(cfg, world_size)
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
-    if cfg.model.init_from:
-        raise UserError("[model] init_from (Hugging Face import) is not implemented yet; leave it empty")
+    if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
+        raise UserError(f"[model] init_from = {cfg.model.init_from} is not a Hugging Face folder with a config.json; "
+                        "point it at a folder exported by torchacco (<dump_folder>/hf) or downloaded from the Hub")
     for key in ("seq_len", "local_batch_size", "steps"):
         if getattr(t, key) <= 0:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
@@ -51,12 +54,12 @@ def validate(cfg: Config, world_size: int) -> None:
         )
     if cfg.parallelism.data_parallel in ("acco", "dpu", "wp"):
         _validate_overlapped(cfg, world_size)
-    spec = get_model_spec(cfg.model.name)
-    args = spec.args(cfg.model.flavor)
+    args = model_args(cfg)
     if t.seq_len > args.max_seq_len:
         raise UserError(
             f"[training] seq_len = {t.seq_len} exceeds the model's {args.max_seq_len} positions "
-            f"({cfg.model.name} {cfg.model.flavor}); use --training.seq_len {args.max_seq_len} or less"
+            f"({cfg.model.name} {cfg.model.init_from or cfg.model.flavor}); use --training.seq_len {args.max_seq_len} "
+            "or less"
         )
     if cfg.data.dataset != "embedded" and not Path(cfg.data.dataset).exists():
         raise UserError(f"[data] dataset path not found: {cfg.data.dataset} (a file or folder of .txt/.jsonl/.json)")
@@ -113,9 +116,21 @@ def build_data(cfg: Config, dims: ParallelDims):
     return tokenizer, train_set, val_set
 
 
+def model_args(cfg: Config, vocab_size: int = 0):
+    """The configured architecture: the flavor's, or that of the [model] init_from folder."""
+    spec = get_model_spec(cfg.model.name)
+    if cfg.model.init_from:
+        hf_config = json.loads((Path(cfg.model.init_from) / "config.json").read_text())
+        if spec.hf is None:
+            raise UserError(f"model {cfg.model.name} has no Hugging Face adapter (models/{cfg.model.name}/hf.py); "
+                            "it cannot be initialised from [model] init_from")
+        return spec.hf.args_from_hf_config(hf_config)  # the weights fix the vocabulary
+    return spec.args(cfg.model.flavor, vocab_size=cfg.model.vocab_size or vocab_size or None)
+
+
 def build_model(cfg: Config, vocab_size: int, device: Device) -> nn.Module:
     spec = get_model_spec(cfg.model.name)
-    args = spec.args(cfg.model.flavor, vocab_size=cfg.model.vocab_size or vocab_size)
+    args = model_args(cfg, vocab_size)
     if vocab_size > args.vocab_size:
         raise UserError(
             f"the tokenizer has {vocab_size} tokens but the model's vocabulary is {args.vocab_size}; "
@@ -126,8 +141,23 @@ def build_model(cfg: Config, vocab_size: int, device: Device) -> nn.Module:
     model.to_empty(device=device.torch)
     torch.manual_seed(cfg.training.seed)
     with torch.no_grad():
-        model.init_weights()
+        model.init_weights()  # also the buffers (RoPE tables) that no checkpoint holds
+    if cfg.model.init_from:
+        _, _, weights = hf_io.load_hf(cfg.model.init_from, cfg.model.name)
+        hf_io.load_into(model, weights)
     return model
+
+
+def export_hf(cfg: Config, dp, dims: ParallelDims, folder: Path, tokenizer) -> Path | None:
+    """θ (fp32 from the strategy's committed state) as a Hugging Face folder; rank 0 writes."""
+    weights = dp.full_state_dict()  # a collective: every rank takes part
+    if not dims.is_main:
+        return None
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.checkpoint.export_dtype]
+    unwrapped = getattr(dp.model, "module", dp.model)
+    return hf_io.save_hf(folder, cfg.model.name, unwrapped.args, weights, dtype=dtype,
+                         tokenizer_path=str(tokenizer.path) if tokenizer else None,
+                         eos_id=tokenizer.eos_id if tokenizer else None)
 
 
 def token_loss_sum(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,7 +246,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         tokenizer, train_set, val_set = build_data(cfg, dims)
         vocab = tokenizer.vocab_size
     else:
-        train_set, val_set = datasets
+        tokenizer, (train_set, val_set) = None, datasets
         vocab = 0
     if cfg.eval.every and getattr(val_set, "num_windows", None) == 0:
         raise UserError(
@@ -261,6 +291,10 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     try:
         summary = _loop(cfg, dims, device, dp, state, train_loader, val_loader, log,
                         Throughput(flops_per_token, dims.dp_size, device, dtype), autocast, checkpointer)
+        if cfg.checkpoint.export_hf:
+            exported = export_hf(cfg, dp, dims, folder / "hf", tokenizer)
+            if exported:
+                log.info(f"torchacco: exported θ to {exported} (Hugging Face safetensors + config.json)")
     finally:
         dp.close()  # drains an overlapped schedule's job and stops its thread, also on errors
         log.close()
