@@ -7,3 +7,17 @@ class UserError(Exception):
     The message must say what is wrong, where, and what to do. Entry points print it
     as one line and exit non-zero instead of showing a traceback.
     """
+
+
+def run_cli(main, print_errors: bool = True) -> int:
+    """Run an entry point: a `UserError` becomes one `torchacco: error:` line and exit code 1."""
+    import sys
+
+    try:
+        return main() or 0
+    except UserError as e:
+        if print_errors:
+            print(f"torchacco: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from torchacco.errors import UserError
+from torchacco.errors import UserError, run_cli
 
 
 def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str) -> Path:
@@ -57,13 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="output folder (default: RUN_DIR/hf)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     opts = parser.parse_args(argv)
-    try:
-        path = export(opts.run_dir, opts.checkpoint, opts.out, opts.dtype)
-    except UserError as e:
-        print(f"torchacco: error: {e}", file=sys.stderr)
-        return 1
-    print(f"torchacco: exported {path}")
-    return 0
+    return run_cli(lambda: print(f"torchacco: exported {export(opts.run_dir, opts.checkpoint, opts.out, opts.dtype)}"))
 
 
 if __name__ == "__main__":

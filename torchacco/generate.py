@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from torchacco.errors import UserError
+from torchacco.errors import UserError, run_cli
 
 
 @torch.no_grad()
@@ -137,14 +137,7 @@ def run(opts: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     opts = _parse(sys.argv[1:] if argv is None else argv)
-    try:
-        print(run(opts), flush=True)
-    except UserError as e:
-        print(f"torchacco: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_cli(lambda: print(run(opts), flush=True))
 
 
 if __name__ == "__main__":

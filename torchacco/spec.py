@@ -38,6 +38,31 @@ class HFAdapter:
     args_from_hf_config: Callable[[dict], Any]  # HF config.json -> args
 
 
+def renaming_adapter(label: str, name_map: Callable[[Any], dict[str, str]], ignored: Callable[[str, Any], bool],
+                     hf_config: Callable[[Any], dict], args_from_hf_config: Callable[[dict], Any]) -> HFAdapter:
+    """The adapter of a model whose Hugging Face checkpoint is its own tensors under other
+    names: `name_map(args)` gives ours -> theirs; `ignored(hf_name, args)` names HF tensors
+    to drop on the way in (a tied head, old buffers)."""
+
+    def to_hf(state_dict: dict, args) -> dict:
+        names = name_map(args)
+        if unknown := set(state_dict) - set(names):
+            raise UserError(f"{label} to_hf: tensors not in the model: {sorted(unknown)[:5]}")
+        return {names[k]: v for k, v in state_dict.items()}
+
+    def from_hf(hf_state_dict: dict, args) -> dict:
+        ours = {theirs: k for k, theirs in name_map(args).items()}
+        out = {}
+        for k, v in hf_state_dict.items():
+            if k in ours:
+                out[ours[k]] = v
+            elif not ignored(k, args):
+                raise UserError(f"{label} from_hf: unexpected tensor '{k}' for a {args.n_layers}-layer model")
+        return out
+
+    return HFAdapter(to_hf, from_hf, hf_config, args_from_hf_config)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str

@@ -9,24 +9,19 @@ import os
 import sys
 
 from torchacco.config import load_config
-from torchacco.errors import UserError
+from torchacco.errors import run_cli
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    rank = int(os.environ.get("RANK", 0))
-    try:
-        cfg = load_config(argv)
+
+    def run() -> None:
         from torchacco.trainer import train
 
-        train(cfg)
-    except UserError as e:
-        if rank == 0:
-            print(f"torchacco: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
+        train(load_config(argv))
+
+    # Every rank hits the same error; rank 0 says it once.
+    return run_cli(run, print_errors=int(os.environ.get("RANK", 0)) == 0)
 
 
 if __name__ == "__main__":

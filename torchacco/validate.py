@@ -11,18 +11,14 @@ import os
 import sys
 
 from torchacco.config import load_config
-from torchacco.errors import UserError
+from torchacco.errors import run_cli
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        from torchacco.trainer import validate
+    from torchacco.trainer import validate
 
-        validate(load_config(sys.argv[1:] if argv is None else argv), int(os.environ.get("WORLD_SIZE", 1)))
-    except UserError as e:
-        print(f"torchacco: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    argv = sys.argv[1:] if argv is None else argv
+    return run_cli(lambda: validate(load_config(argv), int(os.environ.get("WORLD_SIZE", 1))))
 
 
 if __name__ == "__main__":

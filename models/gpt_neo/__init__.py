@@ -1,6 +1,6 @@
 """GPT-Neo: the ACCO paper's model family (TinyStories 36M, OpenWebText 125M, Alpaca 2.7B)."""
 
-from torchacco.spec import HFAdapter, ModelSpec
+from torchacco.spec import ModelSpec, renaming_adapter
 
 from . import hf
 from .model import GPTNeo, ModelArgs
@@ -25,10 +25,5 @@ spec = ModelSpec(
     model_cls=GPTNeo,
     args_cls=ModelArgs,
     flavors=flavors,
-    hf=HFAdapter(
-        to_hf=hf.to_hf,
-        from_hf=hf.from_hf,
-        hf_config=hf.hf_config,
-        args_from_hf_config=hf.args_from_hf_config,
-    ),
+    hf=renaming_adapter("GPT-Neo", hf.name_map, hf.ignored, hf.hf_config, hf.args_from_hf_config),
 )

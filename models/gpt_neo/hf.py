@@ -21,7 +21,7 @@ _BLOCK_KEYS = (
 _IGNORED_HF = ("lm_head.weight", ".attn.attention.bias", ".attn.attention.masked_bias")
 
 
-def _name_map(args: ModelArgs) -> dict[str, str]:
+def name_map(args: ModelArgs) -> dict[str, str]:
     """Our name -> HF name for every tensor."""
     names = {k: f"transformer.{k}" for k in _TOP_KEYS}
     for i in range(args.n_layers):
@@ -30,22 +30,8 @@ def _name_map(args: ModelArgs) -> dict[str, str]:
     return names
 
 
-def to_hf(state_dict: dict, args: ModelArgs) -> dict:
-    names = _name_map(args)
-    if unknown := set(state_dict) - set(names):
-        raise UserError(f"GPT-Neo to_hf: tensors not in the model: {sorted(unknown)[:5]}")
-    return {names[k]: v for k, v in state_dict.items()}
-
-
-def from_hf(hf_state_dict: dict, args: ModelArgs) -> dict:
-    ours = {hf: k for k, hf in _name_map(args).items()}
-    out = {}
-    for k, v in hf_state_dict.items():
-        if k in ours:
-            out[ours[k]] = v
-        elif not k.endswith(_IGNORED_HF):
-            raise UserError(f"GPT-Neo from_hf: unexpected tensor '{k}' for a {args.n_layers}-layer model")
-    return out
+def ignored(hf_name: str, args: ModelArgs) -> bool:
+    return hf_name.endswith(_IGNORED_HF)
 
 
 def hf_config(args: ModelArgs) -> dict:

@@ -1,6 +1,6 @@
 """Llama 3: debug model for CPU, and the Llama 3.2 1B / 3.1 8B / 3.1 70B shapes."""
 
-from torchacco.spec import HFAdapter, ModelSpec
+from torchacco.spec import ModelSpec, renaming_adapter
 
 from . import hf
 from .model import Llama3, ModelArgs, meta_ffn_dim
@@ -31,10 +31,5 @@ spec = ModelSpec(
     model_cls=Llama3,
     args_cls=ModelArgs,
     flavors=flavors,
-    hf=HFAdapter(
-        to_hf=hf.to_hf,
-        from_hf=hf.from_hf,
-        hf_config=hf.hf_config,
-        args_from_hf_config=hf.args_from_hf_config,
-    ),
+    hf=renaming_adapter("Llama", hf.name_map, hf.ignored, hf.hf_config, hf.args_from_hf_config),
 )

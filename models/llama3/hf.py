@@ -24,7 +24,7 @@ _BLOCK_KEYS = {
 }
 
 
-def _name_map(args: ModelArgs) -> dict[str, str]:
+def name_map(args: ModelArgs) -> dict[str, str]:
     """Our name -> HF name for every tensor."""
     names = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     if not args.tie_embeddings:
@@ -35,22 +35,8 @@ def _name_map(args: ModelArgs) -> dict[str, str]:
     return names
 
 
-def to_hf(state_dict: dict, args: ModelArgs) -> dict:
-    names = _name_map(args)
-    if unknown := set(state_dict) - set(names):
-        raise UserError(f"Llama to_hf: tensors not in the model: {sorted(unknown)[:5]}")
-    return {names[k]: v for k, v in state_dict.items()}
-
-
-def from_hf(hf_state_dict: dict, args: ModelArgs) -> dict:
-    ours = {hf: k for k, hf in _name_map(args).items()}
-    out = {}
-    for k, v in hf_state_dict.items():
-        if k in ours:
-            out[ours[k]] = v
-        elif not (k.endswith("rotary_emb.inv_freq") or (args.tie_embeddings and k == "lm_head.weight")):
-            raise UserError(f"Llama from_hf: unexpected tensor '{k}' for {args.n_layers} layers")
-    return out
+def ignored(hf_name: str, args: ModelArgs) -> bool:
+    return hf_name.endswith("rotary_emb.inv_freq") or (args.tie_embeddings and hf_name == "lm_head.weight")
 
 
 def hf_config(args: ModelArgs) -> dict:
