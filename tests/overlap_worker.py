@@ -93,7 +93,7 @@ def main(kind, out, commits, micro_batches, mode, delay):
                 loss.backward()
             tokens, loss_sum, n, index = tokens + count.item(), loss_sum + loss.item(), n + 1, index + 1
         periods.append(n)
-        result = dp.step(tokens, loss_sum)
+        result = dp.step(tokens, loss_sum, n * BATCH * SEQ)
         if result is not None and result.committed:
             results.append(result)
     with dp.evaluation():

@@ -19,13 +19,15 @@ def args(corpus, cache, out, kind, steps, *extra):
                      "--checkpoint.enable", "true", *extra)
 
 
-@pytest.mark.parametrize("kind", ["ddp", "zero1", "fsdp", "acco"])
-def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_path, kind):
+@pytest.mark.parametrize("kind, extra", [("ddp", []), ("zero1", []), ("fsdp", []), ("acco", []),
+                                         ("zero1", ["--checkpoint.async_save", "true", "--checkpoint.every", "1"])],
+                         ids=["ddp", "zero1", "fsdp", "acco", "zero1-async"])
+def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_path, kind, extra):
     full = run_train(args(tiny_corpus, cache_dir, tmp_path / "full", kind, 6))
     assert full.returncode == 0, full.stderr[-3000:]
-    first = run_train(args(tiny_corpus, cache_dir, tmp_path / "split", kind, 3))
+    first = run_train(args(tiny_corpus, cache_dir, tmp_path / "split", kind, 3, *extra))
     assert first.returncode == 0, first.stderr[-3000:]
-    second = run_train(args(tiny_corpus, cache_dir, tmp_path / "split", kind, 6))
+    second = run_train(args(tiny_corpus, cache_dir, tmp_path / "split", kind, 6, *extra))
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stdout and "at step 3" in second.stdout
 

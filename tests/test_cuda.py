@@ -51,14 +51,14 @@ def test_acco_on_cuda_matches_zero1_for_first_commit():
                                      worker.schedule(), torch.float32, device)
             index = 0
             for _ in range(periods):
-                tokens, loss_sum = 0, 0.0
+                tokens, loss_sum, count = 0, 0.0, 0
                 for ctx in dp.micro_batches():
                     batch = {k: v.cuda() for k, v in worker.micro_batch(0, index).items()}
                     with ctx:
                         loss, n = token_loss_sum(dp.model, batch)
                         loss.backward()
-                    tokens, loss_sum, index = tokens + n.item(), loss_sum + loss.item(), index + 1
-                dp.step(tokens, loss_sum)
+                    tokens, loss_sum, index, count = tokens + n.item(), loss_sum + loss.item(), index + 1, count + 1
+                dp.step(tokens, loss_sum, float(count * worker.BATCH * worker.SEQ))
             with dp.evaluation():
                 thetas[kind] = torch.cat([p.detach().reshape(-1).float() for p in dp.model.parameters()])
             dp.close()

@@ -48,7 +48,7 @@ class Reference:
         self.schedule = worker.schedule()
         self.periods = periods  # micro-batches per period, per rank, as the run computed them
         self.next_index = [0] * len(periods)
-        self.tokens = 0.0  # committed
+        self.consumed = 0.0  # input tokens of committed updates: the schedule's clock
 
     def theta(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.params]).clone()
@@ -61,25 +61,27 @@ class Reference:
                 p.copy_(flat[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
 
-    def gradients_at(self, flat: torch.Tensor, period: int) -> tuple[torch.Tensor, float]:
-        """Σ over ranks and their micro-batches of this period of ∇(sum of token losses), and the token count."""
+    def gradients_at(self, flat: torch.Tensor, period: int) -> tuple[torch.Tensor, float, float]:
+        """Σ over ranks and their micro-batches of this period of ∇(sum of token losses), the count of
+        tokens in the loss, and the input tokens consumed."""
         self.load(flat)
         for p in self.params:
             p.grad = None
-        tokens = 0
+        tokens, consumed = 0, 0
         for rank, counts in enumerate(self.periods):
             for _ in range(counts[period]):
+                consumed += worker.BATCH * worker.SEQ
                 batch = worker.micro_batch(rank, self.next_index[rank])
                 self.next_index[rank] += 1
                 logits = self.model(batch["input_ids"])
                 F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), reduction="sum",
                                 ignore_index=-100).backward()
                 tokens += (batch["labels"] != -100).sum().item()
-        return torch.cat([p.grad.reshape(-1) for p in self.params]), float(tokens)
+        return torch.cat([p.grad.reshape(-1) for p in self.params]), float(tokens), float(consumed)
 
-    def adamw(self, theta: torch.Tensor, grad_sum: torch.Tensor, tokens: float, commit: bool,
+    def adamw(self, theta: torch.Tensor, grad_sum: torch.Tensor, tokens: float, consumed: float, commit: bool,
               lr_position: float | None = None) -> torch.Tensor:
-        """Opt(θ, G / N): clipped; lr from the schedule at the committed token count (or `lr_position`)."""
+        """Opt(θ, G / N): clipped; lr from the schedule at the committed position (or `lr_position`)."""
         grad = grad_sum / tokens
         grad = grad * min(1.0, self.max_norm / (grad.norm().item() + 1e-6))
         self.load(theta)
@@ -89,11 +91,11 @@ class Reference:
             offset += p.numel()
         saved = copy.deepcopy(self.opt.state_dict())
         for group in self.opt.param_groups:
-            group["lr"] = self.schedule(self.tokens if lr_position is None else lr_position, tokens)
+            group["lr"] = self.schedule(self.consumed if lr_position is None else lr_position, consumed)
         self.opt.step()
         new = self.theta()
         if commit:
-            self.tokens += tokens
+            self.consumed += consumed
         else:
             self.opt.load_state_dict(saved)
         return new
@@ -102,14 +104,14 @@ class Reference:
 def acco_reference(periods, commits):
     ref = Reference(periods)
     theta = ref.theta()
-    g_est, n_est = ref.gradients_at(theta, 0)  # θ̃_0 = θ_0
-    theta_est = ref.adamw(theta, g_est, n_est, commit=False)  # ESTIMATE 0
+    g_est, n_est, c_est = ref.gradients_at(theta, 0)  # θ̃_0 = θ_0
+    theta_est = ref.adamw(theta, g_est, n_est, c_est, commit=False)  # ESTIMATE 0
     for t in range(commits):
-        g, n = ref.gradients_at(theta, 2 * t + 1)  # ESTIMATE round: g_t at θ_t ...
-        theta = ref.adamw(theta, g_est + g, n_est + n, commit=True)  # ... then COMMIT with g̃_t + g_t
+        g, n, c = ref.gradients_at(theta, 2 * t + 1)  # ESTIMATE round: g_t at θ_t ...
+        theta = ref.adamw(theta, g_est + g, n_est + n, c_est + c, commit=True)  # ... then COMMIT with g̃_t + g_t
         if t + 1 < commits:
-            g_est, n_est = ref.gradients_at(theta_est, 2 * t + 2)  # COMMIT round: g̃_{t+1} at θ̃_{t+1}
-            theta_est = ref.adamw(theta, g_est, n_est, commit=False)
+            g_est, n_est, c_est = ref.gradients_at(theta_est, 2 * t + 2)  # COMMIT round: g̃_{t+1} at θ̃_{t+1}
+            theta_est = ref.adamw(theta, g_est, n_est, c_est, commit=False)
     return theta
 
 
@@ -126,8 +128,7 @@ def dpu_reference(periods, commits, warmup):
     theta = ref.theta()
     compute_at = theta
     for period in range(warmup):  # synchronous warm-up updates
-        g, n = ref.gradients_at(theta, period)
-        theta = compute_at = ref.adamw(theta, g, n, commit=True)
+        theta = compute_at = ref.adamw(theta, *ref.gradients_at(theta, period), commit=True)
     stale = ref.gradients_at(compute_at, warmup)
     for period in range(warmup + 1, warmup + 1 + commits - warmup):
         g = ref.gradients_at(compute_at, period)  # computed at θ_t while θ_{t+1} = Opt(θ_t, g(θ_{t-1})) runs
@@ -143,7 +144,7 @@ def wp_reference(periods, commits):
     pending = ref.gradients_at(compute_at, 0)
     for period in range(1, commits + 1):
         g = ref.gradients_at(compute_at, period)
-        position = ref.tokens
+        position = ref.consumed
         theta = ref.adamw(theta, *pending, commit=True)
         compute_at = ref.adamw(theta, *pending, commit=False, lr_position=position)  # ḡ applied once more
         pending = g

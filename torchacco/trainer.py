@@ -342,13 +342,13 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
     device.reset_peak_memory()
     throughput.restart(state.tokens)
     while state.step < t.steps:
-        local_tokens, loss_sum = compute_period(dp, batches, device, autocast, throughput.times)
+        local = compute_period(dp, batches, device, autocast, throughput.times)
         with throughput.timing("sync"):
-            result = dp.step(local_tokens, loss_sum)
+            result = dp.step(*local)
         if result is None or not result.committed:
             continue  # an overlapped schedule's non-committing round
         state.step += 1
-        state.tokens += result.tokens
+        state.tokens += result.consumed
         step, tokens_seen = state.step, state.tokens
         if not math.isfinite(result.grad_norm):
             raise RuntimeError(f"non-finite gradient norm at step {step}; lower the learning rate or check the data")
@@ -374,10 +374,12 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
     return summary
 
 
-def compute_period(dp, batches, device: Device, autocast, times: dict) -> tuple[float, float]:
-    """Forward and backward over one compute period's micro-batches; (tokens, loss sum) of this rank."""
+def compute_period(dp, batches, device: Device, autocast, times: dict) -> tuple[float, float, float]:
+    """Forward and backward over one compute period's micro-batches. This rank's tokens in the
+    loss, loss sum, and tokens consumed (in the loss or not)."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=device.torch)
     tokens = torch.zeros((), dtype=torch.int64, device=device.torch)
+    consumed = 0
     for micro_batch in dp.micro_batches():
         t0 = time.perf_counter()
         batch = {k: v.to(device.torch, non_blocking=True) for k, v in next(batches).items()}
@@ -387,10 +389,11 @@ def compute_period(dp, batches, device: Device, autocast, times: dict) -> tuple[
             loss.backward()
         loss_sum += loss.detach().double()
         tokens += n
+        consumed += batch["input_ids"].numel()
         times["data"] += t1 - t0
         times["compute"] += time.perf_counter() - t1
     device.synchronize()
-    return tokens.item(), loss_sum.item()
+    return tokens.item(), loss_sum.item(), float(consumed)
 
 
 class Throughput:
@@ -419,7 +422,8 @@ class Throughput:
             "tokens_per_s": tps, "tokens_per_s_per_rank": tps / self.dp_size, "grad_norm": result.grad_norm,
             "tflops": achieved / 1e12, "memory_gib": self.device.peak_memory_gib(),
             "share_data": self.times["data"] / busy, "share_compute": self.times["compute"] / busy,
-            "share_sync": self.times["sync"] / busy, "tokens_per_update": result.tokens,
+            "share_sync": self.times["sync"] / busy, "tokens_per_update": result.consumed,
+            "loss_tokens_per_update": result.tokens,
             "micro_batches_per_rank": result.micro_batches, **_overlap_metrics(result),
         }
         if self.peak is not None:

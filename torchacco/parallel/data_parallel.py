@@ -2,8 +2,9 @@
 
 - `micro_batches()` yields one context per micro-batch of a compute period (DDP and FSDP
   skip gradient sync on all but the last).
-- `step(local_tokens, local_loss)` ends the period: it turns this rank's sum-of-token-loss
-  gradients into an update normalised by the global token count, and returns the
+- `step(local_tokens, local_loss, local_consumed)` ends the period: it turns this rank's
+  sum-of-token-loss gradients into an update normalised by the global count of tokens in
+  the loss, steps the LR schedule by the tokens consumed (in the loss or not), and returns the
   `UpdateResult` of the update completed now (None when none completed: ACCO's first period).
 - `evaluation()` gives the module holding the committed parameters θ; `close()` drains.
 - `state_dict()` / `load_state_dict()` (DCP `Stateful`) hold everything needed to resume
@@ -45,7 +46,7 @@ class Replicated:
         self.dims = dims
         self.accumulation = accumulation
         self.schedule = schedule
-        self.tokens = 0.0  # committed so far, all ranks
+        self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
         self.max_norm = cfg.training.max_norm
         self.optimizer = build_adamw(model, cfg.optimizer)
 
@@ -56,23 +57,25 @@ class Replicated:
         for i in range(self.accumulation):
             yield self._sync(last=i == self.accumulation - 1)
 
-    def step(self, local_tokens: float, local_loss: float) -> UpdateResult:
-        totals = torch.tensor([local_tokens, local_loss], dtype=torch.float64, device=self.dims.mesh.device_type)
+    def step(self, local_tokens: float, local_loss: float, local_consumed: float) -> UpdateResult:
+        totals = torch.tensor([local_tokens, local_loss, local_consumed], dtype=torch.float64,
+                              device=self.dims.mesh.device_type)
         dist.all_reduce(totals, group=self.dims.dp_group)
-        tokens, loss_sum = totals.tolist()
+        tokens, loss_sum, consumed = totals.tolist()
         params = [p for p in self.model.parameters() if p.grad is not None]
         # The reduction averaged over ranks; rescale the mean of sums to a per-token mean.
         torch._foreach_mul_([p.grad for p in params], self.dims.dp_size / tokens)
         norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm or float("inf"), foreach=True)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
-        lr = self.schedule(self.tokens, tokens)
+        lr = self.schedule(self.consumed, consumed)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.tokens += tokens
-        return UpdateResult(tokens, loss_sum / tokens, norm.item(), lr, True, [self.accumulation] * self.dims.dp_size)
+        self.consumed += consumed
+        return UpdateResult(tokens, loss_sum / tokens, norm.item(), lr, True, [self.accumulation] * self.dims.dp_size,
+                            consumed=consumed)
 
     @contextlib.contextmanager
     def evaluation(self):
@@ -83,11 +86,11 @@ class Replicated:
 
     def state_dict(self) -> dict:
         model, optimizer = get_state_dict(self.model, self.optimizer)
-        return {"model": model, "optimizer": optimizer, "tokens": self.tokens}
+        return {"model": model, "optimizer": optimizer, "consumed": self.consumed}
 
     def load_state_dict(self, state: dict) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-        self.tokens = state["tokens"]
+        self.consumed = state["consumed"]
 
     def weights_state_dict(self) -> dict:
         return {"model": get_model_state_dict(self.model)}
@@ -141,7 +144,7 @@ class ZeRO1:
         self.model = model
         self.accumulation = accumulation
         self.schedule = schedule
-        self.tokens = 0.0
+        self.consumed = 0.0
         self.max_norm = cfg.training.max_norm
         self.dims = dims
         self.flat = FlatParams(model, dims.dp_group, dtype=param_dtype, grad_dtype=grad_dtype)
@@ -152,10 +155,10 @@ class ZeRO1:
             yield contextlib.nullcontext()
 
     def lr_for(self) -> callable:
-        start = self.tokens  # by value: the job may run while the loop moves on
-        return lambda tokens: self.schedule(start, tokens)
+        start = self.consumed  # by value: the job may run while the loop moves on
+        return lambda consumed: self.schedule(start, consumed)
 
-    def step(self, local_tokens: float, local_loss: float) -> UpdateResult:
+    def step(self, local_tokens: float, local_loss: float, local_consumed: float) -> UpdateResult:
         flat = self.flat
         send = flat.grads
         if send.dtype != flat.params_buffer.dtype:
@@ -163,10 +166,10 @@ class ZeRO1:
             # because the all-gather below rewrites all of it.
             flat.params_buffer.copy_(flat.grads)
             send = flat.params_buffer
-        result = reduce_update_gather(flat, self.optimizer, send, (local_tokens, local_loss, self.accumulation),
+        result = reduce_update_gather(flat, self.optimizer, send, (local_tokens, local_loss, self.accumulation, local_consumed),
                                       self.lr_for(), COMMIT, out=flat.params_buffer, max_norm=self.max_norm)
         flat.grads.zero_()
-        self.tokens += result.tokens
+        self.consumed += result.consumed
         return result
 
     @contextlib.contextmanager
@@ -190,12 +193,12 @@ class ZeRO1:
         s = self.optimizer.state
         return {"optimizer": {"master": self._sharded(s.master), "exp_avg": self._sharded(s.exp_avg),
                               "exp_avg_sq": self._sharded(s.exp_avg_sq), "step": s.step},
-                "tokens": self.tokens}
+                "consumed": self.consumed}
 
     def load_state_dict(self, state: dict) -> None:
         # DCP has written master, m and v in place; the compute parameters follow from master.
         self.optimizer.state.step = state["optimizer"]["step"]
-        self.tokens = state["tokens"]
+        self.consumed = state["consumed"]
         self._refresh_params()
 
     def _refresh_params(self) -> None:

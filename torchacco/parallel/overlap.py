@@ -47,7 +47,7 @@ class Overlapped(ZeRO1):
         self.comm = torch.zeros_like(self.flat.params_buffer)  # C: the job's private buffer
         self.runner = make_runner(device)
         self.adaptive = cfg.acco.mode == "adaptive"
-        self.pending: list[float] = [0.0, 0.0, 0]  # tokens, loss sum, micro-batches behind A
+        self.pending: list[float] = [0.0, 0.0, 0, 0.0]  # loss tokens, loss sum, micro-batches, consumed behind A
         self.planned: tuple[str, bool] | None = None  # the job to launch when the next period starts
         self.exposed = 0.0  # seconds the compute side waited on jobs since the last report
 
@@ -77,7 +77,7 @@ class Overlapped(ZeRO1):
         self.runner.launch(job)
         if not keep_accumulating:
             self.flat.grads.zero_()
-            self.pending = [0.0, 0.0, 0]
+            self.pending = [0.0, 0.0, 0, 0.0]
 
     def _finish(self) -> UpdateResult | None:
         """Wait for the job in flight, swap in its parameters (P ← C), account for it."""
@@ -89,13 +89,14 @@ class Overlapped(ZeRO1):
         self._before_swap(finished)
         self.flat.params_buffer.copy_(self.comm)  # P ← C
         if finished.committed:
-            self.tokens += finished.tokens
+            self.consumed += finished.consumed
             finished.exposed_s, self.exposed = self.exposed, 0.0
         return finished
 
-    def step(self, local_tokens: float, local_loss: float) -> UpdateResult | None:
+    def step(self, local_tokens: float, local_loss: float, local_consumed: float) -> UpdateResult | None:
         self.pending[0] += local_tokens
         self.pending[1] += local_loss
+        self.pending[3] += local_consumed
         finished = self._finish()
         self.planned = self._plan(finished)
         return finished
@@ -139,15 +140,15 @@ class Overlapped(ZeRO1):
             "params": self.flat.params_buffer,
             "accumulator": DTensor.from_local(self.flat.grads.unsqueeze(0), **per_rank,
                                               shape=(world, self.flat.padded_numel), stride=(self.flat.padded_numel, 1)),
-            "pending": DTensor.from_local(pending, **per_rank, shape=(world, 3), stride=(3, 1)),
+            "pending": DTensor.from_local(pending, **per_rank, shape=(world, 4), stride=(4, 1)),
         }}
 
     def load_state_dict(self, state: dict) -> None:
         schedule = state["schedule"]
         assert schedule["world"] == self.flat.world, "the trainer checks the world size before loading"
         super().load_state_dict(state)
-        tokens, loss, micro_batches = self._pending_buffer[0].tolist()
-        self.pending = [tokens, loss, int(micro_batches)]
+        tokens, loss, micro_batches, consumed = self._pending_buffer[0].tolist()
+        self.pending = [tokens, loss, int(micro_batches), consumed]
         kind, _, keep = schedule["planned"].partition(":")
         self.planned = (kind, bool(int(keep))) if kind else None
         if hasattr(self, "commits"):
@@ -198,8 +199,8 @@ class DPU(Overlapped):
     def _plan(self, finished):
         return COMMIT, False
 
-    def step(self, local_tokens, local_loss):
-        finished = super().step(local_tokens, local_loss)
+    def step(self, local_tokens, local_loss, local_consumed):
+        finished = super().step(local_tokens, local_loss, local_consumed)
         if self.commits < self.warmup:  # synchronous: the update lands before the next period
             self._launch(*self.planned)
             self.planned = None

@@ -29,12 +29,13 @@ COMMIT_AND_PREDICT = "commit_and_predict"  # θ ← Opt(θ, ḡ), then gather Op
 
 @dataclass
 class UpdateResult:
-    tokens: float  # global token count behind the update
+    tokens: float  # global count of the tokens in the loss behind the update (its normaliser)
     loss: float  # global mean token loss of the gradients behind it
     grad_norm: float  # before clipping
     lr: float
     committed: bool
     micro_batches: list[int] = field(default_factory=list)  # per rank
+    consumed: float = 0.0  # global input tokens processed, in the loss or not: the LR schedule's clock
     seconds: float = 0.0  # wall time of the job
     exposed_s: float = 0.0  # time the compute side waited for jobs since the previous commit
     drift: float | None = None  # ‖θ̃ − θ‖ / ‖θ‖ (ACCO, every few commits)
@@ -44,8 +45,8 @@ def reduce_update_gather(
     flat: FlatParams,
     opt: ShardedAdamW,
     grads: torch.Tensor,  # full flat sum-of-token-loss gradients of this rank (the send buffer)
-    local: tuple[float, float, int],  # this rank's (tokens, loss sum, micro-batches)
-    lr_for: Callable[[float], float],  # global token count of this update -> learning rate
+    local: tuple[float, float, int, float],  # this rank's (loss tokens, loss sum, micro-batches, tokens consumed)
+    lr_for: Callable[[float], float],  # global tokens consumed by this update -> learning rate
     kind: str,
     out: torch.Tensor,  # full flat buffer that receives the new parameters
     max_norm: float,
@@ -55,13 +56,14 @@ def reduce_update_gather(
     reduce_scatter(grad, grads, group=group)
     grad = grad.float()
 
-    # One small collective for all the scalars: ‖shard‖², tokens, loss sum, micro-batches per rank.
+    # One small collective for all the scalars of every rank: ‖shard‖², loss tokens, loss sum,
+    # micro-batches, tokens consumed.
     mine = torch.tensor([0.0, *local], dtype=torch.float64, device=grad.device)
     mine[0] = grad.double().square().sum()
-    stats = torch.empty(flat.world * 4, dtype=torch.float64, device=grad.device)
+    stats = torch.empty(flat.world * 5, dtype=torch.float64, device=grad.device)
     all_gather(stats, mine, group=group)
-    stats = stats.view(flat.world, 4).cpu()
-    sq_norm, tokens, loss_sum, _ = stats.sum(0).tolist()
+    stats = stats.view(flat.world, 5).cpu()
+    sq_norm, tokens, loss_sum, _, consumed = stats.sum(0).tolist()
     if tokens <= 0:
         raise RuntimeError("no tokens contributed to this update on any rank (are all labels masked?)")
     grad.div_(tokens)
@@ -69,7 +71,7 @@ def reduce_update_gather(
     if max_norm and grad_norm > max_norm:
         grad.mul_(max_norm / (grad_norm + 1e-6))
 
-    lr = lr_for(tokens)
+    lr = lr_for(consumed)
     if kind == ESTIMATE:
         new = opt.peek(grad, lr)
     elif kind == COMMIT:
@@ -79,4 +81,4 @@ def reduce_update_gather(
         new = opt.peek(grad, lr)
     all_gather(out, new.to(out.dtype), group=group)
     return UpdateResult(tokens, loss_sum / tokens, grad_norm, lr, kind != ESTIMATE,
-                        [int(n) for n in stats[:, 3].tolist()])
+                        [int(n) for n in stats[:, 3].tolist()], consumed=consumed)
