@@ -251,3 +251,22 @@ def test_acco_validation_loss_close_to_zero1_on_the_embedded_corpus(tmp_path):
     assert val["acco"][1] == val["zero1"][1]  # equal tokens
     assert val["zero1"][0] < 7.0  # it learned (ln 10000 ≈ 9.2)
     assert abs(val["acco"][0] - val["zero1"][0]) / val["zero1"][0] < 0.03, val
+
+
+def test_acco_bf16_buffers_and_per_round_metrics(tiny_corpus, cache_dir, tmp_path):
+    from conftest import read_metrics, run_train, tiny_args
+
+    proc = run_train(tiny_args(tiny_corpus, cache_dir, tmp_path, "--parallelism.data_parallel", "acco",
+                               "--training.global_batch_size", "16", "--training.mixed_precision", "bf16",
+                               "--acco.accumulator_dtype", "bf16", "--acco.drift_every", "2", "--training.steps", "4",
+                               "--eval.every", "0"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_metrics(tmp_path)
+    assert records[-1]["loss"] < records[0]["loss"]
+    for r in records:
+        assert r["micro_batches_per_rank"] == [2, 2]  # one micro-batch per period, two periods per commit
+        assert r["tokens_per_update"] == 16 * 64 and 0.0 <= r["overlap"] <= 1.0 and r["exposed_comm_s"] >= 0.0
+    drifts = [r["estimate_drift"] for r in records if "estimate_drift" in r]
+    assert [r["step"] for r in records if "estimate_drift" in r] == [2, 4]
+    assert all(0.0 < d < 0.1 for d in drifts), drifts  # θ̃ is close to, but not exactly, θ
+    assert "exposed comm" in proc.stdout and "|θ̃-θ|/|θ|" in proc.stdout
