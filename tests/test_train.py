@@ -1,6 +1,7 @@
 """The training loop end to end: strategies agree, the loss falls, the outputs keep their contract."""
 
 import math
+import sys
 
 import pytest
 import torch
@@ -88,3 +89,28 @@ def test_python_api_with_own_model_and_dataset(tmp_path):
     assert summary["steps"] == 30
     assert summary["loss"] < 1.0 and summary["val_loss"] < 1.0
     assert (tmp_path / "config.toml").is_file() and (tmp_path / "metrics.jsonl").is_file()
+
+
+def test_multi_node_launch_through_c10d_rendezvous(tiny_corpus, cache_dir, tmp_path):
+    """Two 'nodes' of one process each on this machine, as run_train.sh's multi-node path runs them."""
+    import os
+    import socket
+    import subprocess
+
+    from conftest import ROOT
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = []
+    for node_rank in (0, 1):
+        env = {**os.environ, "NNODES": "2", "NODE_RANK": str(node_rank), "NPROC": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "RDZV_ID": f"test-{port}", "PYTHON": sys.executable}
+        nodes.append(subprocess.Popen([str(ROOT / "run_train.sh"), *tiny_args(tiny_corpus, cache_dir, tmp_path,
+                                       "--parallelism.data_parallel", "acco", "--training.global_batch_size", "16")],
+                                      env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    for node, (out, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err[-3000:]
+    assert "acco × 2" in outputs[0][0]  # one data-parallel group over both nodes
+    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 7))
