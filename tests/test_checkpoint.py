@@ -114,3 +114,18 @@ def test_acco_checkpoint_resumes_only_on_the_same_world_size(tiny_corpus, cache_
                           "--checkpoint.load_path", str(step_dirs(out / "checkpoint")[-1][1])), nproc=1)
     assert proc.returncode != 0
     assert "resume it on 2 ranks" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_corrupted_checkpoint_is_a_clear_error_naming_an_earlier_one(tiny_corpus, cache_dir, tmp_path):
+    out = tmp_path / "run"
+    assert run_train(args(tiny_corpus, cache_dir, out, "zero1", 2, "--checkpoint.every", "1")).returncode == 0
+    first, latest = [p for _, p in step_dirs(out / "checkpoint")]
+    for shard in latest.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])  # a torn write
+    proc = run_train(args(tiny_corpus, cache_dir, out, "zero1", 4))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
+    assert len(errors) == 1 and "may be corrupted" in errors[0] and f"--checkpoint.load_path {first}" in errors[0]
+    proc = run_train(args(tiny_corpus, cache_dir, out, "zero1", 4, "--checkpoint.load_path", str(first)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "at step 1" in proc.stdout

@@ -138,15 +138,20 @@ class Checkpointer:
                             "point [checkpoint] load_path at a step-N folder")
         try:
             dcp.load(state, checkpoint_id=path, process_group=self.group)
-        except CheckpointException as e:  # a BaseException: DCP's planner failed on some rank
-            causes = [f for f in e.failures.values() if isinstance(f, BaseException)]
+        except CheckpointException as e:  # a BaseException: DCP failed on some rank
+            causes = [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]  # (exception, traceback)
             if causes and isinstance(causes[0], UserError):
                 raise causes[0] from None
-            cause = str(causes[0]).strip().splitlines()[0][:300] if causes else "unreadable"
-            raise UserError(
-                f"cannot resume from {path}: it does not match this run's model or data_parallel strategy "
-                f"({cause}); resume with the config it was saved with, or start a new --job.dump_folder"
-            ) from None
+            cause = str(causes[0]).strip().splitlines()[0][:160] if causes and str(causes[0]).strip() else "unknown"
+            if causes and ("mismatch" in cause.lower() or isinstance(causes[0], KeyError)):
+                raise UserError(
+                    f"cannot resume from {path}: it does not match this run's model or data_parallel strategy "
+                    f"({cause}); resume with the config it was saved with, or start a new --job.dump_folder"
+                ) from None
+            earlier = [p for _, p in step_dirs(path.parent) if p != path]
+            hint = f"--checkpoint.load_path {earlier[-1]}" if earlier else "a new --job.dump_folder"
+            raise UserError(f"cannot read checkpoint {path}, it may be corrupted ({type(causes[0]).__name__ if causes else 'error'}: "
+                            f"{cause}); resume from an earlier one with {hint}") from None
 
     def close(self) -> None:
         self.wait()
