@@ -104,3 +104,8 @@ def test_corrupt_tokenizer_file(tiny_corpus, cache_dir, tmp_path):
     bad.write_text('{"model": {"type": "BPE", "vocab": ')
     proc = run(tiny_corpus, cache_dir, tmp_path / "out", "--tokenizer.path", str(bad))
     check_one_clear_error(proc, str(bad), "not a valid tokenizer.json", "tokenizer.path", launched=True)
+
+
+def test_diverging_run_stops_with_one_line_naming_the_step(tiny_corpus, cache_dir, tmp_path):
+    proc = run(tiny_corpus, cache_dir, tmp_path / "out", "--optimizer.lr", "1e30")
+    check_one_clear_error(proc, "non-finite", "at step", "lower [optimizer] lr", launched=True)

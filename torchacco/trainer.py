@@ -350,8 +350,10 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
         state.step += 1
         state.tokens += result.consumed
         step, tokens_seen = state.step, state.tokens
-        if not math.isfinite(result.grad_norm):
-            raise RuntimeError(f"non-finite gradient norm at step {step}; lower the learning rate or check the data")
+        if not (math.isfinite(result.grad_norm) and math.isfinite(result.loss)):
+            # Both numbers come out of an all-reduce, so every rank stops here together.
+            raise UserError(f"non-finite loss ({result.loss}) or gradient norm ({result.grad_norm}) at step {step}; "
+                            "lower [optimizer] lr, raise [lr_schedule] warmup_steps, or check the data")
 
         done = bool(step == t.steps or (t.max_tokens and tokens_seen >= t.max_tokens))
         evaluate_now = cfg.eval.every and (step % cfg.eval.every == 0 or done)
