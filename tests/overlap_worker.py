@@ -64,7 +64,8 @@ def micro_batch(rank: int, index: int) -> dict:
 
 
 def schedule() -> TokenSchedule:
-    return TokenSchedule(peak_lr=1e-2, warmup_tokens=0, total_tokens=400, decay="cosine", min_lr_ratio=0.1)
+    # Warm-up over the first updates, then cosine: both parts of the token clock are exercised.
+    return TokenSchedule(peak_lr=1e-2, warmup_tokens=200, total_tokens=2000, decay="cosine", min_lr_ratio=0.1)
 
 
 def config(kind: str, mode: str) -> Config:

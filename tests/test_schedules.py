@@ -105,13 +105,14 @@ def acco_reference(periods, commits):
     ref = Reference(periods)
     theta = ref.theta()
     g_est, n_est, c_est = ref.gradients_at(theta, 0)  # θ̃_0 = θ_0
-    theta_est = ref.adamw(theta, g_est, n_est, c_est, commit=False)  # ESTIMATE 0
+    # The estimate takes the commit's lr: a commit spans two periods of c tokens, so 2c.
+    theta_est = ref.adamw(theta, g_est, n_est, 2 * c_est, commit=False)  # ESTIMATE 0
     for t in range(commits):
         g, n, c = ref.gradients_at(theta, 2 * t + 1)  # ESTIMATE round: g_t at θ_t ...
         theta = ref.adamw(theta, g_est + g, n_est + n, c_est + c, commit=True)  # ... then COMMIT with g̃_t + g_t
         if t + 1 < commits:
             g_est, n_est, c_est = ref.gradients_at(theta_est, 2 * t + 2)  # COMMIT round: g̃_{t+1} at θ̃_{t+1}
-            theta_est = ref.adamw(theta, g_est, n_est, c_est, commit=False)
+            theta_est = ref.adamw(theta, g_est, n_est, 2 * c_est, commit=False)
     return theta
 
 

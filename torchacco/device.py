@@ -51,8 +51,9 @@ class Device:
         return next((f for key, f in PEAK_BF16_FLOPS.items() if key in self.name), None)
 
     def synchronize(self) -> None:
+        """Wait for the compute stream only: a job on the side stream keeps running."""
         if self.type == "cuda":
-            torch.cuda.synchronize(self.index)
+            torch.cuda.current_stream(self.index).synchronize()
 
     def reset_peak_memory(self) -> None:
         if self.type == "cuda":

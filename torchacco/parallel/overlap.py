@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from torchacco.config import Config
 from torchacco.device import Device, make_runner
+from torchacco.errors import UserError
 from torchacco.lr import TokenSchedule
 from torchacco.parallel.data_parallel import ZeRO1
 from torchacco.parallel.dims import ParallelDims
@@ -66,7 +67,13 @@ class Overlapped(ZeRO1):
 
     def _launch(self, kind: str, keep_accumulating: bool) -> None:
         self.comm.copy_(self.flat.grads)  # C ← A
-        flat, opt, comm, local, lr_for = self.flat, self.optimizer, self.comm, tuple(self.pending), self.lr_for()
+        flat, opt, comm, local = self.flat, self.optimizer, self.comm, tuple(self.pending)
+        lr_for = self.lr_for()
+        if kind == ESTIMATE:
+            # The estimate uses the commit's lr: the commit will span this period and the next,
+            # about twice the tokens (it matters during warm-up, where lr grows with tokens).
+            commit_lr = lr_for
+            lr_for = lambda consumed: commit_lr(2 * consumed)  # noqa: E731
 
         def job() -> UpdateResult:
             start = time.perf_counter()
@@ -135,7 +142,7 @@ class Overlapped(ZeRO1):
         pending = torch.tensor([self.pending], dtype=torch.float64, device=self.comm.device)
         self._pending_buffer = pending  # DCP loads into it
         return {**super().state_dict(), "schedule": {
-            "world": world, "commits": getattr(self, "commits", 0),
+            "name": type(self).__name__, "world": world, "commits": getattr(self, "commits", 0),
             "planned": "" if self.planned is None else f"{self.planned[0]}:{int(self.planned[1])}",
             "params": self.flat.params_buffer,
             "accumulator": DTensor.from_local(self.flat.grads.unsqueeze(0), **per_rank,
@@ -145,6 +152,9 @@ class Overlapped(ZeRO1):
 
     def load_state_dict(self, state: dict) -> None:
         schedule = state["schedule"]
+        if schedule["name"] != type(self).__name__:
+            raise UserError(f"this checkpoint was saved by {schedule['name']}, not {type(self).__name__}; resume it "
+                            f"with [parallelism] data_parallel = \"{schedule['name'].lower()}\"")
         assert schedule["world"] == self.flat.world, "the trainer checks the world size before loading"
         super().load_state_dict(state)
         tokens, loss, micro_batches, consumed = self._pending_buffer[0].tolist()
@@ -156,6 +166,16 @@ class Overlapped(ZeRO1):
 
     def _refresh_params(self) -> None:
         pass  # P was saved as it was (θ̃, θ or a prediction) and DCP loaded it in place
+
+
+def relative_distance(estimate: torch.Tensor, truth: torch.Tensor, chunk: int = 1 << 24) -> float:
+    """‖estimate − truth‖ / ‖truth‖ in fp32, a chunk at a time (no full-size fp32 copies)."""
+    diff_sq = truth_sq = 0.0
+    for start in range(0, truth.numel(), chunk):
+        t = truth[start:start + chunk].float()
+        diff_sq += (estimate[start:start + chunk].float() - t).square().sum().item()
+        truth_sq += t.square().sum().item()
+    return (diff_sq / max(truth_sq, 1e-30)) ** 0.5
 
 
 class ACCO(Overlapped):
@@ -183,8 +203,7 @@ class ACCO(Overlapped):
         if finished.committed:
             self.commits += 1
             if self.drift_every and self.commits % self.drift_every == 0:
-                theta = self.comm.float()
-                finished.drift = ((self.flat.params_buffer.float() - theta).norm() / theta.norm()).item()
+                finished.drift = relative_distance(self.flat.params_buffer, self.comm)
 
 
 class DPU(Overlapped):

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from torchacco.errors import UserError
 from torchacco.optim import ShardedAdamW
 from torchacco.parallel.flat import FlatParams
 
@@ -65,7 +66,12 @@ def reduce_update_gather(
     stats = stats.view(flat.world, 5).cpu()
     sq_norm, tokens, loss_sum, _, consumed = stats.sum(0).tolist()
     if tokens <= 0:
-        raise RuntimeError("no tokens contributed to this update on any rank (are all labels masked?)")
+        if kind == ESTIMATE:  # a half with every label masked: no information, θ̃ = θ
+            all_gather(out, opt.state.master.to(out.dtype), group=group)
+            return UpdateResult(0.0, 0.0, 0.0, lr_for(consumed), False, [int(n) for n in stats[:, 3].tolist()],
+                                consumed=consumed)
+        raise UserError("an update has no token in the loss on any rank (every label masked); raise "
+                        "[training] local_batch_size or global_batch_size, or check the data's masking")
     grad.div_(tokens)
     grad_norm = math.sqrt(sq_norm) / tokens
     if max_norm and grad_norm > max_norm:
