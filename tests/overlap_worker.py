@@ -73,6 +73,7 @@ def config(kind: str, mode: str) -> Config:
     cfg.parallelism.data_parallel = kind
     cfg.acco.mode = mode
     cfg.acco.dpu_warmup_steps = 1 if kind == "dpu" else 0
+    cfg.acco.max_micro_batches = 6  # bounds the fast rank's adaptive periods
     cfg.training.max_norm = 0.5  # low enough that clipping is active
     cfg.optimizer.weight_decay = 0.1
     return cfg

@@ -84,3 +84,14 @@ def test_no_weight_decay_on_norms_biases_and_embeddings():
     assert decayed == {name for name, p in model.named_parameters() if p.ndim == 2 and "wte" not in name
                        and "wpe" not in name}
     assert "layers.0.attn.q_proj.weight" in decayed and "layers.1.mlp.c_proj.weight" in decayed
+
+
+def test_peek_in_chunks_equals_one_piece_and_writes_any_dtype():
+    ref, _, sharded = _reference_and_sharded(weight_decay=0.1, decay_until=30)
+    sharded.step(torch.randn(50), 1e-2)
+    grad = torch.randn(50)
+    whole = sharded.peek(grad, 3e-3, chunk=1 << 20)
+    assert torch.equal(sharded.peek(grad, 3e-3, chunk=7), whole)  # chunks straddle the decay range's end
+    bf16 = torch.empty(50, dtype=torch.bfloat16)
+    sharded.peek(grad, 3e-3, out=bf16, chunk=16)
+    assert torch.equal(bf16, whole.bfloat16())

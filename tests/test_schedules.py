@@ -187,6 +187,7 @@ def test_acco_adaptive_slow_rank_contributes_less_and_update_is_token_weighted(t
     fast, slow = run["periods"]
     assert len(fast) == len(slow)  # both ranks ran the same rounds and stopped at the same step
     assert min(slow) == 1 and sum(fast) > sum(slow), (fast, slow)  # the fast rank kept accumulating
+    assert max(fast) <= 6  # ... up to [acco] max_micro_batches
     # θ equals the equations fed with everything each rank actually computed, weighted per token.
     torch.testing.assert_close(run["theta"], acco_reference(run["periods"], commits=6), rtol=1e-5, atol=1e-5)
     micro_batches = [r[3] for r in run["results"]]

@@ -106,6 +106,7 @@ class Acco:
     mode: str = "deterministic"  # deterministic: accumulation micro-batches per period, then wait for the job;
     # adaptive: at least that many, then keep accumulating until the job is done
     accumulator_dtype: str = "fp32"  # fp32 | bf16 (the paper's choice)
+    max_micro_batches: int = 0  # adaptive: at most this many micro-batches per period and rank; 0: no cap
     dpu_warmup_steps: int = 0  # dpu: synchronous updates before the one-step delay starts
     drift_every: int = 10  # log ‖θ̃ − θ‖ / ‖θ‖ every this many commits (acco); 0 disables
 

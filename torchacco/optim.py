@@ -60,18 +60,28 @@ class ShardedAdamW:
         self._update(s.master, s.exp_avg, s.exp_avg_sq, grad, lr, s.step)
         return s.master
 
-    def peek(self, grad: torch.Tensor, lr: float) -> torch.Tensor:
-        """The master shard after `step(grad, lr)`, leaving m, v, step and master untouched."""
+    def peek(self, grad: torch.Tensor, lr: float, out: torch.Tensor | None = None,
+             chunk: int = 1 << 22) -> torch.Tensor:
+        """The master shard after `step(grad, lr)`, written into `out` (any dtype; a new fp32
+        tensor by default), leaving m, v, step and master untouched. Works a chunk at a time,
+        so its fp32 working memory is a few chunks, not copies of the shard's state."""
         s = self.state
-        master, m, v = s.master.clone(), s.exp_avg.clone(), s.exp_avg_sq.clone()
-        self._update(master, m, v, grad, lr, s.step + 1)
-        return master
+        out = torch.empty_like(s.master) if out is None else out
+        for start in range(0, s.master.numel(), chunk):
+            part = slice(start, start + chunk)
+            p, m, v = s.master[part].clone(), s.exp_avg[part].clone(), s.exp_avg_sq[part].clone()
+            self._update(p, m, v, grad[part], lr, s.step + 1, offset=start)
+            out[part].copy_(p)
+        return out
 
-    def _update(self, p, m, v, grad, lr, step) -> None:
+    def _update(self, p, m, v, grad, lr, step, offset: int = 0) -> None:
+        """One AdamW step on a slice of the shard that starts at `offset`."""
         c = self.cfg
         if c.weight_decay:
             for start, end in self.decay_ranges:
-                p[start:end].mul_(1 - lr * c.weight_decay)
+                lo, hi = max(start - offset, 0), min(end - offset, p.numel())
+                if lo < hi:
+                    p[lo:hi].mul_(1 - lr * c.weight_decay)
         m.mul_(c.beta1).add_(grad, alpha=1 - c.beta1)
         v.mul_(c.beta2).addcmul_(grad, grad, value=1 - c.beta2)
         bias1 = 1 - c.beta1**step

@@ -48,6 +48,7 @@ class Overlapped(ZeRO1):
         self.comm = torch.zeros_like(self.flat.params_buffer)  # C: the job's private buffer
         self.runner = make_runner(device)
         self.adaptive = cfg.acco.mode == "adaptive"
+        self.max_micro_batches = cfg.acco.max_micro_batches  # bounds an adaptive period (0: no bound)
         self.pending: list[float] = [0.0, 0.0, 0, 0.0]  # loss tokens, loss sum, micro-batches, consumed behind A
         self.planned: tuple[str, bool] | None = None  # the job to launch when the next period starts
         self.exposed = 0.0  # seconds the compute side waited on jobs since the last report
@@ -61,7 +62,8 @@ class Overlapped(ZeRO1):
             yield contextlib.nullcontext()
             n += 1
             job_running = self.runner.in_flight() and not self.runner.done()
-            if n >= self.accumulation and not (self.adaptive and job_running):
+            capped = self.max_micro_batches and n >= self.max_micro_batches
+            if n >= self.accumulation and not (self.adaptive and job_running and not capped):
                 self.pending[2] += n
                 return
 

@@ -60,7 +60,7 @@ def reduce_update_gather(
     # One small collective for all the scalars of every rank: ‖shard‖², loss tokens, loss sum,
     # micro-batches, tokens consumed.
     mine = torch.tensor([0.0, *local], dtype=torch.float64, device=grad.device)
-    mine[0] = grad.double().square().sum()
+    mine[0] = torch.linalg.vector_norm(grad).double() ** 2
     stats = torch.empty(flat.world * 5, dtype=torch.float64, device=grad.device)
     all_gather(stats, mine, group=group)
     stats = stats.view(flat.world, 5).cpu()
@@ -78,13 +78,14 @@ def reduce_update_gather(
         grad.mul_(max_norm / (grad_norm + 1e-6))
 
     lr = lr_for(consumed)
+    send = torch.empty(flat.shard_numel, dtype=out.dtype, device=out.device)  # the new shard, in out's dtype
     if kind == ESTIMATE:
-        new = opt.peek(grad, lr)
+        opt.peek(grad, lr, out=send)
     elif kind == COMMIT:
-        new = opt.step(grad, lr)
+        send.copy_(opt.step(grad, lr))
     else:
         opt.step(grad, lr)
-        new = opt.peek(grad, lr)
-    all_gather(out, new.to(out.dtype), group=group)
+        opt.peek(grad, lr, out=send)
+    all_gather(out, send, group=group)
     return UpdateResult(tokens, loss_sum / tokens, grad_norm, lr, kind != ESTIMATE,
                         [int(n) for n in stats[:, 3].tolist()], consumed=consumed)
