@@ -19,11 +19,14 @@ def args(corpus, cache, out, kind, steps, *extra):
                      "--checkpoint.enable", "true", *extra)
 
 
-@pytest.mark.parametrize("kind, extra", [("ddp", []), ("zero1", []), ("fsdp", []), ("acco", []),
-                                         ("zero1", ["--checkpoint.async_save", "true", "--checkpoint.every", "1"])],
-                         ids=["ddp", "zero1", "fsdp", "acco", "zero1-async"])
+@pytest.mark.parametrize("kind, extra", [
+    ("ddp", []), ("zero1", []), ("fsdp", []), ("acco", []),
+    ("zero1", ["--checkpoint.async_save", "true", "--checkpoint.every", "1"]),
+    ("dpu", ["--acco.dpu_warmup_steps", "4"]),  # resumed inside the synchronous warm-up
+    ("wp", []),  # the compute parameters are a prediction, not θ
+], ids=["ddp", "zero1", "fsdp", "acco", "zero1-async", "dpu-warmup", "wp"])
 def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_path, kind, extra):
-    full = run_train(args(tiny_corpus, cache_dir, tmp_path / "full", kind, 6))
+    full = run_train(args(tiny_corpus, cache_dir, tmp_path / "full", kind, 6, *extra))
     assert full.returncode == 0, full.stderr[-3000:]
     first = run_train(args(tiny_corpus, cache_dir, tmp_path / "split", kind, 3, *extra))
     assert first.returncode == 0, first.stderr[-3000:]
