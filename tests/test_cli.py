@@ -111,3 +111,53 @@ def test_corrupt_tokenizer_file(tiny_corpus, cache_dir, tmp_path):
 def test_diverging_run_stops_with_one_line_naming_the_step(tiny_corpus, cache_dir, tmp_path):
     proc = run(tiny_corpus, cache_dir, tmp_path / "out", "--optimizer.lr", "1e30")
     check_one_clear_error(proc, "non-finite", "at step", "lower [optimizer] lr", launched=True)
+
+
+def test_a_stalled_rank_fails_the_run_within_the_timeout_with_one_line(tiny_corpus, cache_dir, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from conftest import ROOT, tiny_args
+
+    out = tmp_path / "out"
+    env = {**os.environ, "NPROC": "2", "PYTHON": sys.executable}
+    job = subprocess.Popen([str(ROOT / "run_train.sh"), *tiny_args(tiny_corpus, cache_dir, out, "--training.steps", "5000",
+                            "--eval.every", "0", "--training.collective_timeout_s", "5")],
+                           env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 120
+        while stopped is None and time.monotonic() < deadline and job.poll() is None:
+            metrics = out / "metrics.jsonl"
+            if metrics.exists() and metrics.read_text().count("\n") >= 3:
+                workers = sorted(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                                 and _parent(p) == job.pid and b"torchacco.train" in _cmdline(p))
+                if len(workers) == 2:
+                    os.kill(workers[1], signal.SIGSTOP)  # rank 1 stalls without dying
+                    stopped = time.monotonic()
+            time.sleep(0.05)
+        assert stopped is not None, "the run ended before a rank could be stalled"
+        _, stderr = job.communicate(timeout=120)  # a hang fails here
+    finally:
+        job.kill()
+    assert job.returncode != 0 and "Traceback" not in stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("torchacco: error:")]
+    assert len(errors) == 1 and "a peer rank died or stalled" in errors[0] and "collective_timeout_s = 5" in errors[0]
+
+
+def _parent(proc_dir) -> int:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _cmdline(proc_dir) -> bytes:
+    try:
+        return (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return b""

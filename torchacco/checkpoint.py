@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -83,14 +84,14 @@ def _snapshot(value):
 
 
 class Checkpointer:
-    def __init__(self, folder: Path, rank: int, keep: int, async_save: bool):
+    def __init__(self, folder: Path, rank: int, keep: int, async_save: bool, timeout: timedelta | None = None):
         self.folder = folder
         self.rank = rank
         self.keep = keep
         self.async_save = async_save
         # Checkpoint collectives run on their own group, so an asynchronous save never
         # interleaves with the training collectives.
-        self.group = dist.new_group(backend="gloo")
+        self.group = dist.new_group(backend="gloo", timeout=timeout)
         self.in_flight: tuple | None = None
 
     def latest(self) -> Path | None:

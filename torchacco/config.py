@@ -70,6 +70,7 @@ class Training:
     device: str = "auto"  # auto | cpu | cuda
     mixed_precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
     num_threads: int = 0  # CPU threads per rank; 0: cores / local ranks
+    collective_timeout_s: float = 1800.0  # a collective waiting longer than this fails the run (a dead peer)
 
 
 @dataclass

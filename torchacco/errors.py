@@ -9,6 +9,10 @@ class UserError(Exception):
     """
 
 
+class PeerFailure(UserError):
+    """Another rank died or stalled. Every surviving rank reports it (rank 0 may be the dead one)."""
+
+
 def run_cli(main, print_errors: bool = True) -> int:
     """Run an entry point: a `UserError` becomes one `torchacco: error:` line and exit code 1."""
     import sys
@@ -16,7 +20,7 @@ def run_cli(main, print_errors: bool = True) -> int:
     try:
         return main() or 0
     except UserError as e:
-        if print_errors:
+        if print_errors or isinstance(e, PeerFailure):
             print(f"torchacco: error: {e}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:

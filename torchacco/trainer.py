@@ -11,6 +11,7 @@ import json
 import math
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ from torchacco import hf_io
 from torchacco.checkpoint import Checkpointer, RankState, TrainState
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
-from torchacco.errors import UserError
+from torchacco.errors import PeerFailure, UserError
 from torchacco.lr import TokenSchedule
 from torchacco.metrics import MetricsLogger
 from torchacco.parallel.data_parallel import build_data_parallel
@@ -42,7 +43,7 @@ def validate(cfg: Config, world_size: int) -> None:
     if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
         raise UserError(f"[model] init_from = {cfg.model.init_from} is not a Hugging Face folder with a config.json; "
                         "point it at a folder exported by torchacco (<dump_folder>/hf) or downloaded from the Hub")
-    for key in ("seq_len", "local_batch_size", "steps"):
+    for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s"):
         if getattr(t, key) <= 0:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
     per_step = t.local_batch_size * world_size
@@ -222,17 +223,30 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     if device.type == "cpu":
         set_cpu_threads(cfg.training.num_threads, local_world)
     own_group = not dist.is_initialized()
-    dims = init_distributed(device)
+    dims = init_distributed(device, cfg.training.collective_timeout_s)
     clean = False
     try:
         summary = _train(cfg, dims, device, model, datasets)
         clean = True
         return summary
+    except (RuntimeError, dist.DistBackendError) as e:
+        if not _is_peer_failure(e):
+            raise
+        raise PeerFailure(
+            f"rank {dims.rank}: a collective failed: a peer rank died or stalled ({str(e).strip().splitlines()[-1][:160]}); "
+            f"see the other ranks' messages; [training] collective_timeout_s = {cfg.training.collective_timeout_s:g}"
+        ) from None
     finally:
         if own_group:
             # After an error, skip the barrier: peers may be inside another collective, and
             # torchrun stops them once this process exits.
             destroy(barrier=clean)
+
+
+def _is_peer_failure(error: BaseException) -> bool:
+    text = str(error)
+    return isinstance(error, dist.DistBackendError) or any(
+        marker in text for marker in ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer"))
 
 
 def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> dict:
@@ -308,7 +322,8 @@ def _resume(cfg: Config, folder: Path, dims: ParallelDims, dp, state: TrainState
     c = cfg.checkpoint
     if not c.enable:
         return None, None
-    checkpointer = Checkpointer(folder / c.folder, dims.rank, c.keep, c.async_save)
+    checkpointer = Checkpointer(folder / c.folder, dims.rank, c.keep, c.async_save,
+                                timedelta(seconds=cfg.training.collective_timeout_s))
     path = Path(c.load_path) if c.load_path else checkpointer.latest() if c.resume else None
     if path is None:
         return checkpointer, None
