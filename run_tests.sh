@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Run the test suite (installs torchacco and the test extras into ./.venv first if needed).
 #   ./run_tests.sh                 the default suite
-#   ./run_tests.sh -m slow         the multi-minute tests
 #   ./run_tests.sh tests/test_x.py any pytest arguments
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
