@@ -4,6 +4,8 @@
 # Environment:
 #   NGPU / NPROC     processes on this node (default: all GPUs with CUDA, else 2 CPU processes)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node rendezvous (torchrun c10d)
+#   MAX_RESTARTS     restart the workers this many times after a failure; each restart resumes
+#                    from the latest checkpoint (default 0)
 #   PYTHON           the interpreter to use (default: python3, or the project's .venv once made)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -39,4 +41,4 @@ if [ "$NNODES" -gt 1 ]; then
 else
   RDZV=(--standalone --nnodes 1)
 fi
-exec "$PY" -m torchacco.launch "${RDZV[@]}" --nproc_per_node "$NPROC" -m torchacco.train "$@"
+exec "$PY" -m torchacco.launch "${RDZV[@]}" --nproc_per_node "$NPROC" --max-restarts "${MAX_RESTARTS:-0}" -m torchacco.train "$@"

@@ -39,6 +39,28 @@ def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_pa
     for key in ("loss", "lr", "tokens", "grad_norm"):
         assert [r[key] for r in resumed] == [r[key] for r in expected], key
     assert resumed[-1]["val_loss"] == expected[-1]["val_loss"]
+    if kind in ("ddp", "zero1", "acco") and not extra:
+        _killed_worker_recovers(tiny_corpus, cache_dir, tmp_path, kind, expected)
+
+
+def _killed_worker_recovers(corpus, cache, tmp_path, kind, expected):
+    """Rank 1 is SIGKILLed as it starts step 5; torchrun restarts both workers, which resume from
+    the step-3 checkpoint by themselves and end exactly where the uninterrupted run did."""
+    proc = run_train(args(corpus, cache, tmp_path / "killed", kind, 6, "--checkpoint.every", "3"),
+                     env={"MAX_RESTARTS": "1", "TORCHACCO_FAULT": "kill@rank1:step5"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+    assert "rank 1 stopped responding in compute (step 5)" in proc.stderr, proc.stderr[-3000:]
+    recovered = read_metrics(tmp_path / "killed")
+    assert [r["step"] for r in recovered] == list(range(1, 7))
+    for key in ("loss", "lr", "tokens", "grad_norm"):
+        assert [r[key] for r in recovered] == [r[key] for r in expected], key
+    assert recovered[-1]["val_loss"] == expected[-1]["val_loss"]
+    final = [_tensors(_logical_state(step_dirs(tmp_path / run / "checkpoint")[-1][1], tmp_path / f"{run}.pt")["dp"])
+             for run in ("full", "killed")]
+    assert final[0].keys() == final[1].keys() and final[0]
+    for name, tensor in final[0].items():
+        assert torch.equal(tensor, final[1][name]), name
 
 
 def _logical_state(checkpoint: Path, out: Path) -> dict:

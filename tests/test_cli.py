@@ -134,8 +134,8 @@ def test_a_stalled_rank_fails_the_run_within_the_timeout_with_one_line(tiny_corp
         while stopped is None and time.monotonic() < deadline and job.poll() is None:
             metrics = out / "metrics.jsonl"
             if metrics.exists() and metrics.read_text().count("\n") >= 3:
-                workers = sorted(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                                 and _parent(p) == job.pid and b"torchacco.train" in _cmdline(p))
+                workers = {_rank(p): int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                           and _parent(p) == job.pid and b"torchacco.train" in _cmdline(p)}
                 if len(workers) == 2:
                     os.kill(workers[1], signal.SIGSTOP)  # rank 1 stalls without dying
                     stopped = time.monotonic()
@@ -146,13 +146,24 @@ def test_a_stalled_rank_fails_the_run_within_the_timeout_with_one_line(tiny_corp
         job.kill()
     assert job.returncode != 0 and "Traceback" not in stderr
     errors = [line for line in stderr.splitlines() if line.startswith("torchacco: error:")]
-    assert len(errors) == 1 and "a peer rank died or stalled" in errors[0] and "collective_timeout_s = 5" in errors[0]
+    # The survivor names the stalled rank and the phase it stopped in.
+    assert len(errors) == 1 and "rank 0: a collective failed" in errors[0], errors
+    assert "rank 1 stopped responding in" in errors[0] and "(step " in errors[0], errors[0]
+    assert "collective_timeout_s = 5" in errors[0]
 
 
 def _parent(proc_dir) -> int:
     try:
         return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _rank(proc_dir) -> int:
+    try:
+        env = dict(kv.split(b"=", 1) for kv in (proc_dir / "environ").read_bytes().split(b"\0") if b"=" in kv)
+        return int(env[b"RANK"])
+    except (OSError, KeyError, ValueError):
         return -1
 
 

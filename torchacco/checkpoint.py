@@ -35,12 +35,16 @@ class TrainState(Stateful):
         self.step = 0
         self.tokens = 0.0
         self.dp_size = dp_size  # of the run that saved it, after a load
+        self.skipped = 0  # updates skipped for a non-finite loss or gradient
+        self.skips_in_a_row = 0
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "tokens": self.tokens, "dp_size": self.dp_size}
+        return {"step": self.step, "tokens": self.tokens, "dp_size": self.dp_size, "skipped": self.skipped,
+                "skips_in_a_row": self.skips_in_a_row}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.tokens, self.dp_size = state["step"], state["tokens"], state["dp_size"]
+        self.skipped, self.skips_in_a_row = state["skipped"], state["skips_in_a_row"]
 
 
 class RankState(Stateful):

@@ -71,6 +71,8 @@ class Training:
     mixed_precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
     num_threads: int = 0  # CPU threads per rank; 0: cores / local ranks
     collective_timeout_s: float = 1800.0  # a collective waiting longer than this fails the run (a dead peer)
+    on_nonfinite: str = "abort"  # a NaN/Inf loss or gradient: "abort" the run, or "skip" the update
+    max_skips_in_a_row: int = 3  # with "skip": abort after this many consecutive skipped updates
 
 
 @dataclass
@@ -169,6 +171,7 @@ CHOICES = {
     ("parallelism", "data_parallel"): DATA_PARALLEL,
     ("training", "device"): ("auto", "cpu", "cuda"),
     ("training", "mixed_precision"): ("auto", "bf16", "fp32"),
+    ("training", "on_nonfinite"): ("abort", "skip"),
     ("lr_schedule", "decay"): ("cosine", "linear", "constant"),
     ("data", "format"): ("auto", "text", "jsonl", "alpaca"),
     ("parallelism", "reduce_dtype"): ("fp32", "bf16"),

@@ -13,6 +13,10 @@ class PeerFailure(UserError):
     """Another rank died or stalled. Every surviving rank reports it (rank 0 may be the dead one)."""
 
 
+class Terminated(BaseException):
+    """SIGTERM (the launcher stopping the survivors of a failed worker, or a scheduler)."""
+
+
 def run_cli(main, print_errors: bool = True) -> int:
     """Run an entry point: a `UserError` becomes one `torchacco: error:` line and exit code 1."""
     import sys
@@ -25,3 +29,5 @@ def run_cli(main, print_errors: bool = True) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Terminated:
+        return 143

@@ -7,6 +7,7 @@ same numbers, so scripts and people never disagree about a run.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -44,7 +45,9 @@ class MetricsLogger:
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        self.jsonl.write(json.dumps(record) + "\n")
+        # Strict JSON: a skipped update's NaN loss is written as null.
+        self.jsonl.write(json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v
+                                     for k, v in record.items()}) + "\n")
         if self.writer is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
@@ -69,6 +72,8 @@ class MetricsLogger:
                          f"micro-batches {min(mb)}-{max(mb)}")
         if "estimate_drift" in r:
             parts.append(f"|θ̃-θ|/|θ| {r['estimate_drift']:.2e}")
+        if r.get("skipped"):
+            parts.append(f"SKIPPED (non-finite; {r['skipped_steps']} so far)")
         if "val_loss" in r:
             parts.append(f"val loss {r['val_loss']:.4f} (ppl {r['val_perplexity']:.1f})")
         if self.progress_bar:

@@ -19,11 +19,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torchacco import hf_io
+from torchacco import health, hf_io
 from torchacco.checkpoint import Checkpointer, RankState, TrainState
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
-from torchacco.errors import PeerFailure, UserError
+from torchacco.errors import PeerFailure, Terminated, UserError
+from torchacco.faults import from_env
 from torchacco.lr import TokenSchedule
 from torchacco.metrics import MetricsLogger
 from torchacco.parallel.data_parallel import build_data_parallel
@@ -224,19 +225,31 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
         set_cpu_threads(cfg.training.num_threads, local_world)
     own_group = not dist.is_initialized()
     dims = init_distributed(device, cfg.training.collective_timeout_s)
+    heartbeat = health.start(dims.rank, dims.world_size)
+    sigterm = health.SigtermGuard()
     clean = False
     try:
         summary = _train(cfg, dims, device, model, datasets)
         clean = True
         return summary
-    except (RuntimeError, dist.DistBackendError) as e:
-        if not _is_peer_failure(e):
+    except (RuntimeError, dist.DistBackendError, Terminated) as e:
+        if not isinstance(e, Terminated) and not _is_peer_failure(e):
             raise
+        where = heartbeat.where()
+        # torchrun stops the survivors of a dead worker: find out who died before exiting.
+        sigterm.defer()
+        diagnosis = heartbeat.diagnose()
+        cause = ("stopped by SIGTERM" if isinstance(e, Terminated) else
+                 f"a collective failed ({str(e).strip().splitlines()[-1][:120]})")
+        if isinstance(e, Terminated) and "stopped responding" not in diagnosis:
+            raise Terminated() from None  # a plain SIGTERM: exit quietly with 143
         raise PeerFailure(
-            f"rank {dims.rank}: a collective failed: a peer rank died or stalled ({str(e).strip().splitlines()[-1][:160]}); "
-            f"see the other ranks' messages; [training] collective_timeout_s = {cfg.training.collective_timeout_s:g}"
+            f"rank {dims.rank}: {cause} during its {where}: {diagnosis}; [training] collective_timeout_s = "
+            f"{cfg.training.collective_timeout_s:g}"
         ) from None
     finally:
+        sigterm.restore()
+        health.stop()
         if own_group:
             # After an error, skip the barrier: peers may be inside another collective, and
             # torchrun stops them once this process exits.
@@ -306,6 +319,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         summary = _loop(cfg, dims, device, dp, state, train_loader, val_loader, log,
                         Throughput(flops_per_token, dims.dp_size, device, dtype), autocast, checkpointer)
         if cfg.checkpoint.export_hf:
+            health.current().enter("export to Hugging Face format")
             exported = export_hf(cfg, dp, dims, folder / "hf", tokenizer)
             if exported:
                 log.info(f"torchacco: exported θ to {exported} (Hugging Face safetensors + config.json)")
@@ -327,6 +341,7 @@ def _resume(cfg: Config, folder: Path, dims: ParallelDims, dp, state: TrainState
     path = Path(c.load_path) if c.load_path else checkpointer.latest() if c.resume else None
     if path is None:
         return checkpointer, None
+    health.current().enter(f"checkpoint load ({path})")
     checkpointer.load(path, {"train": state})
     same_ranks = state.dp_size == dims.dp_size
     if not same_ranks and getattr(dp, "resume_needs_same_ranks", False):
@@ -356,8 +371,13 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
     summary = {}
     device.reset_peak_memory()
     throughput.restart(state.tokens)
+    heartbeat = health.current()
+    faults = from_env(dims.rank)
     while state.step < t.steps:
-        local = compute_period(dp, batches, device, autocast, throughput.times)
+        heartbeat.enter(f"compute (step {state.step + 1})")
+        poison = faults.before_period(state.step + 1)
+        local = compute_period(dp, batches, device, autocast, throughput.times, poison)
+        heartbeat.enter(f"{dp.sync_phase} (step {state.step + 1})")
         with throughput.timing("sync"):
             result = dp.step(*local)
         if result is None or not result.committed:
@@ -365,17 +385,18 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
         state.step += 1
         state.tokens += result.consumed
         step, tokens_seen = state.step, state.tokens
-        if not (math.isfinite(result.grad_norm) and math.isfinite(result.loss)):
-            # Both numbers come out of an all-reduce, so every rank stops here together.
-            raise UserError(f"non-finite loss ({result.loss}) or gradient norm ({result.grad_norm}) at step {step}; "
-                            "lower [optimizer] lr, raise [lr_schedule] warmup_steps, or check the data")
+        _count_nonfinite(t, state, result)
+
 
         done = bool(step == t.steps or (t.max_tokens and tokens_seen >= t.max_tokens))
         evaluate_now = cfg.eval.every and (step % cfg.eval.every == 0 or done)
-        if step % cfg.metrics.log_every == 0 or step == 1 or done or evaluate_now:
+        if step % cfg.metrics.log_every == 0 or step == 1 or done or evaluate_now or result.skipped:
             record = {"step": step, "tokens": int(tokens_seen), "loss": result.loss, "lr": result.lr,
                       **throughput.since_last(tokens_seen, result)}
+            if state.skipped:
+                record |= {"skipped": result.skipped, "skipped_steps": state.skipped}
             if evaluate_now:
+                heartbeat.enter(f"evaluation (step {step})")
                 with dp.evaluation() as eval_model:
                     val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims)
                 record |= {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
@@ -383,6 +404,7 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
             summary.update(record)
             throughput.restart(tokens_seen)  # evaluation, logging and checkpoints are not training time
         if checkpointer is not None and (done or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0)):
+            heartbeat.enter(f"checkpoint save (step {step})")
             checkpointer.save(step, checkpoint_state(dp, state, train_loader, dims))
             throughput.restart(tokens_seen)
         if done:
@@ -391,7 +413,29 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
     return summary
 
 
-def compute_period(dp, batches, device: Device, autocast, times: dict) -> tuple[float, float, float]:
+def _count_nonfinite(t, state: TrainState, result) -> None:
+    """Apply [training] on_nonfinite to an update whose loss or gradient was NaN/Inf. The job
+    already left θ as it was; every rank decides alike (the numbers were gathered)."""
+    if not result.skipped:
+        state.skips_in_a_row = 0
+        return
+    state.skipped += 1
+    state.skips_in_a_row += 1
+    source = (f"the loss of rank(s) {', '.join(map(str, result.nonfinite_ranks))}" if result.nonfinite_ranks
+              else "the gradients")
+    advice = "lower [optimizer] lr, raise [lr_schedule] warmup_steps, or check the data"
+    if t.on_nonfinite == "abort":
+        raise UserError(f"non-finite loss or gradient at step {state.step} (from {source}; loss {result.loss}, gradient "
+                        f"norm {result.grad_norm}); the update was not applied. {advice}, or set [training] "
+                        "on_nonfinite = 'skip' to skip such updates")
+    if state.skips_in_a_row >= t.max_skips_in_a_row:
+        raise UserError(f"{state.skips_in_a_row} updates in a row had a non-finite loss or gradient (steps "
+                        f"{state.step - state.skips_in_a_row + 1}-{state.step}, last from {source}); stopping "
+                        f"([training] max_skips_in_a_row = {t.max_skips_in_a_row}). {advice}")
+
+
+def compute_period(dp, batches, device: Device, autocast, times: dict,
+                   poison: bool = False) -> tuple[float, float, float]:
     """Forward and backward over one compute period's micro-batches. This rank's tokens in the
     loss, loss sum, and tokens consumed (in the loss or not)."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=device.torch)
@@ -403,6 +447,8 @@ def compute_period(dp, batches, device: Device, autocast, times: dict) -> tuple[
         t1 = time.perf_counter()
         with micro_batch, torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
             loss, n = token_loss_sum(dp.model, batch)
+            if poison:  # injected fault (torchacco/faults.py)
+                loss = loss * float("nan")
             loss.backward()
         loss_sum += loss.detach().double()
         tokens += n

@@ -18,10 +18,10 @@ all-reduced token count, so uneven or masked batches are weighted per token.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
@@ -39,6 +39,8 @@ from torchacco.parallel.sharded import COMMIT, UpdateResult, all_gather, reduce_
 
 class Replicated:
     """Shared by DDP and FSDP: torch's AdamW over the module's own parameters."""
+
+    sync_phase = "gradient all-reduce and optimizer step"
 
     def __init__(self, model: nn.Module, cfg: Config, dims: ParallelDims, accumulation: int,
                  schedule: TokenSchedule):
@@ -58,24 +60,31 @@ class Replicated:
             yield self._sync(last=i == self.accumulation - 1)
 
     def step(self, local_tokens: float, local_loss: float, local_consumed: float) -> UpdateResult:
-        totals = torch.tensor([local_tokens, local_loss, local_consumed], dtype=torch.float64,
-                              device=self.dims.mesh.device_type)
-        dist.all_reduce(totals, group=self.dims.dp_group)
-        tokens, loss_sum, consumed = totals.tolist()
+        mine = torch.tensor([local_tokens, local_loss, local_consumed], dtype=torch.float64,
+                            device=self.dims.mesh.device_type)
+        per_rank = torch.empty(self.dims.dp_size * 3, dtype=torch.float64, device=mine.device)
+        all_gather(per_rank, mine, group=self.dims.dp_group)
+        per_rank = per_rank.view(-1, 3).cpu()
+        tokens, loss_sum, consumed = per_rank.sum(0).tolist()
         params = [p for p in self.model.parameters() if p.grad is not None]
         # The reduction averaged over ranks; rescale the mean of sums to a per-token mean.
         torch._foreach_mul_([p.grad for p in params], self.dims.dp_size / tokens)
         norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm or float("inf"), foreach=True)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
+        norm = norm.item()
         lr = self.schedule(self.consumed, consumed)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
+        # The norm is of the reduced gradients and the loss of gathered sums: every rank agrees.
+        skipped = not (math.isfinite(norm) and math.isfinite(loss_sum))
+        if not skipped:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.consumed += consumed
-        return UpdateResult(tokens, loss_sum / tokens, norm.item(), lr, True, [self.accumulation] * self.dims.dp_size,
-                            consumed=consumed)
+        bad = [r for r, v in enumerate(per_rank[:, 1].tolist()) if not math.isfinite(v)]
+        return UpdateResult(tokens, loss_sum / tokens, norm, lr, True, [self.accumulation] * self.dims.dp_size,
+                            consumed=consumed, skipped=skipped, nonfinite_ranks=bad)
 
     @contextlib.contextmanager
     def evaluation(self):
@@ -138,6 +147,8 @@ class FSDP(Replicated):
 
 class ZeRO1:
     """Sharded fp32 optimizer state over flat buffers; the job runs after the last micro-batch."""
+
+    sync_phase = "reduce-scatter, optimizer step and all-gather"
 
     def __init__(self, model: nn.Module, cfg: Config, dims: ParallelDims, accumulation: int,
                  schedule: TokenSchedule, param_dtype: torch.dtype, grad_dtype: torch.dtype = torch.float32):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -59,13 +61,48 @@ def init_distributed(device: Device, timeout_s: float = 1800.0) -> ParallelDims:
         if device.type == "cuda":
             kwargs["device_id"] = device.torch
         if "RANK" in os.environ:
-            dist.init_process_group(**kwargs)
+            store, rank, world = next(dist.rendezvous("env://", timeout=kwargs["timeout"]))
+            dist.init_process_group(store=attempt_store(store, rank, world, timeout_s), rank=rank, world_size=world,
+                                    **kwargs)
         else:  # a plain `python` process: a one-rank group keeps one code path
             dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
     world = dist.get_world_size()
     rank = dist.get_rank()
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
     return ParallelDims(world, rank, local_rank, local_world, mesh)
+
+
+def attempt_store(store: dist.Store, rank: int, world: int, timeout_s: float) -> dist.Store:
+    """The part of the launcher's key-value store that belongs to this launch attempt.
+
+    torchrun's elastic agent keeps its store across worker restarts, so restarted workers would
+    read the dead workers' gloo addresses and wait for them until the timeout. Rank 0 names the
+    attempt with a fresh nonce and hands it to each rank under a key that rank just made up,
+    which no earlier attempt can have written.
+    """
+    prefix = "torchacco/attempt/"
+    if rank != 0:
+        mine = uuid.uuid4().hex
+        store.set(f"{prefix}join/{rank}", mine)
+        attempt = store.get(f"{prefix}name-for/{mine}").decode()  # waits up to the store's timeout
+        store.set(f"{prefix}{attempt}/ready/{rank}", "1")
+    else:
+        attempt = uuid.uuid4().hex
+        deadline = time.monotonic() + timeout_s
+        for peer in range(1, world):
+            while True:
+                # A join key left by a dead attempt gets a name nobody reads; wait and look again.
+                joined = store.get(f"{prefix}join/{peer}").decode()
+                store.set(f"{prefix}name-for/{joined}", attempt)
+                polls = 0
+                while not store.check([f"{prefix}{attempt}/ready/{peer}"]) and polls < 100:
+                    time.sleep(0.01)
+                    polls += 1
+                if polls < 100:
+                    break
+                if time.monotonic() > deadline:
+                    raise UserError(f"rank {peer} did not join within [training] collective_timeout_s = {timeout_s:g}")
+    return dist.PrefixStore(f"{prefix}{attempt}/", store)
 
 
 def check_parallelism(cfg, world_size: int) -> None:

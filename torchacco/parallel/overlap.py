@@ -24,6 +24,7 @@ import time
 import torch
 from torch.distributed.tensor import DTensor, Shard
 
+from torchacco import health
 from torchacco.config import Config
 from torchacco.device import Device, make_runner
 from torchacco.errors import UserError
@@ -40,6 +41,7 @@ class Overlapped(ZeRO1):
     """ZeRO-1's buffers and job, run on a communication runner one round behind."""
 
     resume_needs_same_ranks = True  # checkpoints hold each rank's accumulator
+    sync_phase = "wait for the communication job"
 
     def __init__(self, model, cfg: Config, dims: ParallelDims, accumulation: int, schedule: TokenSchedule,
                  param_dtype: torch.dtype, device: Device):
@@ -77,10 +79,14 @@ class Overlapped(ZeRO1):
             commit_lr = lr_for
             lr_for = lambda consumed: commit_lr(2 * consumed)  # noqa: E731
 
+        heartbeat = health.current()
+
         def job() -> UpdateResult:
+            heartbeat.comm_phase(f"communication job ({kind}: reduce-scatter, optimizer, all-gather)")
             start = time.perf_counter()
             result = reduce_update_gather(flat, opt, comm, local, lr_for, kind, out=comm, max_norm=self.max_norm)
             result.seconds = time.perf_counter() - start
+            heartbeat.comm_phase("")
             return result
 
         self.runner.launch(job)

@@ -40,6 +40,8 @@ class UpdateResult:
     seconds: float = 0.0  # wall time of the job
     exposed_s: float = 0.0  # time the compute side waited for jobs since the previous commit
     drift: float | None = None  # ‖θ̃ − θ‖ / ‖θ‖ (ACCO, every few commits)
+    skipped: bool = False  # a non-finite loss or gradient: θ (and the optimizer state) left as it was
+    nonfinite_ranks: list[int] = field(default_factory=list)  # ranks whose own loss was non-finite
 
 
 def reduce_update_gather(
@@ -65,11 +67,19 @@ def reduce_update_gather(
     all_gather(stats, mine, group=group)
     stats = stats.view(flat.world, 5).cpu()
     sq_norm, tokens, loss_sum, _, consumed = stats.sum(0).tolist()
+    micro_batches = [int(n) for n in stats[:, 3].tolist()]
+    if not (math.isfinite(sq_norm) and math.isfinite(loss_sum)):
+        # Every rank sees the same gathered numbers, so every rank skips together. The
+        # optimizer state is untouched: θ̃ = θ for an estimate, θ stays for a commit.
+        all_gather(out, opt.state.master.to(out.dtype), group=group)
+        bad = [r for r, v in enumerate(stats[:, 2].tolist()) if not math.isfinite(v)]
+        return UpdateResult(tokens, loss_sum / max(tokens, 1.0), math.sqrt(sq_norm) / max(tokens, 1.0),
+                            lr_for(consumed), kind != ESTIMATE, micro_batches, consumed=consumed, skipped=True,
+                            nonfinite_ranks=bad)
     if tokens <= 0:
         if kind == ESTIMATE:  # a half with every label masked: no information, θ̃ = θ
             all_gather(out, opt.state.master.to(out.dtype), group=group)
-            return UpdateResult(0.0, 0.0, 0.0, lr_for(consumed), False, [int(n) for n in stats[:, 3].tolist()],
-                                consumed=consumed)
+            return UpdateResult(0.0, 0.0, 0.0, lr_for(consumed), False, micro_batches, consumed=consumed)
         raise UserError("an update has no token in the loss on any rank (every label masked); raise "
                         "[training] local_batch_size or global_batch_size, or check the data's masking")
     grad.div_(tokens)
@@ -87,5 +97,4 @@ def reduce_update_gather(
         opt.step(grad, lr)
         opt.peek(grad, lr, out=send)
     all_gather(out, send, group=group)
-    return UpdateResult(tokens, loss_sum / tokens, grad_norm, lr, kind != ESTIMATE,
-                        [int(n) for n in stats[:, 3].tolist()], consumed=consumed)
+    return UpdateResult(tokens, loss_sum / tokens, grad_norm, lr, kind != ESTIMATE, micro_batches, consumed=consumed)
