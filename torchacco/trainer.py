@@ -385,11 +385,12 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
         state.step += 1
         state.tokens += result.consumed
         step, tokens_seen = state.step, state.tokens
-        _count_nonfinite(t, state, result)
+        stop_for_nonfinite = _count_nonfinite(t, state, result)
 
 
         done = bool(step == t.steps or (t.max_tokens and tokens_seen >= t.max_tokens))
         evaluate_now = cfg.eval.every and (step % cfg.eval.every == 0 or done)
+        evaluate_now = evaluate_now and not stop_for_nonfinite
         if step % cfg.metrics.log_every == 0 or step == 1 or done or evaluate_now or result.skipped:
             record = {"step": step, "tokens": int(tokens_seen), "loss": result.loss, "lr": result.lr,
                       **throughput.since_last(tokens_seen, result)}
@@ -403,6 +404,8 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
             log.log(record)
             summary.update(record)
             throughput.restart(tokens_seen)  # evaluation, logging and checkpoints are not training time
+        if stop_for_nonfinite:
+            raise UserError(stop_for_nonfinite)  # after logging the step, before checkpointing it
         if checkpointer is not None and (done or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0)):
             heartbeat.enter(f"checkpoint save (step {step})")
             checkpointer.save(step, checkpoint_state(dp, state, train_loader, dims))
@@ -413,25 +416,27 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
     return summary
 
 
-def _count_nonfinite(t, state: TrainState, result) -> None:
-    """Apply [training] on_nonfinite to an update whose loss or gradient was NaN/Inf. The job
-    already left θ as it was; every rank decides alike (the numbers were gathered)."""
+def _count_nonfinite(t, state: TrainState, result) -> str | None:
+    """Apply [training] on_nonfinite to an update whose loss or gradient was NaN/Inf: the reason
+    to stop, if any. The job already left θ as it was; every rank decides alike (the numbers
+    were gathered)."""
     if not result.skipped:
         state.skips_in_a_row = 0
-        return
+        return None
     state.skipped += 1
     state.skips_in_a_row += 1
     source = (f"the loss of rank(s) {', '.join(map(str, result.nonfinite_ranks))}" if result.nonfinite_ranks
               else "the gradients")
     advice = "lower [optimizer] lr, raise [lr_schedule] warmup_steps, or check the data"
     if t.on_nonfinite == "abort":
-        raise UserError(f"non-finite loss or gradient at step {state.step} (from {source}; loss {result.loss}, gradient "
-                        f"norm {result.grad_norm}); the update was not applied. {advice}, or set [training] "
-                        "on_nonfinite = 'skip' to skip such updates")
+        return (f"non-finite loss or gradient at step {state.step} (from {source}; loss {result.loss}, gradient "
+                f"norm {result.grad_norm}); the update was not applied. {advice}, or set [training] "
+                "on_nonfinite = 'skip' to skip such updates")
     if state.skips_in_a_row >= t.max_skips_in_a_row:
-        raise UserError(f"{state.skips_in_a_row} updates in a row had a non-finite loss or gradient (steps "
-                        f"{state.step - state.skips_in_a_row + 1}-{state.step}, last from {source}); stopping "
-                        f"([training] max_skips_in_a_row = {t.max_skips_in_a_row}). {advice}")
+        return (f"{state.skips_in_a_row} updates in a row had a non-finite loss or gradient (steps "
+                f"{state.step - state.skips_in_a_row + 1}-{state.step}, last from {source}); stopping "
+                f"([training] max_skips_in_a_row = {t.max_skips_in_a_row}). {advice}")
+    return None
 
 
 def compute_period(dp, batches, device: Device, autocast, times: dict,
