@@ -95,3 +95,62 @@ def test_skip_policy_aborts_after_k_skips_in_a_row(tiny_corpus, cache_dir, tmp_p
     errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
     assert len(errors) == 1 and "2 updates in a row had a non-finite loss or gradient (steps 2-3" in errors[0], errors
     assert [r.get("skipped") for r in read_metrics(tmp_path / "out")] == [None, True, True]
+
+
+def _errors(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
+
+
+def test_a_folder_holding_another_run_is_refused_unless_told(tiny_corpus, cache_dir, tmp_path):
+    out = tmp_path / "out"
+    base = ["--training.steps", "2", "--eval.every", "0", "--checkpoint.enable", "true"]
+    assert run_train(tiny_args(tiny_corpus, cache_dir, out, *base), nproc=1).returncode == 0
+    other = run_train(tiny_args(tiny_corpus, cache_dir, out, *base, "--optimizer.lr", "5e-3"), nproc=1)
+    assert other.returncode == 1 and "Traceback" not in other.stderr
+    assert len(_errors(other)) == 1 and "holds a different run (differs in optimizer.lr)" in _errors(other)[0]
+    assert "--job.overwrite true" in _errors(other)[0]
+
+    replaced = run_train(tiny_args(tiny_corpus, cache_dir, out, *base, "--optimizer.lr", "5e-3",
+                                   "--job.overwrite", "true"), nproc=1)
+    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    assert "resumed" not in replaced.stdout  # the other run's checkpoints were removed, not resumed from
+    assert 'lr = 0.005' in (out / "config.toml").read_text()
+
+    stranger = tmp_path / "notes"
+    stranger.mkdir()
+    (stranger / "thesis.tex").write_text("precious")
+    proc = run_train(tiny_args(tiny_corpus, cache_dir, stranger, *base), nproc=1)
+    assert proc.returncode == 1 and "holds no torchacco run" in _errors(proc)[0]
+    assert (stranger / "thesis.tex").read_text() == "precious"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode:
+        pytest.skip(f"needs root to mount a small tmpfs: {made.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)])
+
+
+def test_a_full_disk_is_a_clear_error_before_training_or_at_the_checkpoint(tiny_corpus, cache_dir, small_disk):
+    # The debug model (0.5M params) needs ~8 MB per checkpoint by the pre-check's estimate.
+    tiny = tiny_args(tiny_corpus, cache_dir, small_disk / "wide", "--checkpoint.enable", "true", "--eval.every", "0",
+                     "--model.flavor", "tiny", "--training.steps", "2")
+    proc = run_train(tiny, nproc=1)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "GiB free but a checkpoint of this" in _errors(proc)[0] and "metrics.jsonl" not in str(
+        list((small_disk / "wide").iterdir()))
+
+    # The pre-check passes (10 MB free) but the second checkpoint does not fit beside the first.
+    proc = run_train(tiny_args(tiny_corpus, cache_dir, small_disk / "run", "--checkpoint.enable", "true",
+                               "--checkpoint.every", "2", "--checkpoint.keep", "1", "--eval.every", "0",
+                               "--parallelism.data_parallel", "zero1"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    errors = _errors(proc)
+    assert len(errors) == 1 and "could not write checkpoint" in errors[0] and " MiB free on its disk" in errors[0]
+    assert "step-00000002 is intact" in errors[0]

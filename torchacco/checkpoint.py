@@ -13,6 +13,7 @@ removes. The folder must be shared by all nodes (a network filesystem on cluster
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 from datetime import timedelta
@@ -106,23 +107,42 @@ class Checkpointer:
         self.wait()
         final = self.folder / f"step-{step:08d}"
         tmp = final.with_name(final.name + ".tmp")
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        dist.barrier(group=self.group)
-        if self.async_save:
-            self.in_flight = (dcp.async_save(_snapshot(state), checkpoint_id=tmp, process_group=self.group), tmp, final)
-        else:
-            dcp.save(state, checkpoint_id=tmp, process_group=self.group)
-            self._publish(tmp, final)
+        with self._write_errors(final):
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            dist.barrier(group=self.group)
+            if self.async_save:
+                self.in_flight = (dcp.async_save(_snapshot(state), checkpoint_id=tmp, process_group=self.group), tmp,
+                                  final)
+            else:
+                dcp.save(state, checkpoint_id=tmp, process_group=self.group)
+                self._publish(tmp, final)
 
     def wait(self) -> None:
         """Finish an asynchronous save, if one is in flight."""
         if self.in_flight is not None:
             future, tmp, final = self.in_flight
             self.in_flight = None
-            future.result()
+            with self._write_errors(final):
+                future.result()
             self._publish(tmp, final)
+
+    @contextlib.contextmanager
+    def _write_errors(self, final: Path):
+        """A failed write (disk full, permissions) is one clear line; the earlier checkpoints stay intact."""
+        try:
+            yield
+        except (OSError, CheckpointException) as e:
+            causes = [f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values()] or [e]
+            reason = next((c.strerror for c in causes if isinstance(c, OSError) and c.strerror), None)
+            reason = reason or str(causes[0]).strip().splitlines()[-1][:160]
+            free = shutil.disk_usage(self.folder).free / 2**20 if self.folder.exists() else 0.0
+            reason += f"; {free:.0f} MiB free on its disk"
+            done = [p.name for _, p in step_dirs(self.folder)]
+            kept = f"the earlier checkpoint {done[-1]} is intact" if done else "no earlier checkpoint exists"
+            raise UserError(f"could not write checkpoint {final} ({reason}); {kept}. Free some space or fix the "
+                            "folder's permissions, then run again to resume") from None
 
     def _publish(self, tmp: Path, final: Path) -> None:
         dist.barrier(group=self.group)  # every rank has written its part

@@ -30,7 +30,7 @@ class Job:
     name: str = "run"
     dump_folder: str = "outputs/run"  # every output of the run goes here
     description: str = ""
-    overwrite: bool = True  # reuse an existing dump folder
+    overwrite: bool = False  # replace a different run's outputs in dump_folder (the same run always resumes)
 
 
 @dataclass

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torchacco import health, hf_io
+from torchacco import health, hf_io, run_folder
 from torchacco.checkpoint import Checkpointer, RankState, TrainState
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
@@ -201,18 +201,8 @@ def _overlap_metrics(result) -> dict:
 
 def prepare_dump_folder(cfg: Config, dims: ParallelDims) -> Path:
     folder = Path(cfg.job.dump_folder)
-    _main_first(dims, lambda: _make_dump_folder(cfg, folder), on=dims.is_main)
+    _main_first(dims, lambda: run_folder.prepare(cfg, folder), on=dims.is_main)
     return folder
-
-
-def _make_dump_folder(cfg: Config, folder: Path) -> None:
-    if folder.exists() and any(folder.iterdir()) and not cfg.job.overwrite:
-        raise UserError(f"dump folder {folder} is not empty; pass --job.overwrite true or another --job.dump_folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.toml").write_text(cfg.to_toml())
-    except OSError as e:
-        raise UserError(f"cannot write to dump folder {folder}: {e.strerror}; choose another --job.dump_folder") from None
 
 
 def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = None) -> dict:
@@ -287,6 +277,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         for block in model.layers:
             block.compile()
     n_params = sum(p.numel() for p in model.parameters())
+    _main_first(dims, lambda: run_folder.check_space(folder, n_params, cfg.checkpoint.enable), on=dims.is_main)
     flops_per_token = model.args.flops_per_token(t.seq_len) if hasattr(model, "args") else 6 * n_params
 
     global_batch = t.global_batch_size or t.local_batch_size * dims.dp_size

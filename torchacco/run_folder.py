@@ -1,0 +1,86 @@
+"""The dump folder: one run's outputs, never mixed with another run's.
+
+A folder holding a run (its `config.toml`) is reused only by the same run — the same config
+but for the keys listed in `MAY_CHANGE`, which do not change what is trained (so a run can be
+resumed with more steps, another eval cadence or a longer timeout). Anything else would resume
+another run's checkpoints as if they were this one's; `--job.overwrite true` removes the old
+run's outputs first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from torchacco.config import Config, config_from_dict, tomllib
+from torchacco.errors import UserError
+
+MAY_CHANGE = {"job.description", "job.overwrite", "job.dump_folder", "training.steps", "training.collective_timeout_s",
+              "training.num_threads", "training.on_nonfinite", "training.max_skips_in_a_row", "data.cache_dir",
+              "training.device"}
+MAY_CHANGE_SECTIONS = {"metrics", "eval", "checkpoint"}
+OUTPUTS = ("config.toml", "metrics.jsonl", "tb", "hf")  # and the checkpoint folder
+BYTES_PER_PARAM = 16  # a checkpoint: fp32 weights or master, AdamW's two moments, an accumulator or slack
+
+
+def _flat(cfg: Config) -> dict[str, object]:
+    return {f"{section}.{key}": value for section, values in dataclasses.asdict(cfg).items()
+            for key, value in values.items()}
+
+
+def differences(old: Config, new: Config) -> list[str]:
+    """The keys that make `new` a different run from `old`."""
+    a, b = _flat(old), _flat(new)
+    return [k for k in a if a[k] != b[k] and k not in MAY_CHANGE and k.split(".")[0] not in MAY_CHANGE_SECTIONS]
+
+
+def prepare(cfg: Config, folder: Path) -> None:
+    """Check and create `folder` for `cfg` (rank 0, before any other rank writes there)."""
+    recorded = folder / "config.toml"
+    if folder.is_file():
+        raise UserError(f"--job.dump_folder {folder} is a file; choose a folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not recorded.is_file():
+            if not cfg.job.overwrite:
+                raise UserError(f"dump folder {folder} is not empty and holds no torchacco run; choose another "
+                                "--job.dump_folder (or pass --job.overwrite true to write into it anyway)")
+        else:
+            try:
+                old = config_from_dict(tomllib.loads(recorded.read_text()), str(recorded))
+            except (UserError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+                old = None
+            changed = differences(old, cfg) if old is not None else ["config.toml (unreadable)"]
+            if changed and not cfg.job.overwrite:
+                shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+                raise UserError(f"dump folder {folder} holds a different run (differs in {shown}); resuming it would "
+                                "mix the two. Choose another --job.dump_folder, or pass --job.overwrite true to "
+                                "delete that run's outputs")
+            if changed:
+                _remove_outputs(folder, old.checkpoint.folder if old is not None else cfg.checkpoint.folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        recorded.write_text(cfg.to_toml())
+    except OSError as e:
+        raise UserError(f"cannot write to dump folder {folder}: {e.strerror}; choose another --job.dump_folder") from None
+
+
+def _remove_outputs(folder: Path, checkpoint_folder: str) -> None:
+    for name in (*OUTPUTS, checkpoint_folder):
+        path = folder / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def check_space(folder: Path, n_params: int, checkpoints: bool) -> None:
+    """Fail before training, not at the first checkpoint, when the disk cannot hold one."""
+    if not checkpoints:
+        return
+    need = BYTES_PER_PARAM * n_params
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise UserError(f"dump folder {folder} has {free / 2**30:.2f} GiB free but a checkpoint of this "
+                        f"{n_params / 1e6:.1f}M-parameter model needs about {need / 2**30:.2f} GiB; free some space, "
+                        "choose another --job.dump_folder, or set [checkpoint] enable = false")
