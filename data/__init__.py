@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from data import corpus, sources
 from data.dataset import PackedDataset, build_loader, pieces, read_split, token_dtype, write_split
 from data.tokenizer import Tokenizer, train_bpe
@@ -46,10 +48,15 @@ def prepare(data_cfg, tok_cfg, seq_len: int) -> None:
     identity = _identity(data_cfg)
     tok_path = _tokenizer_path(data_cfg, tok_cfg, identity)
     if tok_path.is_file() or tok_cfg.path:
-        folder = _tokens_folder(data_cfg, Tokenizer(tok_path), identity)
-        if (folder / "meta.json").is_file():
-            _check_enough(json.loads((folder / "meta.json").read_text())["train"]["tokens"], seq_len, 1)
-            return
+        tok = Tokenizer(tok_path)
+        folder = _tokens_folder(data_cfg, tok, identity)
+        if folder.exists():
+            problem = cache_problem(folder, tok.vocab_size)
+            if problem is None:
+                _check_enough(json.loads((folder / "meta.json").read_text())["train"]["tokens"], seq_len, 1)
+                return
+            log.warning("data: the token cache %s is damaged (%s); rebuilding it", folder, problem)
+            shutil.rmtree(folder)
     train_docs, val_docs = _documents(data_cfg)
     if not tok_path.is_file():
         log.info("data: training a %d-token byte-level BPE on %d documents", tok_cfg.vocab_size, len(train_docs))
@@ -91,6 +98,10 @@ def build_datasets(data_cfg, tok_cfg, seq_len: int, dp_rank: int, dp_world: int,
     folder = _tokens_folder(data_cfg, tok, identity)
     if not (folder / "meta.json").is_file():
         raise UserError(f"no token cache at {folder}; run data.prepare() first (local rank 0 does it)")
+    problem = cache_problem(folder, tok.vocab_size)
+    if problem:  # damaged after prepare() checked it
+        raise UserError(f"the token cache {folder} is damaged ({problem}); delete that folder and run again "
+                        "(it is rebuilt from the data)")
     meta = json.loads((folder / "meta.json").read_text())
     train, val = (PackedDataset(*read_split(folder, split, meta[split], tok.vocab_size), seq_len,
                                 dp_rank, dp_world, seed, train=split == "train") for split in ("train", "val"))
@@ -103,6 +114,25 @@ def build_datasets(data_cfg, tok_cfg, seq_len: int, dp_rank: int, dp_world: int,
 
 def build_dataloader(dataset: PackedDataset, batch_size: int):
     return build_loader(dataset, batch_size)
+
+
+def cache_problem(folder: Path, vocab_size: int) -> str | None:
+    """What is wrong with a token cache entry (truncated or missing files, unreadable meta.json), or None."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        itemsize = np.dtype(token_dtype(vocab_size)).itemsize
+        for split in ("train", "val"):
+            info = meta[split]
+            expected = {f"{split}.bin": info["tokens"] * itemsize}
+            if info["masked"]:
+                expected[f"{split}.mask"] = info["tokens"]
+            for name, size in expected.items():
+                found = (folder / name).stat().st_size if (folder / name).is_file() else None
+                if size and found != size:
+                    return f"{name} has {found or 0} bytes, expected {size}"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"meta.json: {type(e).__name__}: {e}"
+    return None
 
 
 def _check_enough(tokens: int, seq_len: int, dp_world: int) -> None:

@@ -2,7 +2,9 @@
 
 A document is a string, or a (prompt, response) pair for instruction data, whose prompt
 tokens are left out of the loss. Text that is not valid UTF-8 is decoded with undecodable
-bytes replaced by U+FFFD; the files affected are counted and logged, not rejected.
+bytes replaced by U+FFFD; the files affected are counted and logged, not rejected. Empty
+documents are skipped and counted in the log. Malformed records (bad JSON, missing fields)
+are errors naming the file and line: silently dropping them would train on less than asked.
 """
 
 from __future__ import annotations
@@ -62,7 +64,10 @@ def read_documents(path: Path, fmt: str, text_field: str) -> list[Doc]:
     if not_utf8:
         log.warning("data: %d file(s) are not valid UTF-8 (first: %s); undecodable bytes were replaced by U+FFFD",
                     len(not_utf8), not_utf8[0])
-    docs = [d for d in docs if not isinstance(d, str) or d.strip()]
+    kept = [d for d in docs if not isinstance(d, str) or d.strip()]
+    if len(kept) < len(docs):
+        log.info("data: skipped %d empty document(s) in %s", len(docs) - len(kept), path)
+    docs = kept
     if not docs:
         raise UserError(f"no documents in {path}: its files hold no text; add data or fix data.dataset")
     return docs

@@ -249,9 +249,11 @@ def load_toml(path: str | Path) -> dict:
     if not path.is_file():
         raise UserError(f"config file not found: {path} (pass --config train_configs/<name>.toml)")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: TOML syntax error: {e}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not a UTF-8 text file (byte {e.start}); a config is a TOML text file") from None
 
 
 def parse_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str, str]]]:
