@@ -4,6 +4,7 @@
 # Environment:
 #   NGPU / NPROC     processes on this node (default: all GPUs with CUDA, else 2 CPU processes)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node rendezvous (torchrun c10d)
+#   RDZV_TIMEOUT     seconds to wait for every node to join (default 600)
 #   MAX_RESTARTS     restart the workers this many times after a failure; each restart resumes
 #                    from the latest checkpoint (default 0)
 #   PYTHON           the interpreter to use (default: python3, or the project's .venv once made)
@@ -37,7 +38,8 @@ WORLD_SIZE=$((NNODES * NPROC)) LOCAL_WORLD_SIZE="$NPROC" "$PY" -m torchacco.vali
 if [ "$NNODES" -gt 1 ]; then
   : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 for a multi-node run}"
   RDZV=(--nnodes "$NNODES" --node_rank "${NODE_RANK:-0}" --rdzv_backend c10d
-        --rdzv_endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv_id "${RDZV_ID:-torchacco}")
+        --rdzv_endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv_id "${RDZV_ID:-torchacco}"
+        --rdzv_conf "join_timeout=${RDZV_TIMEOUT:-600}")
 else
   RDZV=(--standalone --nnodes 1)
 fi

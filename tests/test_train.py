@@ -114,3 +114,25 @@ def test_multi_node_launch_through_c10d_rendezvous(tiny_corpus, cache_dir, tmp_p
         assert node.returncode == 0, err[-3000:]
     assert "acco × 2" in outputs[0][0]  # one data-parallel group over both nodes
     assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 7))
+
+
+def test_a_node_that_never_joins_fails_the_rendezvous_with_one_line(tiny_corpus, cache_dir, tmp_path):
+    import os
+    import socket
+    import subprocess
+    import time
+
+    from conftest import ROOT
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "NNODES": "2", "NODE_RANK": "0", "NPROC": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "RDZV_ID": f"lonely-{port}", "RDZV_TIMEOUT": "5", "PYTHON": sys.executable}
+    start = time.monotonic()
+    proc = subprocess.run([str(ROOT / "run_train.sh"), *tiny_args(tiny_corpus, cache_dir, tmp_path)], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and time.monotonic() - start < 60
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
+    assert len(errors) == 1 and "did not all join the rendezvous" in errors[0] and "RDZV_TIMEOUT" in errors[0]

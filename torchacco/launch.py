@@ -1,11 +1,23 @@
-"""torchrun, minus its traceback when a worker fails: the worker already printed why."""
+"""torchrun, minus its tracebacks: a failed worker already printed why, and a rendezvous that
+times out gets one line saying what to check."""
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.run import main as torchrun
+
+
+def describe(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
 
 
 def main() -> int:
@@ -14,8 +26,14 @@ def main() -> int:
     except ChildFailedError as e:
         failures = e.failures
         rank, failure = min(failures.items())
-        print(f"torchacco: {len(failures)} worker(s) failed (first: rank {rank}, exit code {failure.exitcode}); "
+        print(f"torchacco: {len(failures)} worker(s) failed (first: rank {rank}, {describe(failure.exitcode)}); "
               "see the messages above", file=sys.stderr)
+        return 1
+    except RendezvousError as e:
+        print(f"torchacco: error: the nodes did not all join the rendezvous ({type(e).__name__}: "
+              f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else 'no detail'}); check that NNODES nodes "
+              "were started with the same MASTER_ADDR, MASTER_PORT and RDZV_ID, that node 0 is reachable on "
+              "MASTER_PORT, and RDZV_TIMEOUT", file=sys.stderr)
         return 1
     return 0
 
