@@ -16,9 +16,10 @@ from pathlib import Path
 from torchacco.config import Config, config_from_dict, tomllib
 from torchacco.errors import UserError
 
-MAY_CHANGE = {"job.description", "job.overwrite", "job.dump_folder", "training.steps", "training.collective_timeout_s",
-              "training.num_threads", "training.on_nonfinite", "training.max_skips_in_a_row", "data.cache_dir",
-              "training.device"}
+MAY_CHANGE = {"job.description", "job.overwrite", "job.dump_folder", "training.steps", "training.max_tokens",
+              "training.local_batch_size", "training.global_batch_size",  # e.g. on resuming with fewer ranks
+              "training.collective_timeout_s", "training.num_threads", "training.on_nonfinite",
+              "training.max_skips_in_a_row", "training.device", "data.cache_dir"}
 MAY_CHANGE_SECTIONS = {"metrics", "eval", "checkpoint"}
 OUTPUTS = ("config.toml", "metrics.jsonl", "tb", "hf")  # and the checkpoint folder
 BYTES_PER_PARAM = 16  # a checkpoint: fp32 weights or master, AdamW's two moments, an accumulator or slack
