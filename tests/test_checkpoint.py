@@ -115,7 +115,7 @@ def test_keeps_the_last_k_and_ignores_unfinished_saves(tiny_corpus, cache_dir, t
     out = tmp_path / "run"
     (out / "checkpoint" / "step-00000099.tmp").mkdir(parents=True)  # a save that crashed
     proc = run_train(args(tiny_corpus, cache_dir, out, "zero1", 5, "--checkpoint.every", "1",
-                          "--checkpoint.keep", "2"))
+                          "--checkpoint.keep", "2", "--job.overwrite", "true"))  # the folder holds no config.toml
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = sorted(p.name for p in (out / "checkpoint").iterdir())
     assert names == ["step-00000004", "step-00000005"]  # the crashed .tmp was not resumed from, and is gone
@@ -125,7 +125,9 @@ def test_keeps_the_last_k_and_ignores_unfinished_saves(tiny_corpus, cache_dir, t
 def test_resuming_another_models_checkpoint_is_one_clear_error(tiny_corpus, cache_dir, tmp_path):
     out = tmp_path / "run"
     assert run_train(args(tiny_corpus, cache_dir, out, "zero1", 2)).returncode == 0
-    proc = run_train(args(tiny_corpus, cache_dir, out, "zero1", 4, "--model.flavor", "tiny"))
+    # (Into the same folder, the dump-folder check refuses first: test_reliability.py.)
+    proc = run_train(args(tiny_corpus, cache_dir, tmp_path / "other", "zero1", 4, "--model.flavor", "tiny",
+                          "--checkpoint.load_path", str(out / "checkpoint" / "step-00000002")))
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
     assert len(errors) == 1 and "does not match this run's model" in errors[0], proc.stderr[-2000:]
