@@ -29,6 +29,7 @@ from torchacco.metrics import MetricsLogger
 from torchacco.parallel.data_parallel import build_data_parallel
 from torchacco.parallel.dims import (ParallelDims, all_reduce_sum, check_parallelism, destroy, init_distributed,
                                      launch_env)
+from torchacco.parallel.model_parallel import apply_model_parallel, check_model_parallel, model_parallel_label
 from torchacco.spec import get_model_spec
 
 IGNORE_INDEX = -100
@@ -37,7 +38,7 @@ IGNORE_INDEX = -100
 def validate(cfg: Config, world_size: int) -> None:
     """Checks that need no data and no process group, so mistakes surface before launch."""
     t = cfg.training
-    check_parallelism(cfg, world_size)
+    dp_size = check_parallelism(cfg, world_size)
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
     if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
@@ -46,16 +47,17 @@ def validate(cfg: Config, world_size: int) -> None:
     for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s"):
         if getattr(t, key) <= 0:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
-    per_step = t.local_batch_size * world_size
+    per_step = t.local_batch_size * dp_size
     if t.global_batch_size and t.global_batch_size % per_step:
         raise UserError(
             f"[training] global_batch_size = {t.global_batch_size} is not divisible by local_batch_size × "
-            f"data-parallel ranks = {t.local_batch_size} × {world_size} = {per_step}; "
+            f"data-parallel ranks = {t.local_batch_size} × {dp_size} = {per_step}; "
             f"use a multiple of {per_step}"
         )
     if cfg.parallelism.data_parallel in ("acco", "dpu", "wp"):
-        _validate_overlapped(cfg, world_size)
+        _validate_overlapped(cfg, dp_size)
     args = model_args(cfg)
+    check_model_parallel(cfg, args)
     if t.seq_len > args.max_seq_len:
         raise UserError(
             f"[training] seq_len = {t.seq_len} exceeds the model's {args.max_seq_len} positions "
@@ -223,7 +225,8 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     if device.type == "cpu":
         set_cpu_threads(cfg.training.num_threads, local_world)
     own_group = not dist.is_initialized()
-    dims = init_distributed(device, cfg.training.collective_timeout_s)
+    dims = init_distributed(device, cfg.training.collective_timeout_s, cfg.parallelism.tensor_parallel_degree,
+                            cfg.parallelism.pipeline_parallel_degree)
     clean = False
     try:
         summary = _train(cfg, dims, device, model, datasets)
@@ -269,11 +272,12 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         )
     if model is None:
         model = build_model(cfg, vocab, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    model, pipeline = apply_model_parallel(model, cfg, dims, device)  # tp/pp: this rank's part of the model
     dtype = compute_dtype(t.mixed_precision, device)
     if cfg.model.compile:
         for block in model.layers:
             block.compile()
-    n_params = sum(p.numel() for p in model.parameters())
     flops_per_token = model.args.flops_per_token(t.seq_len) if hasattr(model, "args") else 6 * n_params
 
     global_batch = t.global_batch_size or t.local_batch_size * dims.dp_size
@@ -298,7 +302,8 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         log.info(f"torchacco: {resumed}")
     log.info(
         f"torchacco: {cfg.model.name}/{cfg.model.flavor} {n_params / 1e6:.2f}M params | "
-        f"{cfg.parallelism.data_parallel} × {dims.dp_size} on {device.name} | {str(dtype).removeprefix('torch.')} | "
+        f"{cfg.parallelism.data_parallel} × {dims.dp_size}{model_parallel_label(dims, dp.model)} on {device.name} | "
+        f"{str(dtype).removeprefix('torch.')} | "
         f"batch {global_batch} × {t.seq_len} (accumulation {accumulation}) | {t.steps} steps | {folder}"
     )
 

@@ -147,7 +147,8 @@ class ZeRO1:
         self.consumed = 0.0
         self.max_norm = cfg.training.max_norm
         self.dims = dims
-        self.flat = FlatParams(model, dims.dp_group, dtype=param_dtype, grad_dtype=grad_dtype)
+        self.flat = FlatParams(model, dims.dp_group, dtype=param_dtype, grad_dtype=grad_dtype, tp=dims.tp_size,
+                               mp_group=dims.mp_group, owns_loss=dims.tp_rank == 0)
         self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, cfg.optimizer)
 
     def micro_batches(self):
@@ -208,8 +209,7 @@ class ZeRO1:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         flat = torch.empty(self.flat.padded_numel, dtype=torch.float32, device=self.flat.params_buffer.device)
         all_gather(flat, self.optimizer.state.master, group=self.flat.group)
-        return {name: flat[o:o + p.numel()].view_as(p).cpu().clone()
-                for name, p, o in zip(self.flat.names, self.flat.params, self.flat.offsets)}
+        return {name: t.cpu().clone() for name, t in self.flat.full_params(flat).items()}
 
 
 def build_data_parallel(model: nn.Module, cfg: Config, dims: ParallelDims, accumulation: int,
