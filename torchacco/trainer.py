@@ -172,7 +172,7 @@ def token_loss_sum(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.T
     return loss, (labels != IGNORE_INDEX).sum()
 
 
-def evaluate(model: nn.Module, loader, batches: int, device: Device, dims: ParallelDims) -> float:
+def evaluate(model: nn.Module, loader, batches: int, device: Device, dims: ParallelDims, pipeline=None) -> float:
     was_training = model.training
     model.eval()
     loss_sum, count = torch.zeros((), dtype=torch.float64, device=device.torch), 0
@@ -181,11 +181,15 @@ def evaluate(model: nn.Module, loader, batches: int, device: Device, dims: Paral
             if i >= batches:
                 break
             batch = {k: v.to(device.torch, non_blocking=True) for k, v in batch.items()}
-            loss, n = token_loss_sum(model, batch)
+            loss, n = pipeline.evaluate(batch) if pipeline else token_loss_sum(model, batch)
             loss_sum += loss.double()
             count += n.item()
     model.train(was_training)
-    total, tokens = all_reduce_sum([loss_sum.item(), float(count)], device.torch, dims.dp_group)
+    if dims.tp_size * dims.pp_size == 1:
+        total, tokens = all_reduce_sum([loss_sum.item(), float(count)], device.torch, dims.dp_group)
+    else:  # one rank per (pp, tp) block holds the loss: the last stage's first tp rank
+        owner = dims.tp_rank == 0 and dims.pp_rank == dims.pp_size - 1
+        total, tokens = all_reduce_sum([loss_sum.item() * owner, float(count) * owner], device.torch)
     return total / max(tokens, 1.0)
 
 
@@ -309,7 +313,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
 
     try:
         summary = _loop(cfg, dims, device, dp, state, train_loader, val_loader, log,
-                        Throughput(flops_per_token, dims.dp_size, device, dtype), autocast, checkpointer)
+                        Throughput(flops_per_token, dims.dp_size, device, dtype), autocast, checkpointer, pipeline)
         if cfg.checkpoint.export_hf:
             exported = export_hf(cfg, dp, dims, folder / "hf", tokenizer)
             if exported:
@@ -355,14 +359,15 @@ def checkpoint_state(dp, state: TrainState, loader, dims: ParallelDims, with_ran
     return {"train": state, "dp": dp, **rank_state}
 
 
-def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughput, autocast, checkpointer) -> dict:
+def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughput, autocast, checkpointer,
+          pipeline=None) -> dict:
     t = cfg.training
     batches = iter(train_loader)  # after a resume: continues where the checkpoint left off
     summary = {}
     device.reset_peak_memory()
     throughput.restart(state.tokens)
     while state.step < t.steps:
-        local = compute_period(dp, batches, device, autocast, throughput.times)
+        local = compute_period(dp, batches, device, autocast, throughput.times, pipeline)
         with throughput.timing("sync"):
             result = dp.step(*local)
         if result is None or not result.committed:
@@ -382,7 +387,7 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
                       **throughput.since_last(tokens_seen, result)}
             if evaluate_now:
                 with dp.evaluation() as eval_model:
-                    val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims)
+                    val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims, pipeline)
                 record |= {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
             log.log(record)
             summary.update(record)
@@ -396,9 +401,10 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
     return summary
 
 
-def compute_period(dp, batches, device: Device, autocast, times: dict) -> tuple[float, float, float]:
+def compute_period(dp, batches, device: Device, autocast, times: dict, pipeline=None) -> tuple[float, float, float]:
     """Forward and backward over one compute period's micro-batches. This rank's tokens in the
-    loss, loss sum, and tokens consumed (in the loss or not)."""
+    loss, loss sum, and tokens consumed (in the loss or not). With a pipeline, each micro-batch
+    is one schedule step (its loss sum is 0 except on the last stage)."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=device.torch)
     tokens = torch.zeros((), dtype=torch.int64, device=device.torch)
     consumed = 0
@@ -407,8 +413,11 @@ def compute_period(dp, batches, device: Device, autocast, times: dict) -> tuple[
         batch = {k: v.to(device.torch, non_blocking=True) for k, v in next(batches).items()}
         t1 = time.perf_counter()
         with micro_batch, torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-            loss, n = token_loss_sum(dp.model, batch)
-            loss.backward()
+            if pipeline is not None:
+                loss, n = pipeline.forward_backward(batch)
+            else:
+                loss, n = token_loss_sum(dp.model, batch)
+                loss.backward()
         loss_sum += loss.detach().double()
         tokens += n
         consumed += batch["input_ids"].numel()
