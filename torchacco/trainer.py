@@ -29,7 +29,8 @@ from torchacco.metrics import MetricsLogger
 from torchacco.parallel.data_parallel import build_data_parallel
 from torchacco.parallel.dims import (ParallelDims, all_reduce_sum, check_parallelism, destroy, init_distributed,
                                      launch_env)
-from torchacco.parallel.model_parallel import apply_model_parallel, check_model_parallel, model_parallel_label
+from torchacco.parallel.model_parallel import (apply_model_parallel, check_model_parallel, gather_stages,
+                                               model_parallel_label, state_key)
 from torchacco.spec import get_model_spec
 
 IGNORE_INDEX = -100
@@ -153,7 +154,7 @@ def build_model(cfg: Config, vocab_size: int, device: Device) -> nn.Module:
 
 def export_hf(cfg: Config, dp, dims: ParallelDims, folder: Path, tokenizer) -> Path | None:
     """θ (fp32 from the strategy's committed state) as a Hugging Face folder; rank 0 writes."""
-    weights = dp.full_state_dict()  # a collective: every rank takes part
+    weights = gather_stages(dp.full_state_dict(), dims)  # a collective: every rank takes part
     if not dims.is_main:
         return None
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.checkpoint.export_dtype]
@@ -356,7 +357,7 @@ def _resume(cfg: Config, folder: Path, dims: ParallelDims, dp, state: TrainState
 
 def checkpoint_state(dp, state: TrainState, loader, dims: ParallelDims, with_rank_state: bool = True) -> dict:
     rank_state = {f"rank{dims.rank}": RankState(loader)} if with_rank_state else {}
-    return {"train": state, "dp": dp, **rank_state}
+    return {"train": state, state_key(dp, dims): dp, **rank_state}
 
 
 def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughput, autocast, checkpointer,

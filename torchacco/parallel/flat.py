@@ -123,14 +123,6 @@ class FlatParams:
                 out[name] = flat[o:o + p.numel()].view_as(p)
         return out
 
-
-def _local(p: torch.Tensor) -> torch.Tensor:
-    return p._local_tensor if isinstance(p, DTensor) else p
-
-
-def _tp_sharded(p: torch.Tensor) -> bool:
-    return isinstance(p, DTensor) and any(not placement.is_replicate() for placement in p.placements)
-
     def shard(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's slice of a full-length flat tensor."""
         return full[self.rank * self.shard_numel:(self.rank + 1) * self.shard_numel]
@@ -138,3 +130,11 @@ def _tp_sharded(p: torch.Tensor) -> bool:
     def real_shard_numel(self) -> int:
         """Elements of this rank's slice that are parameters, not padding (possibly 0)."""
         return max(0, min(self.numel - self.rank * self.shard_numel, self.shard_numel))
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    return p._local_tensor if isinstance(p, DTensor) else p
+
+
+def _tp_sharded(p: torch.Tensor) -> bool:
+    return isinstance(p, DTensor) and any(not placement.is_replicate() for placement in p.placements)

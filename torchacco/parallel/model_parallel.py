@@ -7,6 +7,7 @@ parallel on what is kept, then the data-parallel strategy over the dp group of e
 
 from __future__ import annotations
 
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
@@ -55,3 +56,21 @@ def model_parallel_label(dims: ParallelDims, model: nn.Module) -> str:
     if dims.tp_size * dims.pp_size == 1:
         return ""
     return f" × tp {dims.tp_size} × pp {dims.pp_size} ({local_numel(model) / 1e6:.3f}M params on rank {dims.rank})"
+
+
+def state_key(dp, dims: ParallelDims) -> str:
+    """The checkpoint key of the strategy's state. The flat strategies' buffers hold one
+    (pp, tp) coordinate's local shards, sharded over dp only: one key per coordinate (so a
+    resume needs the same tp and pp degrees; dp may change). FSDP's DTensors span all dims."""
+    if dims.tp_size * dims.pp_size == 1 or not hasattr(dp, "flat"):
+        return "dp"
+    return f"dp_pp{dims.pp_rank}_tp{dims.tp_rank}"
+
+
+def gather_stages(weights: dict, dims: ParallelDims) -> dict:
+    """Every stage's full tensors on rank 0 (a collective over the pp group of dp = tp = 0)."""
+    if dims.pp_size == 1 or dims.dp_rank or dims.tp_rank:
+        return weights
+    parts = [None] * dims.pp_size if dims.is_main else None
+    dist.gather_object(weights, parts, dst=0, group=dims.pp_mesh.get_group())
+    return {k: v for part in parts for k, v in part.items()} if dims.is_main else weights
