@@ -66,9 +66,10 @@ PLANS = {"Llama3": _llama3, "GPTNeo": _gpt_neo}
 
 def divisibility(args, tp: int) -> list[tuple[str, int]]:
     """(name, size) of every dimension tensor parallelism splits tp ways."""
-    sizes = [("n_heads", args.n_heads), ("vocab_size", args.vocab_size), ("ffn hidden dim", args.hidden_dim)]
-    if hasattr(args, "kv_heads"):
+    sizes = [("n_heads", args.n_heads)]
+    if hasattr(args, "kv_heads"):  # grouped-query attention: whole kv heads per rank
         sizes.append(("n_kv_heads", args.kv_heads))
+    sizes += [("ffn hidden dim", args.hidden_dim), ("vocab_size", args.vocab_size)]
     if hasattr(args, "window_size"):  # GPT-Neo's learned positions are split too
         sizes.append(("max_seq_len", args.max_seq_len))
     return sizes
