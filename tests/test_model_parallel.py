@@ -5,55 +5,89 @@ Runs are tiny (3 steps, seq 32) and fp32; the flat strategies (zero1, acco) run 
 deterministic mode, so a model-parallel run must follow the 1-process run's losses to fp32
 round-off (the sums run in another order)."""
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import read_metrics, run_train, tiny_args
+from conftest import ROOT, read_metrics, tiny_args
 from torchacco.validate import main as validate
 
 STEPS = 3
 
 
 def _args(corpus, cache, out, kind, *extra):
+    # The schedule length comes from max_tokens, so a run stopped early (resume test) has the same lr.
     return tiny_args(corpus, cache, out, "--parallelism.data_parallel", kind, "--training.global_batch_size", "16",
                      "--training.seq_len", "32", "--training.steps", str(STEPS), "--eval.every", str(STEPS),
-                     "--eval.batches", "1", "--checkpoint.export_hf", "true", *extra)
+                     "--eval.batches", "1", "--checkpoint.export_hf", "true", "--training.max_tokens",
+                     str(STEPS * 16 * 32), *extra)
 
 
 LLAMA = ("--model.name", "llama3", "--model.flavor", "debug")
+TP2_CHECKPOINTED = ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "true")
+
+
+# name -> (ranks, strategy, extra arguments). Each world size's runs share one launch.
+RUNS = {
+    "neo-zero1": (1, "zero1", ()),
+    "neo-acco": (1, "acco", ()),
+    "llama-zero1": (1, "zero1", LLAMA),
+    "llama-acco": (1, "acco", LLAMA),
+    "neo-acco-tp2": (2, "acco", TP2_CHECKPOINTED),
+    "neo-fsdp-tp2": (2, "fsdp", ("--parallelism.tensor_parallel_degree", "2")),
+    "llama-zero1-pp2": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2")),  # 1f1b
+    "llama-acco-pp2": (2, "acco", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2",
+                                   "--parallelism.pipeline_schedule", "gpipe")),
+    # the resume test: 2 steps, then on to STEPS from the checkpoint (same folder)
+    "resumed": (2, "acco", (*TP2_CHECKPOINTED, "--training.steps", "2")),
+    "resumed ": (2, "acco", TP2_CHECKPOINTED),
+    "neo-zero1-tp2dp2": (4, "zero1", ("--parallelism.tensor_parallel_degree", "2")),
+    "neo-acco-tp2dp2": (4, "acco", ("--parallelism.tensor_parallel_degree", "2")),
+    "llama-acco-tp2pp2": (4, "acco", (*LLAMA, "--parallelism.tensor_parallel_degree", "2",
+                                      "--parallelism.pipeline_parallel_degree", "2",
+                                      "--parallelism.pipeline_schedule", "interleaved_1f1b")),
+}
 
 
 @pytest.fixture(scope="module")
 def runs(tiny_corpus, cache_dir, tmp_path_factory):
-    """name -> (metrics, stdout, output folder), run on first use."""
-    done = {}
-
-    def get(name, nproc, kind, *extra):
-        if name not in done:
-            out = tmp_path_factory.mktemp(name)
-            proc = run_train(_args(tiny_corpus, cache_dir, out, kind, *extra), nproc=nproc)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            done[name] = (read_metrics(out), proc.stdout, out)
-        return done[name]
-
-    return get
+    """name -> (metrics, stdout, output folder), all trained up front: one launch per world size."""
+    root = tmp_path_factory.mktemp("model_parallel")
+    for nproc in (1, 2, 4):
+        argvs = [_args(tiny_corpus, cache_dir, root / name.strip(), kind, *extra)
+                 for name, (n, kind, extra) in RUNS.items() if n == nproc]
+        (root / f"runs{nproc}.json").write_text(json.dumps(argvs))
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                               str(nproc), str(ROOT / "tests" / "model_parallel_worker.py"),
+                               str(root / f"runs{nproc}.json")], capture_output=True, text=True, timeout=600,
+                              env=env, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return {name.strip(): (read_metrics(root / name.strip()), (root / name.strip() / "stdout.txt").read_text(),
+                           root / name.strip()) for name in RUNS}
 
 
 def _same_losses(run, reference):
     losses, expected = [r["loss"] for r in run[0]], [r["loss"] for r in reference[0]]
     assert len(losses) == STEPS
     assert losses == pytest.approx(expected, rel=1e-5, abs=1e-5)
-    assert run[0][-1]["val_loss"] == pytest.approx(reference[0][-1]["val_loss"], rel=1e-5)
+    if " × 1 × tp" in run[1]:  # validation batches are per data-parallel rank: same data only for dp = 1
+        assert run[0][-1]["val_loss"] == pytest.approx(reference[0][-1]["val_loss"], rel=1e-5)
 
 
 def _same_export(run, reference):
     ours, theirs = load_file(run[2] / "hf" / "model.safetensors"), load_file(reference[2] / "hf" / "model.safetensors")
     assert ours.keys() == theirs.keys()
     for name in ours:
-        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-4, atol=1e-5, msg=name)
+        # Adam turns round-off in near-zero gradients into up to ±lr steps (1e-3) for a few
+        # elements; a wrong layout would be off by the weights' own scale (0.02).
+        torch.testing.assert_close(ours[name], theirs[name], rtol=0, atol=2e-4, msg=name)
 
 
 def _params_on_rank0(run) -> float:
@@ -67,27 +101,26 @@ def _full_params(run) -> float:
 @pytest.mark.parametrize("kind", ["zero1", "acco"])
 def test_tensor_parallel_2_and_2x2_with_data_parallel_match_one_process(runs, kind):
     """GPT-Neo (tied head, local attention): tp = 2 on 2 ranks and tp = 2 × dp = 2 on 4."""
-    reference = runs(f"neo-{kind}", 1, kind)
-    tp2 = runs(f"neo-{kind}-tp2", 2, kind, "--parallelism.tensor_parallel_degree", "2")
-    tp2dp2 = runs(f"neo-{kind}-tp2dp2", 4, kind, "--parallelism.tensor_parallel_degree", "2")
-    for run in (tp2, tp2dp2):
+    reference, tp2dp2 = runs[f"neo-{kind}"], runs[f"neo-{kind}-tp2dp2"]
+    checked = [tp2dp2]
+    if kind == "acco":  # tp alone, on 2 ranks (its checkpoint is the resume test's reference)
+        checked.append(runs["neo-acco-tp2"])
+    for run in checked:
         _same_losses(run, reference)
         _same_export(run, reference)
+        # Every weight matrix, the embeddings and the biases of split layers are halved; only
+        # the norms and the row-split layers' biases stay whole.
+        assert _params_on_rank0(run) < 0.51 * _full_params(run)
     assert f"{kind} × 2 × tp 2 × pp 1" in tp2dp2[1]
-    # Every weight matrix, the embeddings and the biases of split layers are halved; only
-    # the norms and the row-split layers' biases stay whole.
-    assert _params_on_rank0(tp2) < 0.51 * _full_params(tp2)
 
 
 def test_fsdp_with_tensor_parallel_matches_zero1_on_one_process(runs):
-    _same_losses(runs("neo-fsdp-tp2", 2, "fsdp", "--parallelism.tensor_parallel_degree", "2"), runs("neo-zero1", 1, "zero1"))
+    _same_losses(runs["neo-fsdp-tp2"], runs["neo-zero1"])
 
 
-@pytest.mark.parametrize("kind, schedule", [("zero1", "1f1b"), ("acco", "gpipe")])
-def test_pipeline_parallel_2_stages_matches_one_process(runs, kind, schedule):
-    reference = runs(f"llama-{kind}", 1, kind, *LLAMA)
-    pp2 = runs(f"llama-{kind}-pp2", 2, kind, *LLAMA, "--parallelism.pipeline_parallel_degree", "2",
-               "--parallelism.pipeline_schedule", schedule)
+@pytest.mark.parametrize("kind", ["zero1", "acco"])  # with 1f1b and gpipe
+def test_pipeline_parallel_2_stages_matches_one_process(runs, kind):
+    reference, pp2 = runs[f"llama-{kind}"], runs[f"llama-{kind}-pp2"]
     _same_losses(pp2, reference)
     _same_export(pp2, reference)
     # Stage 0 holds the embedding and 3 of the 6 blocks; the head and the others are on stage 1.
@@ -95,31 +128,19 @@ def test_pipeline_parallel_2_stages_matches_one_process(runs, kind, schedule):
 
 
 def test_acco_over_tensor_and_interleaved_pipeline_parallel_matches_one_process(runs):
-    reference = runs("llama-acco", 1, "acco", *LLAMA)
-    tp2pp2 = runs("llama-acco-tp2pp2", 4, "acco", *LLAMA, "--parallelism.tensor_parallel_degree", "2",
-                  "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_schedule", "interleaved_1f1b")
+    reference, tp2pp2 = runs["llama-acco"], runs["llama-acco-tp2pp2"]
     _same_losses(tp2pp2, reference)
     _same_export(tp2pp2, reference)
     assert _params_on_rank0(tp2pp2) < 0.3 * _full_params(tp2pp2)
 
 
-def test_acco_with_tensor_parallel_resumes_bit_for_bit(tiny_corpus, cache_dir, tmp_path):
-    def train(steps):
-        proc = run_train(_args(tiny_corpus, cache_dir, tmp_path / "run", "acco", "--training.steps", str(steps),
-                               "--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "true",
-                               "--training.max_tokens", str(4 * 16 * 32), "--checkpoint.export_hf", "false"))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return proc
-
-    train(2)
-    resumed = train(4)
-    assert "resumed from" in resumed.stdout and "at step 2" in resumed.stdout
-    full_dir = tmp_path / "full"
-    proc = run_train(_args(tiny_corpus, cache_dir, full_dir, "acco", "--training.steps", "4",
-                           "--parallelism.tensor_parallel_degree", "2", "--training.max_tokens", str(4 * 16 * 32),
-                           "--checkpoint.export_hf", "false"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [r["loss"] for r in read_metrics(tmp_path / "run")] == [r["loss"] for r in read_metrics(full_dir)]
+def test_acco_with_tensor_parallel_resumes_bit_for_bit(runs):
+    (resumed, stdout, _), full = runs["resumed"], runs["neo-acco-tp2"]
+    assert "resumed from" in stdout and "at step 2" in stdout
+    for key in ("loss", "grad_norm", "lr"):
+        assert [r[key] for r in resumed] == [r[key] for r in full[0]], key
+    assert resumed[-1]["val_loss"] == full[0][-1]["val_loss"]
+    _same_export(runs["resumed"], full)
 
 
 @pytest.mark.parametrize("world, extra, words", [
