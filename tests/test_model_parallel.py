@@ -180,3 +180,17 @@ def test_bad_model_parallel_setting_is_one_line_before_launch(world, extra, word
     assert len(lines) == 1 and lines[0].startswith("torchacco: error:"), lines
     for word in words:
         assert word in lines[0], (word, lines[0])
+
+
+@pytest.mark.parametrize("config, world", [("llama3_8b_acco", 32), ("llama3_70b_fsdp", 64), ("llama3_70b_acco", 128)])
+def test_cluster_configs_pass_validation_at_their_world_size(config, world, tiny_corpus, tmp_path, monkeypatch, capsys):
+    """TP inside a node (8), ACCO or FSDP across nodes (and 4 pipeline stages for 70B ACCO)."""
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{}")  # validate checks that the file exists; data paths are the cluster's
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    argv = ["--config", str(ROOT / "train_configs" / f"{config}.toml"), "--data.dataset", str(tiny_corpus),
+            "--tokenizer.path", str(tokenizer)]
+    assert validate(argv) == 0, capsys.readouterr().err
+    assert validate([*argv, "--training.device", "cpu"]) == 0
+    monkeypatch.setenv("WORLD_SIZE", str(world + 4))  # not a multiple of tp × pp
+    assert validate(argv) == 1 and "not divisible by [parallelism] tensor_parallel_degree" in capsys.readouterr().err
