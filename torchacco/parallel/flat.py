@@ -59,7 +59,7 @@ class FlatParams:
         master = torch.zeros(self.shard_numel, dtype=torch.float32, device=device)
         self.decay_ranges: list[tuple[int, int]] = []
         self.replicated_ranges: list[tuple[int, int]] = []  # in the shard: tp-replicated parameters
-        for p, t, start in zip(self.params, local, self.offsets):
+        for i, (name, p, t, start) in enumerate(zip(self.names, self.params, local, self.offsets)):
             end = start + t.numel()
             self.params_buffer[start:end].copy_(t.detach().reshape(-1))
             lo, hi = max(start, shard_start), min(end, shard_end)
@@ -70,8 +70,13 @@ class FlatParams:
                 if tp > 1 and not _tp_sharded(p):
                     self.replicated_ranges.append((lo - shard_start, hi - shard_start))
             view = self.params_buffer[start:end].view_as(t)
-            if isinstance(p, DTensor):  # to_local() is a fresh alias: rebind the DTensor's own storage
-                p._local_tensor = view
+            if isinstance(p, DTensor):
+                # A new DTensor parameter over the view, in the module's slot (torch.compile
+                # cannot trace a DTensor whose local tensor was swapped in place).
+                self.params[i] = nn.Parameter(DTensor.from_local(view, p.device_mesh, p.placements, run_check=False,
+                                                                 shape=p.shape, stride=p.stride()), p.requires_grad)
+                path, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(path), attr, self.params[i])
             else:
                 p.data = view
         self.initial_master = master
@@ -116,7 +121,8 @@ class FlatParams:
         out = {}
         for name, p, o in zip(self.names, self.params, self.offsets):
             if isinstance(p, DTensor):
-                local = flat[o:o + p._local_tensor.numel()].view_as(p._local_tensor)
+                shape = _local(p).shape
+                local = flat[o:o + shape.numel()].view(shape)
                 out[name] = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
                                                stride=p.stride()).full_tensor()
             else:
@@ -133,7 +139,10 @@ class FlatParams:
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
-    return p._local_tensor if isinstance(p, DTensor) else p
+    if isinstance(p, DTensor):
+        with torch.no_grad():  # no autograd edge: only read
+            return p.to_local()
+    return p
 
 
 def _tp_sharded(p: torch.Tensor) -> bool:
