@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
 from torchacco.config import Config
+from torchacco.errors import UserError
 from torchacco.lr import TokenSchedule
 from torchacco.optim import ShardedAdamW, build_adamw
 from torchacco.parallel.dims import ParallelDims
@@ -149,6 +150,8 @@ class ZeRO1:
         self.dims = dims
         self.flat = FlatParams(model, dims.dp_group, dtype=param_dtype, grad_dtype=grad_dtype, tp=dims.tp_size,
                                mp_group=dims.mp_group, owns_loss=dims.tp_rank == 0)
+        if dims.mp_group is not None:
+            self.flat.layout()  # a collective: now, while every rank is here
         self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, cfg.optimizer)
 
     def micro_batches(self):
@@ -192,11 +195,19 @@ class ZeRO1:
 
     def state_dict(self) -> dict:
         s = self.optimizer.state
-        return {"optimizer": {"master": self._sharded(s.master), "exp_avg": self._sharded(s.exp_avg),
-                              "exp_avg_sq": self._sharded(s.exp_avg_sq), "step": s.step},
-                "consumed": self.consumed}
+        state = {"optimizer": {"master": self._sharded(s.master), "exp_avg": self._sharded(s.exp_avg),
+                               "exp_avg_sq": self._sharded(s.exp_avg_sq), "step": s.step},
+                 "consumed": self.consumed}
+        if self.flat.mp_group is not None:  # tp/pp: which tensors this coordinate's buffer holds
+            state["layout"] = self.flat.layout()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        if "layout" in state and state["layout"] != self.flat.layout():
+            # Same sizes can hold other layers (another pipeline_schedule) or other shards.
+            raise UserError("this checkpoint's tensor- and pipeline-parallel layout differs from this run's "
+                            "(tensor_parallel_degree, pipeline_parallel_degree or pipeline_schedule changed); "
+                            "resume with the [parallelism] it was saved with")
         # DCP has written master, m and v in place; the compute parameters follow from master.
         self.optimizer.state.step = state["optimizer"]["step"]
         self.consumed = state["consumed"]

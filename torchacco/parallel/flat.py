@@ -17,6 +17,8 @@ DTensor parameter's `to_local()`), and the data-parallel group is the ranks with
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -114,6 +116,16 @@ class FlatParams:
         both = torch.tensor([sq_norm, loss_sum if self.owns_loss else 0.0], dtype=torch.float64, device=device)
         dist.all_reduce(both, group=self.mp_group)
         return tuple(both.tolist())
+
+    def layout(self) -> str:
+        """A digest of the names and local shapes every rank's buffer holds, the same on all ranks
+        (so a mismatch stops every rank, not only some)."""
+        if not hasattr(self, "_layout"):
+            text = ";".join(f"{n}:{tuple(_local(p).shape)}" for n, p in zip(self.names, self.params))
+            texts = [None] * dist.get_world_size()
+            dist.all_gather_object(texts, text)
+            self._layout = hashlib.sha1("|".join(texts).encode()).hexdigest()
+        return self._layout
 
     def full_params(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Full tensors by name from a full-length flat buffer of local shards (a collective over
