@@ -313,8 +313,9 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     )
 
     try:
+        # Per-rank rates divide by every rank (a replica spans tp × pp of them), not by dp.
         summary = _loop(cfg, dims, device, dp, state, train_loader, val_loader, log,
-                        Throughput(flops_per_token, dims.dp_size, device, dtype), autocast, checkpointer, pipeline)
+                        Throughput(flops_per_token, dims.world_size, device, dtype), autocast, checkpointer, pipeline)
         if cfg.checkpoint.export_hf:
             exported = export_hf(cfg, dp, dims, folder / "hf", tokenizer)
             if exported:
