@@ -49,6 +49,7 @@ RUNS = {
     "resumed ": (2, "acco", TP2_CHECKPOINTED),
     "neo-zero1-tp2dp2": (4, "zero1", ("--parallelism.tensor_parallel_degree", "2")),
     "neo-acco-tp2dp2": (4, "acco", ("--parallelism.tensor_parallel_degree", "2")),
+    "llama-fsdp-pp2dp2": (4, "fsdp", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2")),
     "llama-acco-tp2pp2": (4, "acco", (*LLAMA, "--parallelism.tensor_parallel_degree", "2",
                                       "--parallelism.pipeline_parallel_degree", "2",
                                       "--parallelism.pipeline_schedule", "interleaved_1f1b")),
@@ -114,8 +115,10 @@ def test_tensor_parallel_2_and_2x2_with_data_parallel_match_one_process(runs, ki
     assert f"{kind} × 2 × tp 2 × pp 1" in tp2dp2[1]
 
 
-def test_fsdp_with_tensor_parallel_matches_zero1_on_one_process(runs):
+def test_fsdp_with_tensor_or_pipeline_parallel_matches_zero1_on_one_process(runs):
     _same_losses(runs["neo-fsdp-tp2"], runs["neo-zero1"])
+    _same_losses(runs["llama-fsdp-pp2dp2"], runs["llama-zero1"])  # each stage's root sharded over dp 2
+    _same_export(runs["llama-fsdp-pp2dp2"], runs["llama-zero1"])
 
 
 @pytest.mark.parametrize("kind", ["zero1", "acco"])  # with 1f1b and gpipe
@@ -164,8 +167,6 @@ def test_acco_with_tensor_parallel_resumes_bit_for_bit(runs):
                      "1"], ["1f1b needs at least", "gpipe"], id="1f1b-too-few-microbatches"),
     pytest.param(2, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel", "ddp"],
                  ["'ddp' with tp=2 is not supported", "zero1"], id="ddp-with-tp"),
-    pytest.param(2, [*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel", "fsdp"],
-                 ["'fsdp' with pipeline_parallel_degree > 1 is not supported", "zero1"], id="fsdp-with-pp"),
     pytest.param(2, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel", "acco",
                      "--acco.mode", "adaptive", "--training.max_tokens", "10000"],
                  ["adaptive", "tp=2", "not supported", "deterministic"], id="adaptive-with-tp"),

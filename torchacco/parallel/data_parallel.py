@@ -66,7 +66,10 @@ class Replicated:
         params = [p for p in self.model.parameters() if p.grad is not None]
         # The reduction averaged over ranks; rescale the mean of sums to a per-token mean.
         torch._foreach_mul_([p.grad for p in params], self.dims.dp_size / tokens)
-        norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm or float("inf"), foreach=True)
+        if self.dims.pp_size > 1:
+            norm, loss_sum = self._clip_over_stages(params, loss_sum)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm or float("inf"), foreach=True)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         lr = self.schedule(self.consumed, consumed)
@@ -77,6 +80,17 @@ class Replicated:
         self.consumed += consumed
         return UpdateResult(tokens, loss_sum / tokens, norm.item(), lr, True, [self.accumulation] * self.dims.dp_size,
                             consumed=consumed)
+
+    def _clip_over_stages(self, params: list, loss_sum: float) -> tuple[torch.Tensor, float]:
+        """Pipeline stages hold different layers: the norm adds theirs; the loss is the last stage's."""
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        both = torch.stack([norm.double() ** 2, torch.tensor(loss_sum, dtype=torch.float64, device=norm.device)])
+        dist.all_reduce(both, group=self.dims.pp_mesh.get_group())
+        norm, loss_sum = both[0].sqrt(), both[1].item()
+        if self.max_norm and norm.item() > self.max_norm:
+            torch._foreach_mul_([p.grad for p in params], self.max_norm / (norm.item() + 1e-6))
+        return norm, loss_sum
 
     @contextlib.contextmanager
     def evaluation(self):
@@ -97,6 +111,11 @@ class Replicated:
         return {"model": get_model_state_dict(self.model)}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
+        if self.dims.pp_size > 1:
+            # Each stage's full tensors on its own ranks (the options below keep them on rank 0
+            # only); one tensor at a time on the device.
+            return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu()
+                    for name, p in self.model.named_parameters()}
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return {k: v.float() for k, v in get_model_state_dict(self.model, options=options).items()}
 
@@ -120,7 +139,8 @@ class DDP(Replicated):
 
 
 class FSDP(Replicated):
-    """FSDP2 (ZeRO-3): `fully_shard` per block, then the root."""
+    """FSDP2 (ZeRO-3): `fully_shard` per block, then the root — under pipeline parallelism, each
+    of this rank's stage modules is a root (the schedule calls them, not the model)."""
 
     def __init__(self, model, cfg, dims, accumulation, schedule, param_dtype: torch.dtype):
         reduce_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.parallelism.reduce_dtype]
@@ -128,12 +148,15 @@ class FSDP(Replicated):
         reshard = cfg.parallelism.reshard_after_forward
         for block in model.layers:
             fully_shard(block, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+        self.roots = getattr(model, "stage_modules", None) or [model]
+        for root in self.roots:
+            fully_shard(root, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
         super().__init__(model, cfg, dims, accumulation, schedule)
 
     @contextlib.contextmanager
     def _sync(self, last):
-        self.model.set_requires_gradient_sync(last)
+        for root in self.roots:  # (a pipeline stage also reduces after each schedule step)
+            root.set_requires_gradient_sync(last)
         yield
 
 

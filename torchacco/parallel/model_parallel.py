@@ -61,9 +61,12 @@ def model_parallel_label(dims: ParallelDims, model: nn.Module) -> str:
 def state_key(dp, dims: ParallelDims) -> str:
     """The checkpoint key of the strategy's state. The flat strategies' buffers hold one
     (pp, tp) coordinate's local shards, sharded over dp only: one key per coordinate (so a
-    resume needs the same tp and pp degrees; dp may change). FSDP's DTensors span all dims."""
-    if dims.tp_size * dims.pp_size == 1 or not hasattr(dp, "flat"):
+    resume needs the same tp and pp degrees; dp may change). FSDP's DTensors span dp and tp,
+    but its optimizer's param groups are saved by index: one key per stage."""
+    if dims.tp_size * dims.pp_size == 1:
         return "dp"
+    if not hasattr(dp, "flat"):
+        return "dp" if dims.pp_size == 1 else f"dp_pp{dims.pp_rank}"
     return f"dp_pp{dims.pp_rank}_tp{dims.tp_rank}"
 
 

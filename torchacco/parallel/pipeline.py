@@ -43,10 +43,6 @@ def check_pipeline(cfg, args, where: str) -> None:
     if args.n_layers < stages:
         raise UserError(f"{where} has {args.n_layers} layers, fewer than the {stages} pipeline stages "
                         f"(pipeline_parallel_degree = {pp}, {p.pipeline_schedule}); lower pipeline_parallel_degree")
-    if p.data_parallel == "fsdp":
-        raise UserError("data_parallel = 'fsdp' with pipeline_parallel_degree > 1 is not supported; use 'zero1' or "
-                        "'acco' (sharded optimizer state over each stage's data-parallel group), with tensor "
-                        "parallelism to split the weights")
     n = microbatches(cfg)
     if cfg.training.local_batch_size % n:
         raise UserError(f"[training] local_batch_size = {cfg.training.local_batch_size} is not divisible by "
@@ -154,4 +150,7 @@ def split_stages(model: nn.Module, cfg, dims: ParallelDims, device) -> tuple[nn.
     group = dims.pp_mesh.get_group()
     stages = [PipelineStage(stage_cls(model, ranges[s], s == 0, s == n_stages - 1, dims.tp_size), s, n_stages,
                             device.torch, group=group) for s in mine]
+    # A plain list, not submodules (the parameters keep their full-model names): FSDP makes
+    # each stage module a root, since the schedule calls them and never model.forward.
+    model.stage_modules = [stage.submod for stage in stages]
     return model, Pipeline(stages, cfg, first, last)
