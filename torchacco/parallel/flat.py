@@ -101,7 +101,7 @@ class FlatParams:
 
         return accumulate
 
-    def sq_norm(self, grad_shard: torch.Tensor) -> float:
+    def sq_norm(self, grad_shard: torch.Tensor) -> torch.Tensor:
         """This rank's share of ‖g‖²: tp-replicated parameters count 1/tp (all tp ranks hold them)."""
         total = torch.linalg.vector_norm(grad_shard).double() ** 2
         for lo, hi in self.replicated_ranges:

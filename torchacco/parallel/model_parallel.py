@@ -16,7 +16,7 @@ from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.tensor import apply_tensor_parallel, check_tensor_parallel
 
 
-def check_model_parallel(cfg, args, vocab_size: int = 0) -> None:
+def check_model_parallel(cfg, args) -> None:
     """Shape checks of the configured model against the tp and pp degrees (before launch)."""
     p = cfg.parallelism
     where = f"{cfg.model.name} {cfg.model.init_from or cfg.model.flavor}"
