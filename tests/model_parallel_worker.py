@@ -4,7 +4,7 @@
     torchrun --nproc_per_node N tests/model_parallel_worker.py RUNS.json
 
 RUNS.json holds a list of argument lists, each as for ./run_train.sh; rank 0 writes
-<dump_folder>/stdout.txt with what the run logged.
+<dump_folder>/stdout.txt with what the run logged, or the `torchacco: error:` line it stopped with.
 """
 
 import contextlib
@@ -15,6 +15,7 @@ import sys
 import torch.distributed as dist
 
 from torchacco.config import load_config
+from torchacco.errors import UserError
 from torchacco.trainer import train
 
 
@@ -24,7 +25,10 @@ def main() -> None:
         cfg = load_config(argv)
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            train(cfg)
+            try:
+                train(cfg)
+            except UserError as e:  # an expected error (every rank raises it): recorded, then the next run
+                out.write(f"torchacco: error: {e}\n")
         if dist.get_rank() == 0:
             with open(f"{cfg.job.dump_folder}/stdout.txt", "w") as f:
                 f.write(out.getvalue())

@@ -47,7 +47,16 @@ RUNS = {
     # the resume test: 2 steps, then on to STEPS from the checkpoint (same folder)
     "resumed": (2, "acco", (*TP2_CHECKPOINTED, "--training.steps", "2")),
     "resumed ": (2, "acco", TP2_CHECKPOINTED),
+    # resuming with another pipeline schedule: same buffer sizes, other layers on each rank
+    "relayout": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--training.steps", "1",
+                              "--checkpoint.enable", "true")),
+    "relayout ": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--checkpoint.enable", "true",
+                               "--parallelism.pipeline_schedule", "interleaved_1f1b")),
+    "tp2-for-reshard": (2, "zero1", ("--parallelism.tensor_parallel_degree", "2", "--training.steps", "1",
+                                     "--checkpoint.enable", "true")),
     "neo-zero1-tp2dp2": (4, "zero1", ("--parallelism.tensor_parallel_degree", "2")),
+    "resharded": (4, "zero1", ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "true",
+                               "--checkpoint.load_path", "{root}/tp2-for-reshard/checkpoint/step-00000001")),
     "neo-acco-tp2dp2": (4, "acco", ("--parallelism.tensor_parallel_degree", "2")),
     "llama-fsdp-pp2dp2": (4, "fsdp", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2")),
     "llama-acco-tp2pp2": (4, "acco", (*LLAMA, "--parallelism.tensor_parallel_degree", "2",
@@ -61,7 +70,7 @@ def runs(tiny_corpus, cache_dir, tmp_path_factory):
     """name -> (metrics, stdout, output folder), all trained up front: one launch per world size."""
     root = tmp_path_factory.mktemp("model_parallel")
     for nproc in (1, 2, 4):
-        argvs = [_args(tiny_corpus, cache_dir, root / name.strip(), kind, *extra)
+        argvs = [_args(tiny_corpus, cache_dir, root / name.strip(), kind, *(a.format(root=root) for a in extra))
                  for name, (n, kind, extra) in RUNS.items() if n == nproc]
         (root / f"runs{nproc}.json").write_text(json.dumps(argvs))
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -70,7 +79,7 @@ def runs(tiny_corpus, cache_dir, tmp_path_factory):
                                str(root / f"runs{nproc}.json")], capture_output=True, text=True, timeout=600,
                               env=env, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-4000:]
-    return {name.strip(): (read_metrics(root / name.strip()), (root / name.strip() / "stdout.txt").read_text(),
+    return {name.strip(): (read_metrics(root / name.strip()) if (root / name.strip() / "metrics.jsonl").exists() else [], (root / name.strip() / "stdout.txt").read_text(),
                            root / name.strip()) for name in RUNS}
 
 
@@ -144,6 +153,21 @@ def test_acco_with_tensor_parallel_resumes_bit_for_bit(runs):
         assert [r[key] for r in resumed] == [r[key] for r in full[0]], key
     assert resumed[-1]["val_loss"] == full[0][-1]["val_loss"]
     _same_export(runs["resumed"], full)
+
+
+def test_resume_with_another_pipeline_layout_is_one_clear_error(runs):
+    stdout = runs["relayout"][1]
+    assert "torchacco: error: this checkpoint's tensor- and pipeline-parallel layout differs" in stdout
+    assert "pipeline_schedule" in stdout and "resumed from" not in stdout
+
+
+def test_zero1_checkpoint_under_tensor_parallel_reshards_onto_more_data_parallel_ranks(runs):
+    metrics, stdout, _ = runs["resharded"]
+    assert "resumed from" in stdout and "data-parallel ranks changed (1 -> 2)" in stdout
+    assert [r["step"] for r in metrics] == [2, 3]
+    # Started from a 1-step model: below the fresh runs' second-step loss would be a fluke;
+    # above the first step's, training broke.
+    assert metrics[0]["loss"] < runs["neo-zero1"][0][0]["loss"]
 
 
 @pytest.mark.parametrize("world, extra, words", [

@@ -118,12 +118,13 @@ class FlatParams:
         return tuple(both.tolist())
 
     def layout(self) -> str:
-        """A digest of the names and local shapes every rank's buffer holds, the same on all ranks
-        (so a mismatch stops every rank, not only some)."""
+        """A digest of the names and local shapes the buffers of one model replica (the tp × pp
+        block) hold: the same on every rank, so a mismatch stops all of them, and independent of
+        dp, so a checkpoint can reshard onto another number of replicas."""
         if not hasattr(self, "_layout"):
             text = ";".join(f"{n}:{tuple(_local(p).shape)}" for n, p in zip(self.names, self.params))
-            texts = [None] * dist.get_world_size()
-            dist.all_gather_object(texts, text)
+            texts = [None] * dist.get_world_size(self.mp_group)
+            dist.all_gather_object(texts, text, group=self.mp_group)
             self._layout = hashlib.sha1("|".join(texts).encode()).hexdigest()
         return self._layout
 
