@@ -79,8 +79,12 @@ def runs(tiny_corpus, cache_dir, tmp_path_factory):
                                str(root / f"runs{nproc}.json")], capture_output=True, text=True, timeout=600,
                               env=env, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-4000:]
-    return {name.strip(): (read_metrics(root / name.strip()) if (root / name.strip() / "metrics.jsonl").exists() else [], (root / name.strip() / "stdout.txt").read_text(),
-                           root / name.strip()) for name in RUNS}
+    out = {}
+    for name in RUNS:
+        folder = root / name.strip()
+        metrics = read_metrics(folder) if (folder / "metrics.jsonl").exists() else []
+        out[name.strip()] = (metrics, (folder / "stdout.txt").read_text(), folder)
+    return out
 
 
 def _same_losses(run, reference):
@@ -178,7 +182,8 @@ def test_zero1_checkpoint_under_tensor_parallel_reshards_onto_more_data_parallel
     pytest.param(8, ["--parallelism.tensor_parallel_degree", "8"], ["n_heads = 4", "not divisible", "= 8"],
                  id="heads-not-divisible"),
     pytest.param(2, ["--parallelism.tensor_parallel_degree", "2", "--model.vocab_size", "401"],
-                 ["vocab_size = 401", "not divisible", "vocab_size to a multiple of 2", "402"], id="vocab-not-divisible"),
+                 ["vocab_size = 401", "not divisible", "vocab_size to a multiple of 2", "402"],
+                 id="vocab-not-divisible"),
     pytest.param(3, [*LLAMA, "--parallelism.tensor_parallel_degree", "3"], ["n_kv_heads = 2", "not divisible"],
                  id="kv-heads-not-divisible"),
     pytest.param(8, [*LLAMA, "--parallelism.pipeline_parallel_degree", "8"], ["6 layers", "fewer than the 8"],

@@ -131,7 +131,8 @@ def check_parallelism(cfg, world_size: int) -> int:
             f"= {tp} × {pp} = {tp * pp}; launch a multiple of {tp * pp} ranks (NPROC × NNODES) or change the degrees"
         )
     if p.pipeline_microbatches < 0:
-        raise UserError(f"[parallelism] pipeline_microbatches must be 0 (auto) or positive, got {p.pipeline_microbatches}")
+        raise UserError(f"[parallelism] pipeline_microbatches must be 0 (auto) or positive, "
+                        f"got {p.pipeline_microbatches}")
     if tp * pp > 1:
         _check_supported(cfg)
     return world_size // (tp * pp)
@@ -139,8 +140,8 @@ def check_parallelism(cfg, world_size: int) -> int:
 
 def _check_supported(cfg) -> None:
     p = cfg.parallelism
-    used = " × ".join(f"{name}={d}" for name, d in (("tp", p.tensor_parallel_degree), ("pp", p.pipeline_parallel_degree))
-                      if d > 1)
+    degrees = (("tp", p.tensor_parallel_degree), ("pp", p.pipeline_parallel_degree))
+    used = " × ".join(f"{name}={d}" for name, d in degrees if d > 1)
     if p.data_parallel == "ddp":
         raise UserError(f"data_parallel = 'ddp' with {used} is not supported (torch DDP does not wrap tensor-parallel "
                         "or pipeline-stage modules here); use data_parallel = 'zero1' (replicated parameters, "
