@@ -98,8 +98,10 @@ class Parallelism:
     reshard_after_forward: bool = True  # fsdp
     bucket_cap_mb: float = 25.0  # ddp
     reduce_dtype: str = "fp32"  # fsdp gradient reduction: fp32 | bf16 (zero1 reduces in the compute dtype)
-    tensor_parallel_degree: int = 1
-    pipeline_parallel_degree: int = 1
+    tensor_parallel_degree: int = 1  # ranks sharing each layer's matmuls (inside a node); dp = world / (tp × pp)
+    pipeline_parallel_degree: int = 1  # pipeline stages, split by layer
+    pipeline_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b (two stages per rank)
+    pipeline_microbatches: int = 0  # pieces each local batch is split into; 0: the number of stages
 
 
 @dataclass
@@ -175,6 +177,7 @@ CHOICES = {
     ("lr_schedule", "decay"): ("cosine", "linear", "constant"),
     ("data", "format"): ("auto", "text", "jsonl", "alpaca"),
     ("parallelism", "reduce_dtype"): ("fp32", "bf16"),
+    ("parallelism", "pipeline_schedule"): ("gpipe", "1f1b", "interleaved_1f1b"),
     ("optimizer", "name"): ("adamw",),
     ("acco", "mode"): ("deterministic", "adaptive"),
     ("checkpoint", "export_dtype"): ("fp32", "bf16"),

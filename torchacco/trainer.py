@@ -30,6 +30,8 @@ from torchacco.metrics import MetricsLogger
 from torchacco.parallel.data_parallel import build_data_parallel
 from torchacco.parallel.dims import (ParallelDims, all_reduce_sum, check_parallelism, destroy, init_distributed,
                                      launch_env)
+from torchacco.parallel.model_parallel import (apply_model_parallel, check_model_parallel, gather_stages,
+                                               model_parallel_label, state_key)
 from torchacco.spec import get_model_spec
 
 IGNORE_INDEX = -100
@@ -38,7 +40,7 @@ IGNORE_INDEX = -100
 def validate(cfg: Config, world_size: int) -> None:
     """Checks that need no data and no process group, so mistakes surface before launch."""
     t = cfg.training
-    check_parallelism(cfg, world_size)
+    dp_size = check_parallelism(cfg, world_size)
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
     if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
@@ -47,16 +49,17 @@ def validate(cfg: Config, world_size: int) -> None:
     for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s"):
         if getattr(t, key) <= 0:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
-    per_step = t.local_batch_size * world_size
+    per_step = t.local_batch_size * dp_size
     if t.global_batch_size and t.global_batch_size % per_step:
         raise UserError(
             f"[training] global_batch_size = {t.global_batch_size} is not divisible by local_batch_size × "
-            f"data-parallel ranks = {t.local_batch_size} × {world_size} = {per_step}; "
+            f"data-parallel ranks = {t.local_batch_size} × {dp_size} = {per_step}; "
             f"use a multiple of {per_step}"
         )
     if cfg.parallelism.data_parallel in ("acco", "dpu", "wp"):
-        _validate_overlapped(cfg, world_size)
+        _validate_overlapped(cfg, dp_size)
     args = model_args(cfg)
+    check_model_parallel(cfg, args)
     if t.seq_len > args.max_seq_len:
         raise UserError(
             f"[training] seq_len = {t.seq_len} exceeds the model's {args.max_seq_len} positions "
@@ -152,7 +155,7 @@ def build_model(cfg: Config, vocab_size: int, device: Device) -> nn.Module:
 
 def export_hf(cfg: Config, dp, dims: ParallelDims, folder: Path, tokenizer) -> Path | None:
     """θ (fp32 from the strategy's committed state) as a Hugging Face folder; rank 0 writes."""
-    weights = dp.full_state_dict()  # a collective: every rank takes part
+    weights = gather_stages(dp.full_state_dict(), dims)  # a collective: every rank takes part
     if not dims.is_main:
         return None
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.checkpoint.export_dtype]
@@ -171,7 +174,7 @@ def token_loss_sum(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.T
     return loss, (labels != IGNORE_INDEX).sum()
 
 
-def evaluate(model: nn.Module, loader, batches: int, device: Device, dims: ParallelDims) -> float:
+def evaluate(model: nn.Module, loader, batches: int, device: Device, dims: ParallelDims, pipeline=None) -> float:
     was_training = model.training
     model.eval()
     loss_sum, count = torch.zeros((), dtype=torch.float64, device=device.torch), 0
@@ -180,11 +183,15 @@ def evaluate(model: nn.Module, loader, batches: int, device: Device, dims: Paral
             if i >= batches:
                 break
             batch = {k: v.to(device.torch, non_blocking=True) for k, v in batch.items()}
-            loss, n = token_loss_sum(model, batch)
+            loss, n = pipeline.evaluate(batch) if pipeline else token_loss_sum(model, batch)
             loss_sum += loss.double()
             count += n.item()
     model.train(was_training)
-    total, tokens = all_reduce_sum([loss_sum.item(), float(count)], device.torch, dims.dp_group)
+    if dims.tp_size * dims.pp_size == 1:
+        total, tokens = all_reduce_sum([loss_sum.item(), float(count)], device.torch, dims.dp_group)
+    else:  # one rank per (pp, tp) block holds the loss: the last stage's first tp rank
+        owner = dims.tp_rank == 0 and dims.pp_rank == dims.pp_size - 1
+        total, tokens = all_reduce_sum([loss_sum.item() * owner, float(count) * owner], device.torch)
     return total / max(tokens, 1.0)
 
 
@@ -214,7 +221,8 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     if device.type == "cpu":
         set_cpu_threads(cfg.training.num_threads, local_world)
     own_group = not dist.is_initialized()
-    dims = init_distributed(device, cfg.training.collective_timeout_s)
+    dims = init_distributed(device, cfg.training.collective_timeout_s, cfg.parallelism.tensor_parallel_degree,
+                            cfg.parallelism.pipeline_parallel_degree)
     heartbeat = health.start(dims.rank, dims.world_size)
     sigterm = health.SigtermGuard()
     clean = False
@@ -272,11 +280,12 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         )
     if model is None:
         model = build_model(cfg, vocab, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    model, pipeline = apply_model_parallel(model, cfg, dims, device)  # tp/pp: this rank's part of the model
     dtype = compute_dtype(t.mixed_precision, device)
     if cfg.model.compile:
         for block in model.layers:
             block.compile()
-    n_params = sum(p.numel() for p in model.parameters())
     _main_first(dims, lambda: run_folder.check_space(folder, n_params, cfg.checkpoint.enable), on=dims.is_main)
     flops_per_token = model.args.flops_per_token(t.seq_len) if hasattr(model, "args") else 6 * n_params
 
@@ -302,13 +311,15 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         log.info(f"torchacco: {resumed}")
     log.info(
         f"torchacco: {cfg.model.name}/{cfg.model.flavor} {n_params / 1e6:.2f}M params | "
-        f"{cfg.parallelism.data_parallel} × {dims.dp_size} on {device.name} | {str(dtype).removeprefix('torch.')} | "
+        f"{cfg.parallelism.data_parallel} × {dims.dp_size}{model_parallel_label(dims, dp.model)} on {device.name} | "
+        f"{str(dtype).removeprefix('torch.')} | "
         f"batch {global_batch} × {t.seq_len} (accumulation {accumulation}) | {t.steps} steps | {folder}"
     )
 
     try:
+        # Per-rank rates divide by every rank (a replica spans tp × pp of them), not by dp.
         summary = _loop(cfg, dims, device, dp, state, train_loader, val_loader, log,
-                        Throughput(flops_per_token, dims.dp_size, device, dtype), autocast, checkpointer)
+                        Throughput(flops_per_token, dims.world_size, device, dtype), autocast, checkpointer, pipeline)
         if cfg.checkpoint.export_hf:
             health.current().enter("export to Hugging Face format")
             exported = export_hf(cfg, dp, dims, folder / "hf", tokenizer)
@@ -353,10 +364,11 @@ def _resume(cfg: Config, folder: Path, dims: ParallelDims, dp, state: TrainState
 
 def checkpoint_state(dp, state: TrainState, loader, dims: ParallelDims, with_rank_state: bool = True) -> dict:
     rank_state = {f"rank{dims.rank}": RankState(loader)} if with_rank_state else {}
-    return {"train": state, "dp": dp, **rank_state}
+    return {"train": state, state_key(dp, dims): dp, **rank_state}
 
 
-def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughput, autocast, checkpointer) -> dict:
+def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughput, autocast, checkpointer,
+          pipeline=None) -> dict:
     t = cfg.training
     batches = iter(train_loader)  # after a resume: continues where the checkpoint left off
     summary = {}
@@ -367,7 +379,7 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
     while state.step < t.steps:
         heartbeat.enter(f"compute (step {state.step + 1})")
         poison = faults.before_period(state.step + 1)
-        local = compute_period(dp, batches, device, autocast, throughput.times, poison)
+        local = compute_period(dp, batches, device, autocast, throughput.times, pipeline, poison)
         heartbeat.enter(f"{dp.sync_phase} (step {state.step + 1})")
         with throughput.timing("sync"):
             result = dp.step(*local)
@@ -390,7 +402,7 @@ def _loop(cfg, dims, device, dp, state, train_loader, val_loader, log, throughpu
             if evaluate_now:
                 heartbeat.enter(f"evaluation (step {step})")
                 with dp.evaluation() as eval_model:
-                    val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims)
+                    val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims, pipeline)
                 record |= {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
             log.log(record)
             summary.update(record)
@@ -430,10 +442,11 @@ def _count_nonfinite(t, state: TrainState, result) -> str | None:
     return None
 
 
-def compute_period(dp, batches, device: Device, autocast, times: dict,
+def compute_period(dp, batches, device: Device, autocast, times: dict, pipeline=None,
                    poison: bool = False) -> tuple[float, float, float]:
     """Forward and backward over one compute period's micro-batches. This rank's tokens in the
-    loss, loss sum, and tokens consumed (in the loss or not)."""
+    loss, loss sum, and tokens consumed (in the loss or not). With a pipeline, each micro-batch
+    is one schedule step (its loss sum is 0 except on the last stage)."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=device.torch)
     tokens = torch.zeros((), dtype=torch.int64, device=device.torch)
     consumed = 0
@@ -442,10 +455,13 @@ def compute_period(dp, batches, device: Device, autocast, times: dict,
         batch = {k: v.to(device.torch, non_blocking=True) for k, v in next(batches).items()}
         t1 = time.perf_counter()
         with micro_batch, torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-            loss, n = token_loss_sum(dp.model, batch)
-            if poison:  # injected fault (torchacco/faults.py)
-                loss = loss * float("nan")
-            loss.backward()
+            if pipeline is not None:
+                loss, n = pipeline.forward_backward(batch)
+            else:
+                loss, n = token_loss_sum(dp.model, batch)
+                if poison:  # injected fault (torchacco/faults.py)
+                    loss = loss * float("nan")
+                loss.backward()
         loss_sum += loss.detach().double()
         tokens += n
         consumed += batch["input_ids"].numel()

@@ -90,7 +90,7 @@ class Attention(nn.Module):
             # causal band: key j is visible from query i when i - window < j <= i
             mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril().triu(1 - self.window)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-        return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, -1))  # -1: local heads under tensor parallelism
 
 
 class MLP(nn.Module):

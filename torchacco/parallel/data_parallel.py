@@ -22,6 +22,7 @@ import math
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
@@ -30,6 +31,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
 from torchacco.config import Config
+from torchacco.errors import UserError
 from torchacco.lr import TokenSchedule
 from torchacco.optim import ShardedAdamW, build_adamw
 from torchacco.parallel.dims import ParallelDims
@@ -69,7 +71,10 @@ class Replicated:
         params = [p for p in self.model.parameters() if p.grad is not None]
         # The reduction averaged over ranks; rescale the mean of sums to a per-token mean.
         torch._foreach_mul_([p.grad for p in params], self.dims.dp_size / tokens)
-        norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm or float("inf"), foreach=True)
+        if self.dims.pp_size > 1:
+            norm, loss_sum = self._clip_over_stages(params, loss_sum)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm or float("inf"), foreach=True)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         norm = norm.item()
@@ -85,6 +90,17 @@ class Replicated:
         bad = [r for r, v in enumerate(per_rank[:, 1].tolist()) if not math.isfinite(v)]
         return UpdateResult(tokens, loss_sum / tokens, norm, lr, True, [self.accumulation] * self.dims.dp_size,
                             consumed=consumed, skipped=skipped, nonfinite_ranks=bad)
+
+    def _clip_over_stages(self, params: list, loss_sum: float) -> tuple[torch.Tensor, float]:
+        """Pipeline stages hold different layers: the norm adds theirs; the loss is the last stage's."""
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        both = torch.stack([norm.double() ** 2, torch.tensor(loss_sum, dtype=torch.float64, device=norm.device)])
+        dist.all_reduce(both, group=self.dims.pp_mesh.get_group())
+        norm, loss_sum = both[0].sqrt(), both[1].item()
+        if self.max_norm and norm.item() > self.max_norm:
+            torch._foreach_mul_([p.grad for p in params], self.max_norm / (norm.item() + 1e-6))
+        return norm, loss_sum
 
     @contextlib.contextmanager
     def evaluation(self):
@@ -105,6 +121,11 @@ class Replicated:
         return {"model": get_model_state_dict(self.model)}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
+        if self.dims.pp_size > 1:
+            # Each stage's full tensors on its own ranks (the options below keep them on rank 0
+            # only); one tensor at a time on the device.
+            return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu()
+                    for name, p in self.model.named_parameters()}
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return {k: v.float() for k, v in get_model_state_dict(self.model, options=options).items()}
 
@@ -128,7 +149,8 @@ class DDP(Replicated):
 
 
 class FSDP(Replicated):
-    """FSDP2 (ZeRO-3): `fully_shard` per block, then the root."""
+    """FSDP2 (ZeRO-3): `fully_shard` per block, then the root — under pipeline parallelism, each
+    of this rank's stage modules is a root (the schedule calls them, not the model)."""
 
     def __init__(self, model, cfg, dims, accumulation, schedule, param_dtype: torch.dtype):
         reduce_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.parallelism.reduce_dtype]
@@ -136,12 +158,15 @@ class FSDP(Replicated):
         reshard = cfg.parallelism.reshard_after_forward
         for block in model.layers:
             fully_shard(block, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+        self.roots = getattr(model, "stage_modules", None) or [model]
+        for root in self.roots:
+            fully_shard(root, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
         super().__init__(model, cfg, dims, accumulation, schedule)
 
     @contextlib.contextmanager
     def _sync(self, last):
-        self.model.set_requires_gradient_sync(last)
+        for root in self.roots:  # (a pipeline stage also reduces after each schedule step)
+            root.set_requires_gradient_sync(last)
         yield
 
 
@@ -158,7 +183,10 @@ class ZeRO1:
         self.consumed = 0.0
         self.max_norm = cfg.training.max_norm
         self.dims = dims
-        self.flat = FlatParams(model, dims.dp_group, dtype=param_dtype, grad_dtype=grad_dtype)
+        self.flat = FlatParams(model, dims.dp_group, dtype=param_dtype, grad_dtype=grad_dtype, tp=dims.tp_size,
+                               mp_group=dims.mp_group, owns_loss=dims.tp_rank == 0)
+        if dims.mp_group is not None:
+            self.flat.layout()  # a collective: now, while every rank is here
         self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, cfg.optimizer)
 
     def micro_batches(self):
@@ -202,11 +230,19 @@ class ZeRO1:
 
     def state_dict(self) -> dict:
         s = self.optimizer.state
-        return {"optimizer": {"master": self._sharded(s.master), "exp_avg": self._sharded(s.exp_avg),
-                              "exp_avg_sq": self._sharded(s.exp_avg_sq), "step": s.step},
-                "consumed": self.consumed}
+        state = {"optimizer": {"master": self._sharded(s.master), "exp_avg": self._sharded(s.exp_avg),
+                               "exp_avg_sq": self._sharded(s.exp_avg_sq), "step": s.step},
+                 "consumed": self.consumed}
+        if self.flat.mp_group is not None:  # tp/pp: which tensors this coordinate's buffer holds
+            state["layout"] = self.flat.layout()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        if "layout" in state and state["layout"] != self.flat.layout():
+            # Same sizes can hold other layers (another pipeline_schedule) or other shards.
+            raise UserError("this checkpoint's tensor- and pipeline-parallel layout differs from this run's "
+                            "(tensor_parallel_degree, pipeline_parallel_degree or pipeline_schedule changed); "
+                            "resume with the [parallelism] it was saved with")
         # DCP has written master, m and v in place; the compute parameters follow from master.
         self.optimizer.state.step = state["optimizer"]["step"]
         self.consumed = state["consumed"]
@@ -219,8 +255,7 @@ class ZeRO1:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         flat = torch.empty(self.flat.padded_numel, dtype=torch.float32, device=self.flat.params_buffer.device)
         all_gather(flat, self.optimizer.state.master, group=self.flat.group)
-        return {name: flat[o:o + p.numel()].view_as(p).cpu().clone()
-                for name, p, o in zip(self.flat.names, self.flat.params, self.flat.offsets)}
+        return {name: t.cpu().clone() for name, t in self.flat.full_params(flat).items()}
 
 
 def build_data_parallel(model: nn.Module, cfg: Config, dims: ParallelDims, accumulation: int,

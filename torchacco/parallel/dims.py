@@ -1,4 +1,9 @@
-"""Process-group and device-mesh bookkeeping, in one place."""
+"""Process-group and device-mesh bookkeeping, in one place.
+
+The mesh is 3-D, ("pp", "dp", "tp"): tensor-parallel ranks are neighbours (one node's fast
+links), then data parallel, then pipeline stages outermost. A rank's coordinates are
+(pp_rank, dp_rank, tp_rank); dp = world / (tp × pp).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,34 @@ class ParallelDims:
     local_rank: int
     local_world_size: int
     mesh: DeviceMesh
+    # For the sharded-optimizer job's few scalars (gradient norm, loss) over tp × pp: a group
+    # of its own, because the job runs on the communication thread while compute uses the tp
+    # and pp groups (two threads must never share a group). None without tp/pp.
+    mp_group: dist.ProcessGroup | None = None
+
+    @property
+    def tp_mesh(self) -> DeviceMesh:
+        return self.mesh["tp"]
+
+    @property
+    def pp_mesh(self) -> DeviceMesh:
+        return self.mesh["pp"]
+
+    @property
+    def tp_size(self) -> int:
+        return self.mesh["tp"].size()
+
+    @property
+    def pp_size(self) -> int:
+        return self.mesh["pp"].size()
+
+    @property
+    def tp_rank(self) -> int:
+        return self.mesh["tp"].get_local_rank()
+
+    @property
+    def pp_rank(self) -> int:
+        return self.mesh["pp"].get_local_rank()
 
     @property
     def dp_mesh(self) -> DeviceMesh:
@@ -54,7 +87,7 @@ def launch_env() -> tuple[int, int, int, int]:
             int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])))
 
 
-def init_distributed(device: Device, timeout_s: float = 1800.0) -> ParallelDims:
+def init_distributed(device: Device, timeout_s: float = 1800.0, tp: int = 1, pp: int = 1) -> ParallelDims:
     rank, world, local_rank, local_world = launch_env()
     if not dist.is_initialized():
         kwargs = dict(backend=device.backend, timeout=timedelta(seconds=timeout_s))
@@ -68,8 +101,11 @@ def init_distributed(device: Device, timeout_s: float = 1800.0) -> ParallelDims:
             dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
     world = dist.get_world_size()
     rank = dist.get_rank()
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
-    return ParallelDims(world, rank, local_rank, local_world, mesh)
+    if world % (tp * pp):
+        raise UserError(f"{world} ranks are not divisible by tensor_parallel_degree × pipeline_parallel_degree = "
+                        f"{tp} × {pp}")
+    mesh = init_device_mesh(device.type, (pp, world // (tp * pp), tp), mesh_dim_names=("pp", "dp", "tp"))
+    return ParallelDims(world, rank, local_rank, local_world, mesh, _model_parallel_group(mesh, world, tp, pp))
 
 
 def attempt_store(store: dist.Store, rank: int, world: int, timeout_s: float) -> dist.Store:
@@ -105,13 +141,52 @@ def attempt_store(store: dist.Store, rank: int, world: int, timeout_s: float) ->
     return dist.PrefixStore(f"{prefix}{attempt}/", store)
 
 
-def check_parallelism(cfg, world_size: int) -> None:
+def _model_parallel_group(mesh: DeviceMesh, world: int, tp: int, pp: int) -> dist.ProcessGroup | None:
+    """The ranks of this rank's (tp × pp) block, i.e. the same dp coordinate."""
+    if tp * pp == 1:
+        return None
+    dp = world // (tp * pp)
+    ranks = mesh.mesh.permute(1, 0, 2).reshape(dp, tp * pp).tolist()  # one row per dp coordinate
+    mine = None
+    for row in ranks:  # every rank creates every group, in the same order
+        group = dist.new_group(row)
+        if dist.get_rank() in row:
+            mine = group
+    return mine
+
+
+def check_parallelism(cfg, world_size: int) -> int:
+    """Checks of the [parallelism] degrees that need no model; returns the data-parallel degree."""
     p = cfg.parallelism
-    if p.tensor_parallel_degree != 1 or p.pipeline_parallel_degree != 1:
+    tp, pp = p.tensor_parallel_degree, p.pipeline_parallel_degree
+    for key, value in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp)):
+        if value < 1:
+            raise UserError(f"[parallelism] {key} must be at least 1, got {value}")
+    if world_size % (tp * pp):
         raise UserError(
-            "tensor and pipeline parallelism are not implemented yet; "
-            "set [parallelism] tensor_parallel_degree = 1 and pipeline_parallel_degree = 1"
+            f"{world_size} ranks are not divisible by [parallelism] tensor_parallel_degree × pipeline_parallel_degree "
+            f"= {tp} × {pp} = {tp * pp}; launch a multiple of {tp * pp} ranks (NPROC × NNODES) or change the degrees"
         )
+    if p.pipeline_microbatches < 0:
+        raise UserError(f"[parallelism] pipeline_microbatches must be 0 (auto) or positive, "
+                        f"got {p.pipeline_microbatches}")
+    if tp * pp > 1:
+        _check_supported(cfg)
+    return world_size // (tp * pp)
+
+
+def _check_supported(cfg) -> None:
+    p = cfg.parallelism
+    degrees = (("tp", p.tensor_parallel_degree), ("pp", p.pipeline_parallel_degree))
+    used = " × ".join(f"{name}={d}" for name, d in degrees if d > 1)
+    if p.data_parallel == "ddp":
+        raise UserError(f"data_parallel = 'ddp' with {used} is not supported (torch DDP does not wrap tensor-parallel "
+                        "or pipeline-stage modules here); use data_parallel = 'zero1' (replicated parameters, "
+                        "sharded optimizer) or 'fsdp'")
+    if p.data_parallel in ("acco", "dpu", "wp") and cfg.acco.mode == "adaptive":
+        raise UserError(f"[acco] mode = 'adaptive' with {used} is not supported: each rank picks its own number of "
+                        "micro-batches, but tensor- and pipeline-parallel peers must run the same ones; "
+                        "use mode = 'deterministic'")
 
 
 def destroy(barrier: bool = True) -> None:

@@ -9,31 +9,44 @@ Rank r's slice starts at r × ceil(numel / world): DTensor's layout for a 1-D te
 `numel` elements sharded over the ranks. So the fp32 master slice and the AdamW moments
 are exactly the local shards of unpadded DTensors, which DCP can save and reshard onto
 another world size. (That is why there is no extra alignment padding per rank.)
+
+Under tensor or pipeline parallelism the buffer holds this rank's *local* shards (a
+DTensor parameter's `to_local()`), and the data-parallel group is the ranks with the same
+(pp, tp) coordinates, so the buffers of a group line up element for element.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 
 from torchacco.optim import no_weight_decay_ids
 
 
 class FlatParams:
     def __init__(self, model: nn.Module, group: dist.ProcessGroup, dtype: torch.dtype,
-                 grad_dtype: torch.dtype = torch.float32):
+                 grad_dtype: torch.dtype = torch.float32, tp: int = 1, mp_group: dist.ProcessGroup | None = None,
+                 owns_loss: bool = True):
         self.group = group
+        # Model parallelism: the gradient norm and loss are summed over mp_group (the tp × pp
+        # block); parameters replicated over tp count 1/tp each there, and only one rank of
+        # the block (owns_loss) reports the loss.
+        self.tp, self.mp_group, self.owns_loss = tp, mp_group, owns_loss
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # shared weights once
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
-        device = self.params[0].device
+        local = [_local(p) for p in self.params]
+        device = local[0].device
         skip = no_weight_decay_ids(model)
 
         self.offsets, total = [], 0
-        for p in self.params:
+        for p in local:
             self.offsets.append(total)
             total += p.numel()
         self.numel = total
@@ -47,29 +60,87 @@ class FlatParams:
         self.params_buffer = torch.zeros(self.padded_numel, dtype=dtype, device=device)
         master = torch.zeros(self.shard_numel, dtype=torch.float32, device=device)
         self.decay_ranges: list[tuple[int, int]] = []
-        for p, start in zip(self.params, self.offsets):
-            end = start + p.numel()
-            self.params_buffer[start:end].copy_(p.detach().reshape(-1))
+        self.replicated_ranges: list[tuple[int, int]] = []  # in the shard: tp-replicated parameters
+        for i, (name, p, t, start) in enumerate(zip(self.names, self.params, local, self.offsets)):
+            end = start + t.numel()
+            self.params_buffer[start:end].copy_(t.detach().reshape(-1))
             lo, hi = max(start, shard_start), min(end, shard_end)
             if lo < hi:
-                master[lo - shard_start:hi - shard_start].copy_(p.detach().reshape(-1)[lo - start:hi - start])
+                master[lo - shard_start:hi - shard_start].copy_(t.detach().reshape(-1)[lo - start:hi - start])
                 if id(p) not in skip:
                     self.decay_ranges.append((lo - shard_start, hi - shard_start))
-            p.data = self.params_buffer[start:end].view_as(p)
+                if tp > 1 and not _tp_sharded(p):
+                    self.replicated_ranges.append((lo - shard_start, hi - shard_start))
+            view = self.params_buffer[start:end].view_as(t)
+            if isinstance(p, DTensor):
+                # A new DTensor parameter over the view, in the module's slot (torch.compile
+                # cannot trace a DTensor whose local tensor was swapped in place).
+                self.params[i] = nn.Parameter(DTensor.from_local(view, p.device_mesh, p.placements, run_check=False,
+                                                                 shape=p.shape, stride=p.stride()), p.requires_grad)
+                path, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(path), attr, self.params[i])
+            else:
+                p.data = view
         self.initial_master = master
 
         self.grads = torch.zeros(self.padded_numel, dtype=grad_dtype, device=device)
-        self.grad_views = [self.grads[o:o + p.numel()].view_as(p) for p, o in zip(self.params, self.offsets)]
+        self.grad_views = [self.grads[o:o + t.numel()].view_as(t) for t, o in zip(local, self.offsets)]
         for p, view in zip(self.params, self.grad_views):
             p.register_post_accumulate_grad_hook(self._make_hook(view))
 
     @staticmethod
     def _make_hook(view: torch.Tensor):
         def accumulate(param: torch.Tensor) -> None:
-            view.add_(param.grad)
+            grad = param.grad
+            if isinstance(grad, DTensor):
+                # A replicated weight used on sequence shards (norms) gets a partial sum per
+                # rank: complete it (a small all-reduce over tp) so replicas stay identical.
+                grad = grad.redistribute(param.device_mesh, param.placements).to_local()
+            view.add_(grad)
             param.grad = None  # the flat accumulator is the only gradient storage
 
         return accumulate
+
+    def sq_norm(self, grad_shard: torch.Tensor) -> torch.Tensor:
+        """This rank's share of ‖g‖²: tp-replicated parameters count 1/tp (all tp ranks hold them)."""
+        total = torch.linalg.vector_norm(grad_shard).double() ** 2
+        for lo, hi in self.replicated_ranges:
+            total -= (1 - 1 / self.tp) * torch.linalg.vector_norm(grad_shard[lo:hi]).double() ** 2
+        return total
+
+    def model_parallel_sum(self, sq_norm: float, loss_sum: float) -> tuple[float, float]:
+        """‖g‖² over every parameter of the model and the loss, from the data-parallel sums."""
+        if self.mp_group is None:
+            return sq_norm, loss_sum
+        device = self.params_buffer.device
+        both = torch.tensor([sq_norm, loss_sum if self.owns_loss else 0.0], dtype=torch.float64, device=device)
+        dist.all_reduce(both, group=self.mp_group)
+        return tuple(both.tolist())
+
+    def layout(self) -> str:
+        """A digest of the names and local shapes the buffers of one model replica (the tp × pp
+        block) hold: the same on every rank, so a mismatch stops all of them, and independent of
+        dp, so a checkpoint can reshard onto another number of replicas."""
+        if not hasattr(self, "_layout"):
+            text = ";".join(f"{n}:{tuple(_local(p).shape)}" for n, p in zip(self.names, self.params))
+            texts = [None] * dist.get_world_size(self.mp_group)
+            dist.all_gather_object(texts, text, group=self.mp_group)
+            self._layout = hashlib.sha1("|".join(texts).encode()).hexdigest()
+        return self._layout
+
+    def full_params(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Full tensors by name from a full-length flat buffer of local shards (a collective over
+        tp for sharded parameters)."""
+        out = {}
+        for name, p, o in zip(self.names, self.params, self.offsets):
+            if isinstance(p, DTensor):
+                shape = _local(p).shape
+                local = flat[o:o + shape.numel()].view(shape)
+                out[name] = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                               stride=p.stride()).full_tensor()
+            else:
+                out[name] = flat[o:o + p.numel()].view_as(p)
+        return out
 
     def shard(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's slice of a full-length flat tensor."""
@@ -78,3 +149,14 @@ class FlatParams:
     def real_shard_numel(self) -> int:
         """Elements of this rank's slice that are parameters, not padding (possibly 0)."""
         return max(0, min(self.numel - self.rank * self.shard_numel, self.shard_numel))
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    if isinstance(p, DTensor):
+        with torch.no_grad():  # no autograd edge: only read
+            return p.to_local()
+    return p
+
+
+def _tp_sharded(p: torch.Tensor) -> bool:
+    return isinstance(p, DTensor) and any(not placement.is_replicate() for placement in p.placements)

@@ -62,11 +62,12 @@ def reduce_update_gather(
     # One small collective for all the scalars of every rank: ‖shard‖², loss tokens, loss sum,
     # micro-batches, tokens consumed.
     mine = torch.tensor([0.0, *local], dtype=torch.float64, device=grad.device)
-    mine[0] = torch.linalg.vector_norm(grad).double() ** 2
+    mine[0] = flat.sq_norm(grad)
     stats = torch.empty(flat.world * 5, dtype=torch.float64, device=grad.device)
     all_gather(stats, mine, group=group)
     stats = stats.view(flat.world, 5).cpu()
     sq_norm, tokens, loss_sum, _, consumed = stats.sum(0).tolist()
+    sq_norm, loss_sum = flat.model_parallel_sum(sq_norm, loss_sum)  # over tp × pp peers, if any
     micro_batches = [int(n) for n in stats[:, 3].tolist()]
     if not (math.isfinite(sq_norm) and math.isfinite(loss_sum)):
         # Every rank sees the same gathered numbers, so every rank skips together. The

@@ -1,0 +1,226 @@
+"""Tensor and pipeline parallelism: the same losses as one process, less memory per rank,
+checkpoints and exports that work, and one clear line for every unsupported setting.
+
+Runs are tiny (3 steps, seq 32) and fp32; the flat strategies (zero1, acco) run in
+deterministic mode, so a model-parallel run must follow the 1-process run's losses to fp32
+round-off (the sums run in another order)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT, read_metrics, tiny_args
+from torchacco.validate import main as validate
+
+STEPS = 3
+
+
+def _args(corpus, cache, out, kind, *extra):
+    # The schedule length comes from max_tokens, so a run stopped early (resume test) has the same lr.
+    return tiny_args(corpus, cache, out, "--parallelism.data_parallel", kind, "--training.global_batch_size", "16",
+                     "--training.seq_len", "32", "--training.steps", str(STEPS), "--eval.every", str(STEPS),
+                     "--eval.batches", "1", "--checkpoint.export_hf", "true", "--training.max_tokens",
+                     str(STEPS * 16 * 32), *extra)
+
+
+LLAMA = ("--model.name", "llama3", "--model.flavor", "debug")
+TP2_CHECKPOINTED = ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "true")
+
+
+# name -> (ranks, strategy, extra arguments). Each world size's runs share one launch.
+RUNS = {
+    "neo-zero1": (1, "zero1", ()),
+    "neo-acco": (1, "acco", ()),
+    "llama-zero1": (1, "zero1", LLAMA),
+    "llama-acco": (1, "acco", LLAMA),
+    "neo-acco-tp2": (2, "acco", TP2_CHECKPOINTED),
+    "neo-fsdp-tp2": (2, "fsdp", ("--parallelism.tensor_parallel_degree", "2")),
+    "llama-zero1-pp2": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2")),  # 1f1b
+    "llama-acco-pp2": (2, "acco", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2",
+                                   "--parallelism.pipeline_schedule", "gpipe")),
+    # the resume test: 2 steps, then on to STEPS from the checkpoint (same folder)
+    "resumed": (2, "acco", (*TP2_CHECKPOINTED, "--training.steps", "2")),
+    "resumed ": (2, "acco", TP2_CHECKPOINTED),
+    # resuming with another pipeline schedule: same buffer sizes, other layers on each rank
+    "relayout": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--training.steps", "1",
+                              "--checkpoint.enable", "true")),
+    "relayout ": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--checkpoint.enable", "true",
+                               "--parallelism.pipeline_schedule", "interleaved_1f1b")),
+    "tp2-for-reshard": (2, "zero1", ("--parallelism.tensor_parallel_degree", "2", "--training.steps", "1",
+                                     "--checkpoint.enable", "true")),
+    "neo-zero1-tp2dp2": (4, "zero1", ("--parallelism.tensor_parallel_degree", "2")),
+    "resharded": (4, "zero1", ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "true",
+                               "--checkpoint.load_path", "{root}/tp2-for-reshard/checkpoint/step-00000001")),
+    "neo-acco-tp2dp2": (4, "acco", ("--parallelism.tensor_parallel_degree", "2")),
+    "llama-fsdp-pp2dp2": (4, "fsdp", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2")),
+    "llama-acco-tp2pp2": (4, "acco", (*LLAMA, "--parallelism.tensor_parallel_degree", "2",
+                                      "--parallelism.pipeline_parallel_degree", "2",
+                                      "--parallelism.pipeline_schedule", "interleaved_1f1b")),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_corpus, cache_dir, tmp_path_factory):
+    """name -> (metrics, stdout, output folder), all trained up front: one launch per world size."""
+    root = tmp_path_factory.mktemp("model_parallel")
+    for nproc in (1, 2, 4):
+        argvs = [_args(tiny_corpus, cache_dir, root / name.strip(), kind, *(a.format(root=root) for a in extra))
+                 for name, (n, kind, extra) in RUNS.items() if n == nproc]
+        (root / f"runs{nproc}.json").write_text(json.dumps(argvs))
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                               str(nproc), str(ROOT / "tests" / "model_parallel_worker.py"),
+                               str(root / f"runs{nproc}.json")], capture_output=True, text=True, timeout=600,
+                              env=env, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    out = {}
+    for name in RUNS:
+        folder = root / name.strip()
+        metrics = read_metrics(folder) if (folder / "metrics.jsonl").exists() else []
+        out[name.strip()] = (metrics, (folder / "stdout.txt").read_text(), folder)
+    return out
+
+
+def _same_losses(run, reference):
+    losses, expected = [r["loss"] for r in run[0]], [r["loss"] for r in reference[0]]
+    assert len(losses) == STEPS
+    assert losses == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    if " × 1 × tp" in run[1]:  # validation batches are per data-parallel rank: same data only for dp = 1
+        assert run[0][-1]["val_loss"] == pytest.approx(reference[0][-1]["val_loss"], rel=1e-5)
+
+
+def _same_export(run, reference):
+    ours, theirs = load_file(run[2] / "hf" / "model.safetensors"), load_file(reference[2] / "hf" / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        # Adam turns round-off in near-zero gradients into up to ±lr steps (1e-3) for a few
+        # elements; a wrong layout would be off by the weights' own scale (0.02).
+        torch.testing.assert_close(ours[name], theirs[name], rtol=0, atol=2e-4, msg=name)
+
+
+def _params_on_rank0(run) -> float:
+    return float(re.search(r"\(([\d.]+)M params on rank 0\)", run[1]).group(1))
+
+
+def _full_params(run) -> float:
+    return float(re.search(r" ([\d.]+)M params \|", run[1]).group(1))
+
+
+@pytest.mark.parametrize("kind", ["zero1", "acco"])
+def test_tensor_parallel_2_and_2x2_with_data_parallel_match_one_process(runs, kind):
+    """GPT-Neo (tied head, local attention): tp = 2 on 2 ranks and tp = 2 × dp = 2 on 4."""
+    reference, tp2dp2 = runs[f"neo-{kind}"], runs[f"neo-{kind}-tp2dp2"]
+    checked = [tp2dp2]
+    if kind == "acco":  # tp alone, on 2 ranks (its checkpoint is the resume test's reference)
+        checked.append(runs["neo-acco-tp2"])
+    for run in checked:
+        _same_losses(run, reference)
+        _same_export(run, reference)
+        # Every weight matrix, the embeddings and the biases of split layers are halved; only
+        # the norms and the row-split layers' biases stay whole.
+        assert _params_on_rank0(run) < 0.51 * _full_params(run)
+    assert f"{kind} × 2 × tp 2 × pp 1" in tp2dp2[1]
+
+
+def test_fsdp_with_tensor_or_pipeline_parallel_matches_zero1_on_one_process(runs):
+    _same_losses(runs["neo-fsdp-tp2"], runs["neo-zero1"])
+    _same_losses(runs["llama-fsdp-pp2dp2"], runs["llama-zero1"])  # each stage's root sharded over dp 2
+    _same_export(runs["llama-fsdp-pp2dp2"], runs["llama-zero1"])
+
+
+@pytest.mark.parametrize("kind", ["zero1", "acco"])  # with 1f1b and gpipe
+def test_pipeline_parallel_2_stages_matches_one_process(runs, kind):
+    reference, pp2 = runs[f"llama-{kind}"], runs[f"llama-{kind}-pp2"]
+    _same_losses(pp2, reference)
+    _same_export(pp2, reference)
+    # Stage 0 holds the embedding and 3 of the 6 blocks; the head and the others are on stage 1.
+    assert _params_on_rank0(pp2) < 0.6 * _full_params(pp2)
+
+
+def test_acco_over_tensor_and_interleaved_pipeline_parallel_matches_one_process(runs):
+    reference, tp2pp2 = runs["llama-acco"], runs["llama-acco-tp2pp2"]
+    _same_losses(tp2pp2, reference)
+    _same_export(tp2pp2, reference)
+    assert _params_on_rank0(tp2pp2) < 0.3 * _full_params(tp2pp2)
+
+
+def test_acco_with_tensor_parallel_resumes_bit_for_bit(runs):
+    (resumed, stdout, _), full = runs["resumed"], runs["neo-acco-tp2"]
+    assert "resumed from" in stdout and "at step 2" in stdout
+    for key in ("loss", "grad_norm", "lr"):
+        assert [r[key] for r in resumed] == [r[key] for r in full[0]], key
+    assert resumed[-1]["val_loss"] == full[0][-1]["val_loss"]
+    _same_export(runs["resumed"], full)
+
+
+def test_resume_with_another_pipeline_layout_is_one_clear_error(runs):
+    stdout = runs["relayout"][1]
+    assert "torchacco: error: this checkpoint's tensor- and pipeline-parallel layout differs" in stdout
+    assert "pipeline_schedule" in stdout and "resumed from" not in stdout
+
+
+def test_zero1_checkpoint_under_tensor_parallel_reshards_onto_more_data_parallel_ranks(runs):
+    metrics, stdout, _ = runs["resharded"]
+    assert "resumed from" in stdout and "data-parallel ranks changed (1 -> 2)" in stdout
+    assert [r["step"] for r in metrics] == [2, 3]
+    # Started from a 1-step model: below the fresh runs' second-step loss would be a fluke;
+    # above the first step's, training broke.
+    assert metrics[0]["loss"] < runs["neo-zero1"][0][0]["loss"]
+
+
+@pytest.mark.parametrize("world, extra, words", [
+    pytest.param(4, ["--parallelism.tensor_parallel_degree", "3"], ["4 ranks", "not divisible", "3 × 1"],
+                 id="degrees-do-not-divide-world"),
+    pytest.param(2, ["--parallelism.tensor_parallel_degree", "0"], ["tensor_parallel_degree must be at least 1"],
+                 id="zero-degree"),
+    pytest.param(8, ["--parallelism.tensor_parallel_degree", "8"], ["n_heads = 4", "not divisible", "= 8"],
+                 id="heads-not-divisible"),
+    pytest.param(2, ["--parallelism.tensor_parallel_degree", "2", "--model.vocab_size", "401"],
+                 ["vocab_size = 401", "not divisible", "vocab_size to a multiple of 2", "402"],
+                 id="vocab-not-divisible"),
+    pytest.param(3, [*LLAMA, "--parallelism.tensor_parallel_degree", "3"], ["n_kv_heads = 2", "not divisible"],
+                 id="kv-heads-not-divisible"),
+    pytest.param(8, [*LLAMA, "--parallelism.pipeline_parallel_degree", "8"], ["6 layers", "fewer than the 8"],
+                 id="fewer-layers-than-stages"),
+    pytest.param(2, ["--parallelism.pipeline_parallel_degree", "2"], ["pipeline parallelism", "tied", "not supported"],
+                 id="pipeline-with-tied-head"),
+    pytest.param(2, [*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_microbatches",
+                     "3"], ["local_batch_size = 4", "pipeline_microbatches = 3"], id="microbatches-do-not-divide"),
+    pytest.param(2, [*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_microbatches",
+                     "1"], ["1f1b needs at least", "gpipe"], id="1f1b-too-few-microbatches"),
+    pytest.param(2, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel", "ddp"],
+                 ["'ddp' with tp=2 is not supported", "zero1"], id="ddp-with-tp"),
+    pytest.param(2, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel", "acco",
+                     "--acco.mode", "adaptive", "--training.max_tokens", "10000"],
+                 ["adaptive", "tp=2", "not supported", "deterministic"], id="adaptive-with-tp"),
+    pytest.param(4, ["--parallelism.tensor_parallel_degree", "2", "--training.global_batch_size", "12"],
+                 ["global_batch_size = 12", "4 × 2 = 8"], id="global-batch-counts-dp-ranks-only"),
+])
+def test_bad_model_parallel_setting_is_one_line_before_launch(world, extra, words, tiny_corpus, cache_dir, tmp_path,
+                                                              monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    assert validate(tiny_args(tiny_corpus, cache_dir, tmp_path, "--parallelism.data_parallel", "zero1", *extra)) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("torchacco: error:"), lines
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+@pytest.mark.parametrize("config, world", [("llama3_8b_acco", 32), ("llama3_70b_fsdp", 64), ("llama3_70b_acco", 128)])
+def test_cluster_configs_pass_validation_at_their_world_size(config, world, tiny_corpus, tmp_path, monkeypatch, capsys):
+    """TP inside a node (8), ACCO or FSDP across nodes (and 4 pipeline stages for 70B ACCO)."""
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{}")  # validate checks that the file exists; data paths are the cluster's
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    argv = ["--config", str(ROOT / "train_configs" / f"{config}.toml"), "--data.dataset", str(tiny_corpus),
+            "--tokenizer.path", str(tokenizer)]
+    assert validate(argv) == 0, capsys.readouterr().err
+    assert validate([*argv, "--training.device", "cpu"]) == 0
+    monkeypatch.setenv("WORLD_SIZE", str(world + 4))  # not a multiple of tp × pp
+    assert validate(argv) == 1 and "not divisible by [parallelism] tensor_parallel_degree" in capsys.readouterr().err

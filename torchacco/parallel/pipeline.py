@@ -1,0 +1,156 @@
+"""Pipeline parallelism with torch.distributed.pipelining, split by layer.
+
+Each pp rank keeps only its stages' layers of the full model (the model object stays, so
+parameter names stay those of the full model: checkpoints and exports need no renaming).
+A stage is a thin module over those shared pieces: embedding (first stage), its blocks,
+norm and head (last stage). One training micro-batch of the loop is one schedule step, which
+splits it into `pipeline_microbatches` pieces and runs their forwards and backwards
+(GPipe, 1F1B or interleaved 1F1B, two stages per rank). The schedule's loss is the sum of
+token losses (no scaling by the number of pieces), so the gradients are the same
+sum-of-token-loss gradients as without a pipeline, and the strategies normalise them the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from torchacco.errors import UserError
+from torchacco.parallel.dims import ParallelDims
+
+IGNORE_INDEX = -100
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+
+
+def stages_per_rank(cfg) -> int:
+    return 2 if cfg.parallelism.pipeline_schedule == "interleaved_1f1b" else 1
+
+
+def microbatches(cfg) -> int:
+    p = cfg.parallelism
+    return p.pipeline_microbatches or p.pipeline_parallel_degree * stages_per_rank(cfg)
+
+
+def check_pipeline(cfg, args, where: str) -> None:
+    p, pp = cfg.parallelism, cfg.parallelism.pipeline_parallel_degree
+    stages = pp * stages_per_rank(cfg)
+    if not hasattr(args, "tie_embeddings") or args.tie_embeddings:  # GPT-Neo always ties
+        raise UserError(f"pipeline parallelism with {where} is not supported: its output head is the input "
+                        "embedding (tied), which would live on the first and the last stage; use "
+                        "tensor_parallel_degree instead, or a model with an untied head (llama3 8B/70B)")
+    if args.n_layers < stages:
+        raise UserError(f"{where} has {args.n_layers} layers, fewer than the {stages} pipeline stages "
+                        f"(pipeline_parallel_degree = {pp}, {p.pipeline_schedule}); lower pipeline_parallel_degree")
+    n = microbatches(cfg)
+    if cfg.training.local_batch_size % n:
+        raise UserError(f"[training] local_batch_size = {cfg.training.local_batch_size} is not divisible by "
+                        f"[parallelism] pipeline_microbatches = {n} (each local batch is split into that many pieces)")
+    if p.pipeline_schedule != "gpipe" and n < pp:
+        raise UserError(f"{p.pipeline_schedule} needs at least pipeline_parallel_degree = {pp} pipeline_microbatches, "
+                        f"got {n}; raise it (or use pipeline_schedule = 'gpipe')")
+    if p.pipeline_schedule == "interleaved_1f1b" and n % pp:
+        raise UserError(f"interleaved_1f1b needs pipeline_microbatches to be a multiple of pipeline_parallel_degree "
+                        f"= {pp}, got {n}")
+
+
+def layer_split(n_layers: int, stages: int) -> list[range]:
+    """Contiguous layer ranges, the first stages one layer longer when it does not divide."""
+    base, extra = divmod(n_layers, stages)
+    out, start = [], 0
+    for s in range(stages):
+        end = start + base + (s < extra)
+        out.append(range(start, end))
+        start = end
+    return out
+
+
+class Layers(nn.ModuleDict):
+    """The blocks this rank keeps, under their full-model indices (so names stay `layers.<i>.…`);
+    iterating yields the blocks, as for the full model's ModuleList."""
+
+    def __iter__(self):
+        return iter(self.values())
+
+
+class LlamaStage(nn.Module):
+    """Embedding (first stage) → blocks → norm and head (last stage), over the model's own modules."""
+
+    def __init__(self, model: nn.Module, layer_ids: range, first: bool, last: bool, seq_shards: int):
+        super().__init__()
+        self.tok_embeddings = model.tok_embeddings if first else None
+        self.blocks = nn.ModuleList(model.layers[str(i)] for i in layer_ids)
+        self.norm, self.output = (model.norm, model.output) if last else (None, None)
+        self.rope = model.rope  # a plain attribute: the model owns the buffer
+        self.seq_shards = seq_shards  # sequence parallelism: activations between stages hold T / tp tokens
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tok_embeddings is not None:
+            T = x.shape[1]
+            x = self.tok_embeddings(x)
+        else:
+            T = x.shape[1] * self.seq_shards
+        rope = self.rope[:T]
+        for block in self.blocks:
+            x = block(x, rope)
+        if self.output is not None:
+            x = self.output(self.norm(x))
+        return x
+
+
+STAGES = {"Llama3": LlamaStage}
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
+
+
+class Pipeline:
+    """This rank's stages and the schedule that runs them."""
+
+    def __init__(self, stages: list[PipelineStage], cfg, first: bool, last: bool):
+        self.stages, self.first, self.last = stages, first, last
+        n, kind = microbatches(cfg), SCHEDULES[cfg.parallelism.pipeline_schedule]
+        stage = stages if kind is ScheduleInterleaved1F1B else stages[0]
+        self.schedule = kind(stage, n_microbatches=n, loss_fn=token_loss, scale_grads=False)
+
+    def _run(self, run, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = batch["labels"]
+        losses: list[torch.Tensor] = []
+        args = (batch["input_ids"],) if self.first else ()
+        run(*args, target=labels if self.last else None, losses=losses if self.last else None, return_outputs=False)
+        loss = torch.stack(losses).sum().detach() if self.last else torch.zeros((), device=labels.device)
+        return loss, (labels != IGNORE_INDEX).sum()
+
+    def forward_backward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sum of token losses (0 except on the last stage) and tokens in the loss (every stage)."""
+        return self._run(self.schedule.step, batch)
+
+    def evaluate(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._run(self.schedule.eval, batch)
+
+
+def split_stages(model: nn.Module, cfg, dims: ParallelDims, device) -> tuple[nn.Module, Pipeline]:
+    """Prune `model` to this rank's stages; (the pruned model, its pipeline)."""
+    stage_cls = STAGES.get(type(model).__name__)
+    if stage_cls is None:
+        raise UserError(f"no pipeline stage for {type(model).__name__}; add one to torchacco/parallel/pipeline.py "
+                        f"(known: {', '.join(STAGES)})")
+    pp, v = dims.pp_size, stages_per_rank(cfg)
+    n_stages = pp * v
+    ranges = layer_split(len(model.layers), n_stages)
+    mine = [dims.pp_rank + k * pp for k in range(v)]  # interleaved: stages r, r + pp, ...
+    first, last = 0 in mine, n_stages - 1 in mine
+    model.layers = Layers({str(i): model.layers[i] for s in mine for i in ranges[s]})
+    if not first:
+        model.tok_embeddings = None
+    if not last:
+        model.norm = model.output = None
+    group = dims.pp_mesh.get_group()
+    stages = [PipelineStage(stage_cls(model, ranges[s], s == 0, s == n_stages - 1, dims.tp_size), s, n_stages,
+                            device.torch, group=group) for s in mine]
+    # A plain list, not submodules (the parameters keep their full-model names): FSDP makes
+    # each stage module a root, since the schedule calls them and never model.forward.
+    model.stage_modules = [stage.submod for stage in stages]
+    return model, Pipeline(stages, cfg, first, last)
