@@ -50,8 +50,9 @@ RUNS = {
     # resuming with another pipeline schedule: same buffer sizes, other layers on each rank
     "relayout": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--training.steps", "1",
                               "--checkpoint.enable", "true")),
-    "relayout ": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--checkpoint.enable", "true",
-                               "--parallelism.pipeline_schedule", "interleaved_1f1b")),
+    "relayout-other": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--checkpoint.enable",
+                                    "true", "--parallelism.pipeline_schedule", "interleaved_1f1b",
+                                    "--checkpoint.load_path", "{root}/relayout/checkpoint/step-00000001")),
     "tp2-for-reshard": (2, "zero1", ("--parallelism.tensor_parallel_degree", "2", "--training.steps", "1",
                                      "--checkpoint.enable", "true")),
     "neo-zero1-tp2dp2": (4, "zero1", ("--parallelism.tensor_parallel_degree", "2")),
@@ -160,7 +161,7 @@ def test_acco_with_tensor_parallel_resumes_bit_for_bit(runs):
 
 
 def test_resume_with_another_pipeline_layout_is_one_clear_error(runs):
-    stdout = runs["relayout"][1]
+    stdout = runs["relayout-other"][1]  # (into the same folder, the dump-folder check refuses first)
     assert "torchacco: error: this checkpoint's tensor- and pipeline-parallel layout differs" in stdout
     assert "pipeline_schedule" in stdout and "resumed from" not in stdout
 

@@ -25,13 +25,20 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
+def _one_rank_flat(group, numel: int):
+    """What the job uses of FlatParams, for one rank without model parallelism."""
+    return SimpleNamespace(group=group, world=1, shard_numel=numel,
+                           sq_norm=lambda g: torch.linalg.vector_norm(g).double() ** 2,
+                           model_parallel_sum=lambda sq_norm, loss_sum: (sq_norm, loss_sum))
+
+
 @pytest.mark.parametrize("kind", [COMMIT, ESTIMATE, COMMIT_AND_PREDICT])
 def test_a_nonfinite_gradient_leaves_theta_and_the_optimizer_state_untouched(one_rank_group, kind):
     torch.manual_seed(0)
     opt = ShardedAdamW(torch.randn(40), [(0, 40)], Optimizer(lr=1e-2))
     opt.step(torch.randn(40), 1e-2)  # non-trivial moments
     before = [t.clone() for t in (opt.state.master, opt.state.exp_avg, opt.state.exp_avg_sq)]
-    flat = SimpleNamespace(group=one_rank_group, world=1, shard_numel=40)
+    flat = _one_rank_flat(one_rank_group, 40)
     grads = torch.randn(40)
     grads[7] = float("nan")
     out = torch.full((40,), 123.0)
@@ -45,7 +52,7 @@ def test_a_nonfinite_gradient_leaves_theta_and_the_optimizer_state_untouched(one
 
 def test_a_nonfinite_local_loss_names_its_rank(one_rank_group):
     opt = ShardedAdamW(torch.zeros(8), [], Optimizer())
-    flat = SimpleNamespace(group=one_rank_group, world=1, shard_numel=8)
+    flat = _one_rank_flat(one_rank_group, 8)
     result = reduce_update_gather(flat, opt, torch.zeros(8), (8.0, float("inf"), 1, 8.0), lambda c: 1e-3, COMMIT,
                                   torch.zeros(8), 1.0)
     assert result.skipped and result.nonfinite_ranks == [0]
