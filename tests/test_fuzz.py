@@ -17,7 +17,10 @@ from torchacco.config import Config, load_config
 from torchacco.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+# Derandomized: CI explores the same 150 cases every run (no flaky failures); raise
+# max_examples or drop derandomize locally to search further.
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
+                database=None)
 DEFAULT_TOML = (ROOT / "train_configs" / "default_acco.toml").read_text()
 
 
@@ -103,7 +106,7 @@ def _tokenizer_json(tmp_path_factory) -> bytes:
     return TOKENIZER_JSON
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
 @given(cut=st.floats(0, 1), flip=st.integers(0, 10_000))
 def test_truncated_or_corrupted_tokenizer_json(tmp_path_factory, cut, flip):
     good = _tokenizer_json(tmp_path_factory)

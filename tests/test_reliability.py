@@ -108,27 +108,39 @@ def _errors(proc) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
 
 
-def test_a_folder_holding_another_run_is_refused_unless_told(tiny_corpus, cache_dir, tmp_path):
-    out = tmp_path / "out"
-    base = ["--training.steps", "2", "--eval.every", "0", "--checkpoint.enable", "true"]
-    assert run_train(tiny_args(tiny_corpus, cache_dir, out, *base), nproc=1).returncode == 0
-    other = run_train(tiny_args(tiny_corpus, cache_dir, out, *base, "--optimizer.lr", "5e-3"), nproc=1)
-    assert other.returncode == 1 and "Traceback" not in other.stderr
-    assert len(_errors(other)) == 1 and "holds a different run (differs in optimizer.lr)" in _errors(other)[0]
-    assert "--job.overwrite true" in _errors(other)[0]
+def test_a_folder_holding_another_run_is_refused_unless_told(tmp_path):
+    from torchacco import run_folder
+    from torchacco.config import Config
 
-    replaced = run_train(tiny_args(tiny_corpus, cache_dir, out, *base, "--optimizer.lr", "5e-3",
-                                   "--job.overwrite", "true"), nproc=1)
-    assert replaced.returncode == 0, replaced.stderr[-2000:]
-    assert "resumed" not in replaced.stdout  # the other run's checkpoints were removed, not resumed from
-    assert 'lr = 0.005' in (out / "config.toml").read_text()
+    out = tmp_path / "out"
+    first = Config()
+    run_folder.prepare(first, out)
+    (out / "checkpoint" / "step-00000002").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+
+    longer = Config()
+    longer.training.steps, longer.eval.every = 500, 7  # the same run, resumed for longer: allowed
+    run_folder.prepare(longer, out)
+    assert (out / "checkpoint" / "step-00000002").is_dir()
+
+    other = Config()
+    other.optimizer.lr, other.model.flavor = 5e-3, "tiny"
+    with pytest.raises(UserError, match=r"holds a different run \(differs in model.flavor, optimizer.lr\).*"
+                                        r"--job.overwrite true"):
+        run_folder.prepare(other, out)
+    other.job.overwrite = True  # deletes that run's outputs: nothing of it is resumed
+    run_folder.prepare(other, out)
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml"] and "lr = 0.005" in (out / "config.toml").read_text()
 
     stranger = tmp_path / "notes"
     stranger.mkdir()
     (stranger / "thesis.tex").write_text("precious")
-    proc = run_train(tiny_args(tiny_corpus, cache_dir, stranger, *base), nproc=1)
-    assert proc.returncode == 1 and "holds no torchacco run" in _errors(proc)[0]
+    with pytest.raises(UserError, match="holds no torchacco run"):
+        run_folder.prepare(Config(), stranger)
     assert (stranger / "thesis.tex").read_text() == "precious"
+    (out / "config.toml").write_bytes(b"\xff\xfe garbage")  # unreadable: treated as another run
+    with pytest.raises(UserError, match="config.toml \\(unreadable\\)"):
+        run_folder.prepare(Config(), out)
 
 
 @pytest.fixture

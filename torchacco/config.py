@@ -265,20 +265,20 @@ def parse_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str, s
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("--"):
-            raise UserError(f"unexpected argument '{arg}'; use --config FILE and --section.key VALUE")
+            raise UserError(f"unexpected argument {arg!r}; use --config FILE and --section.key VALUE")
         name, eq, inline = arg[2:].partition("=")
         if eq:
             value, i = inline, i + 1
         elif i + 1 < len(argv):
             value, i = argv[i + 1], i + 2
         else:
-            raise UserError(f"'{arg}' needs a value")
+            raise UserError(f"{arg!r} needs a value")
         if name in ("config", "job.config_file"):
             config_file = value
             continue
         section, dot, key = name.partition(".")
         if not dot or not key:
-            raise UserError(f"'{arg}': overrides are written --section.key VALUE (e.g. --training.steps 20)")
+            raise UserError(f"{arg!r}: overrides are written --section.key VALUE (e.g. --training.steps 20)")
         overrides.append((section, key, value))
     return config_file, overrides
 

@@ -25,7 +25,8 @@ def run_cli(main, print_errors: bool = True) -> int:
         return main() or 0
     except UserError as e:
         if print_errors or isinstance(e, PeerFailure):
-            print(f"torchacco: error: {e}", file=sys.stderr, flush=True)
+            one_line = " ".join(str(e).split())  # a value quoted from the user may hold newlines
+            print(f"torchacco: error: {one_line}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
         return 130
