@@ -399,10 +399,20 @@ def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout
     if validate.returncode:
         last = validate.stderr.strip().splitlines()[-1] if validate.stderr.strip() else "invalid config"
         raise ClusterError(last.removeprefix("torchacco: error: "))
+    wall = run_nodes(plan, "torchacco.bench.node_train", args, folder, timeout_s, port, threads, verbose)
+    return {"records": read_records(folder), "ranks": read_rank_reports(folder), "wall_s": wall}
+
+
+def run_nodes(plan: ClusterPlan, module: str, args: list[str], folder: Path, timeout_s: float = 900,
+              port: int = 29400, threads: int = 1, verbose: bool = False) -> float:
+    """Build the cluster, run `module args` under one torchrun agent per node, tear down. Returns wall seconds.
+
+    Raises ClusterError (one line: the failing node's last error) when a node fails or the run times out."""
+    folder.mkdir(parents=True, exist_ok=True)
     env = node_env(threads, {"TORCHACCO_NODE_REPORT_DIR": str(folder)})
     started = time.perf_counter()
     with Cluster(plan, verbose=verbose) as cluster:
-        procs = [cluster.launch(i, train_argv(plan, i, args, port, run_id=plan.prefix),
+        procs = [cluster.launch(i, train_argv(plan, i, args, port, module=module, run_id=plan.prefix),
                                 {**env, "TORCHACCO_NODE_ADDR": plan.address(i), "TORCHACCO_NODE_INDEX": str(i)},
                                 folder / f"node{i}.log")
                  for i in range(plan.nodes)]
@@ -421,8 +431,13 @@ def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout
         if failed is not None:
             raise ClusterError(f"node {failed} failed: {_last_error(folder / f'node{failed}.log')} "
                                f"(logs: {folder}/node*.log)")
-    wall = time.perf_counter() - started
-    return {"records": read_records(folder), "ranks": read_rank_reports(folder), "wall_s": wall}
+    return time.perf_counter() - started
+
+
+def probe_collectives(plan: ClusterPlan, folder: Path, numel: int, port: int = 29400, timeout_s: float = 600) -> dict:
+    """Median seconds of a gloo reduce-scatter, all-gather and all-reduce of `numel` fp32 over the cluster."""
+    run_nodes(plan, "torchacco.bench.collective_probe", ["--numel", str(numel)], folder, timeout_s, port)
+    return json.loads((folder / "collectives.json").read_text())
 
 
 def _last_error(log: Path) -> str:

@@ -11,10 +11,12 @@ Per update, with c the compute time of one micro-batch (c_slow on the slowest ra
 one gradient (or parameter) buffer on the wire, and W = N·G ranks:
 
   one reduce-scatter or all-gather  V = (N-1)/N · 8S/B + (N-1)·L + (G-1)/G · 8S/B_intra   (hierarchical ring)
+  as measured for a backend         V_rs = f_rs·V, V_ag = f_ag·V, V_ar = f_ar·2V  (f = 1 for NCCL; gloo's
+                                    reduce-scatter is ~2: it moves an all-reduce's bytes)
   the sharded job                   M = V_rs + P/W / opt_rate + V_ag
-  ddp      k·c + max(0, 2V − ⅔c) + P / opt_rate        (all-reduce overlapped with the last backward)
+  ddp      k·c + max(0, V_ar − ⅔c) + P / opt_rate      (all-reduce overlapped with the last backward)
   zero1    k·c + M                                      (the job after the last micro-batch)
-  fsdp     k·max(c, 3V) + P/W / opt_rate                (2 all-gathers + 1 reduce-scatter per micro-batch, prefetched)
+  fsdp     k·max(c, 2V_ag + V_rs) + P/W / opt_rate      (2 all-gathers + 1 reduce-scatter per micro-batch, prefetched)
   acco     2·max(k/2·c, M)                              (deterministic: two rounds of half the micro-batches, one job each)
   acco adaptive   rounds of R = max(k/2·c_slow, M); rank i computes max(k/2, R/c_i) micro-batches per round
   dpu, wp  max(k·c, M)                                  (one job per update, beside the next period)
@@ -66,6 +68,11 @@ class Hardware:
     opt_rate: float = 1e11               # sharded AdamW elements per second per rank
     slow_factor: float = 1.0             # one rank computes this much slower
     compute_s: float | None = None       # measured compute time of one micro-batch (overrides flops)
+    # Measured time of each collective over its ring ideal (1: NCCL-like). gloo's reduce-scatter moves
+    # about as much as an all-reduce (~2x); see `collective_probe.py`.
+    rs_factor: float = 1.0
+    ag_factor: float = 1.0
+    ar_factor: float = 1.0
 
     @property
     def world(self) -> int:
@@ -93,18 +100,20 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
     c = hw.compute_s if hw.compute_s is not None else work.flops_per_token * work.tokens_per_micro_batch / hw.flops
     c_slow = c * hw.slow_factor
     V = collective_s(P * work.comm_bytes, hw)
+    V_rs, V_ag, V_ar = hw.rs_factor * V, hw.ag_factor * V, hw.ar_factor * 2 * V
     opt_shard = P / W / hw.opt_rate
-    M = V + opt_shard + V  # reduce-scatter, sharded AdamW, all-gather
+    M = V_rs + opt_shard + V_ag  # reduce-scatter, sharded AdamW, all-gather
     half = max(1, k // 2)
     tokens = W * k * work.tokens_per_micro_batch
     if strategy == "ddp":
-        comm = max(0.0, 2 * V - 2 / 3 * c_slow) + P / hw.opt_rate
-        step, job = k * c_slow + comm, 2 * V
+        comm = max(0.0, V_ar - 2 / 3 * c_slow) + P / hw.opt_rate
+        step, job = k * c_slow + comm, V_ar
     elif strategy == "zero1":
         step, comm, job = k * c_slow + M, M, M
     elif strategy == "fsdp":
-        step = k * max(c_slow, 3 * V) + opt_shard
-        comm, job = step - k * c_slow, 3 * k * V
+        per_mb = 2 * V_ag + V_rs
+        step = k * max(c_slow, per_mb) + opt_shard
+        comm, job = step - k * c_slow, k * per_mb
     elif strategy == "acco":
         rnd = max(half * c_slow, M)
         step, comm, job = 2 * rnd, 2 * (rnd - half * c_slow), 2 * M
@@ -145,7 +154,7 @@ def balance_bandwidth(work: Workload, hw: Hardware) -> float:
     compute = work.micro_batches * c * hw.slow_factor - work.params / hw.world / hw.opt_rate
     if compute <= 0 or hw.nodes < 2:
         raise ValueError("no balance point: the optimizer step alone outlasts the compute, or one node")
-    bits = 2 * (hw.nodes - 1) / hw.nodes * 8 * work.params * work.comm_bytes  # reduce-scatter + all-gather
+    bits = (hw.rs_factor + hw.ag_factor) * (hw.nodes - 1) / hw.nodes * 8 * work.params * work.comm_bytes
     latency = 2 * (hw.nodes - 1) * hw.latency_s
     if compute <= latency:
         raise ValueError("no balance point: latency alone outlasts the compute")

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from torchacco.bench import cost_model as cm
-from torchacco.bench.cluster import (ClusterError, ClusterPlan, Cluster, format_rate, measure_link, parse_rate,
-                                     preflight, run_training)
+from torchacco.bench.cluster import (ClusterPlan, Cluster, format_rate, measure_link, parse_rate, preflight,
+                                     probe_collectives, run_training)
 from torchacco.bench.compare import summarize
 from torchacco.errors import UserError
 
@@ -119,6 +119,14 @@ def calibrate(points: list[dict], work: cm.Workload, nodes: int) -> cm.Hardware:
                        compute_s=c, opt_rate=work.params / nodes / opt_s)
 
 
+def collective_factors(plan: ClusterPlan, work: cm.Workload, folder: Path) -> dict:
+    """Each gloo collective's measured time over its ring ideal at the plan's link rate (the cost model's f)."""
+    probe = probe_collectives(plan, folder, int(work.params))
+    ideal = cm.collective_s(probe["bytes"], cm.Hardware(nodes=plan.nodes, flops=1.0, bandwidth_bps=plan.rate_bps))
+    return {"rs_factor": probe["reduce_scatter_s"] / ideal, "ag_factor": probe["all_gather_s"] / ideal,
+            "ar_factor": probe["all_reduce_s"] / (2 * ideal), "probe": probe}
+
+
 def default_workload(micro_batches: int = 2, local_batch: int = 4, seq_len: int = 256, flavor: str = "tiny"):
     # the CPU trains in fp32: gradients and parameters travel as 4-byte floats
     return cm.model_workload("gpt_neo", flavor, seq_len, local_batch, micro_batches, vocab_size=10000, comm_bytes=4)
@@ -149,6 +157,12 @@ def throughput(args) -> dict:
     if "zero1" not in strategies:
         raise UserError("the throughput sweep needs zero1 among --strategies (it calibrates the cost model)")
     hw = calibrate(points, work, args.nodes)
+    probe_rate = parse_rate(args.probe_rate)
+    print(f"[throughput] probing gloo collectives at {_fmt_rate(probe_rate)}", flush=True)
+    factors = collective_factors(ClusterPlan(nodes=args.nodes, rate_bps=probe_rate), work, runs / "probe")
+    print(f"  time over the ring ideal: reduce-scatter {factors['rs_factor']:.2f}×, all-gather "
+          f"{factors['ag_factor']:.2f}×, all-reduce {factors['ar_factor']:.2f}×", flush=True)
+    hw.rs_factor, hw.ag_factor, hw.ar_factor = factors["rs_factor"], factors["ag_factor"], factors["ar_factor"]
     balance = cm.balance_bandwidth(work, hw)
     balance = float(f"{balance:.2g}")  # round to two significant digits
     rates = sorted({*(parse_rate(r) for r in args.rates.split(",") if parse_rate(r)), balance}, reverse=True)
@@ -158,8 +172,8 @@ def throughput(args) -> dict:
     # 2. the cost model's predictions for every measured point
     errors = []
     for p in points:
-        bw = goodput.get(p["rate_bps"], p["rate_bps"])
-        pred = cm.predict(work, cm.Hardware(**{**hw.__dict__, "bandwidth_bps": bw}), p["strategy"])
+        # nominal rate: the collective factors were measured against it (goodput is reported as a check)
+        pred = cm.predict(work, cm.Hardware(**{**hw.__dict__, "bandwidth_bps": p["rate_bps"]}), p["strategy"])
         p["predicted_tokens_per_s"] = pred["tokens_per_s"]
         p["predicted_step_time_s"] = pred["step_time_s"]
         p["model_error"] = cm.relative_error(pred["tokens_per_s"], p["tokens_per_s"])
@@ -174,7 +188,9 @@ def throughput(args) -> dict:
     lines = [f"2 nodes × 1 CPU process (1 thread each), GPT-Neo tiny ({work.params / 1e6:.2f}M params, fp32), "
              f"global batch 16 × 256, {args.steps} steps ({args.warmup} dropped). "
              f"Balance rate (ZeRO-1 exposed comm ≈ compute): **{_fmt_rate(balance)}** "
-             f"(calibrated compute {hw.compute_s:.3f} s per micro-batch).", "",
+             f"(calibrated compute {hw.compute_s:.3f} s per micro-batch; gloo collectives measured at "
+             f"{_fmt_rate(probe_rate)}: reduce-scatter {hw.rs_factor:.2f}×, all-gather {hw.ag_factor:.2f}×, "
+             f"all-reduce {hw.ar_factor:.2f}× their ring ideal).", "",
              "| link | measured goodput | strategy | tokens/s | step (s) | exposed comm (s) | overlap | vs ZeRO-1 | "
              "predicted tokens/s | model error | load |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -197,7 +213,7 @@ def throughput(args) -> dict:
     table = "\n".join(lines)
     data = {"sweep": "throughput", "nodes": args.nodes, "steps": args.steps, "warmup": args.warmup,
             "balance_rate_bps": balance, "goodput_bps": {_fmt_rate(k): v for k, v in goodput.items()},
-            "calibration": {"compute_s_per_micro_batch": hw.compute_s, "opt_rate": hw.opt_rate},
+            "calibration": {"compute_s_per_micro_batch": hw.compute_s, "opt_rate": hw.opt_rate, **factors},
             "workload": work.__dict__, "model_mean_abs_error": mae, "load_end": load(), "points": points}
     base = _save(Path(args.out), "throughput", data, table)
     plot_throughput(data, base.with_suffix(".png"))
@@ -264,6 +280,12 @@ def heterogeneous(args) -> dict:
     measured_factor = fast / cpu[-1]
     print(f"[heterogeneous] busy-loop rate per node {[f'{x:.3g}' for x in cpu]}: slow node "
           f"{measured_factor:.2f}× slower (load {load()})", flush=True)
+    work = default_workload(micro_batches=2, local_batch=args.local_batch)
+    factors = {}
+    if plan_kw["rate_bps"] is not None:
+        factors = collective_factors(ClusterPlan(**plan_kw), work, Path(args.out) / "runs" / "cluster" / "het_probe")
+        print(f"[heterogeneous] gloo collectives over their ring ideal: reduce-scatter {factors['rs_factor']:.2f}×, "
+              f"all-gather {factors['ag_factor']:.2f}×, all-reduce {factors['ar_factor']:.2f}×", flush=True)
     lb = args.local_batch
     gb = 2 * lb * args.nodes  # two micro-batches per rank and update (one per ACCO round)
     extra = [*DEFAULT_MODEL, *QUIET, "--eval.every", "0", "--training.steps", str(args.steps),
@@ -282,13 +304,16 @@ def heterogeneous(args) -> dict:
                 uniform[s] = run_point(ClusterPlan(**{**plan_kw, "slow_node": None, "slow_factor": 1.0}), s, extra,
                                        runs / f"{s}_uniform", args.warmup, args.timeout)
     zero1 = next((p for p in points if p["strategy"] == "zero1"), None)
-    work = default_workload(micro_batches=2, local_batch=lb)
     for p in points:
         p["vs_zero1"] = p["tokens_per_s"] / zero1["tokens_per_s"] if zero1 else math.nan
     if zero1:  # cost model: fast-rank compute from ZeRO-1's step time divided by the measured slowdown
         c_slow = zero1["compute_s"] / 2
         hw = cm.Hardware(nodes=args.nodes, flops=1.0, bandwidth_bps=plan_kw["rate_bps"], compute_s=c_slow / measured_factor,
-                         slow_factor=measured_factor, opt_rate=work.params / args.nodes / max(1e-3, zero1["exposed_comm_s"]))
+                         slow_factor=measured_factor, opt_rate=1e30,
+                         **{k: v for k, v in factors.items() if k.endswith("factor")})
+        # the optimizer's time: what ZeRO-1's exposed communication has beyond its collectives
+        job = cm.predict(work, hw, "zero1")["job_s"]
+        hw.opt_rate = work.params / args.nodes / max(1e-3, zero1["exposed_comm_s"] - job)
         for p in points:
             pred = cm.predict(work, hw, p["strategy"])
             p["predicted_tokens_per_s"] = pred["tokens_per_s"]
@@ -314,7 +339,7 @@ def heterogeneous(args) -> dict:
                       f"{'met' if best['vs_zero1'] >= 2.5 else 'missed'}."]
     table = "\n".join(lines) + "\n"
     data = {"sweep": "heterogeneous", **{k: v for k, v in plan_kw.items()}, "cpu_rates": cpu,
-            "measured_slow_factor": measured_factor, "steps": args.steps, "points": points,
+            "measured_slow_factor": measured_factor, "collective_factors": factors, "steps": args.steps, "points": points,
             "uniform": uniform, "load_end": load()}
     base = _save(Path(args.out), "heterogeneous", data, table)
     plt = _pyplot()
@@ -547,6 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("throughput", help="strategy × link rate")
     common(p, "ddp,zero1,fsdp,acco,acco_adaptive,dpu,wp", 6)
     p.add_argument("--rates", default="50mbit,1gbit", help="link rates besides unshaped and the computed balance rate")
+    p.add_argument("--probe-rate", default="100mbit", help="link rate at which the gloo collectives are timed")
     p = sub.add_parser("heterogeneous", help="one node slower")
     common(p, "ddp,zero1,acco,acco_adaptive,dpu", 5, nodes=4, warmup=1)
     p.add_argument("--rate", default="1gbit")
