@@ -116,3 +116,13 @@ def test_predict_cli():
     assert bad.returncode == 1 and bad.stderr.startswith("torchacco: error: unknown --device")
     bad = run("--bandwidth", "lots")
     assert bad.returncode == 1 and "cannot read link rate" in bad.stderr
+
+
+def test_backend_collective_factors():
+    # gloo: the reduce-scatter takes ~2x its ring ideal, the all-gather ~1.5x
+    p = cm.predict_all(WORK, hw(rs_factor=2.0, ag_factor=1.5, ar_factor=1.1))
+    assert p["zero1"]["step_time_s"] == pytest.approx(2 + 2 * 2 + 1.5 * 2)
+    assert p["ddp"]["step_time_s"] == pytest.approx(2 + 1.1 * 4 - 2 / 3)
+    assert p["fsdp"]["step_time_s"] == pytest.approx(2 * (2 * 1.5 * 2 + 2 * 2))
+    bal = cm.balance_bandwidth(WORK, hw(rs_factor=2.0, ag_factor=1.5))
+    assert bal == pytest.approx(16e6 * 3.5 / 2)

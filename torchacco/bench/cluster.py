@@ -388,7 +388,7 @@ def node_env(threads: int = 1, extra: dict | None = None) -> dict:
 
 
 def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout_s: float = 900,
-                 port: int = 29400, threads: int = 1, verbose: bool = False) -> dict:
+                 port: int = 29400, threads: int = 1, verbose: bool = False, env: dict | None = None) -> dict:
     """Train on the emulated cluster; returns {'records': metrics.jsonl, 'ranks': per-rank reports, 'wall_s'}.
 
     Raises ClusterError (one line, the tail of the failing node's log) when a node fails or times out."""
@@ -399,17 +399,17 @@ def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout
     if validate.returncode:
         last = validate.stderr.strip().splitlines()[-1] if validate.stderr.strip() else "invalid config"
         raise ClusterError(last.removeprefix("torchacco: error: "))
-    wall = run_nodes(plan, "torchacco.bench.node_train", args, folder, timeout_s, port, threads, verbose)
+    wall = run_nodes(plan, "torchacco.bench.node_train", args, folder, timeout_s, port, threads, verbose, env)
     return {"records": read_records(folder), "ranks": read_rank_reports(folder), "wall_s": wall}
 
 
 def run_nodes(plan: ClusterPlan, module: str, args: list[str], folder: Path, timeout_s: float = 900,
-              port: int = 29400, threads: int = 1, verbose: bool = False) -> float:
+              port: int = 29400, threads: int = 1, verbose: bool = False, extra_env: dict | None = None) -> float:
     """Build the cluster, run `module args` under one torchrun agent per node, tear down. Returns wall seconds.
 
     Raises ClusterError (one line: the failing node's last error) when a node fails or the run times out."""
     folder.mkdir(parents=True, exist_ok=True)
-    env = node_env(threads, {"TORCHACCO_NODE_REPORT_DIR": str(folder)})
+    env = node_env(threads, {"TORCHACCO_NODE_REPORT_DIR": str(folder), **(extra_env or {})})
     started = time.perf_counter()
     with Cluster(plan, verbose=verbose) as cluster:
         procs = [cluster.launch(i, train_argv(plan, i, args, port, module=module, run_id=plan.prefix),

@@ -58,9 +58,10 @@ def strategies_arg(text: str) -> list[str]:
 # one measured point ------------------------------------------------------------------------
 
 def run_point(plan: ClusterPlan, strategy: str, extra: list[str], folder: Path, warmup: int,
-              timeout: float, threads: int = 1) -> dict:
+              timeout: float, threads: int = 1, env: dict | None = None) -> dict:
     load_before = load()
-    result = run_training(plan, [*extra, *STRATEGY_ARGS[strategy]], folder, timeout_s=timeout, threads=threads)
+    result = run_training(plan, [*extra, *STRATEGY_ARGS[strategy]], folder, timeout_s=timeout, threads=threads,
+                          env=env)
     records = result["records"]
     point = {"strategy": strategy, "rate": format_rate(plan.rate_bps), "rate_bps": plan.rate_bps,
              **summarize(records, min(warmup, len(records) - 1)), "wall_s": result["wall_s"],
@@ -137,7 +138,17 @@ def throughput(args) -> dict:
     work = default_workload()
     runs = Path(args.out) / "runs" / "cluster" / "throughput"
     extra = [*DEFAULT_MODEL, *QUIET, "--eval.every", "0", "--training.steps", str(args.steps)]
-    points, goodput = [], {}
+    points, goodput, factors_at = [], {}, {}
+
+    def probe(rate_bps):
+        if rate_bps not in factors_at:
+            print(f"[throughput] probing gloo collectives at {_fmt_rate(rate_bps)}", flush=True)
+            f = collective_factors(ClusterPlan(nodes=args.nodes, rate_bps=rate_bps), work,
+                                   runs / f"probe_{_fmt_rate(rate_bps)}")
+            print(f"  time over the ring ideal: reduce-scatter {f['rs_factor']:.2f}×, all-gather "
+                  f"{f['ag_factor']:.2f}×, all-reduce {f['ar_factor']:.2f}×", flush=True)
+            factors_at[rate_bps] = f
+        return factors_at[rate_bps]
 
     def measure(rate_bps):
         plan = ClusterPlan(nodes=args.nodes, rate_bps=rate_bps)
@@ -145,6 +156,7 @@ def throughput(args) -> dict:
             with Cluster(plan) as cluster:
                 mb = max(1.0, min(32.0, rate_bps / 8 / 2**20 * 1.5))
                 goodput[rate_bps] = measure_link(cluster, megabytes=mb)
+            probe(rate_bps)
         for s in strategies:
             print(f"[throughput] {s} @ {_fmt_rate(rate_bps)} (load {load()})", flush=True)
             points.append(run_point(plan, s, extra, runs / f"{s}_{_fmt_rate(rate_bps)}", args.warmup, args.timeout))
@@ -158,10 +170,7 @@ def throughput(args) -> dict:
         raise UserError("the throughput sweep needs zero1 among --strategies (it calibrates the cost model)")
     hw = calibrate(points, work, args.nodes)
     probe_rate = parse_rate(args.probe_rate)
-    print(f"[throughput] probing gloo collectives at {_fmt_rate(probe_rate)}", flush=True)
-    factors = collective_factors(ClusterPlan(nodes=args.nodes, rate_bps=probe_rate), work, runs / "probe")
-    print(f"  time over the ring ideal: reduce-scatter {factors['rs_factor']:.2f}×, all-gather "
-          f"{factors['ag_factor']:.2f}×, all-reduce {factors['ar_factor']:.2f}×", flush=True)
+    factors = probe(probe_rate)
     hw.rs_factor, hw.ag_factor, hw.ar_factor = factors["rs_factor"], factors["ag_factor"], factors["ar_factor"]
     balance = cm.balance_bandwidth(work, hw)
     balance = float(f"{balance:.2g}")  # round to two significant digits
@@ -172,8 +181,11 @@ def throughput(args) -> dict:
     # 2. the cost model's predictions for every measured point
     errors = []
     for p in points:
-        # nominal rate: the collective factors were measured against it (goodput is reported as a check)
-        pred = cm.predict(work, cm.Hardware(**{**hw.__dict__, "bandwidth_bps": p["rate_bps"]}), p["strategy"])
+        # nominal rate, and the collectives' factors probed at that rate (they were measured against it;
+        # goodput is reported as a check of the shaping)
+        f = factors_at.get(p["rate_bps"], factors)
+        pred = cm.predict(work, cm.Hardware(**{**hw.__dict__, "bandwidth_bps": p["rate_bps"],
+                                               **{k: v for k, v in f.items() if k.endswith("factor")}}), p["strategy"])
         p["predicted_tokens_per_s"] = pred["tokens_per_s"]
         p["predicted_step_time_s"] = pred["step_time_s"]
         p["model_error"] = cm.relative_error(pred["tokens_per_s"], p["tokens_per_s"])
@@ -188,9 +200,12 @@ def throughput(args) -> dict:
     lines = [f"2 nodes × 1 CPU process (1 thread each), GPT-Neo tiny ({work.params / 1e6:.2f}M params, fp32), "
              f"global batch 16 × 256, {args.steps} steps ({args.warmup} dropped). "
              f"Balance rate (ZeRO-1 exposed comm ≈ compute): **{_fmt_rate(balance)}** "
-             f"(calibrated compute {hw.compute_s:.3f} s per micro-batch; gloo collectives measured at "
+             f"(calibrated compute {hw.compute_s:.3f} s per micro-batch; gloo collectives probed at "
              f"{_fmt_rate(probe_rate)}: reduce-scatter {hw.rs_factor:.2f}×, all-gather {hw.ag_factor:.2f}×, "
              f"all-reduce {hw.ar_factor:.2f}× their ring ideal).", "",
+             "Collectives probed at each rate (time over the ring ideal; used by the cost model there): " +
+             ", ".join(f"{_fmt_rate(r)}: RS {f['rs_factor']:.2f}× AG {f['ag_factor']:.2f}× AR {f['ar_factor']:.2f}×"
+                       for r, f in sorted(factors_at.items())) + ".", "",
              "| link | measured goodput | strategy | tokens/s | step (s) | exposed comm (s) | overlap | vs ZeRO-1 | "
              "predicted tokens/s | model error | load |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -214,6 +229,7 @@ def throughput(args) -> dict:
     data = {"sweep": "throughput", "nodes": args.nodes, "steps": args.steps, "warmup": args.warmup,
             "balance_rate_bps": balance, "goodput_bps": {_fmt_rate(k): v for k, v in goodput.items()},
             "calibration": {"compute_s_per_micro_batch": hw.compute_s, "opt_rate": hw.opt_rate, **factors},
+            "collective_factors_by_rate": {_fmt_rate(r): f for r, f in factors_at.items()},
             "workload": work.__dict__, "model_mean_abs_error": mae, "load_end": load(), "points": points}
     base = _save(Path(args.out), "throughput", data, table)
     plot_throughput(data, base.with_suffix(".png"))
@@ -235,10 +251,14 @@ def plot_throughput(data: dict, path: Path) -> None:
         axes[0].plot([x_of(p) / 1e6 for p in mine], [p["predicted_tokens_per_s"] for p in mine], "--",
                      color=line.get_color(), alpha=0.5)
         axes[1].plot([x_of(p) / 1e6 for p in mine], [p["exposed_comm_s"] for p in mine], "o-", label=s)
+    ticks = [*rates, unshaped_x]
     for ax in axes:
         ax.set_xscale("log")
         ax.axvline(data["balance_rate_bps"] / 1e6, color="grey", ls=":", label="ZeRO-1 comm ≈ compute")
-        ax.set_xlabel("link rate (Mbit/s; rightmost = unshaped)")
+        ax.set_xticks([t / 1e6 for t in ticks], [format_rate(t) for t in rates] + ["unshaped"], rotation=30,
+                      fontsize=8)
+        ax.minorticks_off()
+        ax.set_xlabel("link rate per node and direction")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("tokens/s (dashed: cost model)")
     axes[1].set_ylabel("exposed communication per update (s)")
@@ -275,11 +295,17 @@ def heterogeneous(args) -> dict:
     strategies = strategies_arg(args.strategies)
     plan_kw = dict(nodes=args.nodes, rate_bps=parse_rate(args.rate), slow_node=args.nodes - 1,
                    slow_factor=args.slow_factor, cpu_per_node=args.cpu_per_node)
-    cpu = measure_cpu(ClusterPlan(**plan_kw), seconds=2.0)
-    fast = statistics.mean(cpu[:-1])
-    measured_factor = fast / cpu[-1]
-    print(f"[heterogeneous] busy-loop rate per node {[f'{x:.3g}' for x in cpu]}: slow node "
-          f"{measured_factor:.2f}× slower (load {load()})", flush=True)
+    # The quota alone does not make the node exactly N× slower on a shared machine (the fast nodes may not
+    # get their full quota): measure, and correct the slow node's quota until the measured ratio is right.
+    for attempt in range(3):
+        cpu = measure_cpu(ClusterPlan(**plan_kw), seconds=2.0)
+        measured_factor = statistics.mean(cpu[:-1]) / cpu[-1]
+        print(f"[heterogeneous] busy-loop rate per node {[f'{x:.3g}' for x in cpu]}: slow node "
+              f"{measured_factor:.2f}× slower with a {plan_kw['slow_factor']:.2f}× smaller quota (load {load()})",
+              flush=True)
+        if abs(measured_factor / args.slow_factor - 1) < 0.1 or attempt == 2:
+            break
+        plan_kw["slow_factor"] = max(1.0, plan_kw["slow_factor"] * args.slow_factor / measured_factor)
     work = default_workload(micro_batches=2, local_batch=args.local_batch)
     factors = {}
     if plan_kw["rate_bps"] is not None:
@@ -319,7 +345,7 @@ def heterogeneous(args) -> dict:
             p["predicted_tokens_per_s"] = pred["tokens_per_s"]
             p["model_error"] = cm.relative_error(pred["tokens_per_s"], p["tokens_per_s"])
     lines = [f"{args.nodes} nodes × 1 CPU process, {args.cpu_per_node:g} cores each, node {args.nodes - 1} at "
-             f"{args.cpu_per_node / args.slow_factor:g} cores (nominal {args.slow_factor:g}× slower; measured "
+             f"{args.cpu_per_node / plan_kw['slow_factor']:.3g} cores (target {args.slow_factor:g}× slower; measured "
              f"{measured_factor:.2f}× by a busy loop in every node at once), links {_fmt_rate(plan_kw['rate_bps'])}, "
              f"GPT-Neo tiny, micro-batch {lb} × 256, global batch {gb}, {args.steps} steps ({args.warmup} dropped).", "",
              "| strategy | tokens/s | step (s) | exposed comm (s) | micro-batches per rank | vs ZeRO-1 | "
@@ -467,10 +493,14 @@ def memory(args) -> dict:
              "--training.mixed_precision", args.precision, "--training.local_batch_size", "1",
              "--training.global_batch_size", str(2 * args.nodes)]
     runs = Path(args.out) / "runs" / "cluster" / "memory"
+    # glibc keeps freed memory cached per thread arena (ACCO's communication thread has its own), which
+    # would make RSS measure the allocator; with a small mmap threshold every tensor buffer is returned on
+    # free, so peak RSS follows the peak of live memory (persistent state + transients + the runtime).
+    env = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"} if args.malloc == "mmap" else {}
     points = []
     for s in strategies:
         print(f"[memory] {s} (load {load()})", flush=True)
-        points.append(run_point(plan, s, extra, runs / s, 0, args.timeout))
+        points.append(run_point(plan, s, extra, runs / s, 0, args.timeout, env=env))
         print(f"  peak RSS per rank {points[-1]['peak_rss_gib_per_rank']} GiB", flush=True)
     compute_bytes = 2 if args.precision == "bf16" else 4
     copy_mib = work.params * compute_bytes / 2**20
@@ -478,7 +508,10 @@ def memory(args) -> dict:
     zero1 = next((p for p in points if p["strategy"] == "zero1"), None)
     lines = [f"{args.nodes} nodes, GPT-Neo tiny ({work.params / 1e6:.2f}M params), compute dtype {args.precision}, "
              f"micro-batch 1 × 256, {args.steps} steps. Peak resident memory (RSS) of each rank's process, which "
-             f"includes the Python/torch runtime (~0.3 GiB). One parameter copy in the compute dtype = "
+             f"includes the Python/torch runtime (~0.3 GiB)"
+             f"{'; glibc set to return every buffer over 64 KiB on free (MALLOC_MMAP_THRESHOLD_=65536), so RSS follows live memory' if env else ''}. "
+             f"Predicted: persistent state only (the job's transient buffers are not in it). "
+             f"One parameter copy in the compute dtype = "
              f"{copy_mib:.1f} MiB; in bf16 = {bf16_mib:.1f} MiB.", "",
              "| strategy | peak RSS per rank (MiB) | mean (MiB) | over ZeRO-1 (MiB) | predicted over ZeRO-1 (MiB) | load |",
              "|---|---|---:|---:|---:|---|"]
@@ -497,7 +530,8 @@ def memory(args) -> dict:
         lines += ["", f"Target (ACCO's overhead over ZeRO-1 ≤ one bf16 parameter copy, {bf16_mib:.1f} MiB): measured "
                       f"{acco['over_zero1_mib']:+.1f} MiB → {'met' if acco['over_zero1_mib'] <= bf16_mib else 'missed'}."]
     table = "\n".join(lines) + "\n"
-    data = {"sweep": "memory", "nodes": args.nodes, "precision": args.precision, "param_copy_mib": copy_mib,
+    data = {"sweep": "memory", "nodes": args.nodes, "precision": args.precision, "malloc_env": env,
+            "param_copy_mib": copy_mib,
             "bf16_copy_mib": bf16_mib, "points": points, "load_end": load()}
     base = _save(Path(args.out), "memory", data, table)
     plt = _pyplot()
@@ -591,6 +625,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("memory", help="peak memory per rank per strategy")
     common(p, "ddp,zero1,fsdp,acco,dpu,wp", 3, warmup=0)
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--malloc", default="mmap", choices=("mmap", "default"),
+                   help="mmap: glibc returns freed tensor memory at once (RSS follows live memory)")
     p = sub.add_parser("all", help="throughput, heterogeneous, convergence and memory")
     p.add_argument("--out", default="bench_results")
     p.add_argument("--quick", action="store_true")
