@@ -33,13 +33,15 @@ def main() -> int:
            "all_reduce": lambda: dist.all_reduce(full)}
     result = {"numel": numel, "bytes": numel * 4, "world": world}
     for name, op in ops.items():
-        times = []
+        times, cpu = [], []
         for _ in range(args.repeats):
             dist.barrier()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             op()
             times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
         result[name + "_s"] = statistics.median(times)
+        result[name + "_cpu_s"] = statistics.median(cpu)  # CPU time the process spent during it (all threads)
     if rank == 0 and os.environ.get("TORCHACCO_NODE_REPORT_DIR"):
         Path(os.environ["TORCHACCO_NODE_REPORT_DIR"], "collectives.json").write_text(json.dumps(result))
     dist.destroy_process_group()
