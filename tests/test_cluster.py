@@ -184,7 +184,16 @@ def test_cli_errors_are_one_line():
     assert dry.returncode == 0 and "tbf rate 1000000000bit" in dry.stdout and "ip netns del" in dry.stdout
 
 
+_NETNS = []
+
+
 def _netns_available() -> str | None:
+    if not _NETNS:
+        _NETNS.append(_check_netns())
+    return _NETNS[0]
+
+
+def _check_netns() -> str | None:
     if sys.platform != "linux" or os.geteuid() != 0:
         return "needs root (network namespaces, tc)"
     try:
@@ -199,13 +208,14 @@ def test_two_node_cluster_smoke(tiny_corpus, cache_dir, tmp_path):
     """2 namespaces, shaped links, rendezvous over 10.77.0.0/24, gloo between them; everything removed after."""
     plan = ClusterPlan(nodes=2, rate_bps=500e6, slow_node=1, slow_factor=2)
     with cl.Cluster(plan) as cluster:
-        goodput = cl.measure_link(cluster, megabytes=4)
-        assert 0.5 * 500e6 < goodput < 1.1 * 500e6
-    args = tiny_args(tiny_corpus, cache_dir, tmp_path / "unused", "--parallelism.data_parallel", "acco",
-                     "--training.global_batch_size", "16", "--training.steps", "4")
+        goodput = cl.measure_link(cluster, megabytes=8)
+        assert 0.5 * 500e6 < goodput < 1.3 * 500e6  # the tbf burst lets a short transfer exceed the rate a little
+    args = tiny_args(tiny_corpus, cache_dir, tmp_path / "unused")
     args = args[:args.index("--job.dump_folder")]  # run_training chooses the folder
+    args += ["--parallelism.data_parallel", "acco", "--training.global_batch_size", "16", "--training.steps", "4"]
     result = cl.run_training(plan, args, tmp_path / "run", timeout_s=240, port=29433)
     assert [r["step"] for r in result["records"]] == [1, 2, 3, 4]
+    assert "overlap" in result["records"][-1]  # ACCO ran
     assert "val_loss" in result["records"][-1]
     assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
     assert {r["node_addr"] for r in result["ranks"]} == {"10.77.0.1", "10.77.0.2"}
