@@ -1,0 +1,224 @@
+"""The emulated cluster: plans (pure data → commands), teardown, result parsing, error lines; and a
+2-node smoke run over real namespaces when root and network namespaces are available."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, tiny_args
+from torchacco.bench import cluster as cl
+from torchacco.bench.cluster import ClusterError, ClusterPlan, format_rate, parse_rate
+
+
+def test_parse_and_format_rate():
+    assert parse_rate("50mbit") == 50e6
+    assert parse_rate("1.5Gbit") == 1.5e9
+    assert parse_rate("10gbit") == 10e9
+    assert parse_rate(2e8) == 2e8
+    for unshaped in (None, "", "unshaped", "none"):
+        assert parse_rate(unshaped) is None
+    for bad in ("fast", "-1mbit", "0mbit", "10 parsecs"):
+        with pytest.raises(ClusterError, match="link rate"):
+            parse_rate(bad)
+    assert format_rate(50e6) == "50mbit" and format_rate(1e9) == "1gbit" and format_rate(None) == "unshaped"
+    assert parse_rate(format_rate(137e6)) == 137e6
+
+
+def test_plan_builds_isolated_namespaces_and_shapes_both_directions():
+    plan = ClusterPlan(nodes=3, rate_bps=100e6, prefix="t1")
+    cmds = [" ".join(c) for c in plan.setup_commands()]
+    # a switch namespace with a bridge; nothing is created in the host's namespace
+    assert cmds[0] == "ip netns add t1sw"
+    assert "ip -n t1sw link add br0 type bridge" in cmds
+    for i in range(3):
+        assert f"ip netns add t1n{i}" in cmds
+        assert f"ip -n t1sw link add p{i} type veth peer name eth0 netns t1n{i}" in cmds
+        assert f"ip -n t1n{i} addr add 10.77.0.{i + 1}/24 dev eth0" in cmds
+        assert f"ip -n t1n{i} link set lo up" in cmds
+        # upload (node side) and download (switch side) are both shaped
+        assert any(c.startswith(f"ip netns exec t1n{i} tc qdisc add dev eth0 root") and "tbf rate 100000000bit" in c
+                   for c in cmds)
+        assert any(c.startswith(f"ip netns exec t1sw tc qdisc add dev p{i} root") and "tbf" in c for c in cmds)
+    for c in plan.setup_commands():
+        if c[0] == "ip" and c[1] != "netns":
+            assert c[1] == "-n", c  # every link/addr command names a namespace
+    assert not any("cgroup" in c for c in cmds)  # no quota asked
+
+
+def test_plan_without_shaping_or_quota_has_no_tc_and_no_cgroup():
+    plan = ClusterPlan(nodes=2, prefix="t2")
+    assert not any("tc" in c for c in plan.setup_commands())
+    assert all(plan.cores(i) is None for i in range(2))
+    assert [" ".join(c) for c in plan.teardown_commands()] == ["ip netns del t2n0", "ip netns del t2n1",
+                                                                "ip netns del t2sw"]
+
+
+def test_tbf_burst_is_at_least_rate_over_hz():
+    (cmd,) = ClusterPlan(nodes=2, rate_bps=10e9, prefix="t3").shaping_commands("x", "eth0")
+    burst = int(cmd[cmd.index("burst") + 1])
+    assert burst >= 10e9 / 8 / 250  # enough tokens for a 250 Hz kernel tick
+    (slow,) = ClusterPlan(nodes=2, rate_bps=1e6, prefix="t3").shaping_commands("x", "eth0")
+    assert int(slow[slow.index("burst") + 1]) >= 1514  # at least one frame
+
+
+def test_latency_uses_netem_under_tbf():
+    cmds = ClusterPlan(nodes=2, rate_bps=1e8, latency_ms=5, prefix="t4").shaping_commands("x", "eth0")
+    assert "netem delay 5ms" in " ".join(cmds[0])
+    assert cmds[1][cmds[1].index("add") + 3:cmds[1].index("add") + 5] == ["parent", "1:1"]
+
+
+def test_slow_node_gets_a_cpu_quota_v1_and_v2():
+    plan = ClusterPlan(nodes=4, slow_node=3, slow_factor=4, cpu_per_node=0.5, prefix="t5")
+    assert [plan.cores(i) for i in range(4)] == [0.5, 0.5, 0.5, 0.125]
+    writes = {c[1]: c[2] for c in plan.setup_commands() if c[0] == "write"}
+    assert writes["/sys/fs/cgroup/cpu/t5n3/cpu.cfs_quota_us"] == "12500"
+    assert writes["/sys/fs/cgroup/cpu/t5n0/cpu.cfs_quota_us"] == "50000"
+    assert writes["/sys/fs/cgroup/cpu/t5n0/cpu.cfs_period_us"] == "100000"
+    assert ["rmdir", "/sys/fs/cgroup/cpu/t5n3"] in plan.teardown_commands()
+    v2 = ClusterPlan(nodes=2, slow_node=1, slow_factor=4, prefix="t6", cgroup="v2")
+    assert v2.cores(0) is None and v2.cores(1) == 0.25
+    writes = {c[1]: c[2] for c in v2.setup_commands() if c[0] == "write"}
+    assert writes == {"/sys/fs/cgroup/t6n1/cpu.max": "25000 100000"}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(nodes=0), "--nodes"), (dict(slow_node=5), "--slow-node"), (dict(slow_factor=0.5), "--slow-factor"),
+    (dict(cpu_per_node=0), "--cpu-per-node"), (dict(prefix="Bad-Name"), "prefix"), (dict(subnet="192.168.1"), "subnet"),
+    (dict(latency_ms=-1), "--latency-ms"),
+])
+def test_plan_rejects_mistakes_with_one_line(kwargs, message):
+    with pytest.raises(ClusterError, match=message):
+        ClusterPlan(**{"prefix": "t7", **kwargs})
+
+
+def test_train_argv_rendezvous_at_node0_one_process_per_node():
+    plan = ClusterPlan(nodes=3, prefix="t8")
+    argv = cl.train_argv(plan, 2, ["--config", "x.toml"], port=29411, python="py")
+    text = " ".join(argv)
+    assert text.startswith("py -m torchacco.launch --nnodes 3 --node_rank 2 --nproc_per_node 1")
+    assert "--rdzv_endpoint 10.77.0.1:29411" in text and "--local_addr 10.77.0.3" in text
+    assert "is_host=0" in text and "is_host=1" in " ".join(cl.train_argv(plan, 0, [], 1, python="py"))
+    assert argv[-2:] == ["--config", "x.toml"]
+    assert plan.node_command(2, ["a"]) == ["ip", "netns", "exec", "t8n2", "a"]
+    env = cl.node_env(1)
+    assert env["GLOO_SOCKET_IFNAME"] == "eth0" and env["OMP_NUM_THREADS"] == "1" and "MASTER_ADDR" not in env
+
+
+def test_teardown_runs_every_command_even_when_some_fail(monkeypatch):
+    ran = []
+    monkeypatch.setattr(cl, "_run_quietly", lambda cmd: ran.append(cmd))
+    plan = ClusterPlan(nodes=2, slow_node=1, prefix="t9")
+    cluster = cl.Cluster(plan)
+    cluster._built = True
+    cluster.teardown()
+    assert ran == plan.teardown_commands()
+    cluster.teardown()  # idempotent: nothing more
+    assert len(ran) == len(plan.teardown_commands())
+
+
+def test_setup_failure_tears_down_what_was_built(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cl, "preflight", lambda **kw: "v1")
+    monkeypatch.setattr(cl, "stale_namespaces", lambda: [])
+
+    def fake_run(cmd, what=None):
+        calls.append(("setup", cmd))
+        if len(calls) == 3:
+            raise ClusterError("boom")
+
+    monkeypatch.setattr(cl, "_run", fake_run)
+    monkeypatch.setattr(cl, "_run_quietly", lambda cmd: calls.append(("teardown", cmd)))
+    with pytest.raises(ClusterError, match="boom"):
+        with cl.Cluster(ClusterPlan(nodes=2, prefix="t10")):
+            pass
+    assert [c for kind, c in calls if kind == "teardown"] == ClusterPlan(nodes=2, prefix="t10").teardown_commands()
+
+
+def test_preflight_says_root_is_needed(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ClusterError, match="needs root"):
+        cl.preflight()
+
+
+def test_result_parsing(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n\n" +
+                                            json.dumps({"step": 2, "loss": 1.5}) + "\n")
+    (tmp_path / "rank10.json").write_text(json.dumps({"rank": 10, "peak_rss_gib": 0.5}))
+    (tmp_path / "rank2.json").write_text(json.dumps({"rank": 2, "peak_rss_gib": 0.4}))
+    (tmp_path / "rank3.json").write_text("{not json")
+    assert [r["step"] for r in cl.read_records(tmp_path)] == [1, 2]
+    assert [r["rank"] for r in cl.read_rank_reports(tmp_path)] == [2, 10]
+    with pytest.raises(ClusterError, match="no metrics.jsonl"):
+        cl.read_records(tmp_path / "missing")
+    log = tmp_path / "node1.log"
+    log.write_text("noise\ntorchacco: error: the link broke\nTraceback ...\nmore\n")
+    assert cl._last_error(log) == "the link broke"
+
+
+def test_summaries_and_curves():
+    from torchacco.bench.compare import summarize
+    from torchacco.bench.sweeps import _curve, _mean_lists
+
+    recs = [{"step": i, "tokens": 1000 * i, "tokens_per_update": 1000, "tokens_per_s": 500.0, "share_sync": 0.25,
+             "loss": 3.0 - i / 10, **({"val_loss": 3.5 - i / 10} if i % 2 == 0 else {})} for i in range(1, 5)]
+    s = summarize(recs, 1)
+    assert s["steps"] == 3 and s["tokens_per_s"] == pytest.approx(500) and s["step_time_s"] == pytest.approx(2.0)
+    assert s["exposed_comm_s"] == pytest.approx(0.5)
+    curve = _curve(recs)
+    assert [(p["tokens"], p["wall_s"]) for p in curve] == [(2000, 4.0), (4000, 8.0)]
+    assert _mean_lists([[1, 3], [3, 5], None]) == [2, 4]
+
+
+def test_cli_errors_are_one_line():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "torchacco.bench.cluster", "--rate", "fast", "--dry-run"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0
+    assert proc.stderr.startswith("torchacco: error: cannot read link rate")
+    dry = subprocess.run([sys.executable, "-m", "torchacco.bench.cluster", "--nodes", "2", "--rate", "1gbit",
+                          "--dry-run"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert dry.returncode == 0 and "tbf rate 1000000000bit" in dry.stdout and "ip netns del" in dry.stdout
+
+
+_NETNS = []
+
+
+def _netns_available() -> str | None:
+    if not _NETNS:
+        _NETNS.append(_check_netns())
+    return _NETNS[0]
+
+
+def _check_netns() -> str | None:
+    if sys.platform != "linux" or os.geteuid() != 0:
+        return "needs root (network namespaces, tc)"
+    try:
+        cl.preflight()
+    except ClusterError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.skipif(_netns_available() is not None, reason=str(_netns_available()))
+def test_two_node_cluster_smoke(tiny_corpus, cache_dir, tmp_path):
+    """2 namespaces, shaped links, rendezvous over 10.77.0.0/24, gloo between them; everything removed after."""
+    plan = ClusterPlan(nodes=2, rate_bps=500e6, slow_node=1, slow_factor=2)
+    with cl.Cluster(plan) as cluster:
+        goodput = cl.measure_link(cluster, megabytes=8)
+        assert 0.5 * 500e6 < goodput < 1.3 * 500e6  # the tbf burst lets a short transfer exceed the rate a little
+    args = tiny_args(tiny_corpus, cache_dir, tmp_path / "unused")
+    args = args[:args.index("--job.dump_folder")]  # run_training chooses the folder
+    args += ["--parallelism.data_parallel", "acco", "--training.global_batch_size", "16", "--training.steps", "4"]
+    result = cl.run_training(plan, args, tmp_path / "run", timeout_s=240, port=29433)
+    assert [r["step"] for r in result["records"]] == [1, 2, 3, 4]
+    assert "overlap" in result["records"][-1]  # ACCO ran
+    assert "val_loss" in result["records"][-1]
+    assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
+    assert {r["node_addr"] for r in result["ranks"]} == {"10.77.0.1", "10.77.0.2"}
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert plan.prefix not in names
+    assert not Path(f"/sys/fs/cgroup/cpu/{plan.namespace(1)}").exists()

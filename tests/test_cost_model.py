@@ -1,0 +1,128 @@
+"""The cost model's arithmetic, and the `predict` command line."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from torchacco.bench import cost_model as cm
+
+WORK = cm.Workload(params=1e6, flops_per_token=1e3, tokens_per_micro_batch=1e3, micro_batches=2, comm_bytes=4)
+
+
+def hw(**kw):
+    # compute per micro-batch: 1e3 * 1e3 / 1e6 = 1 s; optimizer free
+    return cm.Hardware(**{"nodes": 2, "flops": 1e6, "bandwidth_bps": 8e6, "opt_rate": 1e30, **kw})
+
+
+def test_collective_is_a_ring_over_nodes_plus_latency_and_intra_node():
+    # 2 nodes: (N-1)/N * 8 bits * 4e6 bytes / 8e6 bit/s = 2 s per reduce-scatter or all-gather
+    assert cm.collective_s(4e6, hw()) == pytest.approx(2.0)
+    assert cm.collective_s(4e6, hw(nodes=4)) == pytest.approx(3.0)
+    assert cm.collective_s(4e6, hw(latency_s=0.1, nodes=4)) == pytest.approx(3.3)
+    assert cm.collective_s(4e6, hw(bandwidth_bps=None)) == 0.0
+    assert cm.collective_s(4e6, hw(nodes=1)) == 0.0
+    # 2 GPUs per node: the intra-node step adds (G-1)/G * 8S / B_intra
+    assert cm.collective_s(4e6, hw(ranks_per_node=2, intra_bps=32e6)) == pytest.approx(2.0 + 0.5)
+
+
+def test_step_times_per_strategy():
+    h = hw()  # c = 1 s, V = 2 s, M = 4 s, k = 2
+    p = cm.predict_all(WORK, h)
+    assert p["zero1"]["step_time_s"] == pytest.approx(2 + 4)
+    assert p["zero1"]["exposed_comm_s"] == pytest.approx(4) and p["zero1"]["overlap"] == 0
+    assert p["ddp"]["step_time_s"] == pytest.approx(2 + (4 - 2 / 3))
+    assert p["fsdp"]["step_time_s"] == pytest.approx(2 * 6)
+    assert p["acco"]["step_time_s"] == pytest.approx(2 * max(1, 4))
+    assert p["dpu"]["step_time_s"] == p["wp"]["step_time_s"] == pytest.approx(4)
+    # adaptive: rounds of max(1 s, 4 s) = 4 s, each rank computes 4 micro-batches per round
+    assert p["acco_adaptive"]["tokens_per_update"] == pytest.approx(2 * 2 * 4 * 1e3)
+    assert p["acco_adaptive"]["tokens_per_s"] == pytest.approx(2 * 1e3 / 1.0)  # the compute rate
+    assert p["acco_adaptive"]["exposed_comm_s"] == 0 and p["acco_adaptive"]["overlap"] == 1
+    for s in cm.STRATEGIES:
+        assert p[s]["tokens_per_s"] == pytest.approx(p[s]["tokens_per_update"] / p[s]["step_time_s"])
+
+
+def test_acco_hides_a_job_shorter_than_a_period_and_doubles_at_balance():
+    fast = hw(bandwidth_bps=32e6)  # V = 0.5, M = 1 = one micro-batch
+    p = cm.predict_all(WORK, fast)
+    assert p["acco"]["exposed_comm_s"] == pytest.approx(0) and p["acco"]["overlap"] == 1
+    assert p["acco"]["tokens_per_s"] / p["zero1"]["tokens_per_s"] == pytest.approx(3 / 2)
+    # at the balance rate ZeRO-1's communication equals its compute: adaptive ACCO is 2x, deterministic 1x
+    bal = cm.balance_bandwidth(WORK, hw())
+    p = cm.predict_all(WORK, hw(bandwidth_bps=bal))
+    assert p["zero1"]["exposed_comm_s"] == pytest.approx(2.0)
+    assert p["acco_adaptive"]["tokens_per_s"] / p["zero1"]["tokens_per_s"] == pytest.approx(2.0)
+    assert p["acco"]["tokens_per_s"] / p["zero1"]["tokens_per_s"] == pytest.approx(1.0)
+
+
+def test_balance_bandwidth_arithmetic_and_errors():
+    # ZeRO-1 ships 2 * (N-1)/N * 8 * P * bytes = 32e6 bits per update; compute k*c = 2 s
+    assert cm.balance_bandwidth(WORK, hw()) == pytest.approx(16e6)
+    with pytest.raises(ValueError, match="one node"):
+        cm.balance_bandwidth(WORK, hw(nodes=1))
+    with pytest.raises(ValueError, match="latency"):
+        cm.balance_bandwidth(WORK, hw(latency_s=5))
+
+
+def test_slow_worker():
+    slow = hw(bandwidth_bps=None, slow_factor=4)  # one rank 4x slower, communication free
+    p = cm.predict_all(WORK, slow)
+    assert p["zero1"]["step_time_s"] == pytest.approx(8)
+    # adaptive: the slow rank does its 1 micro-batch per round (4 s), the fast one 4
+    assert p["acco_adaptive"]["tokens_per_s"] / p["zero1"]["tokens_per_s"] == pytest.approx(5 / 2)
+    four = cm.predict_all(WORK, hw(nodes=4, bandwidth_bps=None, slow_factor=4))
+    assert four["acco_adaptive"]["tokens_per_s"] / four["zero1"]["tokens_per_s"] == pytest.approx(13 / 4)
+
+
+def test_measured_compute_overrides_flops():
+    p = cm.predict(WORK, hw(compute_s=0.5, bandwidth_bps=None), "zero1")
+    assert p["step_time_s"] == pytest.approx(1.0)
+
+
+def test_memory_acco_is_zero1_plus_one_copy():
+    h = hw(nodes=4)
+    extra = cm.memory_bytes(WORK, h, "acco", compute_bytes=2) - cm.memory_bytes(WORK, h, "zero1", compute_bytes=2)
+    assert extra == pytest.approx(2 * WORK.params)
+    assert cm.memory_bytes(WORK, h, "fsdp") == pytest.approx(16 * WORK.params / 4)
+
+
+def test_model_workload_from_a_model_folder():
+    w = cm.model_workload("gpt_neo", "tiny", 256, 4, 2, vocab_size=10000, comm_bytes=4)
+    assert w.params == pytest.approx(5.85e6, rel=0.01)
+    assert w.tokens_per_micro_batch == 1024
+    with pytest.raises(ValueError, match="no flavor"):
+        cm.model_workload("gpt_neo", "huge", 256, 4, 2)
+    with pytest.raises(ValueError):
+        cm.Workload(params=0, flops_per_token=1, tokens_per_micro_batch=1)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        cm.predict(WORK, hw(), "zero7")
+
+
+def test_relative_error():
+    assert cm.relative_error(110, 100) == pytest.approx(0.1)
+
+
+def test_predict_cli():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "torchacco.bench", "predict", *a], capture_output=True,  # noqa: E731
+                                    text=True, cwd=ROOT, env=env, timeout=120)
+    proc = run("--model", "llama3", "--flavor", "8B", "--nodes", "4", "--gpus-per-node", "8", "--bandwidth", "100gbit")
+    assert proc.returncode == 0, proc.stderr
+    assert "8.03B params" in proc.stdout and "| zero1 |" in proc.stdout and "ZeRO-1 or ACCO?" in proc.stdout
+    bad = run("--device", "TPU9")
+    assert bad.returncode == 1 and bad.stderr.startswith("torchacco: error: unknown --device")
+    bad = run("--bandwidth", "lots")
+    assert bad.returncode == 1 and "cannot read link rate" in bad.stderr
+
+
+def test_backend_collective_factors():
+    # gloo: the reduce-scatter takes ~2x its ring ideal, the all-gather ~1.5x
+    p = cm.predict_all(WORK, hw(rs_factor=2.0, ag_factor=1.5, ar_factor=1.1))
+    assert p["zero1"]["step_time_s"] == pytest.approx(2 + 2 * 2 + 1.5 * 2)
+    assert p["ddp"]["step_time_s"] == pytest.approx(2 + 1.1 * 4 - 2 / 3)
+    assert p["fsdp"]["step_time_s"] == pytest.approx(2 * (2 * 1.5 * 2 + 2 * 2))
+    bal = cm.balance_bandwidth(WORK, hw(rs_factor=2.0, ag_factor=1.5))
+    assert bal == pytest.approx(16e6 * 3.5 / 2)

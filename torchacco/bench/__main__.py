@@ -1,0 +1,9 @@
+"""`python -m torchacco.bench throughput|heterogeneous|convergence|memory|all|predict ...` (see sweeps.py)."""
+
+import sys
+
+from torchacco.bench.sweeps import run
+from torchacco.errors import run_cli
+
+if __name__ == "__main__":
+    sys.exit(run_cli(lambda: run(sys.argv[1:])))

@@ -1,0 +1,52 @@
+"""BENCHMARK ONLY: time the sharded job's collectives (reduce-scatter, all-gather, all-reduce) over gloo.
+
+Run on each emulated node under torchrun; rank 0 writes `$TORCHACCO_NODE_REPORT_DIR/collectives.json`
+with the median seconds of each collective on a buffer of `--numel` fp32 elements. The cost model's
+bytes-on-the-wire assumption for gloo is checked against it.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--numel", type=int, default=5_850_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    numel = args.numel // world * world
+    full = torch.randn(numel)
+    shard = torch.empty(numel // world)
+    rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    ops = {"reduce_scatter": lambda: rs(shard, full), "all_gather": lambda: ag(full, shard),
+           "all_reduce": lambda: dist.all_reduce(full)}
+    result = {"numel": numel, "bytes": numel * 4, "world": world}
+    for name, op in ops.items():
+        times, cpu = [], []
+        for _ in range(args.repeats):
+            dist.barrier()
+            t, c = time.perf_counter(), time.process_time()
+            op()
+            times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+        result[name + "_s"] = statistics.median(times)
+        result[name + "_cpu_s"] = statistics.median(cpu)  # CPU time the process spent during it (all threads)
+    if rank == 0 and os.environ.get("TORCHACCO_NODE_REPORT_DIR"):
+        Path(os.environ["TORCHACCO_NODE_REPORT_DIR"], "collectives.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
