@@ -393,7 +393,8 @@ def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout
 
     Raises ClusterError (one line, the tail of the failing node's log) when a node fails or times out."""
     folder.mkdir(parents=True, exist_ok=True)
-    args = [*train_args, "--job.dump_folder", str(folder), "--training.num_threads", str(threads)]
+    args = [*train_args, "--job.dump_folder", str(folder), "--job.overwrite", "true",  # it holds the node logs
+            "--training.num_threads", str(threads)]
     validate = subprocess.run([sys.executable, "-m", "torchacco.validate", *args], cwd=ROOT, capture_output=True,
                               text=True, env={**os.environ, "WORLD_SIZE": str(plan.nodes), "LOCAL_WORLD_SIZE": "1"})
     if validate.returncode:

@@ -228,7 +228,7 @@ def throughput(args) -> dict:
     lines += ["", f"Cost model: mean absolute error of predicted tokens/s {mae:.0%} over {len(errors)} points "
                   f"(max {max(errors):.0%}); at each rate it is given the compute time of that rate's ZeRO-1 run and the "
                   f"collectives' times probed at that rate.",
-              f"Target (ACCO ≥ 1.7× ZeRO-1 at the balance rate): " +
+              "Target (ACCO ≥ 1.7× ZeRO-1 at the balance rate): " +
               (f"{acco_best['strategy']} {acco_best['vs_zero1']:.2f}× → "
                f"{'met' if acco_best['vs_zero1'] >= 1.7 else 'missed'}" if acco_best else "not measured"), ""]
     table = "\n".join(lines)
