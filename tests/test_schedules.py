@@ -246,6 +246,7 @@ def test_acco_validation_loss_close_to_zero1_on_the_embedded_corpus(tmp_path):
         proc = run_train(["--config", "train_configs/default.toml", "--parallelism.data_parallel", kind,
                           "--model.flavor", "debug", "--training.steps", "24", "--lr_schedule.warmup_steps", "4",
                           "--eval.every", "24", "--eval.batches", "16", "--metrics.tensorboard", "false",
+                          "--checkpoint.enable", "false", "--checkpoint.export_hf", "false",
                           "--job.dump_folder", str(tmp_path / kind)], timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         records = read_metrics(tmp_path / kind)
