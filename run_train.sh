@@ -25,6 +25,13 @@ if ! "$PY" -c "$CHECK" 2>/dev/null; then
 fi
 
 NNODES="${NNODES:-1}"
+for var in NNODES NPROC NGPU NODE_RANK MAX_RESTARTS RDZV_TIMEOUT MASTER_PORT; do
+  value="${!var:-0}"
+  if ! [[ "$value" =~ ^[0-9]+$ ]]; then
+    echo "torchacco: error: $var=$value is not a whole number; set it to e.g. $var=1" >&2
+    exit 1
+  fi
+done
 if [ -z "${NPROC:-${NGPU:-}}" ]; then
   GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
   NPROC=$([ "$GPUS" -gt 0 ] && echo "$GPUS" || echo 2)

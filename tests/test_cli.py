@@ -52,6 +52,10 @@ def run(tiny_corpus, cache_dir, out, *extra: str):
                  ["even number of micro-batches", "global_batch_size", "= 16"], id="acco-odd-micro-batches"),
     pytest.param(["--parallelism.data_parallel", "dpu", "--acco.mode", "adaptive"],
                  ["mode = 'adaptive'", "set [training] max_tokens"], id="adaptive-without-token-budget"),
+    pytest.param(["--training.on_nonfinite", "ignore"], ["'ignore' is not one of", "abort, skip"],
+                 id="unknown-nonfinite-policy"),
+    pytest.param(["--training.max_skips_in_a_row", "0"], ["max_skips_in_a_row must be positive"],
+                 id="zero-skips-in-a-row"),
     pytest.param(["--parallelism.data_parallel", "ddpp"], ["'ddpp' is not one of", "ddp, zero1, fsdp"],
                  id="unknown-data-parallel"),
     pytest.param(["--checkpoint.load_path", "/nonexistent/step-00000010"], ["load_path not found", "step-N"],
@@ -172,3 +176,9 @@ def _cmdline(proc_dir) -> bytes:
         return (proc_dir / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_a_launcher_setting_that_is_not_a_number_is_one_line(tiny_corpus, cache_dir, tmp_path):
+    proc = run_train(tiny_args(tiny_corpus, cache_dir, tmp_path / "out"), env={"MAX_RESTARTS": "three"})
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        "torchacco: error: MAX_RESTARTS=three is not a whole number; set it to e.g. MAX_RESTARTS=1"]

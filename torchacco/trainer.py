@@ -46,7 +46,7 @@ def validate(cfg: Config, world_size: int) -> None:
     if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
         raise UserError(f"[model] init_from = {cfg.model.init_from} is not a Hugging Face folder with a config.json; "
                         "point it at a folder exported by torchacco (<dump_folder>/hf) or downloaded from the Hub")
-    for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s"):
+    for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s", "max_skips_in_a_row"):
         if getattr(t, key) <= 0:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
     per_step = t.local_batch_size * dp_size
