@@ -189,7 +189,10 @@ def test_acco_adaptive_slow_rank_contributes_less_and_update_is_token_weighted(t
     assert min(slow) == 1 and sum(fast) > sum(slow), (fast, slow)  # the fast rank kept accumulating
     assert max(fast) <= 6  # ... up to [acco] max_micro_batches
     # θ equals the equations fed with everything each rank actually computed, weighted per token.
-    torch.testing.assert_close(run["theta"], acco_reference(run["periods"], commits=6), rtol=1e-5, atol=1e-5)
+    # The periods (hence the data) change from run to run, and the run sums the ranks' gradients in another
+    # order than the reference: where Adam's v is near zero that rounding moves θ by up to ~1e-5. atol 1e-4 is
+    # 1% of one step at peak lr 1e-2; a wrong gradient, lr or weighting moves θ by a sizeable part of a step.
+    torch.testing.assert_close(run["theta"], acco_reference(run["periods"], commits=6), rtol=1e-5, atol=1e-4)
     micro_batches = [r[3] for r in run["results"]]
     assert all(m[0] > m[1] for m in micro_batches[1:]), micro_batches
 
