@@ -39,9 +39,6 @@ else
   NPROC="${NPROC:-$NGPU}"
 fi
 
-# Check the config in one process first: a mistake is one line, not one per rank.
-WORLD_SIZE=$((NNODES * NPROC)) LOCAL_WORLD_SIZE="$NPROC" "$PY" -m torchacco.validate "$@"
-
 if [ "$NNODES" -gt 1 ]; then
   : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 for a multi-node run}"
   RDZV=(--nnodes "$NNODES" --node_rank "${NODE_RANK:-0}" --rdzv_backend c10d

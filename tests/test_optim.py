@@ -95,3 +95,33 @@ def test_peek_in_chunks_equals_one_piece_and_writes_any_dtype():
     bf16 = torch.empty(50, dtype=torch.bfloat16)
     sharded.peek(grad, 3e-3, out=bf16, chunk=16)
     assert torch.equal(bf16, whole.bfloat16())
+
+
+def test_updates_read_a_scaled_gradient_of_any_dtype_and_may_write_over_it():
+    """The job's in-place form: the gradient shard is scaled as it is read, and the new
+    parameters may overwrite its buffer chunk by chunk."""
+    _, _, a = _reference_and_sharded(weight_decay=0.1, decay_until=30)
+    _, _, b = _reference_and_sharded(weight_decay=0.1, decay_until=30)
+    grad = torch.randn(50).bfloat16()
+    a.step(grad.float() * 0.25, 1e-2)
+    buffer = grad.clone()
+    b.step(buffer, 1e-2, scale=0.25, out=buffer, chunk=7)
+    for name in ("master", "exp_avg", "exp_avg_sq"):
+        torch.testing.assert_close(getattr(b.state, name), getattr(a.state, name), rtol=0, atol=1e-7)
+    assert torch.equal(buffer, b.state.master.bfloat16())  # each chunk read before it was overwritten
+
+    peeked = a.peek(grad.float() * 0.25, 1e-2)
+    buffer = grad.clone()
+    torch.testing.assert_close(b.peek(buffer, 1e-2, scale=0.25, out=buffer, chunk=7), peeked.bfloat16())
+
+
+def test_commit_with_prediction_is_step_then_peek():
+    _, _, a = _reference_and_sharded(weight_decay=0.1, decay_until=30)
+    _, _, b = _reference_and_sharded(weight_decay=0.1, decay_until=30)
+    grad = torch.randn(50)
+    a.step(grad, 1e-2)
+    predicted = a.peek(grad, 1e-2)
+    out = torch.empty(50)
+    b.step(grad, 1e-2, out=out, predict=True, chunk=16)
+    assert torch.equal(b.state.master, a.state.master) and b.state.step == a.state.step
+    assert torch.equal(out, predicted)

@@ -27,7 +27,7 @@ def one_rank_group():
 
 def _one_rank_flat(group, numel: int):
     """What the job uses of FlatParams, for one rank without model parallelism."""
-    return SimpleNamespace(group=group, world=1, shard_numel=numel,
+    return SimpleNamespace(group=group, world=1, shard_numel=numel, shard=lambda full: full,
                            sq_norm=lambda g: torch.linalg.vector_norm(g).double() ** 2,
                            model_parallel_sum=lambda sq_norm, loss_sum: (sq_norm, loss_sum))
 

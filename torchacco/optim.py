@@ -46,7 +46,14 @@ class AdamWState:
 
 
 class ShardedAdamW:
-    """AdamW over a 1-D fp32 shard; decoupled weight decay on the `decay_ranges` only."""
+    """AdamW over a 1-D fp32 shard; decoupled weight decay on the `decay_ranges` only.
+
+    The gradient may be in any dtype and is scaled (1 / token count, clipping) as it is read;
+    updates work a chunk of the shard at a time, and `out` (any dtype) may be the gradient's
+    own buffer, since each chunk is read before it is written. So an update's working memory
+    is a few chunks, not fp32 copies of the shard: it runs beside the next micro-batch's
+    activations in the overlapped schedules.
+    """
 
     def __init__(self, master: torch.Tensor, decay_ranges: list[tuple[int, int]], cfg: OptimizerConfig):
         assert master.dtype == torch.float32 and master.ndim == 1
@@ -54,25 +61,49 @@ class ShardedAdamW:
         self.decay_ranges = decay_ranges
         self.cfg = cfg
 
-    def step(self, grad: torch.Tensor, lr: float) -> torch.Tensor:
+    def step(self, grad: torch.Tensor, lr: float, scale: float = 1.0, out: torch.Tensor | None = None,
+             predict: bool = False, chunk: int | None = None) -> torch.Tensor:
+        """Commit one step with the gradient `grad * scale`: master, m, v and step advance. `out`
+        receives the new master shard — or, with `predict`, the shard one more step with the same
+        gradient would give (weight prediction). Returns the master shard."""
         s = self.state
         s.step += 1
-        self._update(s.master, s.exp_avg, s.exp_avg_sq, grad, lr, s.step)
+        for part, offset in self._chunks(chunk):
+            g = self._scaled(grad[part], scale)
+            p, m, v = s.master[part], s.exp_avg[part], s.exp_avg_sq[part]
+            self._update(p, m, v, g, lr, s.step, offset)
+            if predict:
+                p, m, v = p.clone(), m.clone(), v.clone()
+                self._update(p, m, v, g, lr, s.step + 1, offset)
+            if out is not None:
+                out[part].copy_(p)
         return s.master
 
-    def peek(self, grad: torch.Tensor, lr: float, out: torch.Tensor | None = None,
-             chunk: int = 1 << 22) -> torch.Tensor:
-        """The master shard after `step(grad, lr)`, written into `out` (any dtype; a new fp32
-        tensor by default), leaving m, v, step and master untouched. Works a chunk at a time,
-        so its fp32 working memory is a few chunks, not copies of the shard's state."""
+    def peek(self, grad: torch.Tensor, lr: float, scale: float = 1.0, out: torch.Tensor | None = None,
+             chunk: int | None = None) -> torch.Tensor:
+        """The master shard after `step(grad, lr, scale)`, written into `out` (a new fp32 tensor
+        by default), leaving m, v, step and master untouched (ACCO's estimate)."""
         s = self.state
         out = torch.empty_like(s.master) if out is None else out
-        for start in range(0, s.master.numel(), chunk):
-            part = slice(start, start + chunk)
+        for part, offset in self._chunks(chunk):
+            g = self._scaled(grad[part], scale)
             p, m, v = s.master[part].clone(), s.exp_avg[part].clone(), s.exp_avg_sq[part].clone()
-            self._update(p, m, v, grad[part], lr, s.step + 1, offset=start)
+            self._update(p, m, v, g, lr, s.step + 1, offset)
             out[part].copy_(p)
         return out
+
+    def _chunks(self, chunk: int | None):
+        """(slice, offset) over the shard. By default a 32nd of it, between 64 Ki and 4 Mi
+        elements: bounded working memory without thousands of tiny kernels on a large shard."""
+        n = self.state.master.numel()
+        chunk = chunk or min(max(-(-n // 32), 1 << 16), 1 << 22)
+        for start in range(0, n, chunk):
+            yield slice(start, start + chunk), start
+
+    @staticmethod
+    def _scaled(grad: torch.Tensor, scale: float) -> torch.Tensor:
+        g = grad.to(torch.float32, copy=True)  # a copy: `out` may overwrite grad's buffer
+        return g.mul_(scale) if scale != 1.0 else g
 
     def _update(self, p, m, v, grad, lr, step, offset: int = 0) -> None:
         """One AdamW step on a slice of the shard that starts at `offset`."""
@@ -85,5 +116,5 @@ class ShardedAdamW:
         m.mul_(c.beta1).add_(grad, alpha=1 - c.beta1)
         v.mul_(c.beta2).addcmul_(grad, grad, value=1 - c.beta2)
         bias1 = 1 - c.beta1**step
-        denom = (v.sqrt() / math.sqrt(1 - c.beta2**step)).add_(c.eps)
+        denom = v.sqrt().div_(math.sqrt(1 - c.beta2**step)).add_(c.eps)
         p.addcdiv_(m, denom, value=-lr / bias1)

@@ -37,7 +37,7 @@ from torchacco.spec import get_model_spec
 IGNORE_INDEX = -100
 
 
-def validate(cfg: Config, world_size: int) -> None:
+def validate(cfg: Config, world_size: int, local_world_size: int | None = None) -> None:
     """Checks that need no data and no process group, so mistakes surface before launch."""
     t = cfg.training
     dp_size = check_parallelism(cfg, world_size)
@@ -72,7 +72,7 @@ def validate(cfg: Config, world_size: int) -> None:
         raise UserError(f"[tokenizer] path not found: {cfg.tokenizer.path} (a tokenizer.json file)")
     if t.device == "cuda" and not torch.cuda.is_available():
         raise UserError("[training] device = 'cuda' but CUDA is not available; use --training.device cpu (or auto)")
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    local_world = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     gpus = torch.cuda.device_count() if torch.cuda.is_available() and t.device != "cpu" else 0
     if gpus and local_world > gpus:
         raise UserError(f"{local_world} processes per node but only {gpus} GPUs; set NGPU={gpus} (or fewer)")

@@ -36,7 +36,7 @@ from torchacco.lr import TokenSchedule
 from torchacco.optim import ShardedAdamW, build_adamw
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.flat import FlatParams
-from torchacco.parallel.sharded import COMMIT, UpdateResult, all_gather, reduce_update_gather
+from torchacco.parallel.sharded import COMMIT, UpdateResult, all_gather, gather_master, reduce_update_gather
 
 
 class Replicated:
@@ -249,8 +249,7 @@ class ZeRO1:
         self._refresh_params()
 
     def _refresh_params(self) -> None:
-        master = self.optimizer.state.master
-        all_gather(self.flat.params_buffer, master.to(self.flat.params_buffer.dtype), group=self.flat.group)
+        gather_master(self.flat, self.optimizer, self.flat.params_buffer)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         flat = torch.empty(self.flat.padded_numel, dtype=torch.float32, device=self.flat.params_buffer.device)

@@ -103,9 +103,9 @@ class FlatParams:
 
     def sq_norm(self, grad_shard: torch.Tensor) -> torch.Tensor:
         """This rank's share of ‖g‖²: tp-replicated parameters count 1/tp (all tp ranks hold them)."""
-        total = torch.linalg.vector_norm(grad_shard).double() ** 2
+        total = _sq_norm(grad_shard)
         for lo, hi in self.replicated_ranges:
-            total -= (1 - 1 / self.tp) * torch.linalg.vector_norm(grad_shard[lo:hi]).double() ** 2
+            total -= (1 - 1 / self.tp) * _sq_norm(grad_shard[lo:hi])
         return total
 
     def model_parallel_sum(self, sq_norm: float, loss_sum: float) -> tuple[float, float]:
@@ -149,6 +149,14 @@ class FlatParams:
     def real_shard_numel(self) -> int:
         """Elements of this rank's slice that are parameters, not padding (possibly 0)."""
         return max(0, min(self.numel - self.rank * self.shard_numel, self.shard_numel))
+
+
+def _sq_norm(t: torch.Tensor, chunk: int = 1 << 22) -> torch.Tensor:
+    """‖t‖² in fp64, from fp32 norms of chunks (a bf16 shard is never copied whole to fp32)."""
+    total = torch.zeros((), dtype=torch.float64, device=t.device)
+    for start in range(0, t.numel(), chunk):
+        total += torch.linalg.vector_norm(t[start:start + chunk], dtype=torch.float32).double() ** 2
+    return total
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from torchacco.errors import UserError
 from torchacco.lr import TokenSchedule
 from torchacco.parallel.data_parallel import ZeRO1
 from torchacco.parallel.dims import ParallelDims
-from torchacco.parallel.sharded import (COMMIT, COMMIT_AND_PREDICT, ESTIMATE, UpdateResult, all_gather,
+from torchacco.parallel.sharded import (COMMIT, COMMIT_AND_PREDICT, ESTIMATE, UpdateResult, gather_master,
                                         reduce_update_gather)
 
 ACCUMULATOR_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -129,7 +129,7 @@ class Overlapped(ZeRO1):
         C is free until the next launch, so it keeps P's contents meanwhile."""
         assert not self.runner.in_flight()
         self.comm.copy_(self.flat.params_buffer)
-        all_gather(self.flat.params_buffer, self.optimizer.state.master.to(self.comm.dtype), group=self.flat.group)
+        gather_master(self.flat, self.optimizer, self.flat.params_buffer)
         try:
             yield self.model
         finally:

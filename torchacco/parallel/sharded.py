@@ -47,17 +47,19 @@ class UpdateResult:
 def reduce_update_gather(
     flat: FlatParams,
     opt: ShardedAdamW,
-    grads: torch.Tensor,  # full flat sum-of-token-loss gradients of this rank (the send buffer)
+    grads: torch.Tensor,  # full flat sum-of-token-loss gradients of this rank (the send buffer; overwritten)
     local: tuple[float, float, int, float],  # this rank's (loss tokens, loss sum, micro-batches, tokens consumed)
     lr_for: Callable[[float], float],  # global tokens consumed by this update -> learning rate
     kind: str,
-    out: torch.Tensor,  # full flat buffer that receives the new parameters
+    out: torch.Tensor,  # full flat buffer that receives the new parameters (may be `grads`)
     max_norm: float,
 ) -> UpdateResult:
+    """In place: the reduced gradient shard lands in this rank's slice of `grads`, the new
+    parameters in its slice of `out`, from which the all-gather fills the rest. Beyond the
+    buffers it is given, the job only holds the optimizer's few working chunks."""
     group = flat.group
-    grad = torch.empty(flat.shard_numel, dtype=grads.dtype, device=grads.device)
+    grad = flat.shard(grads)
     reduce_scatter(grad, grads, group=group)
-    grad = grad.float()
 
     # One small collective for all the scalars of every rank: ‖shard‖², loss tokens, loss sum,
     # micro-batches, tokens consumed.
@@ -72,30 +74,34 @@ def reduce_update_gather(
     if not (math.isfinite(sq_norm) and math.isfinite(loss_sum)):
         # Every rank sees the same gathered numbers, so every rank skips together. The
         # optimizer state is untouched: θ̃ = θ for an estimate, θ stays for a commit.
-        all_gather(out, opt.state.master.to(out.dtype), group=group)
+        gather_master(flat, opt, out)
         bad = [r for r, v in enumerate(stats[:, 2].tolist()) if not math.isfinite(v)]
         return UpdateResult(tokens, loss_sum / max(tokens, 1.0), math.sqrt(sq_norm) / max(tokens, 1.0),
                             lr_for(consumed), kind != ESTIMATE, micro_batches, consumed=consumed, skipped=True,
                             nonfinite_ranks=bad)
     if tokens <= 0:
         if kind == ESTIMATE:  # a half with every label masked: no information, θ̃ = θ
-            all_gather(out, opt.state.master.to(out.dtype), group=group)
+            gather_master(flat, opt, out)
             return UpdateResult(0.0, 0.0, 0.0, lr_for(consumed), False, micro_batches, consumed=consumed)
         raise UserError("an update has no token in the loss on any rank (every label masked); raise "
                         "[training] local_batch_size or global_batch_size, or check the data's masking")
-    grad.div_(tokens)
     grad_norm = math.sqrt(sq_norm) / tokens
+    scale = 1.0 / tokens  # the gradient of the mean token loss ...
     if max_norm and grad_norm > max_norm:
-        grad.mul_(max_norm / (grad_norm + 1e-6))
+        scale *= max_norm / (grad_norm + 1e-6)  # ... clipped
 
     lr = lr_for(consumed)
-    send = torch.empty(flat.shard_numel, dtype=out.dtype, device=out.device)  # the new shard, in out's dtype
+    send = flat.shard(out)
     if kind == ESTIMATE:
-        opt.peek(grad, lr, out=send)
-    elif kind == COMMIT:
-        send.copy_(opt.step(grad, lr))
+        opt.peek(grad, lr, scale, out=send)
     else:
-        opt.step(grad, lr)
-        opt.peek(grad, lr, out=send)
+        opt.step(grad, lr, scale, out=send, predict=kind == COMMIT_AND_PREDICT)
     all_gather(out, send, group=group)
     return UpdateResult(tokens, loss_sum / tokens, grad_norm, lr, kind != ESTIMATE, micro_batches, consumed=consumed)
+
+
+def gather_master(flat: FlatParams, opt: ShardedAdamW, out: torch.Tensor) -> None:
+    """`out` ← θ: every rank's fp32 master shard, in out's dtype (in place, no shard-sized copy)."""
+    send = flat.shard(out)
+    send.copy_(opt.state.master)
+    all_gather(out, send, group=flat.group)
