@@ -1,5 +1,6 @@
 """Checkpoints: exact resume, resharding across world sizes, atomic saves, clear errors."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,12 +20,22 @@ def args(corpus, cache, out, kind, steps, *extra):
                      "--checkpoint.enable", "true", *extra)
 
 
+@pytest.fixture(scope="module")
+def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
+    """A finished 3-step zero1 run with checkpoints at steps 2 and 3 (every 1, keep 2), shared by
+    the tests below that read it; a test that writes into it works on its own copy."""
+    run = tmp_path_factory.mktemp("zero1") / "run"
+    proc = run_train(args(tiny_corpus, cache_dir, run, "zero1", 3, "--checkpoint.every", "1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
 @pytest.mark.parametrize("kind, extra", [
-    ("ddp", []), ("zero1", []), ("fsdp", []), ("acco", []),
-    ("zero1", ["--checkpoint.async_save", "true", "--checkpoint.every", "1"]),
+    ("ddp", []), ("zero1", []), ("acco", []),
+    ("fsdp", ["--checkpoint.async_save", "true", "--checkpoint.every", "1"]),
     ("dpu", ["--acco.dpu_warmup_steps", "4"]),  # resumed inside the synchronous warm-up
     ("wp", []),  # the compute parameters are a prediction, not θ
-], ids=["ddp", "zero1", "fsdp", "acco", "zero1-async", "dpu-warmup", "wp"])
+], ids=["ddp", "zero1", "acco", "fsdp-async", "dpu-warmup", "wp"])
 def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_path, kind, extra):
     full = run_train(args(tiny_corpus, cache_dir, tmp_path / "full", kind, 6, *extra))
     assert full.returncode == 0, full.stderr[-3000:]
@@ -80,9 +91,12 @@ def reshard(run_dir: Path, checkpoint: Path, out: Path, nproc: int) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["zero1", "fsdp"])
-def test_checkpoint_reshards_from_2_ranks_to_1_and_back(tiny_corpus, cache_dir, tmp_path, kind):
-    run = tmp_path / "run"
-    assert run_train(args(tiny_corpus, cache_dir, run, kind, 3)).returncode == 0
+def test_checkpoint_reshards_from_2_ranks_to_1_and_back(tiny_corpus, cache_dir, tmp_path, kind, request):
+    if kind == "zero1":
+        run = request.getfixturevalue("zero1_run")
+    else:
+        run = tmp_path / "run"
+        assert run_train(args(tiny_corpus, cache_dir, run, kind, 3)).returncode == 0
     two = step_dirs(run / "checkpoint")[-1][1]
     one = reshard(run, two, tmp_path / "one", nproc=1)  # 2 ranks -> 1
     back = reshard(run, one, tmp_path / "back", nproc=2)  # 1 rank -> 2
@@ -94,9 +108,8 @@ def test_checkpoint_reshards_from_2_ranks_to_1_and_back(tiny_corpus, cache_dir, 
         assert torch.equal(tensor, states[1][name]) and torch.equal(tensor, states[2][name]), name
 
 
-def test_resume_on_a_different_number_of_ranks_continues_training(tiny_corpus, cache_dir, tmp_path):
-    run = tmp_path / "run"
-    assert run_train(args(tiny_corpus, cache_dir, run, "zero1", 3)).returncode == 0
+def test_resume_on_a_different_number_of_ranks_continues_training(tiny_corpus, cache_dir, tmp_path, zero1_run):
+    run = shutil.copytree(zero1_run, tmp_path / "run")
     proc = run_train(args(tiny_corpus, cache_dir, run, "zero1", 5, "--training.global_batch_size", "8"), nproc=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "data-parallel ranks changed (2 -> 1)" in proc.stdout
@@ -124,12 +137,10 @@ def test_keeps_the_last_k_and_ignores_unfinished_saves(tiny_corpus, cache_dir, t
     assert "resumed" not in proc.stdout
 
 
-def test_resuming_another_models_checkpoint_is_one_clear_error(tiny_corpus, cache_dir, tmp_path):
-    out = tmp_path / "run"
-    assert run_train(args(tiny_corpus, cache_dir, out, "zero1", 2)).returncode == 0
+def test_resuming_another_models_checkpoint_is_one_clear_error(tiny_corpus, cache_dir, tmp_path, zero1_run):
     # (Into the same folder, the dump-folder check refuses first: test_reliability.py.)
     proc = run_train(args(tiny_corpus, cache_dir, tmp_path / "other", "zero1", 4, "--model.flavor", "tiny",
-                          "--checkpoint.load_path", str(out / "checkpoint" / "step-00000002")))
+                          "--checkpoint.load_path", str(zero1_run / "checkpoint" / "step-00000002")))
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
     assert len(errors) == 1 and "does not match this run's model" in errors[0], proc.stderr[-2000:]
@@ -145,9 +156,8 @@ def test_acco_checkpoint_resumes_only_on_the_same_world_size(tiny_corpus, cache_
     assert "resume it on 2 ranks" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_corrupted_checkpoint_is_a_clear_error_naming_an_earlier_one(tiny_corpus, cache_dir, tmp_path):
-    out = tmp_path / "run"
-    assert run_train(args(tiny_corpus, cache_dir, out, "zero1", 2, "--checkpoint.every", "1")).returncode == 0
+def test_corrupted_checkpoint_is_a_clear_error_naming_an_earlier_one(tiny_corpus, cache_dir, tmp_path, zero1_run):
+    out = shutil.copytree(zero1_run, tmp_path / "run")
     first, latest = [p for _, p in step_dirs(out / "checkpoint")]
     for shard in latest.glob("*.distcp"):
         shard.write_bytes(shard.read_bytes()[:100])  # a torn write
@@ -157,4 +167,4 @@ def test_corrupted_checkpoint_is_a_clear_error_naming_an_earlier_one(tiny_corpus
     assert len(errors) == 1 and "may be corrupted" in errors[0] and f"--checkpoint.load_path {first}" in errors[0]
     proc = run_train(args(tiny_corpus, cache_dir, out, "zero1", 4, "--checkpoint.load_path", str(first)))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "at step 1" in proc.stdout
+    assert "at step 2" in proc.stdout
