@@ -28,6 +28,12 @@ def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
+@pytest.fixture(scope="session")
+def embedded_cache(tmp_path_factory) -> Path:
+    """One cache folder for the tests that use the embedded corpus: it is fetched and tokenized once."""
+    return tmp_path_factory.mktemp("embedded-cache")
+
+
 def tiny_args(corpus: Path, cache: Path, out: Path, *extra: str) -> list[str]:
     """CLI overrides for a seconds-long run of the GPT-Neo debug model on `corpus`."""
     return [

@@ -37,23 +37,25 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
     ("wp", []),  # the compute parameters are a prediction, not θ
 ], ids=["ddp", "zero1", "acco", "fsdp-async", "dpu-warmup", "wp"])
 def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_path, kind, extra):
-    full = run_train(args(tiny_corpus, cache_dir, tmp_path / "full", kind, 6, *extra))
+    full = run_train(args(tiny_corpus, cache_dir, tmp_path / "full", kind, 6, "--checkpoint.every", "3",
+                          "--checkpoint.keep", "0", *extra))
     assert full.returncode == 0, full.stderr[-3000:]
+    expected = read_metrics(tmp_path / "full")
     if kind in ("ddp", "zero1", "acco") and not extra:
-        # These resume after a lost worker instead (the same resume, reached by torchrun's restart);
-        # the other variants resume when the user runs the command again with more steps.
-        return _killed_worker_recovers(tiny_corpus, cache_dir, tmp_path, kind, read_metrics(tmp_path / "full"))
-    first = run_train(args(tiny_corpus, cache_dir, tmp_path / "split", kind, 3, *extra))
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = run_train(args(tiny_corpus, cache_dir, tmp_path / "split", kind, 6, *extra))
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from" in second.stdout and "at step 3" in second.stdout
+        # These resume after a lost worker (torchrun restarts them, and they resume from their own
+        # folder); the other variants resume from the full run's step-3 checkpoint, in a new folder.
+        return _killed_worker_recovers(tiny_corpus, cache_dir, tmp_path, kind, expected)
+    step3 = tmp_path / "full" / "checkpoint" / "step-00000003"
+    resumed = run_train(args(tiny_corpus, cache_dir, tmp_path / "resumed", kind, 6, *extra,
+                             "--checkpoint.load_path", str(step3)))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "at step 3" in resumed.stdout
 
-    expected, resumed = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "split")
-    assert [r["step"] for r in resumed] == list(range(1, 7))  # the file continues, no duplicates
+    records = read_metrics(tmp_path / "resumed")
+    assert [r["step"] for r in records] == [4, 5, 6]
     for key in ("loss", "lr", "tokens", "grad_norm"):
-        assert [r[key] for r in resumed] == [r[key] for r in expected], key
-    assert resumed[-1]["val_loss"] == expected[-1]["val_loss"]
+        assert [r[key] for r in records] == [r[key] for r in expected[3:]], key
+    assert records[-1]["val_loss"] == expected[-1]["val_loss"]
 
 
 def _killed_worker_recovers(corpus, cache, tmp_path, kind, expected):

