@@ -1,6 +1,9 @@
 """Bad input through ./run_train.sh: one clear `torchacco: error:` line, a non-zero exit, no
-traceback, no hang. Config mistakes are caught by `torchacco.validate` before launch (~3 s);
-data, tokenizer and dump-folder mistakes inside the 2 workers, where rank 0 alone reports (~10 s)."""
+traceback, no hang. Config mistakes are caught by the launcher before any worker starts (checked
+here in-process, the launcher's own function, plus once through the script); data, tokenizer and
+dump-folder mistakes inside the 2 workers, where rank 0 alone reports (~10 s)."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,6 +32,24 @@ def check_one_clear_error(proc, *words: str, launched: bool) -> str:
 
 def run(tiny_corpus, cache_dir, out, *extra: str):
     return run_train(tiny_args(tiny_corpus, cache_dir, out, *extra), nproc=2, timeout=120)
+
+
+def check_before_launch(argv: list[str], capsys):
+    """The check ./run_train.sh's launcher makes before it starts workers, run in this process
+    (milliseconds, not a 3 s launch per case); test_the_script_checks_before_any_worker_starts
+    covers the script's wiring."""
+    from torchacco.launch import check_training_config
+
+    code = check_training_config(["--standalone", "--nnodes", "1", "--nproc_per_node", "2",
+                                  "-m", "torchacco.train", *argv])
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+
+def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_path):
+    proc = run(tiny_corpus, cache_dir, tmp_path / "out", "--training.global_batch_size", "12")
+    check_one_clear_error(proc, "global_batch_size = 12", "multiple of 8", launched=False)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -66,8 +87,8 @@ def run(tiny_corpus, cache_dir, out, *extra: str):
                  id="cuda-without-cuda",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])
-def test_bad_option_is_one_line_before_launch(extra, words, tiny_corpus, cache_dir, tmp_path):
-    proc = run(tiny_corpus, cache_dir, tmp_path / "out", *extra)
+def test_bad_option_is_one_line_before_launch(extra, words, tiny_corpus, cache_dir, tmp_path, capsys):
+    proc = check_before_launch(tiny_args(tiny_corpus, cache_dir, tmp_path / "out", *extra), capsys)
     check_one_clear_error(proc, *words, launched=False)
 
 
@@ -77,11 +98,11 @@ def test_bad_option_is_one_line_before_launch(extra, words, tiny_corpus, cache_d
                  id="unknown-key"),
     pytest.param('[training]\nsteps = "5"\n', ["[training] steps", "expected int", "str"], id="wrong-type"),
 ])
-def test_bad_config_file_is_one_line_before_launch(toml, words, tiny_corpus, cache_dir, tmp_path):
+def test_bad_config_file_is_one_line_before_launch(toml, words, tiny_corpus, cache_dir, tmp_path, capsys):
     config = tmp_path / "bad.toml"
     config.write_text(toml)
-    proc = run_train(["--config", str(config), *tiny_args(tiny_corpus, cache_dir, tmp_path / "out")],
-                     nproc=2, timeout=120)
+    proc = check_before_launch(["--config", str(config), *tiny_args(tiny_corpus, cache_dir, tmp_path / "out")],
+                               capsys)
     check_one_clear_error(proc, str(config), *words, launched=False)
 
 
