@@ -1,6 +1,7 @@
 """Pretrain → export (safetensors that transformers loads) → finetune from it → generate."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -64,10 +65,10 @@ def test_finetune_from_the_export_on_alpaca_data_then_generate(pretrained, cache
 
     tuned = finetune(tmp_path / "ft", "--model.init_from", str(hf))
     assert tuned.returncode == 0, tuned.stderr[-3000:]
-    scratch = finetune(tmp_path / "scratch", "--model.flavor", "debug")
-    assert scratch.returncode == 0, scratch.stderr[-3000:]
-    # Starting from the pretrained weights, the first loss is already far below a random model's.
-    assert read_metrics(tmp_path / "ft")[0]["loss"] < read_metrics(tmp_path / "scratch")[0]["loss"] - 0.5
+    # Starting from the pretrained weights, the first loss is already far below a random model's,
+    # which is ln(vocabulary) (test_train.py checks that of a fresh model).
+    vocab = len(json.loads((hf / "tokenizer.json").read_text())["model"]["vocab"])
+    assert read_metrics(tmp_path / "ft")[0]["loss"] < math.log(vocab) - 0.5
 
     gen = subprocess.run([sys.executable, "-m", "torchacco.generate", "--model", str(tmp_path / "ft" / "hf"),
                           "--prompt", "the king", "--max-tokens", "8", "--temperature", "0"],
