@@ -44,6 +44,35 @@ def tiny_args(corpus: Path, cache: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
+def six_step_args(corpus: Path, cache: Path, out: Path, kind: str, steps: int, *extra: str) -> list[str]:
+    """A tiny run of `steps` steps, 2 micro-batches per update on 2 ranks, checkpoints on. The
+    schedule length comes from max_tokens (6 steps), so a run stopped early has the same lr."""
+    return tiny_args(corpus, cache, out, "--parallelism.data_parallel", kind, "--training.global_batch_size", "16",
+                     "--training.max_tokens", str(6 * 16 * 64), "--training.steps", str(steps),
+                     "--checkpoint.enable", "true", *extra)
+
+
+FSDP_ASYNC = ("--checkpoint.async_save", "true", "--checkpoint.every", "1")  # fsdp's shared run saves in the background
+
+
+@pytest.fixture(scope="session")
+def six_step_run(tiny_corpus, cache_dir, tmp_path_factory):
+    """(kind, *extra) -> the folder of a finished 6-step run with checkpoints at steps 3 and 6
+    (read only): one run serves the strategy comparison (test_train) and the resume tests."""
+    done = {}
+
+    def get(kind: str, *extra: str) -> Path:
+        if (kind, *extra) not in done:
+            out = tmp_path_factory.mktemp(kind) / "run"
+            proc = run_train(six_step_args(tiny_corpus, cache_dir, out, kind, 6, "--checkpoint.every", "3",
+                                           "--checkpoint.keep", "0", *extra))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            done[(kind, *extra)] = out
+        return done[(kind, *extra)]
+
+    return get
+
+
 def run_train(args: list[str], nproc: int = 2, timeout: int = 300, env: dict | None = None):
     """./run_train.sh as a user runs it; returns the completed process."""
     full_env = {**os.environ, "NPROC": str(nproc), "PYTHON": sys.executable, **(env or {})}

@@ -9,15 +9,11 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from conftest import ROOT, read_metrics, run_train, tiny_args
+from conftest import FSDP_ASYNC, ROOT, read_metrics, run_train, six_step_args
 from torchacco.checkpoint import step_dirs
 
 
-def args(corpus, cache, out, kind, steps, *extra):
-    # The schedule length comes from max_tokens, so stopping early does not change it.
-    return tiny_args(corpus, cache, out, "--parallelism.data_parallel", kind, "--training.global_batch_size", "16",
-                     "--training.max_tokens", str(6 * 16 * 64), "--training.steps", str(steps),
-                     "--checkpoint.enable", "true", *extra)
+args = six_step_args
 
 
 @pytest.fixture(scope="module")
@@ -32,20 +28,18 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("kind, extra", [
     ("ddp", []), ("zero1", []), ("acco", []),
-    ("fsdp", ["--checkpoint.async_save", "true", "--checkpoint.every", "1"]),
+    ("fsdp", FSDP_ASYNC),
     ("dpu", ["--acco.dpu_warmup_steps", "4"]),  # resumed inside the synchronous warm-up
     ("wp", []),  # the compute parameters are a prediction, not θ
 ], ids=["ddp", "zero1", "acco", "fsdp-async", "dpu-warmup", "wp"])
-def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_path, kind, extra):
-    full = run_train(args(tiny_corpus, cache_dir, tmp_path / "full", kind, 6, "--checkpoint.every", "3",
-                          "--checkpoint.keep", "0", *extra))
-    assert full.returncode == 0, full.stderr[-3000:]
-    expected = read_metrics(tmp_path / "full")
+def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_path, six_step_run, kind, extra):
+    full = six_step_run(kind, *extra)
+    expected = read_metrics(full)
     if kind in ("ddp", "zero1", "acco") and not extra:
         # These resume after a lost worker (torchrun restarts them, and they resume from their own
         # folder); the other variants resume from the full run's step-3 checkpoint, in a new folder.
-        return _killed_worker_recovers(tiny_corpus, cache_dir, tmp_path, kind, expected)
-    step3 = tmp_path / "full" / "checkpoint" / "step-00000003"
+        return _killed_worker_recovers(tiny_corpus, cache_dir, tmp_path, kind, expected, full)
+    step3 = full / "checkpoint" / "step-00000003"
     resumed = run_train(args(tiny_corpus, cache_dir, tmp_path / "resumed", kind, 6, *extra,
                              "--checkpoint.load_path", str(step3)))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -58,7 +52,7 @@ def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_pa
     assert records[-1]["val_loss"] == expected[-1]["val_loss"]
 
 
-def _killed_worker_recovers(corpus, cache, tmp_path, kind, expected):
+def _killed_worker_recovers(corpus, cache, tmp_path, kind, expected, full):
     """Rank 1 is SIGKILLed as it starts step 5; torchrun restarts both workers, which resume from
     the step-3 checkpoint by themselves and end exactly where the uninterrupted run did."""
     proc = run_train(args(corpus, cache, tmp_path / "killed", kind, 6, "--checkpoint.every", "3"),
@@ -71,8 +65,8 @@ def _killed_worker_recovers(corpus, cache, tmp_path, kind, expected):
     for key in ("loss", "lr", "tokens", "grad_norm"):
         assert [r[key] for r in recovered] == [r[key] for r in expected], key
     assert recovered[-1]["val_loss"] == expected[-1]["val_loss"]
-    final = [_tensors(_logical_state(step_dirs(tmp_path / run / "checkpoint")[-1][1], tmp_path / f"{run}.pt")["dp"])
-             for run in ("full", "killed")]
+    final = [_tensors(_logical_state(step_dirs(run / "checkpoint")[-1][1], tmp_path / f"{run.name}.pt")["dp"])
+             for run in (full, tmp_path / "killed")]
     assert final[0].keys() == final[1].keys() and final[0]
     for name, tensor in final[0].items():
         assert torch.equal(tensor, final[1][name]), name

@@ -7,22 +7,16 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset
 
-from conftest import read_metrics, run_train, tiny_args
+from conftest import FSDP_ASYNC, read_metrics, run_train, tiny_args
 from torchacco.config import Config
 from torchacco.trainer import train
 
 
 @pytest.fixture(scope="module")
-def strategy_runs(tiny_corpus, cache_dir, tmp_path_factory):
-    """Each strategy on 2 gloo ranks, 2 micro-batches per update, same data and seed."""
-    runs = {}
-    for dp in ("ddp", "zero1", "fsdp"):
-        out = tmp_path_factory.mktemp(dp)
-        proc = run_train(tiny_args(tiny_corpus, cache_dir, out, "--parallelism.data_parallel", dp,
-                                   "--training.global_batch_size", "16"))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[dp] = read_metrics(out)
-    return runs
+def strategy_runs(six_step_run):
+    """Each strategy on 2 gloo ranks, 2 micro-batches per update, same data and seed (the runs
+    the resume tests start from)."""
+    return {dp: read_metrics(six_step_run(dp, *(FSDP_ASYNC if dp == "fsdp" else ()))) for dp in ("ddp", "zero1", "fsdp")}
 
 
 def test_ddp_zero1_fsdp_give_the_same_losses(strategy_runs):
