@@ -39,11 +39,15 @@ RUNS = {
     "neo-acco": (1, "acco", ()),
     "llama-zero1": (1, "zero1", LLAMA),
     "llama-acco": (1, "acco", LLAMA),
+    "neo-dpu": (1, "dpu", ()),
+    "llama-wp": (1, "wp", LLAMA),
     "neo-acco-tp2": (2, "acco", TP2_CHECKPOINTED),
     "neo-fsdp-tp2": (2, "fsdp", ("--parallelism.tensor_parallel_degree", "2")),
     "llama-zero1-pp2": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2")),  # 1f1b
     "llama-acco-pp2": (2, "acco", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2",
                                    "--parallelism.pipeline_schedule", "gpipe")),
+    "neo-dpu-tp2": (2, "dpu", ("--parallelism.tensor_parallel_degree", "2")),
+    "llama-wp-pp2": (2, "wp", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2")),
     # the resume test: 2 steps, then on to STEPS from the checkpoint (same folder)
     "resumed": (2, "acco", (*TP2_CHECKPOINTED, "--training.steps", "2")),
     "resumed ": (2, "acco", TP2_CHECKPOINTED),
@@ -127,6 +131,14 @@ def test_tensor_parallel_2_and_2x2_with_data_parallel_match_one_process(runs, ki
         # the norms and the row-split layers' biases stay whole.
         assert _params_on_rank0(run) < 0.51 * _full_params(run)
     assert f"{kind} × 2 × tp 2 × pp 1" in tp2dp2[1]
+
+
+def test_dpu_and_wp_with_tensor_or_pipeline_parallel_match_one_process(runs):
+    """The other overlapped schedules share ACCO's buffers and job, so they compose alike."""
+    _same_losses(runs["neo-dpu-tp2"], runs["neo-dpu"])
+    _same_export(runs["neo-dpu-tp2"], runs["neo-dpu"])
+    _same_losses(runs["llama-wp-pp2"], runs["llama-wp"])  # 1f1b
+    _same_export(runs["llama-wp-pp2"], runs["llama-wp"])
 
 
 def test_fsdp_with_tensor_or_pipeline_parallel_matches_zero1_on_one_process(runs):
