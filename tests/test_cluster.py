@@ -161,16 +161,17 @@ def test_result_parsing(tmp_path):
 
 def test_summaries_and_curves():
     from torchacco.bench.compare import summarize
-    from torchacco.bench.sweeps import _curve, _mean_lists
+    from torchacco.bench.sweeps.common import mean_lists
+    from torchacco.bench.sweeps.convergence import val_curve
 
     recs = [{"step": i, "tokens": 1000 * i, "tokens_per_update": 1000, "tokens_per_s": 500.0, "share_sync": 0.25,
              "loss": 3.0 - i / 10, **({"val_loss": 3.5 - i / 10} if i % 2 == 0 else {})} for i in range(1, 5)]
     s = summarize(recs, 1)
     assert s["steps"] == 3 and s["tokens_per_s"] == pytest.approx(500) and s["step_time_s"] == pytest.approx(2.0)
     assert s["exposed_comm_s"] == pytest.approx(0.5)
-    curve = _curve(recs)
+    curve = val_curve(recs)
     assert [(p["tokens"], p["wall_s"]) for p in curve] == [(2000, 4.0), (4000, 8.0)]
-    assert _mean_lists([[1, 3], [3, 5], None]) == [2, 4]
+    assert mean_lists([[1, 3], [3, 5], None]) == [2, 4]
 
 
 def test_cli_errors_are_one_line():

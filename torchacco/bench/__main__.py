@@ -1,8 +1,8 @@
-"""`python -m torchacco.bench throughput|heterogeneous|convergence|memory|all|predict ...` (see sweeps.py)."""
+"""`python -m torchacco.bench throughput|heterogeneous|convergence|memory|all|predict ...` (see sweeps/)."""
 
 import sys
 
-from torchacco.bench.sweeps import run
+from torchacco.bench.sweeps.cli import run
 from torchacco.errors import run_cli
 
 if __name__ == "__main__":
