@@ -81,6 +81,15 @@ def save_results(out: Path, name: str, data: dict, table: str) -> Path:
     return base
 
 
+def save_figure(fig, path: Path) -> None:
+    """Write `fig` as a PNG (`path`'s suffix becomes .png) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=110)
+    plt.close(fig)
+
+
 def pyplot_or_none():
     try:
         import matplotlib

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from torchacco.bench.cluster import ClusterPlan, parse_rate, run_training
 from torchacco.bench.sweeps.common import (STRATEGY_ARGS, QUIET, DEFAULT_MODEL, load, strategies_arg, rate_label,
-                                           save_results, pyplot_or_none)
+                                           save_results, pyplot_or_none, save_figure)
 
 
 def val_curve(records: list[dict]) -> list[dict]:
@@ -97,9 +97,7 @@ def convergence(args) -> dict:
         for ax in axes:
             ax.grid(alpha=0.3)
         axes[0].legend()
-        fig.tight_layout()
-        fig.savefig(base.with_suffix(".png"), dpi=110)
-        plt.close(fig)
+        save_figure(fig, base)
     return data
 
 

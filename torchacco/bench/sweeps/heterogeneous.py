@@ -12,7 +12,8 @@ from pathlib import Path
 from torchacco.bench import cost_model as cm
 from torchacco.bench.cluster import ClusterPlan, Cluster, parse_rate
 from torchacco.bench.sweeps.common import (QUIET, DEFAULT_MODEL, load, strategies_arg, run_point, rate_label,
-                                           save_results, pyplot_or_none, collective_factors, default_workload)
+                                           save_results, pyplot_or_none, collective_factors, default_workload,
+                                           save_figure)
 
 
 _SPIN = "import time\nt=time.perf_counter(); n=0\nwhile time.perf_counter()-t<{s}: n+=1\nprint(n)"
@@ -145,9 +146,7 @@ def report_heterogeneous(data: dict, out: Path) -> dict:
         ax.set_ylabel("tokens/s")
         ax.set_title(f"{nodes} nodes, one {measured_factor:.1f}× slower (measured)")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(base.with_suffix(".png"), dpi=110)
-        plt.close(fig)
+        save_figure(fig, base)
     return data
 
 

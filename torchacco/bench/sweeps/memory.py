@@ -9,7 +9,7 @@ from pathlib import Path
 from torchacco.bench import cost_model as cm
 from torchacco.bench.cluster import ClusterPlan
 from torchacco.bench.sweeps.common import (QUIET, DEFAULT_MODEL, load, strategies_arg, run_point, save_results,
-                                           pyplot_or_none, default_workload)
+                                           pyplot_or_none, default_workload, save_figure)
 
 
 def memory(args) -> dict:
@@ -75,9 +75,7 @@ def memory(args) -> dict:
         ax.set_ylim(lo * 0.9, None)
         ax.set_title(f"Peak memory per rank, GPT-Neo tiny, {args.precision}")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(base.with_suffix(".png"), dpi=110)
-        plt.close(fig)
+        save_figure(fig, base)
     return data
 
 

@@ -9,7 +9,7 @@ from torchacco.bench import cost_model as cm
 from torchacco.bench.cluster import ClusterPlan, Cluster, format_rate, measure_link, parse_rate
 from torchacco.bench.sweeps.common import (QUIET, DEFAULT_MODEL, load, strategies_arg, run_point, rate_label,
                                            save_results, pyplot_or_none, calibrate, collective_factors,
-                                           default_workload)
+                                           default_workload, save_figure)
 from torchacco.errors import UserError
 
 
@@ -148,8 +148,6 @@ def plot_throughput(data: dict, path: Path) -> None:
     axes[1].set_ylabel("exposed communication per update (s)")
     axes[0].legend(fontsize=8)
     fig.suptitle("Emulated 2-node cluster, GPT-Neo tiny: throughput vs link rate")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
