@@ -32,6 +32,16 @@ for var in NNODES NPROC NGPU NODE_RANK MAX_RESTARTS RDZV_TIMEOUT MASTER_PORT; do
     exit 1
   fi
 done
+for var in NNODES NPROC NGPU RDZV_TIMEOUT MASTER_PORT; do  # these, when set, count from 1
+  if [ -n "${!var:-}" ] && [ "$((10#${!var}))" -lt 1 ]; then
+    echo "torchacco: error: $var=${!var} must be at least 1; set it to e.g. $var=1" >&2
+    exit 1
+  fi
+done
+if [ -n "${MASTER_PORT:-}" ] && [ "$((10#$MASTER_PORT))" -gt 65535 ]; then
+  echo "torchacco: error: MASTER_PORT=$MASTER_PORT is not a TCP port; set it between 1024 and 65535" >&2
+  exit 1
+fi
 if [ -z "${NPROC:-${NGPU:-}}" ]; then
   GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
   NPROC=$([ "$GPUS" -gt 0 ] && echo "$GPUS" || echo 2)

@@ -79,6 +79,10 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
                  id="zero-skips-in-a-row"),
     pytest.param(["--parallelism.data_parallel", "ddpp"], ["'ddpp' is not one of", "ddp, zero1, fsdp"],
                  id="unknown-data-parallel"),
+    pytest.param(["--training.collective_timeout_s", "inf"], ["collective_timeout_s = inf", "not a finite number"],
+                 id="infinite-timeout"),
+    pytest.param(["--checkpoint.folder", "../elsewhere"], ["[checkpoint] folder = '../elsewhere'",
+                                                           "inside the dump folder"], id="checkpoint-folder-outside"),
     pytest.param(["--checkpoint.load_path", "/nonexistent/step-00000010"], ["load_path not found", "step-N"],
                  id="missing-checkpoint"),
     pytest.param(["--model.init_from", "/nonexistent/hf"], ["not a Hugging Face folder", "config.json"],
@@ -221,3 +225,8 @@ def test_a_launcher_setting_that_is_not_a_number_is_one_line(tiny_corpus, cache_
     proc = run_train(tiny_args(tiny_corpus, cache_dir, tmp_path / "out"), env={"MAX_RESTARTS": "three"})
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         "torchacco: error: MAX_RESTARTS=three is not a whole number; set it to e.g. MAX_RESTARTS=1"]
+    proc = run_train(tiny_args(tiny_corpus, cache_dir, tmp_path / "out"), nproc=0)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        "torchacco: error: NPROC=0 must be at least 1; set it to e.g. NPROC=1"]
+    proc = run_train(tiny_args(tiny_corpus, cache_dir, tmp_path / "out"), env={"MASTER_PORT": "99999"})
+    assert proc.returncode == 1 and "MASTER_PORT=99999 is not a TCP port" in proc.stderr

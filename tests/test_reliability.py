@@ -138,9 +138,30 @@ def test_a_folder_holding_another_run_is_refused_unless_told(tmp_path):
     with pytest.raises(UserError, match="holds no torchacco run"):
         run_folder.prepare(Config(), stranger)
     assert (stranger / "thesis.tex").read_text() == "precious"
-    (out / "config.toml").write_bytes(b"\xff\xfe garbage")  # unreadable: treated as another run
-    with pytest.raises(UserError, match="config.toml \\(unreadable\\)"):
-        run_folder.prepare(Config(), out)
+
+    # A run that starts from the old run's export: overwriting would delete its own input.
+    (out / "hf").mkdir()
+    (out / "hf" / "config.json").write_text("{}")
+    tuned = Config()
+    tuned.model.init_from, tuned.job.overwrite, tuned.optimizer.lr = str(out / "hf"), True, 1e-4
+    with pytest.raises(UserError, match=r"would delete \[model\] init_from = .*copy it out"):
+        run_folder.prepare(tuned, out)
+    assert (out / "hf" / "config.json").is_file()
+
+    # Non-ASCII text and the like survive the round trip: the run recognises its own folder.
+    named = Config()
+    named.job.description = "Schöne Grüße 🙂 \"quoted\"\n"
+    named.data.dataset = str(tmp_path / "données")
+    run_folder.prepare(named, tmp_path / "named")
+    run_folder.prepare(named, tmp_path / "named")
+
+    (out / "config.toml").write_bytes(b"\xff\xfe garbage")  # unreadable: never deleted, even when told to
+    for overwrite in (False, True):
+        told = Config()
+        told.job.overwrite = overwrite
+        with pytest.raises(UserError, match="config.toml cannot be read .*will not delete it"):
+            run_folder.prepare(told, out)
+    assert (out / "hf" / "config.json").is_file()
 
 
 @pytest.fixture
@@ -151,7 +172,7 @@ def small_disk(tmp_path):
     mount.mkdir()
     made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m", "tmpfs", str(mount)], capture_output=True)
     if made.returncode:
-        pytest.skip(f"needs root to mount a small tmpfs: {made.stderr.decode().strip()}")
+        pytest.skip(f"cannot mount a 10 MB tmpfs to fill (needs root with mount rights): {made.stderr.decode().strip()}")
     yield mount
     subprocess.run(["umount", "-l", str(mount)])
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import types
 import typing
@@ -164,7 +165,8 @@ class Config:
         lines = []
         for section, values in self.to_dict().items():
             lines.append(f"[{section}]")
-            lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+            # JSON's literals and escapes are TOML's; non-ASCII text stays as it is (TOML has no \ud83d pairs).
+            lines += [f"{k} = {json.dumps(v, ensure_ascii=False)}" for k, v in values.items()]
             lines.append("")
         return "\n".join(lines)
 
@@ -231,6 +233,8 @@ def _set(cfg: Config, section: str, key: str, value, origin: str, from_cli: bool
     if key not in keys:
         raise UserError(f"{origin}: unknown key '{key}' in [{section}]; valid keys: {', '.join(keys)}")
     value = _convert(value, keys[key], f"{origin}: [{section}] {key}", from_cli)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{origin}: [{section}] {key} = {value} is not a finite number; give a finite value")
     choices = CHOICES.get((section, key))
     if choices is not None and value not in choices:
         raise UserError(f"{origin}: [{section}] {key} = {value!r} is not one of: {', '.join(choices)}")

@@ -49,16 +49,19 @@ def prepare(cfg: Config, folder: Path) -> None:
         else:
             try:
                 old = config_from_dict(tomllib.loads(recorded.read_text()), str(recorded))
-            except (UserError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-                old = None
-            changed = differences(old, cfg) if old is not None else ["config.toml (unreadable)"]
+            except (UserError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+                # Not knowing what the folder holds, never delete it, even when told to overwrite.
+                raise UserError(f"dump folder {folder} holds a run whose config.toml cannot be read "
+                                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); torchacco will not "
+                                "delete it: choose another --job.dump_folder, or remove that folder yourself") from None
+            changed = differences(old, cfg)
             if changed and not cfg.job.overwrite:
                 shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
                 raise UserError(f"dump folder {folder} holds a different run (differs in {shown}); resuming it would "
                                 "mix the two. Choose another --job.dump_folder, or pass --job.overwrite true to "
                                 "delete that run's outputs")
             if changed:
-                _remove_outputs(folder, old.checkpoint.folder if old is not None else cfg.checkpoint.folder)
+                _remove_outputs(folder, old.checkpoint.folder, cfg)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         recorded.write_text(cfg.to_toml())
@@ -66,9 +69,16 @@ def prepare(cfg: Config, folder: Path) -> None:
         raise UserError(f"cannot write to dump folder {folder}: {e.strerror}; choose another --job.dump_folder") from None
 
 
-def _remove_outputs(folder: Path, checkpoint_folder: str) -> None:
-    for name in (*OUTPUTS, checkpoint_folder):
-        path = folder / name
+def _remove_outputs(folder: Path, checkpoint_folder: str, cfg: Config) -> None:
+    paths = [folder / name for name in (*OUTPUTS, checkpoint_folder)]
+    # This run may start from the old run's outputs (init_from its hf export, say): keep them.
+    inputs = {"[model] init_from": cfg.model.init_from, "[checkpoint] load_path": cfg.checkpoint.load_path,
+              "[tokenizer] path": cfg.tokenizer.path}
+    for what, value in inputs.items():
+        if value and any(Path(value).resolve().is_relative_to(p.resolve()) for p in paths):
+            raise UserError(f"--job.overwrite true would delete {what} = {value}, which this run reads; copy it "
+                            "out of the dump folder first, or choose another --job.dump_folder")
+    for path in paths:
         if path.is_dir():
             shutil.rmtree(path)
         elif path.exists():

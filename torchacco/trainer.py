@@ -41,6 +41,10 @@ def validate(cfg: Config, world_size: int, local_world_size: int | None = None) 
     """Checks that need no data and no process group, so mistakes surface before launch."""
     t = cfg.training
     dp_size = check_parallelism(cfg, world_size)
+    folder = Path(cfg.checkpoint.folder)
+    if not cfg.checkpoint.folder.strip() or folder.is_absolute() or ".." in folder.parts or folder == Path("."):
+        raise UserError(f"[checkpoint] folder = {cfg.checkpoint.folder!r} must name a folder inside the dump folder "
+                        "(e.g. \"checkpoint\"); to keep checkpoints elsewhere, choose --job.dump_folder there")
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
     if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
