@@ -44,12 +44,15 @@ def throughput(args) -> dict:
             print(f"  {p['tokens_per_s']:,.0f} tok/s, step {p['step_time_s']:.2f} s, exposed {p['exposed_comm_s']:.2f} s, "
                   f"overlap {p['overlap']:.0%}", flush=True)
 
+    if "zero1" not in strategies:  # before any run, not after the first hour
+        raise UserError("the throughput sweep needs zero1 among --strategies (it calibrates the cost model)")
+    probe_rate = parse_rate(args.probe_rate)
+    if probe_rate is None:
+        raise UserError("--probe-rate must be a shaped rate such as 100mbit: the collectives are timed against "
+                        "their ideal at that rate")
     # 1. unshaped first: calibrates compute and the optimizer, which fixes the balance rate
     measure(None)
-    if "zero1" not in strategies:
-        raise UserError("the throughput sweep needs zero1 among --strategies (it calibrates the cost model)")
     hw = calibrate(points, work, args.nodes)
-    probe_rate = parse_rate(args.probe_rate)
     factors = probe(probe_rate)
     hw.rs_factor, hw.ag_factor, hw.ar_factor = factors["rs_factor"], factors["ag_factor"], factors["ar_factor"]
     balance = cm.balance_bandwidth(work, hw)
