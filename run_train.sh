@@ -13,7 +13,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PY="${PYTHON:-python3}"
 # Finds the packages without importing them (importing torch costs seconds).
 CHECK="import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in
-  ('torch', 'torchdata', 'tokenizers', 'safetensors', 'tensorboard', 'torchacco', 'models', 'data')))"
+  ('torch', 'torchdata', 'tokenizers', 'safetensors', 'tensorboard', 'torchacco', 'torchacco.models', 'torchacco.data')))"
 
 if ! "$PY" -c "$CHECK" 2>/dev/null; then
   if [ -x "$ROOT/.venv/bin/python" ] && "$ROOT/.venv/bin/python" -c "$CHECK" 2>/dev/null; then

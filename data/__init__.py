@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from data import corpus, sources
-from data.dataset import PackedDataset, build_loader, pieces, read_split, token_dtype, write_split
-from data.tokenizer import Tokenizer, train_bpe
+from torchacco.data import corpus, sources
+from torchacco.data.dataset import PackedDataset, build_loader, pieces, read_split, token_dtype, write_split
+from torchacco.data.tokenizer import Tokenizer, train_bpe
 from torchacco.errors import UserError
 
 __all__ = ["prepare", "load_tokenizer", "build_datasets", "build_dataloader", "PackedDataset", "Tokenizer"]

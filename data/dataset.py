@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from data.sources import Doc
-from data.tokenizer import Tokenizer
+from torchacco.data.sources import Doc
+from torchacco.data.tokenizer import Tokenizer
 from torchacco.errors import UserError
 
 PIECE_CHARS = 1 << 16  # long texts are encoded in pieces of about this many characters

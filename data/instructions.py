@@ -1,6 +1,6 @@
 """An Alpaca-format instruction set made from the embedded corpus, for the finetuning recipes.
 
-    python -m data.instructions --out outputs/instructions/embedded_instructions.jsonl
+    python -m torchacco.data.instructions --out outputs/instructions/embedded_instructions.jsonl
 
 Alpaca itself cannot be shipped or fetched here, so this writes a license-clean stand-in from
 the public-domain texts of `data.corpus`: one JSON object a line with "instruction", "input"
@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from data import corpus
+from torchacco.data import corpus
 from torchacco.errors import UserError
 
 TASKS = ("bible_reference", "quote_verse", "continue_passage", "which_work")
@@ -203,7 +203,7 @@ def _letters(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.instructions", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m torchacco.data.instructions", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="the .jsonl file to write")
     parser.add_argument("--cache-dir", default="", help="where the embedded corpus is cached "
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--max-records must be at least {len(TASKS)} (one record per task), "
                             f"got {args.max_records}")
         start = time.perf_counter()
-        from data import cache_root
+        from torchacco.data import cache_root
         from torchacco.config import Data
 
         works, verses = load_corpus(corpus.ensure_corpus(cache_root(Data(cache_dir=args.cache_dir))))
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out).expanduser()
         write_jsonl(records, out)
     except UserError as e:
-        print(f"data.instructions: error: {e}", file=sys.stderr, flush=True)
+        print(f"torchacco.data.instructions: error: {e}", file=sys.stderr, flush=True)
         return 1
     print(f"wrote {len(records)} instruction records ({len(works)} works, {len(verses)} verses, seed {args.seed}) "
           f"to {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - start:.1f}s")

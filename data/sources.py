@@ -14,7 +14,7 @@ import json
 import logging
 from pathlib import Path
 
-from data.corpus import cut_at_blank_lines
+from torchacco.data.corpus import cut_at_blank_lines
 from torchacco.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -14,17 +14,20 @@ from torchacco.device import select_device
 from torchacco.lr import TokenSchedule
 from torchacco.parallel.dims import init_distributed
 from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
-from torchacco.parallel.data_parallel import build_data_parallel
-from torchacco.trainer import build_model
+from torchacco.parallel.registry import build_strategy
+from torchacco.parallel.strategy import UpdatePlan
+from torchacco.build import build_model
+from torchacco.spec import get_model_spec
 dist.init_process_group("gloo")  # init_distributed then reuses it
 cfg = load_config(sys.argv[1:])
 dev = select_device("cpu", 0)
 dims = init_distributed(dev, 60, cfg.parallelism.tensor_parallel_degree, cfg.parallelism.pipeline_parallel_degree)
-model = build_model(cfg, 366, dev)
+spec = get_model_spec(cfg.model.name)
+model = build_model(spec, cfg.model, 366, cfg.training.seed, dev)
 full = sum(p.numel() for p in model.parameters())
-model, pipe = apply_model_parallel(model, cfg, dims, dev)
-acc = 2
-dp = build_data_parallel(model, cfg, dims, acc, TokenSchedule(1e-3, 0, 1e6, "constant", 0.1), torch.float32, dev)
+model, pipe = apply_model_parallel(model, spec, cfg, dims, dev)
+plan = UpdatePlan(2, TokenSchedule(1e-3, 0, 1e6, "constant", 0.1), cfg.training.max_norm, torch.float32)
+dp = build_strategy(model, cfg, dims, plan, dev)
 mine = [dims.rank, local_numel(model), dp.flat.shard_numel if hasattr(dp, "flat") else 0]
 out = [None] * dims.world_size
 dist.all_gather_object(out, mine)

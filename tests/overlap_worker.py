@@ -17,9 +17,10 @@ import torch.distributed as dist
 from torchacco.config import Config
 from torchacco.device import Device
 from torchacco.lr import TokenSchedule
-from torchacco.parallel.data_parallel import build_data_parallel
+from torchacco.loss import token_loss_sum
 from torchacco.parallel.dims import init_distributed
-from torchacco.trainer import token_loss_sum
+from torchacco.parallel.registry import build_strategy
+from torchacco.parallel.strategy import Counts, UpdatePlan
 
 VOCAB, SEQ, BATCH = 64, 16, 2
 MODEL = os.environ.get("TORCHACCO_TEST_MODEL", "tiny")
@@ -42,7 +43,7 @@ def tiny_model():
     if MODEL == "micro":
         torch.manual_seed(0)
         return Micro()
-    from models.llama3 import spec
+    from torchacco.models.llama3 import spec
 
     args = spec.args("debug", vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
                      ffn_hidden_dim=64, max_seq_len=SEQ)
@@ -79,11 +80,16 @@ def config(kind: str, mode: str) -> Config:
     return cfg
 
 
+def build(model, cfg: Config, dims, micro_batches: int, dtype=torch.float32, device=Device("cpu")):
+    """The strategy of `cfg` over `model`, with the tests' schedule."""
+    plan = UpdatePlan(micro_batches, schedule(), cfg.training.max_norm, dtype)
+    return build_strategy(model, cfg, dims, plan, device)
+
+
 def main(kind, out, commits, micro_batches, mode, delay):
     dims = init_distributed(Device("cpu"))
     rank = dims.rank
-    dp = build_data_parallel(tiny_model(), config(kind, mode), dims, micro_batches, schedule(), torch.float32,
-                             Device("cpu"))
+    dp = build(tiny_model(), config(kind, mode), dims, micro_batches)
     periods, results, index = [], [], 0
     while len(results) < commits:
         tokens, loss_sum, n = 0, 0.0, 0
@@ -95,7 +101,7 @@ def main(kind, out, commits, micro_batches, mode, delay):
                 loss.backward()
             tokens, loss_sum, n, index = tokens + count.item(), loss_sum + loss.item(), n + 1, index + 1
         periods.append(n)
-        result = dp.step(tokens, loss_sum, n * BATCH * SEQ)
+        result = dp.step(Counts(tokens, loss_sum, n, n * BATCH * SEQ))
         if result is not None and result.committed:
             results.append(result)
     with dp.evaluation():

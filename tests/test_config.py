@@ -89,3 +89,30 @@ def test_every_shipped_config_loads_and_builds_on_meta(path):
         model = spec.model_cls(args)
     assert sum(p.numel() for p in model.parameters()) > 0
     assert len(model.layers) == args.n_layers
+
+
+def test_data_parallel_choices_are_the_registered_strategies():
+    from torchacco.config import choices
+    from torchacco.parallel.registry import STRATEGIES
+
+    assert set(choices("parallelism", "data_parallel")) == set(STRATEGIES)
+    for name, cls in STRATEGIES.items():
+        assert cls.name == name and cls.communication in ("all_reduce_in_backward", "per_micro_batch", "sharded_job")
+
+
+def test_configuration_reference_is_the_one_generated_from_the_config():
+    from torchacco.config import reference_markdown
+
+    doc = Path(__file__).parent.parent / "docs" / "configuration.md"
+    assert doc.read_text(encoding="utf-8") == reference_markdown(), (
+        "docs/configuration.md is out of date: python -m torchacco.config > docs/configuration.md")
+
+
+def test_every_key_has_a_line_of_help_and_a_literal_for_fixed_choices():
+    import dataclasses
+
+    from torchacco.config import Config
+
+    for section in dataclasses.fields(Config):
+        for f in dataclasses.fields(section.default_factory()):
+            assert f.metadata.get("help"), f"[{section.name}] {f.name} has no help"

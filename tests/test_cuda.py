@@ -38,17 +38,17 @@ def test_stream_runner_overlaps_and_orders_with_events():
 def test_acco_on_cuda_matches_zero1_for_first_commit():
     import overlap_worker as worker
     from torchacco.device import Device
-    from torchacco.parallel.data_parallel import build_data_parallel
+    from torchacco.loss import token_loss_sum
     from torchacco.parallel.dims import destroy, init_distributed
-    from torchacco.trainer import token_loss_sum
+    from torchacco.parallel.strategy import Counts
 
     device = Device("cuda", 0)
     dims = init_distributed(device)
     try:
         thetas = {}
         for kind, periods in (("zero1", 1), ("acco", 3)):  # ACCO's first commit: two periods at θ_0
-            dp = build_data_parallel(worker.tiny_model().cuda(), worker.config(kind, "deterministic"), dims, 4,
-                                     worker.schedule(), torch.float32, device)
+            dp = worker.build(worker.tiny_model().cuda(), worker.config(kind, "deterministic"), dims, 4,
+                              device=device)
             index = 0
             for _ in range(periods):
                 tokens, loss_sum, count = 0, 0.0, 0
@@ -58,7 +58,7 @@ def test_acco_on_cuda_matches_zero1_for_first_commit():
                         loss, n = token_loss_sum(dp.model, batch)
                         loss.backward()
                     tokens, loss_sum, index, count = tokens + n.item(), loss_sum + loss.item(), index + 1, count + 1
-                dp.step(tokens, loss_sum, float(count * worker.BATCH * worker.SEQ))
+                dp.step(Counts(tokens, loss_sum, count, float(count * worker.BATCH * worker.SEQ)))
             with dp.evaluation():
                 thetas[kind] = torch.cat([p.detach().reshape(-1).float() for p in dp.model.parameters()])
             dp.close()

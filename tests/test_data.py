@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-import data
-from data import corpus, sources
-from data.dataset import PackedDataset, pieces
+from torchacco import data
+from torchacco.data import corpus, sources
+from torchacco.data.dataset import PackedDataset, pieces
 from torchacco.config import Data, Tokenizer
 from torchacco.errors import UserError
 

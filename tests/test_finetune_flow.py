@@ -26,13 +26,14 @@ def test_export_loads_in_transformers_with_the_same_logits(pretrained):
 
     from torchacco.config import load_config
     from torchacco.device import Device
-    from torchacco.trainer import build_model
+    from torchacco.build import build_model
+    from torchacco.spec import get_model_spec
 
     folder = pretrained / "hf"
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
     hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     cfg = load_config(["--config", str(pretrained / "config.toml"), "--model.init_from", str(folder)])
-    ours = build_model(cfg, 0, Device("cpu")).eval()
+    ours = build_model(get_model_spec(cfg.model.name), cfg.model, 0, 0, Device("cpu")).eval()
     tokens = torch.randint(0, ours.args.vocab_size, (2, 64))
     with torch.no_grad():
         torch.testing.assert_close(hf(tokens).logits, ours(tokens), atol=1e-4, rtol=1e-4)

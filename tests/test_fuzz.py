@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import data
-from data import sources
-from data.tokenizer import Tokenizer
+from torchacco import data
+from torchacco.data import sources
+from torchacco.data.tokenizer import Tokenizer
 from torchacco.config import Config, load_config
 from torchacco.errors import UserError
 
@@ -98,7 +98,7 @@ TOKENIZER_JSON = None
 def _tokenizer_json(tmp_path_factory) -> bytes:
     global TOKENIZER_JSON
     if TOKENIZER_JSON is None:
-        from data.tokenizer import train_bpe
+        from torchacco.data.tokenizer import train_bpe
 
         path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
         train_bpe(["the king and the queen went to see the sea"] * 20, 300, path)

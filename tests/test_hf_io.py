@@ -264,7 +264,7 @@ def test_a_model_trained_to_say_k_says_k_and_stops_at_eos():
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory):
-    from data.tokenizer import train_bpe
+    from torchacco.data.tokenizer import train_bpe
 
     lines = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))]
     return train_bpe(lines, 300, tmp_path_factory.mktemp("tok") / "tokenizer.json")

@@ -8,6 +8,7 @@ round-off (the sums run in another order)."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -30,6 +31,8 @@ def _args(corpus, cache, out, kind, *extra):
 
 
 LLAMA = ("--model.name", "llama3", "--model.flavor", "debug")
+# A model from outside torchacco: tests/assets/toy_model copied into a package of the runs' folder.
+TOY = ("--model.name", "toy_pkg.toy", "--checkpoint.export_hf", "false")
 TP2_CHECKPOINTED = ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "true")
 
 
@@ -59,6 +62,8 @@ RUNS = {
                                     "--checkpoint.load_path", "{root}/relayout/checkpoint/step-00000001")),
     "tp2-for-reshard": (2, "zero1", ("--parallelism.tensor_parallel_degree", "2", "--training.steps", "1",
                                      "--checkpoint.enable", "true")),
+    "toy-zero1": (1, "zero1", TOY),
+    "toy-zero1-tp2": (2, "zero1", (*TOY, "--parallelism.tensor_parallel_degree", "2")),
     "neo-zero1-tp2dp2": (4, "zero1", ("--parallelism.tensor_parallel_degree", "2")),
     "resharded": (4, "zero1", ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "true",
                                "--checkpoint.load_path", "{root}/tp2-for-reshard/checkpoint/step-00000001")),
@@ -74,11 +79,13 @@ RUNS = {
 def runs(tiny_corpus, cache_dir, tmp_path_factory):
     """name -> (metrics, stdout, output folder), all trained up front: one launch per world size."""
     root = tmp_path_factory.mktemp("model_parallel")
+    shutil.copytree(ROOT / "tests" / "assets" / "toy_model", root / "toy_pkg" / "toy")
+    (root / "toy_pkg" / "__init__.py").write_text("")
     for nproc in (1, 2, 4):
         argvs = [_args(tiny_corpus, cache_dir, root / name.strip(), kind, *(a.format(root=root) for a in extra))
                  for name, (n, kind, extra) in RUNS.items() if n == nproc]
         (root / f"runs{nproc}.json").write_text(json.dumps(argvs))
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(root)]), "OMP_NUM_THREADS": "1"}
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                                str(nproc), str(ROOT / "tests" / "model_parallel_worker.py"),
                                str(root / f"runs{nproc}.json")], capture_output=True, text=True, timeout=600,
@@ -161,6 +168,30 @@ def test_acco_over_tensor_and_interleaved_pipeline_parallel_matches_one_process(
     _same_losses(tp2pp2, reference)
     _same_export(tp2pp2, reference)
     assert _params_on_rank0(tp2pp2) < 0.3 * _full_params(tp2pp2)
+
+
+def test_a_model_from_outside_torchacco_trains_with_its_own_tensor_parallel_plan(runs):
+    """Adding a model, its tensor-parallel plan included, needs no edit of torchacco/: the toy model's
+    package sits in a temporary folder and is named by its module path."""
+    reference, tp2 = runs["toy-zero1"], runs["toy-zero1-tp2"]
+    assert "toy_pkg.toy/debug" in tp2[1]
+    _same_losses(tp2, reference)
+    assert _params_on_rank0(tp2) < 0.55 * _full_params(tp2)
+
+
+@pytest.mark.parametrize("name", ["neo-acco-tp2", "relayout"])  # tp 2 (acco); pp 2 (zero1, 1f1b)
+def test_offline_export_of_a_model_parallel_checkpoint_equals_the_in_run_export(runs, name, tmp_path):
+    """`python -m torchacco.export` reads the checkpoint under the trainer's keys, on tp × pp processes."""
+    folder = runs[name][2]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torchacco.export", str(folder), "--out", str(tmp_path / "hf")],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"exported {tmp_path / 'hf'}" in proc.stdout
+    ours, in_run = load_file(tmp_path / "hf" / "model.safetensors"), load_file(folder / "hf" / "model.safetensors")
+    assert ours.keys() == in_run.keys()
+    for key in ours:
+        assert torch.equal(ours[key], in_run[key]), key
 
 
 def test_acco_with_tensor_parallel_resumes_bit_for_bit(runs):

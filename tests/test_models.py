@@ -92,7 +92,7 @@ def test_init_is_deterministic_given_the_seed(name):
 
 
 def test_llama_rope_table_is_rebuilt_after_to_empty():
-    from models.llama3.model import rope_table
+    from torchacco.models.llama3.model import rope_table
 
     _, args, model = build("llama3", rope_scaling_factor=8.0, rope_original_max_seq_len=64)
     assert torch.equal(model.rope, rope_table(args))

@@ -15,7 +15,8 @@ from torchacco.config import Optimizer
 from torchacco.faults import Faults
 from torchacco.errors import UserError
 from torchacco.optim import ShardedAdamW
-from torchacco.parallel.sharded import COMMIT, COMMIT_AND_PREDICT, ESTIMATE, reduce_update_gather
+from torchacco.parallel.sharded_job import COMMIT, COMMIT_AND_PREDICT, ESTIMATE, reduce_update_gather
+from torchacco.parallel.strategy import Counts
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def test_a_nonfinite_gradient_leaves_theta_and_the_optimizer_state_untouched(one
     grads = torch.randn(40)
     grads[7] = float("nan")
     out = torch.full((40,), 123.0)
-    result = reduce_update_gather(flat, opt, grads, (64.0, 5.0, 2, 64.0), lambda consumed: 1e-2, kind, out, 1.0)
+    result = reduce_update_gather(flat, opt, grads, Counts(64.0, 5.0, 2, 64.0), lambda consumed: 1e-2, kind, out, 1.0)
 
     assert result.skipped and result.committed == (kind != ESTIMATE) and result.nonfinite_ranks == []
     after = (opt.state.master, opt.state.exp_avg, opt.state.exp_avg_sq)
@@ -53,7 +54,7 @@ def test_a_nonfinite_gradient_leaves_theta_and_the_optimizer_state_untouched(one
 def test_a_nonfinite_local_loss_names_its_rank(one_rank_group):
     opt = ShardedAdamW(torch.zeros(8), [], Optimizer())
     flat = _one_rank_flat(one_rank_group, 8)
-    result = reduce_update_gather(flat, opt, torch.zeros(8), (8.0, float("inf"), 1, 8.0), lambda c: 1e-3, COMMIT,
+    result = reduce_update_gather(flat, opt, torch.zeros(8), Counts(8.0, float("inf"), 1, 8.0), lambda c: 1e-3, COMMIT,
                                   torch.zeros(8), 1.0)
     assert result.skipped and result.nonfinite_ranks == [0]
 

@@ -213,7 +213,6 @@ def _live_tensor_bytes() -> int:
 def test_acco_memory_over_zero1_is_one_bf16_parameter_copy():
     from torchacco.config import Config
     from torchacco.device import Device
-    from torchacco.parallel.data_parallel import build_data_parallel
     from torchacco.parallel.dims import init_distributed
 
     import torch.distributed as dist
@@ -227,8 +226,7 @@ def test_acco_memory_over_zero1_is_one_bf16_parameter_copy():
             model = worker.tiny_model()
             replaced = sum(p.nbytes for p in model.parameters())  # fp32 weights FlatParams frees
             before = _live_tensor_bytes() - replaced
-            dp = build_data_parallel(model, cfg, dims, 2, worker.schedule(), torch.bfloat16,
-                                     Device("cpu"))
+            dp = worker.build(model, cfg, dims, 2, torch.bfloat16)
             footprint[kind] = _live_tensor_bytes() - before
             numel = dp.flat.padded_numel
             dp.close()

@@ -65,7 +65,7 @@ class Counting(IterableDataset):
 
 
 def test_python_api_with_own_model_and_dataset(tmp_path):
-    from models.llama3 import spec
+    from torchacco.models.llama3 import spec
 
     args = spec.args("debug", vocab_size=64, n_layers=2)
     model = spec.model_cls(args)

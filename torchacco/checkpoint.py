@@ -5,7 +5,10 @@ the strategy's state (weights, sharded optimizer state, schedule position and, f
 overlapped schedules, the compute parameters, accumulators and round parity), the train
 state (step, tokens), and each rank's data-loader position and RNG state.
 
-Layout: `<dump_folder>/<checkpoint.folder>/step-00000100/` (DCP files). A save writes
+Layout: `<dump_folder>/<checkpoint.folder>/step-00000100/` (DCP files), with the keys of
+`checkpoint_state()` — the one schema the trainer and `torchacco.export` share:
+`train` (step, tokens, dp size), `<strategy key>` (the strategy's state: "dp", or one key per
+(pp, tp) coordinate or per stage, as the strategy class says), `rank<r>` (data position, RNG). A save writes
 `step-N.tmp/` and rank 0 renames it to `step-N/` once every rank has finished, so a folder
 named `step-N` is always complete; a crash mid-save leaves only a `.tmp` that the next save
 removes. The folder must be shared by all nodes (a network filesystem on clusters).
@@ -26,6 +29,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
+from torchacco.config import Checkpoint as CheckpointConfig
 from torchacco.errors import UserError
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -181,3 +185,37 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
         dist.destroy_process_group(self.group)
+
+
+def checkpoint_state(strategy, state: TrainState, loader, dims, with_rank_state: bool = True) -> dict:
+    """What a checkpoint holds: the schema both the trainer and the offline export read."""
+    rank_state = {f"rank{dims.rank}": RankState(loader)} if with_rank_state else {}
+    return {"train": state, strategy.checkpoint_key(dims): strategy, **rank_state}
+
+
+def resume(c: CheckpointConfig, folder: Path, dims, strategy, state: TrainState, loader,
+           timeout: timedelta) -> tuple[Checkpointer | None, str | None]:
+    """The checkpointer (None when checkpoints are off) and, after loading the checkpoint to
+    resume from (if any), a line saying what was resumed."""
+    if not c.enable:
+        return None, None
+    checkpointer = Checkpointer(folder / c.folder, dims.rank, c.keep, c.async_save, timeout)
+    path = Path(c.load_path) if c.load_path else checkpointer.latest() if c.resume else None
+    if path is None:
+        return checkpointer, None
+    checkpointer.load(path, {"train": state})
+    same_ranks = state.dp_size == dims.dp_size
+    if not same_ranks and strategy.resume_needs_same_ranks:
+        raise UserError(
+            f"{path} holds {strategy.name}'s in-flight accumulators of {state.dp_size} data-parallel "
+            f"ranks; resume it on {state.dp_size} ranks (this run has {dims.dp_size})"
+        )
+    # Weights and optimizer state reshard onto any number of ranks; each rank's position in
+    # its data shard only means something for the same number of ranks.
+    checkpointer.load(path, checkpoint_state(strategy, state, loader, dims, with_rank_state=same_ranks))
+    message = f"resumed from {path} at step {state.step} ({int(state.tokens):,} tokens)"
+    if not same_ranks:
+        message += (f"; data-parallel ranks changed ({state.dp_size} -> {dims.dp_size}): weights and optimizer "
+                    "state resharded, the data order restarts")
+    state.dp_size = dims.dp_size
+    return checkpointer, message

@@ -1,8 +1,11 @@
 """Typed configuration: small dataclass sections, loaded from TOML, overridden from the CLI.
 
 `load_config(["--config", "x.toml", "--training.steps", "20"])` returns a `Config`.
-Unknown sections or keys list the valid ones; a wrong type names the file, the key and
-the expected type. Every error is a `UserError` (one line for the user, no traceback).
+Each key is declared once, with its type (`Literal[...]` for a fixed set of choices), its
+default and a line of help: the loader checks values against it and `docs/configuration.md`
+is generated from it (`python -m torchacco.config > docs/configuration.md`). Unknown sections
+or keys list the valid ones; a wrong type names the file, the key and the expected type. Every
+error is a `UserError` (one line for the user, no traceback).
 """
 
 from __future__ import annotations
@@ -11,136 +14,143 @@ import dataclasses
 import json
 import math
 import sys
-import types
+import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from typing import Literal
 
 from torchacco.errors import UserError
 
-DATA_PARALLEL = ("ddp", "zero1", "fsdp", "acco", "dpu", "wp")
+
+def key(default, help: str):
+    """A config key: its default and the one line the configuration reference shows."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class Job:
-    name: str = "run"
-    dump_folder: str = "outputs/run"  # every output of the run goes here
-    description: str = ""
-    overwrite: bool = False  # replace a different run's outputs in dump_folder (the same run always resumes)
+    name: str = key("run", "a name for the run")
+    dump_folder: str = key("outputs/run", "every output of the run goes here")
+    description: str = key("", "free text, kept in config.toml")
+    overwrite: bool = key(False, "replace a different run's outputs in dump_folder (the same run always resumes)")
 
 
 @dataclass
 class Model:
-    name: str = "gpt_neo"  # a folder in models/
-    flavor: str = "debug"
-    vocab_size: int = 0  # 0: the tokenizer's vocabulary size
-    compile: bool = False  # torch.compile each transformer block
-    init_from: str = ""  # a Hugging Face folder (config.json + safetensors): its architecture and weights
+    name: str = key("gpt_neo", "a folder of models/, or an importable module path (pkg.module) whose `spec` is a "
+                    "ModelSpec")
+    flavor: str = key("debug", "one of the model's flavors (sizes)")
+    vocab_size: int = key(0, "0: the tokenizer's vocabulary size")
+    compile: bool = key(False, "torch.compile each transformer block")
+    init_from: str = key("", "a Hugging Face folder (config.json + safetensors): its architecture and weights")
 
 
 @dataclass
 class Tokenizer:
-    path: str = ""  # a tokenizer.json to load; empty: train a byte-level BPE on the training data
-    vocab_size: int = 10_000  # when training one
+    path: str = key("", "a tokenizer.json to load; empty: train a byte-level BPE on the training data")
+    vocab_size: int = key(10_000, "vocabulary of the BPE trained when path is empty")
 
 
 @dataclass
 class Data:
-    dataset: str = "embedded"  # "embedded" (Shakespeare, Milton, KJV bible) or a file / directory
-    format: str = "auto"  # auto | text | jsonl | alpaca
-    text_field: str = "text"  # the field of .jsonl records holding the text
-    validation: str = ""  # separate validation file/dir; empty: split off val_fraction
-    val_fraction: float = 0.02
-    cache_dir: str = ""  # token caches and the embedded corpus; empty: $TORCHACCO_CACHE or ~/.cache/torchacco
+    dataset: str = key("embedded", "\"embedded\" (Shakespeare, Milton, KJV bible) or a file / folder of "
+                       ".txt/.jsonl/.json files")
+    format: Literal["auto", "text", "jsonl", "alpaca"] = key("auto", "how to read the dataset files")
+    text_field: str = key("text", "the field of .jsonl records holding the text")
+    validation: str = key("", "separate validation file or folder; empty: split off val_fraction")
+    val_fraction: float = key(0.02, "share of the documents held out for validation")
+    cache_dir: str = key("", "token caches and the embedded corpus; empty: $TORCHACCO_CACHE or ~/.cache/torchacco")
 
 
 @dataclass
 class Training:
-    seq_len: int = 256
-    local_batch_size: int = 8  # sequences per micro-batch on one rank
-    global_batch_size: int = 0  # sequences per optimizer step over all ranks; 0: local × world (no accumulation)
-    steps: int = 100  # optimizer steps
-    max_tokens: int = 0  # stop after this many tokens (all ranks); 0: no limit
-    max_norm: float = 1.0  # gradient clipping; 0 disables
-    seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda
-    mixed_precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-    num_threads: int = 0  # CPU threads per rank; 0: cores / local ranks
-    collective_timeout_s: float = 1800.0  # a collective waiting longer than this fails the run (a dead peer)
-    on_nonfinite: str = "abort"  # a NaN/Inf loss or gradient: "abort" the run, or "skip" the update
-    max_skips_in_a_row: int = 3  # with "skip": abort after this many consecutive skipped updates
+    seq_len: int = key(256, "tokens per sequence")
+    local_batch_size: int = key(8, "sequences per micro-batch on one rank")
+    global_batch_size: int = key(0, "sequences per optimizer update over all ranks; 0: local × data-parallel "
+                                 "ranks (no accumulation)")
+    steps: int = key(100, "optimizer updates")
+    max_tokens: int = key(0, "stop after this many tokens (all ranks); 0: no limit")
+    max_norm: float = key(1.0, "gradient clipping by global norm; 0 disables")
+    seed: int = key(0, "initialisation and data order")
+    device: Literal["auto", "cpu", "cuda"] = key("auto", "auto: CUDA when present")
+    mixed_precision: Literal["auto", "bf16", "fp32"] = key("auto", "compute dtype; auto: bf16 on CUDA, fp32 on CPU")
+    num_threads: int = key(0, "CPU threads per rank; 0: cores / local ranks")
+    collective_timeout_s: float = key(1800.0, "a collective waiting longer than this fails the run (a dead peer)")
+    on_nonfinite: Literal["abort", "skip"] = key("abort", "a NaN/Inf loss or gradient: abort the run, or skip the "
+                                                 "update")
+    max_skips_in_a_row: int = key(3, "with on_nonfinite = skip: abort after this many consecutive skipped updates")
 
 
 @dataclass
 class Optimizer:
-    name: str = "adamw"
-    lr: float = 1e-3
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1  # not applied to norms, biases and embeddings
+    name: Literal["adamw"] = key("adamw", "the optimizer")
+    lr: float = key(1e-3, "peak learning rate")
+    beta1: float = key(0.9, "AdamW β1")
+    beta2: float = key(0.95, "AdamW β2")
+    eps: float = key(1e-8, "AdamW ε")
+    weight_decay: float = key(0.1, "decoupled weight decay; not applied to norms, biases and embeddings")
 
 
 @dataclass
 class LRSchedule:
-    warmup_steps: int = 0  # converted to tokens with the nominal tokens per step
-    decay: str = "cosine"  # cosine | linear | constant
-    min_lr_ratio: float = 0.1
+    warmup_steps: int = key(0, "warm-up, converted to tokens with the nominal tokens per update")
+    decay: Literal["cosine", "linear", "constant"] = key("cosine", "shape after warm-up, indexed by tokens")
+    min_lr_ratio: float = key(0.1, "final learning rate as a fraction of the peak")
 
 
 @dataclass
 class Parallelism:
-    data_parallel: str = "ddp"  # ddp | zero1 | fsdp | acco | dpu | wp
-    reshard_after_forward: bool = True  # fsdp
-    bucket_cap_mb: float = 25.0  # ddp
-    reduce_dtype: str = "fp32"  # fsdp gradient reduction: fp32 | bf16 (zero1 reduces in the compute dtype)
-    tensor_parallel_degree: int = 1  # ranks sharing each layer's matmuls (inside a node); dp = world / (tp × pp)
-    pipeline_parallel_degree: int = 1  # pipeline stages, split by layer
-    pipeline_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b (two stages per rank)
-    pipeline_microbatches: int = 0  # pieces each local batch is split into; 0: the number of stages
+    data_parallel: Literal["ddp", "zero1", "fsdp", "acco", "dpu", "wp"] = key(
+        "ddp", "the data-parallel strategy (docs/parallelism.md)")
+    reshard_after_forward: bool = key(True, "fsdp: free gathered parameters after forward")
+    bucket_cap_mb: float = key(25.0, "ddp: gradient bucket size")
+    reduce_dtype: Literal["fp32", "bf16"] = key("fp32", "fsdp: gradient reduction dtype (zero1 and acco reduce "
+                                                "in the compute dtype)")
+    tensor_parallel_degree: int = key(1, "ranks sharing each layer's matmuls (inside a node); dp = world / (tp × pp)")
+    pipeline_parallel_degree: int = key(1, "pipeline stages, split by layer")
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = key(
+        "1f1b", "pipeline schedule; interleaved_1f1b runs two stages per rank")
+    pipeline_microbatches: int = key(0, "pieces each local batch is split into; 0: the number of stages")
 
 
 @dataclass
 class Acco:
     """The overlapped schedules: acco, dpu and wp."""
 
-    mode: str = "deterministic"  # deterministic: accumulation micro-batches per period, then wait for the job;
-    # adaptive: at least that many, then keep accumulating until the job is done
-    accumulator_dtype: str = "fp32"  # fp32 | bf16 (the paper's choice)
-    max_micro_batches: int = 0  # adaptive: at most this many micro-batches per period and rank; 0: no cap
-    dpu_warmup_steps: int = 0  # dpu: synchronous updates before the one-step delay starts
-    drift_every: int = 10  # log ‖θ̃ − θ‖ / ‖θ‖ every this many commits (acco); 0 disables
+    mode: Literal["deterministic", "adaptive"] = key(
+        "deterministic", "deterministic: a fixed number of micro-batches per period, then wait for the job; "
+        "adaptive: keep accumulating until the job is done")
+    accumulator_dtype: Literal["fp32", "bf16"] = key("fp32", "gradient accumulator dtype (bf16 is the paper's)")
+    max_micro_batches: int = key(0, "adaptive: at most this many micro-batches per period and rank; 0: no cap")
+    dpu_warmup_steps: int = key(0, "dpu: synchronous updates before the one-step delay starts")
+    drift_every: int = key(10, "acco: log ‖θ̃ − θ‖ / ‖θ‖ every this many commits; 0 disables")
 
 
 @dataclass
 class Eval:
-    every: int = 50  # steps between validation passes; 0 disables
-    batches: int = 8  # micro-batches per validation pass and rank
+    every: int = key(50, "updates between validation passes; 0 disables")
+    batches: int = key(8, "micro-batches per validation pass and rank")
 
 
 @dataclass
 class Metrics:
-    log_every: int = 10
-    tensorboard: bool = True
-    progress_bar: bool = True
+    log_every: int = key(10, "updates between log records")
+    tensorboard: bool = key(True, "write TensorBoard events to <dump_folder>/tb")
+    progress_bar: bool = key(True, "a progress line on the console between log records")
 
 
 @dataclass
 class Checkpoint:
-    enable: bool = False
-    every: int = 0  # steps between checkpoints; 0: only at the end of training
-    folder: str = "checkpoint"  # inside the dump folder (shared by all nodes)
-    keep: int = 2  # the most recent checkpoints kept; 0 keeps all
-    resume: bool = True  # continue from the latest checkpoint in the folder, if there is one
-    load_path: str = ""  # resume from this step-N folder instead (e.g. another run's)
-    async_save: bool = False  # write in the background while training continues
-    export_hf: bool = False  # at the end, write θ as a Hugging Face folder (<dump_folder>/hf)
-    export_dtype: str = "fp32"  # fp32 | bf16
+    enable: bool = key(False, "save DCP checkpoints")
+    every: int = key(0, "updates between checkpoints; 0: only at the end of training")
+    folder: str = key("checkpoint", "inside the dump folder (shared by all nodes)")
+    keep: int = key(2, "the most recent checkpoints kept; 0 keeps all")
+    resume: bool = key(True, "continue from the latest checkpoint in the folder, if there is one")
+    load_path: str = key("", "resume from this step-N folder instead (e.g. another run's)")
+    async_save: bool = key(False, "write in the background while training continues")
+    export_hf: bool = key(False, "at the end, write θ as a Hugging Face folder (<dump_folder>/hf)")
+    export_dtype: Literal["fp32", "bf16"] = key("fp32", "dtype of the exported weights")
 
 
 @dataclass
@@ -171,22 +181,6 @@ class Config:
         return "\n".join(lines)
 
 
-CHOICES = {
-    ("parallelism", "data_parallel"): DATA_PARALLEL,
-    ("training", "device"): ("auto", "cpu", "cuda"),
-    ("training", "mixed_precision"): ("auto", "bf16", "fp32"),
-    ("training", "on_nonfinite"): ("abort", "skip"),
-    ("lr_schedule", "decay"): ("cosine", "linear", "constant"),
-    ("data", "format"): ("auto", "text", "jsonl", "alpaca"),
-    ("parallelism", "reduce_dtype"): ("fp32", "bf16"),
-    ("parallelism", "pipeline_schedule"): ("gpipe", "1f1b", "interleaved_1f1b"),
-    ("optimizer", "name"): ("adamw",),
-    ("acco", "mode"): ("deterministic", "adaptive"),
-    ("checkpoint", "export_dtype"): ("fp32", "bf16"),
-    ("acco", "accumulator_dtype"): ("fp32", "bf16"),
-}
-
-
 def _sections() -> dict[str, type]:
     hints = typing.get_type_hints(Config)
     return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
@@ -197,10 +191,19 @@ def _key_types(section_cls: type) -> dict[str, type]:
     return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
 
 
+def choices(section: str, name: str) -> tuple | None:
+    """The values a `Literal[...]` key accepts (None for a free value)."""
+    expected = _key_types(_sections()[section])[name]
+    return typing.get_args(expected) if typing.get_origin(expected) is Literal else None
+
+
 def _convert(value, expected: type, where: str, from_cli: bool):
     """Check a TOML value's type, or convert a CLI string to the field's type."""
-    if isinstance(expected, types.UnionType):
-        expected = next(t for t in typing.get_args(expected) if t is not type(None))
+    if typing.get_origin(expected) is Literal:
+        allowed = typing.get_args(expected)
+        if value not in allowed:
+            raise UserError(f"{where} = {value!r} is not one of: {', '.join(allowed)}")
+        return value
     if from_cli and expected is not str:
         text = value.strip()
         try:
@@ -235,9 +238,6 @@ def _set(cfg: Config, section: str, key: str, value, origin: str, from_cli: bool
     value = _convert(value, keys[key], f"{origin}: [{section}] {key}", from_cli)
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{origin}: [{section}] {key} = {value} is not a finite number; give a finite value")
-    choices = CHOICES.get((section, key))
-    if choices is not None and value not in choices:
-        raise UserError(f"{origin}: [{section}] {key} = {value!r} is not one of: {', '.join(choices)}")
     setattr(getattr(cfg, section), key, value)
 
 
@@ -293,3 +293,28 @@ def load_config(argv: list[str]) -> Config:
     for section, key, value in overrides:
         _set(cfg, section, key, value, f"--{section}.{key}", from_cli=True)
     return cfg
+
+
+def reference_markdown() -> str:
+    """docs/configuration.md: every section and key with its type, default and help."""
+    out = ["# Configuration reference", "",
+           "Generated from `torchacco/config.py` by `python -m torchacco.config > docs/configuration.md`;",
+           "a test fails when the two disagree. A config is a TOML file of these sections; any key can be",
+           "overridden on the command line as `--section.key VALUE` (e.g. `--training.steps 20`).", ""]
+    for section, cls in _sections().items():
+        out += [f"## [{section}]", ""]
+        if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):
+            out += [cls.__doc__.strip(), ""]
+        out += ["| key | type | default | what it does |", "|---|---|---|---|"]
+        types_ = _key_types(cls)
+        for f in dataclasses.fields(cls):
+            allowed = choices(section, f.name)
+            kind = " \\| ".join(f"`{c}`" for c in allowed) if allowed else types_[f.name].__name__
+            out.append(f"| `{f.name}` | {kind} | `{json.dumps(f.default, ensure_ascii=False)}` | "
+                       f"{f.metadata['help'].replace('|', chr(92) + '|')} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(reference_markdown())

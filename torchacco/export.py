@@ -2,54 +2,100 @@
 
 Writes the committed parameters θ of a training checkpoint as a Hugging Face folder
 (safetensors with HF names, config.json, tokenizer.json) that `transformers` loads and
-`[model] init_from` / `torchacco.generate` read. Runs in one process: DCP reshards the
-checkpoint of any number of ranks onto it. RUN_DIR is the run's dump folder (its
+`[model] init_from` / `torchacco.generate` read. RUN_DIR is the run's dump folder (its
 config.toml says how it was trained); the checkpoint defaults to its latest.
+
+It rebuilds the run's strategy and model layout on CPU and reads the checkpoint under the
+same keys as the trainer (`checkpoint.checkpoint_state`): in one process when the model was
+not split, else on tensor × pipeline-parallel processes (it starts them itself), since each
+(pp, tp) coordinate's part is saved on its own. DCP reshards any number of data-parallel ranks.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 from torchacco.errors import UserError, run_cli
 
 
-def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str) -> Path:
+def export_hf(model_name: str, strategy, dims, folder: Path, dtype: str, tokenizer) -> Path | None:
+    """θ (fp32 from the strategy's committed state) as a Hugging Face folder; rank 0 writes.
+    A collective: every rank takes part."""
     import torch
 
-    from torchacco.checkpoint import Checkpointer
+    from torchacco import hf_io
+    from torchacco.parallel.model_parallel import gather_stages
+
+    weights = gather_stages(strategy.full_state_dict(), dims)
+    if not dims.is_main:
+        return None
+    unwrapped = getattr(strategy.model, "module", strategy.model)
+    return hf_io.save_hf(folder, model_name, unwrapped.args, weights,
+                         dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype],
+                         tokenizer_path=str(tokenizer.path) if tokenizer else None,
+                         eos_id=tokenizer.eos_id if tokenizer else None)
+
+
+def _run_config(run_dir: Path, dtype: str):
     from torchacco.config import load_config
-    from torchacco.device import Device
-    from torchacco.lr import TokenSchedule
-    from torchacco.parallel.data_parallel import build_data_parallel
-    from torchacco.parallel.dims import destroy, init_distributed
-    from torchacco.trainer import build_data, build_model, export_hf
 
     if not (run_dir / "config.toml").is_file():
         raise UserError(f"{run_dir} is not a torchacco run folder (no config.toml); pass the run's --job.dump_folder")
-    cfg = load_config(["--config", str(run_dir / "config.toml"), "--checkpoint.export_dtype", dtype])
+    return load_config(["--config", str(run_dir / "config.toml"), "--checkpoint.export_dtype", dtype])
+
+
+def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str) -> Path | None:
+    import torch
+
+    from torchacco.build import build_data, build_model
+    from torchacco.checkpoint import Checkpointer
+    from torchacco.device import Device
+    from torchacco.lr import TokenSchedule
+    from torchacco.parallel.dims import destroy, init_distributed
+    from torchacco.parallel.model_parallel import apply_model_parallel
+    from torchacco.parallel.registry import build_strategy
+    from torchacco.parallel.strategy import UpdatePlan
+    from torchacco.spec import get_model_spec
+
+    cfg = _run_config(run_dir, dtype)
+    p = cfg.parallelism
     device = Device("cpu")
-    dims = init_distributed(device)
+    dims = init_distributed(device, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree)
     try:
-        tokenizer, _, _ = build_data(cfg, dims)
-        model = build_model(cfg, tokenizer.vocab_size, device)
-        dp = build_data_parallel(model, cfg, dims, 2, TokenSchedule(0.0, 0, 1), torch.float32, device)
-        checkpointer = Checkpointer(run_dir / cfg.checkpoint.folder, 0, keep=0, async_save=False)
+        checkpointer = Checkpointer(run_dir / cfg.checkpoint.folder, dims.rank, keep=0, async_save=False)
         checkpoint = checkpoint or checkpointer.latest()
         if checkpoint is None:
             raise UserError(f"no checkpoint in {run_dir / cfg.checkpoint.folder}; train with [checkpoint] enable = true")
-        checkpointer.load(checkpoint, {"dp": dp.weights_state_dict()})
+        tokenizer, _, _ = build_data(cfg.data, cfg.tokenizer, cfg.training.seq_len, cfg.training.seed, dims)
+        spec = get_model_spec(cfg.model.name)
+        model = build_model(spec, cfg.model, tokenizer.vocab_size, cfg.training.seed, device)
+        model, _ = apply_model_parallel(model, spec, cfg, dims, device)
+        plan = UpdatePlan(2, TokenSchedule(0.0, 0, 1), 0.0, torch.float32)  # 2: every strategy accepts it
+        strategy = build_strategy(model, cfg, dims, plan, device)
+        checkpointer.load(checkpoint, {strategy.checkpoint_key(dims): strategy.weights_state_dict()})
         checkpointer.close()
-        path = export_hf(cfg, dp, dims, out or run_dir / "hf", tokenizer)
-        dp.close()
+        path = export_hf(cfg.model.name, strategy, dims, out or run_dir / "hf", dtype, tokenizer)
+        strategy.close()
         return path
     finally:
         destroy(barrier=False)
 
 
+def _export_on_model_parallel_ranks(argv: list[str], ranks: int) -> None:
+    """Run this command again on `ranks` CPU processes (one per tensor × pipeline coordinate)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
+               "-m", "torchacco.export", *argv]
+    if subprocess.run(command, env=env).returncode:
+        raise UserError(f"the export on {ranks} processes failed; see the messages above")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m torchacco.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run's dump folder")
@@ -57,7 +103,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="output folder (default: RUN_DIR/hf)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     opts = parser.parse_args(argv)
-    return run_cli(lambda: print(f"torchacco: exported {export(opts.run_dir, opts.checkpoint, opts.out, opts.dtype)}"))
+
+    def run() -> None:
+        p = _run_config(opts.run_dir, opts.dtype).parallelism
+        ranks = p.tensor_parallel_degree * p.pipeline_parallel_degree
+        if ranks > 1 and "RANK" not in os.environ:
+            _export_on_model_parallel_ranks(argv, ranks)
+            print(f"torchacco: exported {opts.out or opts.run_dir / 'hf'}")
+            return
+        path = export(opts.run_dir, opts.checkpoint, opts.out, opts.dtype)
+        if path is not None:
+            print(f"torchacco: exported {path}")
+
+    return run_cli(run, print_errors=int(os.environ.get("RANK", 0)) == 0)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def _device(choice: str) -> torch.device:
 
 def _eos_id(tokenizer, config_eos) -> int | None:
     """config.json's eos_token_id, else the tokenizer's end-of-text token, else None (no stop)."""
-    from data.tokenizer import EOS_CANDIDATES
+    from torchacco.data.tokenizer import EOS_CANDIDATES
 
     if isinstance(config_eos, list):  # Llama 3.1 lists several; the first ends plain text
         config_eos = config_eos[0] if config_eos else None

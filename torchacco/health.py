@@ -153,3 +153,10 @@ class SigtermGuard:
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
             self.previous = None
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Does this error from a collective mean a peer died or stalled?"""
+    text = str(error)
+    return isinstance(error, dist.DistBackendError) or any(
+        marker in text for marker in ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer"))

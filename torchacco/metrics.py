@@ -6,11 +6,16 @@ same numbers, so scripts and people never disagree about a run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
 import time
 from pathlib import Path
+
+import torch
+
+from torchacco.device import Device
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -93,3 +98,50 @@ class MetricsLogger:
             self.jsonl.close()
         if self.writer:
             self.writer.close()
+
+
+def overlap_metrics(result) -> dict:
+    """Exposed communication and overlap of an overlapped schedule's update (none for sync ones)."""
+    if not result.seconds:
+        return {}
+    metrics = {"exposed_comm_s": result.exposed_s,
+               "overlap": max(0.0, 1.0 - result.exposed_s / max(result.seconds, 1e-9))}
+    if result.drift is not None:
+        metrics["estimate_drift"] = result.drift
+    return metrics
+
+
+class Throughput:
+    """Tokens/s, FLOP/s, memory and the data/compute/sync split between two log records.
+    Per-rank rates divide by every rank (a model replica spans tp × pp of them)."""
+
+    def __init__(self, flops_per_token: float, ranks: int, device: Device, dtype: torch.dtype):
+        self.flops_per_token, self.dp_size, self.device = flops_per_token, ranks, device
+        self.peak = device.peak_flops(dtype)
+        self.restart(0.0)
+
+    def restart(self, tokens: float) -> None:
+        self.start, self.tokens = time.perf_counter(), tokens
+        self.times = {"data": 0.0, "compute": 0.0, "sync": 0.0}
+
+    @contextlib.contextmanager
+    def timing(self, phase: str):
+        start = time.perf_counter()
+        yield
+        self.times[phase] += time.perf_counter() - start
+
+    def since_last(self, tokens: float, result) -> dict:
+        tps = (tokens - self.tokens) / (time.perf_counter() - self.start)
+        busy = sum(self.times.values()) or 1.0
+        achieved = self.flops_per_token * tps / self.dp_size
+        record = {
+            "tokens_per_s": tps, "tokens_per_s_per_rank": tps / self.dp_size, "grad_norm": result.grad_norm,
+            "tflops": achieved / 1e12, "memory_gib": self.device.peak_memory_gib(),
+            "share_data": self.times["data"] / busy, "share_compute": self.times["compute"] / busy,
+            "share_sync": self.times["sync"] / busy, "tokens_per_update": result.consumed,
+            "loss_tokens_per_update": result.tokens,
+            "micro_batches_per_rank": result.micro_batches, **overlap_metrics(result),
+        }
+        if self.peak is not None:
+            record["mfu"] = achieved / self.peak
+        return record

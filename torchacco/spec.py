@@ -1,8 +1,10 @@
 """What a model folder in `models/` provides, and how torchacco finds it.
 
 A model folder `models/<name>/` plugs in by exposing `spec = ModelSpec(...)` from its
-`__init__.py`; `get_model_spec(name)` imports `models.<name>` on demand, so adding a
-model never means editing `torchacco/`.
+`__init__.py`; `get_model_spec(name)` imports `torchacco.models.<name>` on demand (or, for a
+dotted name such as `my_package.my_model`, that module from the Python path), so adding a
+model — its tensor-parallel plan and pipeline split included — never means editing
+`torchacco/`. docs/adding_a_model.md walks through one.
 
 The model class contract (kept small so parallelism can be applied from outside):
 - `ModelCls(args)` builds on the meta device without allocating;
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch.nn as nn
@@ -64,13 +66,40 @@ def renaming_adapter(label: str, name_map: Callable[[Any], dict[str, str]], igno
 
 
 @dataclass(frozen=True)
+class TensorParallelPlan:
+    """How tensor parallelism splits the model (applied by torchacco/parallel/tensor.py).
+
+    `plans(model)` returns (the plan of top-level modules, the plan of one block): dicts of module
+    path -> DTensor ParallelStyle, as `parallelize_module` takes. `split_sizes(args)` lists the
+    (name, size) of every dimension split tp ways, so each is checked before launch."""
+
+    plans: Callable[[nn.Module], tuple[dict, dict]]
+    split_sizes: Callable[[Any], list[tuple[str, int]]]
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """How pipeline parallelism cuts the model into stages (applied by torchacco/parallel/pipeline.py).
+
+    `unsupported(args)` says why a configuration cannot be split (None: it can). `prune(model,
+    first, last)` removes the modules that a rank holding no first (or no last) stage does not need;
+    `stage(model, layer_ids, first, last, seq_shards)` is a module running one stage over the
+    model's own submodules (`seq_shards`: tp under sequence parallelism, the factor by which
+    activations between stages are shorter than the sequence)."""
+
+    unsupported: Callable[[Any], str | None]
+    prune: Callable[[nn.Module, bool, bool], None] | None = None
+    stage: Callable[..., nn.Module] | None = None
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     model_cls: type[nn.Module]
-    args_cls: type
     flavors: dict[str, Any]
     hf: HFAdapter | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    tensor_parallel: TensorParallelPlan | None = None
+    pipeline: PipelinePlan | None = None
 
     def args(self, flavor: str, **overrides) -> Any:
         if flavor not in self.flavors:
@@ -83,17 +112,28 @@ class ModelSpec:
 
 
 def available_models() -> list[str]:
-    import models
+    from torchacco import models
 
     return sorted(m.name for m in pkgutil.iter_modules(models.__path__) if m.ispkg)
 
 
 def get_model_spec(name: str) -> ModelSpec:
-    names = available_models()
-    if name not in names:
-        raise UserError(f"unknown model '{name}' ([model] name); available: {', '.join(names)}")
-    module = importlib.import_module(f"models.{name}")
+    """The spec of `models/<name>/`, or of the module `name` when it is a dotted path."""
+    if "." in name:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            raise UserError(f"[model] name = '{name}': cannot import it ({e}); put its package on PYTHONPATH, or "
+                            f"use a folder of models/ ({', '.join(available_models())})") from None
+        where = f"module {name}"
+    else:
+        names = available_models()
+        if name not in names:
+            raise UserError(f"unknown model '{name}' ([model] name); available: {', '.join(names)}, or a module "
+                            "path (my_package.my_model) whose `spec` is a ModelSpec")
+        module = importlib.import_module(f"torchacco.models.{name}")
+        where = f"models/{name}/__init__.py"
     spec = getattr(module, "spec", None)
     if not isinstance(spec, ModelSpec):
-        raise UserError(f"models/{name}/__init__.py must define `spec = ModelSpec(...)`")
+        raise UserError(f"{where} must define `spec = ModelSpec(...)`")
     return spec

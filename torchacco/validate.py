@@ -1,22 +1,74 @@
-"""`python -m torchacco.validate --config FILE [overrides]`: check a config before launch.
+"""Checks of a config that need no data and no process group, so mistakes surface before launch.
 
-The launcher (`torchacco.launch`) runs this check in its own process before it starts any
-worker, so a bad key, type, path or batch size is one line on the terminal instead of the
-same error from every rank. Run alone, WORLD_SIZE is the number of processes to check for.
+`python -m torchacco.validate --config FILE [overrides]` runs them alone. The launcher
+(`torchacco.launch`) runs them in its own process before it starts any worker, so a bad key,
+type, path or batch size is one line on the terminal instead of the same error from every
+rank; WORLD_SIZE is the number of processes to check for when run alone.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-from torchacco.config import load_config
-from torchacco.errors import run_cli
+from torchacco.config import Config, load_config
+from torchacco.errors import UserError, run_cli
+
+
+def validate(cfg: Config, world_size: int, local_world_size: int | None = None) -> None:
+    import torch
+
+    from torchacco.build import model_args
+    from torchacco.parallel.dims import check_parallelism, model_parallel_label
+    from torchacco.parallel.model_parallel import check_model_parallel
+    from torchacco.parallel.registry import strategy_class
+    from torchacco.spec import get_model_spec
+
+    t = cfg.training
+    dp_size = check_parallelism(cfg.parallelism, world_size)
+    folder = Path(cfg.checkpoint.folder)
+    if not cfg.checkpoint.folder.strip() or folder.is_absolute() or ".." in folder.parts or folder == Path("."):
+        raise UserError(f"[checkpoint] folder = {cfg.checkpoint.folder!r} must name a folder inside the dump folder "
+                        "(e.g. \"checkpoint\"); to keep checkpoints elsewhere, choose --job.dump_folder there")
+    if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
+        raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
+    if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
+        raise UserError(f"[model] init_from = {cfg.model.init_from} is not a Hugging Face folder with a config.json; "
+                        "point it at a folder exported by torchacco (<dump_folder>/hf) or downloaded from the Hub")
+    for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s", "max_skips_in_a_row"):
+        if getattr(t, key) <= 0:
+            raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
+    per_step = t.local_batch_size * dp_size
+    if t.global_batch_size and t.global_batch_size % per_step:
+        raise UserError(
+            f"[training] global_batch_size = {t.global_batch_size} is not divisible by local_batch_size × "
+            f"data-parallel ranks = {t.local_batch_size} × {dp_size} = {per_step}; "
+            f"use a multiple of {per_step}"
+        )
+    strategy_class(cfg.parallelism.data_parallel).check_config(cfg, dp_size, model_parallel_label(cfg.parallelism))
+    spec = get_model_spec(cfg.model.name)
+    args = model_args(spec, cfg.model)
+    check_model_parallel(spec, cfg, args)
+    if t.seq_len > args.max_seq_len:
+        raise UserError(
+            f"[training] seq_len = {t.seq_len} exceeds the model's {args.max_seq_len} positions "
+            f"({cfg.model.name} {cfg.model.init_from or cfg.model.flavor}); use --training.seq_len {args.max_seq_len} "
+            "or less"
+        )
+    if cfg.data.dataset != "embedded" and not Path(cfg.data.dataset).exists():
+        raise UserError(f"[data] dataset path not found: {cfg.data.dataset} (a file or folder of .txt/.jsonl/.json)")
+    if cfg.tokenizer.path and not Path(cfg.tokenizer.path).is_file():
+        raise UserError(f"[tokenizer] path not found: {cfg.tokenizer.path} (a tokenizer.json file)")
+    if t.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("[training] device = 'cuda' but CUDA is not available; use --training.device cpu (or auto)")
+    local_world = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and t.device != "cpu" else 0
+    if gpus and local_world > gpus:
+        raise UserError(f"{local_world} processes per node but only {gpus} GPUs; set NGPU={gpus} (or fewer)")
 
 
 def main(argv: list[str] | None = None, world_size: int | None = None, local_world_size: int | None = None) -> int:
-    from torchacco.trainer import validate
-
     argv = sys.argv[1:] if argv is None else argv
     world_size = world_size or int(os.environ.get("WORLD_SIZE", 1))
     return run_cli(lambda: validate(load_config(argv), world_size, local_world_size))

@@ -2,7 +2,7 @@
 
 from torchacco.spec import ModelSpec, renaming_adapter
 
-from . import hf
+from . import hf, parallelize
 from .model import GPTNeo, ModelArgs
 
 _HF_SIZES = dict(vocab_size=50257, max_seq_len=2048, window_size=256)  # EleutherAI checkpoints
@@ -23,7 +23,8 @@ flavors = {
 spec = ModelSpec(
     name="gpt_neo",
     model_cls=GPTNeo,
-    args_cls=ModelArgs,
     flavors=flavors,
     hf=renaming_adapter("GPT-Neo", hf.name_map, hf.ignored, hf.hf_config, hf.args_from_hf_config),
+    tensor_parallel=parallelize.tensor_parallel,
+    pipeline=parallelize.pipeline,
 )

@@ -2,7 +2,7 @@
 
 from torchacco.spec import ModelSpec, renaming_adapter
 
-from . import hf
+from . import hf, parallelize
 from .model import Llama3, ModelArgs, meta_ffn_dim
 
 # Meta's released models: 128k tokenizer, rope_theta 500k, RoPE scaling for long context.
@@ -29,7 +29,8 @@ flavors = {
 spec = ModelSpec(
     name="llama3",
     model_cls=Llama3,
-    args_cls=ModelArgs,
     flavors=flavors,
     hf=renaming_adapter("Llama", hf.name_map, hf.ignored, hf.hf_config, hf.args_from_hf_config),
+    tensor_parallel=parallelize.tensor_parallel,
+    pipeline=parallelize.pipeline,
 )

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from torchacco.parallel import sharded
+from torchacco.parallel import sharded_job as sharded
 
 
 def _delayed(collective, seconds):

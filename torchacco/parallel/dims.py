@@ -58,6 +58,19 @@ class ParallelDims:
         return self.mesh["pp"].get_local_rank()
 
     @property
+    def tp_enabled(self) -> bool:
+        return self.tp_size > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp_size > 1
+
+    @property
+    def model_parallel(self) -> bool:
+        """Is a model replica split over several ranks (tp or pp)?"""
+        return self.tp_enabled or self.pp_enabled
+
+    @property
     def dp_mesh(self) -> DeviceMesh:
         return self.mesh["dp"]
 
@@ -155,9 +168,8 @@ def _model_parallel_group(mesh: DeviceMesh, world: int, tp: int, pp: int) -> dis
     return mine
 
 
-def check_parallelism(cfg, world_size: int) -> int:
+def check_parallelism(p, world_size: int) -> int:
     """Checks of the [parallelism] degrees that need no model; returns the data-parallel degree."""
-    p = cfg.parallelism
     tp, pp = p.tensor_parallel_degree, p.pipeline_parallel_degree
     for key, value in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp)):
         if value < 1:
@@ -170,23 +182,29 @@ def check_parallelism(cfg, world_size: int) -> int:
     if p.pipeline_microbatches < 0:
         raise UserError(f"[parallelism] pipeline_microbatches must be 0 (auto) or positive, "
                         f"got {p.pipeline_microbatches}")
-    if tp * pp > 1:
-        _check_supported(cfg)
     return world_size // (tp * pp)
 
 
-def _check_supported(cfg) -> None:
-    p = cfg.parallelism
+def model_parallel_label(p) -> str:
+    """'tp=2 × pp=2' for the [parallelism] degrees above 1; '' for none."""
     degrees = (("tp", p.tensor_parallel_degree), ("pp", p.pipeline_parallel_degree))
-    used = " × ".join(f"{name}={d}" for name, d in degrees if d > 1)
-    if p.data_parallel == "ddp":
-        raise UserError(f"data_parallel = 'ddp' with {used} is not supported (torch DDP does not wrap tensor-parallel "
-                        "or pipeline-stage modules here); use data_parallel = 'zero1' (replicated parameters, "
-                        "sharded optimizer) or 'fsdp'")
-    if p.data_parallel in ("acco", "dpu", "wp") and cfg.acco.mode == "adaptive":
-        raise UserError(f"[acco] mode = 'adaptive' with {used} is not supported: each rank picks its own number of "
-                        "micro-batches, but tensor- and pipeline-parallel peers must run the same ones; "
-                        "use mode = 'deterministic'")
+    return " × ".join(f"{name}={d}" for name, d in degrees if d > 1)
+
+
+def on_one_rank(dims: ParallelDims, fn, on: bool | None = None) -> None:
+    """Run `fn` on local rank 0 (or where `on`) while the others wait; a UserError there fails
+    every rank, so no rank is left waiting in a collective for one that has given up."""
+    error = None
+    if (dims.local_rank == 0) if on is None else on:
+        try:
+            fn()
+        except UserError as e:
+            error = str(e)
+    errors = [None] * dims.world_size
+    dist.all_gather_object(errors, error)
+    message = next((e for e in errors if e), None)
+    if message:
+        raise UserError(message)
 
 
 def destroy(barrier: bool = True) -> None:

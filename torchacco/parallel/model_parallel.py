@@ -2,7 +2,7 @@
 
 Order (as torchtitan): split into pipeline stages (this rank keeps its layers), then tensor
 parallel on what is kept, then the data-parallel strategy over the dp group of each
-(pp, tp) coordinate.
+(pp, tp) coordinate. The plans come from the model's folder (its ModelSpec).
 """
 
 from __future__ import annotations
@@ -14,35 +14,37 @@ from torch.distributed.tensor import DTensor
 from torchacco.errors import UserError
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.tensor import apply_tensor_parallel, check_tensor_parallel
+from torchacco.spec import ModelSpec
 
 
-def check_model_parallel(cfg, args) -> None:
+def check_model_parallel(spec: ModelSpec, cfg, args) -> None:
     """Shape checks of the configured model against the tp and pp degrees (before launch)."""
     p = cfg.parallelism
     where = f"{cfg.model.name} {cfg.model.init_from or cfg.model.flavor}"
     if p.tensor_parallel_degree > 1:
-        check_tensor_parallel(args, p.tensor_parallel_degree, cfg.training.seq_len, where)
+        check_tensor_parallel(spec.tensor_parallel, args, p.tensor_parallel_degree, cfg.training.seq_len, where,
+                              spec.name)
     if p.pipeline_parallel_degree > 1:
         from torchacco.parallel.pipeline import check_pipeline
 
-        check_pipeline(cfg, args, where)
+        check_pipeline(spec.pipeline, cfg, args, where)
 
 
-def apply_model_parallel(model: nn.Module, cfg, dims: ParallelDims, device):
+def apply_model_parallel(model: nn.Module, spec: ModelSpec, cfg, dims: ParallelDims, device):
     """(this rank's model, the pipeline or None)."""
-    if dims.tp_size * dims.pp_size == 1:
+    if not dims.model_parallel:
         return model, None
     if not hasattr(model, "args"):
         raise UserError("tensor and pipeline parallelism need a model from models/ (with .args); "
                         "a model passed to train() is used as is: set both degrees to 1")
-    check_model_parallel(cfg, model.args)  # the vocabulary may come from the tokenizer: check again
+    check_model_parallel(spec, cfg, model.args)  # the vocabulary may come from the tokenizer: check again
     pipeline = None
-    if dims.pp_size > 1:
+    if dims.pp_enabled:
         from torchacco.parallel.pipeline import split_stages
 
-        model, pipeline = split_stages(model, cfg, dims, device)
-    if dims.tp_size > 1:
-        apply_tensor_parallel(model, dims.tp_mesh)
+        model, pipeline = split_stages(model, spec.pipeline, cfg, dims, device)
+    if dims.tp_enabled:
+        apply_tensor_parallel(model, dims.tp_mesh, spec.tensor_parallel)
     return model, pipeline
 
 
@@ -53,26 +55,14 @@ def local_numel(model: nn.Module) -> int:
 
 def model_parallel_label(dims: ParallelDims, model: nn.Module) -> str:
     """' × tp 2 × pp 2 (1.23M params on rank 0)' for the start line; '' without tp/pp."""
-    if dims.tp_size * dims.pp_size == 1:
+    if not dims.model_parallel:
         return ""
     return f" × tp {dims.tp_size} × pp {dims.pp_size} ({local_numel(model) / 1e6:.3f}M params on rank {dims.rank})"
 
 
-def state_key(dp, dims: ParallelDims) -> str:
-    """The checkpoint key of the strategy's state. The flat strategies' buffers hold one
-    (pp, tp) coordinate's local shards, sharded over dp only: one key per coordinate (so a
-    resume needs the same tp and pp degrees; dp may change). FSDP's DTensors span dp and tp,
-    but its optimizer's param groups are saved by index: one key per stage."""
-    if dims.tp_size * dims.pp_size == 1:
-        return "dp"
-    if not hasattr(dp, "flat"):
-        return "dp" if dims.pp_size == 1 else f"dp_pp{dims.pp_rank}"
-    return f"dp_pp{dims.pp_rank}_tp{dims.tp_rank}"
-
-
 def gather_stages(weights: dict, dims: ParallelDims) -> dict:
     """Every stage's full tensors on rank 0 (a collective over the pp group of dp = tp = 0)."""
-    if dims.pp_size == 1 or dims.dp_rank or dims.tp_rank:
+    if not dims.pp_enabled or dims.dp_rank or dims.tp_rank:
         return weights
     parts = [None] * dims.pp_size if dims.is_main else None
     dist.gather_object(weights, parts, dst=0, group=dims.pp_mesh.get_group())

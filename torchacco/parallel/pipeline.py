@@ -2,8 +2,8 @@
 
 Each pp rank keeps only its stages' layers of the full model (the model object stays, so
 parameter names stay those of the full model: checkpoints and exports need no renaming).
-A stage is a thin module over those shared pieces: embedding (first stage), its blocks,
-norm and head (last stage). One training micro-batch of the loop is one schedule step, which
+A stage is a thin module over those shared pieces, provided by the model folder (its
+`PipelinePlan`): e.g. embedding (first stage), its blocks, norm and head (last stage). One training micro-batch of the loop is one schedule step, which
 splits it into `pipeline_microbatches` pieces and runs their forwards and backwards
 (GPipe, 1F1B or interleaved 1F1B, two stages per rank). The schedule's loss is the sum of
 token losses (no scaling by the number of pieces), so the gradients are the same
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from torchacco.errors import UserError
+from torchacco.loss import IGNORE_INDEX, token_loss
 from torchacco.parallel.dims import ParallelDims
+from torchacco.spec import PipelinePlan
 
-IGNORE_INDEX = -100
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
 
@@ -33,13 +33,12 @@ def microbatches(cfg) -> int:
     return p.pipeline_microbatches or p.pipeline_parallel_degree * stages_per_rank(cfg)
 
 
-def check_pipeline(cfg, args, where: str) -> None:
+def check_pipeline(plan: PipelinePlan | None, cfg, args, where: str) -> None:
     p, pp = cfg.parallelism, cfg.parallelism.pipeline_parallel_degree
     stages = pp * stages_per_rank(cfg)
-    if not hasattr(args, "tie_embeddings") or args.tie_embeddings:  # GPT-Neo always ties
-        raise UserError(f"pipeline parallelism with {where} is not supported: its output head is the input "
-                        "embedding (tied), which would live on the first and the last stage; use "
-                        "tensor_parallel_degree instead, or a model with an untied head (llama3 8B/70B)")
+    reason = "it has no pipeline plan (ModelSpec.pipeline)" if plan is None else plan.unsupported(args)
+    if reason:
+        raise UserError(f"pipeline parallelism with {where} is not supported: {reason}")
     if args.n_layers < stages:
         raise UserError(f"{where} has {args.n_layers} layers, fewer than the {stages} pipeline stages "
                         f"(pipeline_parallel_degree = {pp}, {p.pipeline_schedule}); lower pipeline_parallel_degree")
@@ -74,38 +73,6 @@ class Layers(nn.ModuleDict):
         return iter(self.values())
 
 
-class LlamaStage(nn.Module):
-    """Embedding (first stage) → blocks → norm and head (last stage), over the model's own modules."""
-
-    def __init__(self, model: nn.Module, layer_ids: range, first: bool, last: bool, seq_shards: int):
-        super().__init__()
-        self.tok_embeddings = model.tok_embeddings if first else None
-        self.blocks = nn.ModuleList(model.layers[str(i)] for i in layer_ids)
-        self.norm, self.output = (model.norm, model.output) if last else (None, None)
-        self.rope = model.rope  # a plain attribute: the model owns the buffer
-        self.seq_shards = seq_shards  # sequence parallelism: activations between stages hold T / tp tokens
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tok_embeddings is not None:
-            T = x.shape[1]
-            x = self.tok_embeddings(x)
-        else:
-            T = x.shape[1] * self.seq_shards
-        rope = self.rope[:T]
-        for block in self.blocks:
-            x = block(x, rope)
-        if self.output is not None:
-            x = self.output(self.norm(x))
-        return x
-
-
-STAGES = {"Llama3": LlamaStage}
-
-
-def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
-
-
 class Pipeline:
     """This rank's stages and the schedule that runs them."""
 
@@ -131,24 +98,17 @@ class Pipeline:
         return self._run(self.schedule.eval, batch)
 
 
-def split_stages(model: nn.Module, cfg, dims: ParallelDims, device) -> tuple[nn.Module, Pipeline]:
+def split_stages(model: nn.Module, plan: PipelinePlan, cfg, dims: ParallelDims, device) -> tuple[nn.Module, Pipeline]:
     """Prune `model` to this rank's stages; (the pruned model, its pipeline)."""
-    stage_cls = STAGES.get(type(model).__name__)
-    if stage_cls is None:
-        raise UserError(f"no pipeline stage for {type(model).__name__}; add one to torchacco/parallel/pipeline.py "
-                        f"(known: {', '.join(STAGES)})")
     pp, v = dims.pp_size, stages_per_rank(cfg)
     n_stages = pp * v
     ranges = layer_split(len(model.layers), n_stages)
     mine = [dims.pp_rank + k * pp for k in range(v)]  # interleaved: stages r, r + pp, ...
     first, last = 0 in mine, n_stages - 1 in mine
     model.layers = Layers({str(i): model.layers[i] for s in mine for i in ranges[s]})
-    if not first:
-        model.tok_embeddings = None
-    if not last:
-        model.norm = model.output = None
+    plan.prune(model, first, last)
     group = dims.pp_mesh.get_group()
-    stages = [PipelineStage(stage_cls(model, ranges[s], s == 0, s == n_stages - 1, dims.tp_size), s, n_stages,
+    stages = [PipelineStage(plan.stage(model, ranges[s], s == 0, s == n_stages - 1, dims.tp_size), s, n_stages,
                             device.torch, group=group) for s in mine]
     # A plain list, not submodules (the parameters keep their full-model names): FSDP makes
     # each stage module a root, since the schedule calls them and never model.forward.

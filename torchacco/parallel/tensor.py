@@ -9,8 +9,10 @@ weights get gradients summed over the sequence shards by DTensor.
 Embeddings are split by vocabulary rows; the logits are gathered whole at the end, so the
 loss and everything downstream see a plain tensor.
 
-A plan is a dict of module path → ParallelStyle per model class; after sharding, attention
-modules count their local heads (the one hook the model code needs: `n_heads` attributes).
+Each model folder provides its plan (`models/<name>/parallelize.py`, a `TensorParallelPlan`
+in its ModelSpec): dicts of module path → ParallelStyle, built with `sequence_parallel_block`
+for the blocks. After sharding, attention modules count their local heads (the one hook the
+model code needs: integer `n_heads` / `n_kv_heads` attributes are divided by tp).
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                parallelize_module)
 
 from torchacco.errors import UserError
+from torchacco.spec import TensorParallelPlan
+
+__all__ = ["ColwiseParallel", "RowwiseParallel", "SequenceParallel", "Replicate", "Shard", "sequence_parallel_block",
+           "check_tensor_parallel", "apply_tensor_parallel"]
 
 
-def _block_plan(attention: str, first: list[str], last: str, mlp: str, mlp_first: list[str], mlp_last: str,
-                norms: list[str], extra_inputs: int) -> dict:
+def sequence_parallel_block(attention: str, first: list[str], last: str, mlp: str, mlp_first: list[str],
+                            mlp_last: str, norms: list[str], extra_inputs: int = 0) -> dict:
     """One decoder block: norms on sequence shards; attention and MLP gather the sequence in,
     split heads/hidden units, and scatter the sequence out."""
     rest = (None,) * extra_inputs  # e.g. Llama's RoPE table, passed through untouched
@@ -41,42 +47,12 @@ def _block_plan(attention: str, first: list[str], last: str, mlp: str, mlp_first
     return plan
 
 
-def _llama3(model: nn.Module) -> tuple[dict, dict]:
-    top = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-           "norm": SequenceParallel()}
-    if model.output is not None:  # untied head: split by vocabulary, logits gathered
-        top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
-    block = _block_plan("attention", ["wq", "wk", "wv"], "wo", "feed_forward", ["w1", "w3"], "w2",
-                        ["attention_norm", "ffn_norm"], extra_inputs=1)
-    return top, block
-
-
-def _gpt_neo(model: nn.Module) -> tuple[dict, dict]:
-    top = {"wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-           # positions [T] -> [T, dim]: split along T (dim 0) to add to the local token shard
-           "wpe": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0)),
-           "ln_f": SequenceParallel()}
-    block = _block_plan("attn", ["q_proj", "k_proj", "v_proj"], "out_proj", "mlp", ["c_fc"], "c_proj",
-                        ["ln_1", "ln_2"], extra_inputs=0)
-    return top, block
-
-
-PLANS = {"Llama3": _llama3, "GPTNeo": _gpt_neo}
-
-
-def divisibility(args, tp: int) -> list[tuple[str, int]]:
-    """(name, size) of every dimension tensor parallelism splits tp ways."""
-    sizes = [("n_heads", args.n_heads)]
-    if hasattr(args, "kv_heads"):  # grouped-query attention: whole kv heads per rank
-        sizes.append(("n_kv_heads", args.kv_heads))
-    sizes += [("ffn hidden dim", args.hidden_dim), ("vocab_size", args.vocab_size)]
-    if hasattr(args, "window_size"):  # GPT-Neo's learned positions are split too
-        sizes.append(("max_seq_len", args.max_seq_len))
-    return sizes
-
-
-def check_tensor_parallel(args, tp: int, seq_len: int, where: str) -> None:
-    for name, size in divisibility(args, tp):
+def check_tensor_parallel(plan: TensorParallelPlan | None, args, tp: int, seq_len: int, where: str,
+                          model_name: str) -> None:
+    if plan is None:
+        raise UserError(f"{where} has no tensor-parallel plan (models/{model_name}/parallelize.py, "
+                        "ModelSpec.tensor_parallel); add one, or set tensor_parallel_degree = 1")
+    for name, size in plan.split_sizes(args):
         if size % tp:
             hint = (f"; set [model] vocab_size to a multiple of {tp} (e.g. {-(-size // tp) * tp}: the extra rows are "
                     "never predicted)") if name == "vocab_size" else ""
@@ -87,13 +63,9 @@ def check_tensor_parallel(args, tp: int, seq_len: int, where: str) -> None:
                         "(sequence parallelism splits each sequence tp ways)")
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: TensorParallelPlan) -> None:
     tp = tp_mesh.size()
-    plan_for = PLANS.get(type(model).__name__)
-    if plan_for is None:
-        raise UserError(f"no tensor-parallel plan for {type(model).__name__}; add one to torchacco/parallel/tensor.py "
-                        f"(known: {', '.join(PLANS)})")
-    top, block_plan = plan_for(model)
+    top, block_plan = plan.plans(model)
     for block in model.layers:
         parallelize_module(block, tp_mesh, block_plan)
         for module in block.modules():  # the model reshapes by its own head counts

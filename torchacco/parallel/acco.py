@@ -1,6 +1,6 @@
 """ACCO, DPU and WP: the sharded-optimizer job runs beside the next compute period.
 
-Buffers (see ACCO.md): the compute side owns the parameter buffer P (what forward and
+Buffers (docs/acco.md): the compute side owns the parameter buffer P (what forward and
 backward read) and the gradient accumulator A; the job owns the communication buffer C —
 gradients in, parameters out — the one extra bf16 copy over ZeRO-1. The fp32 master
 shard and AdamW moments are ZeRO-1's, untouched except by committing jobs.
@@ -25,14 +25,12 @@ import torch
 from torch.distributed.tensor import DTensor, Shard
 
 from torchacco import health
-from torchacco.config import Config
-from torchacco.device import Device, make_runner
+from torchacco.config import Acco as AccoConfig
+from torchacco.device import Device
 from torchacco.errors import UserError
-from torchacco.lr import TokenSchedule
-from torchacco.parallel.data_parallel import ZeRO1
-from torchacco.parallel.dims import ParallelDims
-from torchacco.parallel.sharded import (COMMIT, COMMIT_AND_PREDICT, ESTIMATE, UpdateResult, gather_master,
-                                        reduce_update_gather)
+from torchacco.parallel.sharded_job import COMMIT, COMMIT_AND_PREDICT, ESTIMATE, gather_master, reduce_update_gather
+from torchacco.parallel.strategy import Counts, UpdateResult
+from torchacco.parallel.zero1 import ZeRO1
 
 ACCUMULATOR_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -40,20 +38,37 @@ ACCUMULATOR_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 class Overlapped(ZeRO1):
     """ZeRO-1's buffers and job, run on a communication runner one round behind."""
 
+    overlapped = True
     resume_needs_same_ranks = True  # checkpoints hold each rank's accumulator
     sync_phase = "wait for the communication job"
 
-    def __init__(self, model, cfg: Config, dims: ParallelDims, accumulation: int, schedule: TokenSchedule,
-                 param_dtype: torch.dtype, device: Device):
-        super().__init__(model, cfg, dims, accumulation, schedule, param_dtype,
-                         grad_dtype=ACCUMULATOR_DTYPES[cfg.acco.accumulator_dtype])
+    def __init__(self, model, dims, plan, optimizer, acco: AccoConfig, device: Device):
+        super().__init__(model, dims, plan, optimizer, grad_dtype=ACCUMULATOR_DTYPES[acco.accumulator_dtype])
         self.comm = torch.zeros_like(self.flat.params_buffer)  # C: the job's private buffer
-        self.runner = make_runner(device)
-        self.adaptive = cfg.acco.mode == "adaptive"
-        self.max_micro_batches = cfg.acco.max_micro_batches  # bounds an adaptive period (0: no bound)
-        self.pending: list[float] = [0.0, 0.0, 0, 0.0]  # loss tokens, loss sum, micro-batches, consumed behind A
+        self.runner = device.runner()
+        self.adaptive = acco.mode == "adaptive"
+        self.max_micro_batches = acco.max_micro_batches  # bounds an adaptive period (0: no bound)
+        self.pending = Counts()  # what A holds
         self.planned: tuple[str, bool] | None = None  # the job to launch when the next period starts
         self.exposed = 0.0  # seconds the compute side waited on jobs since the last report
+        self.commits = 0  # committed updates (ACCO's drift cadence, DPU's warm-up)
+
+    @classmethod
+    def from_config(cls, model, cfg, dims, plan, device):
+        return cls(model, dims, plan, cfg.optimizer, cfg.acco, device)
+
+    @classmethod
+    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
+        super().check_config(cfg, dp_size, model_parallel)
+        if cfg.acco.mode == "adaptive" and model_parallel:
+            raise UserError(f"[acco] mode = 'adaptive' with {model_parallel} is not supported: each rank picks its "
+                            "own number of micro-batches, but tensor- and pipeline-parallel peers must run the same "
+                            "ones; use mode = 'deterministic'")
+        if cfg.acco.mode == "adaptive" and not cfg.training.max_tokens:
+            raise UserError(
+                "[acco] mode = 'adaptive' lets each update's batch grow while communication runs, so a step count "
+                "does not fix the learning-rate schedule or the data seen: set [training] max_tokens (the token "
+                "budget)")
 
     def micro_batches(self):
         if self.planned is not None:
@@ -66,12 +81,11 @@ class Overlapped(ZeRO1):
             job_running = self.runner.in_flight() and not self.runner.done()
             capped = self.max_micro_batches and n >= self.max_micro_batches
             if n >= self.accumulation and not (self.adaptive and job_running and not capped):
-                self.pending[2] += n
                 return
 
     def _launch(self, kind: str, keep_accumulating: bool) -> None:
         self.comm.copy_(self.flat.grads)  # C ← A
-        flat, opt, comm, local = self.flat, self.optimizer, self.comm, tuple(self.pending)
+        flat, opt, comm, local = self.flat, self.optimizer, self.comm, self.pending
         lr_for = self.lr_for()
         if kind == ESTIMATE:
             # The estimate uses the commit's lr: the commit will span this period and the next,
@@ -92,7 +106,7 @@ class Overlapped(ZeRO1):
         self.runner.launch(job)
         if not keep_accumulating:
             self.flat.grads.zero_()
-            self.pending = [0.0, 0.0, 0, 0.0]
+            self.pending = Counts()
 
     def _finish(self) -> UpdateResult | None:
         """Wait for the job in flight, swap in its parameters (P ← C), account for it."""
@@ -104,14 +118,13 @@ class Overlapped(ZeRO1):
         self._before_swap(finished)
         self.flat.params_buffer.copy_(self.comm)  # P ← C
         if finished.committed:
+            self.commits += 1
             self.consumed += finished.consumed
             finished.exposed_s, self.exposed = self.exposed, 0.0
         return finished
 
-    def step(self, local_tokens: float, local_loss: float, local_consumed: float) -> UpdateResult | None:
-        self.pending[0] += local_tokens
-        self.pending[1] += local_loss
-        self.pending[3] += local_consumed
+    def step(self, counts: Counts) -> UpdateResult | None:
+        self.pending = self.pending + counts
         finished = self._finish()
         self.planned = self._plan(finished)
         return finished
@@ -147,10 +160,10 @@ class Overlapped(ZeRO1):
         assert not self.runner.in_flight()
         world = self.flat.world
         per_rank = dict(device_mesh=self.dims.dp_mesh, placements=[Shard(0)], run_check=False)
-        pending = torch.tensor([self.pending], dtype=torch.float64, device=self.comm.device)
+        pending = torch.tensor([self.pending.as_list()], dtype=torch.float64, device=self.comm.device)
         self._pending_buffer = pending  # DCP loads into it
         return {**super().state_dict(), "schedule": {
-            "name": type(self).__name__, "world": world, "commits": getattr(self, "commits", 0),
+            "name": self.name, "world": world, "commits": self.commits,
             "planned": "" if self.planned is None else f"{self.planned[0]}:{int(self.planned[1])}",
             "params": self.flat.params_buffer,
             "accumulator": DTensor.from_local(self.flat.grads.unsqueeze(0), **per_rank,
@@ -160,17 +173,15 @@ class Overlapped(ZeRO1):
 
     def load_state_dict(self, state: dict) -> None:
         schedule = state["schedule"]
-        if schedule["name"] != type(self).__name__:
-            raise UserError(f"this checkpoint was saved by {schedule['name']}, not {type(self).__name__}; resume it "
+        if schedule["name"].lower() != self.name:  # (older checkpoints hold the class name)
+            raise UserError(f"this checkpoint was saved by {schedule['name'].lower()}, not {self.name}; resume it "
                             f"with [parallelism] data_parallel = \"{schedule['name'].lower()}\"")
         assert schedule["world"] == self.flat.world, "the trainer checks the world size before loading"
         super().load_state_dict(state)
-        tokens, loss, micro_batches, consumed = self._pending_buffer[0].tolist()
-        self.pending = [tokens, loss, int(micro_batches), consumed]
+        self.pending = Counts.from_list(self._pending_buffer[0].tolist())
         kind, _, keep = schedule["planned"].partition(":")
         self.planned = (kind, bool(int(keep))) if kind else None
-        if hasattr(self, "commits"):
-            self.commits = schedule["commits"]
+        self.commits = schedule["commits"]
 
     def _refresh_params(self) -> None:
         pass  # P was saved as it was (θ̃, θ or a prediction) and DCP loaded it in place
@@ -187,7 +198,7 @@ def relative_distance(estimate: torch.Tensor, truth: torch.Tensor, chunk: int = 
 
 
 class ACCO(Overlapped):
-    """Rounds alternate, as in ACCO.md's table:
+    """Rounds alternate, as in docs/acco.md's table:
 
     | round      | compute side                               | job                                      |
     | ESTIMATE t | g_t at θ_t ADDED to A, which holds g̃_t      | θ̃_{t+1} = Opt(θ_t, mean g̃_t), no commit   |
@@ -196,10 +207,23 @@ class ACCO(Overlapped):
     The first period computes at θ_0 (θ̃_0 = θ_0); the first job is an ESTIMATE.
     """
 
-    def __init__(self, *args, drift_every: int = 0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.drift_every = drift_every
-        self.commits = 0
+    name = "acco"
+    periods_per_update = 2  # one at θ̃, one at θ
+
+    def __init__(self, model, dims, plan, optimizer, acco: AccoConfig, device: Device):
+        super().__init__(model, dims, plan, optimizer, acco, device)
+        self.drift_every = acco.drift_every
+
+    @classmethod
+    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
+        super().check_config(cfg, dp_size, model_parallel)
+        t = cfg.training
+        micro_batches = (t.global_batch_size or t.local_batch_size * dp_size) // (t.local_batch_size * dp_size)
+        if micro_batches % 2:
+            raise UserError(
+                f"acco computes each update over two periods (at θ̃ and at θ), so it needs an even number of "
+                f"micro-batches per update and rank; got {micro_batches}: set [training] global_batch_size to a "
+                f"multiple of 2 × local_batch_size × ranks = {2 * t.local_batch_size * dp_size}")
 
     def _plan(self, finished):
         if finished is None or finished.committed:
@@ -208,31 +232,29 @@ class ACCO(Overlapped):
 
     def _before_swap(self, finished):
         # P still holds θ̃_{t+1}, C now holds θ_{t+1}: measure the estimation error.
-        if finished.committed:
-            self.commits += 1
-            if self.drift_every and self.commits % self.drift_every == 0:
-                finished.drift = relative_distance(self.flat.params_buffer, self.comm)
+        if finished.committed and self.drift_every and (self.commits + 1) % self.drift_every == 0:
+            finished.drift = relative_distance(self.flat.params_buffer, self.comm)
 
 
 class DPU(Overlapped):
     """Delayed parameter update: θ_{t+1} = Opt(θ_t, g(θ_{t-1})), one step stale, overlapped.
-    The first `warmup` updates are synchronous (no staleness)."""
+    The first `[acco] dpu_warmup_steps` updates are synchronous (no staleness)."""
 
-    def __init__(self, *args, warmup: int = 0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.warmup = warmup
-        self.commits = 0
+    name = "dpu"
+
+    def __init__(self, model, dims, plan, optimizer, acco: AccoConfig, device: Device):
+        super().__init__(model, dims, plan, optimizer, acco, device)
+        self.warmup = acco.dpu_warmup_steps
 
     def _plan(self, finished):
         return COMMIT, False
 
-    def step(self, local_tokens, local_loss, local_consumed):
-        finished = super().step(local_tokens, local_loss, local_consumed)
+    def step(self, counts):
+        finished = super().step(counts)
         if self.commits < self.warmup:  # synchronous: the update lands before the next period
             self._launch(*self.planned)
             self.planned = None
             finished = self._finish()
-        self.commits += finished is not None
         return finished
 
 
@@ -240,17 +262,7 @@ class WP(Overlapped):
     """Weight prediction: as DPU, but the compute runs at Opt(θ_{t+1}, ḡ_t), the last averaged
     gradient applied once more; θ itself stays in the master shards."""
 
+    name = "wp"
+
     def _plan(self, finished):
         return COMMIT_AND_PREDICT, False
-
-
-def build(kind, model, cfg: Config, dims, accumulation, schedule, param_dtype, device):
-    assert kind != "acco" or accumulation % 2 == 0, "validate() requires an even accumulation for acco"
-    common = (model, cfg, dims, accumulation // 2 if kind == "acco" else accumulation, schedule, param_dtype, device)
-    if kind == "acco":
-        return ACCO(*common, drift_every=cfg.acco.drift_every)
-    if kind == "dpu":
-        return DPU(*common, warmup=cfg.acco.dpu_warmup_steps)
-    if kind == "wp":
-        return WP(*common)
-    raise AssertionError(kind)

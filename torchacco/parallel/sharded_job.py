@@ -1,4 +1,4 @@
-"""The sharded-optimizer job: the one communication round ZeRO-1, ACCO, DPU and WP share.
+"""The sharded job: the one communication round ZeRO-1, ACCO, DPU and WP share.
 
 reduce-scatter gradients → gather per-rank counts → normalise by the global token count →
 clip → AdamW on this rank's fp32 shard (commit, or peek for an estimate) → all-gather the
@@ -9,7 +9,6 @@ schedules run it beside the next compute period, on the communication runner.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -18,6 +17,7 @@ import torch.distributed as dist
 from torchacco.errors import UserError
 from torchacco.optim import ShardedAdamW
 from torchacco.parallel.flat import FlatParams
+from torchacco.parallel.strategy import Counts, UpdateResult
 
 # torch 2.13 renamed the single-tensor collectives; keep working on older releases.
 reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -28,27 +28,11 @@ ESTIMATE = "estimate"  # θ̃ = Opt(θ, ḡ) without touching any state (ACCO)
 COMMIT_AND_PREDICT = "commit_and_predict"  # θ ← Opt(θ, ḡ), then gather Opt(θ, ḡ) once more (WP)
 
 
-@dataclass
-class UpdateResult:
-    tokens: float  # global count of the tokens in the loss behind the update (its normaliser)
-    loss: float  # global mean token loss of the gradients behind it
-    grad_norm: float  # before clipping
-    lr: float
-    committed: bool
-    micro_batches: list[int] = field(default_factory=list)  # per rank
-    consumed: float = 0.0  # global input tokens processed, in the loss or not: the LR schedule's clock
-    seconds: float = 0.0  # wall time of the job
-    exposed_s: float = 0.0  # time the compute side waited for jobs since the previous commit
-    drift: float | None = None  # ‖θ̃ − θ‖ / ‖θ‖ (ACCO, every few commits)
-    skipped: bool = False  # a non-finite loss or gradient: θ (and the optimizer state) left as it was
-    nonfinite_ranks: list[int] = field(default_factory=list)  # ranks whose own loss was non-finite
-
-
 def reduce_update_gather(
     flat: FlatParams,
     opt: ShardedAdamW,
     grads: torch.Tensor,  # full flat sum-of-token-loss gradients of this rank (the send buffer; overwritten)
-    local: tuple[float, float, int, float],  # this rank's (loss tokens, loss sum, micro-batches, tokens consumed)
+    local: Counts,  # this rank's contribution
     lr_for: Callable[[float], float],  # global tokens consumed by this update -> learning rate
     kind: str,
     out: torch.Tensor,  # full flat buffer that receives the new parameters (may be `grads`)
@@ -63,11 +47,11 @@ def reduce_update_gather(
 
     # One small collective for all the scalars of every rank: ‖shard‖², loss tokens, loss sum,
     # micro-batches, tokens consumed.
-    mine = torch.tensor([0.0, *local], dtype=torch.float64, device=grad.device)
+    mine = torch.tensor([0.0, *local.as_list()], dtype=torch.float64, device=grad.device)
     mine[0] = flat.sq_norm(grad)
     stats = torch.empty(flat.world * 5, dtype=torch.float64, device=grad.device)
     all_gather(stats, mine, group=group)
-    stats = stats.view(flat.world, 5).cpu()
+    stats = stats.view(flat.world, 5).cpu()  # per rank: ‖shard‖², then Counts' four fields
     sq_norm, tokens, loss_sum, _, consumed = stats.sum(0).tolist()
     sq_norm, loss_sum = flat.model_parallel_sum(sq_norm, loss_sum)  # over tp × pp peers, if any
     micro_batches = [int(n) for n in stats[:, 3].tolist()]

@@ -1,0 +1,23 @@
+"""Installing torchacco claims no global `models` or `data` module, and every model folder ships."""
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_models_and_data_install_under_torchacco_only(tmp_path):
+    code = ("import importlib.util as u; import torchacco.models, torchacco.data; "
+            "print(u.find_spec('models'), u.find_spec('data'), torchacco.models.__path__[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
+    found_models, found_data, path = out.stdout.split()
+    assert (found_models, found_data) == ("None", "None")
+    assert Path(path) == ROOT / "models"  # the editable install maps the top-level folder
+
+
+def test_every_model_folder_is_listed_for_wheels():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {f"torchacco.models.{p.parent.name}" for p in (ROOT / "models").glob("*/__init__.py")}
+    assert folders <= listed, f"add {sorted(folders - listed)} to [tool.setuptools] packages in pyproject.toml"

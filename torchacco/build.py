@@ -1,0 +1,58 @@
+"""Building a run's parts from their config sections: the model and the data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from torchacco import hf_io
+from torchacco.config import Data, Model, Tokenizer
+from torchacco.device import Device
+from torchacco.errors import UserError
+from torchacco.parallel.dims import ParallelDims, on_one_rank
+from torchacco.spec import ModelSpec
+
+
+def model_args(spec: ModelSpec, model: Model, vocab_size: int = 0):
+    """The configured architecture: the flavor's, or that of the [model] init_from folder."""
+    if model.init_from:
+        hf_config = json.loads((Path(model.init_from) / "config.json").read_text())
+        if spec.hf is None:
+            raise UserError(f"model {model.name} has no Hugging Face adapter (models/{model.name}/hf.py); "
+                            "it cannot be initialised from [model] init_from")
+        return spec.hf.args_from_hf_config(hf_config)  # the weights fix the vocabulary
+    return spec.args(model.flavor, vocab_size=model.vocab_size or vocab_size or None)
+
+
+def build_model(spec: ModelSpec, model_cfg: Model, vocab_size: int, seed: int, device: Device) -> nn.Module:
+    """Built on the meta device, materialised on `device`, initialised from `seed` (or loaded)."""
+    args = model_args(spec, model_cfg, vocab_size)
+    if vocab_size > args.vocab_size:
+        raise UserError(
+            f"the tokenizer has {vocab_size} tokens but the model's vocabulary is {args.vocab_size}; "
+            f"set [model] vocab_size = {vocab_size} (or 0 to follow the tokenizer)"
+        )
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    model.to_empty(device=device.torch)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model.init_weights()  # also the buffers (RoPE tables) that no checkpoint holds
+    if model_cfg.init_from:
+        _, _, weights = hf_io.load_hf(model_cfg.init_from, model_cfg.name)
+        hf_io.load_into(model, weights)
+    return model
+
+
+def build_data(data_cfg: Data, tokenizer_cfg: Tokenizer, seq_len: int, seed: int, dims: ParallelDims):
+    """(tokenizer, train set, validation set) of this rank's data-parallel shard. Local rank 0
+    fetches and tokenizes first; the others read its cache."""
+    from torchacco import data
+
+    on_one_rank(dims, lambda: data.prepare(data_cfg, tokenizer_cfg, seq_len))
+    tokenizer = data.load_tokenizer(data_cfg, tokenizer_cfg)
+    train_set, val_set = data.build_datasets(data_cfg, tokenizer_cfg, seq_len, dims.dp_rank, dims.dp_size, seed)
+    return tokenizer, train_set, val_set

@@ -1,0 +1,130 @@
+"""The interface the training loop drives, and what each data-parallel strategy declares.
+
+A strategy turns this rank's sum-of-token-loss gradients into updates normalised by the
+all-reduced token count:
+
+- `micro_batches()` yields one context per micro-batch of a compute period (DDP and FSDP
+  skip gradient sync on all but the last; adaptive ACCO decides as it goes how many to run);
+- `step(counts)` ends the period and returns the `UpdateResult` of the update completed now,
+  or None (an overlapped schedule's round that commits nothing);
+- `evaluation()` gives the module holding the committed parameters θ; `close()` drains;
+- `state_dict()` / `load_state_dict()` (DCP `Stateful`) hold everything needed to resume
+  exactly between two updates; `weights_state_dict()` is the part that holds θ, and
+  `full_state_dict()` gathers θ as full fp32 tensors by parameter name (for export).
+
+What the rest of torchacco needs to know about a strategy — whether its communication runs
+beside compute, whether it composes with tensor/pipeline parallelism, how many compute periods
+an update spans, how its checkpoint is keyed and resumed, what it asks of the config — is
+declared here, by the class, so no caller asks for a strategy by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import astuple, dataclass, field
+from typing import ClassVar, Iterator, Literal
+
+import torch
+
+from torchacco.errors import UserError
+from torchacco.lr import TokenSchedule
+
+
+@dataclass
+class Counts:
+    """What one rank contributed to an update (or one period of it)."""
+
+    loss_tokens: float = 0.0  # tokens in the loss: the normaliser
+    loss_sum: float = 0.0  # sum of their token losses
+    micro_batches: int = 0
+    consumed: float = 0.0  # input tokens processed, in the loss or not: the LR schedule's clock
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def as_list(self) -> list[float]:
+        return [float(v) for v in astuple(self)]
+
+    @classmethod
+    def from_list(cls, values) -> Counts:
+        tokens, loss, micro_batches, consumed = values
+        return cls(tokens, loss, int(micro_batches), consumed)
+
+
+@dataclass
+class UpdateResult:
+    tokens: float  # global count of the tokens in the loss behind the update (its normaliser)
+    loss: float  # global mean token loss of the gradients behind it
+    grad_norm: float  # before clipping
+    lr: float
+    committed: bool
+    micro_batches: list[int] = field(default_factory=list)  # per rank
+    consumed: float = 0.0  # global input tokens processed, in the loss or not: the LR schedule's clock
+    seconds: float = 0.0  # wall time of the job
+    exposed_s: float = 0.0  # time the compute side waited for jobs since the previous commit
+    drift: float | None = None  # ‖θ̃ − θ‖ / ‖θ‖ (ACCO, every few commits)
+    skipped: bool = False  # a non-finite loss or gradient: θ (and the optimizer state) left as it was
+    nonfinite_ranks: list[int] = field(default_factory=list)  # ranks whose own loss was non-finite
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """How gradients become an update, whatever the strategy."""
+
+    micro_batches: int  # per rank and update
+    schedule: TokenSchedule
+    max_norm: float  # 0: no clipping
+    param_dtype: torch.dtype  # the compute dtype
+
+
+class Strategy:
+    name: ClassVar[str]
+    # Where its communication sits, for the cost model and the logs:
+    #   all_reduce_in_backward: bucketed all-reduce hidden under the last micro-batch's backward (DDP)
+    #   per_micro_batch: parameter all-gathers and gradient reduce-scatters inside forward/backward (FSDP)
+    #   sharded_job: reduce-scatter, sharded AdamW, all-gather after the period (ZeRO-1 and the overlapped)
+    communication: ClassVar[Literal["all_reduce_in_backward", "per_micro_batch", "sharded_job"]]
+    overlapped: ClassVar[bool] = False  # the sharded job runs beside the next compute period
+    periods_per_update: ClassVar[int] = 1  # compute periods (and jobs) per committed update
+    supports_model_parallel: ClassVar[bool] = True  # composes with tensor and pipeline parallelism
+    flat_buffers: ClassVar[bool] = False  # parameters as views of one flat buffer per (pp, tp) coordinate
+    resume_needs_same_ranks: ClassVar[bool] = False  # its checkpoints hold per-rank state
+    autocast_compute: ClassVar[bool] = False  # fp32 weights, forward/backward autocast to the compute dtype
+    sync_phase: ClassVar[str]  # what the loop waits for after a period (heartbeat, diagnoses)
+
+    model: torch.nn.Module
+
+    # What the class says about a run, before anything is built ------------------------------
+
+    @classmethod
+    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
+        """Raise a UserError for a config this strategy cannot run; `model_parallel` names the
+        tp/pp degrees in use ('' when none)."""
+        if model_parallel and not cls.supports_model_parallel:
+            raise UserError(f"data_parallel = '{cls.name}' with {model_parallel} is not supported; use "
+                            "data_parallel = 'zero1' (replicated parameters, sharded optimizer) or 'fsdp'")
+
+    @classmethod
+    def autocast_dtype(cls, param_dtype: torch.dtype) -> torch.dtype | None:
+        return param_dtype if cls.autocast_compute and param_dtype != torch.float32 else None
+
+    @classmethod
+    def checkpoint_key(cls, dims) -> str:
+        """The key of the strategy's state in a checkpoint: one per part of the model that a rank's
+        state covers. Without tp/pp the whole model is one part."""
+        return "dp"
+
+    # The loop's interface -------------------------------------------------------------------
+
+    def micro_batches(self) -> Iterator[contextlib.AbstractContextManager]:
+        raise NotImplementedError
+
+    def step(self, counts: Counts) -> UpdateResult | None:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        yield self.model
+
+    def close(self) -> None:
+        pass
