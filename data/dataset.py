@@ -52,8 +52,10 @@ def write_split(folder: Path, split: str, docs: list[Doc], tok: Tokenizer) -> di
     """Tokenize documents into `<split>.bin` (and `<split>.mask` if any is a prompt/response pair)."""
     masked = any(isinstance(d, tuple) for d in docs)
     dtype, tokens = token_dtype(tok.vocab_size), 0
-    with open(folder / f"{split}.bin", "wb") as ids_file, \
-            (open(folder / f"{split}.mask", "wb") if masked else nullcontext()) as mask_file:
+    with (
+        open(folder / f"{split}.bin", "wb") as ids_file,
+        open(folder / f"{split}.mask", "wb") if masked else nullcontext() as mask_file,
+    ):
         for batch in _batches(docs):
             ids, mask = _encode(batch, tok)
             ids_file.write(np.asarray(ids, dtype=dtype).tobytes())
@@ -116,8 +118,16 @@ class PackedDataset(IterableDataset):
     `state_dict()` is the exact position, {"epoch", "index"}; StatefulDataLoader saves it.
     """
 
-    def __init__(self, tokens: np.ndarray, mask: np.ndarray | None, seq_len: int,
-                 dp_rank: int = 0, dp_world: int = 1, seed: int = 0, train: bool = True):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        mask: np.ndarray | None,
+        seq_len: int,
+        dp_rank: int = 0,
+        dp_world: int = 1,
+        seed: int = 0,
+        train: bool = True,
+    ):
         self._ids, self._mask = tokens, mask
         self.seq_len, self.dp_rank, self.dp_world, self.seed, self.train = seq_len, dp_rank, dp_world, seed, train
         self.tokens = len(tokens)
@@ -167,9 +177,11 @@ class PackedDataset(IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("num_windows", self.num_windows) != self.num_windows:
-            raise UserError(f"cannot resume the data position: it was saved with {state['num_windows']} windows "
-                            f"per rank, now there are {self.num_windows}; the data, training.seq_len or the "
-                            f"data-parallel size changed since the checkpoint")
+            raise UserError(
+                f"cannot resume the data position: it was saved with {state['num_windows']} windows "
+                f"per rank, now there are {self.num_windows}; the data, training.seq_len or the "
+                f"data-parallel size changed since the checkpoint"
+            )
         self.epoch, self.index, self._resuming = int(state["epoch"]), int(state["index"]), True
 
 

@@ -65,9 +65,19 @@ TITLES = {
     "lallegro_il_penseroso_comus_and_lycidas": "L'Allegro, Il Penseroso, Comus and Lycidas",
     "poetical_works": "The Poetical Works of John Milton",
 }
-THE = {"comedy_of_errors", "merchant_of_venice", "merry_wives_of_windsor", "passionate_pilgrim",
-       "phoenix_and_the_turtle", "rape_of_lucrece", "sonnets", "taming_of_the_shrew", "tempest",
-       "two_gentlemen_of_verona", "winters_tale"}
+THE = {
+    "comedy_of_errors",
+    "merchant_of_venice",
+    "merry_wives_of_windsor",
+    "passionate_pilgrim",
+    "phoenix_and_the_turtle",
+    "rape_of_lucrece",
+    "sonnets",
+    "taming_of_the_shrew",
+    "tempest",
+    "two_gentlemen_of_verona",
+    "winters_tale",
+}
 WORDS = {"alls": "All's", "loves": "Love's", "labours": "Labour's", "nights": "Night's", "winters": "Winter's"}
 SMALL_WORDS = {"a", "an", "and", "for", "of", "the", "in", "on", "to"}
 
@@ -97,15 +107,18 @@ def load_corpus(folder: Path) -> tuple[dict[str, str], list[dict]]:
         works[title(path)] = path.read_bytes().decode("utf-8-sig").replace("\r\n", "\n")
     bible = folder / "kjv.jsonl"
     if not works or not bible.is_file():
-        raise UserError(f"the embedded corpus at {folder} is incomplete (no *_gut.txt texts or no kjv.jsonl); "
-                        f"delete that folder so it is downloaded again")
+        raise UserError(
+            f"the embedded corpus at {folder} is incomplete (no *_gut.txt texts or no kjv.jsonl); "
+            f"delete that folder so it is downloaded again"
+        )
     with open(bible, encoding="utf-8") as f:
         verses = [json.loads(line) for line in f if line.strip()]
     return works, [v for v in verses if v["text"].strip("[] ")]  # one verse is an empty "[]"
 
 
-def generate(works: dict[str, str], verses: list[dict], seed: int = 0,
-             max_records: int = DEFAULT_RECORDS) -> list[dict]:
+def generate(
+    works: dict[str, str], verses: list[dict], seed: int = 0, max_records: int = DEFAULT_RECORDS
+) -> list[dict]:
     """`max_records` records, the tasks in equal shares (±1) and shuffled; the same for the same seed."""
     by_task = build(works, verses, seed, math.ceil(max_records / len(TASKS)))
     shortest = min(len(records) for records in by_task.values())
@@ -123,10 +136,13 @@ def build(works: dict[str, str], verses: list[dict], seed: int, per_task: int) -
     once = Counter(v["text"] for v in verses)
     unique = [v for v in verses if once[v["text"]] == 1]  # "And the LORD spake unto Moses, saying," is not
     out = {
-        "bible_reference": [_record(rng, "bible_reference", {}, v["text"], f"{v['book']} {v['chapter']}")
-                            for v in rng.sample(unique, min(per_task, len(unique)))],
-        "quote_verse": [_record(rng, "quote_verse", v, "", v["text"])
-                        for v in rng.sample(verses, min(per_task, len(verses)))],
+        "bible_reference": [
+            _record(rng, "bible_reference", {}, v["text"], f"{v['book']} {v['chapter']}")
+            for v in rng.sample(unique, min(per_task, len(unique)))
+        ],
+        "quote_verse": [
+            _record(rng, "quote_verse", v, "", v["text"]) for v in rng.sample(verses, min(per_task, len(verses)))
+        ],
     }
     texts = {name: [line.rstrip() for line in text.split("\n")] for name, text in works.items()}
     owners: dict[str, set] = {}  # a long line → the works it appears in (Comus is in three files)
@@ -203,21 +219,28 @@ def _letters(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torchacco.data.instructions", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m torchacco.data.instructions",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", required=True, help="the .jsonl file to write")
-    parser.add_argument("--cache-dir", default="", help="where the embedded corpus is cached "
-                        "(default: $TORCHACCO_CACHE or ~/.cache/torchacco, as data.cache_dir)")
+    parser.add_argument(
+        "--cache-dir",
+        default="",
+        help="where the embedded corpus is cached (default: $TORCHACCO_CACHE or ~/.cache/torchacco, as data.cache_dir)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-records", type=int, default=DEFAULT_RECORDS)
     args = parser.parse_args(argv)
     try:
         if args.max_records < len(TASKS):
-            raise UserError(f"--max-records must be at least {len(TASKS)} (one record per task), "
-                            f"got {args.max_records}")
+            raise UserError(
+                f"--max-records must be at least {len(TASKS)} (one record per task), got {args.max_records}"
+            )
         start = time.perf_counter()
-        from torchacco.data import cache_root
         from torchacco.config import Data
+        from torchacco.data import cache_root
 
         works, verses = load_corpus(corpus.ensure_corpus(cache_root(Data(cache_dir=args.cache_dir))))
         records = generate(works, verses, args.seed, args.max_records)
@@ -226,8 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"torchacco.data.instructions: error: {e}", file=sys.stderr, flush=True)
         return 1
-    print(f"wrote {len(records)} instruction records ({len(works)} works, {len(verses)} verses, seed {args.seed}) "
-          f"to {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - start:.1f}s")
+    print(
+        f"wrote {len(records)} instruction records ({len(works)} works, {len(verses)} verses, seed {args.seed}) "
+        f"to {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - start:.1f}s"
+    )
     return 0
 
 

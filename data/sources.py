@@ -28,16 +28,20 @@ ALPACA_PROMPT_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 def files(path: Path, fmt: str) -> list[Path]:
     """The data files of a dataset path: the file itself, or the matching files under a folder."""
     if not path.exists():
-        raise UserError(f"data not found: {path} (set data.dataset to a folder of .txt files, a .txt, "
-                        f".jsonl or Alpaca .json file, or 'embedded')")
+        raise UserError(
+            f"data not found: {path} (set data.dataset to a folder of .txt files, a .txt, "
+            f".jsonl or Alpaca .json file, or 'embedded')"
+        )
     if path.is_file():
         return [path]
     found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in EXTENSIONS[fmt])
     if not found and fmt == "auto":  # a folder of .jsonl / .json shards
         found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".json"))
     if not found:
-        raise UserError(f"no {' or '.join(EXTENSIONS[fmt])} files under {path}; put the documents there "
-                        f"or point data.dataset at a file")
+        raise UserError(
+            f"no {' or '.join(EXTENSIONS[fmt])} files under {path}; put the documents there "
+            f"or point data.dataset at a file"
+        )
     return found
 
 
@@ -59,11 +63,16 @@ def read_documents(path: Path, fmt: str, text_field: str) -> list[Doc]:
         if kind == "jsonl" and fmt == "auto" and records and text_field not in records[0][1]:
             if {"instruction", "output"} <= records[0][1].keys():
                 kind = "alpaca"
-        docs += [_alpaca(file, where, rec) if kind == "alpaca" else _field(file, where, rec, text_field)
-                 for where, rec in records]
+        docs += [
+            _alpaca(file, where, rec) if kind == "alpaca" else _field(file, where, rec, text_field)
+            for where, rec in records
+        ]
     if not_utf8:
-        log.warning("data: %d file(s) are not valid UTF-8 (first: %s); undecodable bytes were replaced by U+FFFD",
-                    len(not_utf8), not_utf8[0])
+        log.warning(
+            "data: %d file(s) are not valid UTF-8 (first: %s); undecodable bytes were replaced by U+FFFD",
+            len(not_utf8),
+            not_utf8[0],
+        )
     kept = [d for d in docs if not isinstance(d, str) or d.strip()]
     if len(kept) < len(docs):
         log.info("data: skipped %d empty document(s) in %s", len(docs) - len(kept), path)
@@ -80,8 +89,10 @@ def split(docs: list[Doc], val_fraction: float, where: Path | str) -> tuple[list
     if val_fraction == 0:
         return docs, []
     if len(docs) < 2:
-        raise UserError(f"{where} holds a single document, so no validation split can be cut from it; "
-                        f"add documents, set data.validation, or set data.val_fraction = 0")
+        raise UserError(
+            f"{where} holds a single document, so no validation split can be cut from it; "
+            f"add documents, set data.validation, or set data.val_fraction = 0"
+        )
     count = min(len(docs) - 1, max(1, round(val_fraction * len(docs))))
     key = [hashlib.blake2b("".join(d).encode(), digest_size=8).digest() for d in docs]
     val = set(sorted(range(len(docs)), key=lambda i: (key[i], i))[:count])
@@ -115,8 +126,9 @@ def _records(file: Path, text: str) -> list[tuple[str, dict]]:
                 try:
                     records.append((f"line {i}", json.loads(line)))
                 except json.JSONDecodeError as e:
-                    raise UserError(f"{file}: line {i} is not valid JSON ({e.msg}); a .jsonl file holds "
-                                    f"one JSON object per line") from None
+                    raise UserError(
+                        f"{file}: line {i} is not valid JSON ({e.msg}); a .jsonl file holds one JSON object per line"
+                    ) from None
     for where, rec in records:
         if not isinstance(rec, dict):
             raise UserError(f"{file}: {where} is a {type(rec).__name__}, expected a JSON object")
@@ -126,8 +138,10 @@ def _records(file: Path, text: str) -> list[tuple[str, dict]]:
 def _field(file: Path, where: str, rec: dict, text_field: str) -> str:
     if not isinstance(rec.get(text_field), str):
         problem = "has no field" if text_field not in rec else "has a non-string field"
-        raise UserError(f"{file}: {where} {problem} '{text_field}' (its fields: {', '.join(rec) or 'none'}); "
-                        f"set data.text_field to the field holding the text")
+        raise UserError(
+            f"{file}: {where} {problem} '{text_field}' (its fields: {', '.join(rec) or 'none'}); "
+            f"set data.text_field to the field holding the text"
+        )
     return rec[text_field]
 
 
@@ -135,7 +149,9 @@ def _alpaca(file: Path, where: str, rec: dict) -> tuple[str, str]:
     missing = [k for k in ("instruction", "output") if not isinstance(rec.get(k), str)]
     if missing or not isinstance(rec.get("input") or "", str):
         missing = missing or ["input"]
-        raise UserError(f"{file}: {where} lacks the Alpaca text field(s) {', '.join(missing)}; every record "
-                        f"needs string fields instruction and output (input is optional)")
+        raise UserError(
+            f"{file}: {where} lacks the Alpaca text field(s) {', '.join(missing)}; every record "
+            f"needs string fields instruction and output (input is optional)"
+        )
     template = ALPACA_PROMPT if rec.get("input") else ALPACA_PROMPT_NO_INPUT
     return template.format(instruction=rec["instruction"], input=rec.get("input")), rec["output"]

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-WORDS = ("the king and queen of a land far away went to see the sea with their horse dog cat bird "
-         "under sun moon and then they sang of old times while rain fell on green hills").split()
+WORDS = (
+    "the king and queen of a land far away went to see the sea with their horse dog cat bird "
+    "under sun moon and then they sang of old times while rain fell on green hills"
+).split()
 
 
 @pytest.fixture(scope="session")
@@ -37,19 +39,53 @@ def embedded_cache(tmp_path_factory) -> Path:
 def tiny_args(corpus: Path, cache: Path, out: Path, *extra: str) -> list[str]:
     """CLI overrides for a seconds-long run of the GPT-Neo debug model on `corpus`."""
     return [
-        "--data.dataset", str(corpus), "--data.cache_dir", str(cache), "--tokenizer.vocab_size", "400",
-        "--model.flavor", "debug", "--training.seq_len", "64", "--training.local_batch_size", "4",
-        "--training.steps", "6", "--metrics.log_every", "1", "--metrics.tensorboard", "false",
-        "--eval.every", "3", "--eval.batches", "2", "--job.dump_folder", str(out), *extra,
+        "--data.dataset",
+        str(corpus),
+        "--data.cache_dir",
+        str(cache),
+        "--tokenizer.vocab_size",
+        "400",
+        "--model.flavor",
+        "debug",
+        "--training.seq_len",
+        "64",
+        "--training.local_batch_size",
+        "4",
+        "--training.steps",
+        "6",
+        "--metrics.log_every",
+        "1",
+        "--metrics.tensorboard",
+        "false",
+        "--eval.every",
+        "3",
+        "--eval.batches",
+        "2",
+        "--job.dump_folder",
+        str(out),
+        *extra,
     ]
 
 
 def six_step_args(corpus: Path, cache: Path, out: Path, kind: str, steps: int, *extra: str) -> list[str]:
     """A tiny run of `steps` steps, 2 micro-batches per update on 2 ranks, checkpoints on. The
     schedule length comes from max_tokens (6 steps), so a run stopped early has the same lr."""
-    return tiny_args(corpus, cache, out, "--parallelism.data_parallel", kind, "--training.global_batch_size", "16",
-                     "--training.max_tokens", str(6 * 16 * 64), "--training.steps", str(steps),
-                     "--checkpoint.enable", "true", *extra)
+    return tiny_args(
+        corpus,
+        cache,
+        out,
+        "--parallelism.data_parallel",
+        kind,
+        "--training.global_batch_size",
+        "16",
+        "--training.max_tokens",
+        str(6 * 16 * 64),
+        "--training.steps",
+        str(steps),
+        "--checkpoint.enable",
+        "true",
+        *extra,
+    )
 
 
 FSDP_ASYNC = ("--checkpoint.async_save", "true", "--checkpoint.every", "1")  # fsdp's shared run saves in the background
@@ -64,8 +100,11 @@ def six_step_run(tiny_corpus, cache_dir, tmp_path_factory):
     def get(kind: str, *extra: str) -> Path:
         if (kind, *extra) not in done:
             out = tmp_path_factory.mktemp(kind) / "run"
-            proc = run_train(six_step_args(tiny_corpus, cache_dir, out, kind, 6, "--checkpoint.every", "3",
-                                           "--checkpoint.keep", "0", *extra))
+            proc = run_train(
+                six_step_args(
+                    tiny_corpus, cache_dir, out, kind, 6, "--checkpoint.every", "3", "--checkpoint.keep", "0", *extra
+                )
+            )
             assert proc.returncode == 0, proc.stderr[-3000:]
             done[(kind, *extra)] = out
         return done[(kind, *extra)]
@@ -76,8 +115,9 @@ def six_step_run(tiny_corpus, cache_dir, tmp_path_factory):
 def run_train(args: list[str], nproc: int = 2, timeout: int = 300, env: dict | None = None):
     """./run_train.sh as a user runs it; returns the completed process."""
     full_env = {**os.environ, "NPROC": str(nproc), "PYTHON": sys.executable, **(env or {})}
-    return subprocess.run([str(ROOT / "run_train.sh"), *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=ROOT)
+    return subprocess.run(
+        [str(ROOT / "run_train.sh"), *args], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT
+    )
 
 
 def read_metrics(folder: Path) -> list[dict]:

@@ -8,7 +8,12 @@ Builds the configured model (vocabulary 366, the tests' tokenizer) and strategy 
 and prints, from rank 0, each rank's stored parameter elements and optimizer shard.
 """
 
-import sys, torch, torch.distributed as dist
+import sys
+
+import torch
+import torch.distributed as dist
+
+from torchacco.build import build_model
 from torchacco.config import load_config
 from torchacco.device import select_device
 from torchacco.lr import TokenSchedule
@@ -16,8 +21,8 @@ from torchacco.parallel.dims import init_distributed
 from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
 from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import UpdatePlan
-from torchacco.build import build_model
 from torchacco.spec import get_model_spec
+
 dist.init_process_group("gloo")  # init_distributed then reuses it
 cfg = load_config(sys.argv[1:])
 dev = select_device("cpu", 0)
@@ -34,6 +39,6 @@ dist.all_gather_object(out, mine)
 if dims.rank == 0:
     print("CONFIG", " ".join(sys.argv[1:]), "full", full)
     for r, p, s in out:
-        print(f"rank {r}: params {p} ({p/full:.3f} of full), optimizer shard {s} ({s/full:.3f})")
+        print(f"rank {r}: params {p} ({p / full:.3f} of full), optimizer shard {s} ({s / full:.3f})")
 dp.close()
 dist.destroy_process_group()

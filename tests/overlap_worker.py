@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 from torchacco.config import Config
 from torchacco.device import Device
-from torchacco.lr import TokenSchedule
 from torchacco.loss import token_loss_sum
+from torchacco.lr import TokenSchedule
 from torchacco.parallel.dims import init_distributed
 from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import Counts, UpdatePlan
@@ -45,8 +45,9 @@ def tiny_model():
         return Micro()
     from torchacco.models.llama3 import spec
 
-    args = spec.args("debug", vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                     ffn_hidden_dim=64, max_seq_len=SEQ)
+    args = spec.args(
+        "debug", vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=SEQ
+    )
     with torch.device("meta"):
         model = spec.model_cls(args)
     model.to_empty(device="cpu")
@@ -110,8 +111,14 @@ def main(kind, out, commits, micro_batches, mode, delay):
     all_periods = [None] * dims.world_size
     dist.all_gather_object(all_periods, periods)
     if rank == 0:
-        torch.save({"theta": theta, "periods": all_periods,
-                    "results": [(r.tokens, r.loss, r.lr, r.micro_batches, r.grad_norm) for r in results]}, out)
+        torch.save(
+            {
+                "theta": theta,
+                "periods": all_periods,
+                "results": [(r.tokens, r.loss, r.lr, r.micro_batches, r.grad_norm) for r in results],
+            },
+            out,
+        )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -1,6 +1,6 @@
 """Load a run's checkpoint into its strategy on this many ranks and save it again, untouched.
 
-    torchrun --nproc_per_node N tests/reshard_worker.py RUN_DIR CHECKPOINT OUT_FOLDER
+torchrun --nproc_per_node N tests/reshard_worker.py RUN_DIR CHECKPOINT OUT_FOLDER
 """
 
 import sys
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
+from torchacco.build import build_data, build_model
 from torchacco.checkpoint import Checkpointer, TrainState
 from torchacco.config import load_config
 from torchacco.device import Device
 from torchacco.lr import TokenSchedule
-from torchacco.build import build_data, build_model
 from torchacco.parallel.dims import destroy, init_distributed
 from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import UpdatePlan

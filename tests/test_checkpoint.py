@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import FSDP_ASYNC, ROOT, read_metrics, run_train, six_step_args
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from conftest import FSDP_ASYNC, ROOT, read_metrics, run_train, six_step_args
 from torchacco.checkpoint import step_dirs
-
 
 args = six_step_args
 
@@ -26,12 +25,18 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
     return run
 
 
-@pytest.mark.parametrize("kind, extra", [
-    ("ddp", []), ("zero1", []), ("acco", []),
-    ("fsdp", FSDP_ASYNC),
-    ("dpu", ["--acco.dpu_warmup_steps", "4"]),  # resumed inside the synchronous warm-up
-    ("wp", []),  # the compute parameters are a prediction, not θ
-], ids=["ddp", "zero1", "acco", "fsdp-async", "dpu-warmup", "wp"])
+@pytest.mark.parametrize(
+    "kind, extra",
+    [
+        ("ddp", []),
+        ("zero1", []),
+        ("acco", []),
+        ("fsdp", FSDP_ASYNC),
+        ("dpu", ["--acco.dpu_warmup_steps", "4"]),  # resumed inside the synchronous warm-up
+        ("wp", []),  # the compute parameters are a prediction, not θ
+    ],
+    ids=["ddp", "zero1", "acco", "fsdp-async", "dpu-warmup", "wp"],
+)
 def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_path, six_step_run, kind, extra):
     full = six_step_run(kind, *extra)
     expected = read_metrics(full)
@@ -40,8 +45,9 @@ def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_pa
         # folder); the other variants resume from the full run's step-3 checkpoint, in a new folder.
         return _killed_worker_recovers(tiny_corpus, cache_dir, tmp_path, kind, expected, full)
     step3 = full / "checkpoint" / "step-00000003"
-    resumed = run_train(args(tiny_corpus, cache_dir, tmp_path / "resumed", kind, 6, *extra,
-                             "--checkpoint.load_path", str(step3)))
+    resumed = run_train(
+        args(tiny_corpus, cache_dir, tmp_path / "resumed", kind, 6, *extra, "--checkpoint.load_path", str(step3))
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout and "at step 3" in resumed.stdout
 
@@ -55,8 +61,10 @@ def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_pa
 def _killed_worker_recovers(corpus, cache, tmp_path, kind, expected, full):
     """Rank 1 is SIGKILLed as it starts step 5; torchrun restarts both workers, which resume from
     the step-3 checkpoint by themselves and end exactly where the uninterrupted run did."""
-    proc = run_train(args(corpus, cache, tmp_path / "killed", kind, 6, "--checkpoint.every", "3"),
-                     env={"MAX_RESTARTS": "1", "TORCHACCO_FAULT": "kill@rank1:step5"})
+    proc = run_train(
+        args(corpus, cache, tmp_path / "killed", kind, 6, "--checkpoint.every", "3"),
+        env={"MAX_RESTARTS": "1", "TORCHACCO_FAULT": "kill@rank1:step5"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
     assert "rank 1 stopped responding in compute (step 5)" in proc.stderr, proc.stderr[-3000:]
@@ -65,8 +73,10 @@ def _killed_worker_recovers(corpus, cache, tmp_path, kind, expected, full):
     for key in ("loss", "lr", "tokens", "grad_norm"):
         assert [r[key] for r in recovered] == [r[key] for r in expected], key
     assert recovered[-1]["val_loss"] == expected[-1]["val_loss"]
-    final = [_tensors(_logical_state(step_dirs(run / "checkpoint")[-1][1], tmp_path / f"{run.name}.pt")["dp"])
-             for run in (full, tmp_path / "killed")]
+    final = [
+        _tensors(_logical_state(step_dirs(run / "checkpoint")[-1][1], tmp_path / f"{run.name}.pt")["dp"])
+        for run in (full, tmp_path / "killed")
+    ]
     assert final[0].keys() == final[1].keys() and final[0]
     for name, tensor in final[0].items():
         assert torch.equal(tensor, final[1][name]), name
@@ -79,9 +89,24 @@ def _logical_state(checkpoint: Path, out: Path) -> dict:
 
 
 def reshard(run_dir: Path, checkpoint: Path, out: Path, nproc: int) -> Path:
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                           str(nproc), str(ROOT / "tests" / "reshard_worker.py"), str(run_dir), str(checkpoint),
-                           str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            str(ROOT / "tests" / "reshard_worker.py"),
+            str(run_dir),
+            str(checkpoint),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return step_dirs(out)[-1][1]
 
@@ -97,7 +122,9 @@ def test_checkpoint_reshards_from_2_ranks_to_1_and_back(tiny_corpus, cache_dir, 
     one = reshard(run, two, tmp_path / "one", nproc=1)  # 2 ranks -> 1
     back = reshard(run, one, tmp_path / "back", nproc=2)  # 1 rank -> 2
 
-    states = [_tensors(_logical_state(c, tmp_path / f"{name}.pt")["dp"]) for c, name in ((two, "a"), (one, "b"), (back, "c"))]
+    states = [
+        _tensors(_logical_state(c, tmp_path / f"{name}.pt")["dp"]) for c, name in ((two, "a"), (one, "b"), (back, "c"))
+    ]
     assert states[0].keys() == states[1].keys() == states[2].keys()
     assert any("exp_avg_sq" in k for k in states[0]) and len(states[0]) >= 3  # weights and optimizer moments
     for name, tensor in states[0].items():
@@ -125,8 +152,21 @@ def _tensors(tree, prefix="") -> dict:
 def test_keeps_the_last_k_and_ignores_unfinished_saves(tiny_corpus, cache_dir, tmp_path):
     out = tmp_path / "run"
     (out / "checkpoint" / "step-00000099.tmp").mkdir(parents=True)  # a save that crashed
-    proc = run_train(args(tiny_corpus, cache_dir, out, "zero1", 5, "--checkpoint.every", "1",
-                          "--checkpoint.keep", "2", "--job.overwrite", "true"))  # the folder holds no config.toml
+    proc = run_train(
+        args(
+            tiny_corpus,
+            cache_dir,
+            out,
+            "zero1",
+            5,
+            "--checkpoint.every",
+            "1",
+            "--checkpoint.keep",
+            "2",
+            "--job.overwrite",
+            "true",
+        )
+    )  # the folder holds no config.toml
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = sorted(p.name for p in (out / "checkpoint").iterdir())
     assert names == ["step-00000004", "step-00000005"]  # the crashed .tmp was not resumed from, and is gone
@@ -135,8 +175,19 @@ def test_keeps_the_last_k_and_ignores_unfinished_saves(tiny_corpus, cache_dir, t
 
 def test_resuming_another_models_checkpoint_is_one_clear_error(tiny_corpus, cache_dir, tmp_path, zero1_run):
     # (Into the same folder, the dump-folder check refuses first: test_reliability.py.)
-    proc = run_train(args(tiny_corpus, cache_dir, tmp_path / "other", "zero1", 4, "--model.flavor", "tiny",
-                          "--checkpoint.load_path", str(zero1_run / "checkpoint" / "step-00000002")))
+    proc = run_train(
+        args(
+            tiny_corpus,
+            cache_dir,
+            tmp_path / "other",
+            "zero1",
+            4,
+            "--model.flavor",
+            "tiny",
+            "--checkpoint.load_path",
+            str(zero1_run / "checkpoint" / "step-00000002"),
+        )
+    )
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
     assert len(errors) == 1 and "does not match this run's model" in errors[0], proc.stderr[-2000:]
@@ -146,8 +197,20 @@ def test_resuming_another_models_checkpoint_is_one_clear_error(tiny_corpus, cach
 def test_acco_checkpoint_resumes_only_on_the_same_world_size(tiny_corpus, cache_dir, tmp_path):
     out = tmp_path / "run"
     assert run_train(args(tiny_corpus, cache_dir, out, "acco", 2)).returncode == 0
-    proc = run_train(args(tiny_corpus, cache_dir, tmp_path / "one", "acco", 4, "--training.global_batch_size", "8",
-                          "--checkpoint.load_path", str(step_dirs(out / "checkpoint")[-1][1])), nproc=1)
+    proc = run_train(
+        args(
+            tiny_corpus,
+            cache_dir,
+            tmp_path / "one",
+            "acco",
+            4,
+            "--training.global_batch_size",
+            "8",
+            "--checkpoint.load_path",
+            str(step_dirs(out / "checkpoint")[-1][1]),
+        ),
+        nproc=1,
+    )
     assert proc.returncode != 0
     assert "resume it on 2 ranks" in proc.stderr and "Traceback" not in proc.stderr
 

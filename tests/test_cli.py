@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import run_train, tiny_args
 
 ERROR = "torchacco: error:"
@@ -40,8 +39,9 @@ def check_before_launch(argv: list[str], capsys):
     covers the script's wiring."""
     from torchacco.launch import check_training_config
 
-    code = check_training_config(["--standalone", "--nnodes", "1", "--nproc_per_node", "2",
-                                  "-m", "torchacco.train", *argv])
+    code = check_training_config(
+        ["--standalone", "--nnodes", "1", "--nproc_per_node", "2", "-m", "torchacco.train", *argv]
+    )
     out = capsys.readouterr()
     return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
@@ -52,68 +52,118 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("extra, words", [
-    pytest.param(["--config", "no/such/config.toml"], ["config file not found", "no/such/config.toml", "--config"],
-                 id="missing-config-file"),
-    pytest.param(["--training.stepz", "5"], ["unknown key 'stepz'", "[training]", "valid keys", "steps"],
-                 id="unknown-key"),
-    pytest.param(["--trainng.steps", "5"], ["unknown section [trainng]", "valid sections", "training"],
-                 id="unknown-section"),
-    pytest.param(["--training.steps", "ten"], ["[training] steps", "expected int", "ten"], id="wrong-type"),
-    pytest.param(["--training.global_batch_size", "12"],
-                 ["global_batch_size = 12", "not divisible", "4 × 2 = 8", "multiple of 8"], id="global-batch"),
-    pytest.param(["--training.seq_len", "4096"], ["seq_len = 4096", "512 positions", "--training.seq_len 512"],
-                 id="seq-len-above-positions"),
-    pytest.param(["--data.dataset", "no/such/data"], ["dataset path not found", "no/such/data"],
-                 id="missing-dataset"),
-    pytest.param(["--model.name", "gpt5"], ["unknown model 'gpt5'", "available", "gpt_neo", "llama3"],
-                 id="unknown-model"),
-    pytest.param(["--model.flavor", "huge"], ["no flavor 'huge'", "choose one of", "debug"], id="unknown-flavor"),
-    pytest.param(["--parallelism.data_parallel", "acco", "--training.global_batch_size", "8"],
-                 ["even number of micro-batches", "global_batch_size", "= 16"], id="acco-odd-micro-batches"),
-    pytest.param(["--parallelism.data_parallel", "dpu", "--acco.mode", "adaptive"],
-                 ["mode = 'adaptive'", "set [training] max_tokens"], id="adaptive-without-token-budget"),
-    pytest.param(["--training.on_nonfinite", "ignore"], ["'ignore' is not one of", "abort, skip"],
-                 id="unknown-nonfinite-policy"),
-    pytest.param(["--training.max_skips_in_a_row", "0"], ["max_skips_in_a_row must be positive"],
-                 id="zero-skips-in-a-row"),
-    pytest.param(["--parallelism.data_parallel", "ddpp"], ["'ddpp' is not one of", "ddp, zero1, fsdp"],
-                 id="unknown-data-parallel"),
-    pytest.param(["--training.collective_timeout_s", "inf"], ["collective_timeout_s = inf", "not a finite number"],
-                 id="infinite-timeout"),
-    pytest.param(["--checkpoint.folder", "../elsewhere"], ["[checkpoint] folder = '../elsewhere'",
-                                                           "inside the dump folder"], id="checkpoint-folder-outside"),
-    pytest.param(["--checkpoint.load_path", "/nonexistent/step-00000010"], ["load_path not found", "step-N"],
-                 id="missing-checkpoint"),
-    pytest.param(["--model.init_from", "/nonexistent/hf"], ["not a Hugging Face folder", "config.json"],
-                 id="missing-init-from"),
-    pytest.param(["--training.device", "cuda"], ["cuda", "not available", "--training.device cpu"],
-                 id="cuda-without-cuda",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        pytest.param(
+            ["--config", "no/such/config.toml"],
+            ["config file not found", "no/such/config.toml", "--config"],
+            id="missing-config-file",
+        ),
+        pytest.param(
+            ["--training.stepz", "5"], ["unknown key 'stepz'", "[training]", "valid keys", "steps"], id="unknown-key"
+        ),
+        pytest.param(
+            ["--trainng.steps", "5"], ["unknown section [trainng]", "valid sections", "training"], id="unknown-section"
+        ),
+        pytest.param(["--training.steps", "ten"], ["[training] steps", "expected int", "ten"], id="wrong-type"),
+        pytest.param(
+            ["--training.global_batch_size", "12"],
+            ["global_batch_size = 12", "not divisible", "4 × 2 = 8", "multiple of 8"],
+            id="global-batch",
+        ),
+        pytest.param(
+            ["--training.seq_len", "4096"],
+            ["seq_len = 4096", "512 positions", "--training.seq_len 512"],
+            id="seq-len-above-positions",
+        ),
+        pytest.param(
+            ["--data.dataset", "no/such/data"], ["dataset path not found", "no/such/data"], id="missing-dataset"
+        ),
+        pytest.param(
+            ["--model.name", "gpt5"], ["unknown model 'gpt5'", "available", "gpt_neo", "llama3"], id="unknown-model"
+        ),
+        pytest.param(["--model.flavor", "huge"], ["no flavor 'huge'", "choose one of", "debug"], id="unknown-flavor"),
+        pytest.param(
+            ["--parallelism.data_parallel", "acco", "--training.global_batch_size", "8"],
+            ["even number of micro-batches", "global_batch_size", "= 16"],
+            id="acco-odd-micro-batches",
+        ),
+        pytest.param(
+            ["--parallelism.data_parallel", "dpu", "--acco.mode", "adaptive"],
+            ["mode = 'adaptive'", "set [training] max_tokens"],
+            id="adaptive-without-token-budget",
+        ),
+        pytest.param(
+            ["--training.on_nonfinite", "ignore"],
+            ["'ignore' is not one of", "abort, skip"],
+            id="unknown-nonfinite-policy",
+        ),
+        pytest.param(
+            ["--training.max_skips_in_a_row", "0"], ["max_skips_in_a_row must be positive"], id="zero-skips-in-a-row"
+        ),
+        pytest.param(
+            ["--parallelism.data_parallel", "ddpp"],
+            ["'ddpp' is not one of", "ddp, zero1, fsdp"],
+            id="unknown-data-parallel",
+        ),
+        pytest.param(
+            ["--training.collective_timeout_s", "inf"],
+            ["collective_timeout_s = inf", "not a finite number"],
+            id="infinite-timeout",
+        ),
+        pytest.param(
+            ["--checkpoint.folder", "../elsewhere"],
+            ["[checkpoint] folder = '../elsewhere'", "inside the dump folder"],
+            id="checkpoint-folder-outside",
+        ),
+        pytest.param(
+            ["--checkpoint.load_path", "/nonexistent/step-00000010"],
+            ["load_path not found", "step-N"],
+            id="missing-checkpoint",
+        ),
+        pytest.param(
+            ["--model.init_from", "/nonexistent/hf"],
+            ["not a Hugging Face folder", "config.json"],
+            id="missing-init-from",
+        ),
+        pytest.param(
+            ["--training.device", "cuda"],
+            ["cuda", "not available", "--training.device cpu"],
+            id="cuda-without-cuda",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+        ),
+    ],
+)
 def test_bad_option_is_one_line_before_launch(extra, words, tiny_corpus, cache_dir, tmp_path, capsys):
     proc = check_before_launch(tiny_args(tiny_corpus, cache_dir, tmp_path / "out", *extra), capsys)
     check_one_clear_error(proc, *words, launched=False)
 
 
-@pytest.mark.parametrize("toml, words", [
-    pytest.param("[training]\nsteps = 5\nseq_len = \n", ["TOML syntax error", "line 3"], id="toml-syntax"),
-    pytest.param("[training]\nsteps = 5\nlearning_rate = 0.1\n", ["unknown key 'learning_rate'", "valid keys"],
-                 id="unknown-key"),
-    pytest.param('[training]\nsteps = "5"\n', ["[training] steps", "expected int", "str"], id="wrong-type"),
-])
+@pytest.mark.parametrize(
+    "toml, words",
+    [
+        pytest.param("[training]\nsteps = 5\nseq_len = \n", ["TOML syntax error", "line 3"], id="toml-syntax"),
+        pytest.param(
+            "[training]\nsteps = 5\nlearning_rate = 0.1\n",
+            ["unknown key 'learning_rate'", "valid keys"],
+            id="unknown-key",
+        ),
+        pytest.param('[training]\nsteps = "5"\n', ["[training] steps", "expected int", "str"], id="wrong-type"),
+    ],
+)
 def test_bad_config_file_is_one_line_before_launch(toml, words, tiny_corpus, cache_dir, tmp_path, capsys):
     config = tmp_path / "bad.toml"
     config.write_text(toml)
-    proc = check_before_launch(["--config", str(config), *tiny_args(tiny_corpus, cache_dir, tmp_path / "out")],
-                               capsys)
+    proc = check_before_launch(["--config", str(config), *tiny_args(tiny_corpus, cache_dir, tmp_path / "out")], capsys)
     check_one_clear_error(proc, str(config), *words, launched=False)
 
 
 def test_tokenizer_larger_than_model_vocab(tiny_corpus, cache_dir, tmp_path):
     proc = run(tiny_corpus, cache_dir, tmp_path / "out", "--model.vocab_size", "300")
-    line = check_one_clear_error(proc, "the tokenizer has", "model's vocabulary is 300", "[model] vocab_size",
-                                 launched=True)
+    line = check_one_clear_error(
+        proc, "the tokenizer has", "model's vocabulary is 300", "[model] vocab_size", launched=True
+    )
     assert "set [model] vocab_size = 3" in line  # the tokenizer's size, whatever the BPE reached
 
 
@@ -155,9 +205,27 @@ def test_a_stalled_rank_fails_the_run_within_the_timeout_with_one_line(tiny_corp
 
     out = tmp_path / "out"
     env = {**os.environ, "NPROC": "2", "PYTHON": sys.executable}
-    job = subprocess.Popen([str(ROOT / "run_train.sh"), *tiny_args(tiny_corpus, cache_dir, out, "--training.steps", "5000",
-                            "--eval.every", "0", "--training.collective_timeout_s", "5")],
-                           env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [
+            str(ROOT / "run_train.sh"),
+            *tiny_args(
+                tiny_corpus,
+                cache_dir,
+                out,
+                "--training.steps",
+                "5000",
+                "--eval.every",
+                "0",
+                "--training.collective_timeout_s",
+                "5",
+            ),
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines, first_error = [], threading.Event()
 
     def read_stderr():
@@ -174,8 +242,11 @@ def test_a_stalled_rank_fails_the_run_within_the_timeout_with_one_line(tiny_corp
         while stopped is None and time.monotonic() < deadline and job.poll() is None:
             metrics = out / "metrics.jsonl"
             if metrics.exists() and metrics.read_text().count("\n") >= 3:
-                workers = {_rank(p): int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                           and _parent(p) == job.pid and b"torchacco.train" in _cmdline(p)}
+                workers = {
+                    _rank(p): int(p.name)
+                    for p in Path("/proc").iterdir()
+                    if p.name.isdigit() and _parent(p) == job.pid and b"torchacco.train" in _cmdline(p)
+                }
                 if len(workers) == 2:
                     os.kill(workers[1], signal.SIGSTOP)  # rank 1 stalls without dying
                     stopped = time.monotonic()
@@ -224,9 +295,11 @@ def _cmdline(proc_dir) -> bytes:
 def test_a_launcher_setting_that_is_not_a_number_is_one_line(tiny_corpus, cache_dir, tmp_path):
     proc = run_train(tiny_args(tiny_corpus, cache_dir, tmp_path / "out"), env={"MAX_RESTARTS": "three"})
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-        "torchacco: error: MAX_RESTARTS=three is not a whole number; set it to e.g. MAX_RESTARTS=1"]
+        "torchacco: error: MAX_RESTARTS=three is not a whole number; set it to e.g. MAX_RESTARTS=1"
+    ]
     proc = run_train(tiny_args(tiny_corpus, cache_dir, tmp_path / "out"), nproc=0)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-        "torchacco: error: NPROC=0 must be at least 1; set it to e.g. NPROC=1"]
+        "torchacco: error: NPROC=0 must be at least 1; set it to e.g. NPROC=1"
+    ]
     proc = run_train(tiny_args(tiny_corpus, cache_dir, tmp_path / "out"), env={"MASTER_PORT": "99999"})
     assert proc.returncode == 1 and "MASTER_PORT=99999 is not a TCP port" in proc.stderr

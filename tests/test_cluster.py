@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, tiny_args
+
 from torchacco.bench import cluster as cl
 from torchacco.bench.cluster import ClusterError, ClusterPlan, format_rate, parse_rate
 
@@ -39,8 +39,10 @@ def test_plan_builds_isolated_namespaces_and_shapes_both_directions():
         assert f"ip -n t1n{i} addr add 10.77.0.{i + 1}/24 dev eth0" in cmds
         assert f"ip -n t1n{i} link set lo up" in cmds
         # upload (node side) and download (switch side) are both shaped
-        assert any(c.startswith(f"ip netns exec t1n{i} tc qdisc add dev eth0 root") and "tbf rate 100000000bit" in c
-                   for c in cmds)
+        assert any(
+            c.startswith(f"ip netns exec t1n{i} tc qdisc add dev eth0 root") and "tbf rate 100000000bit" in c
+            for c in cmds
+        )
         assert any(c.startswith(f"ip netns exec t1sw tc qdisc add dev p{i} root") and "tbf" in c for c in cmds)
     for c in plan.setup_commands():
         if c[0] == "ip" and c[1] != "netns":
@@ -52,8 +54,11 @@ def test_plan_without_shaping_or_quota_has_no_tc_and_no_cgroup():
     plan = ClusterPlan(nodes=2, prefix="t2")
     assert not any("tc" in c for c in plan.setup_commands())
     assert all(plan.cores(i) is None for i in range(2))
-    assert [" ".join(c) for c in plan.teardown_commands()] == ["ip netns del t2n0", "ip netns del t2n1",
-                                                                "ip netns del t2sw"]
+    assert [" ".join(c) for c in plan.teardown_commands()] == [
+        "ip netns del t2n0",
+        "ip netns del t2n1",
+        "ip netns del t2sw",
+    ]
 
 
 def test_tbf_burst_is_at_least_rate_over_hz():
@@ -67,7 +72,7 @@ def test_tbf_burst_is_at_least_rate_over_hz():
 def test_latency_uses_netem_under_tbf():
     cmds = ClusterPlan(nodes=2, rate_bps=1e8, latency_ms=5, prefix="t4").shaping_commands("x", "eth0")
     assert "netem delay 5ms" in " ".join(cmds[0])
-    assert cmds[1][cmds[1].index("add") + 3:cmds[1].index("add") + 5] == ["parent", "1:1"]
+    assert cmds[1][cmds[1].index("add") + 3 : cmds[1].index("add") + 5] == ["parent", "1:1"]
 
 
 def test_slow_node_gets_a_cpu_quota_v1_and_v2():
@@ -84,11 +89,18 @@ def test_slow_node_gets_a_cpu_quota_v1_and_v2():
     assert writes == {"/sys/fs/cgroup/t6n1/cpu.max": "25000 100000"}
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(nodes=0), "--nodes"), (dict(slow_node=5), "--slow-node"), (dict(slow_factor=0.5), "--slow-factor"),
-    (dict(cpu_per_node=0), "--cpu-per-node"), (dict(prefix="Bad-Name"), "prefix"), (dict(subnet="192.168.1"), "subnet"),
-    (dict(latency_ms=-1), "--latency-ms"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(nodes=0), "--nodes"),
+        (dict(slow_node=5), "--slow-node"),
+        (dict(slow_factor=0.5), "--slow-factor"),
+        (dict(cpu_per_node=0), "--cpu-per-node"),
+        (dict(prefix="Bad-Name"), "prefix"),
+        (dict(subnet="192.168.1"), "subnet"),
+        (dict(latency_ms=-1), "--latency-ms"),
+    ],
+)
 def test_plan_rejects_mistakes_with_one_line(kwargs, message):
     with pytest.raises(ClusterError, match=message):
         ClusterPlan(**{"prefix": "t7", **kwargs})
@@ -150,8 +162,9 @@ def test_preflight_says_root_is_needed(monkeypatch):
 
 
 def test_result_parsing(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n\n" +
-                                            json.dumps({"step": 2, "loss": 1.5}) + "\n")
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "loss": 2.0}) + "\n\n" + json.dumps({"step": 2, "loss": 1.5}) + "\n"
+    )
     (tmp_path / "rank10.json").write_text(json.dumps({"rank": 10, "peak_rss_gib": 0.5}))
     (tmp_path / "rank2.json").write_text(json.dumps({"rank": 2, "peak_rss_gib": 0.4}))
     (tmp_path / "rank3.json").write_text("{not json")
@@ -169,8 +182,18 @@ def test_summaries_and_curves():
     from torchacco.bench.sweeps.common import mean_lists
     from torchacco.bench.sweeps.convergence import val_curve
 
-    recs = [{"step": i, "tokens": 1000 * i, "tokens_per_update": 1000, "tokens_per_s": 500.0, "share_sync": 0.25,
-             "loss": 3.0 - i / 10, **({"val_loss": 3.5 - i / 10} if i % 2 == 0 else {})} for i in range(1, 5)]
+    recs = [
+        {
+            "step": i,
+            "tokens": 1000 * i,
+            "tokens_per_update": 1000,
+            "tokens_per_s": 500.0,
+            "share_sync": 0.25,
+            "loss": 3.0 - i / 10,
+            **({"val_loss": 3.5 - i / 10} if i % 2 == 0 else {}),
+        }
+        for i in range(1, 5)
+    ]
     s = summarize(recs, 1)
     assert s["steps"] == 3 and s["tokens_per_s"] == pytest.approx(500) and s["step_time_s"] == pytest.approx(2.0)
     assert s["exposed_comm_s"] == pytest.approx(0.5)
@@ -181,12 +204,24 @@ def test_summaries_and_curves():
 
 def test_cli_errors_are_one_line():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "torchacco.bench.cluster", "--rate", "fast", "--dry-run"],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchacco.bench.cluster", "--rate", "fast", "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0
     assert proc.stderr.startswith("torchacco: error: cannot read link rate")
-    dry = subprocess.run([sys.executable, "-m", "torchacco.bench.cluster", "--nodes", "2", "--rate", "1gbit",
-                          "--dry-run"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    dry = subprocess.run(
+        [sys.executable, "-m", "torchacco.bench.cluster", "--nodes", "2", "--rate", "1gbit", "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
     assert dry.returncode == 0 and "tbf rate 1000000000bit" in dry.stdout and "ip netns del" in dry.stdout
 
 
@@ -217,7 +252,7 @@ def test_two_node_cluster_smoke(tiny_corpus, cache_dir, tmp_path):
         goodput = cl.measure_link(cluster, megabytes=8)
         assert 0.5 * 500e6 < goodput < 1.3 * 500e6  # the tbf burst lets a short transfer exceed the rate a little
     args = tiny_args(tiny_corpus, cache_dir, tmp_path / "unused")
-    args = args[:args.index("--job.dump_folder")]  # run_training chooses the folder
+    args = args[: args.index("--job.dump_folder")]  # run_training chooses the folder
     args += ["--parallelism.data_parallel", "acco", "--training.global_batch_size", "16", "--training.steps", "4"]
     result = cl.run_training(plan, args, tmp_path / "run", timeout_s=240, port=29433)
     assert [r["step"] for r in result["records"]] == [1, 2, 3, 4]

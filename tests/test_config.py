@@ -13,8 +13,19 @@ CONFIGS = sorted(Path(__file__).parent.parent.joinpath("train_configs").glob("*.
 
 
 def test_overrides_convert_types():
-    cfg = load_config(["--training.steps", "20", "--optimizer.lr", "3e-4", "--metrics.tensorboard", "false",
-                       "--training.max_tokens=1e6", "--parallelism.data_parallel", "fsdp"])
+    cfg = load_config(
+        [
+            "--training.steps",
+            "20",
+            "--optimizer.lr",
+            "3e-4",
+            "--metrics.tensorboard",
+            "false",
+            "--training.max_tokens=1e6",
+            "--parallelism.data_parallel",
+            "fsdp",
+        ]
+    )
     assert cfg.training.steps == 20 and cfg.optimizer.lr == 3e-4 and cfg.metrics.tensorboard is False
     assert cfg.training.max_tokens == 1_000_000 and cfg.parallelism.data_parallel == "fsdp"
 
@@ -105,7 +116,8 @@ def test_configuration_reference_is_the_one_generated_from_the_config():
 
     doc = Path(__file__).parent.parent / "docs" / "configuration.md"
     assert doc.read_text(encoding="utf-8") == reference_markdown(), (
-        "docs/configuration.md is out of date: python -m torchacco.config > docs/configuration.md")
+        "docs/configuration.md is out of date: python -m torchacco.config > docs/configuration.md"
+    )
 
 
 def test_every_key_has_a_line_of_help_and_a_literal_for_fixed_choices():

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
+
 from torchacco.bench import cost_model as cm
 
 WORK = cm.Workload(params=1e6, flops_per_token=1e3, tokens_per_micro_batch=1e3, micro_batches=2, comm_bytes=4)
@@ -107,8 +107,14 @@ def test_relative_error():
 
 def test_predict_cli():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "torchacco.bench", "predict", *a], capture_output=True,  # noqa: E731
-                                    text=True, cwd=ROOT, env=env, timeout=120)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "torchacco.bench", "predict", *a],
+        capture_output=True,  # noqa: E731
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     proc = run("--model", "llama3", "--flavor", "8B", "--nodes", "4", "--gpus-per-node", "8", "--bandwidth", "100gbit")
     assert proc.returncode == 0, proc.stderr
     assert "8.03B params" in proc.stdout and "| zero1 |" in proc.stdout and "ZeRO-1 or ACCO?" in proc.stdout

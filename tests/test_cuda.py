@@ -37,6 +37,7 @@ def test_stream_runner_overlaps_and_orders_with_events():
 
 def test_acco_on_cuda_matches_zero1_for_first_commit():
     import overlap_worker as worker
+
     from torchacco.device import Device
     from torchacco.loss import token_loss_sum
     from torchacco.parallel.dims import destroy, init_distributed
@@ -47,8 +48,7 @@ def test_acco_on_cuda_matches_zero1_for_first_commit():
     try:
         thetas = {}
         for kind, periods in (("zero1", 1), ("acco", 3)):  # ACCO's first commit: two periods at θ_0
-            dp = worker.build(worker.tiny_model().cuda(), worker.config(kind, "deterministic"), dims, 4,
-                              device=device)
+            dp = worker.build(worker.tiny_model().cuda(), worker.config(kind, "deterministic"), dims, 4, device=device)
             index = 0
             for _ in range(periods):
                 tokens, loss_sum, count = 0, 0.0, 0

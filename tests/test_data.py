@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from torchacco import data
+from torchacco.config import Data, Tokenizer
 from torchacco.data import corpus, sources
 from torchacco.data.dataset import PackedDataset, pieces
-from torchacco.config import Data, Tokenizer
 from torchacco.errors import UserError
 
 WORDS = "the king queen sword crown night day love death speak thou hath doth fair foul".split()
@@ -66,14 +66,22 @@ def test_windows_overlap_by_one_token_and_labels_are_the_next_tokens():
 def test_ranks_get_disjoint_windows_equal_counts_and_cover_the_epoch():
     seq_len, world = 4, 4
     n_windows = 101  # not divisible by 4: one window is dropped so that ranks stay in lockstep
-    per_rank = [first_tokens(take(arange_dataset(n_windows * seq_len + 1, seq_len, dp_rank=r, dp_world=world,
-                                                 seed=3), n_windows // world)) for r in range(world)]
+    per_rank = [
+        first_tokens(
+            take(
+                arange_dataset(n_windows * seq_len + 1, seq_len, dp_rank=r, dp_world=world, seed=3), n_windows // world
+            )
+        )
+        for r in range(world)
+    ]
     assert all(len(p) == 25 for p in per_rank)
     union = set().union(*map(set, per_rank))
     assert len(union) == 100  # disjoint
     assert union <= {w * seq_len for w in range(n_windows)}
-    validation = [first_tokens(arange_dataset(n_windows * seq_len + 1, seq_len, dp_rank=r, dp_world=world,
-                                              train=False)) for r in range(world)]
+    validation = [
+        first_tokens(arange_dataset(n_windows * seq_len + 1, seq_len, dp_rank=r, dp_world=world, train=False))
+        for r in range(world)
+    ]
     assert [len(v) for v in validation] == [25] * 4 and len(set().union(*map(set, validation))) == 100
 
 
@@ -158,9 +166,11 @@ def test_jsonl_records_are_documents(tmp_path):
 
 
 def test_alpaca_prompts_are_masked_and_responses_with_eos_count(tmp_path):
-    records = [{"instruction": "Name a colour.", "input": "", "output": "Blue."},
-               {"instruction": "Add the numbers.", "input": "2 and 3", "output": "Five."},
-               {"instruction": "Greet.", "output": "Hello there!"}]
+    records = [
+        {"instruction": "Name a colour.", "input": "", "output": "Blue."},
+        {"instruction": "Add the numbers.", "input": "2 and 3", "output": "Five."},
+        {"instruction": "Greet.", "output": "Hello there!"},
+    ]
     path = tmp_path / "alpaca.json"
     path.write_text(json.dumps(records))
     prompt, response = sources.read_documents(path, "auto", "text")[0]
@@ -231,14 +241,17 @@ def test_invalid_utf8_is_replaced_and_logged(tmp_path, caplog):
 # User mistakes
 
 
-@pytest.mark.parametrize("case, match", [
-    ("missing", "data not found"),
-    ("empty_dir", "no .txt files under"),
-    ("empty_files", "no documents in"),
-    ("jsonl_field", "line 2 has no field 'text'.*data.text_field"),
-    ("alpaca_field", "record 2 lacks the Alpaca text field.*output"),
-    ("single_doc", "single document.*val_fraction"),
-])
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("missing", "data not found"),
+        ("empty_dir", "no .txt files under"),
+        ("empty_files", "no documents in"),
+        ("jsonl_field", "line 2 has no field 'text'.*data.text_field"),
+        ("alpaca_field", "record 2 lacks the Alpaca text field.*output"),
+        ("single_doc", "single document.*val_fraction"),
+    ],
+)
 def test_bad_data_is_a_user_error(tmp_path, case, match):
     path = tmp_path / "data"
     if case == "empty_dir":

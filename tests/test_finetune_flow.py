@@ -7,16 +7,27 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT, read_metrics, run_train, tiny_args
 
 
 @pytest.fixture(scope="module")
 def pretrained(tiny_corpus, cache_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("pretrain")
-    proc = run_train(tiny_args(tiny_corpus, cache_dir, out, "--parallelism.data_parallel", "acco",
-                               "--training.global_batch_size", "16", "--checkpoint.enable", "true",
-                               "--checkpoint.export_hf", "true"))
+    proc = run_train(
+        tiny_args(
+            tiny_corpus,
+            cache_dir,
+            out,
+            "--parallelism.data_parallel",
+            "acco",
+            "--training.global_batch_size",
+            "16",
+            "--checkpoint.enable",
+            "true",
+            "--checkpoint.export_hf",
+            "true",
+        )
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -24,9 +35,9 @@ def pretrained(tiny_corpus, cache_dir, tmp_path_factory):
 def test_export_loads_in_transformers_with_the_same_logits(pretrained):
     from transformers import AutoModelForCausalLM
 
+    from torchacco.build import build_model
     from torchacco.config import load_config
     from torchacco.device import Device
-    from torchacco.build import build_model
     from torchacco.spec import get_model_spec
 
     folder = pretrained / "hf"
@@ -42,27 +53,63 @@ def test_export_loads_in_transformers_with_the_same_logits(pretrained):
 def test_export_from_a_checkpoint_equals_the_end_of_training_export(pretrained, tmp_path):
     from safetensors.torch import load_file
 
-    proc = subprocess.run([sys.executable, "-m", "torchacco.export", str(pretrained), "--out", str(tmp_path / "re")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchacco.export", str(pretrained), "--out", str(tmp_path / "re")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     a, b = load_file(pretrained / "hf" / "model.safetensors"), load_file(tmp_path / "re" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_finetune_from_the_export_on_alpaca_data_then_generate(pretrained, cache_dir, tmp_path):
-    records = [{"instruction": f"Name the animal number {i}.", "input": "", "output": "the horse and the dog"}
-               for i in range(300)]
+    records = [
+        {"instruction": f"Name the animal number {i}.", "input": "", "output": "the horse and the dog"}
+        for i in range(300)
+    ]
     data = tmp_path / "alpaca.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     hf = pretrained / "hf"
 
     def finetune(out, *extra):
-        return run_train(["--data.dataset", str(data), "--data.format", "alpaca", "--data.cache_dir", str(cache_dir),
-                          "--tokenizer.path", str(hf / "tokenizer.json"), "--training.seq_len", "64",
-                          "--training.local_batch_size", "4", "--training.global_batch_size", "16",
-                          "--training.steps", "4", "--metrics.log_every", "1", "--metrics.tensorboard", "false",
-                          "--eval.every", "0", "--parallelism.data_parallel", "acco", "--job.dump_folder", str(out),
-                          "--checkpoint.enable", "true", "--checkpoint.export_hf", "true", *extra])
+        return run_train(
+            [
+                "--data.dataset",
+                str(data),
+                "--data.format",
+                "alpaca",
+                "--data.cache_dir",
+                str(cache_dir),
+                "--tokenizer.path",
+                str(hf / "tokenizer.json"),
+                "--training.seq_len",
+                "64",
+                "--training.local_batch_size",
+                "4",
+                "--training.global_batch_size",
+                "16",
+                "--training.steps",
+                "4",
+                "--metrics.log_every",
+                "1",
+                "--metrics.tensorboard",
+                "false",
+                "--eval.every",
+                "0",
+                "--parallelism.data_parallel",
+                "acco",
+                "--job.dump_folder",
+                str(out),
+                "--checkpoint.enable",
+                "true",
+                "--checkpoint.export_hf",
+                "true",
+                *extra,
+            ]
+        )
 
     tuned = finetune(tmp_path / "ft", "--model.init_from", str(hf))
     assert tuned.returncode == 0, tuned.stderr[-3000:]
@@ -71,9 +118,25 @@ def test_finetune_from_the_export_on_alpaca_data_then_generate(pretrained, cache
     vocab = len(json.loads((hf / "tokenizer.json").read_text())["model"]["vocab"])
     assert read_metrics(tmp_path / "ft")[0]["loss"] < math.log(vocab) - 0.5
 
-    gen = subprocess.run([sys.executable, "-m", "torchacco.generate", "--model", str(tmp_path / "ft" / "hf"),
-                          "--prompt", "the king", "--max-tokens", "8", "--temperature", "0"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    gen = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchacco.generate",
+            "--model",
+            str(tmp_path / "ft" / "hf"),
+            "--prompt",
+            "the king",
+            "--max-tokens",
+            "8",
+            "--temperature",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert gen.returncode == 0, gen.stderr[-2000:]
     assert gen.stdout.startswith("the king") and len(gen.stdout.strip()) > len("the king")
 

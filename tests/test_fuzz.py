@@ -11,16 +11,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torchacco import data
+from torchacco.config import Config, load_config
 from torchacco.data import sources
 from torchacco.data.tokenizer import Tokenizer
-from torchacco.config import Config, load_config
 from torchacco.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 # Derandomized: CI explores the same 150 cases every run (no flaky failures); raise
 # max_examples or drop derandomize locally to search further.
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
-                database=None)
+FUZZ = settings(
+    max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
+)
 DEFAULT_TOML = (ROOT / "train_configs" / "default_acco.toml").read_text()
 
 
@@ -54,10 +55,16 @@ KEYS = ["steps", "lr", "seq_len", "mode", "dataset", "flavor", "nope", ""]
 
 
 @FUZZ
-@given(st.lists(st.one_of(
-    st.builds(lambda s, k: f"--{s}.{k}", st.sampled_from(SECTIONS), st.sampled_from(KEYS)),
-    st.text(max_size=12),
-    st.sampled_from(["1", "-3", "1e400", "nan", "true", "[1,2]", "acco", "--config"])), max_size=6))
+@given(
+    st.lists(
+        st.one_of(
+            st.builds(lambda s, k: f"--{s}.{k}", st.sampled_from(SECTIONS), st.sampled_from(KEYS)),
+            st.text(max_size=12),
+            st.sampled_from(["1", "-3", "1e400", "nan", "true", "[1,2]", "acco", "--config"]),
+        ),
+        max_size=6,
+    )
+)
 def test_random_command_lines(argv):
     loads_or_user_error(load_config, argv)
 
@@ -71,18 +78,35 @@ def _data_file(folder: Path, name: str, content: bytes) -> Path:
     return path
 
 
-ALPACA = json.dumps([{"instruction": "Add 2 and 3.", "input": "", "output": "5"},
-                     {"instruction": "Say hi.", "output": "hi"}]).encode()
+ALPACA = json.dumps(
+    [{"instruction": "Add 2 and 3.", "input": "", "output": "5"}, {"instruction": "Say hi.", "output": "hi"}]
+).encode()
 JSONL = b'{"text": "one doc"}\n{"text": "another"}\n'
 
 
 @FUZZ
-@given(name=st.sampled_from(["d.txt", "d.jsonl", "d.json"]), fmt=st.sampled_from(["auto", "text", "jsonl", "alpaca"]),
-       content=st.one_of(st.binary(max_size=200),
-                         st.builds(lambda cut: ALPACA[:cut], st.integers(0, len(ALPACA))),
-                         st.builds(lambda cut: JSONL[:cut], st.integers(0, len(JSONL))),
-                         st.sampled_from([b"", b"\n\n\n", b"\xff\xfe\x00bad", b"[{}]", b"[1, 2]", b"{}", b"null",
-                                          b'[{"instruction": 1, "output": "x"}]', b'{"text": 3}\n'])))
+@given(
+    name=st.sampled_from(["d.txt", "d.jsonl", "d.json"]),
+    fmt=st.sampled_from(["auto", "text", "jsonl", "alpaca"]),
+    content=st.one_of(
+        st.binary(max_size=200),
+        st.builds(lambda cut: ALPACA[:cut], st.integers(0, len(ALPACA))),
+        st.builds(lambda cut: JSONL[:cut], st.integers(0, len(JSONL))),
+        st.sampled_from(
+            [
+                b"",
+                b"\n\n\n",
+                b"\xff\xfe\x00bad",
+                b"[{}]",
+                b"[1, 2]",
+                b"{}",
+                b"null",
+                b'[{"instruction": 1, "output": "x"}]',
+                b'{"text": 3}\n',
+            ]
+        ),
+    ),
+)
 def test_data_files_with_random_truncated_or_odd_contents(tmp_path_factory, name, fmt, content):
     path = _data_file(tmp_path_factory.mktemp("data"), name, content)
     try:
@@ -110,7 +134,7 @@ def _tokenizer_json(tmp_path_factory) -> bytes:
 @given(cut=st.floats(0, 1), flip=st.integers(0, 10_000))
 def test_truncated_or_corrupted_tokenizer_json(tmp_path_factory, cut, flip):
     good = _tokenizer_json(tmp_path_factory)
-    broken = bytearray(good[:int(cut * len(good))])
+    broken = bytearray(good[: int(cut * len(good))])
     if broken:
         broken[flip % len(broken)] ^= 0x5A
     path = _data_file(tmp_path_factory.mktemp("tok"), "tokenizer.json", bytes(broken))
@@ -130,7 +154,7 @@ def test_a_damaged_token_cache_is_rebuilt(tmp_path, tiny_corpus, damage, caplog)
     [folder] = (tmp_path / "tokens").iterdir()
     expected = (folder / "train.bin").read_bytes()
     if damage == "truncate-bin":
-        (folder / "train.bin").write_bytes(expected[:len(expected) // 2])
+        (folder / "train.bin").write_bytes(expected[: len(expected) // 2])
     elif damage == "drop-bin":
         (folder / "train.bin").unlink()
     elif damage == "garble-meta":

@@ -216,8 +216,11 @@ def test_load_into_names_the_mismatching_tensor(exported):
     folder, _ = exported
     _, _, sd = load_hf(folder)
     _, _, other = build("llama3", vocab_size=400)
-    with pytest.raises(UserError, match=r"'tok_embeddings.weight' has shape \(300, 64\).*configured model: "
-                                        r"\(400, 64\); check \[model\] flavor / vocab_size"):
+    with pytest.raises(
+        UserError,
+        match=r"'tok_embeddings.weight' has shape \(300, 64\).*configured model: "
+        r"\(400, 64\); check \[model\] flavor / vocab_size",
+    ):
         load_into(other, sd)
     _, _, deeper = build("llama3", n_layers=3)
     with pytest.raises(UserError, match="lack tensor 'layers.2."):
@@ -271,16 +274,27 @@ def tiny_tokenizer(tmp_path_factory):
 
 
 def run_generate(*args):
-    return subprocess.run([sys.executable, "-m", "torchacco.generate", *map(str, args)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "torchacco.generate", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 def test_cli_prints_prompt_and_continuation(tmp_path, tiny_tokenizer, capsys):
     from torchacco.generate import main
 
     name, args, model = build("gpt_neo", vocab_size=tiny_tokenizer.vocab_size)
-    folder = save_hf(tmp_path / "hf", name, args, model.state_dict(),
-                     tokenizer_path=tiny_tokenizer.path, eos_id=tiny_tokenizer.eos_id)
+    folder = save_hf(
+        tmp_path / "hf",
+        name,
+        args,
+        model.state_dict(),
+        tokenizer_path=tiny_tokenizer.path,
+        eos_id=tiny_tokenizer.eos_id,
+    )
     prompt = "the king and queen"
     ids = tiny_tokenizer.encode(prompt)
     expected = generate(model, ids, 8, 0, None, tiny_tokenizer.eos_id)

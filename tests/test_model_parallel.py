@@ -14,9 +14,9 @@ import sys
 
 import pytest
 import torch
+from conftest import ROOT, read_metrics, tiny_args
 from safetensors.torch import load_file
 
-from conftest import ROOT, read_metrics, tiny_args
 from torchacco.validate import main as validate
 
 STEPS = 3
@@ -24,10 +24,28 @@ STEPS = 3
 
 def _args(corpus, cache, out, kind, *extra):
     # The schedule length comes from max_tokens, so a run stopped early (resume test) has the same lr.
-    return tiny_args(corpus, cache, out, "--parallelism.data_parallel", kind, "--training.global_batch_size", "16",
-                     "--training.seq_len", "32", "--training.steps", str(STEPS), "--eval.every", str(STEPS),
-                     "--eval.batches", "1", "--checkpoint.export_hf", "true", "--training.max_tokens",
-                     str(STEPS * 16 * 32), *extra)
+    return tiny_args(
+        corpus,
+        cache,
+        out,
+        "--parallelism.data_parallel",
+        kind,
+        "--training.global_batch_size",
+        "16",
+        "--training.seq_len",
+        "32",
+        "--training.steps",
+        str(STEPS),
+        "--eval.every",
+        str(STEPS),
+        "--eval.batches",
+        "1",
+        "--checkpoint.export_hf",
+        "true",
+        "--training.max_tokens",
+        str(STEPS * 16 * 32),
+        *extra,
+    )
 
 
 LLAMA = ("--model.name", "llama3", "--model.flavor", "debug")
@@ -47,31 +65,72 @@ RUNS = {
     "neo-acco-tp2": (2, "acco", TP2_CHECKPOINTED),
     "neo-fsdp-tp2": (2, "fsdp", ("--parallelism.tensor_parallel_degree", "2")),
     "llama-zero1-pp2": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2")),  # 1f1b
-    "llama-acco-pp2": (2, "acco", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2",
-                                   "--parallelism.pipeline_schedule", "gpipe")),
+    "llama-acco-pp2": (
+        2,
+        "acco",
+        (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_schedule", "gpipe"),
+    ),
     "neo-dpu-tp2": (2, "dpu", ("--parallelism.tensor_parallel_degree", "2")),
     "llama-wp-pp2": (2, "wp", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2")),
     # the resume test: 2 steps, then on to STEPS from the checkpoint (same folder)
     "resumed": (2, "acco", (*TP2_CHECKPOINTED, "--training.steps", "2")),
     "resumed ": (2, "acco", TP2_CHECKPOINTED),
     # resuming with another pipeline schedule: same buffer sizes, other layers on each rank
-    "relayout": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--training.steps", "1",
-                              "--checkpoint.enable", "true")),
-    "relayout-other": (2, "zero1", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--checkpoint.enable",
-                                    "true", "--parallelism.pipeline_schedule", "interleaved_1f1b",
-                                    "--checkpoint.load_path", "{root}/relayout/checkpoint/step-00000001")),
-    "tp2-for-reshard": (2, "zero1", ("--parallelism.tensor_parallel_degree", "2", "--training.steps", "1",
-                                     "--checkpoint.enable", "true")),
+    "relayout": (
+        2,
+        "zero1",
+        (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--training.steps", "1", "--checkpoint.enable", "true"),
+    ),
+    "relayout-other": (
+        2,
+        "zero1",
+        (
+            *LLAMA,
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--checkpoint.enable",
+            "true",
+            "--parallelism.pipeline_schedule",
+            "interleaved_1f1b",
+            "--checkpoint.load_path",
+            "{root}/relayout/checkpoint/step-00000001",
+        ),
+    ),
+    "tp2-for-reshard": (
+        2,
+        "zero1",
+        ("--parallelism.tensor_parallel_degree", "2", "--training.steps", "1", "--checkpoint.enable", "true"),
+    ),
     "toy-zero1": (1, "zero1", TOY),
     "toy-zero1-tp2": (2, "zero1", (*TOY, "--parallelism.tensor_parallel_degree", "2")),
     "neo-zero1-tp2dp2": (4, "zero1", ("--parallelism.tensor_parallel_degree", "2")),
-    "resharded": (4, "zero1", ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "true",
-                               "--checkpoint.load_path", "{root}/tp2-for-reshard/checkpoint/step-00000001")),
+    "resharded": (
+        4,
+        "zero1",
+        (
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--checkpoint.enable",
+            "true",
+            "--checkpoint.load_path",
+            "{root}/tp2-for-reshard/checkpoint/step-00000001",
+        ),
+    ),
     "neo-acco-tp2dp2": (4, "acco", ("--parallelism.tensor_parallel_degree", "2")),
     "llama-fsdp-pp2dp2": (4, "fsdp", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2")),
-    "llama-acco-tp2pp2": (4, "acco", (*LLAMA, "--parallelism.tensor_parallel_degree", "2",
-                                      "--parallelism.pipeline_parallel_degree", "2",
-                                      "--parallelism.pipeline_schedule", "interleaved_1f1b")),
+    "llama-acco-tp2pp2": (
+        4,
+        "acco",
+        (
+            *LLAMA,
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_schedule",
+            "interleaved_1f1b",
+        ),
+    ),
 }
 
 
@@ -82,14 +141,30 @@ def runs(tiny_corpus, cache_dir, tmp_path_factory):
     shutil.copytree(ROOT / "tests" / "assets" / "toy_model", root / "toy_pkg" / "toy")
     (root / "toy_pkg" / "__init__.py").write_text("")
     for nproc in (1, 2, 4):
-        argvs = [_args(tiny_corpus, cache_dir, root / name.strip(), kind, *(a.format(root=root) for a in extra))
-                 for name, (n, kind, extra) in RUNS.items() if n == nproc]
+        argvs = [
+            _args(tiny_corpus, cache_dir, root / name.strip(), kind, *(a.format(root=root) for a in extra))
+            for name, (n, kind, extra) in RUNS.items()
+            if n == nproc
+        ]
         (root / f"runs{nproc}.json").write_text(json.dumps(argvs))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(root)]), "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                               str(nproc), str(ROOT / "tests" / "model_parallel_worker.py"),
-                               str(root / f"runs{nproc}.json")], capture_output=True, text=True, timeout=600,
-                              env=env, cwd=ROOT)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                str(nproc),
+                str(ROOT / "tests" / "model_parallel_worker.py"),
+                str(root / f"runs{nproc}.json"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            cwd=ROOT,
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
     out = {}
     for name in RUNS:
@@ -184,8 +259,14 @@ def test_offline_export_of_a_model_parallel_checkpoint_equals_the_in_run_export(
     """`python -m torchacco.export` reads the checkpoint under the trainer's keys, on tp × pp processes."""
     folder = runs[name][2]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torchacco.export", str(folder), "--out", str(tmp_path / "hf")],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchacco.export", str(folder), "--out", str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"exported {tmp_path / 'hf'}" in proc.stdout
     ours, in_run = load_file(tmp_path / "hf" / "model.safetensors"), load_file(folder / "hf" / "model.safetensors")
@@ -218,36 +299,95 @@ def test_zero1_checkpoint_under_tensor_parallel_reshards_onto_more_data_parallel
     assert metrics[0]["loss"] < runs["neo-zero1"][0][0]["loss"]
 
 
-@pytest.mark.parametrize("world, extra, words", [
-    pytest.param(4, ["--parallelism.tensor_parallel_degree", "3"], ["4 ranks", "not divisible", "3 × 1"],
-                 id="degrees-do-not-divide-world"),
-    pytest.param(2, ["--parallelism.tensor_parallel_degree", "0"], ["tensor_parallel_degree must be at least 1"],
-                 id="zero-degree"),
-    pytest.param(8, ["--parallelism.tensor_parallel_degree", "8"], ["n_heads = 4", "not divisible", "= 8"],
-                 id="heads-not-divisible"),
-    pytest.param(2, ["--parallelism.tensor_parallel_degree", "2", "--model.vocab_size", "401"],
-                 ["vocab_size = 401", "not divisible", "vocab_size to a multiple of 2", "402"],
-                 id="vocab-not-divisible"),
-    pytest.param(3, [*LLAMA, "--parallelism.tensor_parallel_degree", "3"], ["n_kv_heads = 2", "not divisible"],
-                 id="kv-heads-not-divisible"),
-    pytest.param(8, [*LLAMA, "--parallelism.pipeline_parallel_degree", "8"], ["6 layers", "fewer than the 8"],
-                 id="fewer-layers-than-stages"),
-    pytest.param(2, ["--parallelism.pipeline_parallel_degree", "2"], ["pipeline parallelism", "tied", "not supported"],
-                 id="pipeline-with-tied-head"),
-    pytest.param(2, [*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_microbatches",
-                     "3"], ["local_batch_size = 4", "pipeline_microbatches = 3"], id="microbatches-do-not-divide"),
-    pytest.param(2, [*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_microbatches",
-                     "1"], ["1f1b needs at least", "gpipe"], id="1f1b-too-few-microbatches"),
-    pytest.param(2, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel", "ddp"],
-                 ["'ddp' with tp=2 is not supported", "zero1"], id="ddp-with-tp"),
-    pytest.param(2, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel", "acco",
-                     "--acco.mode", "adaptive", "--training.max_tokens", "10000"],
-                 ["adaptive", "tp=2", "not supported", "deterministic"], id="adaptive-with-tp"),
-    pytest.param(4, ["--parallelism.tensor_parallel_degree", "2", "--training.global_batch_size", "12"],
-                 ["global_batch_size = 12", "4 × 2 = 8"], id="global-batch-counts-dp-ranks-only"),
-])
-def test_bad_model_parallel_setting_is_one_line_before_launch(world, extra, words, tiny_corpus, cache_dir, tmp_path,
-                                                              monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "world, extra, words",
+    [
+        pytest.param(
+            4,
+            ["--parallelism.tensor_parallel_degree", "3"],
+            ["4 ranks", "not divisible", "3 × 1"],
+            id="degrees-do-not-divide-world",
+        ),
+        pytest.param(
+            2,
+            ["--parallelism.tensor_parallel_degree", "0"],
+            ["tensor_parallel_degree must be at least 1"],
+            id="zero-degree",
+        ),
+        pytest.param(
+            8,
+            ["--parallelism.tensor_parallel_degree", "8"],
+            ["n_heads = 4", "not divisible", "= 8"],
+            id="heads-not-divisible",
+        ),
+        pytest.param(
+            2,
+            ["--parallelism.tensor_parallel_degree", "2", "--model.vocab_size", "401"],
+            ["vocab_size = 401", "not divisible", "vocab_size to a multiple of 2", "402"],
+            id="vocab-not-divisible",
+        ),
+        pytest.param(
+            3,
+            [*LLAMA, "--parallelism.tensor_parallel_degree", "3"],
+            ["n_kv_heads = 2", "not divisible"],
+            id="kv-heads-not-divisible",
+        ),
+        pytest.param(
+            8,
+            [*LLAMA, "--parallelism.pipeline_parallel_degree", "8"],
+            ["6 layers", "fewer than the 8"],
+            id="fewer-layers-than-stages",
+        ),
+        pytest.param(
+            2,
+            ["--parallelism.pipeline_parallel_degree", "2"],
+            ["pipeline parallelism", "tied", "not supported"],
+            id="pipeline-with-tied-head",
+        ),
+        pytest.param(
+            2,
+            [*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_microbatches", "3"],
+            ["local_batch_size = 4", "pipeline_microbatches = 3"],
+            id="microbatches-do-not-divide",
+        ),
+        pytest.param(
+            2,
+            [*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_microbatches", "1"],
+            ["1f1b needs at least", "gpipe"],
+            id="1f1b-too-few-microbatches",
+        ),
+        pytest.param(
+            2,
+            ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel", "ddp"],
+            ["'ddp' with tp=2 is not supported", "zero1"],
+            id="ddp-with-tp",
+        ),
+        pytest.param(
+            2,
+            [
+                "--parallelism.tensor_parallel_degree",
+                "2",
+                "--parallelism.data_parallel",
+                "acco",
+                "--acco.mode",
+                "adaptive",
+                "--training.max_tokens",
+                "10000",
+            ],
+            ["adaptive", "tp=2", "not supported", "deterministic"],
+            id="adaptive-with-tp",
+        ),
+        pytest.param(
+            4,
+            ["--parallelism.tensor_parallel_degree", "2", "--training.global_batch_size", "12"],
+            ["global_batch_size = 12", "4 × 2 = 8"],
+            id="global-batch-counts-dp-ranks-only",
+        ),
+    ],
+)
+def test_bad_model_parallel_setting_is_one_line_before_launch(
+    world, extra, words, tiny_corpus, cache_dir, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("WORLD_SIZE", str(world))
     assert validate(tiny_args(tiny_corpus, cache_dir, tmp_path, "--parallelism.data_parallel", "zero1", *extra)) == 1
     lines = capsys.readouterr().err.strip().splitlines()
@@ -262,8 +402,14 @@ def test_cluster_configs_pass_validation_at_their_world_size(config, world, tiny
     tokenizer = tmp_path / "tokenizer.json"
     tokenizer.write_text("{}")  # validate checks that the file exists; data paths are the cluster's
     monkeypatch.setenv("WORLD_SIZE", str(world))
-    argv = ["--config", str(ROOT / "train_configs" / f"{config}.toml"), "--data.dataset", str(tiny_corpus),
-            "--tokenizer.path", str(tokenizer)]
+    argv = [
+        "--config",
+        str(ROOT / "train_configs" / f"{config}.toml"),
+        "--data.dataset",
+        str(tiny_corpus),
+        "--tokenizer.path",
+        str(tokenizer),
+    ]
     assert validate(argv) == 0, capsys.readouterr().err
     assert validate([*argv, "--training.device", "cpu"]) == 0
     monkeypatch.setenv("WORLD_SIZE", str(world + 4))  # not a multiple of tp × pp

@@ -15,9 +15,12 @@ def _reference_and_sharded(weight_decay=0.1, decay_until=30):
     cfg = Optimizer(lr=1e-2, weight_decay=weight_decay, beta1=0.9, beta2=0.95, eps=1e-8)
     decayed = torch.nn.Parameter(torch.randn(decay_until, dtype=torch.float64).float())
     plain = torch.nn.Parameter(torch.randn(50 - decay_until))
-    ref = torch.optim.AdamW([{"params": [decayed], "weight_decay": weight_decay},
-                             {"params": [plain], "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    ref = torch.optim.AdamW(
+        [{"params": [decayed], "weight_decay": weight_decay}, {"params": [plain], "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+    )
     sharded = ShardedAdamW(torch.cat([decayed.detach(), plain.detach()]).clone(), [(0, decay_until)], cfg)
     return ref, (decayed, plain), sharded
 
@@ -32,8 +35,9 @@ def test_sharded_adamw_matches_torch_adamw():
             g["lr"] = lr
         ref.step()
         sharded.step(grad, lr)
-        torch.testing.assert_close(sharded.state.master, torch.cat([decayed.detach(), plain.detach()]),
-                                   rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(
+            sharded.state.master, torch.cat([decayed.detach(), plain.detach()]), rtol=1e-6, atol=1e-7
+        )
     assert sharded.state.step == 5
 
 
@@ -78,11 +82,19 @@ def test_no_weight_decay_on_norms_biases_and_embeddings():
     model = spec.model_cls(spec.args("debug"))
     skip = no_weight_decay_ids(model)
     names = {name for name, p in model.named_parameters() if id(p) in skip}
-    assert {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "layers.0.ln_1.weight",
-            "layers.0.attn.out_proj.bias", "layers.0.mlp.c_fc.bias"} <= names
+    assert {
+        "wte.weight",
+        "wpe.weight",
+        "ln_f.weight",
+        "ln_f.bias",
+        "layers.0.ln_1.weight",
+        "layers.0.attn.out_proj.bias",
+        "layers.0.mlp.c_fc.bias",
+    } <= names
     decayed = {name for name, p in model.named_parameters() if id(p) not in skip}
-    assert decayed == {name for name, p in model.named_parameters() if p.ndim == 2 and "wte" not in name
-                       and "wpe" not in name}
+    assert decayed == {
+        name for name, p in model.named_parameters() if p.ndim == 2 and "wte" not in name and "wpe" not in name
+    }
     assert "layers.0.attn.q_proj.weight" in decayed and "layers.1.mlp.c_proj.weight" in decayed
 
 

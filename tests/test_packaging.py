@@ -9,8 +9,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_models_and_data_install_under_torchacco_only(tmp_path):
-    code = ("import importlib.util as u; import torchacco.models, torchacco.data; "
-            "print(u.find_spec('models'), u.find_spec('data'), torchacco.models.__path__[0])")
+    code = (
+        "import importlib.util as u; import torchacco.models, torchacco.data; "
+        "print(u.find_spec('models'), u.find_spec('data'), torchacco.models.__path__[0])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
     found_models, found_data, path = out.stdout.split()
     assert (found_models, found_data) == ("None", "None")

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-
 from conftest import read_metrics, run_train, tiny_args
+
 from torchacco.config import Optimizer
-from torchacco.faults import Faults
 from torchacco.errors import UserError
+from torchacco.faults import Faults
 from torchacco.optim import ShardedAdamW
 from torchacco.parallel.sharded_job import COMMIT, COMMIT_AND_PREDICT, ESTIMATE, reduce_update_gather
 from torchacco.parallel.strategy import Counts
@@ -28,9 +28,14 @@ def one_rank_group():
 
 def _one_rank_flat(group, numel: int):
     """What the job uses of FlatParams, for one rank without model parallelism."""
-    return SimpleNamespace(group=group, world=1, shard_numel=numel, shard=lambda full: full,
-                           sq_norm=lambda g: torch.linalg.vector_norm(g).double() ** 2,
-                           model_parallel_sum=lambda sq_norm, loss_sum: (sq_norm, loss_sum))
+    return SimpleNamespace(
+        group=group,
+        world=1,
+        shard_numel=numel,
+        shard=lambda full: full,
+        sq_norm=lambda g: torch.linalg.vector_norm(g).double() ** 2,
+        model_parallel_sum=lambda sq_norm, loss_sum: (sq_norm, loss_sum),
+    )
 
 
 @pytest.mark.parametrize("kind", [COMMIT, ESTIMATE, COMMIT_AND_PREDICT])
@@ -54,8 +59,9 @@ def test_a_nonfinite_gradient_leaves_theta_and_the_optimizer_state_untouched(one
 def test_a_nonfinite_local_loss_names_its_rank(one_rank_group):
     opt = ShardedAdamW(torch.zeros(8), [], Optimizer())
     flat = _one_rank_flat(one_rank_group, 8)
-    result = reduce_update_gather(flat, opt, torch.zeros(8), Counts(8.0, float("inf"), 1, 8.0), lambda c: 1e-3, COMMIT,
-                                  torch.zeros(8), 1.0)
+    result = reduce_update_gather(
+        flat, opt, torch.zeros(8), Counts(8.0, float("inf"), 1, 8.0), lambda c: 1e-3, COMMIT, torch.zeros(8), 1.0
+    )
     assert result.skipped and result.nonfinite_ranks == [0]
 
 
@@ -84,8 +90,18 @@ def test_abort_policy_stops_at_the_step_naming_the_rank(tiny_corpus, cache_dir, 
 def test_acco_skips_a_nonfinite_estimate_and_its_commit_then_trains_on(tiny_corpus, cache_dir, tmp_path):
     # NaN in the first period of step 3 only: the estimate is skipped (θ̃ = θ) and so is the
     # commit that sums that period's gradients; training goes on from an unchanged θ.
-    proc = _run(tiny_corpus, cache_dir, tmp_path / "out", "nan@rank0:step3:period1", "--parallelism.data_parallel",
-                "acco", "--training.global_batch_size", "16", "--training.on_nonfinite", "skip")
+    proc = _run(
+        tiny_corpus,
+        cache_dir,
+        tmp_path / "out",
+        "nan@rank0:step3:period1",
+        "--parallelism.data_parallel",
+        "acco",
+        "--training.global_batch_size",
+        "16",
+        "--training.on_nonfinite",
+        "skip",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_metrics(tmp_path / "out")
     assert [r["step"] for r in records] == list(range(1, 7))
@@ -96,9 +112,18 @@ def test_acco_skips_a_nonfinite_estimate_and_its_commit_then_trains_on(tiny_corp
 
 
 def test_skip_policy_aborts_after_k_skips_in_a_row(tiny_corpus, cache_dir, tmp_path):
-    proc = _run(tiny_corpus, cache_dir, tmp_path / "out", "nan@rank0:step2,nan@rank1:step3",
-                "--parallelism.data_parallel", "ddp", "--training.on_nonfinite", "skip",
-                "--training.max_skips_in_a_row", "2")
+    proc = _run(
+        tiny_corpus,
+        cache_dir,
+        tmp_path / "out",
+        "nan@rank0:step2,nan@rank1:step3",
+        "--parallelism.data_parallel",
+        "ddp",
+        "--training.on_nonfinite",
+        "skip",
+        "--training.max_skips_in_a_row",
+        "2",
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
     assert len(errors) == 1 and "2 updates in a row had a non-finite loss or gradient (steps 2-3" in errors[0], errors
@@ -126,12 +151,17 @@ def test_a_folder_holding_another_run_is_refused_unless_told(tmp_path):
 
     other = Config()
     other.optimizer.lr, other.model.flavor = 5e-3, "tiny"
-    with pytest.raises(UserError, match=r"holds a different run \(differs in model.flavor, optimizer.lr\).*"
-                                        r"--job.overwrite true"):
+    with pytest.raises(
+        UserError,
+        match=r"holds a different run \(differs in model.flavor, optimizer.lr\).*"
+        r"--job.overwrite true",
+    ):
         run_folder.prepare(other, out)
     other.job.overwrite = True  # deletes that run's outputs: nothing of it is resumed
     run_folder.prepare(other, out)
-    assert sorted(p.name for p in out.iterdir()) == ["config.toml"] and "lr = 0.005" in (out / "config.toml").read_text()
+    assert (
+        sorted(p.name for p in out.iterdir()) == ["config.toml"] and "lr = 0.005" in (out / "config.toml").read_text()
+    )
 
     stranger = tmp_path / "notes"
     stranger.mkdir()
@@ -151,7 +181,7 @@ def test_a_folder_holding_another_run_is_refused_unless_told(tmp_path):
 
     # Non-ASCII text and the like survive the round trip: the run recognises its own folder.
     named = Config()
-    named.job.description = "Schöne Grüße 🙂 \"quoted\"\n"
+    named.job.description = 'Schöne Grüße 🙂 "quoted"\n'
     named.data.dataset = str(tmp_path / "données")
     run_folder.prepare(named, tmp_path / "named")
     run_folder.prepare(named, tmp_path / "named")
@@ -173,24 +203,52 @@ def small_disk(tmp_path):
     mount.mkdir()
     made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m", "tmpfs", str(mount)], capture_output=True)
     if made.returncode:
-        pytest.skip(f"cannot mount a 10 MB tmpfs to fill (needs root with mount rights): {made.stderr.decode().strip()}")
+        pytest.skip(
+            f"cannot mount a 10 MB tmpfs to fill (needs root with mount rights): {made.stderr.decode().strip()}"
+        )
     yield mount
     subprocess.run(["umount", "-l", str(mount)])
 
 
 def test_a_full_disk_is_a_clear_error_before_training_or_at_the_checkpoint(tiny_corpus, cache_dir, small_disk):
     # The debug model (0.5M params) needs ~8 MB per checkpoint by the pre-check's estimate.
-    tiny = tiny_args(tiny_corpus, cache_dir, small_disk / "wide", "--checkpoint.enable", "true", "--eval.every", "0",
-                     "--model.flavor", "tiny", "--training.steps", "2")
+    tiny = tiny_args(
+        tiny_corpus,
+        cache_dir,
+        small_disk / "wide",
+        "--checkpoint.enable",
+        "true",
+        "--eval.every",
+        "0",
+        "--model.flavor",
+        "tiny",
+        "--training.steps",
+        "2",
+    )
     proc = run_train(tiny, nproc=1)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "GiB free but a checkpoint of this" in _errors(proc)[0] and "metrics.jsonl" not in str(
-        list((small_disk / "wide").iterdir()))
+        list((small_disk / "wide").iterdir())
+    )
 
     # The pre-check passes (10 MB free) but the second checkpoint does not fit beside the first.
-    proc = run_train(tiny_args(tiny_corpus, cache_dir, small_disk / "run", "--checkpoint.enable", "true",
-                               "--checkpoint.every", "2", "--checkpoint.keep", "1", "--eval.every", "0",
-                               "--parallelism.data_parallel", "zero1"))
+    proc = run_train(
+        tiny_args(
+            tiny_corpus,
+            cache_dir,
+            small_disk / "run",
+            "--checkpoint.enable",
+            "true",
+            "--checkpoint.every",
+            "2",
+            "--checkpoint.keep",
+            "1",
+            "--eval.every",
+            "0",
+            "--parallelism.data_parallel",
+            "zero1",
+        )
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     errors = _errors(proc)
     assert len(errors) == 1 and "could not write checkpoint" in errors[0] and " MiB free on its disk" in errors[0]

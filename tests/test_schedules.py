@@ -24,9 +24,26 @@ def run_worker(tmp_path, kind, commits, micro_batches, mode="deterministic", del
     out = tmp_path / f"{kind}.pt"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCHACCO_TEST_MODEL": model}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), str(WORKER),
-         kind, str(out), str(commits), str(micro_batches), mode, str(delay)],
-        capture_output=True, text=True, timeout=300, env=env)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            str(WORKER),
+            kind,
+            str(out),
+            str(commits),
+            str(micro_batches),
+            mode,
+            str(delay),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out)
 
@@ -42,9 +59,11 @@ class Reference:
         embeddings = {id(m.weight) for m in self.model.modules() if isinstance(m, torch.nn.Embedding)}
         decay = [p for p in self.params if p.ndim >= 2 and id(p) not in embeddings]
         plain = [p for p in self.params if not (p.ndim >= 2 and id(p) not in embeddings)]
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.optimizer.weight_decay},
-                                      {"params": plain, "weight_decay": 0.0}],
-                                     betas=(cfg.optimizer.beta1, cfg.optimizer.beta2), eps=cfg.optimizer.eps)
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.optimizer.weight_decay}, {"params": plain, "weight_decay": 0.0}],
+            betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
+            eps=cfg.optimizer.eps,
+        )
         self.schedule = worker.schedule()
         self.periods = periods  # micro-batches per period, per rank, as the run computed them
         self.next_index = [0] * len(periods)
@@ -58,7 +77,7 @@ class Reference:
         offset = 0
         with torch.no_grad():
             for p in self.params:
-                p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                p.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
 
     def gradients_at(self, flat: torch.Tensor, period: int) -> tuple[torch.Tensor, float, float]:
@@ -74,20 +93,28 @@ class Reference:
                 batch = worker.micro_batch(rank, self.next_index[rank])
                 self.next_index[rank] += 1
                 logits = self.model(batch["input_ids"])
-                F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), reduction="sum",
-                                ignore_index=-100).backward()
+                F.cross_entropy(
+                    logits.flatten(0, 1), batch["labels"].flatten(), reduction="sum", ignore_index=-100
+                ).backward()
                 tokens += (batch["labels"] != -100).sum().item()
         return torch.cat([p.grad.reshape(-1) for p in self.params]), float(tokens), float(consumed)
 
-    def adamw(self, theta: torch.Tensor, grad_sum: torch.Tensor, tokens: float, consumed: float, commit: bool,
-              lr_position: float | None = None) -> torch.Tensor:
+    def adamw(
+        self,
+        theta: torch.Tensor,
+        grad_sum: torch.Tensor,
+        tokens: float,
+        consumed: float,
+        commit: bool,
+        lr_position: float | None = None,
+    ) -> torch.Tensor:
         """Opt(θ, G / N): clipped; lr from the schedule at the committed position (or `lr_position`)."""
         grad = grad_sum / tokens
         grad = grad * min(1.0, self.max_norm / (grad.norm().item() + 1e-6))
         self.load(theta)
         offset = 0
         for p in self.params:
-            p.grad = grad[offset:offset + p.numel()].view_as(p).clone()
+            p.grad = grad[offset : offset + p.numel()].view_as(p).clone()
             offset += p.numel()
         saved = copy.deepcopy(self.opt.state_dict())
         for group in self.opt.param_groups:
@@ -211,11 +238,11 @@ def _live_tensor_bytes() -> int:
 
 
 def test_acco_memory_over_zero1_is_one_bf16_parameter_copy():
+    import torch.distributed as dist
+
     from torchacco.config import Config
     from torchacco.device import Device
     from torchacco.parallel.dims import init_distributed
-
-    import torch.distributed as dist
 
     dims = init_distributed(Device("cpu"))
     try:
@@ -244,12 +271,37 @@ def test_acco_validation_loss_close_to_zero1_on_the_embedded_corpus(tmp_path, em
 
     val = {}
     for kind in ("zero1", "acco"):
-        proc = run_train(["--config", "train_configs/default.toml", "--parallelism.data_parallel", kind,
-                          "--model.flavor", "debug", "--training.steps", "20", "--training.seq_len", "128",
-                          "--lr_schedule.warmup_steps", "4", "--eval.every", "20", "--eval.batches", "16", "--metrics.tensorboard", "false",
-                          "--checkpoint.enable", "false", "--checkpoint.export_hf", "false",
-                          "--data.cache_dir", str(embedded_cache), "--job.dump_folder", str(tmp_path / kind)],
-                         timeout=600)
+        proc = run_train(
+            [
+                "--config",
+                "train_configs/default.toml",
+                "--parallelism.data_parallel",
+                kind,
+                "--model.flavor",
+                "debug",
+                "--training.steps",
+                "20",
+                "--training.seq_len",
+                "128",
+                "--lr_schedule.warmup_steps",
+                "4",
+                "--eval.every",
+                "20",
+                "--eval.batches",
+                "16",
+                "--metrics.tensorboard",
+                "false",
+                "--checkpoint.enable",
+                "false",
+                "--checkpoint.export_hf",
+                "false",
+                "--data.cache_dir",
+                str(embedded_cache),
+                "--job.dump_folder",
+                str(tmp_path / kind),
+            ],
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         records = read_metrics(tmp_path / kind)
         val[kind] = records[-1]["val_loss"], records[-1]["tokens"]
@@ -261,10 +313,27 @@ def test_acco_validation_loss_close_to_zero1_on_the_embedded_corpus(tmp_path, em
 def test_acco_bf16_buffers_and_per_round_metrics(tiny_corpus, cache_dir, tmp_path):
     from conftest import read_metrics, run_train, tiny_args
 
-    proc = run_train(tiny_args(tiny_corpus, cache_dir, tmp_path, "--parallelism.data_parallel", "acco",
-                               "--training.global_batch_size", "16", "--training.mixed_precision", "bf16",
-                               "--acco.accumulator_dtype", "bf16", "--acco.drift_every", "2", "--training.steps", "4",
-                               "--eval.every", "0"))
+    proc = run_train(
+        tiny_args(
+            tiny_corpus,
+            cache_dir,
+            tmp_path,
+            "--parallelism.data_parallel",
+            "acco",
+            "--training.global_batch_size",
+            "16",
+            "--training.mixed_precision",
+            "bf16",
+            "--acco.accumulator_dtype",
+            "bf16",
+            "--acco.drift_every",
+            "2",
+            "--training.steps",
+            "4",
+            "--eval.every",
+            "0",
+        )
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_metrics(tmp_path)
     assert records[-1]["loss"] < records[0]["loss"]

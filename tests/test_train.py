@@ -5,9 +5,9 @@ import sys
 
 import pytest
 import torch
+from conftest import FSDP_ASYNC, read_metrics, run_train, tiny_args
 from torch.utils.data import IterableDataset
 
-from conftest import FSDP_ASYNC, read_metrics, run_train, tiny_args
 from torchacco.config import Config
 from torchacco.trainer import train
 
@@ -16,7 +16,9 @@ from torchacco.trainer import train
 def strategy_runs(six_step_run):
     """Each strategy on 2 gloo ranks, 2 micro-batches per update, same data and seed (the runs
     the resume tests start from)."""
-    return {dp: read_metrics(six_step_run(dp, *(FSDP_ASYNC if dp == "fsdp" else ()))) for dp in ("ddp", "zero1", "fsdp")}
+    return {
+        dp: read_metrics(six_step_run(dp, *(FSDP_ASYNC if dp == "fsdp" else ()))) for dp in ("ddp", "zero1", "fsdp")
+    }
 
 
 def test_ddp_zero1_fsdp_give_the_same_losses(strategy_runs):
@@ -44,9 +46,21 @@ def test_bf16_strategies_agree_within_bf16_tolerance(tiny_corpus, cache_dir, tmp
     losses = {}
     for dp in ("ddp", "zero1", "fsdp"):
         out = tmp_path / dp
-        proc = run_train(tiny_args(tiny_corpus, cache_dir, out, "--parallelism.data_parallel", dp,
-                                   "--training.mixed_precision", "bf16", "--training.steps", "3",
-                                   "--eval.every", "0"))
+        proc = run_train(
+            tiny_args(
+                tiny_corpus,
+                cache_dir,
+                out,
+                "--parallelism.data_parallel",
+                dp,
+                "--training.mixed_precision",
+                "bf16",
+                "--training.steps",
+                "3",
+                "--eval.every",
+                "0",
+            )
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         losses[dp] = [r["loss"] for r in read_metrics(out)]
     assert losses["zero1"] == pytest.approx(losses["ddp"], rel=2e-2)
@@ -98,13 +112,39 @@ def test_multi_node_launch_through_c10d_rendezvous(tiny_corpus, cache_dir, tmp_p
         port = s.getsockname()[1]
     nodes = []
     for node_rank in (0, 1):
-        env = {**os.environ, "NNODES": "2", "NODE_RANK": str(node_rank), "NPROC": "1", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "RDZV_ID": f"test-{port}", "PYTHON": sys.executable}
-        nodes.append(subprocess.Popen([str(ROOT / "run_train.sh"), *tiny_args(tiny_corpus, cache_dir, tmp_path,
-                                       "--parallelism.data_parallel", "acco", "--training.global_batch_size", "16")],
-                                      env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = {
+            **os.environ,
+            "NNODES": "2",
+            "NODE_RANK": str(node_rank),
+            "NPROC": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RDZV_ID": f"test-{port}",
+            "PYTHON": sys.executable,
+        }
+        nodes.append(
+            subprocess.Popen(
+                [
+                    str(ROOT / "run_train.sh"),
+                    *tiny_args(
+                        tiny_corpus,
+                        cache_dir,
+                        tmp_path,
+                        "--parallelism.data_parallel",
+                        "acco",
+                        "--training.global_batch_size",
+                        "16",
+                    ),
+                ],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outputs = [node.communicate(timeout=300) for node in nodes]
-    for node, (out, err) in zip(nodes, outputs):
+    for node, (_, err) in zip(nodes, outputs):
         assert node.returncode == 0, err[-3000:]
     assert "acco × 2" in outputs[0][0]  # one data-parallel group over both nodes
     assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 7))
@@ -121,11 +161,26 @@ def test_a_node_that_never_joins_fails_the_rendezvous_with_one_line(tiny_corpus,
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "NNODES": "2", "NODE_RANK": "0", "NPROC": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "RDZV_ID": f"lonely-{port}", "RDZV_TIMEOUT": "5", "PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "NNODES": "2",
+        "NODE_RANK": "0",
+        "NPROC": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RDZV_ID": f"lonely-{port}",
+        "RDZV_TIMEOUT": "5",
+        "PYTHON": sys.executable,
+    }
     start = time.monotonic()
-    proc = subprocess.run([str(ROOT / "run_train.sh"), *tiny_args(tiny_corpus, cache_dir, tmp_path)], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(ROOT / "run_train.sh"), *tiny_args(tiny_corpus, cache_dir, tmp_path)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and time.monotonic() - start < 60
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]

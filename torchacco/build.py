@@ -21,8 +21,10 @@ def model_args(spec: ModelSpec, model: Model, vocab_size: int = 0):
     if model.init_from:
         hf_config = json.loads((Path(model.init_from) / "config.json").read_text())
         if spec.hf is None:
-            raise UserError(f"model {model.name} has no Hugging Face adapter (models/{model.name}/hf.py); "
-                            "it cannot be initialised from [model] init_from")
+            raise UserError(
+                f"model {model.name} has no Hugging Face adapter (models/{model.name}/hf.py); "
+                "it cannot be initialised from [model] init_from"
+            )
         return spec.hf.args_from_hf_config(hf_config)  # the weights fix the vocabulary
     return spec.args(model.flavor, vocab_size=model.vocab_size or vocab_size or None)
 

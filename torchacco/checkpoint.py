@@ -44,8 +44,13 @@ class TrainState(Stateful):
         self.skips_in_a_row = 0
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "tokens": self.tokens, "dp_size": self.dp_size, "skipped": self.skipped,
-                "skips_in_a_row": self.skips_in_a_row}
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "dp_size": self.dp_size,
+            "skipped": self.skipped,
+            "skips_in_a_row": self.skips_in_a_row,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.tokens, self.dp_size = state["step"], state["tokens"], state["dp_size"]
@@ -85,8 +90,14 @@ def _snapshot(value):
     if isinstance(value, dict):
         return {k: _snapshot(v) for k, v in value.items()}
     if isinstance(value, DTensor):
-        return DTensor.from_local(value.to_local().detach().clone(), value.device_mesh, value.placements,
-                                  run_check=False, shape=value.shape, stride=value.stride())
+        return DTensor.from_local(
+            value.to_local().detach().clone(),
+            value.device_mesh,
+            value.placements,
+            run_check=False,
+            shape=value.shape,
+            stride=value.stride(),
+        )
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     return value
@@ -117,8 +128,11 @@ class Checkpointer:
                 tmp.mkdir(parents=True)
             dist.barrier(group=self.group)
             if self.async_save:
-                self.in_flight = (dcp.async_save(_snapshot(state), checkpoint_id=tmp, process_group=self.group), tmp,
-                                  final)
+                self.in_flight = (
+                    dcp.async_save(_snapshot(state), checkpoint_id=tmp, process_group=self.group),
+                    tmp,
+                    final,
+                )
             else:
                 dcp.save(state, checkpoint_id=tmp, process_group=self.group)
                 self._publish(tmp, final)
@@ -145,8 +159,10 @@ class Checkpointer:
             reason += f"; {free:.0f} MiB free on its disk"
             done = [p.name for _, p in step_dirs(self.folder)]
             kept = f"the earlier checkpoint {done[-1]} is intact" if done else "no earlier checkpoint exists"
-            raise UserError(f"could not write checkpoint {final} ({reason}); {kept}. Free some space or fix the "
-                            "folder's permissions, then run again to resume") from None
+            raise UserError(
+                f"could not write checkpoint {final} ({reason}); {kept}. Free some space or fix the "
+                "folder's permissions, then run again to resume"
+            ) from None
 
     def _publish(self, tmp: Path, final: Path) -> None:
         dist.barrier(group=self.group)  # every rank has written its part
@@ -154,7 +170,7 @@ class Checkpointer:
             if final.exists():
                 shutil.rmtree(final)
             tmp.rename(final)  # atomic: `step-N` appears complete or not at all
-            for _, old in step_dirs(self.folder)[:-self.keep] if self.keep else []:
+            for _, old in step_dirs(self.folder)[: -self.keep] if self.keep else []:
                 shutil.rmtree(old, ignore_errors=True)
             for stale in self.folder.glob("step-*.tmp"):
                 if stale != tmp:
@@ -163,8 +179,10 @@ class Checkpointer:
 
     def load(self, path: Path, state: dict) -> None:
         if not (path / ".metadata").is_file():
-            raise UserError(f"{path} is not a complete torchacco checkpoint (no .metadata); "
-                            "point [checkpoint] load_path at a step-N folder")
+            raise UserError(
+                f"{path} is not a complete torchacco checkpoint (no .metadata); "
+                "point [checkpoint] load_path at a step-N folder"
+            )
         try:
             dcp.load(state, checkpoint_id=path, process_group=self.group)
         except CheckpointException as e:  # a BaseException: DCP failed on some rank
@@ -179,8 +197,10 @@ class Checkpointer:
                 ) from None
             earlier = [p for _, p in step_dirs(path.parent) if p != path]
             hint = f"--checkpoint.load_path {earlier[-1]}" if earlier else "a new --job.dump_folder"
-            raise UserError(f"cannot read checkpoint {path}, it may be corrupted ({type(causes[0]).__name__ if causes else 'error'}: "
-                            f"{cause}); resume from an earlier one with {hint}") from None
+            raise UserError(
+                f"cannot read checkpoint {path}, it may be corrupted "
+                f"({type(causes[0]).__name__ if causes else 'error'}: {cause}); resume from an earlier one with {hint}"
+            ) from None
 
     def close(self) -> None:
         self.wait()
@@ -193,8 +213,9 @@ def checkpoint_state(strategy, state: TrainState, loader, dims, with_rank_state:
     return {"train": state, strategy.checkpoint_key(dims): strategy, **rank_state}
 
 
-def resume(c: CheckpointConfig, folder: Path, dims, strategy, state: TrainState, loader,
-           timeout: timedelta) -> tuple[Checkpointer | None, str | None]:
+def resume(
+    c: CheckpointConfig, folder: Path, dims, strategy, state: TrainState, loader, timeout: timedelta
+) -> tuple[Checkpointer | None, str | None]:
     """The checkpointer (None when checkpoints are off) and, after loading the checkpoint to
     resume from (if any), a line saying what was resumed."""
     if not c.enable:
@@ -215,7 +236,9 @@ def resume(c: CheckpointConfig, folder: Path, dims, strategy, state: TrainState,
     checkpointer.load(path, checkpoint_state(strategy, state, loader, dims, with_rank_state=same_ranks))
     message = f"resumed from {path} at step {state.step} ({int(state.tokens):,} tokens)"
     if not same_ranks:
-        message += (f"; data-parallel ranks changed ({state.dp_size} -> {dims.dp_size}): weights and optimizer "
-                    "state resharded, the data order restarts")
+        message += (
+            f"; data-parallel ranks changed ({state.dp_size} -> {dims.dp_size}): weights and optimizer "
+            "state resharded, the data order restarts"
+        )
     state.dp_size = dims.dp_size
     return checkpointer, message

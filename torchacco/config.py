@@ -38,8 +38,9 @@ class Job:
 
 @dataclass
 class Model:
-    name: str = key("gpt_neo", "a folder of models/, or an importable module path (pkg.module) whose `spec` is a "
-                    "ModelSpec")
+    name: str = key(
+        "gpt_neo", "a folder of models/, or an importable module path (pkg.module) whose `spec` is a ModelSpec"
+    )
     flavor: str = key("debug", "one of the model's flavors (sizes)")
     vocab_size: int = key(0, "0: the tokenizer's vocabulary size")
     compile: bool = key(False, "torch.compile each transformer block")
@@ -54,8 +55,9 @@ class Tokenizer:
 
 @dataclass
 class Data:
-    dataset: str = key("embedded", "\"embedded\" (Shakespeare, Milton, KJV bible) or a file / folder of "
-                       ".txt/.jsonl/.json files")
+    dataset: str = key(
+        "embedded", '"embedded" (Shakespeare, Milton, KJV bible) or a file / folder of .txt/.jsonl/.json files'
+    )
     format: Literal["auto", "text", "jsonl", "alpaca"] = key("auto", "how to read the dataset files")
     text_field: str = key("text", "the field of .jsonl records holding the text")
     validation: str = key("", "separate validation file or folder; empty: split off val_fraction")
@@ -67,8 +69,9 @@ class Data:
 class Training:
     seq_len: int = key(256, "tokens per sequence")
     local_batch_size: int = key(8, "sequences per micro-batch on one rank")
-    global_batch_size: int = key(0, "sequences per optimizer update over all ranks; 0: local × data-parallel "
-                                 "ranks (no accumulation)")
+    global_batch_size: int = key(
+        0, "sequences per optimizer update over all ranks; 0: local × data-parallel ranks (no accumulation)"
+    )
     steps: int = key(100, "optimizer updates")
     max_tokens: int = key(0, "stop after this many tokens (all ranks); 0: no limit")
     max_norm: float = key(1.0, "gradient clipping by global norm; 0 disables")
@@ -77,8 +80,9 @@ class Training:
     mixed_precision: Literal["auto", "bf16", "fp32"] = key("auto", "compute dtype; auto: bf16 on CUDA, fp32 on CPU")
     num_threads: int = key(0, "CPU threads per rank; 0: cores / local ranks")
     collective_timeout_s: float = key(1800.0, "a collective waiting longer than this fails the run (a dead peer)")
-    on_nonfinite: Literal["abort", "skip"] = key("abort", "a NaN/Inf loss or gradient: abort the run, or skip the "
-                                                 "update")
+    on_nonfinite: Literal["abort", "skip"] = key(
+        "abort", "a NaN/Inf loss or gradient: abort the run, or skip the update"
+    )
     max_skips_in_a_row: int = key(3, "with on_nonfinite = skip: abort after this many consecutive skipped updates")
 
 
@@ -102,15 +106,18 @@ class LRSchedule:
 @dataclass
 class Parallelism:
     data_parallel: Literal["ddp", "zero1", "fsdp", "acco", "dpu", "wp"] = key(
-        "ddp", "the data-parallel strategy (docs/parallelism.md)")
+        "ddp", "the data-parallel strategy (docs/parallelism.md)"
+    )
     reshard_after_forward: bool = key(True, "fsdp: free gathered parameters after forward")
     bucket_cap_mb: float = key(25.0, "ddp: gradient bucket size")
-    reduce_dtype: Literal["fp32", "bf16"] = key("fp32", "fsdp: gradient reduction dtype (zero1 and acco reduce "
-                                                "in the compute dtype)")
+    reduce_dtype: Literal["fp32", "bf16"] = key(
+        "fp32", "fsdp: gradient reduction dtype (zero1 and acco reduce in the compute dtype)"
+    )
     tensor_parallel_degree: int = key(1, "ranks sharing each layer's matmuls (inside a node); dp = world / (tp × pp)")
     pipeline_parallel_degree: int = key(1, "pipeline stages, split by layer")
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = key(
-        "1f1b", "pipeline schedule; interleaved_1f1b runs two stages per rank")
+        "1f1b", "pipeline schedule; interleaved_1f1b runs two stages per rank"
+    )
     pipeline_microbatches: int = key(0, "pieces each local batch is split into; 0: the number of stages")
 
 
@@ -119,8 +126,10 @@ class Acco:
     """The overlapped schedules: acco, dpu and wp."""
 
     mode: Literal["deterministic", "adaptive"] = key(
-        "deterministic", "deterministic: a fixed number of micro-batches per period, then wait for the job; "
-        "adaptive: keep accumulating until the job is done")
+        "deterministic",
+        "deterministic: a fixed number of micro-batches per period, then wait for the job; "
+        "adaptive: keep accumulating until the job is done",
+    )
     accumulator_dtype: Literal["fp32", "bf16"] = key("fp32", "gradient accumulator dtype (bf16 is the paper's)")
     max_micro_batches: int = key(0, "adaptive: at most this many micro-batches per period and rank; 0: no cap")
     dpu_warmup_steps: int = key(0, "dpu: synchronous updates before the one-step delay starts")
@@ -297,10 +306,14 @@ def load_config(argv: list[str]) -> Config:
 
 def reference_markdown() -> str:
     """docs/configuration.md: every section and key with its type, default and help."""
-    out = ["# Configuration reference", "",
-           "Generated from `torchacco/config.py` by `python -m torchacco.config > docs/configuration.md`;",
-           "a test fails when the two disagree. A config is a TOML file of these sections; any key can be",
-           "overridden on the command line as `--section.key VALUE` (e.g. `--training.steps 20`).", ""]
+    out = [
+        "# Configuration reference",
+        "",
+        "Generated from `torchacco/config.py` by `python -m torchacco.config > docs/configuration.md`;",
+        "a test fails when the two disagree. A config is a TOML file of these sections; any key can be",
+        "overridden on the command line as `--section.key VALUE` (e.g. `--training.steps 20`).",
+        "",
+    ]
     for section, cls in _sections().items():
         out += [f"## [{section}]", ""]
         if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):
@@ -310,8 +323,10 @@ def reference_markdown() -> str:
         for f in dataclasses.fields(cls):
             allowed = choices(section, f.name)
             kind = " \\| ".join(f"`{c}`" for c in allowed) if allowed else types_[f.name].__name__
-            out.append(f"| `{f.name}` | {kind} | `{json.dumps(f.default, ensure_ascii=False)}` | "
-                       f"{f.metadata['help'].replace('|', chr(92) + '|')} |")
+            out.append(
+                f"| `{f.name}` | {kind} | `{json.dumps(f.default, ensure_ascii=False)}` | "
+                f"{f.metadata['help'].replace('|', chr(92) + '|')} |"
+            )
         out.append("")
     return "\n".join(out)
 

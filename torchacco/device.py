@@ -75,8 +75,7 @@ def select_device(requested: str, local_rank: int) -> Device:
     available = torch.cuda.is_available()
     if requested == "cuda" and not available:
         raise UserError(
-            "[training] device = 'cuda' but CUDA is not available on this machine; "
-            "use --training.device cpu (or auto)"
+            "[training] device = 'cuda' but CUDA is not available on this machine; use --training.device cpu (or auto)"
         )
     if requested == "cuda" or (requested == "auto" and available):
         if local_rank >= torch.cuda.device_count():

@@ -34,10 +34,15 @@ def export_hf(model_name: str, strategy, dims, folder: Path, dtype: str, tokeniz
     if not dims.is_main:
         return None
     unwrapped = getattr(strategy.model, "module", strategy.model)
-    return hf_io.save_hf(folder, model_name, unwrapped.args, weights,
-                         dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype],
-                         tokenizer_path=str(tokenizer.path) if tokenizer else None,
-                         eos_id=tokenizer.eos_id if tokenizer else None)
+    return hf_io.save_hf(
+        folder,
+        model_name,
+        unwrapped.args,
+        weights,
+        dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype],
+        tokenizer_path=str(tokenizer.path) if tokenizer else None,
+        eos_id=tokenizer.eos_id if tokenizer else None,
+    )
 
 
 def _run_config(run_dir: Path, dtype: str):
@@ -69,7 +74,9 @@ def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str)
         checkpointer = Checkpointer(run_dir / cfg.checkpoint.folder, dims.rank, keep=0, async_save=False)
         checkpoint = checkpoint or checkpointer.latest()
         if checkpoint is None:
-            raise UserError(f"no checkpoint in {run_dir / cfg.checkpoint.folder}; train with [checkpoint] enable = true")
+            raise UserError(
+                f"no checkpoint in {run_dir / cfg.checkpoint.folder}; train with [checkpoint] enable = true"
+            )
         tokenizer, _, _ = build_data(cfg.data, cfg.tokenizer, cfg.training.seq_len, cfg.training.seed, dims)
         spec = get_model_spec(cfg.model.name)
         model = build_model(spec, cfg.model, tokenizer.vocab_size, cfg.training.seed, device)
@@ -88,16 +95,26 @@ def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str)
 def _export_on_model_parallel_ranks(argv: list[str], ranks: int) -> None:
     """Run this command again on `ranks` CPU processes (one per tensor × pipeline coordinate)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-               "-m", "torchacco.export", *argv]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(ranks),
+        "-m",
+        "torchacco.export",
+        *argv,
+    ]
     if subprocess.run(command, env=env).returncode:
         raise UserError(f"the export on {ranks} processes failed; see the messages above")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m torchacco.export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m torchacco.export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run_dir", type=Path, help="the run's dump folder")
     parser.add_argument("--checkpoint", type=Path, help="a step-N folder (default: the latest)")
     parser.add_argument("--out", type=Path, help="output folder (default: RUN_DIR/hf)")

@@ -24,8 +24,9 @@ class Faults:
         for item in filter(None, (s.strip() for s in spec.split(","))):
             m = FAULT.match(item)
             if not m:
-                raise UserError(f"TORCHACCO_FAULT: cannot parse {item!r}; expected e.g. kill@rank1:step5 or "
-                                "nan@rank0:step3:period1")
+                raise UserError(
+                    f"TORCHACCO_FAULT: cannot parse {item!r}; expected e.g. kill@rank1:step5 or nan@rank0:step3:period1"
+                )
             what, r, step, period = m.groups()
             if int(r) == rank and attempt == 0:
                 self.faults.append((what, int(step), int(period) if period else None))

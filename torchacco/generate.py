@@ -113,8 +113,10 @@ def run(opts: argparse.Namespace) -> str:
     tokenizer = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     name, args, state_dict = load_hf(folder)
     if tokenizer.get_vocab_size(with_added_tokens=True) > args.vocab_size:
-        raise UserError(f"{folder}/tokenizer.json has {tokenizer.get_vocab_size()} tokens, more than the model's "
-                        f"vocab_size {args.vocab_size}; it is not the tokenizer the model was trained with")
+        raise UserError(
+            f"{folder}/tokenizer.json has {tokenizer.get_vocab_size()} tokens, more than the model's "
+            f"vocab_size {args.vocab_size}; it is not the tokenizer the model was trained with"
+        )
     with torch.device("meta"):
         model = get_model_spec(name).model_cls(args)
     model.to_empty(device=device)
@@ -131,7 +133,7 @@ def run(opts: argparse.Namespace) -> str:
     # decode together so that merges and multi-byte characters across the boundary come out right
     full = tokenizer.decode(prompt_ids + new, skip_special_tokens=True)
     head = tokenizer.decode(prompt_ids, skip_special_tokens=True)
-    continuation = full[len(head):] if full.startswith(head) else tokenizer.decode(new, skip_special_tokens=True)
+    continuation = full[len(head) :] if full.startswith(head) else tokenizer.decode(new, skip_special_tokens=True)
     return opts.prompt + continuation
 
 

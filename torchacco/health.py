@@ -93,15 +93,24 @@ class Heartbeat:
             return "the launcher's store is unreachable too: node 0 (its host) is probably down"
         time.sleep(2.5 * self.interval_s if watch_s is None else watch_s)
         second = self.read()
-        silent = [r for r in range(self.world) if r != self.rank and
-                  (r not in first or (r in second and second[r]["beat"] == first[r]["beat"]))]
+        silent = [
+            r
+            for r in range(self.world)
+            if r != self.rank and (r not in first or (r in second and second[r]["beat"] == first[r]["beat"]))
+        ]
         if silent:
             return "; ".join(
-                f"rank {r} stopped responding in {first[r]['where']}" if r in first else
-                f"rank {r} never reported (it died or stalled while starting)" for r in silent)
+                f"rank {r} stopped responding in {first[r]['where']}"
+                if r in first
+                else f"rank {r} never reported (it died or stalled while starting)"
+                for r in silent
+            )
         busy = [f"rank {r} is alive, in {second[r]['where']}" for r in sorted(second)]
-        return ("no rank stopped: " + "; ".join(busy) +
-                " — a rank much slower than the others, or ranks that disagree on the work to do")
+        return (
+            "no rank stopped: "
+            + "; ".join(busy)
+            + " — a rank much slower than the others, or ranks that disagree on the work to do"
+        )
 
 
 _current: Heartbeat | None = None
@@ -159,4 +168,5 @@ def is_peer_failure(error: BaseException) -> bool:
     """Does this error from a collective mean a peer died or stalled?"""
     text = str(error)
     return isinstance(error, dist.DistBackendError) or any(
-        marker in text for marker in ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer"))
+        marker in text for marker in ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer")
+    )

@@ -204,13 +204,12 @@ def load_hf(folder, model_name: str | None = None) -> tuple[str, Any, dict[str, 
     name = _HF_MODEL_TYPES.get(model_type)
     if name is None:
         raise UserError(
-            f"{config_path}: model_type {model_type!r} is not supported; "
-            f"torchacco reads: {', '.join(_HF_MODEL_TYPES)}"
+            f"{config_path}: model_type {model_type!r} is not supported; torchacco reads: {', '.join(_HF_MODEL_TYPES)}"
         )
     if model_name is not None and model_name != name:
         raise UserError(
             f"{folder} holds a {model_type} model ({name}), but the config asks for '{model_name}'; "
-            f"set [model] name = \"{name}\" or point at a {model_name} folder"
+            f'set [model] name = "{name}" or point at a {model_name} folder'
         )
     spec = _adapter_spec(name)
     try:
@@ -236,29 +235,36 @@ def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
         files = list(dict.fromkeys(weight_map.values()))
         for f in files:
             if not (folder / f).is_file():
-                raise UserError(f"{index_path} lists shard {f}, which is missing from {folder}; "
-                                f"copy the whole folder or re-export it")
+                raise UserError(
+                    f"{index_path} lists shard {f}, which is missing from {folder}; "
+                    f"copy the whole folder or re-export it"
+                )
     elif (folder / WEIGHTS).is_file():
         files, weight_map = [WEIGHTS], None
     else:
         files, weight_map = sorted(p.name for p in folder.glob("*.safetensors")), None
         if not files:
-            raise UserError(f"{folder} has no safetensors weights ({WEIGHTS} or {INDEX}); "
-                            f"export the model with safetensors (PyTorch .bin files are not read)")
+            raise UserError(
+                f"{folder} has no safetensors weights ({WEIGHTS} or {INDEX}); "
+                f"export the model with safetensors (PyTorch .bin files are not read)"
+            )
 
     sd = {}
     for f in files:
         try:
             tensors = load_file(folder / f)
         except Exception as e:  # SafetensorError, OSError: a truncated or foreign file
-            raise UserError(f"cannot read {folder / f} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                            f"the file is corrupted or incomplete: re-export or re-download it") from None
+            raise UserError(
+                f"cannot read {folder / f} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                f"the file is corrupted or incomplete: re-export or re-download it"
+            ) from None
         if dup := sd.keys() & tensors.keys():
             raise UserError(f"tensor '{sorted(dup)[0]}' appears in more than one shard of {folder}; re-export it")
         sd.update(tensors)
     if weight_map is not None and (missing := set(weight_map) - set(sd)):
-        raise UserError(f"{index_path} maps tensor '{sorted(missing)[0]}' to a shard that does not hold it; "
-                        f"re-export the model")
+        raise UserError(
+            f"{index_path} maps tensor '{sorted(missing)[0]}' to a shard that does not hold it; re-export the model"
+        )
     return sd
 
 
@@ -267,14 +273,18 @@ def _check_against_args(spec: ModelSpec, args, sd: dict[str, torch.Tensor], fold
     with torch.device("meta"):
         expected = spec.model_cls(args).state_dict()
     if missing := [k for k in expected if k not in sd]:
-        raise UserError(f"{folder} lacks tensor '{missing[0]}' (and {len(missing) - 1} more) that its config.json "
-                        f"implies; the export is incomplete")
+        raise UserError(
+            f"{folder} lacks tensor '{missing[0]}' (and {len(missing) - 1} more) that its config.json "
+            f"implies; the export is incomplete"
+        )
     if unexpected := [k for k in sd if k not in expected]:
         raise UserError(f"{folder} has tensor '{unexpected[0]}' that a model with its config.json has no place for")
     for k, t in expected.items():
         if sd[k].shape != t.shape:
-            raise UserError(f"{folder}: tensor '{k}' has shape {tuple(sd[k].shape)}, but config.json implies "
-                            f"{tuple(t.shape)}; the folder is inconsistent")
+            raise UserError(
+                f"{folder}: tensor '{k}' has shape {tuple(sd[k].shape)}, but config.json implies "
+                f"{tuple(t.shape)}; the folder is inconsistent"
+            )
     return list(expected)
 
 
@@ -288,9 +298,13 @@ def load_into(model: nn.Module, state_dict: dict) -> None:
                 f"model: {tuple(t.shape)}; check [model] flavor / vocab_size"
             )
     if missing := [k for k in expected if k not in state_dict]:
-        raise UserError(f"the weights lack tensor '{missing[0]}' ({len(missing)} missing) that the configured "
-                        f"model has; check [model] name / flavor")
+        raise UserError(
+            f"the weights lack tensor '{missing[0]}' ({len(missing)} missing) that the configured "
+            f"model has; check [model] name / flavor"
+        )
     if unexpected := [k for k in state_dict if k not in expected]:
-        raise UserError(f"the weights have tensor '{unexpected[0]}' ({len(unexpected)} unexpected) that the "
-                        f"configured model lacks; check [model] name / flavor / n_layers")
+        raise UserError(
+            f"the weights have tensor '{unexpected[0]}' ({len(unexpected)} unexpected) that the "
+            f"configured model lacks; check [model] name / flavor / n_layers"
+        )
     model.load_state_dict(state_dict, strict=True)

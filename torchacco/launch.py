@@ -44,14 +44,20 @@ def main() -> int:
     except ChildFailedError as e:
         failures = e.failures
         rank, failure = min(failures.items())
-        print(f"torchacco: {len(failures)} worker(s) failed (first: rank {rank}, {describe(failure.exitcode)}); "
-              "see the messages above", file=sys.stderr)
+        print(
+            f"torchacco: {len(failures)} worker(s) failed (first: rank {rank}, {describe(failure.exitcode)}); "
+            "see the messages above",
+            file=sys.stderr,
+        )
         return 1
     except RendezvousError as e:
-        print(f"torchacco: error: the nodes did not all join the rendezvous ({type(e).__name__}: "
-              f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else 'no detail'}); check that NNODES nodes "
-              "were started with the same MASTER_ADDR, MASTER_PORT and RDZV_ID, that node 0 is reachable on "
-              "MASTER_PORT, and RDZV_TIMEOUT", file=sys.stderr)
+        print(
+            f"torchacco: error: the nodes did not all join the rendezvous ({type(e).__name__}: "
+            f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else 'no detail'}); check that NNODES nodes "
+            "were started with the same MASTER_ADDR, MASTER_PORT and RDZV_ID, that node 0 is reachable on "
+            "MASTER_PORT, and RDZV_TIMEOUT",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

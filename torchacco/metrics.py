@@ -26,8 +26,15 @@ def _fmt_duration(seconds: float) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, folder: Path, enabled: bool, tensorboard: bool, progress_bar: bool, total_steps: int,
-                 keep_until_step: int = 0):
+    def __init__(
+        self,
+        folder: Path,
+        enabled: bool,
+        tensorboard: bool,
+        progress_bar: bool,
+        total_steps: int,
+        keep_until_step: int = 0,
+    ):
         self.enabled = enabled
         self.total_steps = total_steps
         self.progress_bar = progress_bar and enabled
@@ -38,8 +45,11 @@ class MetricsLogger:
             return
         path = folder / "metrics.jsonl"
         # A resumed run continues the file from its checkpoint's step; a new run starts it afresh.
-        kept = [line for line in path.read_text().splitlines()
-                if json.loads(line)["step"] <= keep_until_step] if path.exists() and keep_until_step else []
+        kept = (
+            [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= keep_until_step]
+            if path.exists() and keep_until_step
+            else []
+        )
         path.write_text("".join(line + "\n" for line in kept))
         self.jsonl = open(path, "a", buffering=1)
         if tensorboard:
@@ -51,8 +61,10 @@ class MetricsLogger:
         if not self.enabled:
             return
         # Strict JSON: a skipped update's NaN loss is written as null.
-        self.jsonl.write(json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v
-                                     for k, v in record.items()}) + "\n")
+        self.jsonl.write(
+            json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()})
+            + "\n"
+        )
         if self.writer is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
@@ -69,12 +81,14 @@ class MetricsLogger:
         if "tflops" in r:
             parts.append(f"{r['tflops']:.3g} TFLOP/s" + (f" ({100 * r['mfu']:.1f}% MFU)" if "mfu" in r else ""))
         parts += [f"mem {r['memory_gib']:.2f} GiB", f"gnorm {r['grad_norm']:.3f}"]
-        parts.append("data/compute/sync {:.0%}/{:.0%}/{:.0%}".format(
-            r["share_data"], r["share_compute"], r["share_sync"]))
+        parts.append(
+            "data/compute/sync {:.0%}/{:.0%}/{:.0%}".format(r["share_data"], r["share_compute"], r["share_sync"])
+        )
         if "overlap" in r:  # overlapped schedules (acco, dpu, wp)
             mb = r["micro_batches_per_rank"]
-            parts.append(f"exposed comm {r['exposed_comm_s']:.3f}s overlap {r['overlap']:.0%} "
-                         f"micro-batches {min(mb)}-{max(mb)}")
+            parts.append(
+                f"exposed comm {r['exposed_comm_s']:.3f}s overlap {r['overlap']:.0%} micro-batches {min(mb)}-{max(mb)}"
+            )
         if "estimate_drift" in r:
             parts.append(f"|θ̃-θ|/|θ| {r['estimate_drift']:.2e}")
         if r.get("skipped"):
@@ -104,8 +118,10 @@ def overlap_metrics(result) -> dict:
     """Exposed communication and overlap of an overlapped schedule's update (none for sync ones)."""
     if not result.seconds:
         return {}
-    metrics = {"exposed_comm_s": result.exposed_s,
-               "overlap": max(0.0, 1.0 - result.exposed_s / max(result.seconds, 1e-9))}
+    metrics = {
+        "exposed_comm_s": result.exposed_s,
+        "overlap": max(0.0, 1.0 - result.exposed_s / max(result.seconds, 1e-9)),
+    }
     if result.drift is not None:
         metrics["estimate_drift"] = result.drift
     return metrics
@@ -135,12 +151,18 @@ class Throughput:
         busy = sum(self.times.values()) or 1.0
         achieved = self.flops_per_token * tps / self.dp_size
         record = {
-            "tokens_per_s": tps, "tokens_per_s_per_rank": tps / self.dp_size, "grad_norm": result.grad_norm,
-            "tflops": achieved / 1e12, "memory_gib": self.device.peak_memory_gib(),
-            "share_data": self.times["data"] / busy, "share_compute": self.times["compute"] / busy,
-            "share_sync": self.times["sync"] / busy, "tokens_per_update": result.consumed,
+            "tokens_per_s": tps,
+            "tokens_per_s_per_rank": tps / self.dp_size,
+            "grad_norm": result.grad_norm,
+            "tflops": achieved / 1e12,
+            "memory_gib": self.device.peak_memory_gib(),
+            "share_data": self.times["data"] / busy,
+            "share_compute": self.times["compute"] / busy,
+            "share_sync": self.times["sync"] / busy,
+            "tokens_per_update": result.consumed,
             "loss_tokens_per_update": result.tokens,
-            "micro_batches_per_rank": result.micro_batches, **overlap_metrics(result),
+            "micro_batches_per_rank": result.micro_batches,
+            **overlap_metrics(result),
         }
         if self.peak is not None:
             record["mfu"] = achieved / self.peak

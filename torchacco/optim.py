@@ -32,9 +32,7 @@ def build_adamw(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
         {"params": [p for p in params if id(p) not in skip], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if id(p) in skip], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(
-        [g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps
-    )
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
 
 
 @dataclass
@@ -61,8 +59,15 @@ class ShardedAdamW:
         self.decay_ranges = decay_ranges
         self.cfg = cfg
 
-    def step(self, grad: torch.Tensor, lr: float, scale: float = 1.0, out: torch.Tensor | None = None,
-             predict: bool = False, chunk: int | None = None) -> torch.Tensor:
+    def step(
+        self,
+        grad: torch.Tensor,
+        lr: float,
+        scale: float = 1.0,
+        out: torch.Tensor | None = None,
+        predict: bool = False,
+        chunk: int | None = None,
+    ) -> torch.Tensor:
         """Commit one step with the gradient `grad * scale`: master, m, v and step advance. `out`
         receives the new master shard — or, with `predict`, the shard one more step with the same
         gradient would give (weight prediction). Returns the master shard."""
@@ -79,8 +84,14 @@ class ShardedAdamW:
                 out[part].copy_(p)
         return s.master
 
-    def peek(self, grad: torch.Tensor, lr: float, scale: float = 1.0, out: torch.Tensor | None = None,
-             chunk: int | None = None) -> torch.Tensor:
+    def peek(
+        self,
+        grad: torch.Tensor,
+        lr: float,
+        scale: float = 1.0,
+        out: torch.Tensor | None = None,
+        chunk: int | None = None,
+    ) -> torch.Tensor:
         """The master shard after `step(grad, lr, scale)`, written into `out` (a new fp32 tensor
         by default), leaving m, v, step and master untouched (ACCO's estimate)."""
         s = self.state

@@ -11,23 +11,38 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import tomllib
 from pathlib import Path
 
-from torchacco.config import Config, config_from_dict, tomllib
+from torchacco.config import Config, config_from_dict
 from torchacco.errors import UserError
 
-MAY_CHANGE = {"job.description", "job.overwrite", "job.dump_folder", "training.steps", "training.max_tokens",
-              "training.local_batch_size", "training.global_batch_size",  # e.g. on resuming with fewer ranks
-              "training.collective_timeout_s", "training.num_threads", "training.on_nonfinite",
-              "training.max_skips_in_a_row", "training.device", "data.cache_dir"}
+MAY_CHANGE = {
+    "job.description",
+    "job.overwrite",
+    "job.dump_folder",
+    "training.steps",
+    "training.max_tokens",
+    "training.local_batch_size",
+    "training.global_batch_size",  # e.g. on resuming with fewer ranks
+    "training.collective_timeout_s",
+    "training.num_threads",
+    "training.on_nonfinite",
+    "training.max_skips_in_a_row",
+    "training.device",
+    "data.cache_dir",
+}
 MAY_CHANGE_SECTIONS = {"metrics", "eval", "checkpoint"}
 OUTPUTS = ("config.toml", "metrics.jsonl", "tb", "hf")  # and the checkpoint folder
 BYTES_PER_PARAM = 16  # a checkpoint: fp32 weights or master, AdamW's two moments, an accumulator or slack
 
 
 def _flat(cfg: Config) -> dict[str, object]:
-    return {f"{section}.{key}": value for section, values in dataclasses.asdict(cfg).items()
-            for key, value in values.items()}
+    return {
+        f"{section}.{key}": value
+        for section, values in dataclasses.asdict(cfg).items()
+        for key, value in values.items()
+    }
 
 
 def differences(old: Config, new: Config) -> list[str]:
@@ -44,40 +59,53 @@ def prepare(cfg: Config, folder: Path) -> None:
     if folder.is_dir() and any(folder.iterdir()):
         if not recorded.is_file():
             if not cfg.job.overwrite:
-                raise UserError(f"dump folder {folder} is not empty and holds no torchacco run; choose another "
-                                "--job.dump_folder (or pass --job.overwrite true to write into it anyway)")
+                raise UserError(
+                    f"dump folder {folder} is not empty and holds no torchacco run; choose another "
+                    "--job.dump_folder (or pass --job.overwrite true to write into it anyway)"
+                )
         else:
             try:
                 old = config_from_dict(tomllib.loads(recorded.read_text()), str(recorded))
             except (UserError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
                 # Not knowing what the folder holds, never delete it, even when told to overwrite.
-                raise UserError(f"dump folder {folder} holds a run whose config.toml cannot be read "
-                                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); torchacco will not "
-                                "delete it: choose another --job.dump_folder, or remove that folder yourself") from None
+                raise UserError(
+                    f"dump folder {folder} holds a run whose config.toml cannot be read "
+                    f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); torchacco will not "
+                    "delete it: choose another --job.dump_folder, or remove that folder yourself"
+                ) from None
             changed = differences(old, cfg)
             if changed and not cfg.job.overwrite:
                 shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
-                raise UserError(f"dump folder {folder} holds a different run (differs in {shown}); resuming it would "
-                                "mix the two. Choose another --job.dump_folder, or pass --job.overwrite true to "
-                                "delete that run's outputs")
+                raise UserError(
+                    f"dump folder {folder} holds a different run (differs in {shown}); resuming it would "
+                    "mix the two. Choose another --job.dump_folder, or pass --job.overwrite true to "
+                    "delete that run's outputs"
+                )
             if changed:
                 _remove_outputs(folder, old.checkpoint.folder, cfg)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         recorded.write_text(cfg.to_toml())
     except OSError as e:
-        raise UserError(f"cannot write to dump folder {folder}: {e.strerror}; choose another --job.dump_folder") from None
+        raise UserError(
+            f"cannot write to dump folder {folder}: {e.strerror}; choose another --job.dump_folder"
+        ) from None
 
 
 def _remove_outputs(folder: Path, checkpoint_folder: str, cfg: Config) -> None:
     paths = [folder / name for name in (*OUTPUTS, checkpoint_folder)]
     # This run may start from the old run's outputs (init_from its hf export, say): keep them.
-    inputs = {"[model] init_from": cfg.model.init_from, "[checkpoint] load_path": cfg.checkpoint.load_path,
-              "[tokenizer] path": cfg.tokenizer.path}
+    inputs = {
+        "[model] init_from": cfg.model.init_from,
+        "[checkpoint] load_path": cfg.checkpoint.load_path,
+        "[tokenizer] path": cfg.tokenizer.path,
+    }
     for what, value in inputs.items():
         if value and any(Path(value).resolve().is_relative_to(p.resolve()) for p in paths):
-            raise UserError(f"--job.overwrite true would delete {what} = {value}, which this run reads; copy it "
-                            "out of the dump folder first, or choose another --job.dump_folder")
+            raise UserError(
+                f"--job.overwrite true would delete {what} = {value}, which this run reads; copy it "
+                "out of the dump folder first, or choose another --job.dump_folder"
+            )
     for path in paths:
         if path.is_dir():
             shutil.rmtree(path)
@@ -92,6 +120,8 @@ def check_space(folder: Path, n_params: int, checkpoints: bool) -> None:
     need = BYTES_PER_PARAM * n_params
     free = shutil.disk_usage(folder).free
     if free < need:
-        raise UserError(f"dump folder {folder} has {free / 2**30:.2f} GiB free but a checkpoint of this "
-                        f"{n_params / 1e6:.1f}M-parameter model needs about {need / 2**30:.2f} GiB; free some space, "
-                        "choose another --job.dump_folder, or set [checkpoint] enable = false")
+        raise UserError(
+            f"dump folder {folder} has {free / 2**30:.2f} GiB free but a checkpoint of this "
+            f"{n_params / 1e6:.1f}M-parameter model needs about {need / 2**30:.2f} GiB; free some space, "
+            "choose another --job.dump_folder, or set [checkpoint] enable = false"
+        )

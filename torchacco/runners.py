@@ -5,8 +5,9 @@ job's kernels on a side stream, ordered against the compute stream by events.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

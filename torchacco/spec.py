@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch.nn as nn
 
@@ -40,8 +41,13 @@ class HFAdapter:
     args_from_hf_config: Callable[[dict], Any]  # HF config.json -> args
 
 
-def renaming_adapter(label: str, name_map: Callable[[Any], dict[str, str]], ignored: Callable[[str, Any], bool],
-                     hf_config: Callable[[Any], dict], args_from_hf_config: Callable[[dict], Any]) -> HFAdapter:
+def renaming_adapter(
+    label: str,
+    name_map: Callable[[Any], dict[str, str]],
+    ignored: Callable[[str, Any], bool],
+    hf_config: Callable[[Any], dict],
+    args_from_hf_config: Callable[[dict], Any],
+) -> HFAdapter:
     """The adapter of a model whose Hugging Face checkpoint is its own tensors under other
     names: `name_map(args)` gives ours -> theirs; `ignored(hf_name, args)` names HF tensors
     to drop on the way in (a tied head, old buffers)."""
@@ -104,8 +110,7 @@ class ModelSpec:
     def args(self, flavor: str, **overrides) -> Any:
         if flavor not in self.flavors:
             raise UserError(
-                f"model '{self.name}' has no flavor '{flavor}'; "
-                f"choose one of: {', '.join(sorted(self.flavors))}"
+                f"model '{self.name}' has no flavor '{flavor}'; choose one of: {', '.join(sorted(self.flavors))}"
             )
         overrides = {k: v for k, v in overrides.items() if v is not None}
         return replace(self.flavors[flavor], **overrides)
@@ -123,14 +128,18 @@ def get_model_spec(name: str) -> ModelSpec:
         try:
             module = importlib.import_module(name)
         except ImportError as e:
-            raise UserError(f"[model] name = '{name}': cannot import it ({e}); put its package on PYTHONPATH, or "
-                            f"use a folder of models/ ({', '.join(available_models())})") from None
+            raise UserError(
+                f"[model] name = '{name}': cannot import it ({e}); put its package on PYTHONPATH, or "
+                f"use a folder of models/ ({', '.join(available_models())})"
+            ) from None
         where = f"module {name}"
     else:
         names = available_models()
         if name not in names:
-            raise UserError(f"unknown model '{name}' ([model] name); available: {', '.join(names)}, or a module "
-                            "path (my_package.my_model) whose `spec` is a ModelSpec")
+            raise UserError(
+                f"unknown model '{name}' ([model] name); available: {', '.join(names)}, or a module "
+                "path (my_package.my_model) whose `spec` is a ModelSpec"
+            )
         module = importlib.import_module(f"torchacco.models.{name}")
         where = f"models/{name}/__init__.py"
     spec = getattr(module, "spec", None)

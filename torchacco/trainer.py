@@ -45,8 +45,9 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
         set_cpu_threads(cfg.training.num_threads, local_world)
     own_group = not dist.is_initialized()
     p = cfg.parallelism
-    dims = init_distributed(device, cfg.training.collective_timeout_s, p.tensor_parallel_degree,
-                            p.pipeline_parallel_degree)
+    dims = init_distributed(
+        device, cfg.training.collective_timeout_s, p.tensor_parallel_degree, p.pipeline_parallel_degree
+    )
     heartbeat = health.start(dims.rank, dims.world_size)
     sigterm = health.SigtermGuard()
     clean = False
@@ -61,8 +62,11 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
         # torchrun stops the survivors of a dead worker: find out who died before exiting.
         sigterm.defer()
         diagnosis = heartbeat.diagnose()
-        cause = ("stopped by SIGTERM" if isinstance(e, Terminated) else
-                 f"a collective failed ({str(e).strip().splitlines()[-1][:120]})")
+        cause = (
+            "stopped by SIGTERM"
+            if isinstance(e, Terminated)
+            else f"a collective failed ({str(e).strip().splitlines()[-1][:120]})"
+        )
         if isinstance(e, Terminated) and "stopped responding" not in diagnosis:
             raise Terminated() from None  # a plain SIGTERM: exit quietly with 143
         raise PeerFailure(
@@ -125,10 +129,12 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     val_loader = data.build_dataloader(val_set, t.local_batch_size)
     state = TrainState(dims.dp_size)
     health.current().enter("checkpoint load")
-    checkpointer, resumed = resume(cfg.checkpoint, folder, dims, strategy, state, train_loader,
-                                   timedelta(seconds=t.collective_timeout_s))
-    log = MetricsLogger(folder, dims.is_main, cfg.metrics.tensorboard, cfg.metrics.progress_bar, t.steps,
-                        keep_until_step=state.step)
+    checkpointer, resumed = resume(
+        cfg.checkpoint, folder, dims, strategy, state, train_loader, timedelta(seconds=t.collective_timeout_s)
+    )
+    log = MetricsLogger(
+        folder, dims.is_main, cfg.metrics.tensorboard, cfg.metrics.progress_bar, t.steps, keep_until_step=state.step
+    )
     if resumed:
         log.info(f"torchacco: {resumed}")
     log.info(
@@ -140,8 +146,9 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
 
     try:
         throughput = Throughput(flops_per_token, dims.world_size, device, dtype)
-        summary = _loop(cfg, dims, device, strategy, state, train_loader, val_loader, log, throughput,
-                        checkpointer, pipeline)
+        summary = _loop(
+            cfg, dims, device, strategy, state, train_loader, val_loader, log, throughput, checkpointer, pipeline
+        )
         if cfg.checkpoint.export_hf:
             health.current().enter("export to Hugging Face format")
             exported = export_hf(cfg.model.name, strategy, dims, folder / "hf", cfg.checkpoint.export_dtype, tokenizer)
@@ -155,8 +162,19 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     return summary
 
 
-def _loop(cfg: Config, dims: ParallelDims, device: Device, strategy: Strategy, state: TrainState, train_loader,
-          val_loader, log: MetricsLogger, throughput: Throughput, checkpointer, pipeline=None) -> dict:
+def _loop(
+    cfg: Config,
+    dims: ParallelDims,
+    device: Device,
+    strategy: Strategy,
+    state: TrainState,
+    train_loader,
+    val_loader,
+    log: MetricsLogger,
+    throughput: Throughput,
+    checkpointer,
+    pipeline=None,
+) -> dict:
     t = cfg.training
     batches = iter(train_loader)  # after a resume: continues where the checkpoint left off
     autocast = strategy.autocast_dtype(compute_dtype(t.mixed_precision, device))
@@ -182,8 +200,13 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, strategy: Strategy, s
         done = bool(step == t.steps or (t.max_tokens and tokens_seen >= t.max_tokens))
         evaluate_now = cfg.eval.every and (step % cfg.eval.every == 0 or done) and not stop_for_nonfinite
         if step % cfg.metrics.log_every == 0 or step == 1 or done or evaluate_now or result.skipped:
-            record = {"step": step, "tokens": int(tokens_seen), "loss": result.loss, "lr": result.lr,
-                      **throughput.since_last(tokens_seen, result)}
+            record = {
+                "step": step,
+                "tokens": int(tokens_seen),
+                "loss": result.loss,
+                "lr": result.lr,
+                **throughput.since_last(tokens_seen, result),
+            }
             if state.skipped:
                 record |= {"skipped": result.skipped, "skipped_steps": state.skipped}
             if evaluate_now:
@@ -215,22 +238,30 @@ def _count_nonfinite(t, state: TrainState, result) -> str | None:
         return None
     state.skipped += 1
     state.skips_in_a_row += 1
-    source = (f"the loss of rank(s) {', '.join(map(str, result.nonfinite_ranks))}" if result.nonfinite_ranks
-              else "the gradients")
+    source = (
+        f"the loss of rank(s) {', '.join(map(str, result.nonfinite_ranks))}"
+        if result.nonfinite_ranks
+        else "the gradients"
+    )
     advice = "lower [optimizer] lr, raise [lr_schedule] warmup_steps, or check the data"
     if t.on_nonfinite == "abort":
-        return (f"non-finite loss or gradient at step {state.step} (from {source}; loss {result.loss}, gradient "
-                f"norm {result.grad_norm}); the update was not applied. {advice}, or set [training] "
-                "on_nonfinite = 'skip' to skip such updates")
+        return (
+            f"non-finite loss or gradient at step {state.step} (from {source}; loss {result.loss}, gradient "
+            f"norm {result.grad_norm}); the update was not applied. {advice}, or set [training] "
+            "on_nonfinite = 'skip' to skip such updates"
+        )
     if state.skips_in_a_row >= t.max_skips_in_a_row:
-        return (f"{state.skips_in_a_row} updates in a row had a non-finite loss or gradient (steps "
-                f"{state.step - state.skips_in_a_row + 1}-{state.step}, last from {source}); stopping "
-                f"([training] max_skips_in_a_row = {t.max_skips_in_a_row}). {advice}")
+        return (
+            f"{state.skips_in_a_row} updates in a row had a non-finite loss or gradient (steps "
+            f"{state.step - state.skips_in_a_row + 1}-{state.step}, last from {source}); stopping "
+            f"([training] max_skips_in_a_row = {t.max_skips_in_a_row}). {advice}"
+        )
     return None
 
 
-def compute_period(strategy: Strategy, batches, device: Device, autocast, times: dict, pipeline=None,
-                   poison: bool = False) -> Counts:
+def compute_period(
+    strategy: Strategy, batches, device: Device, autocast, times: dict, pipeline=None, poison: bool = False
+) -> Counts:
     """Forward and backward over one compute period's micro-batches: what this rank computed.
     With a pipeline, each micro-batch is one schedule step (its loss sum is 0 except on the
     last stage)."""

@@ -29,13 +29,17 @@ def validate(cfg: Config, world_size: int, local_world_size: int | None = None) 
     dp_size = check_parallelism(cfg.parallelism, world_size)
     folder = Path(cfg.checkpoint.folder)
     if not cfg.checkpoint.folder.strip() or folder.is_absolute() or ".." in folder.parts or folder == Path("."):
-        raise UserError(f"[checkpoint] folder = {cfg.checkpoint.folder!r} must name a folder inside the dump folder "
-                        "(e.g. \"checkpoint\"); to keep checkpoints elsewhere, choose --job.dump_folder there")
+        raise UserError(
+            f"[checkpoint] folder = {cfg.checkpoint.folder!r} must name a folder inside the dump folder "
+            '(e.g. "checkpoint"); to keep checkpoints elsewhere, choose --job.dump_folder there'
+        )
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
     if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
-        raise UserError(f"[model] init_from = {cfg.model.init_from} is not a Hugging Face folder with a config.json; "
-                        "point it at a folder exported by torchacco (<dump_folder>/hf) or downloaded from the Hub")
+        raise UserError(
+            f"[model] init_from = {cfg.model.init_from} is not a Hugging Face folder with a config.json; "
+            "point it at a folder exported by torchacco (<dump_folder>/hf) or downloaded from the Hub"
+        )
     for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s", "max_skips_in_a_row"):
         if getattr(t, key) <= 0:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")

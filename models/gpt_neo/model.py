@@ -61,8 +61,7 @@ class ModelArgs:
         """
         n = self.num_params(embeddings=False) + self.vocab_size * self.dim
         spans = sum(
-            seq_len if self.layer_type(i) == "global" else min(seq_len, self.window_size)
-            for i in range(self.n_layers)
+            seq_len if self.layer_type(i) == "global" else min(seq_len, self.window_size) for i in range(self.n_layers)
         )
         return 6 * n + 12 * self.dim * spans
 

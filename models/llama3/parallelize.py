@@ -5,31 +5,53 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from torchacco.parallel.tensor import (ColwiseParallel, Replicate, RowwiseParallel, SequenceParallel, Shard,
-                                       sequence_parallel_block)
+from torchacco.parallel.tensor import (
+    ColwiseParallel,
+    Replicate,
+    RowwiseParallel,
+    SequenceParallel,
+    Shard,
+    sequence_parallel_block,
+)
 from torchacco.spec import PipelinePlan, TensorParallelPlan
 
 
 def tp_plans(model: nn.Module) -> tuple[dict, dict]:
-    top = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-           "norm": SequenceParallel()}
+    top = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+    }
     if model.output is not None:  # untied head: split by vocabulary, logits gathered
         top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
-    block = sequence_parallel_block("attention", ["wq", "wk", "wv"], "wo", "feed_forward", ["w1", "w3"], "w2",
-                                    ["attention_norm", "ffn_norm"], extra_inputs=1)  # the RoPE table
+    block = sequence_parallel_block(
+        "attention",
+        ["wq", "wk", "wv"],
+        "wo",
+        "feed_forward",
+        ["w1", "w3"],
+        "w2",
+        ["attention_norm", "ffn_norm"],
+        extra_inputs=1,
+    )  # the RoPE table
     return top, block
 
 
 def tp_split_sizes(args) -> list[tuple[str, int]]:
     # grouped-query attention: whole kv heads per rank
-    return [("n_heads", args.n_heads), ("n_kv_heads", args.kv_heads), ("ffn hidden dim", args.hidden_dim),
-            ("vocab_size", args.vocab_size)]
+    return [
+        ("n_heads", args.n_heads),
+        ("n_kv_heads", args.kv_heads),
+        ("ffn hidden dim", args.hidden_dim),
+        ("vocab_size", args.vocab_size),
+    ]
 
 
 def pipeline_unsupported(args) -> str | None:
     if args.tie_embeddings:
-        return ("its output head is tied to the input embedding, which would live on the first and the last stage; "
-                "use tensor_parallel_degree instead, or a flavor with an untied head (8B, 70B)")
+        return (
+            "its output head is tied to the input embedding, which would live on the first and the last stage; "
+            "use tensor_parallel_degree instead, or a flavor with an untied head (8B, 70B)"
+        )
     return None
 
 

@@ -77,14 +77,14 @@ class ClusterPlan:
     """What to build: pure data. `setup_commands()` / `teardown_commands()` are the shell commands."""
 
     nodes: int = 2
-    rate_bps: float | None = None       # per link and direction; None: unshaped veth
-    latency_ms: float = 0.0             # one-way, needs netem
-    slow_node: int | None = None        # index of the node made slow
-    slow_factor: float = 1.0            # the slow node gets cpu_per_node / slow_factor cores
-    cpu_per_node: float | None = None   # cores per node (a CFS quota on every node); None: no quota
-    prefix: str = ""                    # namespace and cgroup names; unique per run
-    subnet: str = "10.77.0"             # /24 inside the namespaces
-    cgroup: str = "v1"                  # v1 (cpu controller at /sys/fs/cgroup/cpu) or v2
+    rate_bps: float | None = None  # per link and direction; None: unshaped veth
+    latency_ms: float = 0.0  # one-way, needs netem
+    slow_node: int | None = None  # index of the node made slow
+    slow_factor: float = 1.0  # the slow node gets cpu_per_node / slow_factor cores
+    cpu_per_node: float | None = None  # cores per node (a CFS quota on every node); None: no quota
+    prefix: str = ""  # namespace and cgroup names; unique per run
+    subnet: str = "10.77.0"  # /24 inside the namespaces
+    cgroup: str = "v1"  # v1 (cpu controller at /sys/fs/cgroup/cpu) or v2
 
     def __post_init__(self):
         if not self.prefix:
@@ -135,33 +135,75 @@ class ClusterPlan:
         cmds = []
         parent = ["root"]
         if self.latency_ms:
-            cmds.append(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:",
-                         "netem", "delay", f"{self.latency_ms:g}ms"])
+            cmds.append(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "handle",
+                    "1:",
+                    "netem",
+                    "delay",
+                    f"{self.latency_ms:g}ms",
+                ]
+            )
             parent = ["parent", "1:1"]
         if self.rate_bps is not None:
             rate_bytes = self.rate_bps / 8
             # burst: >= rate / HZ and a few MTUs; queue: ~100 ms of traffic (TCP sees no drops that matter)
             burst = int(max(32_000, rate_bytes / 100))
             limit = int(max(4 * burst, rate_bytes / 10))
-            cmds.append(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "10:",
-                         "tbf", "rate", f"{int(self.rate_bps)}bit", "burst", str(burst), "limit", str(limit)])
+            cmds.append(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    *parent,
+                    "handle",
+                    "10:",
+                    "tbf",
+                    "rate",
+                    f"{int(self.rate_bps)}bit",
+                    "burst",
+                    str(burst),
+                    "limit",
+                    str(limit),
+                ]
+            )
         return cmds
 
     def setup_commands(self) -> list[list[str]]:
         sw = self.switch
-        cmds = [["ip", "netns", "add", sw],
-                ["ip", "-n", sw, "link", "add", "br0", "type", "bridge"],
-                ["ip", "-n", sw, "link", "set", "br0", "up"],
-                ["ip", "-n", sw, "link", "set", "lo", "up"]]
+        cmds = [
+            ["ip", "netns", "add", sw],
+            ["ip", "-n", sw, "link", "add", "br0", "type", "bridge"],
+            ["ip", "-n", sw, "link", "set", "br0", "up"],
+            ["ip", "-n", sw, "link", "set", "lo", "up"],
+        ]
         for i in range(self.nodes):
             ns = self.namespace(i)
-            cmds += [["ip", "netns", "add", ns],
-                     ["ip", "-n", sw, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0", "netns", ns],
-                     ["ip", "-n", sw, "link", "set", f"p{i}", "master", "br0"],
-                     ["ip", "-n", sw, "link", "set", f"p{i}", "up"],
-                     ["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", "eth0"],
-                     ["ip", "-n", ns, "link", "set", "eth0", "up"],
-                     ["ip", "-n", ns, "link", "set", "lo", "up"]]
+            cmds += [
+                ["ip", "netns", "add", ns],
+                ["ip", "-n", sw, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0", "netns", ns],
+                ["ip", "-n", sw, "link", "set", f"p{i}", "master", "br0"],
+                ["ip", "-n", sw, "link", "set", f"p{i}", "up"],
+                ["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", "eth0"],
+                ["ip", "-n", ns, "link", "set", "eth0", "up"],
+                ["ip", "-n", ns, "link", "set", "lo", "up"],
+            ]
             # node -> switch (the node's upload) and switch -> node (its download)
             cmds += self.shaping_commands(ns, "eth0")
             cmds += self.shaping_commands(sw, f"p{i}")
@@ -173,8 +215,10 @@ class ClusterPlan:
             d = self.cgroup_dir(i)
             cmds.append(["mkdir", "-p", str(d)])
             if self.cgroup == "v1":
-                cmds += [["write", str(d / "cpu.cfs_period_us"), str(CFS_PERIOD_US)],
-                         ["write", str(d / "cpu.cfs_quota_us"), str(quota)]]
+                cmds += [
+                    ["write", str(d / "cpu.cfs_period_us"), str(CFS_PERIOD_US)],
+                    ["write", str(d / "cpu.cfs_quota_us"), str(quota)],
+                ]
             else:
                 cmds.append(["write", str(d / "cpu.max"), f"{quota} {CFS_PERIOD_US}"])
         return cmds
@@ -197,6 +241,7 @@ class ClusterPlan:
 
 # preflight -----------------------------------------------------------------------------------
 
+
 def detect_cgroup() -> str | None:
     """'v1' when the v1 cpu controller is mounted, 'v2' when the unified hierarchy offers cpu, else None."""
     if (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():
@@ -214,28 +259,56 @@ def preflight(need_cgroup: bool = False, need_netem: bool = False) -> str | None
     if sys.platform != "linux":
         raise ClusterError("the emulated cluster needs Linux (network namespaces, tc, cgroups)")
     if os.geteuid() != 0:
-        raise ClusterError("the emulated cluster needs root (network namespaces, tc and cgroups); "
-                           "run it with sudo, e.g. sudo .venv/bin/python -m torchacco.bench ...")
+        raise ClusterError(
+            "the emulated cluster needs root (network namespaces, tc and cgroups); "
+            "run it with sudo, e.g. sudo .venv/bin/python -m torchacco.bench ..."
+        )
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             raise ClusterError(f"`{tool}` not found; install iproute2")
     probe = f"taccprobe{os.getpid() % 100000}"
     try:
         _run(["ip", "netns", "add", probe], "network namespaces are not available (ip netns add failed)")
-        _run(["ip", "-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "b0"],
-             "veth pairs are not available in this kernel")
-        _run(["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "a0", "root", "tbf", "rate", "1mbit",
-              "burst", "32000", "limit", "100000"], "tc tbf (the sch_tbf qdisc) is not available in this kernel")
+        _run(
+            ["ip", "-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "b0"],
+            "veth pairs are not available in this kernel",
+        )
+        _run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                probe,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                "a0",
+                "root",
+                "tbf",
+                "rate",
+                "1mbit",
+                "burst",
+                "32000",
+                "limit",
+                "100000",
+            ],
+            "tc tbf (the sch_tbf qdisc) is not available in this kernel",
+        )
         if need_netem:
-            _run(["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "b0", "root", "netem", "delay", "1ms"],
-                 "tc netem (sch_netem) is not available in this kernel, so link latency cannot be emulated; "
-                 "drop --latency-ms (the cost model, `python -m torchacco.bench predict`, models latency)")
+            _run(
+                ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "b0", "root", "netem", "delay", "1ms"],
+                "tc netem (sch_netem) is not available in this kernel, so link latency cannot be emulated; "
+                "drop --latency-ms (the cost model, `python -m torchacco.bench predict`, models latency)",
+            )
     finally:
         subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     kind = detect_cgroup()
     if need_cgroup and kind is None:
-        raise ClusterError("no cgroup cpu controller (v1 /sys/fs/cgroup/cpu or v2 with 'cpu' in cgroup.controllers); "
-                           "a slow worker / CPU quota cannot be emulated")
+        raise ClusterError(
+            "no cgroup cpu controller (v1 /sys/fs/cgroup/cpu or v2 with 'cpu' in cgroup.controllers); "
+            "a slow worker / CPU quota cannot be emulated"
+        )
     return kind
 
 
@@ -278,6 +351,7 @@ def stale_namespaces(prefix_re: str = r"tacc(\d+)(sw|n\d+)") -> list[str]:
 
 # the cluster ---------------------------------------------------------------------------------
 
+
 class Cluster:
     """Context manager: builds the plan, launches per-node commands, always tears down."""
 
@@ -287,9 +361,11 @@ class Cluster:
         self._built = False
         self._old_handlers = {}
 
-    def __enter__(self) -> "Cluster":
-        kind = preflight(need_cgroup=any(self.plan.cores(i) is not None for i in range(self.plan.nodes)),
-                         need_netem=bool(self.plan.latency_ms))
+    def __enter__(self) -> Cluster:
+        kind = preflight(
+            need_cgroup=any(self.plan.cores(i) is not None for i in range(self.plan.nodes)),
+            need_netem=bool(self.plan.latency_ms),
+        )
         if kind:
             self.plan.cgroup = kind
         for name in stale_namespaces():
@@ -327,8 +403,15 @@ class Cluster:
 
         out = open(log, "w") if log else subprocess.DEVNULL
         try:
-            proc = subprocess.Popen(self.plan.node_command(i, argv), env=env, cwd=ROOT, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=enter_cgroup)
+            proc = subprocess.Popen(
+                self.plan.node_command(i, argv),
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=enter_cgroup,
+            )
         finally:
             if log:
                 out.close()
@@ -369,34 +452,90 @@ class Cluster:
 
 # training on the cluster ---------------------------------------------------------------------
 
-def train_argv(plan: ClusterPlan, i: int, train_args: list[str], port: int, module: str = "torchacco.bench.node_train",
-               python: str = sys.executable, run_id: str = "tacc") -> list[str]:
+
+def train_argv(
+    plan: ClusterPlan,
+    i: int,
+    train_args: list[str],
+    port: int,
+    module: str = "torchacco.bench.node_train",
+    python: str = sys.executable,
+    run_id: str = "tacc",
+) -> list[str]:
     """The per-node torchrun command: one process per node, c10d rendezvous at node 0."""
-    return [python, "-m", "torchacco.launch", "--nnodes", str(plan.nodes), "--node_rank", str(i),
-            "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{plan.address(0)}:{port}",
-            "--rdzv_id", run_id, "--rdzv_conf", f"is_host={int(i == 0)}", "--local_addr", plan.address(i),
-            "--max_restarts", "0", "--monitor_interval", "0.5",
-            "-m", module, *train_args]
+    return [
+        python,
+        "-m",
+        "torchacco.launch",
+        "--nnodes",
+        str(plan.nodes),
+        "--node_rank",
+        str(i),
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"{plan.address(0)}:{port}",
+        "--rdzv_id",
+        run_id,
+        "--rdzv_conf",
+        f"is_host={int(i == 0)}",
+        "--local_addr",
+        plan.address(i),
+        "--max_restarts",
+        "0",
+        "--monitor_interval",
+        "0.5",
+        "-m",
+        module,
+        *train_args,
+    ]
 
 
 def node_env(threads: int = 1, extra: dict | None = None) -> dict:
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": str(threads),
-           "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+    }
     for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_ERROR_FILE"):
         env.pop(key, None)
     return {**env, **(extra or {})}
 
 
-def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout_s: float = 900,
-                 port: int = 29400, threads: int = 1, verbose: bool = False, env: dict | None = None) -> dict:
+def run_training(
+    plan: ClusterPlan,
+    train_args: list[str],
+    folder: Path,
+    timeout_s: float = 900,
+    port: int = 29400,
+    threads: int = 1,
+    verbose: bool = False,
+    env: dict | None = None,
+) -> dict:
     """Train on the emulated cluster; returns {'records': metrics.jsonl, 'ranks': per-rank reports, 'wall_s'}.
 
     Raises ClusterError (one line, the tail of the failing node's log) when a node fails or times out."""
     folder.mkdir(parents=True, exist_ok=True)
-    args = [*train_args, "--job.dump_folder", str(folder), "--job.overwrite", "true",  # it holds the node logs
-            "--training.num_threads", str(threads)]
-    validate = subprocess.run([sys.executable, "-m", "torchacco.validate", *args], cwd=ROOT, capture_output=True,
-                              text=True, env={**os.environ, "WORLD_SIZE": str(plan.nodes), "LOCAL_WORLD_SIZE": "1"})
+    args = [
+        *train_args,
+        "--job.dump_folder",
+        str(folder),
+        "--job.overwrite",
+        "true",  # it holds the node logs
+        "--training.num_threads",
+        str(threads),
+    ]
+    validate = subprocess.run(
+        [sys.executable, "-m", "torchacco.validate", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "WORLD_SIZE": str(plan.nodes), "LOCAL_WORLD_SIZE": "1"},
+    )
     if validate.returncode:
         last = validate.stderr.strip().splitlines()[-1] if validate.stderr.strip() else "invalid config"
         raise ClusterError(last.removeprefix("torchacco: error: "))
@@ -404,8 +543,17 @@ def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout
     return {"records": read_records(folder), "ranks": read_rank_reports(folder), "wall_s": wall}
 
 
-def run_nodes(plan: ClusterPlan, module: str, args: list[str], folder: Path, timeout_s: float = 900,
-              port: int = 29400, threads: int = 1, verbose: bool = False, extra_env: dict | None = None) -> float:
+def run_nodes(
+    plan: ClusterPlan,
+    module: str,
+    args: list[str],
+    folder: Path,
+    timeout_s: float = 900,
+    port: int = 29400,
+    threads: int = 1,
+    verbose: bool = False,
+    extra_env: dict | None = None,
+) -> float:
     """Build the cluster, run `module args` under one torchrun agent per node, tear down. Returns wall seconds.
 
     Raises ClusterError (one line: the failing node's last error) when a node fails or the run times out."""
@@ -413,10 +561,15 @@ def run_nodes(plan: ClusterPlan, module: str, args: list[str], folder: Path, tim
     env = node_env(threads, {"TORCHACCO_NODE_REPORT_DIR": str(folder), **(extra_env or {})})
     started = time.perf_counter()
     with Cluster(plan, verbose=verbose) as cluster:
-        procs = [cluster.launch(i, train_argv(plan, i, args, port, module=module, run_id=plan.prefix),
-                                {**env, "TORCHACCO_NODE_ADDR": plan.address(i), "TORCHACCO_NODE_INDEX": str(i)},
-                                folder / f"node{i}.log")
-                 for i in range(plan.nodes)]
+        procs = [
+            cluster.launch(
+                i,
+                train_argv(plan, i, args, port, module=module, run_id=plan.prefix),
+                {**env, "TORCHACCO_NODE_ADDR": plan.address(i), "TORCHACCO_NODE_INDEX": str(i)},
+                folder / f"node{i}.log",
+            )
+            for i in range(plan.nodes)
+        ]
         deadline = time.monotonic() + timeout_s
         failed = None
         while any(p.poll() is None for p in procs):
@@ -425,13 +578,16 @@ def run_nodes(plan: ClusterPlan, module: str, args: list[str], folder: Path, tim
                 failed = bad[0]
                 break
             if time.monotonic() > deadline:
-                raise ClusterError(f"the cluster run did not finish within {timeout_s:.0f} s (logs: {folder}/node*.log)")
+                raise ClusterError(
+                    f"the cluster run did not finish within {timeout_s:.0f} s (logs: {folder}/node*.log)"
+                )
             time.sleep(0.2)
         if failed is None:
             failed = next((i for i, p in enumerate(procs) if p.returncode), None)
         if failed is not None:
-            raise ClusterError(f"node {failed} failed: {_last_error(folder / f'node{failed}.log')} "
-                               f"(logs: {folder}/node*.log)")
+            raise ClusterError(
+                f"node {failed} failed: {_last_error(folder / f'node{failed}.log')} (logs: {folder}/node*.log)"
+            )
     return time.perf_counter() - started
 
 
@@ -470,8 +626,14 @@ def read_rank_reports(folder: Path) -> list[dict]:
 
 
 def plan_from_args(args) -> ClusterPlan:
-    return ClusterPlan(nodes=args.nodes, rate_bps=parse_rate(args.rate), latency_ms=args.latency_ms,
-                       slow_node=args.slow_node, slow_factor=args.slow_factor, cpu_per_node=args.cpu_per_node)
+    return ClusterPlan(
+        nodes=args.nodes,
+        rate_bps=parse_rate(args.rate),
+        latency_ms=args.latency_ms,
+        slow_node=args.slow_node,
+        slow_factor=args.slow_factor,
+        cpu_per_node=args.cpu_per_node,
+    )
 
 
 def add_cluster_args(parser: argparse.ArgumentParser, nodes: int = 2) -> None:
@@ -511,8 +673,12 @@ def main(argv=None) -> int:
         from torchacco.bench.compare import summarize
 
         summary = summarize(result["records"], min(2, len(result["records"]) - 1))
-        print(json.dumps({"plan": plan.describe(), "wall_s": round(result["wall_s"], 1), **summary,
-                          "ranks": result["ranks"]}, indent=2))
+        print(
+            json.dumps(
+                {"plan": plan.describe(), "wall_s": round(result["wall_s"], 1), **summary, "ranks": result["ranks"]},
+                indent=2,
+            )
+        )
         return 0
 
     return run_cli(run)
@@ -543,18 +709,27 @@ c.shutdown(socket.SHUT_WR); c.recv(1); print(sent * 8 / (time.perf_counter() - t
 """
 
 
-def measure_link(cluster: "Cluster", src: int = 1, dst: int = 0, megabytes: float = 8, port: int = 29399) -> float:
+def measure_link(cluster: Cluster, src: int = 1, dst: int = 0, megabytes: float = 8, port: int = 29399) -> float:
     """Bits per second of one TCP stream from node src to node dst (checks the shaping)."""
     plan = cluster.plan
-    sink = subprocess.Popen(plan.node_command(dst, [sys.executable, "-c", _SINK, plan.address(dst), str(port)]),
-                            stdout=subprocess.PIPE, text=True)
+    sink = subprocess.Popen(
+        plan.node_command(dst, [sys.executable, "-c", _SINK, plan.address(dst), str(port)]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         sink.stdout.readline()
-        out = subprocess.run(plan.node_command(src, [sys.executable, "-c", _SOURCE, plan.address(dst), str(port),
-                                                     str(megabytes)]), capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            plan.node_command(src, [sys.executable, "-c", _SOURCE, plan.address(dst), str(port), str(megabytes)]),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if out.returncode:
-            raise ClusterError(f"node {src} cannot reach node {dst} at {plan.address(dst)}:{port}: "
-                               f"{(out.stderr.strip().splitlines() or ['?'])[-1]}")
+            raise ClusterError(
+                f"node {src} cannot reach node {dst} at {plan.address(dst)}:{port}: "
+                f"{(out.stderr.strip().splitlines() or ['?'])[-1]}"
+            )
         return float(out.stdout.strip())
     finally:
         sink.kill()

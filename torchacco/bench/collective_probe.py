@@ -29,8 +29,11 @@ def main() -> int:
     shard = torch.empty(numel // world)
     rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    ops = {"reduce_scatter": lambda: rs(shard, full), "all_gather": lambda: ag(full, shard),
-           "all_reduce": lambda: dist.all_reduce(full)}
+    ops = {
+        "reduce_scatter": lambda: rs(shard, full),
+        "all_gather": lambda: ag(full, shard),
+        "all_reduce": lambda: dist.all_reduce(full),
+    }
     result = {"numel": numel, "bytes": numel * 4, "world": world}
     for name, op in ops.items():
         times, cpu = [], []

@@ -26,14 +26,40 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_variant(config: str, overrides: list[str], steps: int, folder: Path, nproc: int, delay_ms: float) -> list[dict]:
-    args = ["--config", config, "--training.steps", str(steps), "--metrics.log_every", "1",
-            "--metrics.progress_bar", "false", "--metrics.tensorboard", "false", "--eval.every", "0",
-            "--job.dump_folder", str(folder), *overrides]
+    args = [
+        "--config",
+        config,
+        "--training.steps",
+        str(steps),
+        "--metrics.log_every",
+        "1",
+        "--metrics.progress_bar",
+        "false",
+        "--metrics.tensorboard",
+        "false",
+        "--eval.every",
+        "0",
+        "--job.dump_folder",
+        str(folder),
+        *overrides,
+    ]
     env = {**os.environ, "TORCHACCO_BENCH_COMM_DELAY_MS": str(delay_ms)}
-    subprocess.run([sys.executable, "-m", "torchacco.validate", *args], check=True, cwd=ROOT,
-                   env={**env, "WORLD_SIZE": str(nproc)})
-    cmd = [sys.executable, "-m", "torchacco.launch", "--standalone", "--nnodes", "1", "--nproc_per_node",
-           str(nproc), "-m", "torchacco.bench.delayed_train", *args]
+    subprocess.run(
+        [sys.executable, "-m", "torchacco.validate", *args], check=True, cwd=ROOT, env={**env, "WORLD_SIZE": str(nproc)}
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchacco.launch",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        "torchacco.bench.delayed_train",
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
@@ -65,8 +91,12 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--nproc", type=int, default=int(os.environ.get("NPROC", 2)))
-    parser.add_argument("--comm-delay-ms", type=float, default=0.0,
-                        help="BENCHMARK ONLY: artificial delay before each sharded-job collective")
+    parser.add_argument(
+        "--comm-delay-ms",
+        type=float,
+        default=0.0,
+        help="BENCHMARK ONLY: artificial delay before each sharded-job collective",
+    )
     parser.add_argument("--out", default="bench_results/compare")
     args = parser.parse_args(argv)
 
@@ -75,28 +105,51 @@ def main(argv=None) -> int:
     results = {}
     for name, overrides in args.variant:
         started = time.perf_counter()
-        records = run_variant(args.config, shlex.split(overrides), args.steps, out.parent / "runs" / out.name / name,
-                              args.nproc, args.comm_delay_ms)
-        results[name] = {"overrides": overrides, **summarize(records, args.warmup),
-                         "wall_s": time.perf_counter() - started}
+        records = run_variant(
+            args.config,
+            shlex.split(overrides),
+            args.steps,
+            out.parent / "runs" / out.name / name,
+            args.nproc,
+            args.comm_delay_ms,
+        )
+        results[name] = {
+            "overrides": overrides,
+            **summarize(records, args.warmup),
+            "wall_s": time.perf_counter() - started,
+        }
     base = next(iter(results.values()))
     for r in results.values():
         r["speedup_tokens_per_s"] = r["tokens_per_s"] / base["tokens_per_s"]
 
-    header = ("| variant | tokens/s | step time (s) | exposed comm (s) | overlap | final loss | tokens/s vs first |\n"
-              "|---|---:|---:|---:|---:|---:|---:|\n")
+    header = (
+        "| variant | tokens/s | step time (s) | exposed comm (s) | overlap | final loss | tokens/s vs first |\n"
+        "|---|---:|---:|---:|---:|---:|---:|\n"
+    )
     rows = "".join(
         f"| {name} | {r['tokens_per_s']:,.0f} | {r['step_time_s']:.3f} | {r['exposed_comm_s']:.3f} | "
         f"{r['overlap']:.0%} | {r['final_loss']:.4f} | {r['speedup_tokens_per_s']:.2f}× |\n"
-        for name, r in results.items())
-    meta = (f"config `{args.config}`, {args.nproc} processes, {args.steps} steps ({args.warmup} dropped), "
-            f"artificial per-collective delay {args.comm_delay_ms:g} ms (benchmark only)\n\n")
+        for name, r in results.items()
+    )
+    meta = (
+        f"config `{args.config}`, {args.nproc} processes, {args.steps} steps ({args.warmup} dropped), "
+        f"artificial per-collective delay {args.comm_delay_ms:g} ms (benchmark only)\n\n"
+    )
     table = meta + header + rows
     print(table)
     out.with_suffix(".md").write_text(table)
-    out.with_suffix(".json").write_text(json.dumps({"config": args.config, "nproc": args.nproc, "steps": args.steps,
-                                                    "comm_delay_ms": args.comm_delay_ms, "results": results},
-                                                   indent=2))
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "config": args.config,
+                "nproc": args.nproc,
+                "steps": args.steps,
+                "comm_delay_ms": args.comm_delay_ms,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

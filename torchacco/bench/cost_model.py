@@ -17,7 +17,7 @@ one gradient (or parameter) buffer on the wire, and W = N·G ranks:
   ddp      k·c + max(0, V_ar − ⅔c) + P / opt_rate      (all-reduce overlapped with the last backward)
   zero1    k·c + M                                      (the job after the last micro-batch)
   fsdp     k·max(c, 2V_ag + V_rs) + P/W / opt_rate      (2 all-gathers + 1 reduce-scatter per micro-batch, prefetched)
-  acco     2·max(k/2·c, M)                              (deterministic: two rounds of half the micro-batches, one job each)
+  acco     2·max(k/2·c, M)                              (deterministic: two rounds of k/2 micro-batches, a job each)
   acco adaptive   rounds of R = max(k/2·c_slow, M); rank i computes max(k/2, R/c_i) micro-batches per round
   dpu, wp  max(k·c, M)                                  (one job per update, beside the next period)
 
@@ -44,11 +44,11 @@ DEVICES = {
 
 @dataclasses.dataclass
 class Workload:
-    params: float                  # trainable parameters P
-    flops_per_token: float         # forward + backward
+    params: float  # trainable parameters P
+    flops_per_token: float  # forward + backward
     tokens_per_micro_batch: float  # per rank: local_batch_size × seq_len
-    micro_batches: int = 2         # per rank and update (ZeRO-1's accumulation k; ACCO runs k/2 per round)
-    comm_bytes: float = 2.0        # bytes per element on the wire (bf16 2, fp32 4)
+    micro_batches: int = 2  # per rank and update (ZeRO-1's accumulation k; ACCO runs k/2 per round)
+    comm_bytes: float = 2.0  # bytes per element on the wire (bf16 2, fp32 4)
 
     def __post_init__(self):
         if self.params <= 0 or self.flops_per_token <= 0 or self.tokens_per_micro_batch <= 0:
@@ -60,14 +60,14 @@ class Workload:
 @dataclasses.dataclass
 class Hardware:
     nodes: int
-    flops: float                         # achieved FLOP/s of one rank (peak × MFU)
-    bandwidth_bps: float | None          # inter-node link per node and direction; None: free
-    latency_s: float = 0.0               # one-way, per message
+    flops: float  # achieved FLOP/s of one rank (peak × MFU)
+    bandwidth_bps: float | None  # inter-node link per node and direction; None: free
+    latency_s: float = 0.0  # one-way, per message
     ranks_per_node: int = 1
-    intra_bps: float | None = None       # intra-node bandwidth per rank; None: free
-    opt_rate: float = 1e11               # sharded AdamW elements per second per rank
-    slow_factor: float = 1.0             # one rank computes this much slower
-    compute_s: float | None = None       # measured compute time of one micro-batch (overrides flops)
+    intra_bps: float | None = None  # intra-node bandwidth per rank; None: free
+    opt_rate: float = 1e11  # sharded AdamW elements per second per rank
+    slow_factor: float = 1.0  # one rank computes this much slower
+    compute_s: float | None = None  # measured compute time of one micro-batch (overrides flops)
     # Measured time of each collective over its ring ideal (1: NCCL-like). gloo's reduce-scatter moves
     # about as much as an all-reduce (~2x); see `collective_probe.py`.
     rs_factor: float = 1.0
@@ -126,9 +126,17 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
         step = max(k * c_slow, M)
         comm, job = step - k * c_slow, M
     overlap = 1.0 - comm / job if job > 0 else 1.0
-    return {"strategy": strategy, "step_time_s": step, "tokens_per_update": tokens, "tokens_per_s": tokens / step,
-            "exposed_comm_s": comm, "overlap": min(1.0, max(0.0, overlap)), "compute_s": c, "job_s": M,
-            "collective_s": V}
+    return {
+        "strategy": strategy,
+        "step_time_s": step,
+        "tokens_per_update": tokens,
+        "tokens_per_s": tokens / step,
+        "exposed_comm_s": comm,
+        "overlap": min(1.0, max(0.0, overlap)),
+        "compute_s": c,
+        "job_s": M,
+        "collective_s": V,
+    }
 
 
 def predict_all(work: Workload, hw: Hardware, strategies=STRATEGIES) -> dict[str, dict]:
@@ -161,8 +169,15 @@ def balance_bandwidth(work: Workload, hw: Hardware) -> float:
     return bits / (compute - latency)
 
 
-def model_workload(model: str, flavor: str, seq_len: int, local_batch: int, micro_batches: int,
-                   vocab_size: int | None = None, comm_bytes: float = 2.0) -> Workload:
+def model_workload(
+    model: str,
+    flavor: str,
+    seq_len: int,
+    local_batch: int,
+    micro_batches: int,
+    vocab_size: int | None = None,
+    comm_bytes: float = 2.0,
+) -> Workload:
     """A Workload from a model folder's flavor (parameters and FLOPs per token from its ModelArgs)."""
     from torchacco.spec import get_model_spec
 
@@ -172,9 +187,13 @@ def model_workload(model: str, flavor: str, seq_len: int, local_batch: int, micr
     args = spec.flavors[flavor]
     if vocab_size:
         args = dataclasses.replace(args, vocab_size=vocab_size)
-    return Workload(params=float(args.num_params()), flops_per_token=float(args.flops_per_token(seq_len)),
-                    tokens_per_micro_batch=float(seq_len * local_batch), micro_batches=micro_batches,
-                    comm_bytes=comm_bytes)
+    return Workload(
+        params=float(args.num_params()),
+        flops_per_token=float(args.flops_per_token(seq_len)),
+        tokens_per_micro_batch=float(seq_len * local_batch),
+        micro_batches=micro_batches,
+        comm_bytes=comm_bytes,
+    )
 
 
 def relative_error(predicted: float, measured: float) -> float:
@@ -191,8 +210,10 @@ def format_table(preds: dict[str, dict], memory: dict[str, float] | None = None)
     rows = [head, sep]
     for name, p in preds.items():
         ratio = f"{p['tokens_per_s'] / base['tokens_per_s']:.2f}×" if base else "-"
-        row = (f"| {name} | {p['step_time_s']:.4g} | {p['tokens_per_s']:,.0f} | {p['exposed_comm_s']:.4g} | "
-               f"{p['overlap']:.0%} | {ratio} |")
+        row = (
+            f"| {name} | {p['step_time_s']:.4g} | {p['tokens_per_s']:,.0f} | {p['exposed_comm_s']:.4g} | "
+            f"{p['overlap']:.0%} | {ratio} |"
+        )
         if memory:
             row += f" {memory[name] / 2**30:.1f} |"
         rows.append(row)

@@ -19,11 +19,16 @@ def _report(started: float, code: int) -> None:
         return
     rank = int(os.environ.get("RANK", 0))
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    record = {"rank": rank, "exit_code": code, "wall_s": time.perf_counter() - started,
-              "cpu_user_s": usage.ru_utime, "cpu_sys_s": usage.ru_stime,
-              "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-              "node_addr": os.environ.get("TORCHACCO_NODE_ADDR", ""),
-              "node": int(os.environ.get("TORCHACCO_NODE_INDEX", -1))}
+    record = {
+        "rank": rank,
+        "exit_code": code,
+        "wall_s": time.perf_counter() - started,
+        "cpu_user_s": usage.ru_utime,
+        "cpu_sys_s": usage.ru_stime,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "node_addr": os.environ.get("TORCHACCO_NODE_ADDR", ""),
+        "node": int(os.environ.get("TORCHACCO_NODE_INDEX", -1)),
+    }
     try:
         import torch
 

@@ -61,14 +61,17 @@ class Overlapped(ZeRO1):
     def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
         super().check_config(cfg, dp_size, model_parallel)
         if cfg.acco.mode == "adaptive" and model_parallel:
-            raise UserError(f"[acco] mode = 'adaptive' with {model_parallel} is not supported: each rank picks its "
-                            "own number of micro-batches, but tensor- and pipeline-parallel peers must run the same "
-                            "ones; use mode = 'deterministic'")
+            raise UserError(
+                f"[acco] mode = 'adaptive' with {model_parallel} is not supported: each rank picks its "
+                "own number of micro-batches, but tensor- and pipeline-parallel peers must run the same "
+                "ones; use mode = 'deterministic'"
+            )
         if cfg.acco.mode == "adaptive" and not cfg.training.max_tokens:
             raise UserError(
                 "[acco] mode = 'adaptive' lets each update's batch grow while communication runs, so a step count "
                 "does not fix the learning-rate schedule or the data seen: set [training] max_tokens (the token "
-                "budget)")
+                "budget)"
+            )
 
     def micro_batches(self):
         if self.planned is not None:
@@ -162,20 +165,31 @@ class Overlapped(ZeRO1):
         per_rank = dict(device_mesh=self.dims.dp_mesh, placements=[Shard(0)], run_check=False)
         pending = torch.tensor([self.pending.as_list()], dtype=torch.float64, device=self.comm.device)
         self._pending_buffer = pending  # DCP loads into it
-        return {**super().state_dict(), "schedule": {
-            "name": self.name, "world": world, "commits": self.commits,
-            "planned": "" if self.planned is None else f"{self.planned[0]}:{int(self.planned[1])}",
-            "params": self.flat.params_buffer,
-            "accumulator": DTensor.from_local(self.flat.grads.unsqueeze(0), **per_rank,
-                                              shape=(world, self.flat.padded_numel), stride=(self.flat.padded_numel, 1)),
-            "pending": DTensor.from_local(pending, **per_rank, shape=(world, 4), stride=(4, 1)),
-        }}
+        return {
+            **super().state_dict(),
+            "schedule": {
+                "name": self.name,
+                "world": world,
+                "commits": self.commits,
+                "planned": "" if self.planned is None else f"{self.planned[0]}:{int(self.planned[1])}",
+                "params": self.flat.params_buffer,
+                "accumulator": DTensor.from_local(
+                    self.flat.grads.unsqueeze(0),
+                    **per_rank,
+                    shape=(world, self.flat.padded_numel),
+                    stride=(self.flat.padded_numel, 1),
+                ),
+                "pending": DTensor.from_local(pending, **per_rank, shape=(world, 4), stride=(4, 1)),
+            },
+        }
 
     def load_state_dict(self, state: dict) -> None:
         schedule = state["schedule"]
         if schedule["name"].lower() != self.name:  # (older checkpoints hold the class name)
-            raise UserError(f"this checkpoint was saved by {schedule['name'].lower()}, not {self.name}; resume it "
-                            f"with [parallelism] data_parallel = \"{schedule['name'].lower()}\"")
+            raise UserError(
+                f"this checkpoint was saved by {schedule['name'].lower()}, not {self.name}; resume it "
+                f'with [parallelism] data_parallel = "{schedule["name"].lower()}"'
+            )
         assert schedule["world"] == self.flat.world, "the trainer checks the world size before loading"
         super().load_state_dict(state)
         self.pending = Counts.from_list(self._pending_buffer[0].tolist())
@@ -191,8 +205,8 @@ def relative_distance(estimate: torch.Tensor, truth: torch.Tensor, chunk: int = 
     """‖estimate − truth‖ / ‖truth‖ in fp32, a chunk at a time (no full-size fp32 copies)."""
     diff_sq = truth_sq = 0.0
     for start in range(0, truth.numel(), chunk):
-        t = truth[start:start + chunk].float()
-        diff_sq += (estimate[start:start + chunk].float() - t).square().sum().item()
+        t = truth[start : start + chunk].float()
+        diff_sq += (estimate[start : start + chunk].float() - t).square().sum().item()
         truth_sq += t.square().sum().item()
     return (diff_sq / max(truth_sq, 1e-30)) ** 0.5
 
@@ -223,7 +237,8 @@ class ACCO(Overlapped):
             raise UserError(
                 f"acco computes each update over two periods (at θ̃ and at θ), so it needs an even number of "
                 f"micro-batches per update and rank; got {micro_batches}: set [training] global_batch_size to a "
-                f"multiple of 2 × local_batch_size × ranks = {2 * t.local_batch_size * dp_size}")
+                f"multiple of 2 × local_batch_size × ranks = {2 * t.local_batch_size * dp_size}"
+            )
 
     def _plan(self, finished):
         if finished is None or finished.committed:

@@ -96,8 +96,12 @@ def launch_env() -> tuple[int, int, int, int]:
     env = os.environ
     if "RANK" not in env:
         return 0, 1, 0, 1
-    return (int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
-            int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])))
+    return (
+        int(env["RANK"]),
+        int(env["WORLD_SIZE"]),
+        int(env.get("LOCAL_RANK", 0)),
+        int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+    )
 
 
 def init_distributed(device: Device, timeout_s: float = 1800.0, tp: int = 1, pp: int = 1) -> ParallelDims:
@@ -108,15 +112,17 @@ def init_distributed(device: Device, timeout_s: float = 1800.0, tp: int = 1, pp:
             kwargs["device_id"] = device.torch
         if "RANK" in os.environ:
             store, rank, world = next(dist.rendezvous("env://", timeout=kwargs["timeout"]))
-            dist.init_process_group(store=attempt_store(store, rank, world, timeout_s), rank=rank, world_size=world,
-                                    **kwargs)
+            dist.init_process_group(
+                store=attempt_store(store, rank, world, timeout_s), rank=rank, world_size=world, **kwargs
+            )
         else:  # a plain `python` process: a one-rank group keeps one code path
             dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
     world = dist.get_world_size()
     rank = dist.get_rank()
     if world % (tp * pp):
-        raise UserError(f"{world} ranks are not divisible by tensor_parallel_degree × pipeline_parallel_degree = "
-                        f"{tp} × {pp}")
+        raise UserError(
+            f"{world} ranks are not divisible by tensor_parallel_degree × pipeline_parallel_degree = {tp} × {pp}"
+        )
     mesh = init_device_mesh(device.type, (pp, world // (tp * pp), tp), mesh_dim_names=("pp", "dp", "tp"))
     return ParallelDims(world, rank, local_rank, local_world, mesh, _model_parallel_group(mesh, world, tp, pp))
 
@@ -180,8 +186,9 @@ def check_parallelism(p, world_size: int) -> int:
             f"= {tp} × {pp} = {tp * pp}; launch a multiple of {tp * pp} ranks (NPROC × NNODES) or change the degrees"
         )
     if p.pipeline_microbatches < 0:
-        raise UserError(f"[parallelism] pipeline_microbatches must be 0 (auto) or positive, "
-                        f"got {p.pipeline_microbatches}")
+        raise UserError(
+            f"[parallelism] pipeline_microbatches must be 0 (auto) or positive, got {p.pipeline_microbatches}"
+        )
     return world_size // (tp * pp)
 
 

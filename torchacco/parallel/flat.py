@@ -28,9 +28,16 @@ from torchacco.optim import no_weight_decay_ids
 
 
 class FlatParams:
-    def __init__(self, model: nn.Module, group: dist.ProcessGroup, dtype: torch.dtype,
-                 grad_dtype: torch.dtype = torch.float32, tp: int = 1, mp_group: dist.ProcessGroup | None = None,
-                 owns_loss: bool = True):
+    def __init__(
+        self,
+        model: nn.Module,
+        group: dist.ProcessGroup,
+        dtype: torch.dtype,
+        grad_dtype: torch.dtype = torch.float32,
+        tp: int = 1,
+        mp_group: dist.ProcessGroup | None = None,
+        owns_loss: bool = True,
+    ):
         self.group = group
         # Model parallelism: the gradient norm and loss are summed over mp_group (the tp × pp
         # block); parameters replicated over tp count 1/tp each there, and only one rank of
@@ -66,7 +73,7 @@ class FlatParams:
             self.params_buffer[start:end].copy_(t.detach().reshape(-1))
             lo, hi = max(start, shard_start), min(end, shard_end)
             if lo < hi:
-                master[lo - shard_start:hi - shard_start].copy_(t.detach().reshape(-1)[lo - start:hi - start])
+                master[lo - shard_start : hi - shard_start].copy_(t.detach().reshape(-1)[lo - start : hi - start])
                 if id(p) not in skip:
                     self.decay_ranges.append((lo - shard_start, hi - shard_start))
                 if tp > 1 and not _tp_sharded(p):
@@ -75,8 +82,12 @@ class FlatParams:
             if isinstance(p, DTensor):
                 # A new DTensor parameter over the view, in the module's slot (torch.compile
                 # cannot trace a DTensor whose local tensor was swapped in place).
-                self.params[i] = nn.Parameter(DTensor.from_local(view, p.device_mesh, p.placements, run_check=False,
-                                                                 shape=p.shape, stride=p.stride()), p.requires_grad)
+                self.params[i] = nn.Parameter(
+                    DTensor.from_local(
+                        view, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+                    ),
+                    p.requires_grad,
+                )
                 path, _, attr = name.rpartition(".")
                 setattr(model.get_submodule(path), attr, self.params[i])
             else:
@@ -84,7 +95,7 @@ class FlatParams:
         self.initial_master = master
 
         self.grads = torch.zeros(self.padded_numel, dtype=grad_dtype, device=device)
-        self.grad_views = [self.grads[o:o + t.numel()].view_as(t) for t, o in zip(local, self.offsets)]
+        self.grad_views = [self.grads[o : o + t.numel()].view_as(t) for t, o in zip(local, self.offsets)]
         for p, view in zip(self.params, self.grad_views):
             p.register_post_accumulate_grad_hook(self._make_hook(view))
 
@@ -135,16 +146,17 @@ class FlatParams:
         for name, p, o in zip(self.names, self.params, self.offsets):
             if isinstance(p, DTensor):
                 shape = _local(p).shape
-                local = flat[o:o + shape.numel()].view(shape)
-                out[name] = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
-                                               stride=p.stride()).full_tensor()
+                local = flat[o : o + shape.numel()].view(shape)
+                out[name] = DTensor.from_local(
+                    local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+                ).full_tensor()
             else:
-                out[name] = flat[o:o + p.numel()].view_as(p)
+                out[name] = flat[o : o + p.numel()].view_as(p)
         return out
 
     def shard(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's slice of a full-length flat tensor."""
-        return full[self.rank * self.shard_numel:(self.rank + 1) * self.shard_numel]
+        return full[self.rank * self.shard_numel : (self.rank + 1) * self.shard_numel]
 
     def real_shard_numel(self) -> int:
         """Elements of this rank's slice that are parameters, not padding (possibly 0)."""
@@ -155,7 +167,7 @@ def _sq_norm(t: torch.Tensor, chunk: int = 1 << 22) -> torch.Tensor:
     """‖t‖² in fp64, from fp32 norms of chunks (a bf16 shard is never copied whole to fp32)."""
     total = torch.zeros((), dtype=torch.float64, device=t.device)
     for start in range(0, t.numel(), chunk):
-        total += torch.linalg.vector_norm(t[start:start + chunk], dtype=torch.float32).double() ** 2
+        total += torch.linalg.vector_norm(t[start : start + chunk], dtype=torch.float32).double() ** 2
     return total
 
 

@@ -22,8 +22,9 @@ def check_model_parallel(spec: ModelSpec, cfg, args) -> None:
     p = cfg.parallelism
     where = f"{cfg.model.name} {cfg.model.init_from or cfg.model.flavor}"
     if p.tensor_parallel_degree > 1:
-        check_tensor_parallel(spec.tensor_parallel, args, p.tensor_parallel_degree, cfg.training.seq_len, where,
-                              spec.name)
+        check_tensor_parallel(
+            spec.tensor_parallel, args, p.tensor_parallel_degree, cfg.training.seq_len, where, spec.name
+        )
     if p.pipeline_parallel_degree > 1:
         from torchacco.parallel.pipeline import check_pipeline
 
@@ -35,8 +36,10 @@ def apply_model_parallel(model: nn.Module, spec: ModelSpec, cfg, dims: ParallelD
     if not dims.model_parallel:
         return model, None
     if not hasattr(model, "args"):
-        raise UserError("tensor and pipeline parallelism need a model from models/ (with .args); "
-                        "a model passed to train() is used as is: set both degrees to 1")
+        raise UserError(
+            "tensor and pipeline parallelism need a model from models/ (with .args); "
+            "a model passed to train() is used as is: set both degrees to 1"
+        )
     check_model_parallel(spec, cfg, model.args)  # the vocabulary may come from the tokenizer: check again
     pipeline = None
     if dims.pp_enabled:

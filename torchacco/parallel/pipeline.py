@@ -3,11 +3,12 @@
 Each pp rank keeps only its stages' layers of the full model (the model object stays, so
 parameter names stay those of the full model: checkpoints and exports need no renaming).
 A stage is a thin module over those shared pieces, provided by the model folder (its
-`PipelinePlan`): e.g. embedding (first stage), its blocks, norm and head (last stage). One training micro-batch of the loop is one schedule step, which
-splits it into `pipeline_microbatches` pieces and runs their forwards and backwards
-(GPipe, 1F1B or interleaved 1F1B, two stages per rank). The schedule's loss is the sum of
-token losses (no scaling by the number of pieces), so the gradients are the same
-sum-of-token-loss gradients as without a pipeline, and the strategies normalise them the same way.
+`PipelinePlan`): e.g. embedding (first stage), its blocks, norm and head (last stage).
+One training micro-batch of the loop is one schedule step, which splits it into
+`pipeline_microbatches` pieces and runs their forwards and backwards (GPipe, 1F1B or
+interleaved 1F1B, two stages per rank). The schedule's loss is the sum of token losses (no
+scaling by the number of pieces), so the gradients are the same sum-of-token-loss gradients
+as without a pipeline, and the strategies normalise them the same way.
 """
 
 from __future__ import annotations
@@ -40,18 +41,25 @@ def check_pipeline(plan: PipelinePlan | None, cfg, args, where: str) -> None:
     if reason:
         raise UserError(f"pipeline parallelism with {where} is not supported: {reason}")
     if args.n_layers < stages:
-        raise UserError(f"{where} has {args.n_layers} layers, fewer than the {stages} pipeline stages "
-                        f"(pipeline_parallel_degree = {pp}, {p.pipeline_schedule}); lower pipeline_parallel_degree")
+        raise UserError(
+            f"{where} has {args.n_layers} layers, fewer than the {stages} pipeline stages "
+            f"(pipeline_parallel_degree = {pp}, {p.pipeline_schedule}); lower pipeline_parallel_degree"
+        )
     n = microbatches(cfg)
     if cfg.training.local_batch_size % n:
-        raise UserError(f"[training] local_batch_size = {cfg.training.local_batch_size} is not divisible by "
-                        f"[parallelism] pipeline_microbatches = {n} (each local batch is split into that many pieces)")
+        raise UserError(
+            f"[training] local_batch_size = {cfg.training.local_batch_size} is not divisible by "
+            f"[parallelism] pipeline_microbatches = {n} (each local batch is split into that many pieces)"
+        )
     if p.pipeline_schedule != "gpipe" and n < pp:
-        raise UserError(f"{p.pipeline_schedule} needs at least pipeline_parallel_degree = {pp} pipeline_microbatches, "
-                        f"got {n}; raise it (or use pipeline_schedule = 'gpipe')")
+        raise UserError(
+            f"{p.pipeline_schedule} needs at least pipeline_parallel_degree = {pp} pipeline_microbatches, "
+            f"got {n}; raise it (or use pipeline_schedule = 'gpipe')"
+        )
     if p.pipeline_schedule == "interleaved_1f1b" and n % pp:
-        raise UserError(f"interleaved_1f1b needs pipeline_microbatches to be a multiple of pipeline_parallel_degree "
-                        f"= {pp}, got {n}")
+        raise UserError(
+            f"interleaved_1f1b needs pipeline_microbatches to be a multiple of pipeline_parallel_degree = {pp}, got {n}"
+        )
 
 
 def layer_split(n_layers: int, stages: int) -> list[range]:
@@ -108,8 +116,16 @@ def split_stages(model: nn.Module, plan: PipelinePlan, cfg, dims: ParallelDims, 
     model.layers = Layers({str(i): model.layers[i] for s in mine for i in ranges[s]})
     plan.prune(model, first, last)
     group = dims.pp_mesh.get_group()
-    stages = [PipelineStage(plan.stage(model, ranges[s], s == 0, s == n_stages - 1, dims.tp_size), s, n_stages,
-                            device.torch, group=group) for s in mine]
+    stages = [
+        PipelineStage(
+            plan.stage(model, ranges[s], s == 0, s == n_stages - 1, dims.tp_size),
+            s,
+            n_stages,
+            device.torch,
+            group=group,
+        )
+        for s in mine
+    ]
     # A plain list, not submodules (the parameters keep their full-model names): FSDP makes
     # each stage module a root, since the schedule calls them and never model.forward.
     model.stage_modules = [stage.submod for stage in stages]

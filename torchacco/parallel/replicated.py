@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -71,8 +75,17 @@ class Replicated(Strategy):
         self.optimizer.zero_grad(set_to_none=True)
         self.consumed += consumed
         bad = [r for r, v in enumerate(per_rank[:, 1].tolist()) if not math.isfinite(v)]
-        return UpdateResult(tokens, loss_sum / tokens, norm, lr, True, [int(n) for n in per_rank[:, 2].tolist()],
-                            consumed=consumed, skipped=skipped, nonfinite_ranks=bad)
+        return UpdateResult(
+            tokens,
+            loss_sum / tokens,
+            norm,
+            lr,
+            True,
+            [int(n) for n in per_rank[:, 2].tolist()],
+            consumed=consumed,
+            skipped=skipped,
+            nonfinite_ranks=bad,
+        )
 
     def _clip_over_stages(self, params: list, loss_sum: float) -> tuple[torch.Tensor, float]:
         """Pipeline stages hold different layers: the norm adds theirs; the loss is the last stage's."""
@@ -100,8 +113,10 @@ class Replicated(Strategy):
         if self.dims.pp_enabled:
             # Each stage's full tensors on its own ranks (the options below keep them on rank 0
             # only); one tensor at a time on the device.
-            return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu()
-                    for name, p in self.model.named_parameters()}
+            return {
+                name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu()
+                for name, p in self.model.named_parameters()
+            }
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return {k: v.float() for k, v in get_model_state_dict(self.model, options=options).items()}
 
@@ -116,8 +131,9 @@ class DDP(Replicated):
     autocast_compute = True
 
     def __init__(self, model, dims, plan, optimizer, bucket_cap_mb: float = 25.0):
-        wrapped = DistributedDataParallel(model, process_group=dims.dp_group, bucket_cap_mb=bucket_cap_mb,
-                                          gradient_as_bucket_view=True)
+        wrapped = DistributedDataParallel(
+            model, process_group=dims.dp_group, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True
+        )
         super().__init__(wrapped, dims, plan, optimizer)
 
     @classmethod
@@ -139,8 +155,15 @@ class FSDP(Replicated):
     name = "fsdp"
     communication = "per_micro_batch"
 
-    def __init__(self, model, dims, plan, optimizer, reduce_dtype: torch.dtype = torch.float32,
-                 reshard_after_forward: bool = True):
+    def __init__(
+        self,
+        model,
+        dims,
+        plan,
+        optimizer,
+        reduce_dtype: torch.dtype = torch.float32,
+        reshard_after_forward: bool = True,
+    ):
         mp = MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=reduce_dtype)
         for block in model.layers:
             fully_shard(block, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)

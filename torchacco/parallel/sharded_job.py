@@ -9,7 +9,7 @@ schedules run it beside the next compute period, on the communication runner.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -60,15 +60,25 @@ def reduce_update_gather(
         # optimizer state is untouched: θ̃ = θ for an estimate, θ stays for a commit.
         gather_master(flat, opt, out)
         bad = [r for r, v in enumerate(stats[:, 2].tolist()) if not math.isfinite(v)]
-        return UpdateResult(tokens, loss_sum / max(tokens, 1.0), math.sqrt(sq_norm) / max(tokens, 1.0),
-                            lr_for(consumed), kind != ESTIMATE, micro_batches, consumed=consumed, skipped=True,
-                            nonfinite_ranks=bad)
+        return UpdateResult(
+            tokens,
+            loss_sum / max(tokens, 1.0),
+            math.sqrt(sq_norm) / max(tokens, 1.0),
+            lr_for(consumed),
+            kind != ESTIMATE,
+            micro_batches,
+            consumed=consumed,
+            skipped=True,
+            nonfinite_ranks=bad,
+        )
     if tokens <= 0:
         if kind == ESTIMATE:  # a half with every label masked: no information, θ̃ = θ
             gather_master(flat, opt, out)
             return UpdateResult(0.0, 0.0, 0.0, lr_for(consumed), False, micro_batches, consumed=consumed)
-        raise UserError("an update has no token in the loss on any rank (every label masked); raise "
-                        "[training] local_batch_size or global_batch_size, or check the data's masking")
+        raise UserError(
+            "an update has no token in the loss on any rank (every label masked); raise "
+            "[training] local_batch_size or global_batch_size, or check the data's masking"
+        )
     grad_norm = math.sqrt(sq_norm) / tokens
     scale = 1.0 / tokens  # the gradient of the mean token loss ...
     if max_norm and grad_norm > max_norm:

@@ -21,8 +21,9 @@ declared here, by the class, so no caller asks for a strategy by name.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import astuple, dataclass, field
-from typing import ClassVar, Iterator, Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -101,8 +102,10 @@ class Strategy:
         """Raise a UserError for a config this strategy cannot run; `model_parallel` names the
         tp/pp degrees in use ('' when none)."""
         if model_parallel and not cls.supports_model_parallel:
-            raise UserError(f"data_parallel = '{cls.name}' with {model_parallel} is not supported; use "
-                            "data_parallel = 'zero1' (replicated parameters, sharded optimizer) or 'fsdp'")
+            raise UserError(
+                f"data_parallel = '{cls.name}' with {model_parallel} is not supported; use "
+                "data_parallel = 'zero1' (replicated parameters, sharded optimizer) or 'fsdp'"
+            )
 
     @classmethod
     def autocast_dtype(cls, param_dtype: torch.dtype) -> torch.dtype | None:

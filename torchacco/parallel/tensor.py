@@ -20,18 +20,39 @@ from __future__ import annotations
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from torchacco.errors import UserError
 from torchacco.spec import TensorParallelPlan
 
-__all__ = ["ColwiseParallel", "RowwiseParallel", "SequenceParallel", "Replicate", "Shard", "sequence_parallel_block",
-           "check_tensor_parallel", "apply_tensor_parallel"]
+__all__ = [
+    "ColwiseParallel",
+    "RowwiseParallel",
+    "SequenceParallel",
+    "Replicate",
+    "Shard",
+    "sequence_parallel_block",
+    "check_tensor_parallel",
+    "apply_tensor_parallel",
+]
 
 
-def sequence_parallel_block(attention: str, first: list[str], last: str, mlp: str, mlp_first: list[str],
-                            mlp_last: str, norms: list[str], extra_inputs: int = 0) -> dict:
+def sequence_parallel_block(
+    attention: str,
+    first: list[str],
+    last: str,
+    mlp: str,
+    mlp_first: list[str],
+    mlp_last: str,
+    norms: list[str],
+    extra_inputs: int = 0,
+) -> dict:
     """One decoder block: norms on sequence shards; attention and MLP gather the sequence in,
     split heads/hidden units, and scatter the sequence out."""
     rest = (None,) * extra_inputs  # e.g. Llama's RoPE table, passed through untouched
@@ -47,20 +68,32 @@ def sequence_parallel_block(attention: str, first: list[str], last: str, mlp: st
     return plan
 
 
-def check_tensor_parallel(plan: TensorParallelPlan | None, args, tp: int, seq_len: int, where: str,
-                          model_name: str) -> None:
+def check_tensor_parallel(
+    plan: TensorParallelPlan | None, args, tp: int, seq_len: int, where: str, model_name: str
+) -> None:
     if plan is None:
-        raise UserError(f"{where} has no tensor-parallel plan (models/{model_name}/parallelize.py, "
-                        "ModelSpec.tensor_parallel); add one, or set tensor_parallel_degree = 1")
+        raise UserError(
+            f"{where} has no tensor-parallel plan (models/{model_name}/parallelize.py, "
+            "ModelSpec.tensor_parallel); add one, or set tensor_parallel_degree = 1"
+        )
     for name, size in plan.split_sizes(args):
         if size % tp:
-            hint = (f"; set [model] vocab_size to a multiple of {tp} (e.g. {-(-size // tp) * tp}: the extra rows are "
-                    "never predicted)") if name == "vocab_size" else ""
-            raise UserError(f"{where}: {name} = {size} is not divisible by [parallelism] tensor_parallel_degree = "
-                            f"{tp}{hint}")
+            hint = (
+                (
+                    f"; set [model] vocab_size to a multiple of {tp} (e.g. {-(-size // tp) * tp}: the extra rows are "
+                    "never predicted)"
+                )
+                if name == "vocab_size"
+                else ""
+            )
+            raise UserError(
+                f"{where}: {name} = {size} is not divisible by [parallelism] tensor_parallel_degree = {tp}{hint}"
+            )
     if seq_len % tp:
-        raise UserError(f"[training] seq_len = {seq_len} is not divisible by tensor_parallel_degree = {tp} "
-                        "(sequence parallelism splits each sequence tp ways)")
+        raise UserError(
+            f"[training] seq_len = {seq_len} is not divisible by tensor_parallel_degree = {tp} "
+            "(sequence parallelism splits each sequence tp ways)"
+        )
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: TensorParallelPlan) -> None:

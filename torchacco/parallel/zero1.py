@@ -27,16 +27,29 @@ class ZeRO1(Strategy):
     flat_buffers = True
     sync_phase = "reduce-scatter, optimizer step and all-gather"
 
-    def __init__(self, model: nn.Module, dims: ParallelDims, plan: UpdatePlan, optimizer: OptimizerConfig,
-                 grad_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        model: nn.Module,
+        dims: ParallelDims,
+        plan: UpdatePlan,
+        optimizer: OptimizerConfig,
+        grad_dtype: torch.dtype = torch.float32,
+    ):
         self.model = model
         self.accumulation = plan.micro_batches // self.periods_per_update  # per period
         self.schedule = plan.schedule
         self.consumed = 0.0
         self.max_norm = plan.max_norm
         self.dims = dims
-        self.flat = FlatParams(model, dims.dp_group, dtype=plan.param_dtype, grad_dtype=grad_dtype,
-                               tp=dims.tp_size, mp_group=dims.mp_group, owns_loss=dims.tp_rank == 0)
+        self.flat = FlatParams(
+            model,
+            dims.dp_group,
+            dtype=plan.param_dtype,
+            grad_dtype=grad_dtype,
+            tp=dims.tp_size,
+            mp_group=dims.mp_group,
+            owns_loss=dims.tp_rank == 0,
+        )
         if dims.mp_group is not None:
             self.flat.layout()  # a collective: now, while every rank is here
         self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, optimizer)
@@ -67,8 +80,9 @@ class ZeRO1(Strategy):
             # because the all-gather below rewrites all of it.
             flat.params_buffer.copy_(flat.grads)
             send = flat.params_buffer
-        result = reduce_update_gather(flat, self.optimizer, send, counts, self.lr_for(), COMMIT,
-                                      out=flat.params_buffer, max_norm=self.max_norm)
+        result = reduce_update_gather(
+            flat, self.optimizer, send, counts, self.lr_for(), COMMIT, out=flat.params_buffer, max_norm=self.max_norm
+        )
         flat.grads.zero_()
         self.consumed += result.consumed
         return result
@@ -76,18 +90,25 @@ class ZeRO1(Strategy):
     def _sharded(self, shard: torch.Tensor) -> DTensor:
         """This rank's slice as the local shard of an unpadded 1-D DTensor: DCP saves it and
         reshards it onto any world size; loading writes straight into `shard`."""
-        local = shard[:self.flat.real_shard_numel()]
-        return DTensor.from_local(local, self.dims.dp_mesh, [Shard(0)], run_check=False,
-                                  shape=(self.flat.numel,), stride=(1,))
+        local = shard[: self.flat.real_shard_numel()]
+        return DTensor.from_local(
+            local, self.dims.dp_mesh, [Shard(0)], run_check=False, shape=(self.flat.numel,), stride=(1,)
+        )
 
     def weights_state_dict(self) -> dict:
         return {"optimizer": {"master": self._sharded(self.optimizer.state.master)}}
 
     def state_dict(self) -> dict:
         s = self.optimizer.state
-        state = {"optimizer": {"master": self._sharded(s.master), "exp_avg": self._sharded(s.exp_avg),
-                               "exp_avg_sq": self._sharded(s.exp_avg_sq), "step": s.step},
-                 "consumed": self.consumed}
+        state = {
+            "optimizer": {
+                "master": self._sharded(s.master),
+                "exp_avg": self._sharded(s.exp_avg),
+                "exp_avg_sq": self._sharded(s.exp_avg_sq),
+                "step": s.step,
+            },
+            "consumed": self.consumed,
+        }
         if self.flat.mp_group is not None:  # tp/pp: which tensors this coordinate's buffer holds
             state["layout"] = self.flat.layout()
         return state
@@ -95,9 +116,11 @@ class ZeRO1(Strategy):
     def load_state_dict(self, state: dict) -> None:
         if "layout" in state and state["layout"] != self.flat.layout():
             # Same sizes can hold other layers (another pipeline_schedule) or other shards.
-            raise UserError("this checkpoint's tensor- and pipeline-parallel layout differs from this run's "
-                            "(tensor_parallel_degree, pipeline_parallel_degree or pipeline_schedule changed); "
-                            "resume with the [parallelism] it was saved with")
+            raise UserError(
+                "this checkpoint's tensor- and pipeline-parallel layout differs from this run's "
+                "(tensor_parallel_degree, pipeline_parallel_degree or pipeline_schedule changed); "
+                "resume with the [parallelism] it was saved with"
+            )
         # DCP has written master, m and v in place; the compute parameters follow from master.
         self.optimizer.state.step = state["optimizer"]["step"]
         self.consumed = state["consumed"]

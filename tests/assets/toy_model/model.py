@@ -81,6 +81,8 @@ class Toy(nn.Module):
             if p.ndim == 1:
                 nn.init.ones_(p)
             else:
-                nn.init.normal_(p, std=0.02 / (math.sqrt(2 * self.args.n_layers) if name.endswith(("o.weight",
-                                                                                                    "down.weight"))
-                                               else 1.0))
+                nn.init.normal_(
+                    p,
+                    std=0.02
+                    / (math.sqrt(2 * self.args.n_layers) if name.endswith(("o.weight", "down.weight")) else 1.0),
+                )

@@ -6,13 +6,13 @@ import argparse
 import time
 
 from torchacco.bench import cost_model as cm
-from torchacco.bench.cluster import parse_rate, preflight
 from torchacco.bench import sweeps
+from torchacco.bench.cluster import parse_rate, preflight
 from torchacco.bench.sweeps.common import load, rate_label
-from torchacco.bench.sweeps.throughput import throughput
-from torchacco.bench.sweeps.heterogeneous import heterogeneous
 from torchacco.bench.sweeps.convergence import convergence
+from torchacco.bench.sweeps.heterogeneous import heterogeneous
 from torchacco.bench.sweeps.memory import memory
+from torchacco.bench.sweeps.throughput import throughput
 from torchacco.errors import UserError
 
 
@@ -21,41 +21,61 @@ def predict_cmd(args) -> dict:
     if dev is None:
         raise UserError(f"unknown --device {args.device!r}; one of {', '.join(cm.DEVICES)} (or give --flops)")
     try:
-        work = cm.model_workload(args.model, args.flavor, args.seq_len, args.local_batch, args.micro_batches,
-                                 comm_bytes=args.comm_bytes)
+        work = cm.model_workload(
+            args.model, args.flavor, args.seq_len, args.local_batch, args.micro_batches, comm_bytes=args.comm_bytes
+        )
     except ValueError as e:
         raise UserError(str(e)) from None
     flops = args.flops or dev["flops"] * args.mfu
     bw = parse_rate(args.bandwidth)
-    hw = cm.Hardware(nodes=args.nodes, ranks_per_node=args.gpus_per_node, flops=flops, bandwidth_bps=bw,
-                     latency_s=args.latency_ms / 1000, intra_bps=dev["intra_bps"], opt_rate=dev["opt_rate"],
-                     slow_factor=args.slow_factor)
+    hw = cm.Hardware(
+        nodes=args.nodes,
+        ranks_per_node=args.gpus_per_node,
+        flops=flops,
+        bandwidth_bps=bw,
+        latency_s=args.latency_ms / 1000,
+        intra_bps=dev["intra_bps"],
+        opt_rate=dev["opt_rate"],
+        slow_factor=args.slow_factor,
+    )
     preds = cm.predict_all(work, hw)
     mem = {s: cm.memory_bytes(work, hw, s) for s in preds}
     z, a, aa = preds["zero1"], preds["acco"], preds["acco_adaptive"]
-    print(f"{args.model} {args.flavor}: {work.params / 1e9:.2f}B params, {work.flops_per_token / 1e9:.1f} GFLOP/token; "
-          f"{args.nodes} nodes × {args.gpus_per_node} {args.device} at {flops / 1e12:.0f} TFLOP/s each; "
-          f"inter-node {rate_label(bw)}, {args.latency_ms:g} ms; micro-batch {args.local_batch} × {args.seq_len}, "
-          f"{args.micro_batches} per rank and update; compute {z['compute_s']:.3f} s per micro-batch, "
-          f"sharded job {z['job_s']:.3f} s\n")
+    print(
+        f"{args.model} {args.flavor}: {work.params / 1e9:.2f}B params, {work.flops_per_token / 1e9:.1f} GFLOP/token; "
+        f"{args.nodes} nodes × {args.gpus_per_node} {args.device} at {flops / 1e12:.0f} TFLOP/s each; "
+        f"inter-node {rate_label(bw)}, {args.latency_ms:g} ms; micro-batch {args.local_batch} × {args.seq_len}, "
+        f"{args.micro_batches} per rank and update; compute {z['compute_s']:.3f} s per micro-batch, "
+        f"sharded job {z['job_s']:.3f} s\n"
+    )
     print(cm.format_table(preds, mem))
     best = max(("zero1", "acco", "acco_adaptive"), key=lambda s: preds[s]["tokens_per_s"])
-    verdict = ("ACCO" if best != "zero1" and preds[best]["tokens_per_s"] > 1.02 * z["tokens_per_s"] else "ZeRO-1 (or either)")
-    print(f"ZeRO-1 or ACCO? {verdict}: ACCO deterministic {a['tokens_per_s'] / z['tokens_per_s']:.2f}×, "
-          f"adaptive {aa['tokens_per_s'] / z['tokens_per_s']:.2f}× ZeRO-1's tokens/s; ACCO costs "
-          f"{(mem['acco'] - mem['zero1']) / 2**30:.1f} GiB more per GPU (one bf16 parameter copy).")
-    print(f"Notes: adaptive ACCO's batch per update grows to {aa['tokens_per_update'] / z['tokens_per_update']:.2f}× "
-          "ZeRO-1's (it keeps accumulating while the job runs); DPU and WP hide the job too but apply one-step-stale "
-          "gradients (worse loss per token). Memory is persistent state only (weights, gradients, optimizer), no "
-          "activations.")
+    verdict = (
+        "ACCO" if best != "zero1" and preds[best]["tokens_per_s"] > 1.02 * z["tokens_per_s"] else "ZeRO-1 (or either)"
+    )
+    print(
+        f"ZeRO-1 or ACCO? {verdict}: ACCO deterministic {a['tokens_per_s'] / z['tokens_per_s']:.2f}×, "
+        f"adaptive {aa['tokens_per_s'] / z['tokens_per_s']:.2f}× ZeRO-1's tokens/s; ACCO costs "
+        f"{(mem['acco'] - mem['zero1']) / 2**30:.1f} GiB more per GPU (one bf16 parameter copy)."
+    )
+    print(
+        f"Notes: adaptive ACCO's batch per update grows to {aa['tokens_per_update'] / z['tokens_per_update']:.2f}× "
+        "ZeRO-1's (it keeps accumulating while the job runs); DPU and WP hide the job too but apply one-step-stale "
+        "gradients (worse loss per token). Memory is persistent state only (weights, gradients, optimizer), no "
+        "activations."
+    )
     return {"workload": work.__dict__, "hardware": hw.__dict__, "predictions": preds}
 
 
 # CLI ------------------------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m torchacco.bench", description=sweeps.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m torchacco.bench",
+        description=sweeps.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="sweep", required=True)
 
     def common(p, strategies, steps, nodes=2, warmup=2, timeout=600):
@@ -88,10 +108,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-batches", type=int, default=4)
     p = sub.add_parser("memory", help="peak memory per rank per strategy")
     common(p, "ddp,zero1,fsdp,acco,dpu,wp", 3, warmup=0)
-    p.add_argument("--precision", default="bf16", choices=("fp32", "bf16"),
-                   help="compute dtype (the target is stated for bf16; fp32 runs ~3× faster on CPU)")
-    p.add_argument("--malloc", default="mmap", choices=("mmap", "default"),
-                   help="mmap: glibc returns freed tensor memory at once (RSS follows live memory)")
+    p.add_argument(
+        "--precision",
+        default="bf16",
+        choices=("fp32", "bf16"),
+        help="compute dtype (the target is stated for bf16; fp32 runs ~3× faster on CPU)",
+    )
+    p.add_argument(
+        "--malloc",
+        default="mmap",
+        choices=("mmap", "default"),
+        help="mmap: glibc returns freed tensor memory at once (RSS follows live memory)",
+    )
     p = sub.add_parser("all", help="throughput, heterogeneous, convergence and memory")
     p.add_argument("--out", default="bench_results")
     p.add_argument("--quick", action="store_true")

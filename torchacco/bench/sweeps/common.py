@@ -13,19 +13,34 @@ from torchacco.bench.cluster import ClusterPlan, format_rate, probe_collectives,
 from torchacco.bench.compare import summarize
 from torchacco.errors import UserError
 
-
 STRATEGY_ARGS = {
     "ddp": ["--parallelism.data_parallel", "ddp"],
     "zero1": ["--parallelism.data_parallel", "zero1"],
     "fsdp": ["--parallelism.data_parallel", "fsdp"],
     "acco": ["--parallelism.data_parallel", "acco"],
-    "acco_adaptive": ["--parallelism.data_parallel", "acco", "--acco.mode", "adaptive",
-                      "--training.max_tokens", "1000000000000"],
+    "acco_adaptive": [
+        "--parallelism.data_parallel",
+        "acco",
+        "--acco.mode",
+        "adaptive",
+        "--training.max_tokens",
+        "1000000000000",
+    ],
     "dpu": ["--parallelism.data_parallel", "dpu", "--acco.dpu_warmup_steps", "0"],
     "wp": ["--parallelism.data_parallel", "wp"],
 }
-QUIET = ["--metrics.log_every", "1", "--metrics.tensorboard", "false", "--metrics.progress_bar", "false",
-         "--checkpoint.enable", "false", "--checkpoint.export_hf", "false"]
+QUIET = [
+    "--metrics.log_every",
+    "1",
+    "--metrics.tensorboard",
+    "false",
+    "--metrics.progress_bar",
+    "false",
+    "--checkpoint.enable",
+    "false",
+    "--checkpoint.export_hf",
+    "false",
+]
 DEFAULT_MODEL = ["--config", "train_configs/default.toml"]  # GPT-Neo tiny, 5.85M, seq 256, batch 4, global 16
 
 
@@ -43,19 +58,33 @@ def strategies_arg(text: str) -> list[str]:
 
 # one measured point ------------------------------------------------------------------------
 
-def run_point(plan: ClusterPlan, strategy: str, extra: list[str], folder: Path, warmup: int,
-              timeout: float, threads: int = 1, env: dict | None = None) -> dict:
+
+def run_point(
+    plan: ClusterPlan,
+    strategy: str,
+    extra: list[str],
+    folder: Path,
+    warmup: int,
+    timeout: float,
+    threads: int = 1,
+    env: dict | None = None,
+) -> dict:
     load_before = load()
-    result = run_training(plan, [*extra, *STRATEGY_ARGS[strategy]], folder, timeout_s=timeout, threads=threads,
-                          env=env)
+    result = run_training(plan, [*extra, *STRATEGY_ARGS[strategy]], folder, timeout_s=timeout, threads=threads, env=env)
     records = result["records"]
-    point = {"strategy": strategy, "rate": format_rate(plan.rate_bps), "rate_bps": plan.rate_bps,
-             **summarize(records, min(warmup, len(records) - 1)), "wall_s": result["wall_s"],
-             "load_before": load_before, "load_after": load(),
-             "micro_batches_per_rank": mean_lists([r.get("micro_batches_per_rank") for r in records[warmup:]]),
-             "tokens_per_update": statistics.mean(r["tokens_per_update"] for r in records[warmup:] or records),
-             "peak_rss_gib_per_rank": [round(r["peak_rss_gib"], 4) for r in result["ranks"]],
-             "records": records}
+    point = {
+        "strategy": strategy,
+        "rate": format_rate(plan.rate_bps),
+        "rate_bps": plan.rate_bps,
+        **summarize(records, min(warmup, len(records) - 1)),
+        "wall_s": result["wall_s"],
+        "load_before": load_before,
+        "load_after": load(),
+        "micro_batches_per_rank": mean_lists([r.get("micro_batches_per_rank") for r in records[warmup:]]),
+        "tokens_per_update": statistics.mean(r["tokens_per_update"] for r in records[warmup:] or records),
+        "peak_rss_gib_per_rank": [round(r["peak_rss_gib"], 4) for r in result["ranks"]],
+        "records": records,
+    }
     # compute-only time per update: what remains of the step once the exposed communication is removed
     point["compute_s"] = point["step_time_s"] - point["exposed_comm_s"]
     return point
@@ -99,12 +128,16 @@ def pyplot_or_none():
 
         return plt
     except ImportError:
-        print("torchacco: note: matplotlib is not installed, so no PNG plots were drawn (JSON and markdown were "
-              "written); install it with: .venv/bin/pip install -e '.[bench]'", file=sys.stderr)
+        print(
+            "torchacco: note: matplotlib is not installed, so no PNG plots were drawn (JSON and markdown were "
+            "written); install it with: .venv/bin/pip install -e '.[bench]'",
+            file=sys.stderr,
+        )
         return None
 
 
 # throughput: strategy × link rate -----------------------------------------------------------
+
 
 def calibrate(points: list[dict], work: cm.Workload, nodes: int) -> cm.Hardware:
     """Compute time per micro-batch from the fastest unshaped synchronous run (the least disturbed by the
@@ -113,19 +146,27 @@ def calibrate(points: list[dict], work: cm.Workload, nodes: int) -> cm.Hardware:
     c = min(p["compute_s"] for p in sync) / work.micro_batches
     ref = next(p for p in sync if p["strategy"] == "zero1")
     opt_s = max(1e-4, ref["exposed_comm_s"])  # unshaped: the job is (almost) all optimizer step
-    return cm.Hardware(nodes=nodes, flops=work.flops_per_token * work.tokens_per_micro_batch / c, bandwidth_bps=None,
-                       compute_s=c, opt_rate=work.params / nodes / opt_s)
+    return cm.Hardware(
+        nodes=nodes,
+        flops=work.flops_per_token * work.tokens_per_micro_batch / c,
+        bandwidth_bps=None,
+        compute_s=c,
+        opt_rate=work.params / nodes / opt_s,
+    )
 
 
 def collective_factors(plan: ClusterPlan, work: cm.Workload, folder: Path) -> dict:
     """Each gloo collective's measured time over its ring ideal at the plan's link rate (the cost model's f)."""
     probe = probe_collectives(plan, folder, int(work.params))
     ideal = cm.collective_s(probe["bytes"], cm.Hardware(nodes=plan.nodes, flops=1.0, bandwidth_bps=plan.rate_bps))
-    return {"rs_factor": probe["reduce_scatter_s"] / ideal, "ag_factor": probe["all_gather_s"] / ideal,
-            "ar_factor": probe["all_reduce_s"] / (2 * ideal), "probe": probe}
+    return {
+        "rs_factor": probe["reduce_scatter_s"] / ideal,
+        "ag_factor": probe["all_gather_s"] / ideal,
+        "ar_factor": probe["all_reduce_s"] / (2 * ideal),
+        "probe": probe,
+    }
 
 
 def default_workload(micro_batches: int = 2, local_batch: int = 4, seq_len: int = 256, flavor: str = "tiny"):
     # the CPU trains in fp32: gradients and parameters travel as 4-byte floats
     return cm.model_workload("gpt_neo", flavor, seq_len, local_batch, micro_batches, vocab_size=10000, comm_bytes=4)
-

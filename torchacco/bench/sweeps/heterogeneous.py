@@ -10,11 +10,20 @@ import sys
 from pathlib import Path
 
 from torchacco.bench import cost_model as cm
-from torchacco.bench.cluster import ClusterPlan, Cluster, parse_rate
-from torchacco.bench.sweeps.common import (QUIET, DEFAULT_MODEL, load, strategies_arg, run_point, rate_label,
-                                           save_results, pyplot_or_none, collective_factors, default_workload,
-                                           save_figure)
-
+from torchacco.bench.cluster import Cluster, ClusterPlan, parse_rate
+from torchacco.bench.sweeps.common import (
+    DEFAULT_MODEL,
+    QUIET,
+    collective_factors,
+    default_workload,
+    load,
+    pyplot_or_none,
+    rate_label,
+    run_point,
+    save_figure,
+    save_results,
+    strategies_arg,
+)
 
 _SPIN = "import time\nt=time.perf_counter(); n=0\nwhile time.perf_counter()-t<{s}: n+=1\nprint(n)"
 
@@ -24,8 +33,9 @@ def measure_cpu(plan: ClusterPlan, seconds: float = 3.0) -> list[float]:
     rates = []
     with Cluster(plan) as cluster:
         logs = [Path(f"/tmp/tacc_spin_{os.getpid()}_{i}.txt") for i in range(plan.nodes)]
-        procs = [cluster.launch(i, [sys.executable, "-c", _SPIN.format(s=seconds)], log=logs[i])
-                 for i in range(plan.nodes)]
+        procs = [
+            cluster.launch(i, [sys.executable, "-c", _SPIN.format(s=seconds)], log=logs[i]) for i in range(plan.nodes)
+        ]
         for p in procs:
             p.wait()
         for log in logs:
@@ -38,16 +48,23 @@ def measure_cpu(plan: ClusterPlan, seconds: float = 3.0) -> list[float]:
 
 def heterogeneous(args) -> dict:
     strategies = strategies_arg(args.strategies)
-    plan_kw = dict(nodes=args.nodes, rate_bps=parse_rate(args.rate), slow_node=args.nodes - 1,
-                   slow_factor=args.slow_factor, cpu_per_node=args.cpu_per_node)
+    plan_kw = dict(
+        nodes=args.nodes,
+        rate_bps=parse_rate(args.rate),
+        slow_node=args.nodes - 1,
+        slow_factor=args.slow_factor,
+        cpu_per_node=args.cpu_per_node,
+    )
     # The quota alone does not make the node exactly N× slower on a shared machine (the fast nodes may not
     # get their full quota): measure, and correct the slow node's quota until the measured ratio is right.
     for attempt in range(3):
         cpu = measure_cpu(ClusterPlan(**plan_kw), seconds=2.0)
         measured_factor = statistics.mean(cpu[:-1]) / cpu[-1]
-        print(f"[heterogeneous] busy-loop rate per node {[f'{x:.3g}' for x in cpu]}: slow node "
-              f"{measured_factor:.2f}× slower with a {plan_kw['slow_factor']:.2f}× smaller quota (load {load()})",
-              flush=True)
+        print(
+            f"[heterogeneous] busy-loop rate per node {[f'{x:.3g}' for x in cpu]}: slow node "
+            f"{measured_factor:.2f}× slower with a {plan_kw['slow_factor']:.2f}× smaller quota (load {load()})",
+            flush=True,
+        )
         if abs(measured_factor / args.slow_factor - 1) < 0.1 or attempt == 2:
             break
         plan_kw["slow_factor"] = max(1.0, plan_kw["slow_factor"] * args.slow_factor / measured_factor)
@@ -55,12 +72,25 @@ def heterogeneous(args) -> dict:
     factors = {}
     if plan_kw["rate_bps"] is not None:
         factors = collective_factors(ClusterPlan(**plan_kw), work, Path(args.out) / "runs" / "cluster" / "het_probe")
-        print(f"[heterogeneous] gloo collectives over their ring ideal: reduce-scatter {factors['rs_factor']:.2f}×, "
-              f"all-gather {factors['ag_factor']:.2f}×, all-reduce {factors['ar_factor']:.2f}×", flush=True)
+        print(
+            f"[heterogeneous] gloo collectives over their ring ideal: reduce-scatter {factors['rs_factor']:.2f}×, "
+            f"all-gather {factors['ag_factor']:.2f}×, all-reduce {factors['ar_factor']:.2f}×",
+            flush=True,
+        )
     lb = args.local_batch
     gb = 2 * lb * args.nodes  # two micro-batches per rank and update (one per ACCO round)
-    extra = [*DEFAULT_MODEL, *QUIET, "--eval.every", "0", "--training.steps", str(args.steps),
-             "--training.local_batch_size", str(lb), "--training.global_batch_size", str(gb)]
+    extra = [
+        *DEFAULT_MODEL,
+        *QUIET,
+        "--eval.every",
+        "0",
+        "--training.steps",
+        str(args.steps),
+        "--training.local_batch_size",
+        str(lb),
+        "--training.global_batch_size",
+        str(gb),
+    ]
     runs = Path(args.out) / "runs" / "cluster" / "heterogeneous"
     points, uniform = [], {}
     for s in strategies:
@@ -72,11 +102,29 @@ def heterogeneous(args) -> dict:
         for s in ("zero1", "acco_adaptive"):
             if s in strategies:
                 print(f"[heterogeneous] reference without a slow node: {s}", flush=True)
-                uniform[s] = run_point(ClusterPlan(**{**plan_kw, "slow_node": None, "slow_factor": 1.0}), s, extra,
-                                       runs / f"{s}_uniform", args.warmup, args.timeout)
-    data = {"sweep": "heterogeneous", **plan_kw, "target_slow_factor": args.slow_factor, "local_batch": lb,
-            "global_batch": gb, "warmup": args.warmup, "cpu_rates": cpu, "measured_slow_factor": measured_factor,
-            "collective_factors": factors, "steps": args.steps, "points": points, "uniform": uniform, "load_end": load()}
+                uniform[s] = run_point(
+                    ClusterPlan(**{**plan_kw, "slow_node": None, "slow_factor": 1.0}),
+                    s,
+                    extra,
+                    runs / f"{s}_uniform",
+                    args.warmup,
+                    args.timeout,
+                )
+    data = {
+        "sweep": "heterogeneous",
+        **plan_kw,
+        "target_slow_factor": args.slow_factor,
+        "local_batch": lb,
+        "global_batch": gb,
+        "warmup": args.warmup,
+        "cpu_rates": cpu,
+        "measured_slow_factor": measured_factor,
+        "collective_factors": factors,
+        "steps": args.steps,
+        "points": points,
+        "uniform": uniform,
+        "load_end": load(),
+    }
     return report_heterogeneous(data, Path(args.out))
 
 
@@ -98,35 +146,50 @@ def report_heterogeneous(data: dict, out: Path) -> dict:
             opt_rate = json.loads((out / "cluster_throughput.json").read_text())["calibration"]["opt_rate"]
         except (OSError, ValueError, KeyError):
             pass
-        hw = cm.Hardware(nodes=nodes, flops=1.0, bandwidth_bps=data["rate_bps"],
-                         compute_s=zero1["compute_s"] / work.micro_batches, slow_factor=measured_factor,
-                         opt_rate=opt_rate * data["cpu_per_node"],
-                         **{k: v for k, v in factors.items() if k.endswith("factor")})
+        hw = cm.Hardware(
+            nodes=nodes,
+            flops=1.0,
+            bandwidth_bps=data["rate_bps"],
+            compute_s=zero1["compute_s"] / work.micro_batches,
+            slow_factor=measured_factor,
+            opt_rate=opt_rate * data["cpu_per_node"],
+            **{k: v for k, v in factors.items() if k.endswith("factor")},
+        )
         for p in points:
             pred = cm.predict(work, hw, p["strategy"])
             p["predicted_tokens_per_s"] = pred["tokens_per_s"]
             p["model_error"] = cm.relative_error(pred["tokens_per_s"], p["tokens_per_s"])
-    lines = [f"{nodes} nodes × 1 CPU process, {data['cpu_per_node']:g} cores each, node {nodes - 1} at "
-             f"{data['cpu_per_node'] / data['slow_factor']:.3g} cores (target {data['target_slow_factor']:g}× slower; "
-             f"measured {measured_factor:.2f}× by a busy loop in every node at once), links "
-             f"{rate_label(data['rate_bps'])}, GPT-Neo tiny, micro-batch {data['local_batch']} × 256, global batch "
-             f"{data['global_batch']}, {data['steps']} steps ({data['warmup']} dropped).", "",
-             "| strategy | tokens/s | step (s) | exposed comm (s) | micro-batches per rank | tokens per update | "
-             "vs ZeRO-1 | predicted tokens/s | model error | load |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+    lines = [
+        f"{nodes} nodes × 1 CPU process, {data['cpu_per_node']:g} cores each, node {nodes - 1} at "
+        f"{data['cpu_per_node'] / data['slow_factor']:.3g} cores (target {data['target_slow_factor']:g}× slower; "
+        f"measured {measured_factor:.2f}× by a busy loop in every node at once), links "
+        f"{rate_label(data['rate_bps'])}, GPT-Neo tiny, micro-batch {data['local_batch']} × 256, global batch "
+        f"{data['global_batch']}, {data['steps']} steps ({data['warmup']} dropped).",
+        "",
+        "| strategy | tokens/s | step (s) | exposed comm (s) | micro-batches per rank | tokens per update | "
+        "vs ZeRO-1 | predicted tokens/s | model error | load |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
     for p in points:
-        lines.append(f"| {p['strategy']} | {p['tokens_per_s']:,.0f} | {p['step_time_s']:.2f} | {p['exposed_comm_s']:.2f} | "
-                     f"{p['micro_batches_per_rank'] or '-'} | {p['tokens_per_update']:,.0f} | {p['vs_zero1']:.2f}× | "
-                     f"{p.get('predicted_tokens_per_s', math.nan):,.0f} | {p.get('model_error', math.nan):+.0%} | "
-                     f"{p['load_before'][0]:.1f} |")
+        lines.append(
+            f"| {p['strategy']} | {p['tokens_per_s']:,.0f} | {p['step_time_s']:.2f} | {p['exposed_comm_s']:.2f} | "
+            f"{p['micro_batches_per_rank'] or '-'} | {p['tokens_per_update']:,.0f} | {p['vs_zero1']:.2f}× | "
+            f"{p.get('predicted_tokens_per_s', math.nan):,.0f} | {p.get('model_error', math.nan):+.0%} | "
+            f"{p['load_before'][0]:.1f} |"
+        )
     for s, p in uniform.items():
-        lines.append(f"| {s}, no slow node | {p['tokens_per_s']:,.0f} | {p['step_time_s']:.2f} | "
-                     f"{p['exposed_comm_s']:.2f} | {p['micro_batches_per_rank'] or '-'} | {p['tokens_per_update']:,.0f} "
-                     f"| | | | {p['load_before'][0]:.1f} |")
+        lines.append(
+            f"| {s}, no slow node | {p['tokens_per_s']:,.0f} | {p['step_time_s']:.2f} | "
+            f"{p['exposed_comm_s']:.2f} | {p['micro_batches_per_rank'] or '-'} | {p['tokens_per_update']:,.0f} "
+            f"| | | | {p['load_before'][0]:.1f} |"
+        )
     best = max((p for p in points if p["strategy"].startswith("acco")), key=lambda p: p["vs_zero1"], default=None)
     if best and zero1:
-        lines += ["", f"Target (ACCO ≥ 2.5× ZeRO-1 with the slow worker): {best['strategy']} {best['vs_zero1']:.2f}× → "
-                      f"{'met' if best['vs_zero1'] >= 2.5 else 'missed'}."]
+        lines += [
+            "",
+            f"Target (ACCO ≥ 2.5× ZeRO-1 with the slow worker): {best['strategy']} {best['vs_zero1']:.2f}× → "
+            f"{'met' if best['vs_zero1'] >= 2.5 else 'missed'}.",
+        ]
     if zero1:
         errs = [abs(p["model_error"]) for p in points]
         lines.append(f"Cost model: mean absolute error {statistics.mean(errs):.0%} over {len(errs)} strategies.")
@@ -138,8 +201,15 @@ def report_heterogeneous(data: dict, out: Path) -> dict:
         names = [p["strategy"] for p in points]
         ax.bar(names, [p["tokens_per_s"] for p in points], color="tab:blue", label="measured")
         if all("predicted_tokens_per_s" in p for p in points):
-            ax.scatter(names, [p["predicted_tokens_per_s"] for p in points], color="black", marker="_", s=400,
-                       label="cost model", zorder=3)
+            ax.scatter(
+                names,
+                [p["predicted_tokens_per_s"] for p in points],
+                color="black",
+                marker="_",
+                s=400,
+                label="cost model",
+                zorder=3,
+            )
         for s, p in uniform.items():
             ax.axhline(p["tokens_per_s"], ls=":", color="grey")
             ax.text(len(names) - 0.5, p["tokens_per_s"], f"{s}, no slow node", fontsize=7, ha="right", va="bottom")
@@ -148,5 +218,3 @@ def report_heterogeneous(data: dict, out: Path) -> dict:
         ax.legend(fontsize=8)
         save_figure(fig, base)
     return data
-
-

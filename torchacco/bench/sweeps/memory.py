@@ -8,17 +8,41 @@ from pathlib import Path
 
 from torchacco.bench import cost_model as cm
 from torchacco.bench.cluster import ClusterPlan
-from torchacco.bench.sweeps.common import (QUIET, DEFAULT_MODEL, load, strategies_arg, run_point, save_results,
-                                           pyplot_or_none, default_workload, save_figure)
+from torchacco.bench.sweeps.common import (
+    DEFAULT_MODEL,
+    QUIET,
+    default_workload,
+    load,
+    pyplot_or_none,
+    run_point,
+    save_figure,
+    save_results,
+    strategies_arg,
+)
+
+MMAP_NOTE = (
+    "; glibc set to return every buffer over 64 KiB on free (MALLOC_MMAP_THRESHOLD_=65536), so RSS follows live memory"
+)
 
 
 def memory(args) -> dict:
     strategies = strategies_arg(args.strategies)
     plan = ClusterPlan(nodes=args.nodes, rate_bps=None)
     work = default_workload(local_batch=1)
-    extra = [*DEFAULT_MODEL, *QUIET, "--eval.every", "0", "--training.steps", str(args.steps),
-             "--training.mixed_precision", args.precision, "--training.local_batch_size", "1",
-             "--training.global_batch_size", str(2 * args.nodes)]
+    extra = [
+        *DEFAULT_MODEL,
+        *QUIET,
+        "--eval.every",
+        "0",
+        "--training.steps",
+        str(args.steps),
+        "--training.mixed_precision",
+        args.precision,
+        "--training.local_batch_size",
+        "1",
+        "--training.global_batch_size",
+        str(2 * args.nodes),
+    ]
     runs = Path(args.out) / "runs" / "cluster" / "memory"
     # glibc keeps freed memory cached per thread arena (ACCO's communication thread has its own), which
     # would make RSS measure the allocator; with a small mmap threshold every tensor buffer is returned on
@@ -33,42 +57,62 @@ def memory(args) -> dict:
     copy_mib = work.params * compute_bytes / 2**20
     bf16_mib = work.params * 2 / 2**20
     zero1 = next((p for p in points if p["strategy"] == "zero1"), None)
-    lines = [f"{args.nodes} nodes, GPT-Neo tiny ({work.params / 1e6:.2f}M params), compute dtype {args.precision}, "
-             f"micro-batch 1 × 256, {args.steps} steps. Peak resident memory (RSS) of each rank's process, which "
-             f"includes the Python/torch runtime (~0.3 GiB)"
-             f"{'; glibc set to return every buffer over 64 KiB on free (MALLOC_MMAP_THRESHOLD_=65536), so RSS follows live memory' if env else ''}. "
-             f"Predicted: persistent state only (the job's transient buffers are not in it). "
-             f"One parameter copy in the compute dtype = "
-             f"{copy_mib:.1f} MiB; in bf16 = {bf16_mib:.1f} MiB.", "",
-             "| strategy | peak RSS per rank (MiB) | mean (MiB) | over ZeRO-1 (MiB) | predicted over ZeRO-1 (MiB) | load |",
-             "|---|---|---:|---:|---:|---|"]
+    lines = [
+        f"{args.nodes} nodes, GPT-Neo tiny ({work.params / 1e6:.2f}M params), compute dtype {args.precision}, "
+        f"micro-batch 1 × 256, {args.steps} steps. Peak resident memory (RSS) of each rank's process, which "
+        f"includes the Python/torch runtime (~0.3 GiB)"
+        f"{MMAP_NOTE if env else ''}. "
+        f"Predicted: persistent state only (the job's transient buffers are not in it). "
+        f"One parameter copy in the compute dtype = "
+        f"{copy_mib:.1f} MiB; in bf16 = {bf16_mib:.1f} MiB.",
+        "",
+        "| strategy | peak RSS per rank (MiB) | mean (MiB) | over ZeRO-1 (MiB) | predicted over ZeRO-1 (MiB) | load |",
+        "|---|---|---:|---:|---:|---|",
+    ]
     hw = cm.Hardware(nodes=args.nodes, flops=1.0, bandwidth_bps=None)
     for p in points:
         mibs = [x * 1024 for x in p["peak_rss_gib_per_rank"]]
         p["mean_rss_mib"] = statistics.mean(mibs) if mibs else math.nan
-        p["over_zero1_mib"] = p["mean_rss_mib"] - statistics.mean(x * 1024 for x in zero1["peak_rss_gib_per_rank"]) \
-            if zero1 else math.nan
-        p["predicted_over_zero1_mib"] = (cm.memory_bytes(work, hw, p["strategy"], compute_bytes)
-                                         - cm.memory_bytes(work, hw, "zero1", compute_bytes)) / 2**20
-        lines.append(f"| {p['strategy']} | {', '.join(f'{m:.0f}' for m in mibs)} | {p['mean_rss_mib']:.0f} | "
-                     f"{p['over_zero1_mib']:+.1f} | {p['predicted_over_zero1_mib']:+.1f} | {p['load_before'][0]:.1f} |")
+        p["over_zero1_mib"] = (
+            p["mean_rss_mib"] - statistics.mean(x * 1024 for x in zero1["peak_rss_gib_per_rank"]) if zero1 else math.nan
+        )
+        p["predicted_over_zero1_mib"] = (
+            cm.memory_bytes(work, hw, p["strategy"], compute_bytes) - cm.memory_bytes(work, hw, "zero1", compute_bytes)
+        ) / 2**20
+        lines.append(
+            f"| {p['strategy']} | {', '.join(f'{m:.0f}' for m in mibs)} | {p['mean_rss_mib']:.0f} | "
+            f"{p['over_zero1_mib']:+.1f} | {p['predicted_over_zero1_mib']:+.1f} | {p['load_before'][0]:.1f} |"
+        )
     acco = next((p for p in points if p["strategy"] == "acco"), None)
     if acco and zero1:
-        lines += ["", f"Target (ACCO's overhead over ZeRO-1 ≤ one bf16 parameter copy, {bf16_mib:.1f} MiB): measured "
-                      f"{acco['over_zero1_mib']:+.1f} MiB → {'met' if acco['over_zero1_mib'] <= bf16_mib else 'missed'}."]
+        lines += [
+            "",
+            f"Target (ACCO's overhead over ZeRO-1 ≤ one bf16 parameter copy, {bf16_mib:.1f} MiB): measured "
+            f"{acco['over_zero1_mib']:+.1f} MiB → {'met' if acco['over_zero1_mib'] <= bf16_mib else 'missed'}.",
+        ]
     table = "\n".join(lines) + "\n"
-    data = {"sweep": "memory", "nodes": args.nodes, "precision": args.precision, "malloc_env": env,
-            "param_copy_mib": copy_mib,
-            "bf16_copy_mib": bf16_mib, "points": points, "load_end": load()}
+    data = {
+        "sweep": "memory",
+        "nodes": args.nodes,
+        "precision": args.precision,
+        "malloc_env": env,
+        "param_copy_mib": copy_mib,
+        "bf16_copy_mib": bf16_mib,
+        "points": points,
+        "load_end": load(),
+    }
     base = save_results(Path(args.out), "memory", data, table)
     plt = pyplot_or_none()
     if plt is not None:
         fig, ax = plt.subplots(figsize=(7, 4))
         width = 0.8 / max(1, args.nodes)
         for r in range(args.nodes):
-            ax.bar([i + r * width for i in range(len(points))],
-                   [p["peak_rss_gib_per_rank"][r] * 1024 if r < len(p["peak_rss_gib_per_rank"]) else 0 for p in points],
-                   width, label=f"rank {r}")
+            ax.bar(
+                [i + r * width for i in range(len(points))],
+                [p["peak_rss_gib_per_rank"][r] * 1024 if r < len(p["peak_rss_gib_per_rank"]) else 0 for p in points],
+                width,
+                label=f"rank {r}",
+            )
         ax.set_xticks([i + width * (args.nodes - 1) / 2 for i in range(len(points))], [p["strategy"] for p in points])
         ax.set_ylabel("peak RSS (MiB)")
         lo = min(min(p["peak_rss_gib_per_rank"]) for p in points) * 1024
@@ -77,5 +121,3 @@ def memory(args) -> dict:
         ax.legend(fontsize=8)
         save_figure(fig, base)
     return data
-
-
