@@ -49,6 +49,9 @@ def _args(corpus, cache, out, kind, *extra):
 
 
 LLAMA = ("--model.name", "llama3", "--model.flavor", "debug")
+AC_FULL = ("--training.activation_checkpoint", "full", "--training.loss_chunks", "4")
+AC_OP = ("--training.activation_checkpoint", "selective", "--training.loss_chunks", "2")
+AC_EVERY_2 = ("--training.activation_checkpoint", "selective", "--training.selective_checkpoint", "2")
 # A model from outside torchacco: tests/assets/toy_model copied into a package of the runs' folder.
 TOY = ("--model.name", "toy_pkg.toy", "--checkpoint.export_hf", "false")
 TP2_CHECKPOINTED = ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "true")
@@ -70,7 +73,15 @@ RUNS = {
         "acco",
         (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_schedule", "gpipe"),
     ),
-    "neo-dpu-tp2": (2, "dpu", ("--parallelism.tensor_parallel_degree", "2")),
+    "neo-dpu-tp2": (2, "dpu", ("--parallelism.tensor_parallel_degree", "2", "--parallelism.loss_parallel", "false")),
+    # activation checkpointing and the chunked loss, under each kind of model parallelism
+    "neo-zero1-tp2-ac": (2, "zero1", ("--parallelism.tensor_parallel_degree", "2", *AC_FULL)),
+    "llama-acco-pp2-ac": (
+        2,
+        "acco",
+        (*LLAMA, "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_schedule", "gpipe", *AC_OP),
+    ),
+    "llama-fsdp-tp2-ac": (2, "fsdp", (*LLAMA, "--parallelism.tensor_parallel_degree", "2", *AC_EVERY_2)),
     "llama-wp-pp2": (2, "wp", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2")),
     # the resume test: 2 steps, then on to STEPS from the checkpoint (same folder)
     "resumed": (2, "acco", (*TP2_CHECKPOINTED, "--training.steps", "2")),
@@ -243,6 +254,14 @@ def test_acco_over_tensor_and_interleaved_pipeline_parallel_matches_one_process(
     _same_losses(tp2pp2, reference)
     _same_export(tp2pp2, reference)
     assert _params_on_rank0(tp2pp2) < 0.3 * _full_params(tp2pp2)
+
+
+def test_activation_checkpointing_and_the_chunked_loss_under_tp_and_pp_match_one_process(runs):
+    _same_losses(runs["neo-zero1-tp2-ac"], runs["neo-zero1"])  # full, 4 loss chunks, vocab-parallel loss
+    _same_export(runs["neo-zero1-tp2-ac"], runs["neo-zero1"])
+    _same_losses(runs["llama-acco-pp2-ac"], runs["llama-acco"])  # selective by op, 2 chunks, GPipe
+    _same_export(runs["llama-acco-pp2-ac"], runs["llama-acco"])
+    _same_losses(runs["llama-fsdp-tp2-ac"], runs["llama-zero1"])  # every 2nd block, untied vocab-parallel head
 
 
 def test_a_model_from_outside_torchacco_trains_with_its_own_tensor_parallel_plan(runs):

@@ -78,6 +78,17 @@ class Training:
     seed: int = key(0, "initialisation and data order")
     device: Literal["auto", "cpu", "cuda"] = key("auto", "auto: CUDA when present")
     mixed_precision: Literal["auto", "bf16", "fp32"] = key("auto", "compute dtype; auto: bf16 on CUDA, fp32 on CPU")
+    activation_checkpoint: Literal["none", "selective", "full"] = key(
+        "none", "recompute activations in backward instead of keeping them: every block (full), or selectively"
+    )
+    selective_checkpoint: str = key(
+        "op",
+        "with activation_checkpoint = selective: 'op' keeps matmul and attention outputs and recomputes the "
+        "rest; a number k checkpoints every k-th block",
+    )
+    loss_chunks: int = key(
+        1, "pieces of the sequence the fp32 cross-entropy runs over (fp32 logits exist for one piece at a time)"
+    )
     num_threads: int = key(0, "CPU threads per rank; 0: cores / local ranks")
     collective_timeout_s: float = key(1800.0, "a collective waiting longer than this fails the run (a dead peer)")
     on_nonfinite: Literal["abort", "skip"] = key(
@@ -119,6 +130,11 @@ class Parallelism:
         "1f1b", "pipeline schedule; interleaved_1f1b runs two stages per rank"
     )
     pipeline_microbatches: int = key(0, "pieces each local batch is split into; 0: the number of stages")
+    loss_parallel: bool = key(
+        True,
+        "with tensor parallelism (and no pipeline): the logits stay split by vocabulary "
+        "and the loss is computed on the shards",
+    )
 
 
 @dataclass

@@ -6,21 +6,23 @@ import torch
 import torch.nn as nn
 
 from torchacco.device import Device
-from torchacco.loss import token_loss_sum
+from torchacco.loss import TokenLoss, value
 from torchacco.parallel.dims import ParallelDims, all_reduce_sum
 
 
-def evaluate(model: nn.Module, loader, batches: int, device: Device, dims: ParallelDims, pipeline=None) -> float:
+def evaluate(
+    model: nn.Module, loader, batches: int, device: Device, dims: ParallelDims, pipeline=None, loss_fn=TokenLoss()
+) -> float:
     was_training = model.training
     model.eval()
     loss_sum, count = torch.zeros((), dtype=torch.float64, device=device.torch), 0
-    with torch.no_grad():
+    with torch.no_grad(), loss_fn.context():
         for i, batch in enumerate(loader):
             if i >= batches:
                 break
             batch = {k: v.to(device.torch, non_blocking=True) for k, v in batch.items()}
-            loss, n = pipeline.evaluate(batch) if pipeline else token_loss_sum(model, batch)
-            loss_sum += loss.double()
+            loss, n = pipeline.evaluate(batch) if pipeline else loss_fn.of_batch(model, batch)
+            loss_sum += value(loss).double()
             count += n.item()
     model.train(was_training)
     if not dims.model_parallel:

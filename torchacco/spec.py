@@ -75,11 +75,13 @@ def renaming_adapter(
 class TensorParallelPlan:
     """How tensor parallelism splits the model (applied by torchacco/parallel/tensor.py).
 
-    `plans(model)` returns (the plan of top-level modules, the plan of one block): dicts of module
-    path -> DTensor ParallelStyle, as `parallelize_module` takes. `split_sizes(args)` lists the
-    (name, size) of every dimension split tp ways, so each is checked before launch."""
+    `plans(model, loss_parallel)` returns (the plan of top-level modules, the plan of one block):
+    dicts of module path -> DTensor ParallelStyle, as `parallelize_module` takes; an untied output
+    head uses `tensor.head_layouts(loss_parallel)` (logits split by vocabulary for the loss).
+    `split_sizes(args)` lists the (name, size) of every dimension split tp ways, so each is checked
+    before launch."""
 
-    plans: Callable[[nn.Module], tuple[dict, dict]]
+    plans: Callable[[nn.Module, bool], tuple[dict, dict]]
     split_sizes: Callable[[Any], list[tuple[str, int]]]
 
 

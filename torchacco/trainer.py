@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from torchacco import health, run_folder
+from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.build import build_data, build_model
 from torchacco.checkpoint import TrainState, checkpoint_state, resume
 from torchacco.config import Config
@@ -24,7 +25,7 @@ from torchacco.errors import PeerFailure, Terminated, UserError
 from torchacco.evaluate import evaluate
 from torchacco.export import export_hf
 from torchacco.faults import from_env
-from torchacco.loss import token_loss_sum
+from torchacco.loss import TokenLoss, value
 from torchacco.lr import TokenSchedule
 from torchacco.metrics import MetricsLogger, Throughput
 from torchacco.parallel.dims import ParallelDims, destroy, init_distributed, launch_env, on_one_rank
@@ -106,7 +107,11 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     if model is None:
         model = build_model(spec, cfg.model, vocab, t.seed, device)
     n_params = sum(p.numel() for p in model.parameters())
-    model, pipeline = apply_model_parallel(model, spec, cfg, dims, device)  # tp/pp: this rank's part of the model
+    vocab_parallel = dims.tp_enabled and not dims.pp_enabled and cfg.parallelism.loss_parallel
+    loss_fn = TokenLoss(t.loss_chunks, vocab_parallel)
+    # In torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile -> data parallel.
+    model, pipeline = apply_model_parallel(model, spec, cfg, dims, device, loss_fn)  # this rank's part of the model
+    apply_activation_checkpoint(model.layers, t.activation_checkpoint, t.selective_checkpoint)
     dtype = compute_dtype(t.mixed_precision, device)
     if cfg.model.compile:
         for block in model.layers:
@@ -147,7 +152,18 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     try:
         throughput = Throughput(flops_per_token, dims.world_size, device, dtype)
         summary = _loop(
-            cfg, dims, device, strategy, state, train_loader, val_loader, log, throughput, checkpointer, pipeline
+            cfg,
+            dims,
+            device,
+            strategy,
+            state,
+            train_loader,
+            val_loader,
+            log,
+            throughput,
+            checkpointer,
+            loss_fn,
+            pipeline,
         )
         if cfg.checkpoint.export_hf:
             health.current().enter("export to Hugging Face format")
@@ -173,6 +189,7 @@ def _loop(
     log: MetricsLogger,
     throughput: Throughput,
     checkpointer,
+    loss_fn: TokenLoss,
     pipeline=None,
 ) -> dict:
     t = cfg.training
@@ -186,7 +203,7 @@ def _loop(
     while state.step < t.steps:
         heartbeat.enter(f"compute (step {state.step + 1})")
         poison = faults.before_period(state.step + 1)
-        counts = compute_period(strategy, batches, device, autocast, throughput.times, pipeline, poison)
+        counts = compute_period(strategy, loss_fn, batches, device, autocast, throughput.times, pipeline, poison)
         heartbeat.enter(f"{strategy.sync_phase} (step {state.step + 1})")
         with throughput.timing("sync"):
             result = strategy.step(counts)
@@ -212,7 +229,7 @@ def _loop(
             if evaluate_now:
                 heartbeat.enter(f"evaluation (step {step})")
                 with strategy.evaluation() as eval_model:
-                    val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims, pipeline)
+                    val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims, pipeline, loss_fn)
                 record |= {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
             log.log(record)
             summary.update(record)
@@ -260,7 +277,14 @@ def _count_nonfinite(t, state: TrainState, result) -> str | None:
 
 
 def compute_period(
-    strategy: Strategy, batches, device: Device, autocast, times: dict, pipeline=None, poison: bool = False
+    strategy: Strategy,
+    loss_fn: TokenLoss,
+    batches,
+    device: Device,
+    autocast,
+    times: dict,
+    pipeline=None,
+    poison: bool = False,
 ) -> Counts:
     """Forward and backward over one compute period's micro-batches: what this rank computed.
     With a pipeline, each micro-batch is one schedule step (its loss sum is 0 except on the
@@ -272,15 +296,15 @@ def compute_period(
         t0 = time.perf_counter()
         batch = {k: v.to(device.torch, non_blocking=True) for k, v in next(batches).items()}
         t1 = time.perf_counter()
-        with micro_batch, torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+        with micro_batch, torch.autocast(device.type, dtype=autocast, enabled=autocast is not None), loss_fn.context():
             if pipeline is not None:
                 loss, count = pipeline.forward_backward(batch)
             else:
-                loss, count = token_loss_sum(strategy.model, batch)
+                loss, count = loss_fn.of_batch(strategy.model, batch)
                 if poison:  # injected fault (torchacco/faults.py)
                     loss = loss * float("nan")
                 loss.backward()
-        loss_sum += loss.detach().double()
+        loss_sum += value(loss).double()
         tokens += count
         consumed += batch["input_ids"].numel()
         n += 1

@@ -19,6 +19,7 @@ from torchacco.errors import UserError, run_cli
 def validate(cfg: Config, world_size: int, local_world_size: int | None = None) -> None:
     import torch
 
+    from torchacco.activation_checkpoint import check_activation_checkpoint
     from torchacco.build import model_args
     from torchacco.parallel.dims import check_parallelism, model_parallel_label
     from torchacco.parallel.model_parallel import check_model_parallel
@@ -40,7 +41,7 @@ def validate(cfg: Config, world_size: int, local_world_size: int | None = None) 
             f"[model] init_from = {cfg.model.init_from} is not a Hugging Face folder with a config.json; "
             "point it at a folder exported by torchacco (<dump_folder>/hf) or downloaded from the Hub"
         )
-    for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s", "max_skips_in_a_row"):
+    for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s", "max_skips_in_a_row", "loss_chunks"):
         if getattr(t, key) <= 0:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
     per_step = t.local_batch_size * dp_size
@@ -50,6 +51,7 @@ def validate(cfg: Config, world_size: int, local_world_size: int | None = None) 
             f"data-parallel ranks = {t.local_batch_size} × {dp_size} = {per_step}; "
             f"use a multiple of {per_step}"
         )
+    check_activation_checkpoint(t.activation_checkpoint, t.selective_checkpoint)
     strategy_class(cfg.parallelism.data_parallel).check_config(cfg, dp_size, model_parallel_label(cfg.parallelism))
     spec = get_model_spec(cfg.model.name)
     args = model_args(spec, cfg.model)

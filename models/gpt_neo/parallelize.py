@@ -9,7 +9,7 @@ from torchacco.parallel.tensor import Replicate, RowwiseParallel, SequenceParall
 from torchacco.spec import PipelinePlan, TensorParallelPlan
 
 
-def tp_plans(model: nn.Module) -> tuple[dict, dict]:
+def tp_plans(model: nn.Module, loss_parallel: bool) -> tuple[dict, dict]:
     top = {
         "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         # positions [T] -> [T, dim]: split along T (dim 0) to add to the local token shard

@@ -11,18 +11,19 @@ from torchacco.parallel.tensor import (
     RowwiseParallel,
     SequenceParallel,
     Shard,
+    head_layouts,
     sequence_parallel_block,
 )
 from torchacco.spec import PipelinePlan, TensorParallelPlan
 
 
-def tp_plans(model: nn.Module) -> tuple[dict, dict]:
+def tp_plans(model: nn.Module, loss_parallel: bool) -> tuple[dict, dict]:
     top = {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
     }
     if model.output is not None:  # untied head: split by vocabulary, logits gathered
-        top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+        top["output"] = ColwiseParallel(**head_layouts(loss_parallel))
     block = sequence_parallel_block(
         "attention",
         ["wq", "wk", "wv"],

@@ -31,8 +31,9 @@ def check_model_parallel(spec: ModelSpec, cfg, args) -> None:
         check_pipeline(spec.pipeline, cfg, args, where)
 
 
-def apply_model_parallel(model: nn.Module, spec: ModelSpec, cfg, dims: ParallelDims, device):
-    """(this rank's model, the pipeline or None)."""
+def apply_model_parallel(model: nn.Module, spec: ModelSpec, cfg, dims: ParallelDims, device, loss=None):
+    """(this rank's model, the pipeline or None). `loss` (a TokenLoss) says whether the logits stay
+    split by vocabulary, and is the pipeline's loss function."""
     if not dims.model_parallel:
         return model, None
     if not hasattr(model, "args"):
@@ -45,9 +46,9 @@ def apply_model_parallel(model: nn.Module, spec: ModelSpec, cfg, dims: ParallelD
     if dims.pp_enabled:
         from torchacco.parallel.pipeline import split_stages
 
-        model, pipeline = split_stages(model, spec.pipeline, cfg, dims, device)
+        model, pipeline = split_stages(model, spec.pipeline, cfg, dims, device, loss)
     if dims.tp_enabled:
-        apply_tensor_parallel(model, dims.tp_mesh, spec.tensor_parallel)
+        apply_tensor_parallel(model, dims.tp_mesh, spec.tensor_parallel, loss is not None and loss.vocab_parallel)
     return model, pipeline
 
 

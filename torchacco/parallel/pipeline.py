@@ -18,7 +18,7 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from torchacco.errors import UserError
-from torchacco.loss import IGNORE_INDEX, token_loss
+from torchacco.loss import IGNORE_INDEX, TokenLoss
 from torchacco.parallel.dims import ParallelDims
 from torchacco.spec import PipelinePlan
 
@@ -84,11 +84,11 @@ class Layers(nn.ModuleDict):
 class Pipeline:
     """This rank's stages and the schedule that runs them."""
 
-    def __init__(self, stages: list[PipelineStage], cfg, first: bool, last: bool):
+    def __init__(self, stages: list[PipelineStage], cfg, first: bool, last: bool, loss: TokenLoss):
         self.stages, self.first, self.last = stages, first, last
         n, kind = microbatches(cfg), SCHEDULES[cfg.parallelism.pipeline_schedule]
         stage = stages if kind is ScheduleInterleaved1F1B else stages[0]
-        self.schedule = kind(stage, n_microbatches=n, loss_fn=token_loss, scale_grads=False)
+        self.schedule = kind(stage, n_microbatches=n, loss_fn=loss, scale_grads=False)
 
     def _run(self, run, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         labels = batch["labels"]
@@ -106,7 +106,9 @@ class Pipeline:
         return self._run(self.schedule.eval, batch)
 
 
-def split_stages(model: nn.Module, plan: PipelinePlan, cfg, dims: ParallelDims, device) -> tuple[nn.Module, Pipeline]:
+def split_stages(
+    model: nn.Module, plan: PipelinePlan, cfg, dims: ParallelDims, device, loss: TokenLoss | None = None
+) -> tuple[nn.Module, Pipeline]:
     """Prune `model` to this rank's stages; (the pruned model, its pipeline)."""
     pp, v = dims.pp_size, stages_per_rank(cfg)
     n_stages = pp * v
@@ -129,4 +131,4 @@ def split_stages(model: nn.Module, plan: PipelinePlan, cfg, dims: ParallelDims, 
     # A plain list, not submodules (the parameters keep their full-model names): FSDP makes
     # each stage module a root, since the schedule calls them and never model.forward.
     model.stage_modules = [stage.submod for stage in stages]
-    return model, Pipeline(stages, cfg, first, last)
+    return model, Pipeline(stages, cfg, first, last, loss or TokenLoss())

@@ -38,6 +38,7 @@ __all__ = [
     "Replicate",
     "Shard",
     "sequence_parallel_block",
+    "head_layouts",
     "check_tensor_parallel",
     "apply_tensor_parallel",
 ]
@@ -96,9 +97,19 @@ def check_tensor_parallel(
         )
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: TensorParallelPlan) -> None:
+def head_layouts(loss_parallel: bool) -> dict:
+    """ColwiseParallel arguments for an output head: logits split by vocabulary for a
+    vocabulary-parallel loss, else gathered whole."""
+    if loss_parallel:
+        return dict(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
+    return dict(input_layouts=Shard(1), output_layouts=Replicate())
+
+
+def apply_tensor_parallel(
+    model: nn.Module, tp_mesh: DeviceMesh, plan: TensorParallelPlan, loss_parallel: bool = False
+) -> None:
     tp = tp_mesh.size()
-    top, block_plan = plan.plans(model)
+    top, block_plan = plan.plans(model, loss_parallel)
     for block in model.layers:
         parallelize_module(block, tp_mesh, block_plan)
         for module in block.modules():  # the model reshapes by its own head counts
@@ -106,6 +117,12 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: TensorPar
                 if isinstance(getattr(module, attr, None), int):
                     setattr(module, attr, getattr(module, attr) // tp)
     parallelize_module(model, tp_mesh, {k: v for k, v in top.items() if getattr(model, k, None) is not None})
-    # A tied head (F.linear with the vocabulary-split embedding) returns a DTensor: gather it
-    # whole so the loss sees plain logits, as with an untied head.
-    model.register_forward_hook(lambda module, inputs, out: out.full_tensor() if isinstance(out, DTensor) else out)
+
+    # A tied head (F.linear with the vocabulary-split embedding) returns a DTensor in a layout
+    # of DTensor's choosing: split it by vocabulary for the loss, or gather it whole.
+    def logits_layout(module, inputs, out):
+        if not isinstance(out, DTensor):
+            return out
+        return out.redistribute(out.device_mesh, [Shard(-1)]) if loss_parallel else out.full_tensor()
+
+    model.register_forward_hook(logits_layout)

@@ -6,17 +6,18 @@ from torchacco.parallel.tensor import (
     RowwiseParallel,
     SequenceParallel,
     Shard,
+    head_layouts,
     sequence_parallel_block,
 )
 from torchacco.spec import TensorParallelPlan
 
 
-def plans(model):
+def plans(model, loss_parallel):
     top = {
         "tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "positions": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0)),
         "norm": SequenceParallel(),
-        "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        "head": ColwiseParallel(**head_layouts(loss_parallel)),
     }
     return top, sequence_parallel_block("attn", ["q", "k", "v"], "o", "mlp", ["up"], "down", ["norm1", "norm2"])
 
