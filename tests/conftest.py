@@ -67,9 +67,13 @@ def tiny_args(corpus: Path, cache: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
+PROFILE_STEP_3 = ("--profiling.enable", "true", "--profiling.start_step", "3", "--profiling.active_steps", "1")
+
+
 def six_step_args(corpus: Path, cache: Path, out: Path, kind: str, steps: int, *extra: str) -> list[str]:
     """A tiny run of `steps` steps, 2 micro-batches per update on 2 ranks, checkpoints on. The
-    schedule length comes from max_tokens (6 steps), so a run stopped early has the same lr."""
+    schedule length comes from max_tokens (6 steps), so a run stopped early has the same lr.
+    Update 3 (with an evaluation and a checkpoint) is traced by the profiler."""
     return tiny_args(
         corpus,
         cache,
@@ -84,6 +88,7 @@ def six_step_args(corpus: Path, cache: Path, out: Path, kind: str, steps: int, *
         str(steps),
         "--checkpoint.enable",
         "true",
+        *PROFILE_STEP_3,
         *extra,
     )
 

@@ -118,6 +118,27 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
             id="checkpoint-folder-outside",
         ),
         pytest.param(
+            ["--profiling.enable", "true", "--profiling.folder", "/tmp/traces"],
+            ["[profiling] folder = '/tmp/traces'", "inside the dump folder"],
+            id="profiling-folder-outside",
+        ),
+        pytest.param(
+            ["--profiling.enable", "true", "--profiling.every", "2", "--profiling.active_steps", "2"],
+            ["every = 2 must exceed active_steps = 2"],
+            id="profiling-every-too-short",
+        ),
+        pytest.param(
+            ["--profiling.enable", "true", "--profiling.memory_snapshot", "true", "--training.device", "cpu"],
+            ["memory_snapshot records the CUDA allocator", "set memory_snapshot = false"],
+            id="memory-snapshot-without-gpu",
+        ),
+        pytest.param(
+            ["--training.activation_checkpoint", "selective", "--training.selective_checkpoint", "every"],
+            ["selective_checkpoint = 'every' is neither 'op' nor a whole number"],
+            id="unknown-selective-checkpoint",
+        ),
+        pytest.param(["--training.loss_chunks", "0"], ["loss_chunks must be positive"], id="zero-loss-chunks"),
+        pytest.param(
             ["--checkpoint.load_path", "/nonexistent/step-00000010"],
             ["load_path not found", "step-N"],
             id="missing-checkpoint",

@@ -1,5 +1,6 @@
 """The training loop end to end: strategies agree, the loss falls, the outputs keep their contract."""
 
+import json
 import math
 import sys
 
@@ -40,6 +41,26 @@ def test_loss_falls_and_metrics_keep_their_contract(strategy_runs):
     assert records[0]["loss"] == pytest.approx(math.log(400), rel=0.1)
     assert records[-1]["loss"] < records[0]["loss"] - 0.5
     assert "val_loss" in records[2] and "val_loss" in records[5]
+
+
+def _trace_names(folder, rank: int) -> set[str]:
+    traces = sorted((folder / "profile" / f"rank{rank}").glob("trace_step*.json"))
+    assert [t.name for t in traces] == ["trace_step3.json"], traces
+    return {e.get("name") for e in json.loads(traces[0].read_text())["traceEvents"]}
+
+
+@pytest.mark.parametrize("kind", ["zero1", "acco"])
+def test_profiling_writes_a_trace_per_rank_with_the_loop_and_job_phases(six_step_run, kind):
+    """Update 3 is traced on each rank; ACCO's job runs on its own thread and is in the trace too."""
+    folder = six_step_run(kind)
+    for rank in (0, 1):
+        names = _trace_names(folder, rank)
+        phases = ["forward_backward", "evaluation", "checkpoint_save", "job/reduce_scatter", "job/all_gather"]
+        phases += ["job:commit", "job/optimizer_commit"]
+        if kind == "acco":  # update 3's estimate round and the wait for it
+            phases += ["job:estimate", "job/optimizer_estimate", "wait_for_job"]
+        for phase in phases:
+            assert f"torchacco/{phase}" in names, (rank, phase)
 
 
 def test_bf16_strategies_agree_within_bf16_tolerance(tiny_corpus, cache_dir, tmp_path):

@@ -179,6 +179,20 @@ class Checkpoint:
 
 
 @dataclass
+class Profiling:
+    enable: bool = key(False, "write torch.profiler traces of chosen updates, per rank, to <dump_folder>/<folder>")
+    start_step: int = key(5, "the first traced update (the one before it warms the profiler up)")
+    active_steps: int = key(2, "updates per trace")
+    every: int = key(0, "trace again every this many updates; 0: once")
+    memory_snapshot: bool = key(
+        False,
+        "CUDA: also record the allocator's history over the first trace "
+        "(memory_step<N>.pickle, for pytorch.org/memory_viz)",
+    )
+    folder: str = key("profile", "inside the dump folder")
+
+
+@dataclass
 class Config:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -192,6 +206,7 @@ class Config:
     eval: Eval = field(default_factory=Eval)
     metrics: Metrics = field(default_factory=Metrics)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    profiling: Profiling = field(default_factory=Profiling)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

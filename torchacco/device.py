@@ -60,6 +60,17 @@ class Device:
 
         return StreamRunner(self.torch) if self.type == "cuda" else ThreadRunner()
 
+    def record_memory_history(self) -> None:
+        """CUDA: start recording the allocator's history (for a memory snapshot)."""
+        if self.type == "cuda":
+            torch.cuda.memory._record_memory_history(max_entries=200_000)
+
+    def dump_memory_history(self, path) -> None:
+        """CUDA: write the recorded history (pytorch.org/memory_viz reads it) and stop recording."""
+        if self.type == "cuda":
+            torch.cuda.memory._dump_snapshot(str(path))
+            torch.cuda.memory._record_memory_history(enabled=None)
+
     def reset_peak_memory(self) -> None:
         if self.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.index)

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.profiler import record_function
 
 from torchacco import health, run_folder
 from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.build import build_data, build_model
-from torchacco.checkpoint import TrainState, checkpoint_state, resume
+from torchacco.checkpoint import Checkpointer, TrainState, checkpoint_state, resume
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
 from torchacco.errors import PeerFailure, Terminated, UserError
@@ -32,6 +34,7 @@ from torchacco.parallel.dims import ParallelDims, destroy, init_distributed, lau
 from torchacco.parallel.model_parallel import apply_model_parallel, model_parallel_label
 from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan
+from torchacco.profiling import Profiler
 from torchacco.spec import get_model_spec
 from torchacco.validate import validate
 
@@ -149,28 +152,27 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         f"batch {global_batch} × {t.seq_len} (accumulation {micro_batches}) | {t.steps} steps | {folder}"
     )
 
+    run = Run(
+        strategy,
+        state,
+        train_loader,
+        val_loader,
+        log,
+        Throughput(flops_per_token, dims.world_size, device, dtype),
+        checkpointer,
+        loss_fn,
+        pipeline,
+        Profiler(cfg.profiling, folder, dims.rank, device, state.step),
+    )
     try:
-        throughput = Throughput(flops_per_token, dims.world_size, device, dtype)
-        summary = _loop(
-            cfg,
-            dims,
-            device,
-            strategy,
-            state,
-            train_loader,
-            val_loader,
-            log,
-            throughput,
-            checkpointer,
-            loss_fn,
-            pipeline,
-        )
+        summary = _loop(cfg, dims, device, run)
         if cfg.checkpoint.export_hf:
             health.current().enter("export to Hugging Face format")
             exported = export_hf(cfg.model.name, strategy, dims, folder / "hf", cfg.checkpoint.export_dtype, tokenizer)
             if exported:
                 log.info(f"torchacco: exported θ to {exported} (Hugging Face safetensors + config.json)")
     finally:
+        run.profiler.close()
         strategy.close()  # drains an overlapped schedule's job and stops its thread, also on errors
         log.close()
         if checkpointer is not None:
@@ -178,22 +180,26 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     return summary
 
 
-def _loop(
-    cfg: Config,
-    dims: ParallelDims,
-    device: Device,
-    strategy: Strategy,
-    state: TrainState,
-    train_loader,
-    val_loader,
-    log: MetricsLogger,
-    throughput: Throughput,
-    checkpointer,
-    loss_fn: TokenLoss,
-    pipeline=None,
-) -> dict:
+@dataclass
+class Run:
+    """The parts of a run that the loop drives."""
+
+    strategy: Strategy
+    state: TrainState
+    train_loader: object
+    val_loader: object
+    log: MetricsLogger
+    throughput: Throughput
+    checkpointer: Checkpointer | None
+    loss_fn: TokenLoss
+    pipeline: object | None
+    profiler: Profiler
+
+
+def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
+    strategy, state, throughput, loss_fn, pipeline = run.strategy, run.state, run.throughput, run.loss_fn, run.pipeline
     t = cfg.training
-    batches = iter(train_loader)  # after a resume: continues where the checkpoint left off
+    batches = iter(run.train_loader)  # after a resume: continues where the checkpoint left off
     autocast = strategy.autocast_dtype(compute_dtype(t.mixed_precision, device))
     summary = {}
     device.reset_peak_memory()
@@ -228,18 +234,20 @@ def _loop(
                 record |= {"skipped": result.skipped, "skipped_steps": state.skipped}
             if evaluate_now:
                 heartbeat.enter(f"evaluation (step {step})")
-                with strategy.evaluation() as eval_model:
-                    val_loss = evaluate(eval_model, val_loader, cfg.eval.batches, device, dims, pipeline, loss_fn)
+                with strategy.evaluation() as eval_model, record_function("torchacco/evaluation"):
+                    val_loss = evaluate(eval_model, run.val_loader, cfg.eval.batches, device, dims, pipeline, loss_fn)
                 record |= {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
-            log.log(record)
+            run.log.log(record)
             summary.update(record)
             throughput.restart(tokens_seen)  # evaluation, logging and checkpoints are not training time
         if stop_for_nonfinite:
             raise UserError(stop_for_nonfinite)  # after logging the step, before checkpointing it
-        if checkpointer is not None and (done or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0)):
+        if run.checkpointer is not None and (done or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0)):
             heartbeat.enter(f"checkpoint save (step {step})")
-            checkpointer.save(step, checkpoint_state(strategy, state, train_loader, dims))
+            with record_function("torchacco/checkpoint_save"):
+                run.checkpointer.save(step, checkpoint_state(strategy, state, run.train_loader, dims))
             throughput.restart(tokens_seen)
+        run.profiler.step(step)
         if done:
             break
     summary["steps"] = state.step
@@ -296,7 +304,12 @@ def compute_period(
         t0 = time.perf_counter()
         batch = {k: v.to(device.torch, non_blocking=True) for k, v in next(batches).items()}
         t1 = time.perf_counter()
-        with micro_batch, torch.autocast(device.type, dtype=autocast, enabled=autocast is not None), loss_fn.context():
+        with (
+            micro_batch,
+            torch.autocast(device.type, dtype=autocast, enabled=autocast is not None),
+            loss_fn.context(),
+            record_function("torchacco/forward_backward"),
+        ):
             if pipeline is not None:
                 loss, count = pipeline.forward_backward(batch)
             else:

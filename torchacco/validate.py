@@ -28,12 +28,14 @@ def validate(cfg: Config, world_size: int, local_world_size: int | None = None) 
 
     t = cfg.training
     dp_size = check_parallelism(cfg.parallelism, world_size)
-    folder = Path(cfg.checkpoint.folder)
-    if not cfg.checkpoint.folder.strip() or folder.is_absolute() or ".." in folder.parts or folder == Path("."):
-        raise UserError(
-            f"[checkpoint] folder = {cfg.checkpoint.folder!r} must name a folder inside the dump folder "
-            '(e.g. "checkpoint"); to keep checkpoints elsewhere, choose --job.dump_folder there'
-        )
+    for section, name in (("checkpoint", cfg.checkpoint.folder), ("profiling", cfg.profiling.folder)):
+        folder = Path(name)
+        if not name.strip() or folder.is_absolute() or ".." in folder.parts or folder == Path("."):
+            raise UserError(
+                f'[{section}] folder = {name!r} must name a folder inside the dump folder (e.g. "{section}"); to '
+                f"keep it elsewhere, choose --job.dump_folder there"
+            )
+    _check_profiling(cfg.profiling, t.device)
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
     if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
@@ -72,6 +74,26 @@ def validate(cfg: Config, world_size: int, local_world_size: int | None = None) 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() and t.device != "cpu" else 0
     if gpus and local_world > gpus:
         raise UserError(f"{local_world} processes per node but only {gpus} GPUs; set NGPU={gpus} (or fewer)")
+
+
+def _check_profiling(p, device: str) -> None:
+    import torch
+
+    if not p.enable:
+        return
+    for key in ("start_step", "active_steps"):
+        if getattr(p, key) < 1:
+            raise UserError(f"[profiling] {key} must be at least 1, got {getattr(p, key)}")
+    if p.every and p.every <= p.active_steps:
+        raise UserError(
+            f"[profiling] every = {p.every} must exceed active_steps = {p.active_steps} (a trace spans "
+            "active_steps updates, plus one to warm the profiler up), or be 0 (trace once)"
+        )
+    if p.memory_snapshot and (device == "cpu" or not torch.cuda.is_available()):
+        raise UserError(
+            "[profiling] memory_snapshot records the CUDA allocator's history and this run has no GPU; "
+            "set memory_snapshot = false (peak memory is in metrics.jsonl as memory_gib)"
+        )
 
 
 def main(argv: list[str] | None = None, world_size: int | None = None, local_world_size: int | None = None) -> int:

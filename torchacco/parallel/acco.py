@@ -23,6 +23,7 @@ import time
 
 import torch
 from torch.distributed.tensor import DTensor, Shard
+from torch.profiler import record_function
 
 from torchacco import health
 from torchacco.config import Acco as AccoConfig
@@ -101,7 +102,8 @@ class Overlapped(ZeRO1):
         def job() -> UpdateResult:
             heartbeat.comm_phase(f"communication job ({kind}: reduce-scatter, optimizer, all-gather)")
             start = time.perf_counter()
-            result = reduce_update_gather(flat, opt, comm, local, lr_for, kind, out=comm, max_norm=self.max_norm)
+            with record_function(f"torchacco/job:{kind}"):
+                result = reduce_update_gather(flat, opt, comm, local, lr_for, kind, out=comm, max_norm=self.max_norm)
             result.seconds = time.perf_counter() - start
             heartbeat.comm_phase("")
             return result
@@ -116,7 +118,8 @@ class Overlapped(ZeRO1):
         if not self.runner.in_flight():
             return None
         start = time.perf_counter()
-        finished = self.runner.wait()
+        with record_function("torchacco/wait_for_job"):
+            finished = self.runner.wait()
         self.exposed += time.perf_counter() - start
         self._before_swap(finished)
         self.flat.params_buffer.copy_(self.comm)  # P ← C

@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+from torch.profiler import record_function
 
 from torchacco.config import Optimizer as OptimizerConfig
 from torchacco.optim import build_adamw
@@ -71,7 +72,8 @@ class Replicated(Strategy):
         if not skipped:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            self.optimizer.step()
+            with record_function("torchacco/optimizer_step"):
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.consumed += consumed
         bad = [r for r, v in enumerate(per_rank[:, 1].tolist()) if not math.isfinite(v)]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from torchacco.errors import UserError
 from torchacco.optim import ShardedAdamW
@@ -40,18 +41,21 @@ def reduce_update_gather(
 ) -> UpdateResult:
     """In place: the reduced gradient shard lands in this rank's slice of `grads`, the new
     parameters in its slice of `out`, from which the all-gather fills the rest. Beyond the
-    buffers it is given, the job only holds the optimizer's few working chunks."""
+    buffers it is given, the job only holds the optimizer's few working chunks. Each phase is
+    labelled for the profiler (`torchacco/job/...`)."""
     group = flat.group
     grad = flat.shard(grads)
-    reduce_scatter(grad, grads, group=group)
+    with record_function("torchacco/job/reduce_scatter"):
+        reduce_scatter(grad, grads, group=group)
 
     # One small collective for all the scalars of every rank: ‖shard‖², loss tokens, loss sum,
     # micro-batches, tokens consumed.
-    mine = torch.tensor([0.0, *local.as_list()], dtype=torch.float64, device=grad.device)
-    mine[0] = flat.sq_norm(grad)
-    stats = torch.empty(flat.world * 5, dtype=torch.float64, device=grad.device)
-    all_gather(stats, mine, group=group)
-    stats = stats.view(flat.world, 5).cpu()  # per rank: ‖shard‖², then Counts' four fields
+    with record_function("torchacco/job/norm_and_counts"):
+        mine = torch.tensor([0.0, *local.as_list()], dtype=torch.float64, device=grad.device)
+        mine[0] = flat.sq_norm(grad)
+        stats = torch.empty(flat.world * 5, dtype=torch.float64, device=grad.device)
+        all_gather(stats, mine, group=group)
+        stats = stats.view(flat.world, 5).cpu()  # per rank: ‖shard‖², then Counts' four fields
     sq_norm, tokens, loss_sum, _, consumed = stats.sum(0).tolist()
     sq_norm, loss_sum = flat.model_parallel_sum(sq_norm, loss_sum)  # over tp × pp peers, if any
     micro_batches = [int(n) for n in stats[:, 3].tolist()]
@@ -86,11 +90,13 @@ def reduce_update_gather(
 
     lr = lr_for(consumed)
     send = flat.shard(out)
-    if kind == ESTIMATE:
-        opt.peek(grad, lr, scale, out=send)
-    else:
-        opt.step(grad, lr, scale, out=send, predict=kind == COMMIT_AND_PREDICT)
-    all_gather(out, send, group=group)
+    with record_function(f"torchacco/job/optimizer_{kind}"):
+        if kind == ESTIMATE:
+            opt.peek(grad, lr, scale, out=send)
+        else:
+            opt.step(grad, lr, scale, out=send, predict=kind == COMMIT_AND_PREDICT)
+    with record_function("torchacco/job/all_gather"):
+        all_gather(out, send, group=group)
     return UpdateResult(tokens, loss_sum / tokens, grad_norm, lr, kind != ESTIMATE, micro_batches, consumed=consumed)
 
 
@@ -98,4 +104,5 @@ def gather_master(flat: FlatParams, opt: ShardedAdamW, out: torch.Tensor) -> Non
     """`out` ← θ: every rank's fp32 master shard, in out's dtype (in place, no shard-sized copy)."""
     send = flat.shard(out)
     send.copy_(opt.state.master)
-    all_gather(out, send, group=flat.group)
+    with record_function("torchacco/job/all_gather"):
+        all_gather(out, send, group=flat.group)

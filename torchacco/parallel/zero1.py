@@ -9,6 +9,7 @@ import contextlib
 import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
+from torch.profiler import record_function
 
 from torchacco.config import Optimizer as OptimizerConfig
 from torchacco.errors import UserError
@@ -80,9 +81,17 @@ class ZeRO1(Strategy):
             # because the all-gather below rewrites all of it.
             flat.params_buffer.copy_(flat.grads)
             send = flat.params_buffer
-        result = reduce_update_gather(
-            flat, self.optimizer, send, counts, self.lr_for(), COMMIT, out=flat.params_buffer, max_norm=self.max_norm
-        )
+        with record_function("torchacco/job:commit"):
+            result = reduce_update_gather(
+                flat,
+                self.optimizer,
+                send,
+                counts,
+                self.lr_for(),
+                COMMIT,
+                out=flat.params_buffer,
+                max_norm=self.max_norm,
+            )
         flat.grads.zero_()
         self.consumed += result.consumed
         return result
