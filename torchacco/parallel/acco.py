@@ -166,7 +166,7 @@ class Overlapped(ZeRO1):
         assert not self.runner.in_flight()
         world = self.flat.world
         per_rank = dict(device_mesh=self.dims.dp_mesh, placements=[Shard(0)], run_check=False)
-        pending = torch.tensor([self.pending.as_list()], dtype=torch.float64, device=self.comm.device)
+        pending = self.pending.as_tensor(self.comm.device).unsqueeze(0)
         self._pending_buffer = pending  # DCP loads into it
         return {
             **super().state_dict(),

@@ -51,7 +51,7 @@ class Replicated(Strategy):
             yield self._sync(last=i == self.accumulation - 1)
 
     def step(self, counts: Counts) -> UpdateResult:
-        mine = torch.tensor(counts.as_list(), dtype=torch.float64, device=self.dims.mesh.device_type)
+        mine = counts.as_tensor(self.dims.mesh.device_type)
         per_rank = torch.empty(self.dims.dp_size * 4, dtype=torch.float64, device=mine.device)
         all_gather(per_rank, mine, group=self.dims.dp_group)
         per_rank = per_rank.view(-1, 4).cpu()

@@ -51,8 +51,7 @@ def reduce_update_gather(
     # One small collective for all the scalars of every rank: ‖shard‖², loss tokens, loss sum,
     # micro-batches, tokens consumed.
     with record_function("torchacco/job/norm_and_counts"):
-        mine = torch.tensor([0.0, *local.as_list()], dtype=torch.float64, device=grad.device)
-        mine[0] = flat.sq_norm(grad)
+        mine = torch.cat([flat.sq_norm(grad).reshape(1), local.as_tensor(grad.device)])
         stats = torch.empty(flat.world * 5, dtype=torch.float64, device=grad.device)
         all_gather(stats, mine, group=group)
         stats = stats.view(flat.world, 5).cpu()  # per rank: ‖shard‖², then Counts' four fields

@@ -33,7 +33,8 @@ from torchacco.lr import TokenSchedule
 
 @dataclass
 class Counts:
-    """What one rank contributed to an update (or one period of it)."""
+    """What one rank contributed to an update (or one period of it). The loss fields may be
+    tensors on the compute device, so ending a period never waits for the GPU."""
 
     loss_tokens: float = 0.0  # tokens in the loss: the normaliser
     loss_sum: float = 0.0  # sum of their token losses
@@ -43,8 +44,10 @@ class Counts:
     def __add__(self, other: Counts) -> Counts:
         return Counts(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
-    def as_list(self) -> list[float]:
-        return [float(v) for v in astuple(self)]
+    def as_tensor(self, device) -> torch.Tensor:
+        """The four fields as one float64 tensor on `device` (read where a sync costs nothing)."""
+        values = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in astuple(self)]
+        return torch.stack([v.to(device=device, dtype=torch.float64) for v in values])
 
     @classmethod
     def from_list(cls, values) -> Counts:

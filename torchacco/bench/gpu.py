@@ -1,0 +1,250 @@
+"""GPU benchmarks: throughput and MFU per strategy, memory, and ACCO's overlap seen in a trace.
+
+    python -m torchacco.bench.gpu mfu [--quick] [--out bench_results]
+    python -m torchacco.bench.gpu overlap [--delay-ms 40] [--out bench_results]
+
+`mfu` trains each case in a process of its own through torchacco's trainer on one GPU (a world
+of 1), on random tokens: Llama 3 8B-shaped layers (as many as fit) at seq 8192, and GPT-Neo 125M.
+Tokens/s and MFU are the means of the logged steps after the first three; MFU counts
+6·N + 12·layers·dim·seq FLOPs per token (the PaLM convention torchtitan uses) against the GPU's
+dense bf16 peak. Writes gpu_mfu.{json,md}.
+
+`overlap` runs ACCO on one GPU with the profiler on and, for the benchmark only, a GPU-side
+delay of --delay-ms enqueued inside each communication job (a world of 1 has no peers, so its
+collectives take no time; the delay stands in for a slow network). It reads the trace: the job's
+kernels (launched by the communication thread) against the compute kernels, and the share of the
+job's kernel time that ran while compute kernels ran too. Writes gpu_overlap.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import IterableDataset
+
+LLAMA_8B = dict(model="llama3", flavor="8B", seq=8192)
+NEO_125M = dict(model="gpt_neo", flavor="125M", seq=2048)
+
+
+def cases(quick: bool) -> list[dict]:
+    """The measured configurations: name, model shape, strategy, batch, compile, AC, loss chunks."""
+    llama = [
+        dict(name="8B×4 fsdp compiled", layers=4, strategy="fsdp", batch=1, compile=True, ac="none", chunks=8),
+        dict(name="8B×8 fsdp compiled, selective AC, batch 2", layers=8, strategy="fsdp", batch=2, compile=True,
+             ac="selective", chunks=8),
+        dict(name="8B×4 fsdp eager", layers=4, strategy="fsdp", batch=1, compile=False, ac="none", chunks=8),
+        dict(name="8B×8 fsdp eager, selective AC, batch 2", layers=8, strategy="fsdp", batch=2, compile=False,
+             ac="selective", chunks=8),
+        dict(name="8B×4 zero1 compiled", layers=4, strategy="zero1", batch=1, compile=True, ac="none", chunks=8),
+        dict(name="8B×4 acco compiled", layers=4, strategy="acco", batch=1, compile=True, ac="none", chunks=8),
+        dict(name="8B×4 fsdp compiled, selective AC", layers=4, strategy="fsdp", batch=1, compile=True,
+             ac="selective", chunks=8),
+        dict(name="8B×4 fsdp compiled, full AC", layers=4, strategy="fsdp", batch=1, compile=True, ac="full",
+             chunks=8),
+        dict(name="8B×4 fsdp compiled, unchunked loss", layers=4, strategy="fsdp", batch=1, compile=True, ac="none"),
+    ]  # fmt: skip
+    neo = [
+        dict(name=f"125M {s} {'compiled' if c else 'eager'}", strategy=s, batch=8, compile=c, ac="none", chunks=4)
+        for s in ("zero1", "acco", "ddp", "fsdp")
+        for c in ((True, False) if s in ("zero1", "acco") else (False,))
+    ]
+    out = [{**LLAMA_8B, **c} for c in llama] + [{**NEO_125M, **c} for c in neo]
+    return out[:1] + out[-2:] if quick else out
+
+
+class RandomTokens(IterableDataset):
+    def __init__(self, vocab: int, seq: int):
+        self.vocab, self.seq = vocab, seq
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        while True:
+            ids = torch.randint(0, self.vocab, (self.seq + 1,), generator=g)
+            yield {"input_ids": ids[:-1], "labels": ids[1:]}
+
+
+def run_case(case: dict, out: Path, steps: int) -> dict:
+    """Train one case in this process; the mean of the logged steps after the first three."""
+    from torchacco.config import Config
+    from torchacco.spec import get_model_spec
+    from torchacco.trainer import train
+
+    spec = get_model_spec(case["model"])
+    overrides = {"n_layers": case["layers"]} if "layers" in case else {}
+    args = dataclasses.replace(spec.flavors[case["flavor"]], **overrides)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    device = case.get("device", "cuda")
+    model.to_empty(device=device)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.init_weights()
+    cfg = Config()
+    cfg.model.name, cfg.model.flavor, cfg.model.compile = case["model"], case["flavor"], case["compile"]
+    t = cfg.training
+    t.seq_len, t.local_batch_size, t.steps = case["seq"], case["batch"], steps
+    t.mixed_precision, t.device = "bf16", device
+    t.global_batch_size = case["batch"] * (2 if case["strategy"] == "acco" else 1)
+    t.activation_checkpoint, t.loss_chunks = case["ac"], case.get("chunks", 1)
+    cfg.parallelism.data_parallel = case["strategy"]
+    cfg.eval.every = 0
+    cfg.metrics.log_every, cfg.metrics.tensorboard, cfg.metrics.progress_bar = 1, False, False
+    cfg.job.dump_folder, cfg.job.overwrite = str(out), True
+    if case.get("profile"):
+        cfg.profiling.enable, cfg.profiling.start_step, cfg.profiling.active_steps = True, 4, 2
+    data = RandomTokens(args.vocab_size, case["seq"])
+    train(cfg, model=model, datasets=(data, data))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steady = rows[3:]
+    mean = lambda key: sum(r.get(key, 0.0) for r in steady) / len(steady)
+    params = sum(p.numel() for p in model.parameters())
+    return {
+        **case,
+        "params": params,
+        "tokens_per_s": mean("tokens_per_s"),
+        "mfu": mean("mfu"),
+        "tflops": mean("tflops"),
+        "peak_memory_gib": max(r["memory_gib"] for r in rows),
+        "updates": len(rows),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }
+
+
+def mfu(args) -> list[dict]:
+    results = []
+    for case in cases(args.quick):
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "torchacco.bench.gpu", "case", json.dumps(case), "--steps", str(args.steps)],
+            capture_output=True, text=True, timeout=args.timeout,
+        )  # fmt: skip
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            failure = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            result = {**case, "error": failure}
+        else:
+            result = json.loads(line.removeprefix("RESULT "))
+        result["seconds"] = time.perf_counter() - start
+        print(json.dumps(result), flush=True)
+        results.append(result)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gpu_mfu.json").write_text(json.dumps(results, indent=1))  # after each case: a cut run keeps its
+        (out / "gpu_mfu.md").write_text(mfu_table(results))
+    print(mfu_table(results))
+    return results
+
+
+def mfu_table(results: list[dict]) -> str:
+    device = next((r["device"] for r in results if "device" in r), "?")
+    lines = [
+        f"One {device}, a world of 1, bf16, random tokens; measured {time.strftime('%Y-%m-%d')}.",
+        "",
+        "| case | params | seq × batch | tokens/s | tokens/s × layers | MFU | peak memory (GiB) |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['name']} | | | failed: {r['error']} | | | |")
+            continue
+        layers = r.get("layers", "")
+        per_layer = f"{r['tokens_per_s'] * layers:,.0f}" if layers else ""
+        lines.append(
+            f"| {r['name']} | {r['params'] / 1e9:.2f}B | {r['seq']} × {r['batch']} | {r['tokens_per_s']:,.0f} | "
+            f"{per_layer} | {r['mfu']:.1%} | {r['peak_memory_gib']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _delay_jobs(delay_ms: float) -> None:
+    """BENCHMARK ONLY: each sharded job first enqueues a GPU-side wait of `delay_ms` on its stream."""
+    from torchacco.parallel import sharded_job
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    cycles = int(1_000_000 * delay_ms / start.elapsed_time(end))
+    collective = sharded_job.reduce_scatter
+
+    def delayed(*a, **k):
+        torch.cuda._sleep(cycles)
+        return collective(*a, **k)
+
+    sharded_job.reduce_scatter = delayed
+
+
+def overlap_run(args) -> dict:
+    """ACCO on one GPU with profiling and the job delay; the trace's overlap figures."""
+    from torchacco.bench.trace import overlap, render_timeline
+
+    _delay_jobs(args.delay_ms)
+    case = {**NEO_125M, "name": "125M acco (traced)", "strategy": "acco", "batch": 8, "compile": False, "ac": "none",
+            "profile": True}  # fmt: skip
+    out = Path(args.out)
+    result = run_case(case, Path("/tmp/torchacco-gpu-bench/overlap"), args.steps)
+    trace = sorted(Path("/tmp/torchacco-gpu-bench/overlap/profile/rank0").glob("trace_step*.json"))[-1]
+    found = {**overlap(trace), "delay_ms": args.delay_ms, "tokens_per_s": result["tokens_per_s"],
+             "device": result["device"], "torch": result["torch"], "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+    render_timeline(trace, out / "gpu_overlap.png", f"ACCO on one {result['device']}: kernels by stream")
+    return found
+
+
+def overlap_table(found: dict) -> str:
+    return (
+        f"ACCO, GPT-Neo 125M, seq 2048 × 8, bf16, one {found['device']} (a world of 1), {found['delay_ms']:g} ms "
+        f"benchmark-only GPU delay in each job; measured {found['date']} from the profiler's trace of 2 updates.\n\n"
+        "| job kernel time (ms) | of it while compute kernels ran (ms) | exposed (ms) | overlap | compute kernel "
+        "time (ms) | job streams | compute streams |\n|---:|---:|---:|---:|---:|---|---|\n"
+        f"| {found['job_kernel_ms']:.1f} | {found['job_hidden_ms']:.1f} | {found['job_exposed_ms']:.1f} | "
+        f"{found['overlap']:.1%} | {found['compute_kernel_ms']:.1f} | {', '.join(found['job_streams'])} | "
+        f"{', '.join(found['compute_streams'])} |\n"
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchacco.bench.gpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("mfu")
+    p.add_argument("--out", default="bench_results")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--timeout", type=float, default=400)
+    p.add_argument("--quick", action="store_true")
+    p = sub.add_parser("case")
+    p.add_argument("case")
+    p.add_argument("--steps", type=int, default=12)
+    p = sub.add_parser("overlap")
+    p.add_argument("--out", default="bench_results")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--delay-ms", type=float, default=40.0)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("torchacco: error: the GPU benchmarks need CUDA", file=sys.stderr)
+        return 1
+    if args.command == "mfu":
+        mfu(args)
+    elif args.command == "case":
+        case = json.loads(args.case)
+        result = run_case(case, Path("/tmp/torchacco-gpu-bench") / case["name"].replace(" ", "_"), args.steps)
+        print("RESULT " + json.dumps(result), flush=True)
+    else:
+        found = overlap_run(args)
+        out = Path(args.out)
+        (out / "gpu_overlap.json").write_text(json.dumps(found, indent=1))
+        (out / "gpu_overlap.md").write_text(overlap_table(found))
+        print(overlap_table(found))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

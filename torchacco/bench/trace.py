@@ -1,0 +1,112 @@
+"""Reading a torchacco profiler trace (Chrome trace JSON): which GPU kernels the sharded job
+launched, which the compute side did, on which streams, and how much of the job's GPU time ran
+while compute kernels ran too.
+
+The job's kernels are found by provenance, not by name: the streams on which the thread that ran
+`torchacco/job:<kind>` (the communication thread) launched kernels are the job's streams, and
+every kernel on them is the job's; every other kernel belongs to the compute side (forward,
+backward, the loop).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Kernels:
+    spans: list[tuple[float, float]] = field(default_factory=list)  # (start, end) in µs
+    streams: set = field(default_factory=set)
+
+    @property
+    def busy_us(self) -> float:
+        return _length(_union(self.spans))
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _length(spans) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def split_kernels(events: list[dict]) -> tuple[Kernels, Kernels]:
+    """(the job's kernels, the compute side's kernels) of one trace's events. The job's streams are
+    those its thread launched kernels on; every kernel on them is the job's (only the job uses them)."""
+    job_threads = {e["tid"] for e in events if str(e.get("name", "")).startswith("torchacco/job:")}
+    job_launches = {
+        e["args"]["correlation"]
+        for e in events
+        if e.get("cat") == "cuda_runtime" and e.get("tid") in job_threads and "correlation" in e.get("args", {})
+    }
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    job_streams = {e["args"].get("stream") for e in kernels if e["args"].get("correlation") in job_launches}
+    job, compute = Kernels(), Kernels()
+    for e in kernels:
+        side = job if e["args"].get("stream") in job_streams else compute
+        side.spans.append((e["ts"], e["ts"] + e["dur"]))
+        side.streams.add(e["args"].get("stream"))
+    return job, compute
+
+
+def overlap(trace: Path) -> dict:
+    """Kernel time of the job and of compute, and the share of the job's kernel time that ran
+    while compute kernels ran (its overlap); exposed is the rest of the job's kernel time."""
+    events = json.loads(Path(trace).read_text())["traceEvents"]
+    job, compute = split_kernels(events)
+    job_spans, compute_spans = _union(job.spans), _union(compute.spans)
+    hidden = _intersection(job_spans, compute_spans)
+    job_us = _length(job_spans)
+    return {
+        "job_kernel_ms": job_us / 1e3,
+        "compute_kernel_ms": _length(compute_spans) / 1e3,
+        "job_hidden_ms": hidden / 1e3,
+        "job_exposed_ms": (job_us - hidden) / 1e3,
+        "overlap": hidden / job_us if job_us else 0.0,
+        "job_streams": sorted(map(str, job.streams)),
+        "compute_streams": sorted(map(str, compute.streams)),
+    }
+
+
+def render_timeline(trace: Path, png: Path, title: str) -> None:
+    """A PNG of the traced window: the compute side's kernels and the job's, one row per stream."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    events = json.loads(Path(trace).read_text())["traceEvents"]
+    job, compute = split_kernels(events)
+    origin = min(a for a, _ in job.spans + compute.spans)
+    fig, ax = plt.subplots(figsize=(12, 2.6))
+    for row, (kernels, color) in enumerate(((compute, "tab:blue"), (job, "tab:orange"))):
+        spans = [((a - origin) / 1e3, (b - a) / 1e3) for a, b in _union(kernels.spans)]
+        ax.broken_barh(spans, (row * 10, 8), color=color)
+    ax.set_yticks([4, 14], ["compute stream", "job stream"])
+    ax.set_xlabel("ms")
+    ax.set_title(title)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
