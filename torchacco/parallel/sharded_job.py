@@ -12,17 +12,13 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 from torch.profiler import record_function
 
 from torchacco.errors import UserError
 from torchacco.optim import ShardedAdamW
+from torchacco.parallel.collectives import all_gather, reduce_scatter
 from torchacco.parallel.flat import FlatParams
 from torchacco.parallel.strategy import Counts, UpdateResult
-
-# torch 2.13 renamed the single-tensor collectives; keep working on older releases.
-reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 COMMIT = "commit"  # θ ← Opt(θ, ḡ): m, v, step and the master shard advance
 ESTIMATE = "estimate"  # θ̃ = Opt(θ, ḡ) without touching any state (ACCO)
