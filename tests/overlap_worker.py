@@ -75,7 +75,8 @@ def config(kind: str, mode: str) -> Config:
     cfg.parallelism.data_parallel = kind
     cfg.acco.mode = mode
     cfg.acco.dpu_warmup_steps = 1 if kind == "dpu" else 0
-    cfg.acco.max_micro_batches = 6  # bounds the fast rank's adaptive periods
+    cfg.acco.max_growth = 3.0  # bounds the fast rank's adaptive periods: 3 × 2 micro-batches
+    cfg.acco.estimate_comm = os.environ.get("TORCHACCO_TEST_ESTIMATE_COMM", "full")
     cfg.training.max_norm = 0.5  # low enough that clipping is active
     cfg.optimizer.weight_decay = 0.1
     return cfg
@@ -83,7 +84,8 @@ def config(kind: str, mode: str) -> Config:
 
 def build(model, cfg: Config, dims, micro_batches: int, dtype=torch.float32, device=Device("cpu")):
     """The strategy of `cfg` over `model`, with the tests' schedule."""
-    plan = UpdatePlan(micro_batches, schedule(), cfg.training.max_norm, dtype)
+    nominal = micro_batches * BATCH * SEQ * dims.dp_size  # the recipe's tokens per update
+    plan = UpdatePlan(micro_batches, schedule(), cfg.training.max_norm, dtype, nominal)
     return build_strategy(model, cfg, dims, plan, device)
 
 

@@ -141,13 +141,24 @@ class Parallelism:
 class Acco:
     """The overlapped schedules: acco, dpu and wp."""
 
-    mode: Literal["deterministic", "adaptive"] = key(
+    mode: Literal["deterministic", "adaptive", "balanced"] = key(
         "deterministic",
-        "deterministic: a fixed number of micro-batches per period, then wait for the job; "
-        "adaptive: keep accumulating until the job is done",
+        "deterministic: a fixed number of micro-batches per period, then wait for the job; adaptive: keep "
+        "accumulating until the job is done (the batch grows); balanced: the global batch stays fixed and is "
+        "split between the ranks by their measured speed",
     )
     accumulator_dtype: Literal["fp32", "bf16"] = key("fp32", "gradient accumulator dtype (bf16 is the paper's)")
-    max_micro_batches: int = key(0, "adaptive: at most this many micro-batches per period and rank; 0: no cap")
+    max_growth: float = key(2.0, "adaptive: a rank runs at most this multiple of its period's micro-batches; 0: no cap")
+    lr_batch_scaling: float = key(
+        0.5,
+        "adaptive: the lr is scaled by (update's tokens / nominal tokens)^this; 0.5 is Adam's square-root rule, "
+        "0 turns it off",
+    )
+    estimate_comm: Literal["full", "bf16"] = key(
+        "full",
+        "acco: with an fp32 compute dtype, the estimate round's gradients and parameters travel in bf16 "
+        "(half the bytes; the estimate is approximate by nature)",
+    )
     dpu_warmup_steps: int = key(0, "dpu: synchronous updates before the one-step delay starts")
     drift_every: int = key(10, "acco: log ‖θ̃ − θ‖ / ‖θ‖ every this many commits; 0 disables")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,9 @@ class Device:
         if self.type == "cuda":
             torch.cuda.current_stream(self.index).synchronize()
 
+    def stopwatch(self) -> Stopwatch:
+        return Stopwatch(cuda=self.type == "cuda")
+
     def runner(self):
         """What runs the sharded job beside the compute: a CUDA side stream, or a thread on CPU."""
         from torchacco.runners import StreamRunner, ThreadRunner
@@ -80,6 +84,38 @@ class Device:
         if self.type == "cuda":
             return torch.cuda.max_memory_allocated(self.index) / 2**30
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class Stopwatch:
+    """The time of the work issued between `start()` and `stop()`, read later with `seconds()`
+    without stalling the code that issued it: on CPU the wall time; on CUDA two events on the
+    compute stream (`seconds()` waits for the second, so call it where waiting costs nothing)."""
+
+    def __init__(self, cuda: bool, seconds: float = 0.0):
+        self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
+        self._start = self._seconds = None
+        if seconds:
+            self._events, self._seconds = None, seconds
+
+    def start(self) -> Stopwatch:
+        if self._events:
+            self._events[0].record()
+        else:
+            self._start = time.perf_counter()
+        return self
+
+    def stop(self) -> Stopwatch:
+        if self._events:
+            self._events[1].record()
+        elif self._start is not None:
+            self._seconds = time.perf_counter() - self._start
+        return self
+
+    def seconds(self) -> float:
+        if self._events:
+            self._events[1].synchronize()
+            return self._events[0].elapsed_time(self._events[1]) / 1e3
+        return self._seconds or 0.0
 
 
 def select_device(requested: str, local_rank: int) -> Device:

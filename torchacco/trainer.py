@@ -132,7 +132,9 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         decay=cfg.lr_schedule.decay,
         min_lr_ratio=cfg.lr_schedule.min_lr_ratio,
     )
-    strategy = build_strategy(model, cfg, dims, UpdatePlan(micro_batches, schedule, t.max_norm, dtype), device)
+    strategy = build_strategy(
+        model, cfg, dims, UpdatePlan(micro_batches, schedule, t.max_norm, dtype, tokens_per_step), device
+    )
     train_loader = data.build_dataloader(train_set, t.local_batch_size)
     val_loader = data.build_dataloader(val_set, t.local_batch_size)
     state = TrainState(dims.dp_size)
@@ -300,6 +302,7 @@ def compute_period(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device.torch)
     tokens = torch.zeros((), dtype=torch.int64, device=device.torch)
     consumed, n = 0, 0
+    watch = device.stopwatch().start()
     for micro_batch in strategy.micro_batches():
         t0 = time.perf_counter()
         batch = {k: v.to(device.torch, non_blocking=True) for k, v in next(batches).items()}
@@ -325,4 +328,4 @@ def compute_period(
         times["compute"] += time.perf_counter() - t1  # on CUDA: the time to issue the kernels
     # No host sync here: the counts stay on the device, and the GPU keeps working on the queued
     # kernels while the strategy ends the period.
-    return Counts(tokens, loss_sum, n, float(consumed))
+    return Counts(tokens, loss_sum, n, float(consumed), (watch.stop(),))

@@ -46,9 +46,15 @@ class Overlapped(ZeRO1):
     def __init__(self, model, dims, plan, optimizer, acco: AccoConfig, device: Device):
         super().__init__(model, dims, plan, optimizer, grad_dtype=ACCUMULATOR_DTYPES[acco.accumulator_dtype])
         self.comm = torch.zeros_like(self.flat.params_buffer)  # C: the job's private buffer
+        self.job_buffer = self.comm  # C, or its first half seen as bf16 (a bf16 estimate round)
         self.runner = device.runner()
-        self.adaptive = acco.mode == "adaptive"
-        self.max_micro_batches = acco.max_micro_batches  # bounds an adaptive period (0: no bound)
+        self.mode = acco.mode
+        self.max_growth = acco.max_growth  # bounds an adaptive period (0: no bound)
+        self.lr_batch_scaling = acco.lr_batch_scaling if acco.mode == "adaptive" else 0.0
+        self.nominal_tokens = plan.tokens_per_update
+        self.estimate_in_bf16 = acco.estimate_comm == "bf16" and self.comm.dtype == torch.float32
+        self.split: list[int] | None = None  # balanced: micro-batches per data-parallel rank in a period
+        self.seconds_per_micro_batch: list[float | None] = [None] * self.flat.world  # balanced: measured
         self.pending = Counts()  # what A holds
         self.planned: tuple[str, bool] | None = None  # the job to launch when the next period starts
         self.exposed = 0.0  # seconds the compute side waited on jobs since the last report
@@ -61,12 +67,17 @@ class Overlapped(ZeRO1):
     @classmethod
     def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
         super().check_config(cfg, dp_size, model_parallel)
-        if cfg.acco.mode == "adaptive" and model_parallel:
+        a = cfg.acco
+        if a.mode != "deterministic" and model_parallel:
             raise UserError(
-                f"[acco] mode = 'adaptive' with {model_parallel} is not supported: each rank picks its "
+                f"[acco] mode = '{a.mode}' with {model_parallel} is not supported: each rank picks its "
                 "own number of micro-batches, but tensor- and pipeline-parallel peers must run the same "
                 "ones; use mode = 'deterministic'"
             )
+        if a.max_growth < 0 or 0 < a.max_growth < 1:
+            raise UserError(f"[acco] max_growth = {a.max_growth:g} must be 0 (no cap) or at least 1")
+        if a.lr_batch_scaling < 0:
+            raise UserError(f"[acco] lr_batch_scaling = {a.lr_batch_scaling:g} must be >= 0 (0.5: square root)")
         if cfg.acco.mode == "adaptive" and not cfg.training.max_tokens:
             raise UserError(
                 "[acco] mode = 'adaptive' lets each update's batch grow while communication runs, so a step count "
@@ -78,18 +89,30 @@ class Overlapped(ZeRO1):
         if self.planned is not None:
             self._launch(*self.planned)
             self.planned = None
+        target = self.split[self.flat.rank] if self.split else self.accumulation
+        cap = self.max_growth * target if self.max_growth else float("inf")
         n = 0
-        while True:
+        # adaptive: past its micro-batches, a rank keeps accumulating while the job runs
+        while n < target or (self.mode == "adaptive" and n + 1 <= cap and self._job_running()):
             yield contextlib.nullcontext()
             n += 1
-            job_running = self.runner.in_flight() and not self.runner.done()
-            capped = self.max_micro_batches and n >= self.max_micro_batches
-            if n >= self.accumulation and not (self.adaptive and job_running and not capped):
-                return
+
+    def _job_running(self) -> bool:
+        return self.runner.in_flight() and not self.runner.done()
+
+    def lr_for(self) -> callable:
+        """Adaptive mode: the schedule's lr scaled for the realised batch, (tokens / nominal)^α."""
+        schedule_lr, alpha, nominal = super().lr_for(), self.lr_batch_scaling, self.nominal_tokens
+        if not alpha or not nominal:
+            return schedule_lr
+        return lambda consumed: schedule_lr(consumed) * (consumed / nominal) ** alpha
 
     def _launch(self, kind: str, keep_accumulating: bool) -> None:
-        self.comm.copy_(self.flat.grads)  # C ← A
-        flat, opt, comm, local = self.flat, self.optimizer, self.comm, self.pending
+        # C ← A: in bf16 for a bf16 estimate round, in C's first half (the same memory)
+        bf16 = kind == ESTIMATE and self.estimate_in_bf16
+        self.job_buffer = self.comm.view(torch.bfloat16)[: self.comm.numel()] if bf16 else self.comm
+        self.job_buffer.copy_(self.flat.grads)
+        flat, opt, comm, local = self.flat, self.optimizer, self.job_buffer, self.pending
         lr_for = self.lr_for()
         if kind == ESTIMATE:
             # The estimate uses the commit's lr: the commit will span this period and the next,
@@ -122,7 +145,7 @@ class Overlapped(ZeRO1):
             finished = self.runner.wait()
         self.exposed += time.perf_counter() - start
         self._before_swap(finished)
-        self.flat.params_buffer.copy_(self.comm)  # P ← C
+        self.flat.params_buffer.copy_(self.job_buffer)  # P ← C
         if finished.committed:
             self.commits += 1
             self.consumed += finished.consumed
@@ -133,7 +156,19 @@ class Overlapped(ZeRO1):
         self.pending = self.pending + counts
         finished = self._finish()
         self.planned = self._plan(finished)
+        if self.mode == "balanced" and finished is not None:
+            self._rebalance(finished)
         return finished
+
+    def _rebalance(self, finished: UpdateResult) -> None:
+        """Balanced mode: split the next periods' micro-batches by each rank's measured time per
+        micro-batch (from the gathered numbers, so every rank plans alike)."""
+        known = self.seconds_per_micro_batch
+        for r, (n, seconds) in enumerate(zip(finished.micro_batches, finished.compute_s)):
+            if n > 0:
+                known[r] = seconds / n if known[r] is None else 0.5 * known[r] + 0.5 * seconds / n
+        if all(s is not None for s in known):
+            self.split = split_by_speed(self.accumulation * self.flat.world, known)
 
     def _plan(self, finished: UpdateResult | None) -> tuple[str, bool]:
         """(the next job's kind, whether A keeps accumulating after handing it over)."""
@@ -182,7 +217,9 @@ class Overlapped(ZeRO1):
                     shape=(world, self.flat.padded_numel),
                     stride=(self.flat.padded_numel, 1),
                 ),
-                "pending": DTensor.from_local(pending, **per_rank, shape=(world, 4), stride=(4, 1)),
+                "pending": DTensor.from_local(
+                    pending, **per_rank, shape=(world, Counts.FIELDS), stride=(Counts.FIELDS, 1)
+                ),
             },
         }
 
@@ -202,6 +239,16 @@ class Overlapped(ZeRO1):
 
     def _refresh_params(self) -> None:
         pass  # P was saved as it was (θ̃, θ or a prediction) and DCP loaded it in place
+
+
+def split_by_speed(total: int, seconds_per_micro_batch: list[float]) -> list[int]:
+    """Micro-batches per rank, `total` in all, such that the slowest rank finishes first: each
+    one goes to the rank that would finish it soonest (optimal for equal micro-batches)."""
+    counts = [0] * len(seconds_per_micro_batch)
+    for _ in range(total):
+        r = min(range(len(counts)), key=lambda i: ((counts[i] + 1) * seconds_per_micro_batch[i], i))
+        counts[r] += 1
+    return counts
 
 
 def relative_distance(estimate: torch.Tensor, truth: torch.Tensor, chunk: int = 1 << 24) -> float:
@@ -251,7 +298,7 @@ class ACCO(Overlapped):
     def _before_swap(self, finished):
         # P still holds θ̃_{t+1}, C now holds θ_{t+1}: measure the estimation error.
         if finished.committed and self.drift_every and (self.commits + 1) % self.drift_every == 0:
-            finished.drift = relative_distance(self.flat.params_buffer, self.comm)
+            finished.drift = relative_distance(self.flat.params_buffer, self.job_buffer)
 
 
 class DPU(Overlapped):

@@ -52,10 +52,10 @@ class Replicated(Strategy):
 
     def step(self, counts: Counts) -> UpdateResult:
         mine = counts.as_tensor(self.dims.mesh.device_type)
-        per_rank = torch.empty(self.dims.dp_size * 4, dtype=torch.float64, device=mine.device)
+        per_rank = torch.empty(self.dims.dp_size * Counts.FIELDS, dtype=torch.float64, device=mine.device)
         all_gather(per_rank, mine, group=self.dims.dp_group)
-        per_rank = per_rank.view(-1, 4).cpu()
-        tokens, loss_sum, _, consumed = per_rank.sum(0).tolist()
+        per_rank = per_rank.view(-1, Counts.FIELDS).cpu()
+        tokens, loss_sum, _, consumed, _ = per_rank.sum(0).tolist()
         params = [p for p in self.model.parameters() if p.grad is not None]
         # The reduction averaged over ranks; rescale the mean of sums to a per-token mean.
         torch._foreach_mul_([p.grad for p in params], self.dims.dp_size / tokens)
@@ -84,6 +84,7 @@ class Replicated(Strategy):
             lr,
             True,
             [int(n) for n in per_rank[:, 2].tolist()],
+            per_rank[:, 4].tolist(),
             consumed=consumed,
             skipped=skipped,
             nonfinite_ranks=bad,

@@ -44,16 +44,16 @@ def reduce_update_gather(
     with record_function("torchacco/job/reduce_scatter"):
         reduce_scatter(grad, grads, group=group)
 
-    # One small collective for all the scalars of every rank: ‖shard‖², loss tokens, loss sum,
-    # micro-batches, tokens consumed.
+    # One small collective for all the scalars of every rank: ‖shard‖² and its Counts.
+    width = 1 + Counts.FIELDS
     with record_function("torchacco/job/norm_and_counts"):
         mine = torch.cat([flat.sq_norm(grad).reshape(1), local.as_tensor(grad.device)])
-        stats = torch.empty(flat.world * 5, dtype=torch.float64, device=grad.device)
+        stats = torch.empty(flat.world * width, dtype=torch.float64, device=grad.device)
         all_gather(stats, mine, group=group)
-        stats = stats.view(flat.world, 5).cpu()  # per rank: ‖shard‖², then Counts' four fields
-    sq_norm, tokens, loss_sum, _, consumed = stats.sum(0).tolist()
+        stats = stats.view(flat.world, width).cpu()
+    sq_norm, tokens, loss_sum, _, consumed, _ = stats.sum(0).tolist()
     sq_norm, loss_sum = flat.model_parallel_sum(sq_norm, loss_sum)  # over tp × pp peers, if any
-    micro_batches = [int(n) for n in stats[:, 3].tolist()]
+    per_rank = dict(micro_batches=[int(n) for n in stats[:, 3].tolist()], compute_s=stats[:, 5].tolist())
     if not (math.isfinite(sq_norm) and math.isfinite(loss_sum)):
         # Every rank sees the same gathered numbers, so every rank skips together. The
         # optimizer state is untouched: θ̃ = θ for an estimate, θ stays for a commit.
@@ -65,7 +65,7 @@ def reduce_update_gather(
             math.sqrt(sq_norm) / max(tokens, 1.0),
             lr_for(consumed),
             kind != ESTIMATE,
-            micro_batches,
+            **per_rank,
             consumed=consumed,
             skipped=True,
             nonfinite_ranks=bad,
@@ -73,7 +73,7 @@ def reduce_update_gather(
     if tokens <= 0:
         if kind == ESTIMATE:  # a half with every label masked: no information, θ̃ = θ
             gather_master(flat, opt, out)
-            return UpdateResult(0.0, 0.0, 0.0, lr_for(consumed), False, micro_batches, consumed=consumed)
+            return UpdateResult(0.0, 0.0, 0.0, lr_for(consumed), False, **per_rank, consumed=consumed)
         raise UserError(
             "an update has no token in the loss on any rank (every label masked); raise "
             "[training] local_batch_size or global_batch_size, or check the data's masking"
@@ -92,7 +92,7 @@ def reduce_update_gather(
             opt.step(grad, lr, scale, out=send, predict=kind == COMMIT_AND_PREDICT)
     with record_function("torchacco/job/all_gather"):
         all_gather(out, send, group=group)
-    return UpdateResult(tokens, loss_sum / tokens, grad_norm, lr, kind != ESTIMATE, micro_batches, consumed=consumed)
+    return UpdateResult(tokens, loss_sum / tokens, grad_norm, lr, kind != ESTIMATE, **per_rank, consumed=consumed)
 
 
 def gather_master(flat: FlatParams, opt: ShardedAdamW, out: torch.Tensor) -> None:

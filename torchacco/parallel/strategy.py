@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import torch
 
+from torchacco.device import Stopwatch
 from torchacco.errors import UserError
 from torchacco.lr import TokenSchedule
 
@@ -34,25 +35,37 @@ from torchacco.lr import TokenSchedule
 @dataclass
 class Counts:
     """What one rank contributed to an update (or one period of it). The loss fields may be
-    tensors on the compute device, so ending a period never waits for the GPU."""
+    tensors on the compute device and the compute time stopwatches, so ending a period never
+    waits for the GPU; `as_tensor()` reads them where a wait costs nothing."""
 
     loss_tokens: float = 0.0  # tokens in the loss: the normaliser
     loss_sum: float = 0.0  # sum of their token losses
     micro_batches: int = 0
     consumed: float = 0.0  # input tokens processed, in the loss or not: the LR schedule's clock
+    compute: tuple[Stopwatch, ...] = ()  # the time of each period's forward and backward
+
+    FIELDS: ClassVar[int] = 5  # as_tensor()'s length
 
     def __add__(self, other: Counts) -> Counts:
-        return Counts(*(a + b for a, b in zip(astuple(self), astuple(other))))
+        return Counts(
+            self.loss_tokens + other.loss_tokens,
+            self.loss_sum + other.loss_sum,
+            self.micro_batches + other.micro_batches,
+            self.consumed + other.consumed,
+            self.compute + other.compute,
+        )
 
     def as_tensor(self, device) -> torch.Tensor:
-        """The four fields as one float64 tensor on `device` (read where a sync costs nothing)."""
-        values = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in astuple(self)]
+        """(loss tokens, loss sum, micro-batches, consumed, compute seconds) as float64 on `device`."""
+        seconds = sum(watch.seconds() for watch in self.compute)
+        values = [self.loss_tokens, self.loss_sum, self.micro_batches, self.consumed, seconds]
+        values = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
         return torch.stack([v.to(device=device, dtype=torch.float64) for v in values])
 
     @classmethod
     def from_list(cls, values) -> Counts:
-        tokens, loss, micro_batches, consumed = values
-        return cls(tokens, loss, int(micro_batches), consumed)
+        tokens, loss, micro_batches, consumed, seconds = values
+        return cls(tokens, loss, int(micro_batches), consumed, (Stopwatch(cuda=False, seconds=seconds),))
 
 
 @dataclass
@@ -63,6 +76,7 @@ class UpdateResult:
     lr: float
     committed: bool
     micro_batches: list[int] = field(default_factory=list)  # per rank
+    compute_s: list[float] = field(default_factory=list)  # per rank: forward/backward seconds behind it
     consumed: float = 0.0  # global input tokens processed, in the loss or not: the LR schedule's clock
     seconds: float = 0.0  # wall time of the job
     exposed_s: float = 0.0  # time the compute side waited for jobs since the previous commit
@@ -79,6 +93,7 @@ class UpdatePlan:
     schedule: TokenSchedule
     max_norm: float  # 0: no clipping
     param_dtype: torch.dtype  # the compute dtype
+    tokens_per_update: float = 0.0  # the recipe's: global batch × seq_len
 
 
 class Strategy:
