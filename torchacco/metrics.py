@@ -119,6 +119,7 @@ def overlap_metrics(result) -> dict:
     if not result.seconds:
         return {}
     metrics = {
+        "job_s": result.seconds,
         "exposed_comm_s": result.exposed_s,
         "overlap": max(0.0, 1.0 - result.exposed_s / max(result.seconds, 1e-9)),
     }

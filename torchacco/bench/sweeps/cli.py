@@ -13,6 +13,8 @@ from torchacco.bench.sweeps.convergence import convergence
 from torchacco.bench.sweeps.heterogeneous import heterogeneous
 from torchacco.bench.sweeps.memory import memory
 from torchacco.bench.sweeps.throughput import throughput
+from torchacco.bench.sweeps.time_to_loss import STRATEGIES as TTL_STRATEGIES
+from torchacco.bench.sweeps.time_to_loss import time_to_loss
 from torchacco.errors import UserError
 
 
@@ -120,6 +122,21 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("mmap", "default"),
         help="mmap: glibc returns freed tensor memory at once (RSS follows live memory)",
     )
+    p = sub.add_parser("time-to-loss", help="the headline: time to a target validation loss per strategy")
+    p.add_argument("--out", default="bench_results")
+    p.add_argument("--settings", default="a,b,c")
+    p.add_argument("--strategies", default=",".join(TTL_STRATEGIES))
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--updates", type=int, default=240, help="DDP's updates: the token budget")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--local-batch", type=int, default=4, help="sequences per micro-batch (setting c: half)")
+    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--slow-factor", type=float, default=4.0)
+    p.add_argument("--cpu-per-node", type=float, default=0.45)
+    p.add_argument("--retries", type=int, default=1, help="runs again when other work took CPU meanwhile")
+    p.add_argument("--max-other-cpu", type=float, default=0.1, help="share of the machine's CPU other work may take")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--quick", action="store_true")
     p = sub.add_parser("all", help="throughput, heterogeneous, convergence and memory")
     p.add_argument("--out", default="bench_results")
     p.add_argument("--quick", action="store_true")
@@ -146,8 +163,17 @@ QUICK = {
     "heterogeneous": dict(strategies="zero1,acco_adaptive", steps=3, warmup=1, nodes=2, cpu_per_node=0.9),
     "convergence": dict(strategies="zero1,acco", steps=10, seeds="0", eval_every=5, eval_batches=2),
     "memory": dict(strategies="zero1,acco", steps=2),
+    "time-to-loss": dict(
+        strategies="ddp,zero1,acco,acco_balanced", seeds="0", updates=30, eval_every=10, settings="a,c"
+    ),
 }
-SWEEPS = {"throughput": throughput, "heterogeneous": heterogeneous, "convergence": convergence, "memory": memory}
+SWEEPS = {
+    "throughput": throughput,
+    "heterogeneous": heterogeneous,
+    "convergence": convergence,
+    "memory": memory,
+    "time-to-loss": time_to_loss,
+}
 
 
 def run(argv=None) -> int:
@@ -156,8 +182,9 @@ def run(argv=None) -> int:
     if args.sweep == "predict":
         predict_cmd(args)
         return 0
-    preflight(need_cgroup=args.sweep in ("heterogeneous", "all"))
-    names = list(SWEEPS) if args.sweep == "all" else [args.sweep]
+    preflight(need_cgroup=args.sweep in ("heterogeneous", "all", "time-to-loss"))
+    # `all`: the four sweeps of tokens/s, memory and convergence; time-to-loss is run on its own
+    names = [n for n in SWEEPS if n != "time-to-loss"] if args.sweep == "all" else [args.sweep]
     started = time.perf_counter()
     for name in names:
         sub_args = parser.parse_args([name, "--out", args.out])
