@@ -120,6 +120,22 @@ def test_activation_checkpointing_of_hugging_face_layers_keeps_the_losses(tmp_pa
     assert losses["full"] == pytest.approx(losses["none"], rel=1e-5)
 
 
+def test_a_run_on_texts_resumes_exactly(tmp_path):
+    """ACCO over a Hugging Face model: 4 steps, then on to 8 from the step-4 checkpoint, as one 8-step run."""
+
+    def run(folder: Path, steps: int) -> list[float]:
+        cfg = _config(folder, data_parallel="acco")
+        cfg.training.steps, cfg.training.global_batch_size, cfg.training.max_tokens = steps, 8, 8 * 8 * SEQ
+        cfg.metrics.log_every = 1
+        cfg.checkpoint.enable, cfg.checkpoint.every = True, 2
+        train(cfg, model=worker.tiny_llama(), datasets=(worker.texts(), None), tokenizer=_tokenizer(tmp_path))
+        return [r["loss"] for r in read_metrics(folder / "run")]
+
+    straight = run(tmp_path / "straight", 8)
+    run(tmp_path / "resumed", 4)
+    assert run(tmp_path / "resumed", 8) == straight
+
+
 # Data ---------------------------------------------------------------------------------------------
 
 

@@ -43,7 +43,7 @@ def export_hf(model_name: str, strategy, dims, folder: Path, dtype: str, tokeniz
         unwrapped.args,
         weights,
         dtype=torch_dtype,
-        tokenizer_path=str(tokenizer.path) if tokenizer and tokenizer.path else None,  # none held in memory
+        tokenizer_path=str(tokenizer.path) if tokenizer and tokenizer.path else None,  # none when held in memory
         eos_id=tokenizer.eos_id if tokenizer else None,
     )
 

@@ -19,7 +19,6 @@ plan that only a torchacco model folder provides (models/<name>/, see torchacco/
 from __future__ import annotations
 
 import inspect
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,8 +26,6 @@ import torch
 import torch.nn as nn
 
 from torchacco.errors import UserError
-
-log = logging.getLogger(__name__)
 
 
 def is_user_model(model: nn.Module | None) -> bool:
@@ -159,12 +156,11 @@ def check_vocabulary(model: nn.Module, vocab_size: int) -> None:
 
 def export(model: nn.Module, weights: dict, folder: Path, dtype: torch.dtype, tokenizer) -> Path:
     """θ as a Hugging Face folder through the model's own `save_pretrained` (config.json and
-    safetensors under its own names), with the tokenizer when it can be saved."""
-    state = {k: v.to(dtype) for k, v in weights.items()}
-    model.save_pretrained(folder, state_dict=state)
-    hf_tokenizer = getattr(tokenizer, "hf", None)
-    if hf_tokenizer is not None:
-        hf_tokenizer.save_pretrained(folder)
+    safetensors under its own names), with the tokenizer: a transformers one by its own
+    save_pretrained, else as tokenizer.json."""
+    model.save_pretrained(folder, state_dict={k: v.to(dtype) for k, v in weights.items()})
+    if getattr(tokenizer, "hf", None) is not None:
+        tokenizer.hf.save_pretrained(folder)
     elif tokenizer is not None:
-        tokenizer.save(folder)  # a tokenizers tokenizer: tokenizer.json
+        tokenizer.save(folder)
     return folder
