@@ -106,6 +106,11 @@ def documents(source, text_field: str, which: str) -> list[Doc]:
 
 def _document(item, text_field: str, which: str, i: int) -> Doc:
     if isinstance(item, Mapping):
+        if text_field not in item and "input_ids" in item:
+            raise UserError(
+                f"item {i} of {which} is a window of token ids, not a document; pass windows as a torch Dataset "
+                "(torch.utils.data.Dataset or IterableDataset)"
+            )
         if text_field not in item:
             raise UserError(
                 f"item {i} of {which} has no field '{text_field}' (its fields: {', '.join(map(str, item))}); set "

@@ -205,6 +205,7 @@ def test_torch_datasets_are_still_used_as_they_are(tmp_path):
         ((HFStyleDataset([{"body": "x"}]), None), "text", "has no column 'text' (its columns: body); set [data]"),
         (([{"body": "x"}], None), "text", "item 0 of the training data has no field 'text' (its fields: body)"),
         ((["a", 3], None), "text", "item 1 of the training data is a int; each item must be a text"),
+        (([{"input_ids": [1], "labels": [2]}], None), "text", "is a window of token ids, not a document; pass windows"),
         (([""], None), "text", "the training data holds no text"),
         ((["a b c"], None), "text", "holds a single document, so none can be held out for validation"),
         ((["a b c", "d e f"], ["x"]), "text", "the training texts give"),
