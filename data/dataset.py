@@ -65,6 +65,17 @@ def write_split(folder: Path, split: str, docs: list[Doc], tok: Tokenizer) -> di
     return {"tokens": tokens, "documents": len(docs), "masked": masked}
 
 
+def encode_documents(docs: list[Doc], tok: Tokenizer) -> tuple[np.ndarray, np.ndarray | None]:
+    """What `write_split` writes, in memory: (token ids, loss mask or None if no document is a pair)."""
+    masked = any(isinstance(d, tuple) for d in docs)
+    ids, mask = [], []
+    for batch in _batches(docs):
+        batch_ids, batch_mask = _encode(batch, tok)
+        ids += batch_ids
+        mask += batch_mask
+    return np.asarray(ids, dtype=token_dtype(tok.vocab_size)), np.asarray(mask, dtype=np.uint8) if masked else None
+
+
 def read_split(folder: Path, split: str, info: dict, vocab_size: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Memory-map a cached split: (token ids, loss mask or None)."""
 

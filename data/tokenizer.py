@@ -27,21 +27,31 @@ class Tokenizer:
                 f"or leave it empty to train one on the data)"
             )
         try:
-            self._tok = tokenizers.Tokenizer.from_file(str(self.path))
+            tok = tokenizers.Tokenizer.from_file(str(self.path))
         except Exception as e:
             raise UserError(
                 f"{self.path} is not a valid tokenizer.json ({str(e).splitlines()[0]}); "
                 f"point tokenizer.path at a Hugging Face tokenizer.json or leave it empty"
             ) from None
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        eos = [self._tok.token_to_id(t) for t in EOS_CANDIDATES if self._tok.token_to_id(t) is not None]
-        if not eos:
-            raise UserError(
-                f"{self.path} has no end-of-text token (looked for {', '.join(EOS_CANDIDATES)}); "
-                f"use a tokenizer with one, or leave tokenizer.path empty to train one"
-            )
-        self.eos_id = eos[0]
+        self._use(tok, str(self.path), "use a tokenizer with one, or leave tokenizer.path empty to train one")
         self.sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+    @classmethod
+    def from_object(cls, tok: tokenizers.Tokenizer) -> Tokenizer:
+        """A `tokenizers.Tokenizer` held in memory (no file: `path` is None)."""
+        self = cls.__new__(cls)
+        self.path = None
+        self._use(tok, "the tokenizers.Tokenizer passed to train()", "add one, or pass a tokenizer that has one")
+        self.sha256 = hashlib.sha256(tok.to_str().encode()).hexdigest()
+        return self
+
+    def _use(self, tok: tokenizers.Tokenizer, where: str, fix: str) -> None:
+        self._tok = tok
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        eos = [tok.token_to_id(t) for t in EOS_CANDIDATES if tok.token_to_id(t) is not None]
+        if not eos:
+            raise UserError(f"{where} has no end-of-text token (looked for {', '.join(EOS_CANDIDATES)}); {fix}")
+        self.eos_id = eos[0]
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -58,9 +68,55 @@ class Tokenizer:
         path = Path(folder) / "tokenizer.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".tokenizer.json.{os.getpid()}.tmp")
-        tmp.write_bytes(self.path.read_bytes())
+        tmp.write_bytes(self.path.read_bytes() if self.path else self._tok.to_str().encode())
         os.replace(tmp, path)
         return path
+
+
+class TransformersTokenizer:
+    """A `transformers` tokenizer (fast or slow) behind the same interface; its own EOS token."""
+
+    def __init__(self, tok):
+        if tok.eos_token_id is None:
+            raise UserError(
+                f"the {type(tok).__name__} passed to train() has no eos_token; set one (tokenizer.eos_token = ...) "
+                "so that documents can be separated"
+            )
+        self.hf = tok  # kept for save_pretrained on export
+        self.path = None
+        self.eos_id = tok.eos_token_id
+        self.vocab_size = len(tok)  # with added tokens
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # verbose=False: documents longer than the model's context are expected here (they are packed).
+        return self.hf(texts, add_special_tokens=False, verbose=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=False)
+
+
+def as_tokenizer(tok) -> Tokenizer | TransformersTokenizer:
+    """The `tokenizer` argument of train(): a path to a tokenizer.json (or a folder holding one), a
+    `tokenizers.Tokenizer`, or a `transformers` tokenizer."""
+    if isinstance(tok, Tokenizer | TransformersTokenizer):
+        return tok
+    if isinstance(tok, str | os.PathLike):
+        path = Path(tok).expanduser()
+        path = path / "tokenizer.json" if path.is_dir() else path
+        if not path.is_file():
+            raise UserError(f"tokenizer={str(tok)!r}: no tokenizer.json there; pass the path of one (or of its folder)")
+        return Tokenizer(path)
+    if isinstance(tok, tokenizers.Tokenizer):
+        return Tokenizer.from_object(tok)
+    if callable(tok) and hasattr(tok, "eos_token_id"):  # duck-typed: transformers is not a dependency
+        return TransformersTokenizer(tok)
+    raise UserError(
+        f"tokenizer is a {type(tok).__name__}; pass a tokenizer.json path, a tokenizers.Tokenizer or a "
+        "transformers tokenizer"
+    )
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, path: Path) -> Tokenizer:

@@ -43,7 +43,9 @@ class Model:
     )
     flavor: str = key("debug", "one of the model's flavors (sizes)")
     vocab_size: int = key(0, "0: the tokenizer's vocabulary size")
-    compile: bool = key(False, "torch.compile each transformer block")
+    compile: bool = key(
+        False, "torch.compile each transformer block (a model passed to train() that has no blocks: the whole model)"
+    )
     init_from: str = key("", "a Hugging Face folder (config.json + safetensors): its architecture and weights")
 
 
@@ -59,7 +61,9 @@ class Data:
         "embedded", '"embedded" (Shakespeare, Milton, KJV bible) or a file / folder of .txt/.jsonl/.json files'
     )
     format: Literal["auto", "text", "jsonl", "alpaca"] = key("auto", "how to read the dataset files")
-    text_field: str = key("text", "the field of .jsonl records holding the text")
+    text_field: str = key(
+        "text", "the field of .jsonl records (or the column of a datasets.Dataset passed to train()) holding the text"
+    )
     validation: str = key("", "separate validation file or folder; empty: split off val_fraction")
     val_fraction: float = key(0.02, "share of the documents held out for validation")
     cache_dir: str = key("", "token caches and the embedded corpus; empty: $TORCHACCO_CACHE or ~/.cache/torchacco")

@@ -27,20 +27,23 @@ def export_hf(model_name: str, strategy, dims, folder: Path, dtype: str, tokeniz
     A collective: every rank takes part."""
     import torch
 
-    from torchacco import hf_io
+    from torchacco import hf_io, user_model
     from torchacco.parallel.model_parallel import gather_stages
 
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     weights = gather_stages(strategy.full_state_dict(), dims)
     if not dims.is_main:
         return None
     unwrapped = getattr(strategy.model, "module", strategy.model)
+    if user_model.is_user_model(unwrapped):  # a Hugging Face model passed to train(): its own save_pretrained
+        return user_model.export(unwrapped, weights, folder, torch_dtype, tokenizer)
     return hf_io.save_hf(
         folder,
         model_name,
         unwrapped.args,
         weights,
-        dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype],
-        tokenizer_path=str(tokenizer.path) if tokenizer else None,
+        dtype=torch_dtype,
+        tokenizer_path=str(tokenizer.path) if tokenizer and tokenizer.path else None,  # none when held in memory
         eos_id=tokenizer.eos_id if tokenizer else None,
     )
 

@@ -16,6 +16,10 @@ The model class contract (kept small so parallelism can be applied from outside)
 
 The args dataclass provides `vocab_size`, `max_seq_len`, `dim`, `n_layers` and
 `flops_per_token(seq_len) -> float` (forward + backward, for MFU).
+
+A model passed to `train(cfg, model=...)` without this contract (no `.args`: a Hugging Face
+causal LM, say) is adapted from outside by torchacco/user_model.py and trains under the
+data-parallel strategies only: tensor and pipeline parallelism need the plans below.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The one training loop. Strategies (DDP, ZeRO-1, FSDP, ACCO, DPU, WP) decide how gradients
 become updates; the loop owns data, loss, metrics, evaluation, checkpoints and stopping.
 
-Usable from Python: `train(cfg, model=..., datasets=(train, val))`.
+Usable from Python: `train(cfg, model=..., datasets=(train, val), tokenizer=...)`, also with a
+Hugging Face model and texts (torchacco/user_model.py, data/texts.py; docs/_drafts/python_api.md).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
-from torchacco import health, run_folder
+from torchacco import health, run_folder, user_model
 from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.build import build_data, build_model
 from torchacco.checkpoint import Checkpointer, TrainState, checkpoint_state, resume
@@ -39,11 +40,12 @@ from torchacco.spec import get_model_spec
 from torchacco.validate import validate
 
 
-def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = None) -> dict:
-    """Train with `cfg`. `model` (built, on the right device) and `datasets` ((train, val)
-    torch datasets of {"input_ids", "labels"}) replace the configured ones when given."""
+def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = None, tokenizer=None) -> dict:
+    """Train with `cfg`. `model` (built, on the right device: a torchacco model, or a Hugging Face
+    causal LM) and `datasets` ((train, val): torch datasets of {"input_ids", "labels"} windows, or
+    texts that `tokenizer` turns into them; see data/texts.py) replace the configured ones when given."""
     _, world, local_rank, local_world = launch_env()
-    validate(cfg, world)
+    validate(cfg, world, model=model, own_data=datasets is not None)
     device = select_device(cfg.training.device, local_rank)
     if device.type == "cpu":
         set_cpu_threads(cfg.training.num_threads, local_world)
@@ -55,8 +57,9 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     heartbeat = health.start(dims.rank, dims.world_size)
     sigterm = health.SigtermGuard()
     clean = False
+    adapter = user_model.adapt(model) if user_model.is_user_model(model) else None
     try:
-        summary = _train(cfg, dims, device, model, datasets)
+        summary = _train(cfg, dims, device, model, datasets, tokenizer)
         clean = True
         return summary
     except (RuntimeError, dist.DistBackendError, Terminated) as e:
@@ -78,6 +81,8 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
             f"{cfg.training.collective_timeout_s:g}"
         ) from None
     finally:
+        if adapter is not None:
+            adapter.remove()
         sigterm.restore()
         health.stop()
         if own_group:
@@ -86,7 +91,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
             destroy(barrier=clean)
 
 
-def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> dict:
+def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets, tokenizer) -> dict:
     """Build the run's parts, resume, run the loop, export."""
     from torchacco import data
 
@@ -99,8 +104,9 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
         tokenizer, train_set, val_set = build_data(cfg.data, cfg.tokenizer, t.seq_len, t.seed, dims)
         vocab = tokenizer.vocab_size
     else:
-        tokenizer, (train_set, val_set) = None, datasets
-        vocab = 0
+        where = (t.seq_len, dims.dp_rank, dims.dp_size, t.seed, cfg.eval.every > 0)
+        tokenizer, train_set, val_set = data.python_datasets(datasets, tokenizer, cfg.data, cfg.tokenizer, *where)
+        vocab = tokenizer.vocab_size if tokenizer else 0
     if cfg.eval.every and getattr(val_set, "num_windows", None) == 0:
         raise UserError(
             f"the validation split has no window of {t.seq_len + 1} tokens per rank; raise [data] val_fraction, "
@@ -109,18 +115,25 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     spec = get_model_spec(cfg.model.name)
     if model is None:
         model = build_model(spec, cfg.model, vocab, t.seed, device)
+    elif user_model.is_user_model(model) and vocab:
+        user_model.check_vocabulary(model, vocab)
     n_params = sum(p.numel() for p in model.parameters())
+    label = type(model).__name__ if user_model.is_user_model(model) else f"{cfg.model.name}/{cfg.model.flavor}"
     vocab_parallel = dims.tp_enabled and not dims.pp_enabled and cfg.parallelism.loss_parallel
     loss_fn = TokenLoss(t.loss_chunks, vocab_parallel)
     # In torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile -> data parallel.
     model, pipeline = apply_model_parallel(model, spec, cfg, dims, device, loss_fn)  # this rank's part of the model
-    apply_activation_checkpoint(model.layers, t.activation_checkpoint, t.selective_checkpoint)
+    blocks = user_model.blocks_of(model)  # `model.layers`, or a Hugging Face model's decoder layers
+    apply_activation_checkpoint(blocks or [], t.activation_checkpoint, t.selective_checkpoint)
     dtype = compute_dtype(t.mixed_precision, device)
     if cfg.model.compile:
-        for block in model.layers:
-            block.compile()
+        for unit in user_model.compile_units(model):
+            unit.compile()
     on_one_rank(dims, lambda: run_folder.check_space(folder, n_params, cfg.checkpoint.enable), on=dims.is_main)
-    flops_per_token = model.args.flops_per_token(t.seq_len) if hasattr(model, "args") else 6 * n_params
+    if hasattr(model, "args"):
+        flops_per_token = model.args.flops_per_token(t.seq_len)
+    else:
+        flops_per_token = user_model.flops_per_token(model, t.seq_len)
 
     global_batch = t.global_batch_size or t.local_batch_size * dims.dp_size
     micro_batches = global_batch // (t.local_batch_size * dims.dp_size)
@@ -148,7 +161,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets) -> 
     if resumed:
         log.info(f"torchacco: {resumed}")
     log.info(
-        f"torchacco: {cfg.model.name}/{cfg.model.flavor} {n_params / 1e6:.2f}M params | "
+        f"torchacco: {label} {n_params / 1e6:.2f}M params | "
         f"{strategy.name} × {dims.dp_size}{model_parallel_label(dims, strategy.model)} on {device.name} | "
         f"{str(dtype).removeprefix('torch.')} | "
         f"batch {global_batch} × {t.seq_len} (accumulation {micro_batches}) | {t.steps} steps | {folder}"

@@ -16,9 +16,14 @@ from torchacco.config import Config, load_config
 from torchacco.errors import UserError, run_cli
 
 
-def validate(cfg: Config, world_size: int, local_world_size: int | None = None) -> None:
+def validate(
+    cfg: Config, world_size: int, local_world_size: int | None = None, model=None, own_data: bool = False
+) -> None:
+    """`model` and `own_data`: a model or datasets passed to train() replace the configured ones,
+    whose checks are then skipped (the model's own are made instead)."""
     import torch
 
+    from torchacco import user_model
     from torchacco.activation_checkpoint import check_activation_checkpoint
     from torchacco.build import model_args
     from torchacco.parallel.dims import check_parallelism, model_parallel_label
@@ -27,6 +32,8 @@ def validate(cfg: Config, world_size: int, local_world_size: int | None = None) 
     from torchacco.spec import get_model_spec
 
     t = cfg.training
+    if user_model.is_user_model(model):
+        user_model.check(cfg, model)  # first: tp/pp is the model's limit, whatever the degrees and strategy
     dp_size = check_parallelism(cfg.parallelism, world_size)
     for section, name in (("checkpoint", cfg.checkpoint.folder), ("profiling", cfg.profiling.folder)):
         folder = Path(name)
@@ -55,16 +62,17 @@ def validate(cfg: Config, world_size: int, local_world_size: int | None = None) 
         )
     check_activation_checkpoint(t.activation_checkpoint, t.selective_checkpoint)
     strategy_class(cfg.parallelism.data_parallel).check_config(cfg, dp_size, model_parallel_label(cfg.parallelism))
-    spec = get_model_spec(cfg.model.name)
-    args = model_args(spec, cfg.model)
-    check_model_parallel(spec, cfg, args)
-    if t.seq_len > args.max_seq_len:
-        raise UserError(
-            f"[training] seq_len = {t.seq_len} exceeds the model's {args.max_seq_len} positions "
-            f"({cfg.model.name} {cfg.model.init_from or cfg.model.flavor}); use --training.seq_len {args.max_seq_len} "
-            "or less"
-        )
-    if cfg.data.dataset != "embedded" and not Path(cfg.data.dataset).exists():
+    if not user_model.is_user_model(model):
+        spec = get_model_spec(cfg.model.name)
+        args = model.args if model is not None else model_args(spec, cfg.model)
+        check_model_parallel(spec, cfg, args)
+        if t.seq_len > args.max_seq_len:
+            raise UserError(
+                f"[training] seq_len = {t.seq_len} exceeds the model's {args.max_seq_len} positions "
+                f"({cfg.model.name} {cfg.model.init_from or cfg.model.flavor}); use --training.seq_len "
+                f"{args.max_seq_len} or less"
+            )
+    if not own_data and cfg.data.dataset != "embedded" and not Path(cfg.data.dataset).exists():
         raise UserError(f"[data] dataset path not found: {cfg.data.dataset} (a file or folder of .txt/.jsonl/.json)")
     if cfg.tokenizer.path and not Path(cfg.tokenizer.path).is_file():
         raise UserError(f"[tokenizer] path not found: {cfg.tokenizer.path} (a tokenizer.json file)")

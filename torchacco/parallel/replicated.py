@@ -25,6 +25,7 @@ from torchacco.optim import build_adamw
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.sharded_job import all_gather
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan, UpdateResult
+from torchacco.user_model import blocks_of
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -168,7 +169,7 @@ class FSDP(Replicated):
         reshard_after_forward: bool = True,
     ):
         mp = MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=reduce_dtype)
-        for block in model.layers:
+        for block in blocks_of(model) or []:  # a foreign model without blocks is sharded as one unit
             fully_shard(block, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         self.roots = getattr(model, "stage_modules", None) or [model]
         for root in self.roots:
