@@ -34,10 +34,15 @@ def test_step_times_per_strategy():
     assert p["zero1"]["step_time_s"] == pytest.approx(2 + 4)
     assert p["zero1"]["exposed_comm_s"] == pytest.approx(4) and p["zero1"]["overlap"] == 0
     assert p["ddp"]["step_time_s"] == pytest.approx(2 + (4 - 2 / 3))
-    assert p["fsdp"]["step_time_s"] == pytest.approx(2 * 6)
+    # all-gathers on both micro-batches, the reduce-scatter only on the last (gradient sync is skipped before)
+    assert p["fsdp"]["step_time_s"] == pytest.approx(max(1, 4) + max(1, 4 + 2))
     assert p["acco"]["step_time_s"] == pytest.approx(2 * max(1, 4))
     assert p["dpu"]["step_time_s"] == p["wp"]["step_time_s"] == pytest.approx(4)
-    # adaptive: rounds of max(1 s, 4 s) = 4 s, each rank computes 4 micro-batches per round
+    # adaptive, capped at 2× (the default): rounds of max(1 s, 4 s) = 4 s; 2 micro-batches a rank, then it waits
+    assert p["acco_adaptive"]["tokens_per_update"] == pytest.approx(2 * 2 * 2 * 1e3)
+    assert p["acco_adaptive"]["exposed_comm_s"] == pytest.approx(2 * (4 - 2))
+    # uncapped: each rank computes 4 micro-batches per round, the compute rate
+    p = cm.predict_all(WORK, hw(max_growth=0))
     assert p["acco_adaptive"]["tokens_per_update"] == pytest.approx(2 * 2 * 4 * 1e3)
     assert p["acco_adaptive"]["tokens_per_s"] == pytest.approx(2 * 1e3 / 1.0)  # the compute rate
     assert p["acco_adaptive"]["exposed_comm_s"] == 0 and p["acco_adaptive"]["overlap"] == 1
@@ -68,13 +73,17 @@ def test_balance_bandwidth_arithmetic_and_errors():
 
 
 def test_slow_worker():
-    slow = hw(bandwidth_bps=None, slow_factor=4)  # one rank 4x slower, communication free
+    slow = hw(bandwidth_bps=None, slow_factor=4, max_growth=0)  # one rank 4x slower, communication free
     p = cm.predict_all(WORK, slow)
     assert p["zero1"]["step_time_s"] == pytest.approx(8)
     # adaptive: the slow rank does its 1 micro-batch per round (4 s), the fast one 4
     assert p["acco_adaptive"]["tokens_per_s"] / p["zero1"]["tokens_per_s"] == pytest.approx(5 / 2)
-    four = cm.predict_all(WORK, hw(nodes=4, bandwidth_bps=None, slow_factor=4))
+    four = cm.predict_all(WORK, hw(nodes=4, bandwidth_bps=None, slow_factor=4, max_growth=0))
     assert four["acco_adaptive"]["tokens_per_s"] / four["zero1"]["tokens_per_s"] == pytest.approx(13 / 4)
+    # balanced: each round's 4 micro-batches go to the fast ranks (2, 1, 1): rounds of 2 s, not 4
+    assert four["acco_balanced"]["tokens_per_update"] == four["zero1"]["tokens_per_update"]
+    assert four["acco_balanced"]["step_time_s"] == pytest.approx(2 * 2.0)
+    assert four["zero1"]["step_time_s"] == pytest.approx(2 * 4.0)
 
 
 def test_measured_compute_overrides_flops():
@@ -129,6 +138,22 @@ def test_backend_collective_factors():
     p = cm.predict_all(WORK, hw(rs_factor=2.0, ag_factor=1.5, ar_factor=1.1))
     assert p["zero1"]["step_time_s"] == pytest.approx(2 + 2 * 2 + 1.5 * 2)
     assert p["ddp"]["step_time_s"] == pytest.approx(2 + 1.1 * 4 - 2 / 3)
-    assert p["fsdp"]["step_time_s"] == pytest.approx(2 * (2 * 1.5 * 2 + 2 * 2))
+    assert p["fsdp"]["step_time_s"] == pytest.approx(2 * 1.5 * 2 + (2 * 1.5 * 2 + 2 * 2))
     bal = cm.balance_bandwidth(WORK, hw(rs_factor=2.0, ag_factor=1.5))
     assert bal == pytest.approx(16e6 * 3.5 / 2)
+
+
+def test_bf16_estimate_halves_the_estimate_rounds_bytes():
+    p = cm.predict_all(WORK, hw())  # fp32 on the wire: M = 4 s; the bf16 estimate round 2 s
+    assert p["acco"]["step_time_s"] == pytest.approx(4 + 4)
+    assert p["acco_bf16_estimate"]["step_time_s"] == pytest.approx(2 + 4)
+
+
+def test_time_to_loss_counts_updates_by_batch_and_staleness():
+    p = cm.predict_all(WORK, hw(max_growth=0))
+    ttl = cm.time_to_loss(p, ddp_updates=100, noise_scale=WORK.micro_batches * 2 * 1e3)  # B_n = the recipe batch
+    assert ttl["ddp"] == pytest.approx(100 * p["ddp"]["step_time_s"])
+    assert ttl["acco"] == pytest.approx(100 * p["acco"]["step_time_s"])  # same batch: same updates
+    assert ttl["dpu"] == pytest.approx(1.3 * 100 * p["dpu"]["step_time_s"])  # stale: 1.3× the updates
+    # adaptive's batch is 4× the recipe's: (1 + 1/4) / (1 + 1) = 0.625 of the updates
+    assert ttl["acco_adaptive"] == pytest.approx(0.625 * 100 * p["acco_adaptive"]["step_time_s"])

@@ -1,37 +1,56 @@
-"""A step-time cost model for the data-parallel strategies, and `--predict`.
+"""A cost model for the data-parallel strategies: time per update, and time to a target loss.
 
     python -m torchacco.bench predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 \\
         --bandwidth 100gbit --device H100 --seq-len 8192 --local-batch 1 --micro-batches 4
 
 Inputs: the model (parameters, FLOPs per token), tokens per micro-batch and micro-batches per
-update (ZeRO-1's accumulation k), the achieved FLOP/s of one rank, the inter-node bandwidth B and
-latency L per link, the ranks (N nodes × G per node) and the sharded optimizer's speed.
+update (k), the achieved FLOP/s of one rank, the inter-node bandwidth B and latency L per link,
+the ranks (N nodes × G per node), the sharded optimizer's speed, and one rank slower by a factor.
 
 Per update, with c the compute time of one micro-batch (c_slow on the slowest rank), S the bytes of
 one gradient (or parameter) buffer on the wire, and W = N·G ranks:
 
   one reduce-scatter or all-gather  V = (N-1)/N · 8S/B + (N-1)·L + (G-1)/G · 8S/B_intra   (hierarchical ring)
-  as measured for a backend         V_rs = f_rs·V, V_ag = f_ag·V, V_ar = f_ar·2V  (f = 1 for NCCL; gloo's
-                                    reduce-scatter is ~2: it moves an all-reduce's bytes)
+  as measured for a backend         V_rs = f_rs·V, V_ag = f_ag·V, V_ar = f_ar·2V  (f = 1 for NCCL and
+                                    torchacco's gloo rings; gloo's own reduce-scatter is ~2)
   the sharded job                   M = V_rs + P/W / opt_rate + V_ag
-  ddp      k·c + max(0, V_ar − ⅔c) + P / opt_rate      (all-reduce overlapped with the last backward)
-  zero1    k·c + M                                      (the job after the last micro-batch)
-  fsdp     k·max(c, 2V_ag + V_rs) + P/W / opt_rate      (2 all-gathers + 1 reduce-scatter per micro-batch, prefetched)
-  acco     2·max(k/2·c, M)                              (deterministic: two rounds of k/2 micro-batches, a job each)
-  acco adaptive   rounds of R = max(k/2·c_slow, M); rank i computes max(k/2, R/c_i) micro-batches per round
-  dpu, wp  max(k·c, M)                                  (one job per update, beside the next period)
 
-Every synchronous strategy runs at the slowest rank's pace (c = c_slow). This is a bandwidth/latency
-model: it ignores CPU contention between the communication thread and compute (which matters on
-the 2-core emulated cluster), congestion, and the collectives' own kernel time on GPUs.
+The formula follows what the strategy class declares (`communication`, `overlapped`,
+`periods_per_update`), so a new strategy is modelled by the traits it shares:
+  all_reduce_in_backward (ddp)  k·c + max(0, V_ar − ⅔c) + P / opt_rate   (buckets hidden under the last backward)
+  per_micro_batch (fsdp)        (k−1)·max(c, 2V_ag) + max(c, 2V_ag + V_rs) + P/W / opt_rate
+                                (prefetched all-gathers; the reduce-scatter only on the last micro-batch)
+  sharded_job, synchronous      k·c + M                                    (zero1)
+  sharded_job, overlapped       p rounds of max(k/p·c, M)                   (acco: p = 2; dpu, wp: p = 1)
+ACCO's modes: balanced splits each round's k/2·W micro-batches by speed (rounds of max(makespan, M));
+adaptive keeps every rank computing during the job, up to max_growth × k/2 micro-batches per round
+(the batch grows); a bf16 estimate halves the estimate round's bytes. Synchronous strategies run at the
+slowest rank's pace.
+
+Time to a target loss = updates needed × time per update. Assumptions (stated by `predict`): a
+fixed-batch strategy needs the updates DDP needs (ACCO is within 1% of DDP per token, measured);
+DPU and WP need `stale_penalty` times as many; a grown batch B' needs (1 + B_n/B')/(1 + B_n/B) of
+them, with B_n the gradient noise scale in tokens (the empirical model of McCandlish et al., 2018),
+with the learning rate adjusted for the batch. This is a bandwidth/latency model: it ignores CPU
+contention between the communication thread and compute, congestion, and kernels' own time.
 """
-
-from __future__ import annotations
 
 import dataclasses
 import math
 
-STRATEGIES = ("ddp", "zero1", "fsdp", "acco", "acco_adaptive", "dpu", "wp")
+# The modelled strategies: a registered strategy class, and for ACCO a mode or option.
+VARIANTS = {
+    "ddp": ("ddp", None),
+    "zero1": ("zero1", None),
+    "fsdp": ("fsdp", None),
+    "acco": ("acco", "deterministic"),
+    "acco_bf16_estimate": ("acco", "bf16_estimate"),
+    "acco_balanced": ("acco", "balanced"),
+    "acco_adaptive": ("acco", "adaptive"),
+    "dpu": ("dpu", "deterministic"),
+    "wp": ("wp", "deterministic"),
+}
+STRATEGIES = tuple(VARIANTS)
 
 # Dense bf16 peak FLOP/s per device, and intra-node bandwidth (bits/s per GPU per direction).
 DEVICES = {
@@ -73,10 +92,15 @@ class Hardware:
     rs_factor: float = 1.0
     ag_factor: float = 1.0
     ar_factor: float = 1.0
+    max_growth: float = 2.0  # adaptive ACCO: a rank's round runs at most this multiple of its micro-batches
 
     @property
     def world(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    def compute_times(self, c: float) -> list[float]:
+        """Each rank's compute time per micro-batch (rank 0 is the slow one)."""
+        return [c * self.slow_factor] + [c] * (self.world - 1)
 
 
 def collective_s(nbytes: float, hw: Hardware) -> float:
@@ -93,49 +117,72 @@ def collective_s(nbytes: float, hw: Hardware) -> float:
 
 
 def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
-    """Predicted step (update) time, tokens/s, exposed communication and overlap for one strategy."""
-    if strategy not in STRATEGIES:
+    """Predicted time per update, tokens/s, exposed communication and overlap for one strategy."""
+    if strategy not in VARIANTS:
         raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
+    from torchacco.parallel.acco import split_by_speed
+    from torchacco.parallel.registry import strategy_class
+
+    name, mode = VARIANTS[strategy]
+    cls = strategy_class(name)
     W, P, k = hw.world, work.params, work.micro_batches
     c = hw.compute_s if hw.compute_s is not None else work.flops_per_token * work.tokens_per_micro_batch / hw.flops
-    c_slow = c * hw.slow_factor
+    times = hw.compute_times(c)
+    c_slow = max(times)
     V = collective_s(P * work.comm_bytes, hw)
     V_rs, V_ag, V_ar = hw.rs_factor * V, hw.ag_factor * V, hw.ar_factor * 2 * V
     opt_shard = P / W / hw.opt_rate
     M = V_rs + opt_shard + V_ag  # reduce-scatter, sharded AdamW, all-gather
-    half = max(1, k // 2)
     tokens = W * k * work.tokens_per_micro_batch
-    if strategy == "ddp":
+    if cls.communication == "all_reduce_in_backward":
         comm = max(0.0, V_ar - 2 / 3 * c_slow) + P / hw.opt_rate
         step, job = k * c_slow + comm, V_ar
-    elif strategy == "zero1":
+    elif cls.communication == "per_micro_batch":
+        step = (k - 1) * max(c_slow, 2 * V_ag) + max(c_slow, 2 * V_ag + V_rs) + opt_shard
+        comm, job = step - k * c_slow, k * 2 * V_ag + V_rs
+    elif not cls.overlapped:
         step, comm, job = k * c_slow + M, M, M
-    elif strategy == "fsdp":
-        per_mb = 2 * V_ag + V_rs
-        step = k * max(c_slow, per_mb) + opt_shard
-        comm, job = step - k * c_slow, k * per_mb
-    elif strategy == "acco":
-        rnd = max(half * c_slow, M)
-        step, comm, job = 2 * rnd, 2 * (rnd - half * c_slow), 2 * M
-    elif strategy == "acco_adaptive":
-        rnd = max(half * c_slow, M)
-        per_rank = [max(half, rnd / (c_slow if i == 0 and hw.slow_factor > 1 else c)) for i in range(W)]
-        tokens = 2 * sum(per_rank) * work.tokens_per_micro_batch
-        step, comm, job = 2 * rnd, 0.0, 2 * M
-    else:  # dpu, wp: one job per update beside a period of k micro-batches
-        step = max(k * c_slow, M)
-        comm, job = step - k * c_slow, M
+    else:
+        periods = cls.periods_per_update
+        per_round = max(1, k // periods)
+        jobs = [M] * periods
+        if mode == "bf16_estimate" and work.comm_bytes > 2:  # the estimate round's bytes halve
+            jobs[0] = (V_rs + V_ag) * 2 / work.comm_bytes + opt_shard
+        if mode == "balanced":
+            split = split_by_speed(per_round * W, times)
+            compute = max(n * t for n, t in zip(split, times))
+        else:
+            compute = per_round * c_slow
+        rounds = [max(compute, m) for m in jobs]
+        step, job = sum(rounds), sum(jobs)
+        comm = sum(r - compute for r in rounds)
+        if mode == "adaptive":  # everyone computes while the job runs, up to the cap
+            cap = hw.max_growth * per_round if hw.max_growth else math.inf
+            done = [sum(min(cap, max(per_round, r / t)) for r in rounds) for t in times]
+            tokens = sum(done) * work.tokens_per_micro_batch
+            comm = sum(max(0.0, r - cap * min(times)) for r in rounds)  # a capped fast rank waits
     overlap = 1.0 - comm / job if job > 0 else 1.0
+    return {"strategy": strategy, "step_time_s": step, "tokens_per_update": tokens, "tokens_per_s": tokens / step,
+            "exposed_comm_s": comm, "overlap": min(1.0, max(0.0, overlap)), "compute_s": c, "job_s": M,
+            "collective_s": V}  # fmt: skip
+
+
+def updates_needed(strategy: str, tokens_per_update: float, recipe_tokens: float, noise_scale: float,
+                   stale_penalty: float = 1.3) -> float:  # fmt: skip
+    """Updates to a target loss relative to DDP at the recipe's batch (the assumptions in the docstring)."""
+    name, _ = VARIANTS[strategy]
+    relative = (1 + noise_scale / tokens_per_update) / (1 + noise_scale / recipe_tokens)
+    return relative * (stale_penalty if name in ("dpu", "wp") else 1.0)
+
+
+def time_to_loss(preds: dict[str, dict], ddp_updates: float, noise_scale: float, stale_penalty: float = 1.3) -> dict:
+    """Predicted seconds to the loss DDP reaches in `ddp_updates` updates, per strategy."""
+    recipe = preds["ddp"]["tokens_per_update"]
     return {
-        "strategy": strategy,
-        "step_time_s": step,
-        "tokens_per_update": tokens,
-        "tokens_per_s": tokens / step,
-        "exposed_comm_s": comm,
-        "overlap": min(1.0, max(0.0, overlap)),
-        "compute_s": c,
-        "job_s": M,
-        "collective_s": V,
+        s: ddp_updates
+        * updates_needed(s, p["tokens_per_update"], recipe, noise_scale, stale_penalty)
+        * p["step_time_s"]
+        for s, p in preds.items()
     }
 
 
@@ -145,13 +192,16 @@ def predict_all(work: Workload, hw: Hardware, strategies=STRATEGIES) -> dict[str
 
 def memory_bytes(work: Workload, hw: Hardware, strategy: str, compute_bytes: float = 2.0) -> float:
     """Persistent bytes per rank: parameters, gradient accumulator, fp32 master + AdamW moments."""
+    from torchacco.parallel.registry import strategy_class
+
     P, W = work.params, hw.world
-    if strategy == "ddp":
+    cls = strategy_class(VARIANTS[strategy][0])
+    if cls.communication == "all_reduce_in_backward":
         return P * (4 + 4 + 8)  # fp32 replica, grads, m and v (autocast keeps fp32 weights)
-    if strategy == "fsdp":
+    if cls.communication == "per_micro_batch":
         return P * (4 + 4 + 8) / W
     base = P * compute_bytes + P * 4 + P * 12 / W  # flat params, fp32 accumulator, sharded master/m/v
-    if strategy in ("acco", "acco_adaptive", "dpu", "wp"):
+    if cls.overlapped:
         base += P * compute_bytes  # the job's communication buffer
     return base
 
@@ -200,20 +250,26 @@ def relative_error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured if measured else math.nan
 
 
-def format_table(preds: dict[str, dict], memory: dict[str, float] | None = None) -> str:
-    base = preds.get("zero1")
-    head = "| strategy | step time (s) | tokens/s | exposed comm (s) | overlap | vs ZeRO-1 |"
+def format_table(preds: dict[str, dict], memory: dict[str, float] | None = None, ttl: dict | None = None) -> str:
+    """Markdown: per strategy the time per update, tokens/s, exposed communication, and (when given)
+    memory per rank and time to the target loss relative to the soonest strategy."""
+    head = "| strategy | time per update (s) | tokens/update | tokens/s | exposed comm (s) | overlap |"
     sep = "|---|---:|---:|---:|---:|---:|"
+    if ttl:
+        head += " time to loss (s) | vs soonest |"
+        sep += "---:|---:|"
+        soonest = min(ttl.values())
     if memory:
         head += " memory/rank (GiB) |"
         sep += "---:|"
     rows = [head, sep]
     for name, p in preds.items():
-        ratio = f"{p['tokens_per_s'] / base['tokens_per_s']:.2f}×" if base else "-"
         row = (
-            f"| {name} | {p['step_time_s']:.4g} | {p['tokens_per_s']:,.0f} | {p['exposed_comm_s']:.4g} | "
-            f"{p['overlap']:.0%} | {ratio} |"
+            f"| {name} | {p['step_time_s']:.4g} | {p['tokens_per_update']:,.0f} | {p['tokens_per_s']:,.0f} | "
+            f"{p['exposed_comm_s']:.4g} | {p['overlap']:.0%} |"
         )
+        if ttl:
+            row += f" {ttl[name]:,.0f} | {ttl[name] / soonest:.2f}× |"
         if memory:
             row += f" {memory[name] / 2**30:.1f} |"
         rows.append(row)

@@ -40,31 +40,37 @@ def predict_cmd(args) -> dict:
         opt_rate=dev["opt_rate"],
         slow_factor=args.slow_factor,
     )
+    hw.max_growth = args.max_growth
     preds = cm.predict_all(work, hw)
     mem = {s: cm.memory_bytes(work, hw, s) for s in preds}
-    z, a, aa = preds["zero1"], preds["acco"], preds["acco_adaptive"]
+    recipe = preds["ddp"]["tokens_per_update"]
+    noise = args.noise_scale or recipe
+    ttl = cm.time_to_loss(preds, args.updates_to_target, noise, args.stale_penalty)
+    z = preds["zero1"]
     print(
         f"{args.model} {args.flavor}: {work.params / 1e9:.2f}B params, {work.flops_per_token / 1e9:.1f} GFLOP/token; "
-        f"{args.nodes} nodes × {args.gpus_per_node} {args.device} at {flops / 1e12:.0f} TFLOP/s each; "
-        f"inter-node {rate_label(bw)}, {args.latency_ms:g} ms; micro-batch {args.local_batch} × {args.seq_len}, "
+        f"{args.nodes} nodes × {args.gpus_per_node} {args.device} at {flops / 1e12:.0f} TFLOP/s each"
+        + (f" (one {args.slow_factor:g}× slower)" if args.slow_factor > 1 else "")
+        + f"; inter-node {rate_label(bw)}, {args.latency_ms:g} ms; micro-batch {args.local_batch} × {args.seq_len}, "
         f"{args.micro_batches} per rank and update; compute {z['compute_s']:.3f} s per micro-batch, "
         f"sharded job {z['job_s']:.3f} s\n"
     )
-    print(cm.format_table(preds, mem))
-    best = max(("zero1", "acco", "acco_adaptive"), key=lambda s: preds[s]["tokens_per_s"])
-    verdict = (
-        "ACCO" if best != "zero1" and preds[best]["tokens_per_s"] > 1.02 * z["tokens_per_s"] else "ZeRO-1 (or either)"
+    print(cm.format_table(preds, mem, ttl))
+    soonest = min(ttl, key=ttl.get)
+    baseline = min(("ddp", "zero1", "fsdp"), key=ttl.get)
+    print(
+        f"Soonest to the loss: {soonest} ({ttl[baseline] / ttl[soonest]:.2f}× sooner than the best baseline, "
+        f"{baseline}). ACCO costs {(mem['acco'] - mem['zero1']) / 2**30:.1f} GiB more per GPU than ZeRO-1 (one "
+        "bf16 parameter copy)."
     )
     print(
-        f"ZeRO-1 or ACCO? {verdict}: ACCO deterministic {a['tokens_per_s'] / z['tokens_per_s']:.2f}×, "
-        f"adaptive {aa['tokens_per_s'] / z['tokens_per_s']:.2f}× ZeRO-1's tokens/s; ACCO costs "
-        f"{(mem['acco'] - mem['zero1']) / 2**30:.1f} GiB more per GPU (one bf16 parameter copy)."
-    )
-    print(
-        f"Notes: adaptive ACCO's batch per update grows to {aa['tokens_per_update'] / z['tokens_per_update']:.2f}× "
-        "ZeRO-1's (it keeps accumulating while the job runs); DPU and WP hide the job too but apply one-step-stale "
-        "gradients (worse loss per token). Memory is persistent state only (weights, gradients, optimizer), no "
-        "activations."
+        f"Assumptions: the loss is the one DDP reaches in {args.updates_to_target:,} updates of {recipe:,.0f} tokens; "
+        "fixed-batch strategies (ddp, zero1, fsdp, acco and its balanced and bf16-estimate modes) need as many "
+        f"updates; dpu and wp {args.stale_penalty:g}× as many (stale gradients); adaptive ACCO's batch of "
+        f"{preds['acco_adaptive']['tokens_per_update']:,.0f} tokens needs (1 + B_n/B')/(1 + B_n/B) of them with the "
+        f"gradient noise scale B_n = {noise:,.0f} tokens (--noise-scale) and the lr scaled for the batch. Memory is "
+        "persistent state only (weights, gradients, optimizer), no activations. Communication is modelled by "
+        "bandwidth and latency: no congestion, no CPU contention."
     )
     return {"workload": work.__dict__, "hardware": hw.__dict__, "predictions": preds}
 
@@ -155,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batches", type=int, default=2, help="per GPU and update (ZeRO-1's accumulation)")
     p.add_argument("--comm-bytes", type=float, default=2.0, help="bytes per element on the wire (bf16: 2)")
     p.add_argument("--slow-factor", type=float, default=1.0, help="one GPU this much slower")
+    p.add_argument("--max-growth", type=float, default=2.0, help="adaptive ACCO's cap ([acco] max_growth)")
+    p.add_argument("--updates-to-target", type=int, default=10000, help="DDP's updates to the target loss")
+    p.add_argument("--noise-scale", type=float, default=0.0, help="gradient noise scale in tokens (0: the batch)")
+    p.add_argument("--stale-penalty", type=float, default=1.3, help="dpu/wp: updates needed relative to DDP")
     return parser
 
 
