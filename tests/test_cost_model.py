@@ -126,7 +126,8 @@ def test_predict_cli():
     )
     proc = run("--model", "llama3", "--flavor", "8B", "--nodes", "4", "--gpus-per-node", "8", "--bandwidth", "100gbit")
     assert proc.returncode == 0, proc.stderr
-    assert "8.03B params" in proc.stdout and "| zero1 |" in proc.stdout and "ZeRO-1 or ACCO?" in proc.stdout
+    assert "8.03B params" in proc.stdout and "| zero1 |" in proc.stdout and "Soonest to the loss:" in proc.stdout
+    assert "Assumptions:" in proc.stdout and "noise scale" in proc.stdout
     bad = run("--device", "TPU9")
     assert bad.returncode == 1 and bad.stderr.startswith("torchacco: error: unknown --device")
     bad = run("--bandwidth", "lots")
