@@ -1,0 +1,76 @@
+"""The time-to-loss benchmark's arithmetic: crossing times by interpolation, loss at equal time,
+the same token budget and schedule for every strategy."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from torchacco.bench.sweeps import time_to_loss as ttl
+from torchacco.bench.sweeps.ttl_analysis import loss_at, summarize, time_to_target, training_seconds, val_curve
+
+
+def _records(losses, tokens_per_update=100, seconds_per_update=1.0, eval_every=2):
+    """One record per update; a validation loss every `eval_every` updates."""
+    out = []
+    for step, loss in enumerate(losses, 1):
+        r = {"step": step, "tokens": step * tokens_per_update, "tokens_per_s": tokens_per_update / seconds_per_update}
+        if step % eval_every == 0:
+            r["val_loss"] = loss
+        out.append(r)
+    return out
+
+
+def test_training_clock_and_validation_curve():
+    records = _records([5, 4, 3, 2], seconds_per_update=0.5)
+    assert training_seconds(records) == pytest.approx(2.0)
+    assert val_curve(records) == [
+        {"step": 2, "tokens": 200, "wall_s": 1.0, "val_loss": 4},
+        {"step": 4, "tokens": 400, "wall_s": 2.0, "val_loss": 2},
+    ]
+
+
+def test_target_crossing_is_interpolated_between_evaluations():
+    curve = val_curve(_records([9, 6, 9, 4, 9, 3], eval_every=2))  # (2 s, 6), (4 s, 4), (6 s, 3)
+    assert time_to_target(curve, 5.0) == pytest.approx(3.0)  # halfway from 6 to 4
+    assert time_to_target(curve, 6.0) == pytest.approx(2.0)
+    assert time_to_target(curve, 3.5, key="tokens") == pytest.approx(500)
+    assert time_to_target(curve, 2.0) == math.inf  # never reached
+    assert time_to_target(curve, 7.0) == pytest.approx(2.0)  # reached at the first evaluation
+
+
+def test_loss_at_equal_time_interpolates_and_is_nan_past_a_runs_end():
+    curve = val_curve(_records([9, 6, 9, 4]))
+    assert loss_at(curve, 3.0) == pytest.approx(5.0)
+    assert math.isnan(loss_at(curve, 4.5))
+
+
+def test_summary_targets_ddps_final_loss_and_compares_with_the_best_baseline():
+    runs = {
+        "ddp": [_records([6, 5, 5, 4], seconds_per_update=2.0)] * 2,  # reaches 4 at 8 s
+        "zero1": [_records([6, 5, 5, 4], seconds_per_update=3.0)] * 2,  # 12 s
+        "acco": [_records([6, 4.5, 5, 3.5], seconds_per_update=1.0), _records([6, 5, 5, 4], seconds_per_update=1.0)],
+    }
+    s = summarize(runs)
+    assert s["target_val_loss"] == 4.0 and s["best_baseline"] == "ddp"
+    assert s["strategies"]["ddp"]["time_to_target_s"] == (pytest.approx(8.0), 0.0)
+    acco = s["strategies"]["acco"]
+    # seed 0 crosses 4 halfway between (2 s, 4.5) and (4 s, 3.5): 3 s; seed 1 at 4 s
+    assert acco["time_to_target_s"][0] == pytest.approx(3.5)
+    assert acco["speedup_vs_best_baseline"] == pytest.approx(8.0 / 3.5)
+    assert s["equal_time_s"] == pytest.approx(4.0)  # the shortest run's end
+    assert s["strategies"]["zero1"]["loss_at_equal_time"][0] == pytest.approx(5.0)
+
+
+def test_every_strategy_gets_the_same_token_budget_and_schedule():
+    args = SimpleNamespace(updates=240, seq_len=128, eval_every=20)
+    base = ttl.model_args(args, nodes=2, local_batch=4)
+
+    def value(argv, key):
+        return argv[argv.index(key) + 1]
+
+    assert value(base, "--training.max_tokens") == str(240 * 2 * 4 * 2 * 128)  # updates × tokens per update
+    for name, extra in ttl.STRATEGIES.items():
+        argv = [*base, *extra]
+        assert "--training.max_tokens" not in extra and "--lr_schedule.warmup_steps" not in extra, name
+        assert value(argv, "--lr_schedule.warmup_steps") == "12"  # 5% of the budget, in nominal updates
