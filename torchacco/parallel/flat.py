@@ -97,7 +97,10 @@ class FlatParams:
         self.grads = torch.zeros(self.padded_numel, dtype=grad_dtype, device=device)
         self.grad_views = [self.grads[o : o + t.numel()].view_as(t) for t, o in zip(local, self.offsets)]
         for p, view in zip(self.params, self.grad_views):
-            p.register_post_accumulate_grad_hook(self._make_hook(view))
+            if isinstance(p, DTensor) or view.dtype != p.dtype:
+                p.register_post_accumulate_grad_hook(self._make_hook(view))
+            else:
+                p.grad = view  # autograd adds into an existing .grad in place: no copy, no hook
 
     @staticmethod
     def _make_hook(view: torch.Tensor):
