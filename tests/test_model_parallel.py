@@ -433,3 +433,15 @@ def test_cluster_configs_pass_validation_at_their_world_size(config, world, tiny
     assert validate([*argv, "--training.device", "cpu"]) == 0
     monkeypatch.setenv("WORLD_SIZE", str(world + 4))  # not a multiple of tp × pp
     assert validate(argv) == 1 and "not divisible by [parallelism] tensor_parallel_degree" in capsys.readouterr().err
+
+
+def test_export_without_a_hugging_face_adapter_is_refused_before_launch(tiny_corpus, cache_dir, tmp_path, monkeypatch,
+                                                                         capsys):  # fmt: skip
+    shutil.copytree(ROOT / "tests" / "assets" / "toy_model", tmp_path / "toy_pkg2" / "toy")
+    (tmp_path / "toy_pkg2" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = tiny_args(tiny_corpus, cache_dir, tmp_path / "run", "--model.name", "toy_pkg2.toy")
+    assert validate([*args, "--checkpoint.export_hf", "true"]) == 1
+    assert "has no Hugging Face adapter" in capsys.readouterr().err
+    assert validate([*args, "--checkpoint.export_hf", "false"]) == 0

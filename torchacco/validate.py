@@ -66,6 +66,11 @@ def validate(
         spec = get_model_spec(cfg.model.name)
         args = model.args if model is not None else model_args(spec, cfg.model)
         check_model_parallel(spec, cfg, args)
+        if cfg.checkpoint.export_hf and spec.hf is None:
+            raise UserError(
+                f"[checkpoint] export_hf = true but model {cfg.model.name} has no Hugging Face adapter "
+                "(ModelSpec.hf, e.g. models/<name>/hf.py); set export_hf = false, or add an adapter"
+            )
         if t.seq_len > args.max_seq_len:
             raise UserError(
                 f"[training] seq_len = {t.seq_len} exceeds the model's {args.max_seq_len} positions "
