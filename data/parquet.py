@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from torchacco.data import sniff
+from torchacco.data import records, sniff
 from torchacco.errors import UserError
 
 BATCH_ROWS = 4096
@@ -43,6 +43,43 @@ def _open(file: Path):
         raise UserError(
             f"{file} is not a readable Parquet file ({str(e).splitlines()[0]}); it may be truncated: download it again"
         ) from None
+
+
+def documents(file: Path, fmt: str, text_field: str, not_utf8: list) -> Iterator[str | tuple[str, str] | None]:
+    """The documents of a Parquet file: its `text_field` column or, with format alpaca (auto: when it
+    has those columns), (prompt, response) pairs of its instruction, input and output columns."""
+    types = column_types(file)
+    has = ", ".join(f"{name} ({kind})" for name, kind in types.items()) or "none"
+    alpaca = fmt == "alpaca" or (fmt == "auto" and records.is_alpaca(types))
+    if alpaca:
+        missing = [c for c in ("instruction", "output") if c not in types]
+        if missing:
+            raise UserError(
+                f"{file} lacks the Alpaca column(s) {', '.join(missing)} (its columns: {has}); Alpaca data "
+                f"has text columns instruction, output and optionally input, else set data.format = 'parquet'"
+            )
+        columns = [c for c in records.ALPACA_FIELDS if c in types]
+    else:
+        if text_field not in types:
+            raise UserError(
+                f"{file} has no column '{text_field}' (its columns: {has}); set data.text_field "
+                f"to the column holding the text" + (" or data.format = 'alpaca'" if records.is_alpaca(types) else "")
+            )
+        columns = [text_field]
+    for name in columns:
+        if types[name] not in TEXT_TYPES:
+            raise UserError(
+                f"{file}: column '{name}' holds {types[name]}, not text (its columns: {has}); "
+                f"set data.text_field to the column holding the text"
+            )
+    row = 0
+    for batch in batches(file, columns, not_utf8):
+        if not alpaca:
+            yield from batch[text_field]
+            continue
+        for values in zip(*(batch[c] for c in columns)):
+            row += 1
+            yield records.alpaca_pair(file, f"row {row}", dict(zip(columns, values)))
 
 
 def column_types(file: Path) -> dict[str, str]:

@@ -4,23 +4,23 @@ A document is a string, or a (prompt, response) pair for instruction data, whose
 tokens are left out of the loss. `Documents` reads them anew on every pass and holds one
 document at a time (a .txt file of a folder, a .jsonl line, a batch of Parquet rows; a lone
 .txt file is read in blocks), so a corpus larger than memory streams; only an Alpaca .json
-list is read whole. Text that is not valid UTF-8 is decoded with undecodable bytes replaced
-by U+FFFD and the files affected are logged; a binary file (Parquet read as text, an archive,
-compressed data) is an error naming its format (sniff.py). Empty or null documents are
-skipped and counted in the log. Malformed records (bad JSON, missing fields) are errors naming
-the file and line: silently dropping them would train on less than asked.
+list is read whole. JSON records are read by records.py, Parquet by parquet.py. Text that is
+not valid UTF-8 is decoded with undecodable bytes replaced by U+FFFD and the files affected
+are logged; a binary file (Parquet read as text, an archive, compressed data) is an error
+naming its format (sniff.py). Empty or null documents are skipped and counted in the log.
+Malformed records (bad JSON, missing fields) are errors naming the file and line: silently
+dropping them would train on less than asked.
 """
 
 from __future__ import annotations
 
 import codecs
 import glob
-import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from torchacco.data import parquet, sniff
+from torchacco.data import parquet, records, sniff
 from torchacco.data.corpus import cut_pieces
 from torchacco.errors import UserError
 
@@ -34,9 +34,6 @@ EXTENSIONS = {
     "parquet": (".parquet",),
 }
 AUTO_EXTENSIONS = ((".txt",), (".jsonl", ".json"), (".parquet",))  # in a folder, the first of these found
-ALPACA_FIELDS = ("instruction", "input", "output")
-ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-ALPACA_PROMPT_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 TEXT_BLOCK_BYTES = 1 << 23  # a lone .txt file is read in blocks of this size
 
 
@@ -111,11 +108,11 @@ class Documents:
     def _read(self, file: Path, not_utf8: list) -> Iterator[Doc | None]:
         fmt = self.fmt
         if fmt == "parquet" or (fmt in ("auto", "alpaca") and file.suffix == ".parquet"):
-            yield from self._parquet(file, not_utf8)
+            yield from parquet.documents(file, fmt, self.text_field, not_utf8)
             return
         start = sniff.head(file)
         if fmt in ("auto", "alpaca") and sniff.detect(start) == "parquet":
-            yield from self._parquet(file, not_utf8)
+            yield from parquet.documents(file, fmt, self.text_field, not_utf8)
             return
         sniff.check_text(file, fmt, start)
         kind = fmt if fmt != "auto" else {".json": "alpaca", ".jsonl": "jsonl"}.get(file.suffix, "text")
@@ -125,46 +122,19 @@ class Documents:
             else:
                 yield _read_text(file, not_utf8)
             return
-        records = _json_records(file, _read_text(file, not_utf8)) if file.suffix == ".json" else _lines(file, not_utf8)
-        for number, (where, rec) in enumerate(records):
-            if number == 0 and fmt == "auto" and kind == "jsonl" and {"instruction", "output"} <= rec.keys():
+        found = (
+            records.json_list(file, _read_text(file, not_utf8))
+            if file.suffix == ".json"
+            else records.lines(file, not_utf8)
+        )
+        for number, (where, rec) in enumerate(found):
+            if number == 0 and fmt == "auto" and kind == "jsonl" and records.is_alpaca(rec):
                 kind = "alpaca"  # the file's first record decides
-            yield _alpaca(file, where, rec) if kind == "alpaca" else _field(file, where, rec, self.text_field)
-
-    def _parquet(self, file: Path, not_utf8: list) -> Iterator[Doc | None]:
-        types = parquet.column_types(file)
-        has = ", ".join(f"{name} ({kind})" for name, kind in types.items()) or "none"
-        alpaca = self.fmt == "alpaca" or (self.fmt == "auto" and {"instruction", "output"} <= types.keys())
-        if alpaca:
-            missing = [c for c in ("instruction", "output") if c not in types]
-            if missing:
-                raise UserError(
-                    f"{file} lacks the Alpaca column(s) {', '.join(missing)} (its columns: {has}); Alpaca data "
-                    f"has text columns instruction, output and optionally input, else set data.format = 'parquet'"
-                )
-            columns = [c for c in ALPACA_FIELDS if c in types]
-        else:
-            if self.text_field not in types:
-                raise UserError(
-                    f"{file} has no column '{self.text_field}' (its columns: {has}); set data.text_field "
-                    f"to the column holding the text"
-                    + (" or data.format = 'alpaca'" if {"instruction", "output"} <= types.keys() else "")
-                )
-            columns = [self.text_field]
-        for name in columns:
-            if types[name] not in parquet.TEXT_TYPES:
-                raise UserError(
-                    f"{file}: column '{name}' holds {types[name]}, not text (its columns: {has}); "
-                    f"set data.text_field to the column holding the text"
-                )
-        row = 0
-        for batch in parquet.batches(file, columns, not_utf8):
-            if not alpaca:
-                yield from batch[self.text_field]
-                continue
-            for values in zip(*(batch[c] for c in columns)):
-                row += 1
-                yield _alpaca(file, f"row {row}", dict(zip(columns, values)))
+            yield (
+                records.alpaca_pair(file, where, rec)
+                if kind == "alpaca"
+                else records.field_text(file, where, rec, self.text_field)
+            )
 
 
 def _hidden(relative: Path) -> bool:
@@ -200,68 +170,3 @@ def _text_blocks(file: Path, not_utf8: list, block_bytes: int = TEXT_BLOCK_BYTES
                 break
     if decoded > found:
         not_utf8.append(file)
-
-
-def _lines(file: Path, not_utf8: list) -> Iterator[tuple[str, dict]]:
-    """(where, record) pairs of a .jsonl file (one object a line), a line at a time."""
-    replaced = False
-    with open(file, "rb") as f:
-        for i, raw in enumerate(f, 1):
-            if i == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8) :]
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                replaced, line = True, raw.decode("utf-8", errors="replace")
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(
-                    f"{file}: line {i} is not valid JSON ({e.msg}); a .jsonl file holds one JSON object per line"
-                ) from None
-            yield _object(file, f"line {i}", rec)
-    if replaced:
-        not_utf8.append(file)
-
-
-def _json_records(file: Path, text: str) -> Iterator[tuple[str, dict]]:
-    """(where, record) pairs of a .json file holding a list of objects."""
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{file}: not valid JSON ({e}); an Alpaca .json file holds a list of records") from None
-    if not isinstance(items, list):
-        raise UserError(f"{file}: expected a JSON list of Alpaca records, got {type(items).__name__}")
-    return (_object(file, f"record {i}", item) for i, item in enumerate(items, 1))
-
-
-def _object(file: Path, where: str, rec) -> tuple[str, dict]:
-    if not isinstance(rec, dict):
-        raise UserError(f"{file}: {where} is a {type(rec).__name__}, expected a JSON object")
-    return where, rec
-
-
-def _field(file: Path, where: str, rec: dict, text_field: str) -> str | None:
-    if text_field in rec and rec[text_field] is None:
-        return None  # no text: an empty document
-    if not isinstance(rec.get(text_field), str):
-        problem = "has no field" if text_field not in rec else "has a non-string field"
-        raise UserError(
-            f"{file}: {where} {problem} '{text_field}' (its fields: {', '.join(rec) or 'none'}); "
-            f"set data.text_field to the field holding the text"
-        )
-    return rec[text_field]
-
-
-def _alpaca(file: Path, where: str, rec: dict) -> tuple[str, str]:
-    missing = [k for k in ("instruction", "output") if not isinstance(rec.get(k), str)]
-    if missing or not isinstance(rec.get("input") or "", str):
-        missing = missing or ["input"]
-        raise UserError(
-            f"{file}: {where} lacks the Alpaca text field(s) {', '.join(missing)}; every record "
-            f"needs string fields instruction and output (input is optional)"
-        )
-    template = ALPACA_PROMPT if rec.get("input") else ALPACA_PROMPT_NO_INPUT
-    return template.format(instruction=rec["instruction"], input=rec.get("input")), rec["output"]
