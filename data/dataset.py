@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -48,31 +47,59 @@ def pieces(text: str) -> list[str]:
     return out
 
 
-def write_split(folder: Path, split: str, docs: list[Doc], tok: Tokenizer) -> dict:
-    """Tokenize documents into `<split>.bin` (and `<split>.mask` if any is a prompt/response pair)."""
-    masked = any(isinstance(d, tuple) for d in docs)
-    dtype, tokens = token_dtype(tok.vocab_size), 0
-    with (
-        open(folder / f"{split}.bin", "wb") as ids_file,
-        open(folder / f"{split}.mask", "wb") if masked else nullcontext() as mask_file,
-    ):
-        for batch in _batches(docs):
-            ids, mask = _encode(batch, tok)
-            ids_file.write(np.asarray(ids, dtype=dtype).tobytes())
-            if mask_file:
-                mask_file.write(np.asarray(mask, dtype=np.uint8).tobytes())
-            tokens += len(ids)
-    return {"tokens": tokens, "documents": len(docs), "masked": masked}
+class SplitWriter:
+    """Tokenizes documents into `<split>.bin` as they come, BATCH_CHARS of text at a time, and into
+    `<split>.mask` from the first prompt/response pair on (the tokens before it all count)."""
+
+    def __init__(self, folder: Path, split: str, tok: Tokenizer):
+        self.folder, self.split, self.tok = folder, split, tok
+        self.dtype, self.tokens, self.documents = token_dtype(tok.vocab_size), 0, 0
+        self._ids, self._mask = open(folder / f"{split}.bin", "wb"), None
+        self._batch, self._chars = [], 0
+
+    def add(self, doc: Doc) -> None:
+        self._batch.append(doc)
+        self._chars += sum(map(len, doc)) if isinstance(doc, tuple) else len(doc)
+        if self._chars >= BATCH_CHARS:
+            self._flush()
+
+    def close(self) -> dict:
+        """Write what is left; the split's entry of meta.json."""
+        self._flush()
+        self._close_files()
+        return {"tokens": self.tokens, "documents": self.documents, "masked": self._mask is not None}
+
+    def _flush(self) -> None:
+        if not self._batch:
+            return
+        ids, mask = _encode(self._batch, self.tok)
+        if self._mask is None and any(isinstance(d, tuple) for d in self._batch):
+            self._mask = open(self.folder / f"{self.split}.mask", "wb")
+            for start in range(0, self.tokens, BATCH_CHARS):
+                self._mask.write(np.ones(min(BATCH_CHARS, self.tokens - start), dtype=np.uint8).tobytes())
+        self._ids.write(np.asarray(ids, dtype=self.dtype).tobytes())
+        if self._mask:
+            self._mask.write(np.asarray(mask, dtype=np.uint8).tobytes())
+        self.tokens += len(ids)
+        self.documents += len(self._batch)
+        self._batch, self._chars = [], 0
+
+    def _close_files(self) -> None:
+        for file in (self._ids, self._mask):
+            if file:
+                file.close()
+
+    def __enter__(self) -> SplitWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._close_files()
 
 
 def encode_documents(docs: list[Doc], tok: Tokenizer) -> tuple[np.ndarray, np.ndarray | None]:
-    """What `write_split` writes, in memory: (token ids, loss mask or None if no document is a pair)."""
+    """What a SplitWriter writes, in memory: (token ids, loss mask or None if no document is a pair)."""
     masked = any(isinstance(d, tuple) for d in docs)
-    ids, mask = [], []
-    for batch in _batches(docs):
-        batch_ids, batch_mask = _encode(batch, tok)
-        ids += batch_ids
-        mask += batch_mask
+    ids, mask = _encode(docs, tok)
     return np.asarray(ids, dtype=token_dtype(tok.vocab_size)), np.asarray(mask, dtype=np.uint8) if masked else None
 
 
@@ -84,18 +111,6 @@ def read_split(folder: Path, split: str, info: dict, vocab_size: int) -> tuple[n
 
     tokens = mmap(folder / f"{split}.bin", token_dtype(vocab_size))
     return tokens, mmap(folder / f"{split}.mask", np.uint8) if info["masked"] else None
-
-
-def _batches(docs: list[Doc]):
-    batch, chars = [], 0
-    for doc in docs:
-        batch.append(doc)
-        chars += sum(map(len, doc)) if isinstance(doc, tuple) else len(doc)
-        if chars >= BATCH_CHARS:
-            yield batch
-            batch, chars = [], 0
-    if batch:
-        yield batch
 
 
 def _encode(docs: list[Doc], tok: Tokenizer) -> tuple[list[int], list[int]]:

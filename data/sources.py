@@ -1,48 +1,65 @@
-"""Reading the user's data as documents: .txt files and folders, .jsonl records, Alpaca .json/.jsonl.
+"""Reading the user's data as documents: .txt files and folders, .jsonl records, Alpaca .json/.jsonl, Parquet.
 
 A document is a string, or a (prompt, response) pair for instruction data, whose prompt
-tokens are left out of the loss. Text that is not valid UTF-8 is decoded with undecodable
-bytes replaced by U+FFFD; the files affected are counted and logged, not rejected. Empty
-documents are skipped and counted in the log. Malformed records (bad JSON, missing fields)
-are errors naming the file and line: silently dropping them would train on less than asked.
+tokens are left out of the loss. `Documents` reads them anew on every pass and holds one
+document at a time (a .txt file of a folder, a .jsonl line, a batch of Parquet rows; a lone
+.txt file is read in blocks), so a corpus larger than memory streams; only an Alpaca .json
+list is read whole. JSON records are read by records.py, Parquet by parquet.py. Text that is
+not valid UTF-8 is decoded with undecodable bytes replaced by U+FFFD and the files affected
+are logged; a binary file (Parquet read as text, an archive, compressed data) is an error
+naming its format (sniff.py). Empty or null documents are skipped and counted in the log.
+Malformed records (bad JSON, missing fields) are errors naming the file and line: silently
+dropping them would train on less than asked.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import codecs
+import glob
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
-from torchacco.data.corpus import cut_at_blank_lines
+from torchacco.data import parquet, records, sniff
+from torchacco.data.corpus import cut_pieces
 from torchacco.errors import UserError
 
 log = logging.getLogger(__name__)
 
 Doc = str | tuple[str, str]
-EXTENSIONS = {"text": (".txt",), "jsonl": (".jsonl",), "alpaca": (".json", ".jsonl"), "auto": (".txt",)}
-ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-ALPACA_PROMPT_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
+EXTENSIONS = {
+    "text": (".txt",),
+    "jsonl": (".jsonl",),
+    "alpaca": (".json", ".jsonl", ".parquet"),
+    "parquet": (".parquet",),
+}
+AUTO_EXTENSIONS = ((".txt",), (".jsonl", ".json"), (".parquet",))  # in a folder, the first of these found
+TEXT_BLOCK_BYTES = 1 << 23  # a lone .txt file is read in blocks of this size
 
 
 def files(path: Path, fmt: str) -> list[Path]:
-    """The data files of a dataset path: the file itself, or the matching files under a folder."""
+    """The data files of a dataset path: the file itself, the files a glob pattern matches, or the
+    matching files under a folder (hidden ones left out: a download tool's cache, editor files)."""
+    if not path.exists() and glob.has_magic(str(path)):
+        found = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        if not found:
+            raise UserError(f"no files match {path}; fix the pattern in data.dataset (or data.validation)")
+        return found
     if not path.exists():
         raise UserError(
-            f"data not found: {path} (set data.dataset to a folder of .txt files, a .txt, "
-            f".jsonl or Alpaca .json file, or 'embedded')"
+            f"data not found: {path} (set data.dataset to a folder of .txt files, a .txt, .jsonl, "
+            f"Alpaca .json or .parquet file, a folder or glob pattern of .parquet shards, or 'embedded')"
         )
     if path.is_file():
         return [path]
-    found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in EXTENSIONS[fmt])
-    if not found and fmt == "auto":  # a folder of .jsonl / .json shards
-        found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".json"))
-    if not found:
-        raise UserError(
-            f"no {' or '.join(EXTENSIONS[fmt])} files under {path}; put the documents there "
-            f"or point data.dataset at a file"
-        )
-    return found
+    everything = [p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path))]
+    for suffixes in AUTO_EXTENSIONS if fmt == "auto" else (EXTENSIONS[fmt],):
+        found = sorted(p for p in everything if p.suffix in suffixes)
+        if found:
+            return found
+    wanted = [s for group in (AUTO_EXTENSIONS if fmt == "auto" else (EXTENSIONS[fmt],)) for s in group]
+    wanted = ", ".join(wanted[:-1]) + " or " + wanted[-1] if len(wanted) > 1 else wanted[0]
+    raise UserError(f"no {wanted} files under {path}; put the documents there or point data.dataset at a file")
 
 
 def fingerprint(path: Path, fmt: str) -> list:
@@ -51,52 +68,77 @@ def fingerprint(path: Path, fmt: str) -> list:
 
 
 def read_documents(path: Path, fmt: str, text_field: str) -> list[Doc]:
-    """All documents of a dataset path. A lone .txt file is cut at blank lines into documents."""
-    docs, not_utf8 = [], []
-    for file in files(path, fmt):
-        text = _read_text(file, not_utf8)
+    """All documents of a dataset path, in a list."""
+    return list(Documents(path, fmt, text_field))
+
+
+class Documents:
+    """The documents of a dataset path, read anew on every pass. A lone .txt file is cut at blank
+    lines into documents; each .txt file of a folder or pattern is one. The first complete pass
+    logs what it replaced or skipped, and finding no document at all is an error."""
+
+    def __init__(self, path: Path, fmt: str, text_field: str):
+        self.path, self.fmt, self.text_field = path, fmt, text_field
+        self.files = files(path, fmt)
+        self._reported = False
+
+    def __iter__(self) -> Iterator[Doc]:
+        not_utf8, kept, empty = [], 0, 0
+        for file in self.files:
+            for doc in self._read(file, not_utf8):
+                if isinstance(doc, tuple) or (doc and doc.strip()):
+                    kept += 1
+                    yield doc
+                else:
+                    empty += 1
+        if self._reported:
+            return
+        self._reported = True
+        if not_utf8:
+            log.warning(
+                "data: %d file(s) are not valid UTF-8 (first: %s); undecodable bytes were replaced by U+FFFD",
+                len(not_utf8),
+                not_utf8[0],
+            )
+        if empty:
+            log.info("data: skipped %d empty document(s) in %s", empty, self.path)
+        if not kept:
+            raise UserError(f"no documents in {self.path}: its files hold no text; add data or fix data.dataset")
+
+    def _read(self, file: Path, not_utf8: list) -> Iterator[Doc | None]:
+        fmt = self.fmt
+        if fmt == "parquet" or (fmt in ("auto", "alpaca") and file.suffix == ".parquet"):
+            yield from parquet.documents(file, fmt, self.text_field, not_utf8)
+            return
+        start = sniff.head(file)
+        if fmt in ("auto", "alpaca") and sniff.detect(start) == "parquet":
+            yield from parquet.documents(file, fmt, self.text_field, not_utf8)
+            return
+        sniff.check_text(file, fmt, start)
         kind = fmt if fmt != "auto" else {".json": "alpaca", ".jsonl": "jsonl"}.get(file.suffix, "text")
         if kind == "text":
-            docs += cut_at_blank_lines(text) if path.is_file() else [text]
-            continue
-        records = _records(file, text)
-        if kind == "jsonl" and fmt == "auto" and records and text_field not in records[0][1]:
-            if {"instruction", "output"} <= records[0][1].keys():
-                kind = "alpaca"
-        docs += [
-            _alpaca(file, where, rec) if kind == "alpaca" else _field(file, where, rec, text_field)
-            for where, rec in records
-        ]
-    if not_utf8:
-        log.warning(
-            "data: %d file(s) are not valid UTF-8 (first: %s); undecodable bytes were replaced by U+FFFD",
-            len(not_utf8),
-            not_utf8[0],
+            if self.path.is_file():
+                yield from cut_pieces(_text_blocks(file, not_utf8))
+            else:
+                yield _read_text(file, not_utf8)
+            return
+        found = (
+            records.json_list(file, _read_text(file, not_utf8))
+            if file.suffix == ".json"
+            else records.lines(file, not_utf8)
         )
-    kept = [d for d in docs if not isinstance(d, str) or d.strip()]
-    if len(kept) < len(docs):
-        log.info("data: skipped %d empty document(s) in %s", len(docs) - len(kept), path)
-    docs = kept
-    if not docs:
-        raise UserError(f"no documents in {path}: its files hold no text; add data or fix data.dataset")
-    return docs
+        for number, (where, rec) in enumerate(found):
+            if number == 0 and fmt == "auto" and kind == "jsonl" and records.is_alpaca(rec):
+                kind = "alpaca"  # the file's first record decides
+            yield (
+                records.alpaca_pair(file, where, rec)
+                if kind == "alpaca"
+                else records.field_text(file, where, rec, self.text_field)
+            )
 
 
-def split(docs: list[Doc], val_fraction: float, where: Path | str) -> tuple[list[Doc], list[Doc]]:
-    """Deterministic train/validation split by document: the documents whose content hashes lowest."""
-    if not 0 <= val_fraction < 1:
-        raise UserError(f"data.val_fraction must be in [0, 1), got {val_fraction}")
-    if val_fraction == 0:
-        return docs, []
-    if len(docs) < 2:
-        raise UserError(
-            f"{where} holds a single document, so no validation split can be cut from it; "
-            f"add documents, set data.validation, or set data.val_fraction = 0"
-        )
-    count = min(len(docs) - 1, max(1, round(val_fraction * len(docs))))
-    key = [hashlib.blake2b("".join(d).encode(), digest_size=8).digest() for d in docs]
-    val = set(sorted(range(len(docs)), key=lambda i: (key[i], i))[:count])
-    return [d for i, d in enumerate(docs) if i not in val], [d for i, d in enumerate(docs) if i in val]
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
 
 
 def _read_text(file: Path, not_utf8: list) -> str:
@@ -109,49 +151,22 @@ def _read_text(file: Path, not_utf8: list) -> str:
     return text.replace("\r\n", "\n")
 
 
-def _records(file: Path, text: str) -> list[tuple[str, dict]]:
-    """(where, record) pairs of a .jsonl (one object a line) or .json (a list of objects) file."""
-    if file.suffix == ".json":
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{file}: not valid JSON ({e}); an Alpaca .json file holds a list of records") from None
-        if not isinstance(items, list):
-            raise UserError(f"{file}: expected a JSON list of Alpaca records, got {type(items).__name__}")
-        records = [(f"record {i}", item) for i, item in enumerate(items, 1)]
-    else:
-        records = []
-        for i, line in enumerate(text.split("\n"), 1):
-            if line.strip():
-                try:
-                    records.append((f"line {i}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise UserError(
-                        f"{file}: line {i} is not valid JSON ({e.msg}); a .jsonl file holds one JSON object per line"
-                    ) from None
-    for where, rec in records:
-        if not isinstance(rec, dict):
-            raise UserError(f"{file}: {where} is a {type(rec).__name__}, expected a JSON object")
-    return records
-
-
-def _field(file: Path, where: str, rec: dict, text_field: str) -> str:
-    if not isinstance(rec.get(text_field), str):
-        problem = "has no field" if text_field not in rec else "has a non-string field"
-        raise UserError(
-            f"{file}: {where} {problem} '{text_field}' (its fields: {', '.join(rec) or 'none'}); "
-            f"set data.text_field to the field holding the text"
-        )
-    return rec[text_field]
-
-
-def _alpaca(file: Path, where: str, rec: dict) -> tuple[str, str]:
-    missing = [k for k in ("instruction", "output") if not isinstance(rec.get(k), str)]
-    if missing or not isinstance(rec.get("input") or "", str):
-        missing = missing or ["input"]
-        raise UserError(
-            f"{file}: {where} lacks the Alpaca text field(s) {', '.join(missing)}; every record "
-            f"needs string fields instruction and output (input is optional)"
-        )
-    template = ALPACA_PROMPT if rec.get("input") else ALPACA_PROMPT_NO_INPUT
-    return template.format(instruction=rec["instruction"], input=rec.get("input")), rec["output"]
+def _text_blocks(file: Path, not_utf8: list, block_bytes: int = TEXT_BLOCK_BYTES) -> Iterator[str]:
+    """`_read_text(file)` in consecutive pieces."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")
+    replacement = "\ufffd".encode()
+    found, decoded, tail, held = 0, 0, b"", ""
+    with open(file, "rb") as f:
+        while True:
+            raw = f.read(block_bytes)
+            new = decoder.decode(raw, final=not raw)
+            decoded += new.count("\ufffd")
+            found += (tail + raw).count(replacement)  # U+FFFD written in the file, not a replacement
+            tail = (tail + raw)[-2:]  # the start of one that ends in the next block
+            text = held + new
+            held = "\r" if raw and text.endswith("\r") else ""  # a \r\n may straddle two blocks
+            yield text[: len(text) - len(held)].replace("\r\n", "\n")
+            if not raw:
+                break
+    if decoded > found:
+        not_utf8.append(file)

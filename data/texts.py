@@ -16,9 +16,9 @@ from collections.abc import Mapping
 import numpy as np
 from torch.utils.data import Dataset
 
-from torchacco.data import sources
 from torchacco.data.dataset import PackedDataset, encode_documents
 from torchacco.data.sources import Doc
+from torchacco.data.split import split
 from torchacco.data.tokenizer import as_tokenizer
 from torchacco.errors import UserError
 
@@ -136,7 +136,7 @@ def _hold_out(docs: list[Doc], val_fraction: float) -> tuple[list[Doc], list[Doc
             "the training data holds a single document, so none can be held out for validation; pass "
             "datasets=(train, val), or set [data] val_fraction = 0 and [eval] every = 0"
         )
-    return sources.split(docs, val_fraction, "the training data")
+    return split(docs, val_fraction, "the training data")
 
 
 def _packed(docs: list[Doc], tok, seq_len: int, dp_rank: int, dp_world: int, seed: int, train: bool) -> PackedDataset:

@@ -192,7 +192,9 @@ def test_empty_dataset_folder(tiny_corpus, cache_dir, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     proc = run(tiny_corpus, cache_dir, tmp_path / "out", "--data.dataset", str(empty))
-    check_one_clear_error(proc, "no .txt files under", str(empty), "data.dataset", launched=True)
+    check_one_clear_error(
+        proc, "no .txt, .jsonl, .json or .parquet files under", str(empty), "data.dataset", launched=True
+    )
 
 
 def test_unwritable_dump_folder(tiny_corpus, cache_dir):

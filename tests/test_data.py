@@ -14,6 +14,7 @@ from torchacco import data
 from torchacco.config import Data, Tokenizer
 from torchacco.data import corpus, sources
 from torchacco.data.dataset import PackedDataset, pieces
+from torchacco.data.split import split
 from torchacco.errors import UserError
 
 WORDS = "the king queen sword crown night day love death speak thou hath doth fair foul".split()
@@ -245,7 +246,7 @@ def test_invalid_utf8_is_replaced_and_logged(tmp_path, caplog):
     "case, match",
     [
         ("missing", "data not found"),
-        ("empty_dir", "no .txt files under"),
+        ("empty_dir", "no .txt, .jsonl, .json or .parquet files under"),
         ("empty_files", "no documents in"),
         ("jsonl_field", "line 2 has no field 'text'.*data.text_field"),
         ("alpaca_field", "record 2 lacks the Alpaca text field.*output"),
@@ -304,6 +305,6 @@ def test_embedded_corpus_prepares_with_a_deterministic_nonempty_split(embedded_c
 
     docs = corpus.documents(tmp_path / corpus.VERSION)
     assert len(docs) > 1500
-    _, val_docs = sources.split(docs, 0.02, "corpus")
-    _, val_again = sources.split(docs[::-1], 0.02, "corpus")
+    _, val_docs = split(docs, 0.02, "corpus")
+    _, val_again = split(docs[::-1], 0.02, "corpus")
     assert val_docs and set(val_docs) == set(val_again)

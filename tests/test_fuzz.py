@@ -2,17 +2,21 @@
 with random and truncated contents: each either loads or raises a `UserError` (one clear line),
 never another exception."""
 
+import io
 import json
+import re
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torchacco import data
 from torchacco.config import Config, load_config
-from torchacco.data import sources
+from torchacco.data import corpus, sources
 from torchacco.data.tokenizer import Tokenizer
 from torchacco.errors import UserError
 
@@ -84,14 +88,32 @@ ALPACA = json.dumps(
 JSONL = b'{"text": "one doc"}\n{"text": "another"}\n'
 
 
+def _parquet_bytes() -> bytes:
+    out = io.BytesIO()
+    table = pa.table({"instruction": ["Add 2 and 3.", "Say hi."], "input": ["", None], "output": ["5", "hi"]})
+    pq.write_table(table.append_column("text", pa.array(["one doc", "another"])), out, row_group_size=1)
+    return out.getvalue()
+
+
+PARQUET = _parquet_bytes()
+
+
+def _flip(raw: bytes, at: int) -> bytes:
+    damaged = bytearray(raw)
+    damaged[at % len(raw)] ^= 0x5A
+    return bytes(damaged)
+
+
 @FUZZ
 @given(
-    name=st.sampled_from(["d.txt", "d.jsonl", "d.json"]),
-    fmt=st.sampled_from(["auto", "text", "jsonl", "alpaca"]),
+    name=st.sampled_from(["d.txt", "d.jsonl", "d.json", "d.parquet"]),
+    fmt=st.sampled_from(["auto", "text", "jsonl", "alpaca", "parquet"]),
     content=st.one_of(
         st.binary(max_size=200),
         st.builds(lambda cut: ALPACA[:cut], st.integers(0, len(ALPACA))),
         st.builds(lambda cut: JSONL[:cut], st.integers(0, len(JSONL))),
+        st.builds(lambda cut: PARQUET[:cut], st.integers(0, len(PARQUET))),
+        st.builds(lambda at: _flip(PARQUET, at), st.integers(0, len(PARQUET))),
         st.sampled_from(
             [
                 b"",
@@ -114,6 +136,51 @@ def test_data_files_with_random_truncated_or_odd_contents(tmp_path_factory, name
     except UserError:
         return
     assert docs and all(isinstance(d, (str, tuple)) for d in docs)  # empty documents are dropped, not kept
+
+
+def _cut_at_blank_lines_whole(text: str, size: int) -> list[str]:
+    """The cut of a whole text into documents, as corpus.cut_at_blank_lines defines it."""
+    docs, block, chars = [], [], 0
+    for para in re.split(r"\n\s*\n", text):
+        para = para.strip("\n").rstrip()
+        if not para.strip():
+            continue
+        block.append(para)
+        chars += len(para)
+        if chars >= size:
+            docs.append("\n\n".join(block))
+            block, chars = [], 0
+    return docs + ["\n\n".join(block)] if block else docs
+
+
+@FUZZ
+@given(
+    text=st.text(st.sampled_from(["a", "b", " ", "\t", "\n", "\r", "\u3000", "é"]), max_size=300),
+    cuts=st.lists(st.integers(0, 300), max_size=8),
+    size=st.integers(1, 40),
+)
+def test_a_lone_text_file_cut_a_piece_at_a_time_gives_the_documents_of_the_whole(text, cuts, size):
+    bounds = [0, *sorted(cuts), len(text)]
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    assert list(corpus.cut_pieces(pieces, size)) == _cut_at_blank_lines_whole(text, size)
+
+
+@FUZZ
+@given(
+    raw=st.lists(
+        st.sampled_from(
+            [b"\xef\xbb\xbf", b"a", b"\r", b"\n", b"\r\n", "é€😀\ufffd".encode(), b"\xff", b"\xc3", b"\xe2\x82"]
+        ),
+        max_size=30,
+    ).map(b"".join),
+    block=st.integers(1, 9),
+)
+def test_a_text_file_read_in_blocks_decodes_as_read_whole(tmp_path_factory, raw, block):
+    path = _data_file(tmp_path_factory.mktemp("blocks"), "d.txt", raw)
+    whole, blocks = [], []
+    expected = sources._read_text(path, whole)
+    assert "".join(sources._text_blocks(path, blocks, block_bytes=block)) == expected
+    assert blocks == whole  # both say whether bytes were replaced
 
 
 TOKENIZER_JSON = None

@@ -19,7 +19,7 @@ import hf_model_worker as worker  # noqa: E402
 from torchacco import user_model  # noqa: E402
 from torchacco.config import Config  # noqa: E402
 from torchacco.data import python_datasets  # noqa: E402
-from torchacco.data.dataset import read_split, write_split  # noqa: E402
+from torchacco.data.dataset import SplitWriter, read_split  # noqa: E402
 from torchacco.data.tokenizer import Tokenizer, as_tokenizer, train_bpe  # noqa: E402
 from torchacco.errors import UserError  # noqa: E402
 from torchacco.trainer import train  # noqa: E402
@@ -166,7 +166,10 @@ def test_texts_are_packed_like_torchaccos_own_token_cache(tmp_path):
     docs = worker.texts()
     tok = _tokenizer(tmp_path)
     _, train_set, _ = _packed((docs, docs[:10]), tok)
-    info = write_split(tmp_path, "train", docs, tok)
+    with SplitWriter(tmp_path, "train", tok) as writer:  # what the token cache writes
+        for doc in docs:
+            writer.add(doc)
+        info = writer.close()
     cached, _ = read_split(tmp_path, "train", info, tok.vocab_size)
     assert train_set.tokens == info["tokens"]
     assert np.array_equal(train_set._ids, cached)  # EOS after every document, as in the cache

@@ -58,13 +58,21 @@ class Tokenizer:
 @dataclass
 class Data:
     dataset: str = key(
-        "embedded", '"embedded" (Shakespeare, Milton, KJV bible) or a file / folder of .txt/.jsonl/.json files'
+        "embedded",
+        '"embedded" (Shakespeare, Milton, KJV bible), or a file, folder or glob pattern of .txt, .jsonl, '
+        "Alpaca .json or .parquet files (docs/data.md)",
     )
-    format: Literal["auto", "text", "jsonl", "alpaca"] = key("auto", "how to read the dataset files")
+    format: Literal["auto", "text", "jsonl", "alpaca", "parquet"] = key(
+        "auto",
+        "how to read the dataset files. auto: by suffix and content; .jsonl records and .parquet rows with "
+        "instruction and output are Alpaca. parquet: the text_field column, needs pyarrow (torchacco[parquet])",
+    )
     text_field: str = key(
-        "text", "the field of .jsonl records (or the column of a datasets.Dataset passed to train()) holding the text"
+        "text",
+        "the field of .jsonl records (the column of .parquet files, or of a datasets.Dataset passed to train()) "
+        "holding the text",
     )
-    validation: str = key("", "separate validation file or folder; empty: split off val_fraction")
+    validation: str = key("", "separate validation file, folder or glob pattern; empty: split off val_fraction")
     val_fraction: float = key(0.02, "share of the documents held out for validation")
     cache_dir: str = key("", "token caches and the embedded corpus; empty: $TORCHACCO_CACHE or ~/.cache/torchacco")
 

@@ -8,6 +8,7 @@ rank; WORLD_SIZE is the number of processes to check for when run alone.
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 from pathlib import Path
@@ -77,8 +78,16 @@ def validate(
                 f"({cfg.model.name} {cfg.model.init_from or cfg.model.flavor}); use --training.seq_len "
                 f"{args.max_seq_len} or less"
             )
-    if not own_data and cfg.data.dataset != "embedded" and not Path(cfg.data.dataset).exists():
-        raise UserError(f"[data] dataset path not found: {cfg.data.dataset} (a file or folder of .txt/.jsonl/.json)")
+    for key in ("dataset", "validation") if not own_data else ():
+        path = getattr(cfg.data, key)
+        if path and path != "embedded" and not Path(path).expanduser().exists():
+            if not glob.has_magic(path):
+                raise UserError(
+                    f"[data] {key} path not found: {path} (a file, folder or glob pattern of .txt, .jsonl, .json "
+                    f"or .parquet files)"
+                )
+            if not glob.glob(str(Path(path).expanduser()), recursive=True):
+                raise UserError(f"[data] {key} = {path!r} matches no files; fix the pattern")
     if cfg.tokenizer.path and not Path(cfg.tokenizer.path).is_file():
         raise UserError(f"[tokenizer] path not found: {cfg.tokenizer.path} (a tokenizer.json file)")
     if t.device == "cuda" and not torch.cuda.is_available():
