@@ -91,11 +91,9 @@ class Stopwatch:
     without stalling the code that issued it: on CPU the wall time; on CUDA two events on the
     compute stream (`seconds()` waits for the second, so call it where waiting costs nothing)."""
 
-    def __init__(self, cuda: bool, seconds: float = 0.0):
+    def __init__(self, cuda: bool):
         self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         self._start = self._seconds = None
-        if seconds:
-            self._events, self._seconds = None, seconds
 
     def start(self) -> Stopwatch:
         if self._events:

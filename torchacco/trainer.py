@@ -2,7 +2,7 @@
 become updates; the loop owns data, loss, metrics, evaluation, checkpoints and stopping.
 
 Usable from Python: `train(cfg, model=..., datasets=(train, val), tokenizer=...)`, also with a
-Hugging Face model and texts (torchacco/user_model.py, data/texts.py; docs/_drafts/python_api.md).
+Hugging Face model and texts (torchacco/user_model.py, data/texts.py; docs/python_api.md).
 """
 
 from __future__ import annotations

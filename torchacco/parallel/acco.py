@@ -201,7 +201,8 @@ class Overlapped(ZeRO1):
         assert not self.runner.in_flight()
         world = self.flat.world
         per_rank = dict(device_mesh=self.dims.dp_mesh, placements=[Shard(0)], run_check=False)
-        pending = self.pending.as_tensor(self.comm.device).unsqueeze(0)
+        # The counts behind A, without their compute time: a wall-clock reading is no state to resume.
+        pending = self.pending.as_tensor(self.comm.device)[: Counts.FIELDS - 1].unsqueeze(0).contiguous()
         self._pending_buffer = pending  # DCP loads into it
         return {
             **super().state_dict(),
@@ -218,7 +219,7 @@ class Overlapped(ZeRO1):
                     stride=(self.flat.padded_numel, 1),
                 ),
                 "pending": DTensor.from_local(
-                    pending, **per_rank, shape=(world, Counts.FIELDS), stride=(Counts.FIELDS, 1)
+                    pending, **per_rank, shape=(world, Counts.FIELDS - 1), stride=(Counts.FIELDS - 1, 1)
                 ),
             },
         }
@@ -232,7 +233,8 @@ class Overlapped(ZeRO1):
             )
         assert schedule["world"] == self.flat.world, "the trainer checks the world size before loading"
         super().load_state_dict(state)
-        self.pending = Counts.from_list(self._pending_buffer[0].tolist())
+        tokens, loss_sum, micro_batches, consumed = self._pending_buffer[0].tolist()
+        self.pending = Counts(tokens, loss_sum, int(micro_batches), consumed)
         kind, _, keep = schedule["planned"].partition(":")
         self.planned = (kind, bool(int(keep))) if kind else None
         self.commits = schedule["commits"]

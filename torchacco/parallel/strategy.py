@@ -62,11 +62,6 @@ class Counts:
         values = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
         return torch.stack([v.to(device=device, dtype=torch.float64) for v in values])
 
-    @classmethod
-    def from_list(cls, values) -> Counts:
-        tokens, loss, micro_batches, consumed, seconds = values
-        return cls(tokens, loss, int(micro_batches), consumed, (Stopwatch(cuda=False, seconds=seconds),))
-
 
 @dataclass
 class UpdateResult:
