@@ -157,9 +157,11 @@ class ClusterPlan:
             parent = ["parent", "1:1"]
         if self.rate_bps is not None:
             rate_bytes = self.rate_bps / 8
-            # burst: >= rate / HZ and a few MTUs; queue: ~100 ms of traffic (TCP sees no drops that matter)
-            burst = int(max(32_000, rate_bytes / 100))
-            limit = int(max(4 * burst, rate_bytes / 10))
+            # burst: >= rate / HZ and a few MTUs. Queue: the burst plus ~5 ms of traffic, as a switch's shallow
+            # buffer: gloo sends both directions of a pair over one TCP connection, so a deep queue holds each
+            # side's ACKs behind its own data and the two directions end up taking turns.
+            burst = int(max(16_000, rate_bytes / 250))
+            limit = int(burst + max(16_000, rate_bytes * 0.005))
             cmds.append(
                 [
                     "ip",
