@@ -133,10 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--settings", default="a,b,c")
     p.add_argument("--strategies", default=",".join(TTL_STRATEGIES))
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--updates", type=int, default=240, help="DDP's updates: the token budget")
+XX
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--local-batch", type=int, default=4, help="sequences per micro-batch (setting c: half)")
-    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--eval-every", type=int, default=16)
     p.add_argument("--slow-factor", type=float, default=4.0)
     p.add_argument("--cpu-per-node", type=float, default=0.45)
     p.add_argument("--retries", type=int, default=1, help="runs again when other work took CPU meanwhile")
