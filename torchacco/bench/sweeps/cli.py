@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--settings", default="a,b,c")
     p.add_argument("--strategies", default=",".join(TTL_STRATEGIES))
     p.add_argument("--seeds", default="0,1,2")
-XX
+    p.add_argument("--updates", type=int, default=160, help="DDP's updates: the token budget")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--local-batch", type=int, default=4, help="sequences per micro-batch (setting c: half)")
     p.add_argument("--eval-every", type=int, default=16)
