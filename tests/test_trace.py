@@ -12,7 +12,13 @@ def _kernel(ts, dur, stream, correlation):
 
 
 def _launch(tid, correlation):
-    return {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": tid, "ts": 0, "args": {"correlation": correlation}}
+    return {
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "tid": tid,
+        "ts": 0,
+        "args": {"correlation": correlation},
+    }
 
 
 def test_overlap_counts_the_job_streams_kernels_against_compute_kernels(tmp_path):
