@@ -4,6 +4,7 @@ Lost workers (automatic restart and exact recovery) are tested with the resume t
 test_checkpoint.py; stalled ranks in test_cli.py.
 """
 
+import signal
 from types import SimpleNamespace
 
 import pytest
@@ -66,7 +67,7 @@ def test_a_nonfinite_local_loss_names_its_rank(one_rank_group):
     assert result.skipped and result.nonfinite_ranks == [0]
 
 
-def test_fault_specs_parse_and_fire_once_per_launch_at_any_step_on_any_attempt():
+def test_fault_specs_parse_and_fire_once_per_launch_at_any_step_on_any_attempt(monkeypatch):
     faults = Faults("nan@rank1:step3:period2, nan@rank0:step9", rank=1)
     assert [faults.before_period(s) for s in (1, 2, 3, 3, 4)] == [False, False, False, True, False]
     with pytest.raises(UserError, match="cannot parse 'explode@rank1'"):
@@ -79,6 +80,16 @@ def test_fault_specs_parse_and_fire_once_per_launch_at_any_step_on_any_attempt()
     restarted = Faults(spec, rank=0, store=store)  # resumed from step 0: step 2 does not fail again,
     assert [restarted.before_period(s) for s in range(1, 7)] == [False, False, False, False, True, False]  # 5 does
     assert not any(Faults(spec, rank=0, store=store).before_period(s) for s in range(1, 7))
+    both = Faults("nan@rank0:step1", rank=0, store=store)  # no period: every period of the step
+    assert [both.before_period(1), both.before_period(1), both.before_period(2)] == [True, True, False]
+
+    kills = []
+    monkeypatch.setattr("torchacco.faults.os.kill", lambda pid, sig: kills.append(sig))
+    for _attempt in range(2):  # ACCO's step 2 has two periods: one kill, at the first, in all
+        killer = Faults("kill@rank0:step2", rank=0, store=store)
+        for step in (1, 2, 2, 3):
+            killer.before_period(step)
+    assert kills == [signal.SIGKILL]
 
 
 def _run(corpus, cache, out, fault, *extra):

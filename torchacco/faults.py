@@ -46,7 +46,7 @@ class Faults:
         self._step = step
         poison = False
         for item, what, at, period in self.faults:
-            if at == step and period in (None, self._period) and self._first_time(item):
+            if at == step and period in (None, self._period) and self._first_time(item, what):
                 if what == "kill":
                     from torchacco import health
 
@@ -55,14 +55,17 @@ class Faults:
                 poison = True
         return poison
 
-    def _first_time(self, item: str) -> bool:
-        """Has (this fault, this period of its step) not fired yet in this launch? Marks it fired."""
-        return self.store.add(f"{FIRED_KEY}{item}/period{self._period}", 1) == 1
+    def _first_time(self, item: str, what: str) -> bool:
+        """Has this fault not fired yet in this launch? Marks it fired. A NaN fault without a period
+        spans its step's periods: each is marked on its own (a kill ends the process at the first)."""
+        period = f"/period{self._period}" if what == "nan" else ""
+        return self.store.add(f"{FIRED_KEY}{item}{period}", 1) == 1
 
 
 def launch_store() -> dist.Store | None:
-    """The launcher's key-value store, under the per-attempt prefixes (None without a process group)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    """The launcher's key-value store, under the per-attempt prefixes (a plain process's own store;
+    None without a process group)."""
+    if not dist.is_initialized():
         return None
     store = dist.distributed_c10d._get_default_store()
     while isinstance(store, dist.PrefixStore):

@@ -54,7 +54,8 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     )
     heartbeat = health.start(dims.rank, dims.world_size)
     sigterm = health.SigtermGuard()
-    preempt = preemption.start(cfg.preemption, dims.rank, dims.world_size, cfg.checkpoint.enable)  # SIGTERM: theirs
+    # After SigtermGuard: SIGTERM, when a preemption signal, ends the run at the next update instead.
+    preempt = preemption.start(cfg.preemption, dims.rank, dims.world_size, cfg.checkpoint.enable)
     clean = False
     try:
         summary = _train(cfg, dims, device, model, datasets)
