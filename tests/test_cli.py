@@ -139,6 +139,17 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
         ),
         pytest.param(["--training.loss_chunks", "0"], ["loss_chunks must be positive"], id="zero-loss-chunks"),
         pytest.param(
+            ["--preemption.signals", "SIGTERM,SIGKILL"],
+            ["[preemption] signals: 'SIGKILL' is not one of", "SIGUSR1"],
+            id="uncatchable-preemption-signal",
+        ),
+        pytest.param(
+            ["--preemption.exit_code", "143"],
+            ["[preemption] exit_code = 143 must be between 2 and 125"],
+            id="exit-code",
+        ),
+        pytest.param(["--preemption.grace_s", "0"], ["[preemption] grace_s must be positive"], id="zero-grace"),
+        pytest.param(
             ["--checkpoint.load_path", "/nonexistent/step-00000010"],
             ["load_path not found", "step-N"],
             id="missing-checkpoint",

@@ -4,6 +4,7 @@ Lost workers (automatic restart and exact recovery) are tested with the resume t
 test_checkpoint.py; stalled ranks in test_cli.py.
 """
 
+import signal
 from types import SimpleNamespace
 
 import pytest
@@ -35,6 +36,7 @@ def _one_rank_flat(group, numel: int):
         shard=lambda full: full,
         sq_norm=lambda g: torch.linalg.vector_norm(g).double() ** 2,
         model_parallel_sum=lambda sq_norm, loss_sum: (sq_norm, loss_sum),
+        model_parallel_union=lambda ranks: ranks,
     )
 
 
@@ -65,12 +67,29 @@ def test_a_nonfinite_local_loss_names_its_rank(one_rank_group):
     assert result.skipped and result.nonfinite_ranks == [0]
 
 
-def test_fault_specs_parse_and_fire_on_the_first_attempt_only():
-    faults = Faults("nan@rank1:step3:period2, nan@rank0:step9", rank=1, attempt=0)
+def test_fault_specs_parse_and_fire_once_per_launch_at_any_step_on_any_attempt(monkeypatch):
+    faults = Faults("nan@rank1:step3:period2, nan@rank0:step9", rank=1)
     assert [faults.before_period(s) for s in (1, 2, 3, 3, 4)] == [False, False, False, True, False]
-    assert not any(Faults("nan@rank1:step1", rank=1, attempt=1).before_period(1) for _ in range(2))
     with pytest.raises(UserError, match="cannot parse 'explode@rank1'"):
-        Faults("explode@rank1", rank=0, attempt=0)
+        Faults("explode@rank1", rank=0)
+
+    # The launcher's store outlives torchrun's restarts: each attempt's faults share it.
+    store, spec = dist.HashStore(), "nan@rank0:step2,nan@rank0:step5"
+    first = Faults(spec, rank=0, store=store)
+    assert [first.before_period(s) for s in (1, 2, 3)] == [False, True, False]  # dies after step 3, say
+    restarted = Faults(spec, rank=0, store=store)  # resumed from step 0: step 2 does not fail again,
+    assert [restarted.before_period(s) for s in range(1, 7)] == [False, False, False, False, True, False]  # 5 does
+    assert not any(Faults(spec, rank=0, store=store).before_period(s) for s in range(1, 7))
+    both = Faults("nan@rank0:step1", rank=0, store=store)  # no period: every period of the step
+    assert [both.before_period(1), both.before_period(1), both.before_period(2)] == [True, True, False]
+
+    kills = []
+    monkeypatch.setattr("torchacco.faults.os.kill", lambda pid, sig: kills.append(sig))
+    for _attempt in range(2):  # ACCO's step 2 has two periods: one kill, at the first, in all
+        killer = Faults("kill@rank0:step2", rank=0, store=store)
+        for step in (1, 2, 2, 3):
+            killer.before_period(step)
+    assert kills == [signal.SIGKILL]
 
 
 def _run(corpus, cache, out, fault, *extra):
@@ -253,3 +272,206 @@ def test_a_full_disk_is_a_clear_error_before_training_or_at_the_checkpoint(tiny_
     errors = _errors(proc)
     assert len(errors) == 1 and "could not write checkpoint" in errors[0] and " MiB free on its disk" in errors[0]
     assert "step-00000002 is intact" in errors[0]
+
+
+# Operations follow-ups: each of these failed before its fix. -------------------------------------
+
+
+def _tcp_store(timeout_s: float, port: int = 0):
+    """A key-value store server in this process, as torchrun's agent hosts one."""
+    from datetime import timedelta
+
+    return dist.TCPStore(
+        "127.0.0.1", port, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
+def _client(port: int, timeout_s: float):
+    from datetime import timedelta
+
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
+def test_a_peer_that_never_joins_the_process_group_is_named_in_one_line():
+    import time
+
+    from torchacco.errors import PeerFailure
+    from torchacco.parallel.dims import attempt_store
+
+    server = _tcp_store(1.0)
+    start = time.monotonic()
+    with pytest.raises(PeerFailure, match=r"^rank 0: rank 1 did not join the process group within .* = 1: it died"):
+        attempt_store(server, rank=0, world=2, timeout_s=1.0)  # rank 1 never came
+    with pytest.raises(PeerFailure, match=r"^rank 1: rank 0 did not admit this rank .* = 1: rank 0, or a rank"):
+        attempt_store(_client(server.port, 1.0), rank=1, world=2, timeout_s=1.0)  # rank 0 never answers
+    assert time.monotonic() - start < 10
+
+
+def test_a_peer_dying_during_process_group_setup_gives_the_diagnosis_not_a_store_traceback(
+    tiny_corpus, cache_dir, tmp_path
+):
+    """Rank 0 is a real worker; this test plays a rank 1 (on another node, say) that joins the
+    attempt and dies before it sets up its process group, so rank 0's gloo waits for it."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from torchacco.parallel.dims import attempt_store
+
+    server = _tcp_store(30.0)
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(server.port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "torchacco.train"]
+        + tiny_args(tiny_corpus, cache_dir, tmp_path / "out", "--training.collective_timeout_s", "3"),
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        attempt_store(_client(server.port, 60.0), rank=1, world=2, timeout_s=60.0)  # joined; then "dies"
+        stdout, stderr = worker.communicate(timeout=90)
+    finally:
+        worker.kill()
+    assert worker.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
+    errors = _errors(SimpleNamespace(stderr=stderr))
+    assert len(errors) == 1, stderr[-3000:]
+    assert "rank 0: setting up the process group failed (" in errors[0], errors[0]
+    assert "rank 1 never reported (it died or stalled while starting)" in errors[0], errors[0]
+    assert errors[0].endswith("collective_timeout_s = 3"), errors[0]
+
+
+def test_the_diagnosis_gives_up_on_a_store_that_does_not_answer(monkeypatch):
+    """A frozen store host (SIGSTOP) answers nothing; the store client's own timeout (here 120 s,
+    the collective timeout in a run) must not hold the diagnosis."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from torchacco import health
+
+    serve = (
+        "import sys, time, torch.distributed as d; from datetime import timedelta; "
+        "s = d.TCPStore('127.0.0.1', 0, is_master=True, timeout=timedelta(seconds=120), wait_for_workers=False); "
+        "print(s.port, flush=True); time.sleep(300)"
+    )
+    host = subprocess.Popen([sys.executable, "-c", serve], stdout=subprocess.PIPE, text=True)
+    try:
+        client = _client(int(host.stdout.readline()), 120.0)
+        client.set(f"{health.BEAT_KEY}1", '{"beat": 1, "where": "compute (step 1)"}')
+        beat = health.Heartbeat(client, rank=0, world=2, interval_s=0.2)
+        os.kill(host.pid, signal.SIGSTOP)
+        monkeypatch.setattr(health, "READ_TIMEOUT_S", 1.0)
+        said, start = [], time.monotonic()
+        reader = threading.Thread(target=lambda: said.append(beat.diagnose(watch_s=0.1)), daemon=True)
+        reader.start()
+        reader.join(timeout=60)
+        assert said == ["the launcher's store is unreachable too: node 0 (its host) is probably down"]
+        assert time.monotonic() - start < 5
+        beat.close()
+    finally:
+        host.kill()  # SIGKILL ends a stopped process too; the blocked reads then fail
+        host.wait()
+    # Two reads and the 2.5 s between them fit in torchrun's 30 s from SIGTERM to SIGKILL.
+    assert 2 * health.READ_TIMEOUT_S + 2.5 < 30
+
+
+class _CountingStore:
+    def __init__(self):
+        self.values, self.writes = {}, 0
+
+    def set(self, key, value):
+        self.writes += 1
+        self.values[key] = value
+
+
+def test_the_heartbeat_writes_at_most_once_per_interval_however_often_the_phase_changes():
+    import json
+    import time
+
+    from torchacco import health
+
+    store = _CountingStore()
+    beat = health.Heartbeat(store, rank=0, world=2, interval_s=0.5)
+    try:
+        start = time.monotonic()
+        for step in range(1, 301):  # 1.2 s of 4 ms steps, three phases each
+            beat.enter(f"compute (step {step})")
+            beat.comm_phase("communication job")
+            beat.enter(f"sync (step {step})")
+            beat.comm_phase("")
+            time.sleep(0.004)
+        elapsed = time.monotonic() - start
+        assert store.writes <= elapsed / 0.5 + 2, store.writes  # one at start, then one per interval
+        beat.enter("checkpoint save (step 301)")
+        beat.flush()  # what an injected kill does: the phase is published at once
+        assert json.loads(store.values[f"{health.BEAT_KEY}0"])["where"] == "checkpoint save (step 301)"
+    finally:
+        beat.close()
+
+
+def test_a_failed_checkpoint_mkdir_on_rank_0_fails_every_rank_at_once(tiny_corpus, cache_dir, tmp_path):
+    out = tmp_path / "out"
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / "step-00000002.tmp").write_text("a file where rank 0 makes the save's folder")
+    proc = _run(
+        tiny_corpus,
+        cache_dir,
+        out,
+        "",
+        "--parallelism.data_parallel",
+        "zero1",
+        "--checkpoint.enable",
+        "true",
+        "--checkpoint.every",
+        "1",
+        "--job.overwrite",
+        "true",  # the folder holds no config.toml yet
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = _errors(proc)
+    # Rank 1 stops with rank 0's reason, not on its own after a collective timeout or torchrun's
+    # SIGTERM (a second line, naming rank 0 as the one that stopped responding).
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert "could not write checkpoint" in errors[0] and "step-00000002" in errors[0], errors[0]
+    assert "the earlier checkpoint step-00000001 is intact" in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("kind", ["zero1", "fsdp"])  # the sharded job, and torch's AdamW
+def test_under_pipeline_parallelism_the_nonfinite_error_names_global_ranks(tiny_corpus, cache_dir, tmp_path, kind):
+    # pp = 2 on 2 ranks: rank 1 holds the last stage (the loss) and is rank 0 of its dp group;
+    # rank 0, which reports, holds the first stage and sees no loss of its own.
+    proc = _run(
+        tiny_corpus,
+        cache_dir,
+        tmp_path / "out",
+        "nan@rank1:step2",
+        "--parallelism.data_parallel",
+        kind,
+        "--model.name",
+        "llama3",
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+        "--training.steps",
+        "3",
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = _errors(proc)
+    assert len(errors) == 1 and "non-finite loss or gradient at step 2 (from the loss of rank(s) 1;" in errors[0], (
+        proc.stderr[-3000:]
+    )

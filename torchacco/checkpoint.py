@@ -122,11 +122,8 @@ class Checkpointer:
         self.wait()
         final = self.folder / f"step-{step:08d}"
         tmp = final.with_name(final.name + ".tmp")
+        self._on_rank_0(final, lambda: _fresh_folder(tmp))
         with self._write_errors(final):
-            if self.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-            dist.barrier(group=self.group)
             if self.async_save:
                 self.in_flight = (
                     dcp.async_save(_snapshot(state), checkpoint_id=tmp, process_group=self.group),
@@ -166,16 +163,32 @@ class Checkpointer:
 
     def _publish(self, tmp: Path, final: Path) -> None:
         dist.barrier(group=self.group)  # every rank has written its part
+        self._on_rank_0(final, lambda: self._rename(tmp, final))
+
+    def _rename(self, tmp: Path, final: Path) -> None:
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)  # atomic: `step-N` appears complete or not at all
+        for _, old in step_dirs(self.folder)[: -self.keep] if self.keep else []:
+            shutil.rmtree(old, ignore_errors=True)
+        for stale in self.folder.glob("step-*.tmp"):
+            if stale != tmp:
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def _on_rank_0(self, final: Path, fn) -> None:
+        """Rank 0 alone changes the folder while the others wait; its failure (a mkdir or rename
+        refused) fails every rank at once with its message, not after the collective timeout."""
+        error = None
         if self.rank == 0:
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)  # atomic: `step-N` appears complete or not at all
-            for _, old in step_dirs(self.folder)[: -self.keep] if self.keep else []:
-                shutil.rmtree(old, ignore_errors=True)
-            for stale in self.folder.glob("step-*.tmp"):
-                if stale != tmp:
-                    shutil.rmtree(stale, ignore_errors=True)
-        dist.barrier(group=self.group)
+            try:
+                with self._write_errors(final):
+                    fn()
+            except UserError as e:
+                error = str(e)
+        shared = [error]
+        dist.broadcast_object_list(shared, src=0, group=self.group)
+        if shared[0]:
+            raise UserError(shared[0])
 
     def load(self, path: Path, state: dict) -> None:
         if not (path / ".metadata").is_file():
@@ -205,6 +218,11 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
         dist.destroy_process_group(self.group)
+
+
+def _fresh_folder(tmp: Path) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
 
 
 def checkpoint_state(strategy, state: TrainState, loader, dims, with_rank_state: bool = True) -> dict:

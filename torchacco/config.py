@@ -202,6 +202,22 @@ class Checkpoint:
 
 
 @dataclass
+class Preemption:
+    """A stop signal (SLURM `--signal=USR1@120`, a preemption's SIGTERM): save at the next update, exit to requeue."""
+
+    enable: bool = key(True, "handle `signals` as a preemption (false: SIGTERM stops at once, without a checkpoint)")
+    signals: str = key("SIGTERM,SIGUSR1", "comma-separated: any of SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP")
+    grace_s: float = key(
+        90.0,
+        "from the signal, the most time to finish the update and save; past it a rank exits without the "
+        "checkpoint (the previous one stays). Keep it below the time your scheduler gives before SIGKILL",
+    )
+    exit_code: int = key(
+        75, "the exit code after a preemption with checkpoints on (75: EX_TEMPFAIL, 'try again'); requeue on it"
+    )
+
+
+@dataclass
 class Profiling:
     enable: bool = key(False, "write torch.profiler traces of chosen updates, per rank, to <dump_folder>/<folder>")
     start_step: int = key(5, "the first traced update (the one before it warms the profiler up)")
@@ -229,6 +245,7 @@ class Config:
     eval: Eval = field(default_factory=Eval)
     metrics: Metrics = field(default_factory=Metrics)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    preemption: Preemption = field(default_factory=Preemption)
     profiling: Profiling = field(default_factory=Profiling)
 
     def to_dict(self) -> dict:

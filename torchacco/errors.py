@@ -17,6 +17,16 @@ class Terminated(BaseException):
     """SIGTERM (the launcher stopping the survivors of a failed worker, or a scheduler)."""
 
 
+class Preempted(Exception):
+    """Every rank stopped at the same update on a preemption signal (torchacco/preemption.py), after
+    saving a checkpoint when checkpoints are on. Not an error: the process should exit with
+    `exit_code`, which asks the scheduler to requeue the job (the same command resumes)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def run_cli(main, print_errors: bool = True) -> int:
     """Run an entry point: a `UserError` becomes one `torchacco: error:` line and exit code 1."""
     import sys
@@ -28,6 +38,10 @@ def run_cli(main, print_errors: bool = True) -> int:
             one_line = " ".join(str(e).split())  # a value quoted from the user may hold newlines
             print(f"torchacco: error: {one_line}", file=sys.stderr, flush=True)
         return 1
+    except Preempted as e:
+        if print_errors:
+            print(f"torchacco: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
     except KeyboardInterrupt:
         return 130
     except Terminated:

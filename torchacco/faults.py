@@ -3,8 +3,12 @@
 Comma-separated faults, each `WHAT@rankR:stepS[:periodP]`:
 - `kill`: the rank SIGKILLs itself as it starts computing step S (a lost worker);
 - `nan`: the rank's loss is NaN for the compute period(s) of step S (period P only, counted from 1
-  within the step: ACCO computes each step in two periods, the estimate's and the commit's).
-Faults fire on the first launch attempt only, so a restarted run goes on as if nothing happened.
+  within the step: ACCO computes each step in two periods, the estimate's and the commit's). Under
+  pipeline parallelism the loss exists on the last stage only: name one of its ranks.
+A fault fires the first time its rank reaches its step in a launch, on whichever attempt that
+is, and never again in that launch: the launcher's store (which outlives torchrun's restarts)
+records it. So a run restarted after a fault goes on as if nothing happened, and a later fault
+still fires on the restarted attempt (kill@rank1:step2,kill@rank0:step5 loses a worker twice).
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ import os
 import re
 import signal
 
+import torch.distributed as dist
+
 from torchacco.errors import UserError
 
 FAULT = re.compile(r"^(kill|nan)@rank(\d+):step(\d+)(?::period(\d+))?$")
+FIRED_KEY = "torchacco/fault-fired/"
 
 
 class Faults:
-    def __init__(self, spec: str, rank: int, attempt: int):
+    def __init__(self, spec: str, rank: int, store: dist.Store | None = None):
         self.faults = []
         for item in filter(None, (s.strip() for s in spec.split(","))):
             m = FAULT.match(item)
@@ -28,8 +35,9 @@ class Faults:
                     f"TORCHACCO_FAULT: cannot parse {item!r}; expected e.g. kill@rank1:step5 or nan@rank0:step3:period1"
                 )
             what, r, step, period = m.groups()
-            if int(r) == rank and attempt == 0:
-                self.faults.append((what, int(step), int(period) if period else None))
+            if int(r) == rank:
+                self.faults.append((item, what, int(step), int(period) if period else None))
+        self.store = store if store is not None else dist.HashStore()  # no launcher: once per process
         self._step, self._period = None, 0
 
     def before_period(self, step: int) -> bool:
@@ -37,8 +45,8 @@ class Faults:
         self._period = self._period + 1 if step == self._step else 1
         self._step = step
         poison = False
-        for what, at, period in self.faults:
-            if at == step and period in (None, self._period):
+        for item, what, at, period in self.faults:
+            if at == step and period in (None, self._period) and self._first_time(item, what):
                 if what == "kill":
                     from torchacco import health
 
@@ -47,6 +55,23 @@ class Faults:
                 poison = True
         return poison
 
+    def _first_time(self, item: str, what: str) -> bool:
+        """Has this fault not fired yet in this launch? Marks it fired. A NaN fault without a period
+        spans its step's periods: each is marked on its own (a kill ends the process at the first)."""
+        period = f"/period{self._period}" if what == "nan" else ""
+        return self.store.add(f"{FIRED_KEY}{item}{period}", 1) == 1
+
+
+def launch_store() -> dist.Store | None:
+    """The launcher's key-value store, under the per-attempt prefixes (a plain process's own store;
+    None without a process group)."""
+    if not dist.is_initialized():
+        return None
+    store = dist.distributed_c10d._get_default_store()
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store
+
 
 def from_env(rank: int) -> Faults:
-    return Faults(os.environ.get("TORCHACCO_FAULT", ""), rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    return Faults(os.environ.get("TORCHACCO_FAULT", ""), rank, launch_store())

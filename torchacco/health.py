@@ -2,13 +2,17 @@
 
 Every rank publishes a heartbeat — a counter and its current phases (the training loop's, and
 the communication job's for the overlapped schedules) — to the launcher's key-value store, from a
-daemon thread, once a second and on every phase change. The training loop only sets two
-strings, so the heartbeat costs it nothing.
+daemon thread, once a second: one write per rank and second however short the steps are (phases
+change several times a step), so the store's load does not grow with the step rate. The training
+loop only sets two strings, so the heartbeat costs it nothing; `flush()` publishes at once (an
+injected kill does, so its phase is exact).
 
 When a collective fails (a peer's connection closed, or the collective timed out), `diagnose()`
 reads every rank's heartbeat twice a few seconds apart: a rank whose counter did not move is dead
-or frozen, and its last published phase says where it stopped. A rank whose counter moves is
-alive, just elsewhere (e.g. still computing, when it is much slower than the others).
+or frozen, and its last published phase (at most a second old) says where it stopped. A rank whose
+counter moves is alive, just elsewhere (e.g. still computing, when it is much slower than the
+others). Its store reads have a deadline of their own (`READ_TIMEOUT_S`): an unreachable store must
+not hold the diagnosis past torchrun's 30 s between SIGTERM and SIGKILL.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch.distributed as dist
 from torchacco.errors import Terminated
 
 BEAT_KEY = "torchacco/heartbeat/"
+READ_TIMEOUT_S = 8.0  # per read of every heartbeat; diagnose() reads twice, 2.5 s apart: ~19 s at most
 
 
 class Heartbeat:
@@ -31,68 +36,88 @@ class Heartbeat:
         self.phase = "startup"  # the training loop's
         self.comm = ""  # the communication job's, while one is in flight
         self._beats = 0
-        self._changed = threading.Event()
-        self._written = threading.Event()
-        self._stop = threading.Event()
+        self._cond = threading.Condition()
+        self._flushes_asked = self._flushes_done = 0
+        self._stop = False
         self._thread = None
         if store is not None and world > 1:
             self._thread = threading.Thread(target=self._run, name="torchacco-heartbeat", daemon=True)
             self._thread.start()
 
     def enter(self, phase: str) -> None:
-        self.phase = phase
-        self._changed.set()
+        self.phase = phase  # published with the next beat: a phase change writes nothing
 
     def comm_phase(self, phase: str) -> None:
         self.comm = phase
-        self._changed.set()
 
     def flush(self, timeout_s: float = 2.0) -> None:
-        """Wait until the current phase is published."""
-        if self._thread is not None:
-            self._written.clear()
-            self._changed.set()
-            self._written.wait(timeout_s)
+        """Publish the current phase now, and wait until it is."""
+        if self._thread is None:
+            return
+        with self._cond:
+            self._flushes_asked += 1
+            asked = self._flushes_asked
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._flushes_done >= asked or self._stop, timeout_s)
 
     def where(self) -> str:
         return f"{self.phase}, with its {self.comm} in flight" if self.comm else self.phase
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while True:
+            with self._cond:
+                if self._stop:
+                    return
+                serving = self._flushes_asked  # the phase read below is at least as new as these
             self._beats += 1
             try:
                 self.store.set(f"{BEAT_KEY}{self.rank}", json.dumps({"beat": self._beats, "where": self.where()}))
             except Exception:  # the store's host is gone: diagnose() reports it
                 return
-            self._written.set()
-            self._changed.wait(self.interval_s)
-            self._changed.clear()
+            with self._cond:
+                self._flushes_done = serving
+                self._cond.notify_all()
+                if self._flushes_asked == serving and not self._stop:
+                    self._cond.wait(self.interval_s)  # until the next beat, or a flush or close
 
     def close(self) -> None:
-        self._stop.set()
-        self._changed.set()
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
 
-    def read(self) -> dict[int, dict]:
-        beats = {}
-        for rank in range(self.world):
-            if rank == self.rank:
-                continue
+    def read(self, timeout_s: float | None = None) -> dict[int, dict] | None:
+        """The other ranks' heartbeats; None when the store does not answer within `timeout_s`."""
+        found, done = {}, threading.Event()
+
+        def read_all() -> None:
             try:
-                if self.store.check([f"{BEAT_KEY}{rank}"]):
-                    beats[rank] = json.loads(self.store.get(f"{BEAT_KEY}{rank}"))
-            except Exception:
-                return {}
-        return beats
+                beats = {}
+                for rank in range(self.world):
+                    if rank != self.rank and self.store.check([f"{BEAT_KEY}{rank}"]):
+                        beats[rank] = json.loads(self.store.get(f"{BEAT_KEY}{rank}"))
+                found["beats"] = beats
+            except Exception:  # the store's host is gone
+                pass
+            finally:
+                done.set()
+
+        # On a thread: a store whose host hangs blocks a read for the store's own timeout (the
+        # collective timeout, 30 minutes by default), and no timeout bounds a read in progress.
+        threading.Thread(target=read_all, name="torchacco-heartbeat-read", daemon=True).start()
+        done.wait(READ_TIMEOUT_S if timeout_s is None else timeout_s)
+        return found.get("beats")
 
     def diagnose(self, watch_s: float | None = None) -> str:
         """A sentence naming the ranks that stopped and where, or what is known."""
         if self._thread is None:
             return "no heartbeat to go by"
         first = self.read()
-        if not first:
+        if first is None:
             return "the launcher's store is unreachable too: node 0 (its host) is probably down"
         time.sleep(2.5 * self.interval_s if watch_s is None else watch_s)
         second = self.read()
+        if second is None:
+            return "the launcher's store stopped answering while the heartbeats were read: node 0 is probably down"
         silent = [
             r
             for r in range(self.world)

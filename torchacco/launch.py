@@ -1,17 +1,28 @@
 """torchrun, minus its tracebacks: a failed worker already printed why, and a rendezvous that
 times out gets one line saying what to check. A `-m torchacco.train` launch first checks its
-config here, in the launcher's process, so a mistake is one line before any worker starts."""
+config here, in the launcher's process, so a mistake is one line before any worker starts.
+
+Preemption ([preemption], torchacco/preemption.py): torchrun forwards the configured signals to the
+workers (SIGUSR1 only when asked to: `--signals-to-handle`), then waits `--shutdown-timeout`
+seconds before it SIGKILLs them; the launcher sets both from the config and exits with the
+requeue code."""
 
 from __future__ import annotations
 
+import math
+import os
 import signal
 import sys
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.run import get_args_parser
 from torch.distributed.run import main as torchrun
 
+from torchacco.config import Config, load_config
+from torchacco.errors import UserError
+from torchacco.preemption import exit_code, parse_signals
 from torchacco.validate import main as validate
 
 
@@ -36,13 +47,56 @@ def check_training_config(argv: list[str]) -> int:
     return validate(args.training_script_args, world_size=nodes * per_node, local_world_size=per_node)
 
 
-def main() -> int:
-    if check_training_config(sys.argv[1:]):
-        return 1
+def training_config(argv: list[str]) -> Config | None:
+    """The config of a `-m torchacco.train ARGS` launch (None for another program, or a config the
+    workers will reject)."""
+    args = get_args_parser().parse_args(argv)
+    if not (args.module and args.training_script == "torchacco.train"):
+        return None
     try:
-        torchrun(sys.argv[1:])
+        return load_config(args.training_script_args)
+    except UserError:
+        return None
+
+
+def forward_preemption_signals(argv: list[str], cfg: Config) -> list[str]:
+    """torchrun options that forward [preemption] signals to the workers and give them grace_s to stop
+    before torchrun's SIGKILL (explicit torchrun settings of the user's win)."""
+    args = get_args_parser().parse_args(argv)
+    handled = [name.strip() for name in args.signals_to_handle.split(",") if name.strip()]
+    handled += [s.name for s in parse_signals(cfg.preemption.signals) if s.name not in handled]
+    extra = ["--signals-to-handle", ",".join(handled)]
+    if args.shutdown_timeout is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
+        extra += ["--shutdown-timeout", str(math.ceil(cfg.preemption.grace_s) + 15)]  # past the workers' watchdog
+    return extra + argv
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    if check_training_config(argv):
+        return 1
+    cfg = training_config(argv)
+    preempt = cfg if cfg is not None and cfg.preemption.enable else None
+    if preempt is not None:
+        argv = forward_preemption_signals(argv, preempt)
+    try:
+        torchrun(argv)
+    except SignalException as e:
+        # torchrun forwarded the signal and waited for the workers; rank 0 said where they stopped.
+        if preempt is not None and e.sigval in parse_signals(preempt.preemption.signals):
+            return exit_code(preempt.preemption, preempt.checkpoint.enable, e.sigval)
+        return 128 + e.sigval
     except ChildFailedError as e:
         failures = e.failures
+        if preempt is not None:
+            # The workers got the signal without the launcher (or before it) and stopped on their own.
+            codes = {
+                exit_code(preempt.preemption, preempt.checkpoint.enable, s)
+                for s in parse_signals(preempt.preemption.signals)
+            }
+            stopped = [f.exitcode for f in failures.values() if f.exitcode in codes]
+            if stopped:
+                return stopped[0]
         rank, failure = min(failures.items())
         print(
             f"torchacco: {len(failures)} worker(s) failed (first: rank {rank}, {describe(failure.exitcode)}); "

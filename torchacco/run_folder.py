@@ -32,7 +32,7 @@ MAY_CHANGE = {
     "training.device",
     "data.cache_dir",
 }
-MAY_CHANGE_SECTIONS = {"metrics", "eval", "checkpoint", "profiling"}
+MAY_CHANGE_SECTIONS = {"metrics", "eval", "checkpoint", "profiling", "preemption"}
 OUTPUTS = ("config.toml", "metrics.jsonl", "tb", "hf")  # and the checkpoint folder
 BYTES_PER_PARAM = 16  # a checkpoint: fp32 weights or master, AdamW's two moments, an accumulator or slack
 

@@ -18,13 +18,13 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
-from torchacco import health, run_folder, user_model
+from torchacco import health, preemption, run_folder, user_model
 from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.build import build_data, build_model
 from torchacco.checkpoint import Checkpointer, TrainState, checkpoint_state, resume
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
-from torchacco.errors import PeerFailure, Terminated, UserError
+from torchacco.errors import PeerFailure, Preempted, Terminated, UserError
 from torchacco.evaluate import evaluate
 from torchacco.export import export_hf
 from torchacco.faults import from_env
@@ -56,18 +56,24 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     )
     heartbeat = health.start(dims.rank, dims.world_size)
     sigterm = health.SigtermGuard()
+    # After SigtermGuard: SIGTERM, when a preemption signal, ends the run at the next update instead.
+    preempt = preemption.start(cfg.preemption, dims.rank, dims.world_size, cfg.checkpoint.enable)
     clean = False
     adapter = user_model.adapt(model) if user_model.is_user_model(model) else None
     try:
         summary = _train(cfg, dims, device, model, datasets, tokenizer)
         clean = True
         return summary
+    except Preempted:
+        clean = True  # every rank stopped at the same update
+        raise
     except (RuntimeError, dist.DistBackendError, Terminated) as e:
         if not isinstance(e, Terminated) and not health.is_peer_failure(e):
             raise
         where = heartbeat.where()
         # torchrun stops the survivors of a dead worker: find out who died before exiting.
         sigterm.defer()
+        preempt.defer()
         diagnosis = heartbeat.diagnose()
         cause = (
             "stopped by SIGTERM"
@@ -83,6 +89,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     finally:
         if adapter is not None:
             adapter.remove()
+        preemption.stop_handling()
         sigterm.restore()
         health.stop()
         if own_group:
@@ -221,6 +228,7 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
     throughput.restart(state.tokens)
     heartbeat = health.current()
     faults = from_env(dims.rank)
+    preempt = preemption.current()
     while state.step < t.steps:
         heartbeat.enter(f"compute (step {state.step + 1})")
         poison = faults.before_period(state.step + 1)
@@ -257,7 +265,8 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
             throughput.restart(tokens_seen)  # evaluation, logging and checkpoints are not training time
         if stop_for_nonfinite:
             raise UserError(stop_for_nonfinite)  # after logging the step, before checkpointing it
-        if run.checkpointer is not None and (done or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0)):
+        saved = run.checkpointer is not None and (done or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0))
+        if saved:
             heartbeat.enter(f"checkpoint save (step {step})")
             with record_function("torchacco/checkpoint_save"):
                 run.checkpointer.save(step, checkpoint_state(strategy, state, run.train_loader, dims))
@@ -265,6 +274,9 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
         run.profiler.step(step)
         if done:
             break
+        if preempt.agreed():  # a stop signal on any rank: every rank stops here, after a checkpoint
+            state_now = None if saved else lambda: checkpoint_state(strategy, state, run.train_loader, dims)
+            preempt.stop(step, run.checkpointer, state_now)
     summary["steps"] = state.step
     return summary
 
@@ -327,7 +339,7 @@ def compute_period(
             record_function("torchacco/forward_backward"),
         ):
             if pipeline is not None:
-                loss, count = pipeline.forward_backward(batch)
+                loss, count = pipeline.forward_backward(batch, poison)
             else:
                 loss, count = loss_fn.of_batch(strategy.model, batch)
                 if poison:  # injected fault (torchacco/faults.py)

@@ -30,6 +30,7 @@ def validate(
     from torchacco.parallel.dims import check_parallelism, model_parallel_label
     from torchacco.parallel.model_parallel import check_model_parallel
     from torchacco.parallel.registry import strategy_class
+    from torchacco.preemption import check_config as check_preemption
     from torchacco.spec import get_model_spec
 
     t = cfg.training
@@ -44,6 +45,7 @@ def validate(
                 f"keep it elsewhere, choose --job.dump_folder there"
             )
     _check_profiling(cfg.profiling, t.device)
+    check_preemption(cfg.preemption)
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
     if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():

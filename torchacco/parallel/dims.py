@@ -7,6 +7,7 @@ links), then data parallel, then pipeline stages outermost. A rank's coordinates
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -17,8 +18,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from torchacco import health
 from torchacco.device import Device
-from torchacco.errors import UserError
+from torchacco.errors import PeerFailure, UserError
 
 
 @dataclass
@@ -105,18 +107,23 @@ def launch_env() -> tuple[int, int, int, int]:
 
 
 def init_distributed(device: Device, timeout_s: float = 1800.0, tp: int = 1, pp: int = 1) -> ParallelDims:
-    rank, world, local_rank, local_world = launch_env()
-    if not dist.is_initialized():
-        kwargs = dict(backend=device.backend, timeout=timedelta(seconds=timeout_s))
-        if device.type == "cuda":
-            kwargs["device_id"] = device.torch
-        if "RANK" in os.environ:
-            store, rank, world = next(dist.rendezvous("env://", timeout=kwargs["timeout"]))
-            dist.init_process_group(
-                store=attempt_store(store, rank, world, timeout_s), rank=rank, world_size=world, **kwargs
-            )
-        else:  # a plain `python` process: a one-rank group keeps one code path
-            dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+    _, _, local_rank, local_world = launch_env()
+    if dist.is_initialized():
+        return _dims(device, tp, pp, local_rank, local_world)
+    kwargs = dict(backend=device.backend, timeout=timedelta(seconds=timeout_s))
+    if device.type == "cuda":
+        kwargs["device_id"] = device.torch
+    if "RANK" not in os.environ:  # a plain `python` process: a one-rank group keeps one code path
+        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+        return _dims(device, tp, pp, local_rank, local_world)
+    store, rank, world = next(dist.rendezvous("env://", timeout=kwargs["timeout"]))
+    store = attempt_store(store, rank, world, timeout_s)
+    with _diagnosed_setup(store, rank, world, timeout_s):
+        dist.init_process_group(store=store, rank=rank, world_size=world, **kwargs)
+        return _dims(device, tp, pp, local_rank, local_world)
+
+
+def _dims(device: Device, tp: int, pp: int, local_rank: int, local_world: int) -> ParallelDims:
     world = dist.get_world_size()
     rank = dist.get_rank()
     if world % (tp * pp):
@@ -125,6 +132,27 @@ def init_distributed(device: Device, timeout_s: float = 1800.0, tp: int = 1, pp:
         )
     mesh = init_device_mesh(device.type, (pp, world // (tp * pp), tp), mesh_dim_names=("pp", "dp", "tp"))
     return ParallelDims(world, rank, local_rank, local_world, mesh, _model_parallel_group(mesh, world, tp, pp))
+
+
+@contextlib.contextmanager
+def _diagnosed_setup(store: dist.Store, rank: int, world: int, timeout_s: float):
+    """While the process groups are set up, a rank that died or stalled makes the others' waits fail
+    at the timeout: say which rank, in one line, instead of a store traceback. A heartbeat of its own
+    (the run's starts once the groups exist) tells the dead from the merely slow."""
+    beat = health.Heartbeat(dist.PrefixStore("torchacco/setup/", store), rank, world)
+    beat.enter("process-group setup")
+    try:
+        yield
+    except RuntimeError as e:  # DistStoreError, DistNetworkError, DistBackendError, gloo's own
+        if not (isinstance(e, dist.DistError) or health.is_peer_failure(e)):
+            raise
+        cause = str(e).strip().splitlines()[-1][:120] if str(e).strip() else type(e).__name__
+        raise PeerFailure(
+            f"rank {rank}: setting up the process group failed ({cause}): {beat.diagnose()}; "
+            f"[training] collective_timeout_s = {timeout_s:g}"
+        ) from None
+    finally:
+        beat.close()
 
 
 def attempt_store(store: dist.Store, rank: int, world: int, timeout_s: float) -> dist.Store:
@@ -139,15 +167,29 @@ def attempt_store(store: dist.Store, rank: int, world: int, timeout_s: float) ->
     if rank != 0:
         mine = uuid.uuid4().hex
         store.set(f"{prefix}join/{rank}", mine)
-        attempt = store.get(f"{prefix}name-for/{mine}").decode()  # waits up to the store's timeout
+        try:
+            attempt = store.get(f"{prefix}name-for/{mine}").decode()  # waits up to the store's timeout
+        except dist.DistStoreError:
+            raise PeerFailure(
+                f"rank {rank}: rank 0 did not admit this rank to the process group within [training] "
+                f"collective_timeout_s = {timeout_s:g}: rank 0, or a rank it waits for, died or stalled while "
+                "starting (rank 0's message names it)"
+            ) from None
         store.set(f"{prefix}{attempt}/ready/{rank}", "1")
     else:
         attempt = uuid.uuid4().hex
         deadline = time.monotonic() + timeout_s
         for peer in range(1, world):
+            late = PeerFailure(
+                f"rank 0: rank {peer} did not join the process group within [training] collective_timeout_s = "
+                f"{timeout_s:g}: it died or stalled while starting (its own messages, or its node's log, say why)"
+            )
             while True:
                 # A join key left by a dead attempt gets a name nobody reads; wait and look again.
-                joined = store.get(f"{prefix}join/{peer}").decode()
+                try:
+                    joined = store.get(f"{prefix}join/{peer}").decode()
+                except dist.DistStoreError:
+                    raise late from None
                 store.set(f"{prefix}name-for/{joined}", attempt)
                 polls = 0
                 while not store.check([f"{prefix}{attempt}/ready/{peer}"]) and polls < 100:
@@ -156,7 +198,7 @@ def attempt_store(store: dist.Store, rank: int, world: int, timeout_s: float) ->
                 if polls < 100:
                     break
                 if time.monotonic() > deadline:
-                    raise UserError(f"rank {peer} did not join within [training] collective_timeout_s = {timeout_s:g}")
+                    raise late
     return dist.PrefixStore(f"{prefix}{attempt}/", store)
 
 
@@ -221,6 +263,22 @@ def destroy(barrier: bool = True) -> None:
             # aborts ("terminate called without an active exception").
             dist.barrier()
         dist.destroy_process_group()
+
+
+def global_ranks(group: dist.ProcessGroup, ranks: list[int]) -> list[int]:
+    """`ranks` of `group` as ranks of the whole job."""
+    members = dist.get_process_group_ranks(group)
+    return [members[r] for r in ranks]
+
+
+def union_over(group: dist.ProcessGroup | None, ranks: list[int], device) -> list[int]:
+    """The union of the (global) `ranks` every member of `group` holds: a collective of them all."""
+    if group is None:
+        return sorted(ranks)
+    marks = torch.zeros(dist.get_world_size(), dtype=torch.int32, device=device)
+    marks[ranks] = 1
+    dist.all_reduce(marks, op=dist.ReduceOp.MAX, group=group)
+    return marks.nonzero().flatten().tolist()
 
 
 def all_reduce_sum(values: list[float], device: torch.device, group=None) -> list[float]:

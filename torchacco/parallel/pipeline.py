@@ -88,7 +88,12 @@ class Pipeline:
         self.stages, self.first, self.last = stages, first, last
         n, kind = microbatches(cfg), SCHEDULES[cfg.parallelism.pipeline_schedule]
         stage = stages if kind is ScheduleInterleaved1F1B else stages[0]
-        self.schedule = kind(stage, n_microbatches=n, loss_fn=loss, scale_grads=False)
+        self.loss, self.poison = loss, False
+        self.schedule = kind(stage, n_microbatches=n, loss_fn=self._loss, scale_grads=False)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = self.loss(logits, labels)
+        return loss * float("nan") if self.poison else loss  # injected fault (torchacco/faults.py)
 
     def _run(self, run, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         labels = batch["labels"]
@@ -98,9 +103,14 @@ class Pipeline:
         loss = torch.stack(losses).sum().detach() if self.last else torch.zeros((), device=labels.device)
         return loss, (labels != IGNORE_INDEX).sum()
 
-    def forward_backward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sum of token losses (0 except on the last stage) and tokens in the loss (every stage)."""
-        return self._run(self.schedule.step, batch)
+    def forward_backward(self, batch: dict, poison: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sum of token losses (0 except on the last stage) and tokens in the loss (every stage);
+        `poison`: the loss is NaN (an injected fault, on the last stage)."""
+        self.poison = poison
+        try:
+            return self._run(self.schedule.step, batch)
+        finally:
+            self.poison = False
 
     def evaluate(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         return self._run(self.schedule.eval, batch)

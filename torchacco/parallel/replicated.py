@@ -22,7 +22,7 @@ from torch.profiler import record_function
 
 from torchacco.config import Optimizer as OptimizerConfig
 from torchacco.optim import build_adamw
-from torchacco.parallel.dims import ParallelDims
+from torchacco.parallel.dims import ParallelDims, global_ranks, union_over
 from torchacco.parallel.sharded_job import all_gather
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan, UpdateResult
 from torchacco.user_model import blocks_of
@@ -77,7 +77,11 @@ class Replicated(Strategy):
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.consumed += consumed
-        bad = [r for r, v in enumerate(per_rank[:, 1].tolist()) if not math.isfinite(v)]
+        bad = global_ranks(
+            self.dims.dp_group, [r for r, v in enumerate(per_rank[:, 1].tolist()) if not math.isfinite(v)]
+        )
+        if skipped:  # every rank is here: the loss of a pipeline is the last stage's, name its ranks everywhere
+            bad = union_over(self.dims.mp_group, bad, mine.device)
         return UpdateResult(
             tokens,
             loss_sum / tokens,

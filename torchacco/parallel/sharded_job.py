@@ -17,6 +17,7 @@ from torch.profiler import record_function
 from torchacco.errors import UserError
 from torchacco.optim import ShardedAdamW
 from torchacco.parallel.collectives import all_gather, reduce_scatter
+from torchacco.parallel.dims import global_ranks
 from torchacco.parallel.flat import FlatParams
 from torchacco.parallel.strategy import Counts, UpdateResult
 
@@ -59,6 +60,7 @@ def reduce_update_gather(
         # optimizer state is untouched: θ̃ = θ for an estimate, θ stays for a commit.
         gather_master(flat, opt, out)
         bad = [r for r, v in enumerate(stats[:, 2].tolist()) if not math.isfinite(v)]
+        bad = flat.model_parallel_union(global_ranks(group, bad))  # as the job's ranks, from every stage
         return UpdateResult(
             tokens,
             loss_sum / max(tokens, 1.0),

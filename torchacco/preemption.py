@@ -1,0 +1,222 @@
+"""Preemption: a scheduler's stop signal ends the run at an update, with a checkpoint to resume from.
+
+SLURM sends SIGUSR1 ahead of the time limit (`--signal=USR1@120`) and SIGTERM on preemption;
+`torchacco.launch` forwards both to the workers. A worker's handler only records the signal. At
+each update boundary — for the overlapped schedules a committed update, between rounds, when no
+job is in flight and a checkpoint may be taken — the ranks agree with a one-number all-reduce
+on a gloo group of their own (no GPU sync, no group shared with the communication thread), so
+every rank stops at the same step even when the signal reaches them at different times. They
+save a checkpoint there (unless one was just saved) and exit with `[preemption] exit_code`, the
+code to requeue on; the same command then resumes from that checkpoint.
+
+A watchdog bounds the whole stop at `[preemption] grace_s` from the signal: past it the rank
+exits with the same code, without the checkpoint (saves are atomic, the previous one stays).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch.profiler import record_function
+
+from torchacco import health
+from torchacco.errors import Preempted, UserError
+
+ALLOWED = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP")
+
+
+def parse_signals(text: str) -> list[signal.Signals]:
+    """`[preemption] signals` ("SIGTERM,SIGUSR1"; the SIG prefix is optional) as signals."""
+    found = []
+    for name in (n.strip().upper() for n in text.split(",") if n.strip()):
+        full = name if name.startswith("SIG") else "SIG" + name
+        if full not in ALLOWED:
+            raise UserError(
+                f'[preemption] signals: {name!r} is not one of {", ".join(ALLOWED)}; e.g. signals = "SIGTERM,SIGUSR1"'
+            )
+        found.append(signal.Signals[full])
+    if not found:
+        raise UserError(
+            '[preemption] signals is empty; name one or more (e.g. "SIGTERM,SIGUSR1") or set enable = false'
+        )
+    return found
+
+
+def check_config(p) -> None:
+    """Mistakes in the [preemption] section, before launch."""
+    if not p.enable:
+        return
+    parse_signals(p.signals)
+    if p.grace_s <= 0:
+        raise UserError(f"[preemption] grace_s must be positive, got {p.grace_s:g}")
+    if not 2 <= p.exit_code <= 125:
+        raise UserError(
+            f"[preemption] exit_code = {p.exit_code} must be between 2 and 125 (0 means success, 1 an error, "
+            "126 and above 'not run' or 'killed by a signal'); the default is 75"
+        )
+
+
+def exit_code(p, checkpoints: bool, signum: int) -> int:
+    """What a preempted run exits with: the requeue code when there is a checkpoint to resume from;
+    without checkpoints a requeued job would start over, so the signal's own code (128 + n)."""
+    return p.exit_code if checkpoints else 128 + signum
+
+
+class Preemption:
+    """The preemption handling of one train() call; without a config, one that never stops."""
+
+    def __init__(self, cfg=None, rank: int = 0, world: int = 1, checkpoints: bool = False):
+        self.cfg, self.rank, self.checkpoints = cfg, rank, checkpoints
+        self.enabled = cfg is not None and cfg.enable
+        self.signum = 0  # the signal this rank acts on (0: none yet)
+        self.group = None
+        self._previous: dict[signal.Signals, object] = {}
+        self._signalled = threading.Event()
+        self._stand_down = threading.Event()  # the watchdog gives up: handled, deferred or closed
+        self._saved = False
+        self._deferred = False
+        if not self.enabled:
+            return
+        if world > 1:
+            self.group = dist.new_group(backend="gloo")
+        threading.Thread(target=self._watchdog, name="torchacco-preemption", daemon=True).start()
+        if threading.current_thread() is threading.main_thread():  # signals can only be set there
+            self._listen(parse_signals(cfg.signals))
+
+    def _listen(self, signals: list[signal.Signals]) -> None:
+        """Python runs a signal's handler in the main thread once that thread is back in Python, which
+        a rank blocked in a collective on a frozen peer never is; the interpreter's C handler also
+        writes the signal's number to the wakeup fd at once, so a thread reading it sees the signal
+        in time (and the watchdog can end such a rank)."""
+        for sig in signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        self._wakeup, writer = socket.socketpair()
+        writer.setblocking(False)
+        self._writer = writer
+        self._previous_fd = signal.set_wakeup_fd(writer.fileno())
+        mine = {int(s) for s in signals}
+
+        def read() -> None:
+            while True:
+                try:
+                    numbers = self._wakeup.recv(64)
+                except OSError:
+                    return
+                if not numbers:
+                    return
+                for number in numbers:
+                    if number in mine:
+                        self._handle(number, None)
+
+        threading.Thread(target=read, name="torchacco-preemption-signals", daemon=True).start()
+
+    def _handle(self, signum, frame) -> None:
+        """Both the listener and the Python-level handler get here; the first one counts."""
+        if not self._deferred and not self.signum:
+            self.signum = signum
+            self._signalled.set()
+
+    def agreed(self) -> bool:
+        """At an update boundary, on every rank together: does any rank have a stop signal?"""
+        if not self.enabled:
+            return False
+        if self.group is None:
+            return bool(self.signum)
+        # Only the all-reduced value counts: a signal arriving during the all-reduce waits for
+        # the next boundary, so no rank stops alone.
+        flag = torch.tensor([self.signum], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        agreed = int(flag.item())
+        if agreed:
+            self.signum = agreed  # the same signal named on every rank
+            self._signalled.set()  # a peer's signal: this rank's grace period starts now
+        return bool(agreed)
+
+    def stop(self, step: int, checkpointer, state) -> None:
+        """Save a checkpoint of `step` (`state()` gives it; None: saved at this step already) and
+        raise Preempted."""
+        name = signal.Signals(self.signum).name
+        code = exit_code(self.cfg, checkpointer is not None, self.signum)
+        if checkpointer is None:
+            raise Preempted(
+                f"stopped at step {step} on {name}; [checkpoint] enable = false, so nothing was saved and a relaunch "
+                f"starts over (exit code {code})",
+                code,
+            )
+        start = time.perf_counter()
+        health.current().enter(f"checkpoint save on {name} (step {step})")
+        with record_function("torchacco/checkpoint_save"):
+            if state is not None:
+                checkpointer.save(step, state())
+            checkpointer.wait()
+        self._saved = True
+        raise Preempted(
+            f"stopped at step {step} on {name} and saved {checkpointer.folder / f'step-{step:08d}'} "
+            f"({time.perf_counter() - start:.1f} s); exit code {code}: requeue the job, the same command resumes "
+            "from there",
+            code,
+        )
+
+    def _watchdog(self) -> None:
+        self._signalled.wait()
+        if self._stand_down.wait(self.cfg.grace_s):
+            return
+        if not self._saved and self.rank == 0:
+            print(
+                f"torchacco: preempted ({signal.Signals(self.signum).name}), but the update and its checkpoint did not "
+                f"finish within [preemption] grace_s = {self.cfg.grace_s:g} (rank 0 was in "
+                f"{health.current().where()}); exiting without it: a relaunch resumes from the latest complete "
+                "checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+        sys.stderr.flush()
+        os._exit(exit_code(self.cfg, self.checkpoints, self.signum))
+
+    def defer(self) -> None:
+        """A failure is being diagnosed: the signals no longer stop anything here, nor the watchdog."""
+        self._deferred = True
+        self._stand_down.set()
+
+    def close(self) -> None:
+        if self._previous:
+            signal.set_wakeup_fd(self._previous_fd)
+            self._writer.close()
+            self._wakeup.shutdown(socket.SHUT_RDWR)  # ends the listener's recv
+            self._wakeup.close()
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
+        self._stand_down.set()
+        self._signalled.set()  # lets the watchdog thread end
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None
+
+
+_current: Preemption | None = None
+
+
+def start(cfg, rank: int, world: int, checkpoints: bool) -> Preemption:
+    """Handle `cfg`'s signals for this process's run (a collective: every rank calls it)."""
+    global _current
+    _current = Preemption(cfg, rank, world, checkpoints)
+    return _current
+
+
+def current() -> Preemption:
+    return _current if _current is not None else Preemption()
+
+
+def stop_handling() -> None:
+    global _current
+    if _current is not None:
+        _current.close()
+    _current = None
