@@ -45,21 +45,27 @@ def test_loss_at_equal_time_interpolates_and_is_nan_past_a_runs_end():
     assert math.isnan(loss_at(curve, 4.5))
 
 
-def test_summary_targets_ddps_final_loss_and_compares_with_the_best_baseline():
-    runs = {
-        "ddp": [_records([6, 5, 5, 4], seconds_per_update=2.0)] * 2,  # reaches 4 at 8 s
-        "zero1": [_records([6, 5, 5, 4], seconds_per_update=3.0)] * 2,  # 12 s
-        "acco": [_records([6, 4.5, 5, 3.5], seconds_per_update=1.0), _records([6, 5, 5, 4], seconds_per_update=1.0)],
-    }
-    s = summarize(runs)
-    assert s["target_val_loss"] == 4.0 and s["best_baseline"] == "ddp"
-    assert s["strategies"]["ddp"]["time_to_target_s"] == (pytest.approx(8.0), 0.0)
+def test_summary_pairs_seeds_with_ddps_and_compares_with_the_best_baseline():
+    curves = {
+        "ddp": [val_curve(_records([6, 5, 5, 4], seconds_per_update=2.0)),  # its targets: 4 and 4.2, at 8 s
+                val_curve(_records([6, 5, 5, 4.2], seconds_per_update=2.0))],
+        "zero1": [val_curve(_records([6, 5, 5, 4], seconds_per_update=3.0))] * 2,  # 12 s; seed 1 crosses 4.2 sooner
+        "acco": [val_curve(_records([6, 4.5, 5, 3.5], seconds_per_update=1.0)),
+                 val_curve(_records([6, 5, 5, 4.1], seconds_per_update=1.0))],
+    }  # fmt: skip
+    s = summarize(curves)
+    assert s["target_val_loss"] == pytest.approx(4.1) and s["best_baseline"] == "ddp"
+    assert s["strategies"]["ddp"]["time_to_target_s"] == (pytest.approx(8.0), 0.0)  # its own final losses
+    assert s["strategies"]["zero1"]["time_to_target_s"][0] == pytest.approx((12.0 + 6 + 6 * 0.8) / 2)
     acco = s["strategies"]["acco"]
-    # seed 0 crosses 4 halfway between (2 s, 4.5) and (4 s, 3.5): 3 s; seed 1 at 4 s
-    assert acco["time_to_target_s"][0] == pytest.approx(3.5)
-    assert acco["speedup_vs_best_baseline"] == pytest.approx(8.0 / 3.5)
+    # seed 0 crosses 4 halfway between (2 s, 4.5) and (4 s, 3.5): 3 s; seed 1 crosses 4.2 at 2 + 2 × 0.8 / 0.9
+    assert acco["time_to_target_s"][0] == pytest.approx((3.0 + 2 + 2 * 0.8 / 0.9) / 2)
+    assert acco["speedup_vs_best_baseline"] == pytest.approx(8.0 / acco["time_to_target_s"][0])
     assert s["equal_time_s"] == pytest.approx(4.0)  # the shortest run's end
     assert s["strategies"]["zero1"]["loss_at_equal_time"][0] == pytest.approx(5.0)
+    # the loose target (1% above): DDP reaches 4.04 sooner than its end, between 5 (4 s) and 4 (8 s)
+    assert s["loose_target_val_loss"] == pytest.approx(4.1 * 1.01)
+    assert s["strategies"]["ddp"]["time_to_loose_target_s"][0] < 8.0
 
 
 def test_every_strategy_gets_the_same_token_budget_and_schedule():

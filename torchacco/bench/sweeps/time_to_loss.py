@@ -172,7 +172,8 @@ def time_to_loss(args) -> dict:
                 run = run_strategy(plan, s, base, seed, folder, args)
                 runs[s].append(run.pop("records"))
                 meta[s].append(run)
-        summary = summarize(runs)
+        curves = {s: [val_curve(r) for r in rs] for s, rs in runs.items()}
+        summary = summarize(curves)
         results["settings"][name] = {
             "plan": plan.describe() + plan_note,
             "nodes": plan.nodes,
@@ -180,7 +181,7 @@ def time_to_loss(args) -> dict:
             "local_batch": local_batch,
             "summary": summary,
             "runs": meta,
-            "curves": {s: [val_curve(r) for r in rs] for s, rs in runs.items()},
+            "curves": curves,
             "job_s": {s: _mean_job_seconds(rs) for s, rs in runs.items()},
             "zero1_compute_per_update_s": _compute_per_update(runs.get("zero1", [])),
         }

@@ -64,33 +64,50 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(finite), statistics.pstdev(finite) if len(finite) > 1 else 0.0
 
 
-def summarize(runs: dict[str, list[list[dict]]], baselines=("ddp", "zero1", "fsdp"), target_from: str = "ddp") -> dict:
-    """Per strategy, over its seeds' runs: time to the target loss (the mean final validation loss of
-    `target_from` at the budget), the loss at equal training time (the shortest run's end), final
-    loss, training time, updates; and the speed-up of each strategy over the best baseline."""
-    curves = {s: [val_curve(r) for r in rs] for s, rs in runs.items()}
-    target = statistics.mean(c[-1]["val_loss"] for c in curves[target_from])
+def summarize(
+    curves: dict[str, list[list[dict]]],
+    baselines=("ddp", "zero1", "fsdp"),
+    target_from: str = "ddp",
+    loose: float = 0.01,
+) -> dict:
+    """Per strategy, over its seeds' validation curves: the time to the target loss, the loss at equal
+    training time (the shortest run's end), final loss, training time, updates; and the speed-up of each
+    strategy over the best baseline. Seeds are paired: seed i's target is `target_from`'s final loss with
+    seed i (the same initialisation and data order), so the target averages to its mean final loss; a
+    looser target, `loose` above it, shows the ratios where a strategy a hair worse per token never
+    reaches the strict one inside the budget."""
+    targets = [c[-1]["val_loss"] for c in curves[target_from]]
     equal_time = min(c[-1]["wall_s"] for cs in curves.values() for c in cs)
-    out = {"target_val_loss": target, "equal_time_s": equal_time, "strategies": {}}
+    out = {
+        "target_val_loss": statistics.mean(targets),
+        "loose_target_val_loss": statistics.mean(targets) * (1 + loose),
+        "equal_time_s": equal_time,
+        "strategies": {},
+    }
     for s, cs in curves.items():
-        times = [time_to_target(c, target) for c in cs]
-        tokens = [time_to_target(c, target, key="tokens") for c in cs]
+        pairs = list(zip(cs, targets))
+        times = [time_to_target(c, t) for c, t in pairs]
+        loose_times = [time_to_target(c, t * (1 + loose)) for c, t in pairs]
         out["strategies"][s] = {
             "time_to_target_s": mean_std(times),
             "reached": sum(math.isfinite(t) for t in times),
+            "time_to_loose_target_s": mean_std(loose_times),
+            "reached_loose": sum(math.isfinite(t) for t in loose_times),
             "seeds": len(times),
-            "tokens_to_target": mean_std(tokens),
+            "tokens_to_target": mean_std([time_to_target(c, t, key="tokens") for c, t in pairs]),
             "loss_at_equal_time": mean_std([loss_at(c, equal_time) for c in cs]),
             "final_val_loss": mean_std([c[-1]["val_loss"] for c in cs]),
             "training_s": mean_std([c[-1]["wall_s"] for c in cs]),
-            "updates": statistics.mean(len(r) and r[-1]["step"] for r in runs[s]),
-            "tokens_per_s": statistics.mean(r[-1]["tokens"] / training_seconds(r) for r in runs[s]),
+            "updates": statistics.mean(c[-1]["step"] for c in cs),
+            "tokens_per_s": statistics.mean(c[-1]["tokens"] / c[-1]["wall_s"] for c in cs),
         }
-    present = [b for b in baselines if b in out["strategies"]]
-    best = min(present, key=lambda b: out["strategies"][b]["time_to_target_s"][0])
-    out["best_baseline"] = best
-    best_time = out["strategies"][best]["time_to_target_s"][0]
-    for stats in out["strategies"].values():
-        mine = stats["time_to_target_s"][0]
-        stats["speedup_vs_best_baseline"] = best_time / mine if math.isfinite(mine) else 0.0
+    for key in ("time_to_target_s", "time_to_loose_target_s"):
+        present = [b for b in baselines if b in out["strategies"]]
+        best = min(present, key=lambda b: out["strategies"][b][key][0])
+        out["best_baseline" if key == "time_to_target_s" else "best_baseline_loose"] = best
+        best_time = out["strategies"][best][key][0]
+        for stats in out["strategies"].values():
+            mine = stats[key][0]
+            ratio = best_time / mine if math.isfinite(mine) else 0.0
+            stats["speedup_vs_best_baseline" if key == "time_to_target_s" else "speedup_loose"] = ratio
     return out

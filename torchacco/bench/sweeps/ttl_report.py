@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from torchacco.bench.cluster import format_rate
 
@@ -24,8 +25,8 @@ def report(results: dict) -> str:
         "",
         f"Seeds {', '.join(map(str, results['seeds']))}. ZeRO-1 computed {c['compute_per_update_s']:.3f} s per "
         f"update unshaped; the balance rate (its job as long as its compute) is {format_rate(c['balance_bps'])}. "
-        "Target: DDP's mean final validation loss at the token budget. Times are training time (the trainer's "
-        "clock: evaluation excluded), mean ± std over seeds.",
+        "Every strategy trains on the same token budget with the same token-indexed schedule. Times are "
+        "training time (the trainer's clock: evaluation excluded), mean ± std over the seeds that reach it.",
         "",
     ]
     for name, setting in results["settings"].items():
@@ -33,41 +34,45 @@ def report(results: dict) -> str:
         lines += [
             f"## Setting {name}: {setting['plan']}",
             "",
-            f"Target validation loss {s['target_val_loss']:.4f}; equal time {s['equal_time_s']:.1f} s; best baseline "
-            f"{s['best_baseline']}.",
+            f"Target: DDP's final validation loss, per seed (mean {s['target_val_loss']:.4f}); loose target 1% "
+            f"above it (mean {s['loose_target_val_loss']:.4f}). Equal time: {s['equal_time_s']:.1f} s. Best "
+            f"baseline: {s['best_baseline']} (loose: {s['best_baseline_loose']}).",
             "",
-            "| strategy | time to target (s) | reached | vs best baseline | val loss at equal time | final val loss "
-            "| training (s) | updates | tokens/s | other CPU |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| strategy | time to target (s) | reached | vs best baseline | time to loose target (s) | vs best "
+            "baseline | val loss at equal time | final val loss | training (s) | updates | tokens/s | other CPU |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for strategy, st in s["strategies"].items():
             other = max(run["other_cpu_share"] for run in setting["runs"][strategy])
             lines.append(
                 f"| {strategy} | {_ms(st['time_to_target_s'])} | {st['reached']}/{st['seeds']} | "
-                f"{st['speedup_vs_best_baseline']:.2f}× | {_ms(st['loss_at_equal_time'], 4)} | "
+                f"{st['speedup_vs_best_baseline']:.2f}× | {_ms(st['time_to_loose_target_s'])} | "
+                f"{st['speedup_loose']:.2f}× | {_ms(st['loss_at_equal_time'], 4)} | "
                 f"{_ms(st['final_val_loss'], 4)} | {_ms(st['training_s'])} | {st['updates']:.0f} | "
                 f"{st['tokens_per_s']:,.0f} | ≤ {other:.0%} |"
             )
-        lines += ["", *_verdicts(name, setting), ""]
+        lines += ["", *_verdicts(name, setting), "", *prediction_lines(setting, c["params"]), ""]
     return "\n".join(lines) + "\n"
 
 
 def _verdicts(name: str, setting: dict) -> list[str]:
-    s = setting["summary"]["strategies"]
+    summary = setting["summary"]
+    s = summary["strategies"]
     acco = {k: v for k, v in s.items() if k.startswith("acco")}
     out = []
     if acco:
-        best = max(acco, key=lambda k: acco[k]["speedup_vs_best_baseline"])
-        ratio = acco[best]["speedup_vs_best_baseline"]
         goal = TARGETS.get(name)
-        verdict = "met" if goal and ratio >= goal else "missed"
-        out.append(
-            f"ACCO's best mode here is {best}: {ratio:.2f}× sooner than the best baseline "
-            f"({setting['summary']['best_baseline']})" + (f"; target ≥ {goal}×: {verdict}." if goal else ".")
-        )
+        for key, label, baseline in (
+            ("speedup_vs_best_baseline", "the target", summary["best_baseline"]),
+            ("speedup_loose", "the loose target", summary["best_baseline_loose"]),
+        ):
+            best = max(acco, key=lambda k: acco[k][key])
+            ratio = acco[best][key]
+            verdict = f"; goal ≥ {goal}×: {'met' if ratio >= goal else 'missed'}" if goal else ""
+            out.append(f"To {label}, ACCO's best mode is {best}: {ratio:.2f}× the best baseline ({baseline}){verdict}.")
     if "acco" in s and "ddp" in s:
         gap = s["acco"]["final_val_loss"][0] / s["ddp"]["final_val_loss"][0] - 1
-        out.append(f"Deterministic ACCO at equal tokens: {gap:+.2%} validation loss vs DDP (target within 1%).")
+        out.append(f"Deterministic ACCO at equal tokens: {gap:+.2%} validation loss vs DDP (goal: within 1%).")
     bound = _acco_bound(setting)
     if bound:
         out.append(bound)
@@ -88,5 +93,83 @@ def _acco_bound(setting: dict) -> str | None:
     return (
         f"Deterministic ACCO: {per_update:.3f} s per update against its bound 2·max(C/2, M) = {bound:.3f} s "
         f"(C = {compute:.3f} s of compute per update, M = {job:.3f} s per job): {per_update / bound:.2f}× "
-        f"(target ≤ 1.10×)."
+        f"(goal ≤ 1.10×)."
     )
+
+
+def _slowdown(setting: dict) -> float:
+    found = re.search(r"measured slowdown ([0-9.]+)×", setting["plan"])
+    return float(found.group(1)) if found else 1.0
+
+
+def predictions(setting: dict, params: float) -> dict[str, dict]:
+    """The cost model's time per update and time to the target for each strategy of a setting,
+    calibrated on ZeRO-1 alone: its measured compute per update, and its measured job over the ring
+    ideal as the collectives' factor (f_rs = f_ag = f_ar); the link rate and the measured slowdown;
+    DDP's measured updates to the target for the updates needed."""
+    from torchacco.bench import cost_model as cm
+
+    s = setting["summary"]["strategies"]
+    compute = setting.get("zero1_compute_per_update_s")
+    if not compute or not math.isfinite(compute) or "ddp" not in s or "zero1" not in s:
+        return {}
+    slow = _slowdown(setting)
+    tokens = s["ddp"]["tokens_per_s"] * s["ddp"]["training_s"][0] / s["ddp"]["updates"]  # per update
+    micro = tokens / (setting["nodes"] * 2)
+    work = cm.Workload(params=params, flops_per_token=1.0, tokens_per_micro_batch=micro, comm_bytes=4)
+    # ZeRO-1 computes at the slowest rank's pace: a fast rank's micro-batch takes 1/slow of it
+    hw = cm.Hardware(nodes=setting["nodes"], flops=1.0, bandwidth_bps=setting["rate_bps"], opt_rate=1e9,
+                     slow_factor=slow, compute_s=compute / 2 / slow)  # fmt: skip
+    ideal_job = cm.predict(work, hw, "zero1")["job_s"]
+    zero1_step = s["zero1"]["training_s"][0] / s["zero1"]["updates"]
+    factor = max(1.0, (zero1_step - compute) / ideal_job) if ideal_job > 0 else 1.0
+    hw.rs_factor = hw.ag_factor = hw.ar_factor = factor
+    ddp_updates = s["ddp"]["tokens_to_target"][0] / tokens
+    out = {}
+    for strategy, st in s.items():
+        variant = "acco_adaptive" if strategy.startswith("acco_adaptive") else strategy
+        hw.max_growth = 0.0 if strategy.endswith("uncapped") else 2.0
+        p = cm.predict(work, hw, variant)
+        needed = cm.updates_needed(variant, p["tokens_per_update"], tokens, noise_scale=tokens)
+        measured_step = st["training_s"][0] / st["updates"]
+        out[strategy] = {
+            "predicted_step_s": p["step_time_s"],
+            "measured_step_s": measured_step,
+            "step_error": cm.relative_error(p["step_time_s"], measured_step),
+            "predicted_time_to_target_s": ddp_updates * needed * p["step_time_s"],
+            "measured_time_to_target_s": st["time_to_target_s"][0],
+            "collective_factor": factor,
+        }
+    return out
+
+
+def prediction_lines(setting: dict, params: float) -> list[str]:
+    preds = predictions(setting, params)
+    if not preds:
+        return []
+    factor = next(iter(preds.values()))["collective_factor"]
+    lines = [
+        "Cost model against this setting, calibrated on ZeRO-1 alone (its compute per update, and its job at "
+        f"{factor:.2f}× the ring ideal as every collective's factor), the link rate"
+        + (", the measured slowdown" if _slowdown(setting) > 1 else "")
+        + ", DDP's updates to the target, a gradient noise scale equal to the batch:",
+        "",
+        "| strategy | time per update, predicted / measured (s) | error | time to target, predicted / measured (s) |",
+        "|---|---:|---:|---:|",
+    ]
+    for strategy, p in preds.items():
+        measured = p["measured_time_to_target_s"]
+        lines.append(
+            f"| {strategy} | {p['predicted_step_s']:.3f} / {p['measured_step_s']:.3f} | {p['step_error']:+.0%} | "
+            f"{p['predicted_time_to_target_s']:.1f} / {measured:.1f} |"
+            if math.isfinite(measured)
+            else f"| {strategy} | {p['predicted_step_s']:.3f} / {p['measured_step_s']:.3f} | {p['step_error']:+.0%} | "
+            f"{p['predicted_time_to_target_s']:.1f} / not reached |"
+        )
+    errors = [abs(p["step_error"]) for k, p in preds.items() if k != "zero1"]
+    lines += [
+        "",
+        f"Mean absolute error of the time per update: {sum(errors) / len(errors):.0%} over the {len(errors)} "
+        "strategies other than ZeRO-1.",
+    ]
+    return lines
