@@ -138,6 +138,15 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
             id="unknown-selective-checkpoint",
         ),
         pytest.param(["--training.loss_chunks", "0"], ["loss_chunks must be positive"], id="zero-loss-chunks"),
+        pytest.param(["--metrics.log_every", "0"], ["[metrics] log_every must be at least 1"], id="zero-log-every"),
+        pytest.param(
+            ["--eval.batches", "0"], ["[eval] batches must be at least 1", "every = 0"], id="zero-eval-batches"
+        ),
+        pytest.param(
+            ["--parallelism.data_parallel", "dpu", "--acco.estimate_comm", "bf16"],
+            ["estimate_comm = 'bf16' does nothing here", "only acco has an estimate round"],
+            id="bf16-estimate-without-estimate",
+        ),
         pytest.param(
             ["--preemption.signals", "SIGTERM,SIGKILL"],
             ["[preemption] signals: 'SIGKILL' is not one of", "SIGUSR1"],

@@ -475,3 +475,14 @@ def test_under_pipeline_parallelism_the_nonfinite_error_names_global_ranks(tiny_
     assert len(errors) == 1 and "non-finite loss or gradient at step 2 (from the loss of rank(s) 1;" in errors[0], (
         proc.stderr[-3000:]
     )
+
+
+def test_a_metrics_line_cut_short_by_a_crash_does_not_stop_a_resume(tmp_path):
+    from torchacco.metrics import MetricsLogger
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.9}\n{"step": 3, "lo')
+    MetricsLogger(tmp_path, True, False, False, 10, keep_until_step=2).close()
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [
+        '{"step": 1, "loss": 2.0}',
+        '{"step": 2, "loss": 1.9}',
+    ]

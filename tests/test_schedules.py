@@ -396,3 +396,24 @@ def test_acco_with_a_bf16_estimate_round_trains_as_its_equations_within_that_err
     travelled = (expected - Reference(run["periods"]).theta()).norm()
     deviation = ((run["theta"] - expected).norm() / travelled).item()
     assert 1e-5 < deviation < 0.05, deviation  # it did travel in bf16, and stayed close
+
+
+def test_balanced_mode_keeps_measuring_a_rank_it_left_without_work():
+    """A rank measured slow once and given no micro-batch is not starved on that stale reading: its
+    estimate drifts faster until it gets work and is measured again; zero readings are ignored."""
+    from types import SimpleNamespace
+
+    from torchacco.parallel.acco import ACCO
+    from torchacco.parallel.strategy import UpdateResult
+
+    fake = SimpleNamespace(seconds_per_micro_batch=[None, None], accumulation=2, flat=SimpleNamespace(world=2),
+                           split=None)  # fmt: skip
+    ACCO._rebalance(fake, UpdateResult(0, 0, 0, 0, True, micro_batches=[2, 2], compute_s=[0.2, 2.0]))
+    assert fake.split == [4, 0]  # 0.1 s against 1 s per micro-batch
+    for _ in range(12):  # the slow rank gets nothing and no reading; the fast one keeps its 0.1 s
+        ACCO._rebalance(fake, UpdateResult(0, 0, 0, 0, True, micro_batches=fake.split, compute_s=[0.4, 0.0]))
+        if fake.split[1]:
+            break
+    assert fake.split[1] >= 1, fake.seconds_per_micro_batch
+    ACCO._rebalance(fake, UpdateResult(0, 0, 0, 0, True, micro_batches=[2, 2], compute_s=[0.0, 0.0]))
+    assert all(s and s > 0 for s in fake.seconds_per_micro_batch)  # a zero reading (e.g. after a resume) is no speed

@@ -120,6 +120,51 @@ def test_python_api_with_own_model_and_dataset(tmp_path):
     assert (tmp_path / "config.toml").is_file() and (tmp_path / "metrics.jsonl").is_file()
 
 
+class Finite(torch.utils.data.Dataset):
+    """Four windows, then nothing: a map-style dataset runs out after one epoch."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        seq = torch.arange(33) % 50
+        return {"input_ids": seq[:-1], "labels": seq[1:]}
+
+
+def _python_cfg(tmp_path) -> Config:
+    cfg = Config()
+    cfg.job.dump_folder = str(tmp_path)
+    cfg.training.steps, cfg.training.seq_len, cfg.training.local_batch_size = 30, 32, 8
+    cfg.parallelism.data_parallel = "zero1"
+    cfg.eval.every = 0
+    cfg.metrics.tensorboard = False
+    return cfg
+
+
+def _llama(vocab=64):
+    from torchacco.models.llama3 import spec
+
+    model = spec.model_cls(spec.args("debug", vocab_size=vocab, n_layers=2))
+    with torch.no_grad():
+        model.init_weights()
+    return model
+
+
+def test_a_dataset_that_runs_out_is_one_clear_error(tmp_path):
+    from torchacco.errors import UserError
+
+    with pytest.raises(UserError, match="the training dataset ran out; pass an endless one"):
+        train(_python_cfg(tmp_path), model=_llama(), datasets=(Finite(), Finite()))
+
+
+def test_a_model_on_another_device_is_one_clear_error(tmp_path):
+    from torchacco.errors import UserError
+
+    model = _llama().to("meta")
+    with pytest.raises(UserError, match=r"the model passed to train\(\) is on meta, the run on cpu; move it there"):
+        train(_python_cfg(tmp_path), model=model, datasets=(Counting(), Counting()))
+
+
 def test_multi_node_launch_through_c10d_rendezvous(tiny_corpus, cache_dir, tmp_path):
     """Two 'nodes' of one process each on this machine, as run_train.sh's multi-node path runs them."""
     import os

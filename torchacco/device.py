@@ -50,10 +50,13 @@ class Device:
             return None
         return next((f for key, f in PEAK_BF16_FLOPS.items() if key in self.name), None)
 
-    def synchronize(self) -> None:
-        """Wait for the compute stream only: a job on the side stream keeps running."""
-        if self.type == "cuda":
-            torch.cuda.current_stream(self.index).synchronize()
+    def mark(self):
+        """A point in the compute stream's work that `.synchronize()` waits for (CPU: already reached)."""
+        if self.type != "cuda":
+            return _Reached()
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def stopwatch(self) -> Stopwatch:
         return Stopwatch(cuda=self.type == "cuda")
@@ -84,6 +87,11 @@ class Device:
         if self.type == "cuda":
             return torch.cuda.max_memory_allocated(self.index) / 2**30
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class _Reached:
+    def synchronize(self) -> None:
+        pass
 
 
 class Stopwatch:

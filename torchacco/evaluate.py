@@ -17,9 +17,11 @@ def evaluate(
     model.eval()
     loss_sum, count = torch.zeros((), dtype=torch.float64, device=device.torch), 0
     with torch.no_grad(), loss_fn.context():
+        full = None
         for i, batch in enumerate(loader):
-            if i >= batches:
-                break
+            full = full or batch["input_ids"].shape[0]
+            if i >= batches or (pipeline and batch["input_ids"].shape[0] < full):
+                break  # a pipeline's stages keep the shapes of their first batch: no short last one
             batch = {k: v.to(device.torch, non_blocking=True) for k, v in batch.items()}
             loss, n = pipeline.evaluate(batch) if pipeline else loss_fn.of_batch(model, batch)
             loss_sum += value(loss).double()

@@ -18,6 +18,14 @@ import torch
 from torchacco.device import Device
 
 
+def _step(line: str) -> float:
+    """The step of a metrics.jsonl line; a line cut short by a crash counts as past any checkpoint."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
+
+
 def _fmt_duration(seconds: float) -> str:
     seconds = int(max(0, seconds))
     h, rem = divmod(seconds, 3600)
@@ -46,7 +54,7 @@ class MetricsLogger:
         path = folder / "metrics.jsonl"
         # A resumed run continues the file from its checkpoint's step; a new run starts it afresh.
         kept = (
-            [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= keep_until_step]
+            [line for line in path.read_text().splitlines() if _step(line) <= keep_until_step]
             if path.exists() and keep_until_step
             else []
         )
@@ -118,10 +126,12 @@ def overlap_metrics(result) -> dict:
     """Exposed communication and overlap of an overlapped schedule's update (none for sync ones)."""
     if not result.seconds:
         return {}
+    # On CUDA both times are the communication thread's and the compute thread's host time: the job's
+    # last kernels may still run on the side stream (the profiler's trace shows the GPU's side).
     metrics = {
         "job_s": result.seconds,
         "exposed_comm_s": result.exposed_s,
-        "overlap": max(0.0, 1.0 - result.exposed_s / max(result.seconds, 1e-9)),
+        "overlap": max(0.0, 1.0 - result.exposed_s / max(result.jobs_s or result.seconds, 1e-9)),
     }
     if result.drift is not None:
         metrics["estimate_drift"] = result.drift
@@ -133,7 +143,7 @@ class Throughput:
     Per-rank rates divide by every rank (a model replica spans tp × pp of them)."""
 
     def __init__(self, flops_per_token: float, ranks: int, device: Device, dtype: torch.dtype):
-        self.flops_per_token, self.dp_size, self.device = flops_per_token, ranks, device
+        self.flops_per_token, self.ranks, self.device = flops_per_token, ranks, device
         self.peak = device.peak_flops(dtype)
         self.restart(0.0)
 
@@ -150,10 +160,10 @@ class Throughput:
     def since_last(self, tokens: float, result) -> dict:
         tps = (tokens - self.tokens) / (time.perf_counter() - self.start)
         busy = sum(self.times.values()) or 1.0
-        achieved = self.flops_per_token * tps / self.dp_size
+        achieved = self.flops_per_token * tps / self.ranks
         record = {
             "tokens_per_s": tps,
-            "tokens_per_s_per_rank": tps / self.dp_size,
+            "tokens_per_s_per_rank": tps / self.ranks,
             "grad_norm": result.grad_norm,
             "tflops": achieved / 1e12,
             "memory_gib": self.device.peak_memory_gib(),

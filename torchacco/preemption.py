@@ -28,6 +28,7 @@ from torch.profiler import record_function
 
 from torchacco import health
 from torchacco.errors import Preempted, UserError
+from torchacco.parallel.dims import new_group
 
 ALLOWED = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP")
 
@@ -85,7 +86,7 @@ class Preemption:
         if not self.enabled:
             return
         if world > 1:
-            self.group = dist.new_group(backend="gloo")
+            self.group = new_group(backend="gloo")
         threading.Thread(target=self._watchdog, name="torchacco-preemption", daemon=True).start()
         if threading.current_thread() is threading.main_thread():  # signals can only be set there
             self._listen(parse_signals(cfg.signals))

@@ -5,8 +5,10 @@ job's kernels on a side stream, ordered against the compute stream by events.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -16,16 +18,28 @@ class ThreadRunner:
     """Runs one job at a time beside the compute, on a communication thread.
 
     Collectives are issued only by this thread while a job is in flight, so every rank
-    issues them in the same order. gloo and NCCL release the GIL while they wait.
+    issues them in the same order. gloo and NCCL release the GIL while they wait. The thread
+    is a daemon: a job stuck on a frozen peer never keeps the process from exiting.
     """
 
     def __init__(self):
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchacco-comm")
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._future: Future | None = None
+        self._thread = threading.Thread(target=self._serve, name="torchacco-comm", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            job, future = item
+            try:
+                future.set_result(job())
+            except BaseException as e:  # handed to wait(), which re-raises it on the compute side
+                future.set_exception(e)
 
     def launch(self, job: Callable[[], Any]) -> None:
         assert self._future is None, "a job is already in flight"
-        self._future = self._pool.submit(job)
+        self._future = Future()
+        self._jobs.put((job, self._future))
 
     def in_flight(self) -> bool:
         return self._future is not None
@@ -41,8 +55,13 @@ class ThreadRunner:
         future, self._future = self._future, None
         return future.result()
 
+    def abandon(self) -> None:
+        """Forget the job in flight (while another error ends the run): nothing waits for it."""
+        self._future = None
+
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._jobs.put(None)
+        self._thread.join()
 
 
 class StreamRunner(ThreadRunner):
@@ -73,6 +92,10 @@ class StreamRunner(ThreadRunner):
 
     def done(self):
         return super().done() and (self._done_event is None or self._done_event.query())
+
+    def abandon(self):
+        super().abandon()
+        self._done_event = None
 
     def wait(self):
         result = super().wait()

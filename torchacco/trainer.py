@@ -122,8 +122,13 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets, tok
     spec = get_model_spec(cfg.model.name)
     if model is None:
         model = build_model(spec, cfg.model, vocab, t.seed, device)
-    elif user_model.is_user_model(model) and vocab:
-        user_model.check_vocabulary(model, vocab)
+    else:
+        on = next(model.parameters()).device
+        if on.type != device.type or (device.type == "cuda" and on.index not in (None, device.index)):
+            raise UserError(f"the model passed to train() is on {on}, the run on {device.torch}; move it there first "
+                            f"(model.to('{device.torch}'))")  # fmt: skip
+        if user_model.is_user_model(model) and vocab:
+            user_model.check_vocabulary(model, vocab)
     n_params = sum(p.numel() for p in model.parameters())
     label = type(model).__name__ if user_model.is_user_model(model) else f"{cfg.model.name}/{cfg.model.flavor}"
     vocab_parallel = dims.tp_enabled and not dims.pp_enabled and cfg.parallelism.loss_parallel
@@ -330,7 +335,13 @@ def compute_period(
     watch = device.stopwatch().start()
     for micro_batch in strategy.micro_batches():
         t0 = time.perf_counter()
-        batch = {k: v.to(device.torch, non_blocking=True) for k, v in next(batches).items()}
+        batch = next(batches, None)
+        if batch is None:  # torchacco's own datasets are endless; a dataset passed to train() may not be
+            raise UserError(
+                "the training dataset ran out; pass an endless one (an IterableDataset that starts over), or "
+                "texts (data/texts.py packs them into endless windows)"
+            )
+        batch = {k: v.to(device.torch, non_blocking=True) for k, v in batch.items()}
         t1 = time.perf_counter()
         with (
             micro_batch,

@@ -53,6 +53,10 @@ def validate(
             f"[model] init_from = {cfg.model.init_from} is not a Hugging Face folder with a config.json; "
             "point it at a folder exported by torchacco (<dump_folder>/hf) or downloaded from the Hub"
         )
+    if cfg.metrics.log_every < 1:
+        raise UserError(f"[metrics] log_every must be at least 1, got {cfg.metrics.log_every}")
+    if cfg.eval.every and cfg.eval.batches < 1:
+        raise UserError(f"[eval] batches must be at least 1 when evaluating, got {cfg.eval.batches}; or set every = 0")
     for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s", "max_skips_in_a_row", "loss_chunks"):
         if getattr(t, key) <= 0:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")

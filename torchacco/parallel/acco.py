@@ -2,7 +2,7 @@
 
 Buffers (docs/acco.md): the compute side owns the parameter buffer P (what forward and
 backward read) and the gradient accumulator A; the job owns the communication buffer C —
-gradients in, parameters out — the one extra bf16 copy over ZeRO-1. The fp32 master
+gradients in, parameters out — the one extra parameter copy (compute dtype) over ZeRO-1. The fp32 master
 shard and AdamW moments are ZeRO-1's, untouched except by committing jobs.
 
 At every round boundary (`step()`) the compute side
@@ -18,7 +18,10 @@ The schedules differ only in `_plan()`: which job, and whether A is zeroed.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import heapq
+import sys
 import time
 
 import torch
@@ -48,6 +51,7 @@ class Overlapped(ZeRO1):
         self.comm = torch.zeros_like(self.flat.params_buffer)  # C: the job's private buffer
         self.job_buffer = self.comm  # C, or its first half seen as bf16 (a bf16 estimate round)
         self.runner = device.runner()
+        self.device = device
         self.mode = acco.mode
         self.max_growth = acco.max_growth  # bounds an adaptive period (0: no bound)
         self.lr_batch_scaling = acco.lr_batch_scaling if acco.mode == "adaptive" else 0.0
@@ -57,7 +61,8 @@ class Overlapped(ZeRO1):
         self.seconds_per_micro_batch: list[float | None] = [None] * self.flat.world  # balanced: measured
         self.pending = Counts()  # what A holds
         self.planned: tuple[str, bool] | None = None  # the job to launch when the next period starts
-        self.exposed = 0.0  # seconds the compute side waited on jobs since the last report
+        self.exposed = 0.0  # seconds the compute side waited on jobs since the last commit
+        self.job_seconds = 0.0  # seconds the jobs since the last commit took
         self.commits = 0  # committed updates (ACCO's drift cadence, DPU's warm-up)
 
     @classmethod
@@ -78,6 +83,9 @@ class Overlapped(ZeRO1):
             raise UserError(f"[acco] max_growth = {a.max_growth:g} must be 0 (no cap) or at least 1")
         if a.lr_batch_scaling < 0:
             raise UserError(f"[acco] lr_batch_scaling = {a.lr_batch_scaling:g} must be >= 0 (0.5: square root)")
+        if a.estimate_comm == "bf16" and (cls.name != "acco" or cfg.training.mixed_precision == "bf16"):
+            reason = "only acco has an estimate round" if cls.name != "acco" else "the compute dtype is bf16 already"
+            raise UserError(f"[acco] estimate_comm = 'bf16' does nothing here ({reason}); set it to 'full'")
         if cfg.acco.mode == "adaptive" and not cfg.training.max_tokens:
             raise UserError(
                 "[acco] mode = 'adaptive' lets each update's batch grow while communication runs, so a step count "
@@ -91,11 +99,15 @@ class Overlapped(ZeRO1):
             self.planned = None
         target = self.split[self.flat.rank] if self.split else self.accumulation
         cap = self.max_growth * target if self.max_growth else float("inf")
-        n = 0
+        n, marks = 0, collections.deque()
         # adaptive: past its micro-batches, a rank keeps accumulating while the job runs
         while n < target or (self.mode == "adaptive" and n + 1 <= cap and self._job_running()):
             yield contextlib.nullcontext()
             n += 1
+            if self.mode == "adaptive":  # compare the job with the work done, not queued (CUDA: one queued)
+                marks.append(self.device.mark())
+                if len(marks) > 1:
+                    marks.popleft().synchronize()
 
     def _job_running(self) -> bool:
         return self.runner.in_flight() and not self.runner.done()
@@ -144,12 +156,14 @@ class Overlapped(ZeRO1):
         with record_function("torchacco/wait_for_job"):
             finished = self.runner.wait()
         self.exposed += time.perf_counter() - start
+        self.job_seconds += finished.seconds
         self._before_swap(finished)
         self.flat.params_buffer.copy_(self.job_buffer)  # P ← C
         if finished.committed:
             self.commits += 1
             self.consumed += finished.consumed
-            finished.exposed_s, self.exposed = self.exposed, 0.0
+            finished.exposed_s, finished.jobs_s = self.exposed, self.job_seconds
+            self.exposed = self.job_seconds = 0.0
         return finished
 
     def step(self, counts: Counts) -> UpdateResult | None:
@@ -165,8 +179,12 @@ class Overlapped(ZeRO1):
         micro-batch (from the gathered numbers, so every rank plans alike)."""
         known = self.seconds_per_micro_batch
         for r, (n, seconds) in enumerate(zip(finished.micro_batches, finished.compute_s)):
-            if n > 0:
+            if n > 0 and seconds > 0:
                 known[r] = seconds / n if known[r] is None else 0.5 * known[r] + 0.5 * seconds / n
+            elif known[r] is not None:
+                # No measurement (a rank left without work): its estimate drifts faster each round, so it
+                # gets a micro-batch again and is measured anew, instead of idling on a stale reading.
+                known[r] *= 0.8
         if all(s is not None for s in known):
             self.split = split_by_speed(self.accumulation * self.flat.world, known)
 
@@ -190,6 +208,12 @@ class Overlapped(ZeRO1):
             self.flat.params_buffer.copy_(self.comm)
 
     def close(self) -> None:
+        """Drain the job in flight. While an error unwinds, that error is the one to report: the
+        job's own (often the same peer failure) is dropped, and a job stuck on a frozen peer is
+        left to the process's exit."""
+        if sys.exc_info()[0] is not None:
+            self.runner.abandon()
+            return
         if self.runner.in_flight():
             self.runner.wait()
         self.runner.close()
@@ -210,6 +234,8 @@ class Overlapped(ZeRO1):
                 "name": self.name,
                 "world": world,
                 "commits": self.commits,
+                "split": list(self.split or []),  # balanced mode's plan and measurements (the same on every rank)
+                "seconds_per_micro_batch": [-1.0 if s is None else s for s in self.seconds_per_micro_batch],
                 "planned": "" if self.planned is None else f"{self.planned[0]}:{int(self.planned[1])}",
                 "params": self.flat.params_buffer,
                 "accumulator": DTensor.from_local(
@@ -238,18 +264,25 @@ class Overlapped(ZeRO1):
         kind, _, keep = schedule["planned"].partition(":")
         self.planned = (kind, bool(int(keep))) if kind else None
         self.commits = schedule["commits"]
+        self.split = list(schedule.get("split", [])) or None
+        seconds = schedule.get("seconds_per_micro_batch", [])
+        if len(seconds) == self.flat.world:
+            self.seconds_per_micro_batch = [None if s < 0 else s for s in seconds]
 
     def _refresh_params(self) -> None:
         pass  # P was saved as it was (θ̃, θ or a prediction) and DCP loaded it in place
 
 
 def split_by_speed(total: int, seconds_per_micro_batch: list[float]) -> list[int]:
-    """Micro-batches per rank, `total` in all, such that the slowest rank finishes first: each
-    one goes to the rank that would finish it soonest (optimal for equal micro-batches)."""
+    """Micro-batches per rank, `total` in all, that minimise the time of the rank finishing last:
+    each one goes to the rank that would finish it soonest (optimal for equal micro-batches)."""
     counts = [0] * len(seconds_per_micro_batch)
+    finish = [(s, r) for r, s in enumerate(seconds_per_micro_batch)]  # (finish time with one more, rank)
+    heapq.heapify(finish)
     for _ in range(total):
-        r = min(range(len(counts)), key=lambda i: ((counts[i] + 1) * seconds_per_micro_batch[i], i))
+        _, r = heapq.heappop(finish)
         counts[r] += 1
+        heapq.heappush(finish, ((counts[r] + 1) * seconds_per_micro_batch[r], r))
     return counts
 
 

@@ -17,7 +17,7 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 RING_MIN_NUMEL = 1 << 16  # below this, a message's latency outweighs the bytes saved
-PIECE_NUMEL = 1 << 22  # ring messages are cut to this size: bounded staging memory, sends overlap adds
+PIECE_NUMEL = 1 << 22  # ring messages are cut to this size: the staging buffer stays bounded
 
 
 def _use_ring(tensor: torch.Tensor, group) -> bool:

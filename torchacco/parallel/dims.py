@@ -106,7 +106,17 @@ def launch_env() -> tuple[int, int, int, int]:
     )
 
 
+_timeout = timedelta(minutes=30)  # every process group's: [training] collective_timeout_s
+
+
+def new_group(ranks=None, backend=None) -> dist.ProcessGroup:
+    """A process group with the run's collective timeout (torch's subgroups default to their own)."""
+    return dist.new_group(ranks, timeout=_timeout, backend=backend)
+
+
 def init_distributed(device: Device, timeout_s: float = 1800.0, tp: int = 1, pp: int = 1) -> ParallelDims:
+    global _timeout
+    _timeout = timedelta(seconds=timeout_s)
     _, _, local_rank, local_world = launch_env()
     if dist.is_initialized():
         return _dims(device, tp, pp, local_rank, local_world)
@@ -130,7 +140,11 @@ def _dims(device: Device, tp: int, pp: int, local_rank: int, local_world: int) -
         raise UserError(
             f"{world} ranks are not divisible by tensor_parallel_degree × pipeline_parallel_degree = {tp} × {pp}"
         )
-    mesh = init_device_mesh(device.type, (pp, world // (tp * pp), tp), mesh_dim_names=("pp", "dp", "tp"))
+    names = ("pp", "dp", "tp")
+    mesh = init_device_mesh(
+        device.type, (pp, world // (tp * pp), tp), mesh_dim_names=names,
+        backend_override={name: (device.backend, _options(device.backend)) for name in names},
+    )  # fmt: skip
     return ParallelDims(world, rank, local_rank, local_world, mesh, _model_parallel_group(mesh, world, tp, pp))
 
 
@@ -202,6 +216,13 @@ def attempt_store(store: dist.Store, rank: int, world: int, timeout_s: float) ->
     return dist.PrefixStore(f"{prefix}{attempt}/", store)
 
 
+def _options(backend: str):
+    """Options that give a mesh's subgroups the run's timeout."""
+    options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
+    options._timeout = _timeout
+    return options
+
+
 def _model_parallel_group(mesh: DeviceMesh, world: int, tp: int, pp: int) -> dist.ProcessGroup | None:
     """The ranks of this rank's (tp × pp) block, i.e. the same dp coordinate."""
     if tp * pp == 1:
@@ -210,7 +231,7 @@ def _model_parallel_group(mesh: DeviceMesh, world: int, tp: int, pp: int) -> dis
     ranks = mesh.mesh.permute(1, 0, 2).reshape(dp, tp * pp).tolist()  # one row per dp coordinate
     mine = None
     for row in ranks:  # every rank creates every group, in the same order
-        group = dist.new_group(row)
+        group = new_group(row)
         if dist.get_rank() in row:
             mine = group
     return mine

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
 from torchacco.config import Optimizer as OptimizerConfig
+from torchacco.errors import UserError
 from torchacco.optim import build_adamw
 from torchacco.parallel.dims import ParallelDims, global_ranks, union_over
 from torchacco.parallel.sharded_job import all_gather
@@ -57,6 +58,11 @@ class Replicated(Strategy):
         all_gather(per_rank, mine, group=self.dims.dp_group)
         per_rank = per_rank.view(-1, Counts.FIELDS).cpu()
         tokens, loss_sum, _, consumed, _ = per_rank.sum(0).tolist()
+        if tokens <= 0:
+            raise UserError(
+                "an update has no token in the loss on any rank (every label masked); raise "
+                "[training] local_batch_size or global_batch_size, or check the data's masking"
+            )
         params = [p for p in self.model.parameters() if p.grad is not None]
         # The reduction averaged over ranks; rescale the mean of sums to a per-token mean.
         torch._foreach_mul_([p.grad for p in params], self.dims.dp_size / tokens)

@@ -75,6 +75,7 @@ class UpdateResult:
     consumed: float = 0.0  # global input tokens processed, in the loss or not: the LR schedule's clock
     seconds: float = 0.0  # wall time of the job
     exposed_s: float = 0.0  # time the compute side waited for jobs since the previous commit
+    jobs_s: float = 0.0  # time those jobs took (ACCO: the estimate's and the commit's)
     drift: float | None = None  # ‖θ̃ − θ‖ / ‖θ‖ (ACCO, every few commits)
     skipped: bool = False  # a non-finite loss or gradient: θ (and the optimizer state) left as it was
     nonfinite_ranks: list[int] = field(default_factory=list)  # ranks whose own loss was non-finite
