@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from torchacco.config import Config
-from torchacco.device import Device
+from torchacco.device import Device, Stopwatch
 from torchacco.loss import token_loss_sum
 from torchacco.lr import TokenSchedule
 from torchacco.parallel.dims import init_distributed
@@ -96,6 +96,7 @@ def main(kind, out, commits, micro_batches, mode, delay):
     periods, results, index = [], [], 0
     while len(results) < commits:
         tokens, loss_sum, n = 0, 0.0, 0
+        watch = Stopwatch(cuda=False).start()  # the period's compute time: balanced mode splits by it
         for ctx in dp.micro_batches():
             if rank == 1:
                 time.sleep(delay)  # a slow worker
@@ -104,7 +105,7 @@ def main(kind, out, commits, micro_batches, mode, delay):
                 loss.backward()
             tokens, loss_sum, n, index = tokens + count.item(), loss_sum + loss.item(), n + 1, index + 1
         periods.append(n)
-        result = dp.step(Counts(tokens, loss_sum, n, n * BATCH * SEQ))
+        result = dp.step(Counts(tokens, loss_sum, n, n * BATCH * SEQ, (watch.stop(),)))
         if result is not None and result.committed:
             results.append(result)
     with dp.evaluation():

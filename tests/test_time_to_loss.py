@@ -80,3 +80,14 @@ def test_every_strategy_gets_the_same_token_budget_and_schedule():
         argv = [*base, *extra]
         assert "--training.max_tokens" not in extra and "--lr_schedule.warmup_steps" not in extra, name
         assert value(argv, "--lr_schedule.warmup_steps") == "12"  # 5% of the budget, in nominal updates
+
+
+def test_resume_needs_the_partial_sweep_and_its_seeds(tmp_path):
+    from torchacco.errors import UserError
+
+    with pytest.raises(UserError, match="does not exist"):
+        ttl._previous(tmp_path, [0, 1, 2])
+    (tmp_path / "time_to_loss.json").write_text('{"seeds": [0], "settings": {}, "calibration": {}}')
+    with pytest.raises(UserError, match="holds seeds \\[0\\]"):
+        ttl._previous(tmp_path, [0, 1, 2])
+    assert ttl._previous(tmp_path, [0])["settings"] == {}

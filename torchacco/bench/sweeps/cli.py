@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-other-cpu", type=float, default=0.1, help="share of the machine's CPU other work may take")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--resume", action="store_true", help="keep the settings in <out>/time_to_loss.json, run the rest")
     p = sub.add_parser("all", help="throughput, heterogeneous, convergence and memory")
     p.add_argument("--out", default="bench_results")
     p.add_argument("--quick", action="store_true")

@@ -1,6 +1,6 @@
 """Time to loss: which strategy reaches a validation loss soonest on a slow or mixed cluster.
 
-    sudo .venv/bin/python -m torchacco.bench time-to-loss [--quick] [--settings a,b,c] [--seeds 0,1,2]
+    sudo .venv/bin/python -m torchacco.bench time-to-loss [--quick] [--settings a,b,c] [--seeds 0,1,2] [--resume]
 
 Settings (the emulated cluster of `torchacco.bench.cluster`):
   a  2 nodes at the link rate where ZeRO-1's exposed communication equals its compute (calibrated first);
@@ -152,11 +152,16 @@ def time_to_loss(args) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
     started = time.perf_counter()
-    calibration = calibrate(args, model_args(args, 2, args.local_batch))
+    previous = _previous(out, seeds) if args.resume else {"settings": {}}
+    calibration = previous.get("calibration") or calibrate(args, model_args(args, 2, args.local_batch))
     print(f"[time-to-loss] ZeRO-1 computes {calibration['compute_per_update_s']:.3f} s per update; balance rate "
           f"{format_rate(calibration['balance_bps'])}", flush=True)  # fmt: skip
-    results = {"calibration": calibration, "settings": {}, "strategies": strategies, "seeds": seeds}
+    results = {"calibration": calibration, "settings": previous["settings"], "strategies": strategies, "seeds": seeds}
     for name, (plan, local_batch) in setting_plans(args, calibration).items():
+        if name in results["settings"]:
+            print(f"[time-to-loss] setting {name}: kept from {out / 'time_to_loss.json'}", flush=True)
+            results["settings"][name]["summary"] = summarize(results["settings"][name]["curves"])
+            continue
         if plan.slow_node is not None:
             rates = measure_cpu(plan)
             plan_note = f"; measured slowdown {max(rates) / min(rates):.2f}×"
@@ -190,6 +195,17 @@ def time_to_loss(args) -> dict:
     results["elapsed_s"] = time.perf_counter() - started
     _save(results, out)
     return results
+
+
+def _previous(out: Path, seeds: list[int]) -> dict:
+    """A partial sweep's results, to finish it with the same calibration (the settings' link rates)."""
+    path = out / "time_to_loss.json"
+    if not path.exists():
+        raise UserError(f"--resume: {path} does not exist; run without --resume to start a sweep")
+    previous = json.loads(path.read_text())
+    if previous.get("seeds") != seeds:
+        raise UserError(f"--resume: {path} holds seeds {previous.get('seeds')}, not {seeds}; pass --seeds to match")
+    return previous
 
 
 def _compute_per_update(runs: list[list[dict]]) -> float:
