@@ -1,6 +1,7 @@
 """The time-to-loss benchmark's arithmetic: crossing times by interpolation, loss at equal time,
 the same token budget and schedule for every strategy."""
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -8,6 +9,7 @@ import pytest
 
 from torchacco.bench.sweeps import time_to_loss as ttl
 from torchacco.bench.sweeps.ttl_analysis import loss_at, summarize, time_to_target, training_seconds, val_curve
+from torchacco.config import load_config
 
 
 def _records(losses, tokens_per_update=100, seconds_per_update=1.0, eval_every=2):
@@ -91,3 +93,17 @@ def test_resume_needs_the_partial_sweep_and_its_seeds(tmp_path):
     with pytest.raises(UserError, match="holds seeds \\[0\\]"):
         ttl._previous(tmp_path, [0, 1, 2])
     assert ttl._previous(tmp_path, [0])["settings"] == {}
+    curves = {"ddp": [val_curve(_records([3.0, 2.0, 1.0, 0.5]))]}
+    (tmp_path / "time_to_loss.json").write_text(json.dumps({"seeds": [0], "settings": {"a": {"curves": curves}}}))
+    assert ttl._previous(tmp_path, [0])["settings"]["a"]["summary"] == summarize(curves)  # summarised anew
+
+
+def test_a_longer_budget_variant_changes_only_the_budget():
+    args = SimpleNamespace(updates=240, seq_len=128, eval_every=20)
+    base = ttl.model_args(args, nodes=4, local_batch=2)
+    for name, (strategy, factor) in ttl.LONGER_BUDGET.items():
+        argv = ttl.strategy_args(name, base)
+        assert argv[: len(base)] == base and argv[len(base) :][:-2] == ttl.STRATEGIES[strategy]
+        budget = int(base[base.index("--training.max_tokens") + 1])
+        assert argv[-2:] == ["--training.max_tokens", str(int(budget * factor))]
+        assert load_config(argv).training.max_tokens == int(budget * factor)  # the last override wins

@@ -41,6 +41,9 @@ STRATEGIES = {
     "acco_adaptive_uncapped": [*ACCO, "--acco.mode", "adaptive", "--acco.max_growth", "0"],
     "dpu": ["--parallelism.data_parallel", "dpu"],
 }
+# Opt-in variants on a longer token budget (their schedule stretched to it): a strategy a little
+# behind per token but faster per token can still reach the target sooner. Not an equal-budget row.
+LONGER_BUDGET = {"acco_balanced_1.25x_tokens": ("acco_balanced", 1.25)}
 ACCO_MODES = [s for s in STRATEGIES if s.startswith("acco")]
 VOCAB = 1024
 
@@ -92,8 +95,16 @@ def run_once(plan: ClusterPlan, train: list[str], folder: Path, timeout: float) 
     }
 
 
+def strategy_args(name: str, base: list[str]) -> list[str]:
+    if name in LONGER_BUDGET:
+        strategy, factor = LONGER_BUDGET[name]
+        tokens = int(base[base.index("--training.max_tokens") + 1])
+        return [*base, *STRATEGIES[strategy], "--training.max_tokens", str(int(tokens * factor))]  # the last wins
+    return [*base, *STRATEGIES[name]]
+
+
 def run_strategy(plan, name, base, seed, folder, args) -> dict:
-    train = [*base, *STRATEGIES[name], "--training.seed", str(seed)]
+    train = [*strategy_args(name, base), "--training.seed", str(seed)]
     for attempt in range(args.retries + 1):
         run = run_once(plan, train, folder, args.timeout)
         run["attempt"] = attempt
@@ -142,10 +153,11 @@ def setting_plans(args, calibration: dict) -> dict[str, tuple[ClusterPlan, int]]
 def time_to_loss(args) -> dict:
     args.settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in strategies if s not in STRATEGIES] + [s for s in args.settings if s not in "abc"]
+    known = [*STRATEGIES, *LONGER_BUDGET]
+    unknown = [s for s in strategies if s not in known] + [s for s in args.settings if s not in "abc"]
     if unknown:
         raise UserError(
-            f"unknown strategy or setting {unknown[0]!r}; strategies: {', '.join(STRATEGIES)}; settings: a, b, c"
+            f"unknown strategy or setting {unknown[0]!r}; strategies: {', '.join(known)}; settings: a, b, c"
         )
     if "ddp" not in strategies:
         raise UserError("the target loss is DDP's: keep ddp in --strategies")
@@ -158,53 +170,62 @@ def time_to_loss(args) -> dict:
           f"{format_rate(calibration['balance_bps'])}", flush=True)  # fmt: skip
     results = {"calibration": calibration, "settings": previous["settings"], "strategies": strategies, "seeds": seeds}
     for name, (plan, local_batch) in setting_plans(args, calibration).items():
-        if name in results["settings"]:
+        setting = results["settings"].get(name)
+        todo = [s for s in strategies if setting is None or s not in setting["curves"]]
+        if not todo:
             print(f"[time-to-loss] setting {name}: kept from {out / 'time_to_loss.json'}", flush=True)
-            results["settings"][name]["summary"] = summarize(results["settings"][name]["curves"])
             continue
-        if plan.slow_node is not None:
-            rates = measure_cpu(plan)
-            plan_note = f"; measured slowdown {max(rates) / min(rates):.2f}×"
-        else:
-            plan_note = ""
+        if setting is None:
+            setting = results["settings"][name] = _new_setting(plan, local_batch)
+        print(f"[time-to-loss] setting {name}: {setting['plan']}", flush=True)
         base = model_args(args, plan.nodes, local_batch)
-        print(f"[time-to-loss] setting {name}: {plan.describe()}{plan_note}", flush=True)
-        runs = {s: [] for s in strategies}
-        meta = {s: [] for s in strategies}
+        runs = {s: [] for s in todo}
         for seed in seeds:  # seeds outermost: a drift of the machine spreads over every strategy alike
-            for s in strategies:
+            for s in todo:
                 folder = out / "runs" / "ttl" / name / f"{s}_s{seed}"
                 run = run_strategy(plan, s, base, seed, folder, args)
                 runs[s].append(run.pop("records"))
-                meta[s].append(run)
-        curves = {s: [val_curve(r) for r in rs] for s, rs in runs.items()}
-        summary = summarize(curves)
-        results["settings"][name] = {
-            "plan": plan.describe() + plan_note,
-            "nodes": plan.nodes,
-            "rate_bps": plan.rate_bps,
-            "local_batch": local_batch,
-            "summary": summary,
-            "runs": meta,
-            "curves": curves,
-            "job_s": {s: _mean_job_seconds(rs) for s, rs in runs.items()},
-            "zero1_compute_per_update_s": _compute_per_update(runs.get("zero1", [])),
-        }
-        _plot(results["settings"][name], name, out)
+                setting["runs"].setdefault(s, []).append(run)
+        setting["curves"].update({s: [val_curve(r) for r in rs] for s, rs in runs.items()})
+        setting["job_s"].update({s: _mean_job_seconds(rs) for s, rs in runs.items()})
+        if "zero1" in runs:
+            setting["zero1_compute_per_update_s"] = _compute_per_update(runs["zero1"])
+        setting["summary"] = summarize(setting["curves"])
+        _plot(setting, name, out)
         _save(results, out)
     results["elapsed_s"] = time.perf_counter() - started
     _save(results, out)
     return results
 
 
+def _new_setting(plan: ClusterPlan, local_batch: int) -> dict:
+    note = ""
+    if plan.slow_node is not None:
+        rates = measure_cpu(plan)
+        note = f"; measured slowdown {max(rates) / min(rates):.2f}×"
+    return {
+        "plan": plan.describe() + note,
+        "nodes": plan.nodes,
+        "rate_bps": plan.rate_bps,
+        "local_batch": local_batch,
+        "runs": {},
+        "curves": {},
+        "job_s": {},
+        "zero1_compute_per_update_s": math.nan,
+    }
+
+
 def _previous(out: Path, seeds: list[int]) -> dict:
-    """A partial sweep's results, to finish it with the same calibration (the settings' link rates)."""
+    """A partial sweep's results, to finish it with the same calibration (the settings' link rates):
+    the settings and strategies it holds are kept, the rest are run."""
     path = out / "time_to_loss.json"
     if not path.exists():
         raise UserError(f"--resume: {path} does not exist; run without --resume to start a sweep")
     previous = json.loads(path.read_text())
     if previous.get("seeds") != seeds:
         raise UserError(f"--resume: {path} holds seeds {previous.get('seeds')}, not {seeds}; pass --seeds to match")
+    for setting in previous["settings"].values():  # summarised anew: the analysis may have changed since
+        setting["summary"] = summarize(setting["curves"])
     return previous
 
 
