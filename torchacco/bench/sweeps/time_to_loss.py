@@ -168,7 +168,8 @@ def time_to_loss(args) -> dict:
     calibration = previous.get("calibration") or calibrate(args, model_args(args, 2, args.local_batch))
     print(f"[time-to-loss] ZeRO-1 computes {calibration['compute_per_update_s']:.3f} s per update; balance rate "
           f"{format_rate(calibration['balance_bps'])}", flush=True)  # fmt: skip
-    results = {"calibration": calibration, "settings": previous["settings"], "strategies": strategies, "seeds": seeds}
+    ran = [*previous.get("strategies", []), *(s for s in strategies if s not in previous.get("strategies", []))]
+    results = {"calibration": calibration, "settings": previous["settings"], "strategies": ran, "seeds": seeds}
     for name, (plan, local_batch) in setting_plans(args, calibration).items():
         setting = results["settings"].get(name)
         todo = [s for s in strategies if setting is None or s not in setting["curves"]]
