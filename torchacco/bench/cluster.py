@@ -132,28 +132,11 @@ class ClusterPlan:
     def shaping_commands(self, ns: str, dev: str) -> list[list[str]]:
         if self.rate_bps is None and not self.latency_ms:
             return []
+        add_qdisc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev]
         cmds = []
         parent = ["root"]
         if self.latency_ms:
-            cmds.append(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    ns,
-                    "tc",
-                    "qdisc",
-                    "add",
-                    "dev",
-                    dev,
-                    "root",
-                    "handle",
-                    "1:",
-                    "netem",
-                    "delay",
-                    f"{self.latency_ms:g}ms",
-                ]
-            )
+            cmds.append([*add_qdisc, "root", "handle", "1:", "netem", "delay", f"{self.latency_ms:g}ms"])
             parent = ["parent", "1:1"]
         if self.rate_bps is not None:
             rate_bytes = self.rate_bps / 8
@@ -162,29 +145,8 @@ class ClusterPlan:
             # side's ACKs behind its own data and the two directions end up taking turns.
             burst = int(max(16_000, rate_bytes / 250))
             limit = int(burst + max(16_000, rate_bytes * 0.005))
-            cmds.append(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    ns,
-                    "tc",
-                    "qdisc",
-                    "add",
-                    "dev",
-                    dev,
-                    *parent,
-                    "handle",
-                    "10:",
-                    "tbf",
-                    "rate",
-                    f"{int(self.rate_bps)}bit",
-                    "burst",
-                    str(burst),
-                    "limit",
-                    str(limit),
-                ]
-            )
+            tbf = ["tbf", "rate", f"{int(self.rate_bps)}bit", "burst", str(burst), "limit", str(limit)]
+            cmds.append([*add_qdisc, *parent, "handle", "10:", *tbf])
         return cmds
 
     def setup_commands(self) -> list[list[str]]:
