@@ -89,6 +89,10 @@ def test_resume_needs_the_partial_sweep_and_its_seeds(tmp_path):
 
     with pytest.raises(UserError, match="does not exist"):
         ttl._previous(tmp_path, [0, 1, 2])
+    for damaged in ('{"seeds": [0', '{"seeds": [0], "settings": {"a": {}}}', "[1, 2]"):
+        (tmp_path / "time_to_loss.json").write_text(damaged)
+        with pytest.raises(UserError, match="is not a time-to-loss sweep's results"):
+            ttl._previous(tmp_path, [0])
     (tmp_path / "time_to_loss.json").write_text('{"seeds": [0], "settings": {}, "calibration": {}}')
     with pytest.raises(UserError, match="holds seeds \\[0\\]"):
         ttl._previous(tmp_path, [0, 1, 2])

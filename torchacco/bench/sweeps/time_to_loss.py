@@ -222,11 +222,19 @@ def _previous(out: Path, seeds: list[int]) -> dict:
     path = out / "time_to_loss.json"
     if not path.exists():
         raise UserError(f"--resume: {path} does not exist; run without --resume to start a sweep")
-    previous = json.loads(path.read_text())
+    try:
+        previous = json.loads(path.read_text())
+        settings = previous["settings"].values()
+        curves = [setting["curves"] for setting in settings]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise UserError(
+            f"--resume: {path} is not a time-to-loss sweep's results (damaged or from another benchmark); "
+            "move it away or run without --resume"
+        ) from None
     if previous.get("seeds") != seeds:
         raise UserError(f"--resume: {path} holds seeds {previous.get('seeds')}, not {seeds}; pass --seeds to match")
-    for setting in previous["settings"].values():  # summarised anew: the analysis may have changed since
-        setting["summary"] = summarize(setting["curves"])
+    for setting, setting_curves in zip(settings, curves):  # summarised anew: the analysis may have changed since
+        setting["summary"] = summarize(setting_curves)
     return previous
 
 
