@@ -11,6 +11,7 @@ from conftest import FSDP_ASYNC, ROOT, read_metrics, run_train, six_step_args
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from torchacco.checkpoint import step_dirs
+from torchacco.parallel.strategy import Counts
 
 args = six_step_args
 
@@ -56,6 +57,17 @@ def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_pa
     for key in ("loss", "lr", "tokens", "grad_norm"):
         assert [r[key] for r in records] == [r[key] for r in expected[3:]], key
     assert records[-1]["val_loss"] == expected[-1]["val_loss"]
+
+
+def test_counts_restored_as_python_floats_keep_every_float64_bit():
+    """An overlapped schedule's checkpoint holds the counts behind its accumulator; restored, they
+    are Python floats. A float64 loss sum (two float32 micro-batch losses added) must reach the
+    job unrounded, or the first resumed update reports another loss (SIMD-dependent by chance)."""
+    loss_sum = 2812.8292236328125  # float64, not a float32 value
+    assert torch.tensor(loss_sum, dtype=torch.float32).item() != loss_sum
+    restored = Counts(512.0, loss_sum, 2, 512.0)
+    assert restored.as_tensor("cpu")[1].item() == loss_sum
+    assert Counts(2.0**24 + 1, 0.0).as_tensor("cpu")[0].item() == 2.0**24 + 1  # token counts past float32's
 
 
 def _killed_worker_recovers(corpus, cache, tmp_path, kind, expected, full):

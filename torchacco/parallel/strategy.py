@@ -59,7 +59,9 @@ class Counts:
         """(loss tokens, loss sum, micro-batches, consumed, compute seconds) as float64 on `device`."""
         seconds = sum(watch.seconds() for watch in self.compute)
         values = [self.loss_tokens, self.loss_sum, self.micro_batches, self.consumed, seconds]
-        values = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
+        # float64 from the start: a Python float (counts restored from a checkpoint) through
+        # torch.tensor's default float32 would lose the low bits of a float64 loss sum.
+        values = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64) for v in values]
         return torch.stack([v.to(device=device, dtype=torch.float64) for v in values])
 
 
