@@ -42,7 +42,7 @@ def acco_first_commit_equals_zero1():
 
     from torchacco.device import Device
     from torchacco.loss import token_loss_sum
-    from torchacco.parallel.dims import destroy, init_distributed
+    from torchacco.parallel.process_groups import destroy, init_distributed
     from torchacco.parallel.strategy import Counts
 
     device = Device("cuda", 0)

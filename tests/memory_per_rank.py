@@ -17,8 +17,8 @@ from torchacco.build import build_model
 from torchacco.config import load_config
 from torchacco.device import select_device
 from torchacco.lr import TokenSchedule
-from torchacco.parallel.dims import init_distributed
 from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
+from torchacco.parallel.process_groups import init_distributed
 from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import UpdatePlan
 from torchacco.spec import get_model_spec
@@ -33,7 +33,7 @@ full = sum(p.numel() for p in model.parameters())
 model, pipe = apply_model_parallel(model, spec, cfg, dims, dev)
 plan = UpdatePlan(2, TokenSchedule(1e-3, 0, 1e6, "constant", 0.1), cfg.training.max_norm, torch.float32)
 dp = build_strategy(model, cfg, dims, plan, dev)
-mine = [dims.rank, local_numel(model), dp.flat.shard_numel if hasattr(dp, "flat") else 0]
+mine = [dims.rank, local_numel(model), dp.sharded.flat.shard_numel if hasattr(dp, "sharded") else 0]
 out = [None] * dims.world_size
 dist.all_gather_object(out, mine)
 if dims.rank == 0:

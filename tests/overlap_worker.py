@@ -18,7 +18,7 @@ from torchacco.config import Config
 from torchacco.device import Device, Stopwatch
 from torchacco.loss import token_loss_sum
 from torchacco.lr import TokenSchedule
-from torchacco.parallel.dims import init_distributed
+from torchacco.parallel.process_groups import init_distributed
 from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import Counts, UpdatePlan
 

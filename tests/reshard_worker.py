@@ -13,7 +13,7 @@ from torchacco.checkpoint import Checkpointer, TrainState
 from torchacco.config import load_config
 from torchacco.device import Device
 from torchacco.lr import TokenSchedule
-from torchacco.parallel.dims import destroy, init_distributed
+from torchacco.parallel.process_groups import destroy, init_distributed
 from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import UpdatePlan
 from torchacco.spec import get_model_spec

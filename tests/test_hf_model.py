@@ -16,7 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 sys.path.insert(0, str(Path(__file__).parent))
 import hf_model_worker as worker  # noqa: E402
 
-from torchacco import user_model  # noqa: E402
+from torchacco import blocks, user_model  # noqa: E402
 from torchacco.config import Config  # noqa: E402
 from torchacco.data import python_datasets  # noqa: E402
 from torchacco.data.dataset import SplitWriter, read_split  # noqa: E402
@@ -270,14 +270,14 @@ class Plain(nn.Module):
 
 def test_blocks_are_found_without_knowing_the_architecture():
     llama, gpt2 = worker.tiny_llama(), _gpt2()
-    assert user_model.blocks_of(llama) is llama.model.layers
-    assert user_model.blocks_of(gpt2) is gpt2.transformer.h
-    assert user_model.compile_units(gpt2) == list(gpt2.transformer.h)
+    assert blocks.blocks_of(llama) is llama.model.layers
+    assert blocks.blocks_of(gpt2) is gpt2.transformer.h
+    assert blocks.compile_units(gpt2) == list(gpt2.transformer.h)
     nested = nn.Sequential(nn.ModuleList([nn.Linear(2, 2)]), nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)]))
-    assert user_model.blocks_of(nested) is nested[1]  # the largest list of one class
-    assert user_model.blocks_of(Plain()) is None
+    assert blocks.blocks_of(nested) is nested[1]  # the largest list of one class
+    assert blocks.blocks_of(Plain()) is None
     plain = Plain()
-    assert user_model.compile_units(plain) == [plain]
+    assert blocks.compile_units(plain) == [plain]
 
 
 def test_the_adapter_returns_logits_and_gives_the_model_back():

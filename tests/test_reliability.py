@@ -296,7 +296,7 @@ def test_a_peer_that_never_joins_the_process_group_is_named_in_one_line():
     import time
 
     from torchacco.errors import PeerFailure
-    from torchacco.parallel.dims import attempt_store
+    from torchacco.parallel.process_groups import attempt_store
 
     server = _tcp_store(1.0)
     start = time.monotonic()
@@ -318,7 +318,7 @@ def test_a_peer_dying_during_process_group_setup_gives_the_diagnosis_not_a_store
 
     from conftest import ROOT
 
-    from torchacco.parallel.dims import attempt_store
+    from torchacco.parallel.process_groups import attempt_store
 
     server = _tcp_store(30.0)
     env = {

@@ -249,7 +249,7 @@ def test_acco_memory_over_zero1_is_one_bf16_parameter_copy():
 
     from torchacco.config import Config
     from torchacco.device import Device
-    from torchacco.parallel.dims import init_distributed
+    from torchacco.parallel.process_groups import init_distributed
 
     dims = init_distributed(Device("cpu"))
     try:
@@ -262,7 +262,7 @@ def test_acco_memory_over_zero1_is_one_bf16_parameter_copy():
             before = _live_tensor_bytes() - replaced
             dp = worker.build(model, cfg, dims, 2, torch.bfloat16)
             footprint[kind] = _live_tensor_bytes() - before
-            numel = dp.flat.padded_numel
+            numel = dp.sharded.flat.padded_numel
             dp.close()
             del dp, model
         # ZeRO-1: bf16 parameters + fp32 accumulator + fp32 master, m, v (one rank: the whole shard);
@@ -354,7 +354,7 @@ def test_acco_bf16_buffers_and_per_round_metrics(tiny_corpus, cache_dir, tmp_pat
 
 
 def test_split_by_speed_keeps_the_total_and_finishes_the_slowest_first():
-    from torchacco.parallel.acco import split_by_speed
+    from torchacco.parallel.overlapped import split_by_speed
 
     assert split_by_speed(8, [1, 1, 1, 4]) == [3, 3, 2, 0]  # a 4× slower rank: one micro-batch would take 4
     assert split_by_speed(6, [1.0, 2.0]) == [4, 2]  # both finish at 4

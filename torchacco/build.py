@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -12,8 +13,30 @@ from torchacco import hf_io
 from torchacco.config import Data, Model, Tokenizer
 from torchacco.device import Device
 from torchacco.errors import UserError
-from torchacco.parallel.dims import ParallelDims, on_one_rank
+from torchacco.parallel.dims import ParallelDims
+from torchacco.parallel.process_groups import on_one_rank
 from torchacco.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """Whose model a run trains, decided once where the model enters: torchacco's own (a models/
+    folder: `.args`, parallel plans, a Hugging Face adapter) or a foreign one passed to train()
+    (a Hugging Face causal LM, or any module giving logits), which torchacco/user_model.py adapts."""
+
+    foreign: bool
+    label: str  # for the run's first log line
+
+    @staticmethod
+    def of(model: nn.Module | None, model_cfg: Model) -> ModelKind:
+        if model is not None and not hasattr(model, "args"):
+            return ModelKind(True, type(model).__name__)
+        return ModelKind(False, f"{model_cfg.name}/{model_cfg.flavor}")
+
+    def flops_per_token(self, model: nn.Module, seq_len: int) -> float:
+        from torchacco import user_model
+
+        return user_model.flops_per_token(model, seq_len) if self.foreign else model.args.flops_per_token(seq_len)
 
 
 def model_args(spec: ModelSpec, model: Model, vocab_size: int = 0):

@@ -23,9 +23,26 @@ from typing import Literal
 from torchacco.errors import UserError
 
 
-def key(default, help: str):
-    """A config key: its default and the one line the configuration reference shows."""
-    return field(default=default, metadata={"help": help})
+def key(default, help: str, choices=None):
+    """A config key: its default and the one line the configuration reference shows. `choices`, a
+    function returning the accepted values, is for a set that is known only at run time (the
+    registered strategies); `default` may then be such a function too."""
+    metadata = {"help": help, "choices": choices}
+    if callable(default):
+        return field(default_factory=default, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _strategy_names() -> tuple[str, ...]:
+    from torchacco.parallel.registry import STRATEGIES
+
+    return tuple(STRATEGIES)
+
+
+def _default_strategy() -> str:
+    from torchacco.parallel.registry import default_strategy
+
+    return default_strategy().name
 
 
 @dataclass
@@ -128,8 +145,8 @@ class LRSchedule:
 
 @dataclass
 class Parallelism:
-    data_parallel: Literal["ddp", "zero1", "fsdp", "acco", "dpu", "wp"] = key(
-        "ddp", "the data-parallel strategy (docs/parallelism.md)"
+    data_parallel: str = key(
+        _default_strategy, "the data-parallel strategy (docs/parallelism.md)", choices=_strategy_names
     )
     reshard_after_forward: bool = key(True, "fsdp: free gathered parameters after forward")
     bucket_cap_mb: float = key(25.0, "ddp: gradient bucket size")
@@ -147,32 +164,6 @@ class Parallelism:
         "with tensor parallelism (and no pipeline): the logits stay split by vocabulary "
         "and the loss is computed on the shards",
     )
-
-
-@dataclass
-class Acco:
-    """The overlapped schedules: acco, dpu and wp."""
-
-    mode: Literal["deterministic", "adaptive", "balanced"] = key(
-        "deterministic",
-        "deterministic: a fixed number of micro-batches per period, then wait for the job; adaptive: keep "
-        "accumulating until the job is done (the batch grows); balanced: the global batch stays fixed and is "
-        "split between the ranks by their measured speed",
-    )
-    accumulator_dtype: Literal["fp32", "bf16"] = key("fp32", "gradient accumulator dtype (bf16 is the paper's)")
-    max_growth: float = key(2.0, "adaptive: a rank runs at most this multiple of its period's micro-batches; 0: no cap")
-    lr_batch_scaling: float = key(
-        0.5,
-        "adaptive: the lr is scaled by (update's tokens / nominal tokens)^this; 0.5 is Adam's square-root rule, "
-        "0 turns it off",
-    )
-    estimate_comm: Literal["full", "bf16"] = key(
-        "full",
-        "acco: with an fp32 compute dtype, the estimate round's gradients and parameters travel in bf16 "
-        "(half the bytes; the estimate is approximate by nature)",
-    )
-    dpu_warmup_steps: int = key(0, "dpu: synchronous updates before the one-step delay starts")
-    drift_every: int = key(10, "acco: log ‖θ̃ − θ‖ / ‖θ‖ every this many commits; 0 disables")
 
 
 @dataclass
@@ -241,15 +232,24 @@ class Config:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
     parallelism: Parallelism = field(default_factory=Parallelism)
-    acco: Acco = field(default_factory=Acco)
     eval: Eval = field(default_factory=Eval)
     metrics: Metrics = field(default_factory=Metrics)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     preemption: Preemption = field(default_factory=Preemption)
     profiling: Profiling = field(default_factory=Profiling)
 
+    def __post_init__(self):
+        # The sections of the registered strategies' options ([acco], ...), after the fixed ones.
+        self._strategy_sections = {name: cls() for name, cls in _strategy_sections().items()}
+
+    def __getattr__(self, name: str):
+        sections = self.__dict__.get("_strategy_sections", {})
+        if name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__} has no section {name!r}")
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {name: dataclasses.asdict(getattr(self, name)) for name in _sections()}
 
     def to_toml(self) -> str:
         lines = []
@@ -261,9 +261,19 @@ class Config:
         return "\n".join(lines)
 
 
+def _strategy_sections() -> dict[str, type]:
+    """[section] -> options dataclass of the registered strategies (a section two strategies share once)."""
+    from torchacco.parallel.registry import STRATEGIES
+
+    return {cls.options_section: cls.options for cls in STRATEGIES.values() if cls.options is not None}
+
+
 def _sections() -> dict[str, type]:
+    """Every section in the reference's order: the fixed ones, with the strategies' after [parallelism]."""
     hints = typing.get_type_hints(Config)
-    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+    fixed = [(f.name, hints[f.name]) for f in dataclasses.fields(Config)]
+    at = next(i for i, (name, _) in enumerate(fixed) if name == "parallelism") + 1
+    return dict(fixed[:at] + list(_strategy_sections().items()) + fixed[at:])
 
 
 def _key_types(section_cls: type) -> dict[str, type]:
@@ -272,9 +282,17 @@ def _key_types(section_cls: type) -> dict[str, type]:
 
 
 def choices(section: str, name: str) -> tuple | None:
-    """The values a `Literal[...]` key accepts (None for a free value)."""
-    expected = _key_types(_sections()[section])[name]
+    """The values a `Literal[...]` (or `choices=`) key accepts (None for a free value)."""
+    cls = _sections()[section]
+    listed = next(f.metadata.get("choices") for f in dataclasses.fields(cls) if f.name == name)
+    if listed is not None:
+        return tuple(listed())
+    expected = _key_types(cls)[name]
     return typing.get_args(expected) if typing.get_origin(expected) is Literal else None
+
+
+def default(f: dataclasses.Field):
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def _convert(value, expected: type, where: str, from_cli: bool):
@@ -316,6 +334,9 @@ def _set(cfg: Config, section: str, key: str, value, origin: str, from_cli: bool
     if key not in keys:
         raise UserError(f"{origin}: unknown key '{key}' in [{section}]; valid keys: {', '.join(keys)}")
     value = _convert(value, keys[key], f"{origin}: [{section}] {key}", from_cli)
+    allowed = choices(section, key)
+    if allowed is not None and value not in allowed:
+        raise UserError(f"{origin}: [{section}] {key} = {value!r} is not one of: {', '.join(allowed)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{origin}: [{section}] {key} = {value} is not a finite number; give a finite value")
     setattr(getattr(cfg, section), key, value)
@@ -395,7 +416,7 @@ def reference_markdown() -> str:
             allowed = choices(section, f.name)
             kind = " \\| ".join(f"`{c}`" for c in allowed) if allowed else types_[f.name].__name__
             out.append(
-                f"| `{f.name}` | {kind} | `{json.dumps(f.default, ensure_ascii=False)}` | "
+                f"| `{f.name}` | {kind} | `{json.dumps(default(f), ensure_ascii=False)}` | "
                 f"{f.metadata['help'].replace('|', chr(92) + '|')} |"
             )
         out.append("")

@@ -7,7 +7,8 @@ import torch.nn as nn
 
 from torchacco.device import Device
 from torchacco.loss import TokenLoss, value
-from torchacco.parallel.dims import ParallelDims, all_reduce_sum
+from torchacco.parallel.collectives import all_reduce_sum
+from torchacco.parallel.dims import ParallelDims
 
 
 def evaluate(

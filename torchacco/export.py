@@ -22,9 +22,9 @@ from pathlib import Path
 from torchacco.errors import UserError, run_cli
 
 
-def export_hf(model_name: str, strategy, dims, folder: Path, dtype: str, tokenizer) -> Path | None:
+def export_hf(model_name: str, kind, strategy, dims, folder: Path, dtype: str, tokenizer) -> Path | None:
     """θ (fp32 from the strategy's committed state) as a Hugging Face folder; rank 0 writes.
-    A collective: every rank takes part."""
+    A collective: every rank takes part. `kind`: the run's build.ModelKind."""
     import torch
 
     from torchacco import hf_io, user_model
@@ -35,7 +35,7 @@ def export_hf(model_name: str, strategy, dims, folder: Path, dtype: str, tokeniz
     if not dims.is_main:
         return None
     unwrapped = getattr(strategy.model, "module", strategy.model)
-    if user_model.is_user_model(unwrapped):  # a Hugging Face model passed to train(): its own save_pretrained
+    if kind.foreign:  # a Hugging Face model passed to train(): its own save_pretrained
         return user_model.export(unwrapped, weights, folder, torch_dtype, tokenizer)
     return hf_io.save_hf(
         folder,
@@ -59,12 +59,12 @@ def _run_config(run_dir: Path, dtype: str):
 def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str) -> Path | None:
     import torch
 
-    from torchacco.build import build_data, build_model
+    from torchacco.build import ModelKind, build_data, build_model
     from torchacco.checkpoint import Checkpointer
     from torchacco.device import Device
     from torchacco.lr import TokenSchedule
-    from torchacco.parallel.dims import destroy, init_distributed
     from torchacco.parallel.model_parallel import apply_model_parallel
+    from torchacco.parallel.process_groups import destroy, init_distributed
     from torchacco.parallel.registry import build_strategy
     from torchacco.parallel.strategy import UpdatePlan
     from torchacco.spec import get_model_spec
@@ -88,7 +88,9 @@ def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str)
         strategy = build_strategy(model, cfg, dims, plan, device)
         checkpointer.load(checkpoint, {strategy.checkpoint_key(dims): strategy.weights_state_dict()})
         checkpointer.close()
-        path = export_hf(cfg.model.name, strategy, dims, out or run_dir / "hf", dtype, tokenizer)
+        path = export_hf(
+            cfg.model.name, ModelKind.of(None, cfg.model), strategy, dims, out or run_dir / "hf", dtype, tokenizer
+        )
         strategy.close()
         return path
     finally:

@@ -28,7 +28,6 @@ from torch.profiler import record_function
 
 from torchacco import health
 from torchacco.errors import Preempted, UserError
-from torchacco.parallel.dims import new_group
 
 ALLOWED = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP")
 
@@ -73,8 +72,8 @@ def exit_code(p, checkpoints: bool, signum: int) -> int:
 class Preemption:
     """The preemption handling of one train() call; without a config, one that never stops."""
 
-    def __init__(self, cfg=None, rank: int = 0, world: int = 1, checkpoints: bool = False):
-        self.cfg, self.rank, self.checkpoints = cfg, rank, checkpoints
+    def __init__(self, cfg=None, dims=None, checkpoints: bool = False):
+        self.cfg, self.rank, self.checkpoints = cfg, dims.rank if dims else 0, checkpoints
         self.enabled = cfg is not None and cfg.enable
         self.signum = 0  # the signal this rank acts on (0: none yet)
         self.group = None
@@ -85,8 +84,8 @@ class Preemption:
         self._deferred = False
         if not self.enabled:
             return
-        if world > 1:
-            self.group = new_group(backend="gloo")
+        if dims.world_size > 1:
+            self.group = dims.new_group(backend="gloo")
         threading.Thread(target=self._watchdog, name="torchacco-preemption", daemon=True).start()
         if threading.current_thread() is threading.main_thread():  # signals can only be set there
             self._listen(parse_signals(cfg.signals))
@@ -205,10 +204,10 @@ class Preemption:
 _current: Preemption | None = None
 
 
-def start(cfg, rank: int, world: int, checkpoints: bool) -> Preemption:
+def start(cfg, dims, checkpoints: bool) -> Preemption:
     """Handle `cfg`'s signals for this process's run (a collective: every rank calls it)."""
     global _current
-    _current = Preemption(cfg, rank, world, checkpoints)
+    _current = Preemption(cfg, dims, checkpoints)
     return _current
 
 

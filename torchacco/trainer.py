@@ -20,7 +20,8 @@ from torch.profiler import record_function
 
 from torchacco import health, preemption, run_folder, user_model
 from torchacco.activation_checkpoint import apply_activation_checkpoint
-from torchacco.build import build_data, build_model
+from torchacco.blocks import blocks_of, compile_units
+from torchacco.build import ModelKind, build_data, build_model
 from torchacco.checkpoint import Checkpointer, TrainState, checkpoint_state, resume
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
@@ -31,8 +32,9 @@ from torchacco.faults import from_env
 from torchacco.loss import TokenLoss, value
 from torchacco.lr import TokenSchedule
 from torchacco.metrics import MetricsLogger, Throughput
-from torchacco.parallel.dims import ParallelDims, destroy, init_distributed, launch_env, on_one_rank
+from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.model_parallel import apply_model_parallel, model_parallel_label
+from torchacco.parallel.process_groups import destroy, init_distributed, launch_env, on_one_rank
 from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan
 from torchacco.profiling import Profiler
@@ -45,6 +47,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     causal LM) and `datasets` ((train, val): torch datasets of {"input_ids", "labels"} windows, or
     texts that `tokenizer` turns into them; see data/texts.py) replace the configured ones when given."""
     _, world, local_rank, local_world = launch_env()
+    kind = ModelKind.of(model, cfg.model)
     validate(cfg, world, model=model, own_data=datasets is not None)
     device = select_device(cfg.training.device, local_rank)
     if device.type == "cpu":
@@ -57,11 +60,11 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     heartbeat = health.start(dims.rank, dims.world_size)
     sigterm = health.SigtermGuard()
     # After SigtermGuard: SIGTERM, when a preemption signal, ends the run at the next update instead.
-    preempt = preemption.start(cfg.preemption, dims.rank, dims.world_size, cfg.checkpoint.enable)
+    preempt = preemption.start(cfg.preemption, dims, cfg.checkpoint.enable)
     clean = False
-    adapter = user_model.adapt(model) if user_model.is_user_model(model) else None
+    adapter = user_model.adapt(model) if kind.foreign else None
     try:
-        summary = _train(cfg, dims, device, model, datasets, tokenizer)
+        summary = _train(cfg, dims, device, kind, model, datasets, tokenizer)
         clean = True
         return summary
     except Preempted:
@@ -98,7 +101,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
             destroy(barrier=clean)
 
 
-def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets, tokenizer) -> dict:
+def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, model, datasets, tokenizer) -> dict:
     """Build the run's parts, resume, run the loop, export."""
     from torchacco import data
 
@@ -127,25 +130,21 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets, tok
         if on.type != device.type or (device.type == "cuda" and on.index not in (None, device.index)):
             raise UserError(f"the model passed to train() is on {on}, the run on {device.torch}; move it there first "
                             f"(model.to('{device.torch}'))")  # fmt: skip
-        if user_model.is_user_model(model) and vocab:
+        if kind.foreign and vocab:
             user_model.check_vocabulary(model, vocab)
     n_params = sum(p.numel() for p in model.parameters())
-    label = type(model).__name__ if user_model.is_user_model(model) else f"{cfg.model.name}/{cfg.model.flavor}"
     vocab_parallel = dims.tp_enabled and not dims.pp_enabled and cfg.parallelism.loss_parallel
     loss_fn = TokenLoss(t.loss_chunks, vocab_parallel)
     # In torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile -> data parallel.
     model, pipeline = apply_model_parallel(model, spec, cfg, dims, device, loss_fn)  # this rank's part of the model
-    blocks = user_model.blocks_of(model)  # `model.layers`, or a Hugging Face model's decoder layers
+    blocks = blocks_of(model)  # `model.layers`, or a Hugging Face model's decoder layers
     apply_activation_checkpoint(blocks or [], t.activation_checkpoint, t.selective_checkpoint)
     dtype = compute_dtype(t.mixed_precision, device)
     if cfg.model.compile:
-        for unit in user_model.compile_units(model):
+        for unit in compile_units(model):
             unit.compile()
     on_one_rank(dims, lambda: run_folder.check_space(folder, n_params, cfg.checkpoint.enable), on=dims.is_main)
-    if hasattr(model, "args"):
-        flops_per_token = model.args.flops_per_token(t.seq_len)
-    else:
-        flops_per_token = user_model.flops_per_token(model, t.seq_len)
+    flops_per_token = kind.flops_per_token(model, t.seq_len)
 
     global_batch = t.global_batch_size or t.local_batch_size * dims.dp_size
     micro_batches = global_batch // (t.local_batch_size * dims.dp_size)
@@ -173,7 +172,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets, tok
     if resumed:
         log.info(f"torchacco: {resumed}")
     log.info(
-        f"torchacco: {label} {n_params / 1e6:.2f}M params | "
+        f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | "
         f"{strategy.name} × {dims.dp_size}{model_parallel_label(dims, strategy.model)} on {device.name} | "
         f"{str(dtype).removeprefix('torch.')} | "
         f"batch {global_batch} × {t.seq_len} (accumulation {micro_batches}) | {t.steps} steps | {folder}"
@@ -195,7 +194,9 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, model, datasets, tok
         summary = _loop(cfg, dims, device, run)
         if cfg.checkpoint.export_hf:
             health.current().enter("export to Hugging Face format")
-            exported = export_hf(cfg.model.name, strategy, dims, folder / "hf", cfg.checkpoint.export_dtype, tokenizer)
+            exported = export_hf(
+                cfg.model.name, kind, strategy, dims, folder / "hf", cfg.checkpoint.export_dtype, tokenizer
+            )
             if exported:
                 log.info(f"torchacco: exported θ to {exported} (Hugging Face safetensors + config.json)")
     finally:

@@ -26,15 +26,15 @@ def validate(
 
     from torchacco import user_model
     from torchacco.activation_checkpoint import check_activation_checkpoint
-    from torchacco.build import model_args
-    from torchacco.parallel.dims import check_parallelism, model_parallel_label
+    from torchacco.build import ModelKind, model_args
     from torchacco.parallel.model_parallel import check_model_parallel
     from torchacco.parallel.registry import strategy_class
     from torchacco.preemption import check_config as check_preemption
     from torchacco.spec import get_model_spec
 
     t = cfg.training
-    if user_model.is_user_model(model):
+    foreign = ModelKind.of(model, cfg.model).foreign
+    if foreign:
         user_model.check(cfg, model)  # first: tp/pp is the model's limit, whatever the degrees and strategy
     dp_size = check_parallelism(cfg.parallelism, world_size)
     for section, name in (("checkpoint", cfg.checkpoint.folder), ("profiling", cfg.profiling.folder)):
@@ -69,7 +69,7 @@ def validate(
         )
     check_activation_checkpoint(t.activation_checkpoint, t.selective_checkpoint)
     strategy_class(cfg.parallelism.data_parallel).check_config(cfg, dp_size, model_parallel_label(cfg.parallelism))
-    if not user_model.is_user_model(model):
+    if not foreign:
         spec = get_model_spec(cfg.model.name)
         args = model.args if model is not None else model_args(spec, cfg.model)
         check_model_parallel(spec, cfg, args)
@@ -102,6 +102,30 @@ def validate(
     gpus = torch.cuda.device_count() if torch.cuda.is_available() and t.device != "cpu" else 0
     if gpus and local_world > gpus:
         raise UserError(f"{local_world} processes per node but only {gpus} GPUs; set NGPU={gpus} (or fewer)")
+
+
+def check_parallelism(p, world_size: int) -> int:
+    """Checks of the [parallelism] degrees that need no model; returns the data-parallel degree."""
+    tp, pp = p.tensor_parallel_degree, p.pipeline_parallel_degree
+    for key, value in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp)):
+        if value < 1:
+            raise UserError(f"[parallelism] {key} must be at least 1, got {value}")
+    if world_size % (tp * pp):
+        raise UserError(
+            f"{world_size} ranks are not divisible by [parallelism] tensor_parallel_degree × pipeline_parallel_degree "
+            f"= {tp} × {pp} = {tp * pp}; launch a multiple of {tp * pp} ranks (NPROC × NNODES) or change the degrees"
+        )
+    if p.pipeline_microbatches < 0:
+        raise UserError(
+            f"[parallelism] pipeline_microbatches must be 0 (auto) or positive, got {p.pipeline_microbatches}"
+        )
+    return world_size // (tp * pp)
+
+
+def model_parallel_label(p) -> str:
+    """'tp=2 × pp=2' for the [parallelism] degrees above 1; '' for none."""
+    degrees = (("tp", p.tensor_parallel_degree), ("pp", p.pipeline_parallel_degree))
+    return " × ".join(f"{name}={d}" for name, d in degrees if d > 1)
 
 
 def _check_profiling(p, device: str) -> None:

@@ -120,7 +120,7 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
     """Predicted time per update, tokens/s, exposed communication and overlap for one strategy."""
     if strategy not in VARIANTS:
         raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
-    from torchacco.parallel.acco import split_by_speed
+    from torchacco.parallel.overlapped import split_by_speed
     from torchacco.parallel.registry import strategy_class
 
     name, mode = VARIANTS[strategy]

@@ -73,3 +73,28 @@ def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group)
     ops = [dist.P2POp(dist.isend, send, dst, group), dist.P2POp(dist.irecv, recv, src, group)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
+
+
+# Small collectives over rank lists and scalars --------------------------------------------
+
+
+def global_ranks(group: dist.ProcessGroup, ranks: list[int]) -> list[int]:
+    """`ranks` of `group` as ranks of the whole job."""
+    members = dist.get_process_group_ranks(group)
+    return [members[r] for r in ranks]
+
+
+def union_over(group: dist.ProcessGroup | None, ranks: list[int], device) -> list[int]:
+    """The union of the (global) `ranks` every member of `group` holds: a collective of them all."""
+    if group is None:
+        return sorted(ranks)
+    marks = torch.zeros(dist.get_world_size(), dtype=torch.int32, device=device)
+    marks[ranks] = 1
+    dist.all_reduce(marks, op=dist.ReduceOp.MAX, group=group)
+    return marks.nonzero().flatten().tolist()
+
+
+def all_reduce_sum(values: list[float], device: torch.device, group=None) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, group=group)
+    return t.tolist()

@@ -25,7 +25,6 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from torchacco.optim import no_weight_decay_ids
-from torchacco.parallel.dims import union_over
 
 
 class FlatParams:
@@ -131,11 +130,6 @@ class FlatParams:
         both = torch.tensor([sq_norm, loss_sum if self.owns_loss else 0.0], dtype=torch.float64, device=device)
         dist.all_reduce(both, group=self.mp_group)
         return tuple(both.tolist())
-
-    def model_parallel_union(self, ranks: list[int]) -> list[int]:
-        """Global ranks named by any rank of this one's tp × pp block (a pipeline's loss, and so a
-        non-finite one, exists on the last stage only)."""
-        return union_over(self.mp_group, ranks, self.params_buffer.device)
 
     def layout(self) -> str:
         """A digest of the names and local shapes the buffers of one model replica (the tp × pp

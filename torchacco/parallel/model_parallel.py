@@ -11,7 +11,6 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from torchacco.errors import UserError
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.tensor import apply_tensor_parallel, check_tensor_parallel
 from torchacco.spec import ModelSpec
@@ -36,11 +35,7 @@ def apply_model_parallel(model: nn.Module, spec: ModelSpec, cfg, dims: ParallelD
     split by vocabulary, and is the pipeline's loss function."""
     if not dims.model_parallel:
         return model, None
-    if not hasattr(model, "args"):
-        raise UserError(
-            "tensor and pipeline parallelism need a model from models/ (with .args); "
-            "a model passed to train() is used as is: set both degrees to 1"
-        )
+    # validate() has refused tp/pp for a model passed to train(): this is one of torchacco's.
     check_model_parallel(spec, cfg, model.args)  # the vocabulary may come from the tokenizer: check again
     pipeline = None
     if dims.pp_enabled:

@@ -14,10 +14,9 @@ from collections.abc import Callable
 import torch
 from torch.profiler import record_function
 
-from torchacco.errors import UserError
 from torchacco.optim import ShardedAdamW
+from torchacco.parallel.accounting import gather_counts
 from torchacco.parallel.collectives import all_gather, reduce_scatter
-from torchacco.parallel.dims import global_ranks
 from torchacco.parallel.flat import FlatParams
 from torchacco.parallel.strategy import Counts, UpdateResult
 
@@ -46,40 +45,23 @@ def reduce_update_gather(
         reduce_scatter(grad, grads, group=group)
 
     # One small collective for all the scalars of every rank: ‖shard‖² and its Counts.
-    width = 1 + Counts.FIELDS
     with record_function("torchacco/job/norm_and_counts"):
-        mine = torch.cat([flat.sq_norm(grad).reshape(1), local.as_tensor(grad.device)])
-        stats = torch.empty(flat.world * width, dtype=torch.float64, device=grad.device)
-        all_gather(stats, mine, group=group)
-        stats = stats.view(flat.world, width).cpu()
-    sq_norm, tokens, loss_sum, _, consumed, _ = stats.sum(0).tolist()
-    sq_norm, loss_sum = flat.model_parallel_sum(sq_norm, loss_sum)  # over tp × pp peers, if any
-    per_rank = dict(micro_batches=[int(n) for n in stats[:, 3].tolist()], compute_s=stats[:, 5].tolist())
+        counts = gather_counts(local, group, grad.device, scalars=flat.sq_norm(grad))
+    sq_norm, loss_sum = flat.model_parallel_sum(counts.scalar_sums[0], counts.loss_sum)  # over tp × pp peers
+    tokens, consumed = counts.tokens, counts.consumed
     if not (math.isfinite(sq_norm) and math.isfinite(loss_sum)):
         # Every rank sees the same gathered numbers, so every rank skips together. The
         # optimizer state is untouched: θ̃ = θ for an estimate, θ stays for a commit.
         gather_master(flat, opt, out)
-        bad = [r for r, v in enumerate(stats[:, 2].tolist()) if not math.isfinite(v)]
-        bad = flat.model_parallel_union(global_ranks(group, bad))  # as the job's ranks, from every stage
-        return UpdateResult(
-            tokens,
-            loss_sum / max(tokens, 1.0),
-            math.sqrt(sq_norm) / max(tokens, 1.0),
-            lr_for(consumed),
-            kind != ESTIMATE,
-            **per_rank,
-            consumed=consumed,
-            skipped=True,
-            nonfinite_ranks=bad,
-        )
-    if tokens <= 0:
-        if kind == ESTIMATE:  # a half with every label masked: no information, θ̃ = θ
-            gather_master(flat, opt, out)
-            return UpdateResult(0.0, 0.0, 0.0, lr_for(consumed), False, **per_rank, consumed=consumed)
-        raise UserError(
-            "an update has no token in the loss on any rank (every label masked); raise "
-            "[training] local_batch_size or global_batch_size, or check the data's masking"
-        )
+        bad = counts.nonfinite_ranks(group, flat.mp_group, grad.device)  # as the job's ranks, from every stage
+        return counts.result(
+            loss_sum, math.sqrt(sq_norm) / max(tokens, 1.0), lr_for(consumed), kind != ESTIMATE,
+            skipped=True, nonfinite_ranks=bad,
+        )  # fmt: skip
+    if tokens <= 0 and kind == ESTIMATE:  # a half with every label masked: no information, θ̃ = θ
+        gather_master(flat, opt, out)
+        return counts.result(0.0, 0.0, lr_for(consumed), False)
+    counts.require_tokens()
     grad_norm = math.sqrt(sq_norm) / tokens
     scale = 1.0 / tokens  # the gradient of the mean token loss ...
     if max_norm and grad_norm > max_norm:
@@ -94,7 +76,7 @@ def reduce_update_gather(
             opt.step(grad, lr, scale, out=send, predict=kind == COMMIT_AND_PREDICT)
     with record_function("torchacco/job/all_gather"):
         all_gather(out, send, group=group)
-    return UpdateResult(tokens, loss_sum / tokens, grad_norm, lr, kind != ESTIMATE, **per_rank, consumed=consumed)
+    return counts.result(loss_sum, grad_norm, lr, kind != ESTIMATE)
 
 
 def gather_master(flat: FlatParams, opt: ShardedAdamW, out: torch.Tensor) -> None:

@@ -20,6 +20,7 @@ declared here, by the class, so no caller asks for a strategy by name.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -94,7 +95,7 @@ class UpdatePlan:
     tokens_per_update: float = 0.0  # the recipe's: global batch × seq_len
 
 
-class Strategy:
+class Strategy(abc.ABC):
     name: ClassVar[str]
     # Where its communication sits, for the cost model and the logs:
     #   all_reduce_in_backward: bucketed all-reduce hidden under the last micro-batch's backward (DDP)
@@ -108,6 +109,15 @@ class Strategy:
     resume_needs_same_ranks: ClassVar[bool] = False  # its checkpoints hold per-rank state
     autocast_compute: ClassVar[bool] = False  # fp32 weights, forward/backward autocast to the compute dtype
     sync_phase: ClassVar[str]  # what the loop waits for after a period (heartbeat, diagnoses)
+    default: ClassVar[bool] = False  # the strategy `[parallelism] data_parallel` names by default
+    # Its options: a dataclass of `config.key`s, read as the TOML section `options_section` (two
+    # strategies that truly share options name the same dataclass and section).
+    options: ClassVar[type | None] = None
+    options_section: ClassVar[str | None] = None
+    stale: ClassVar[bool] = False  # applies gradients computed at older parameters (the cost model's penalty)
+    # The variants benchmarks run: a label -> its extra `--section.key VALUE` arguments and the cost
+    # model's mode for it. The strategy's own name, with no arguments, is the plain variant.
+    variants: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {}
 
     model: torch.nn.Module
 
@@ -118,10 +128,21 @@ class Strategy:
         """Raise a UserError for a config this strategy cannot run; `model_parallel` names the
         tp/pp degrees in use ('' when none)."""
         if model_parallel and not cls.supports_model_parallel:
-            raise UserError(
-                f"data_parallel = '{cls.name}' with {model_parallel} is not supported; use "
-                "data_parallel = 'zero1' (replicated parameters, sharded optimizer) or 'fsdp'"
-            )
+            from torchacco.parallel.registry import STRATEGIES
+
+            able = ", ".join(f"'{name}'" for name, other in STRATEGIES.items() if other.supports_model_parallel)
+            raise UserError(f"data_parallel = '{cls.name}' with {model_parallel} is not supported; use one of {able}")
+
+    @classmethod
+    def benchmark_variants(cls) -> dict[str, tuple[tuple[str, ...], str]]:
+        """label -> (extra CLI arguments, cost-model mode), the plain strategy first."""
+        return {cls.name: ((), "deterministic"), **cls.variants}
+
+    @classmethod
+    def persistent_bytes_per_param(cls, world: int, compute_bytes: float) -> float:
+        """Bytes per parameter that a rank keeps between updates (weights, gradients, optimizer
+        state, buffers), over `world` data-parallel ranks; the cost model's memory figure."""
+        raise NotImplementedError
 
     @classmethod
     def autocast_dtype(cls, param_dtype: torch.dtype) -> torch.dtype | None:
@@ -133,17 +154,42 @@ class Strategy:
         state covers. Without tp/pp the whole model is one part."""
         return "dp"
 
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, model: torch.nn.Module, cfg, dims, plan: UpdatePlan, device) -> Strategy:
+        """The strategy over `model` (this rank's part of it, after tensor/pipeline parallelism)."""
+
     # The loop's interface -------------------------------------------------------------------
 
-    def micro_batches(self) -> Iterator[contextlib.AbstractContextManager]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def micro_batches(self) -> Iterator[contextlib.AbstractContextManager]: ...
 
-    def step(self, counts: Counts) -> UpdateResult | None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def step(self, counts: Counts) -> UpdateResult | None: ...
 
     @contextlib.contextmanager
     def evaluation(self):
         yield self.model
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 (most strategies hold nothing to drain)
+        """Drain anything in flight (an overlapped schedule's job) and stop its helpers."""
+
+    # State ----------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict: ...
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def weights_state_dict(self) -> dict:
+        """The part of `state_dict()` that holds θ (what an export loads)."""
+        return self.state_dict()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """θ as full fp32 tensors by parameter name (a collective)."""
+        raise NotImplementedError(f"{self.name} does not export its parameters")
+
+    def master_shard(self) -> torch.Tensor | None:
+        """This rank's fp32 slice of θ where the strategy shards it (padding included), else None."""
+        return None

@@ -1,0 +1,32 @@
+"""A model's transformer blocks: the unit of FSDP sharding, activation checkpointing and
+`[model] compile`, found for torchacco's models and foreign ones alike."""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+
+def blocks_of(model: nn.Module) -> nn.Module | None:
+    """The transformer blocks: `model.layers` (torchacco's contract), else a foreign model's
+    ModuleList of its `_no_split_modules` classes, else its largest ModuleList of one class."""
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, nn.ModuleList | nn.ModuleDict):
+        return layers
+    unsplit = set(getattr(model, "_no_split_modules", None) or ())
+    candidates = [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.ModuleList) and len(m) and len({type(b) for b in m}) == 1 and _numel(m)
+    ]
+    declared = [m for m in candidates if type(m[0]).__name__ in unsplit]
+    return max(declared or candidates, key=_numel, default=None)
+
+
+def _numel(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def compile_units(model: nn.Module) -> list[nn.Module]:
+    """What `[model] compile` compiles: each block, or a blockless model whole."""
+    blocks = blocks_of(model)
+    return list(blocks) if blocks is not None else [model]

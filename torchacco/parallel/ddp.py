@@ -1,0 +1,42 @@
+"""DDP: torch's DistributedDataParallel, replicated parameters and AdamW, the gradient all-reduce
+bucketed under the last micro-batch's backward."""
+
+from __future__ import annotations
+
+import contextlib
+
+from torch.nn.parallel import DistributedDataParallel
+
+from torchacco.parallel.replicated import Replicated
+
+
+class DDP(Replicated):
+    """torch DDP: replicated parameters, bucketed all-reduce overlapped with backward."""
+
+    name = "ddp"
+    default = True
+    communication = "all_reduce_in_backward"
+    # torch DDP cannot broadcast or bucket DTensor parameters, nor wrap pipeline stages.
+    supports_model_parallel = False
+    autocast_compute = True
+
+    def __init__(self, model, dims, plan, optimizer, bucket_cap_mb: float = 25.0):
+        wrapped = DistributedDataParallel(
+            model, process_group=dims.dp_group, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True
+        )
+        super().__init__(wrapped, dims, plan, optimizer)
+
+    @classmethod
+    def persistent_bytes_per_param(cls, world, compute_bytes):
+        return 4 + 4 + 8  # fp32 replica (autocast keeps fp32 weights), gradients, m and v
+
+    @classmethod
+    def from_config(cls, model, cfg, dims, plan, device):
+        return cls(model, dims, plan, cfg.optimizer, cfg.parallelism.bucket_cap_mb)
+
+    def _sync(self, last):
+        return contextlib.nullcontext() if last else self.model.no_sync()
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        yield self.model.module

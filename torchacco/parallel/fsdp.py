@@ -1,0 +1,60 @@
+"""FSDP: FSDP2's `fully_shard` (ZeRO-3), parameters gathered and gradients reduce-scattered
+inside forward and backward."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from torchacco.blocks import blocks_of
+from torchacco.parallel.replicated import Replicated
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class FSDP(Replicated):
+    """FSDP2 (ZeRO-3): `fully_shard` per block, then the root — under pipeline parallelism, each
+    of this rank's stage modules is a root (the schedule calls them, not the model)."""
+
+    name = "fsdp"
+    communication = "per_micro_batch"
+
+    def __init__(
+        self,
+        model,
+        dims,
+        plan,
+        optimizer,
+        reduce_dtype: torch.dtype = torch.float32,
+        reshard_after_forward: bool = True,
+    ):
+        mp = MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=reduce_dtype)
+        for block in blocks_of(model) or []:  # a foreign model without blocks is sharded as one unit
+            fully_shard(block, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        self.roots = getattr(model, "stage_modules", None) or [model]
+        for root in self.roots:
+            fully_shard(root, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        super().__init__(model, dims, plan, optimizer)
+
+    @classmethod
+    def persistent_bytes_per_param(cls, world, compute_bytes):
+        return (4 + 4 + 8) / world  # fp32 parameters, gradients, m and v, all sharded
+
+    @classmethod
+    def from_config(cls, model, cfg, dims, plan, device):
+        p = cfg.parallelism
+        return cls(model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.reshard_after_forward)
+
+    @classmethod
+    def checkpoint_key(cls, dims) -> str:
+        # DTensors span dp and tp; the optimizer's param groups are saved by index, which would
+        # collide between stages: one key per stage.
+        return f"dp_pp{dims.pp_rank}" if dims.pp_enabled else "dp"
+
+    @contextlib.contextmanager
+    def _sync(self, last):
+        for root in self.roots:  # (a pipeline stage also reduces after each schedule step)
+            root.set_requires_gradient_sync(last)
+        yield

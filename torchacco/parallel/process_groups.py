@@ -1,0 +1,141 @@
+"""Starting and ending a run's processes: the rendezvous, the default process group, one
+rank's work while the others wait, and the teardown."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from torchacco import health
+from torchacco.device import Device
+from torchacco.errors import PeerFailure, UserError
+from torchacco.parallel.dims import ParallelDims, build_dims
+
+
+def launch_env() -> tuple[int, int, int, int]:
+    """(rank, world, local_rank, local_world) from torchrun's environment; 1 process otherwise."""
+    env = os.environ
+    if "RANK" not in env:
+        return 0, 1, 0, 1
+    return (
+        int(env["RANK"]),
+        int(env["WORLD_SIZE"]),
+        int(env.get("LOCAL_RANK", 0)),
+        int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+    )
+
+
+def init_distributed(device: Device, timeout_s: float = 1800.0, tp: int = 1, pp: int = 1) -> ParallelDims:
+    timeout = timedelta(seconds=timeout_s)
+    _, _, local_rank, local_world = launch_env()
+    if dist.is_initialized():
+        return build_dims(device, tp, pp, local_rank, local_world, timeout)
+    kwargs = dict(backend=device.backend, timeout=timeout)
+    if device.type == "cuda":
+        kwargs["device_id"] = device.torch
+    if "RANK" not in os.environ:  # a plain `python` process: a one-rank group keeps one code path
+        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+        return build_dims(device, tp, pp, local_rank, local_world, timeout)
+    store, rank, world = next(dist.rendezvous("env://", timeout=kwargs["timeout"]))
+    store = attempt_store(store, rank, world, timeout_s)
+    with _diagnosed_setup(store, rank, world, timeout_s):
+        dist.init_process_group(store=store, rank=rank, world_size=world, **kwargs)
+        return build_dims(device, tp, pp, local_rank, local_world, timeout)
+
+
+@contextlib.contextmanager
+def _diagnosed_setup(store: dist.Store, rank: int, world: int, timeout_s: float):
+    """While the process groups are set up, a rank that died or stalled makes the others' waits fail
+    at the timeout: say which rank, in one line, instead of a store traceback. A heartbeat of its own
+    (the run's starts once the groups exist) tells the dead from the merely slow."""
+    beat = health.Heartbeat(dist.PrefixStore("torchacco/setup/", store), rank, world)
+    beat.enter("process-group setup")
+    try:
+        yield
+    except RuntimeError as e:  # DistStoreError, DistNetworkError, DistBackendError, gloo's own
+        if not (isinstance(e, dist.DistError) or health.is_peer_failure(e)):
+            raise
+        cause = str(e).strip().splitlines()[-1][:120] if str(e).strip() else type(e).__name__
+        raise PeerFailure(
+            f"rank {rank}: setting up the process group failed ({cause}): {beat.diagnose()}; "
+            f"[training] collective_timeout_s = {timeout_s:g}"
+        ) from None
+    finally:
+        beat.close()
+
+
+def attempt_store(store: dist.Store, rank: int, world: int, timeout_s: float) -> dist.Store:
+    """The part of the launcher's key-value store that belongs to this launch attempt.
+
+    torchrun's elastic agent keeps its store across worker restarts, so restarted workers would
+    read the dead workers' gloo addresses and wait for them until the timeout. Rank 0 names the
+    attempt with a fresh nonce and hands it to each rank under a key that rank just made up,
+    which no earlier attempt can have written.
+    """
+    prefix = "torchacco/attempt/"
+    if rank != 0:
+        mine = uuid.uuid4().hex
+        store.set(f"{prefix}join/{rank}", mine)
+        try:
+            attempt = store.get(f"{prefix}name-for/{mine}").decode()  # waits up to the store's timeout
+        except dist.DistStoreError:
+            raise PeerFailure(
+                f"rank {rank}: rank 0 did not admit this rank to the process group within [training] "
+                f"collective_timeout_s = {timeout_s:g}: rank 0, or a rank it waits for, died or stalled while "
+                "starting (rank 0's message names it)"
+            ) from None
+        store.set(f"{prefix}{attempt}/ready/{rank}", "1")
+    else:
+        attempt = uuid.uuid4().hex
+        deadline = time.monotonic() + timeout_s
+        for peer in range(1, world):
+            late = PeerFailure(
+                f"rank 0: rank {peer} did not join the process group within [training] collective_timeout_s = "
+                f"{timeout_s:g}: it died or stalled while starting (its own messages, or its node's log, say why)"
+            )
+            while True:
+                # A join key left by a dead attempt gets a name nobody reads; wait and look again.
+                try:
+                    joined = store.get(f"{prefix}join/{peer}").decode()
+                except dist.DistStoreError:
+                    raise late from None
+                store.set(f"{prefix}name-for/{joined}", attempt)
+                polls = 0
+                while not store.check([f"{prefix}{attempt}/ready/{peer}"]) and polls < 100:
+                    time.sleep(0.01)
+                    polls += 1
+                if polls < 100:
+                    break
+                if time.monotonic() > deadline:
+                    raise late
+    return dist.PrefixStore(f"{prefix}{attempt}/", store)
+
+
+def on_one_rank(dims: ParallelDims, fn, on: bool | None = None) -> None:
+    """Run `fn` on local rank 0 (or where `on`) while the others wait; a UserError there fails
+    every rank, so no rank is left waiting in a collective for one that has given up."""
+    error = None
+    if (dims.local_rank == 0) if on is None else on:
+        try:
+            fn()
+        except UserError as e:
+            error = str(e)
+    errors = [None] * dims.world_size
+    dist.all_gather_object(errors, error)
+    message = next((e for e in errors if e), None)
+    if message:
+        raise UserError(message)
+
+
+def destroy(barrier: bool = True) -> None:
+    if dist.is_initialized():
+        if barrier:
+            # Without it a rank can tear gloo down while a peer still uses it, and the peer
+            # aborts ("terminate called without an active exception").
+            dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,110 @@
+"""The sharded optimizer state that ZeRO-1 and the overlapped schedules share: the parameters
+as views of one flat buffer, a flat gradient accumulator, this rank's fp32 master shard and
+its AdamW moments, and the job that turns accumulated gradients into new parameters
+(`sharded_job.reduce_update_gather`). ZeRO-1 runs the job synchronously; the overlapped
+schedules (`overlapped.py`) run it beside the next compute period."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import DTensor, Shard
+
+from torchacco.config import Optimizer as OptimizerConfig
+from torchacco.errors import UserError
+from torchacco.optim import ShardedAdamW
+from torchacco.parallel.dims import ParallelDims
+from torchacco.parallel.flat import FlatParams
+from torchacco.parallel.sharded_job import all_gather, gather_master, reduce_update_gather
+from torchacco.parallel.strategy import Counts, UpdateResult
+
+
+class ShardedOptimizerState:
+    def __init__(
+        self,
+        model: nn.Module,
+        dims: ParallelDims,
+        param_dtype: torch.dtype,
+        optimizer: OptimizerConfig,
+        grad_dtype: torch.dtype = torch.float32,
+    ):
+        self.dims = dims
+        self.flat = FlatParams(
+            model,
+            dims.dp_group,
+            dtype=param_dtype,
+            grad_dtype=grad_dtype,
+            tp=dims.tp_size,
+            mp_group=dims.mp_group,
+            owns_loss=dims.tp_rank == 0,
+        )
+        if dims.mp_group is not None:
+            self.flat.layout()  # a collective: now, while every rank is here
+        self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, optimizer)
+
+    @property
+    def params(self) -> torch.Tensor:
+        """P: the full flat buffer forward and backward read (the compute dtype)."""
+        return self.flat.params_buffer
+
+    @property
+    def grads(self) -> torch.Tensor:
+        """A: the full flat accumulator backward adds into."""
+        return self.flat.grads
+
+    @property
+    def master(self) -> torch.Tensor:
+        """This rank's fp32 slice of θ (padding included): what an outer step would work on."""
+        return self.optimizer.state.master
+
+    def run_job(self, grads, counts: Counts, lr_for, kind: str, out: torch.Tensor, max_norm: float) -> UpdateResult:
+        """reduce-scatter `grads` → AdamW on this rank's shard (`kind`) → all-gather into `out`."""
+        return reduce_update_gather(self.flat, self.optimizer, grads, counts, lr_for, kind, out, max_norm)
+
+    def gather_master(self, out: torch.Tensor) -> None:
+        """`out` ← θ, from every rank's master shard."""
+        gather_master(self.flat, self.optimizer, out)
+
+    # Checkpoints ------------------------------------------------------------------------------
+
+    def _sharded(self, shard: torch.Tensor) -> DTensor:
+        """This rank's slice as the local shard of an unpadded 1-D DTensor: DCP saves it and
+        reshards it onto any world size; loading writes straight into `shard`."""
+        local = shard[: self.flat.real_shard_numel()]
+        return DTensor.from_local(
+            local, self.dims.dp_mesh, [Shard(0)], run_check=False, shape=(self.flat.numel,), stride=(1,)
+        )
+
+    def weights_state_dict(self) -> dict:
+        return {"optimizer": {"master": self._sharded(self.master)}}
+
+    def state_dict(self) -> dict:
+        s = self.optimizer.state
+        state = {
+            "optimizer": {
+                "master": self._sharded(s.master),
+                "exp_avg": self._sharded(s.exp_avg),
+                "exp_avg_sq": self._sharded(s.exp_avg_sq),
+                "step": s.step,
+            }
+        }
+        if self.flat.mp_group is not None:  # tp/pp: which tensors this coordinate's buffer holds
+            state["layout"] = self.flat.layout()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """DCP has written master, m and v in place; the step count is restored here."""
+        if "layout" in state and state["layout"] != self.flat.layout():
+            # Same sizes can hold other layers (another pipeline_schedule) or other shards.
+            raise UserError(
+                "this checkpoint's tensor- and pipeline-parallel layout differs from this run's "
+                "(tensor_parallel_degree, pipeline_parallel_degree or pipeline_schedule changed); "
+                "resume with the [parallelism] it was saved with"
+            )
+        self.optimizer.state.step = state["optimizer"]["step"]
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """θ as full fp32 tensors by parameter name (a collective)."""
+        flat = torch.empty(self.flat.padded_numel, dtype=torch.float32, device=self.params.device)
+        all_gather(flat, self.master, group=self.flat.group)
+        return {name: t.cpu().clone() for name, t in self.flat.full_params(flat).items()}
