@@ -1,8 +1,8 @@
-"""`python -m torchacco.bench throughput|heterogeneous|convergence|memory|all|predict ...` (see sweeps/)."""
+"""`python -m benchmarks throughput|heterogeneous|convergence|memory|all|time-to-loss ...` (see sweeps/)."""
 
 import sys
 
-from torchacco.bench.sweeps.cli import run
+from benchmarks.sweeps.cli import run
 from torchacco.errors import run_cli
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ def reshard(run_dir: Path, checkpoint: Path, out: Path, nproc: int) -> Path:
             "--standalone",
             "--nproc_per_node",
             str(nproc),
-            str(ROOT / "tests" / "reshard_worker.py"),
+            str(ROOT / "tests" / "workers" / "reshard_worker.py"),
             str(run_dir),
             str(checkpoint),
             str(out),

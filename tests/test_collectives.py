@@ -14,7 +14,7 @@ def test_ring_collectives_equal_torchs(ranks):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-         str(ROOT / "tests" / "collectives_worker.py")],
+         str(ROOT / "tests" / "workers" / "collectives_worker.py")],
         capture_output=True, text=True, timeout=180, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

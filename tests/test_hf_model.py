@@ -13,7 +13,7 @@ import torch.nn as nn
 from conftest import read_metrics
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import hf_model_worker as worker  # noqa: E402
 
 from torchacco import user_model  # noqa: E402
@@ -35,7 +35,7 @@ def runs(tmp_path_factory) -> Path:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-        + [str(Path(__file__).parent / "hf_model_worker.py"), str(out), "zero1", "acco", "fsdp"],
+        + [str(Path(__file__).parent / "workers" / "hf_model_worker.py"), str(out), "zero1", "acco", "fsdp"],
         capture_output=True,
         text=True,
         timeout=300,

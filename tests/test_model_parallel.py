@@ -167,7 +167,7 @@ def runs(tiny_corpus, cache_dir, tmp_path_factory):
                 "--standalone",
                 "--nproc_per_node",
                 str(nproc),
-                str(ROOT / "tests" / "model_parallel_worker.py"),
+                str(ROOT / "tests" / "workers" / "model_parallel_worker.py"),
                 str(root / f"runs{nproc}.json"),
             ],
             capture_output=True,

@@ -23,3 +23,5 @@ def test_every_model_folder_is_listed_for_wheels():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     folders = {f"torchacco.models.{p.parent.name}" for p in (ROOT / "models").glob("*/__init__.py")}
     assert folders <= listed, f"add {sorted(folders - listed)} to [tool.setuptools] packages in pyproject.toml"
+    shipped_benchmarks = sorted(p for p in listed if p.split(".")[0] == "benchmarks" or ".bench" in p)
+    assert not shipped_benchmarks, f"benchmarks/ runs from the repository and is not installed: {shipped_benchmarks}"

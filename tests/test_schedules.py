@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import overlap_worker as worker  # noqa: E402
 
-WORKER = Path(__file__).parent / "overlap_worker.py"
+WORKER = Path(__file__).parent / "workers" / "overlap_worker.py"
 ROOT = Path(__file__).parent.parent
 
 
