@@ -167,7 +167,7 @@ def mfu_table(results: list[dict]) -> str:
 
 def _delay_jobs(delay_ms: float) -> None:
     """BENCHMARK ONLY: each sharded job first enqueues a GPU-side wait of `delay_ms` on its stream."""
-    from torchacco.parallel import sharded_job
+    from torchacco.parallel.collectives import set_collective_hook
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -175,13 +175,12 @@ def _delay_jobs(delay_ms: float) -> None:
     end.record()
     end.synchronize()
     cycles = int(1_000_000 * delay_ms / start.elapsed_time(end))
-    collective = sharded_job.reduce_scatter
 
-    def delayed(*a, **k):
-        torch.cuda._sleep(cycles)
-        return collective(*a, **k)
+    def delay(name: str) -> None:  # once per job: before its reduce-scatter
+        if name == "reduce_scatter":
+            torch.cuda._sleep(cycles)
 
-    sharded_job.reduce_scatter = delayed
+    set_collective_hook(delay)
 
 
 def overlap_run(args) -> dict:
