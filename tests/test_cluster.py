@@ -203,6 +203,7 @@ def test_summaries_and_curves():
     assert mean_lists([[1, 3], [3, 5], None]) == [2, 4]
 
 
+@pytest.mark.integration
 def test_cli_errors_are_one_line():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
@@ -245,6 +246,7 @@ def _check_netns() -> str | None:
     return None
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(_netns_available() is not None, reason=str(_netns_available()))
 def test_two_node_cluster_smoke(tiny_corpus, cache_dir, tmp_path):
     """2 namespaces, shaped links, rendezvous over 10.77.0.0/24, gloo between them; everything removed after."""

@@ -8,6 +8,8 @@ import sys
 import pytest
 from conftest import ROOT
 
+pytestmark = pytest.mark.integration  # every test here starts processes (docs/testing.md)
+
 
 @pytest.mark.parametrize("ranks", [3])  # 2 ranks run through the job in every equation test
 def test_ring_collectives_equal_torchs(ranks):

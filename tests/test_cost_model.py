@@ -114,6 +114,7 @@ def test_relative_error():
     assert cm.relative_error(110, 100) == pytest.approx(0.1)
 
 
+@pytest.mark.integration
 def test_predict_cli():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = lambda *a: subprocess.run(

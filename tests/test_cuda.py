@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import HAS_CUDA, ROOT, gpu_env, read_metrics, run_train, tiny_args
 
-pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA: these check the GPU paths")
+pytestmark = [
+    pytest.mark.integration,  # every test here starts processes (docs/testing.md)
+    pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA: these check the GPU paths"),
+]
 
 
 @pytest.mark.parametrize("check", ["stream_runner_overlaps_and_orders_with_events", "acco_first_commit_equals_zero1"])

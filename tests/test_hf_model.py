@@ -49,6 +49,7 @@ def _losses(runs: Path, strategy: str) -> list[float]:
     return [r["loss"] for r in read_metrics(runs / strategy)]
 
 
+@pytest.mark.integration
 def test_zero1_and_acco_train_a_hugging_face_llama_on_texts(runs):
     zero1, acco = _losses(runs, "zero1"), _losses(runs, "acco")
     assert len(zero1) == len(acco) == 12
@@ -62,11 +63,13 @@ def test_zero1_and_acco_train_a_hugging_face_llama_on_texts(runs):
         assert '"output": "CausalLMOutputWithPast"' in facts  # train() removed its hooks
 
 
+@pytest.mark.integration
 def test_fsdp_shards_each_decoder_layer_and_agrees_with_zero1(runs):
     assert '"block_class": "FSDPLlamaDecoderLayer"' in (runs / "fsdp" / "facts.json").read_text()
     assert _losses(runs, "fsdp") == pytest.approx(_losses(runs, "zero1"), rel=1e-4)
 
 
+@pytest.mark.integration
 def test_export_is_the_trained_model_as_a_hugging_face_folder(runs):
     from transformers import AutoTokenizer, LlamaForCausalLM
 

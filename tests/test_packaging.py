@@ -5,9 +5,12 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.integration
 def test_models_and_data_install_under_torchacco_only(tmp_path):
     code = (
         "import importlib.util as u; import torchacco.models, torchacco.data; "
