@@ -26,6 +26,7 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "kind, extra",
     [
@@ -116,7 +117,7 @@ def reshard(run_dir: Path, checkpoint: Path, out: Path, nproc: int) -> Path:
             "--standalone",
             "--nproc_per_node",
             str(nproc),
-            str(ROOT / "tests" / "reshard_worker.py"),
+            str(ROOT / "tests" / "workers" / "reshard_worker.py"),
             str(run_dir),
             str(checkpoint),
             str(out),
@@ -130,6 +131,7 @@ def reshard(run_dir: Path, checkpoint: Path, out: Path, nproc: int) -> Path:
     return step_dirs(out)[-1][1]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["zero1", "fsdp"])
 def test_checkpoint_reshards_from_2_ranks_to_1_and_back(tiny_corpus, cache_dir, tmp_path, kind, request):
     if kind == "zero1":
@@ -150,6 +152,7 @@ def test_checkpoint_reshards_from_2_ranks_to_1_and_back(tiny_corpus, cache_dir, 
         assert torch.equal(tensor, states[1][name]) and torch.equal(tensor, states[2][name]), name
 
 
+@pytest.mark.integration
 def test_resume_on_a_different_number_of_ranks_continues_training(tiny_corpus, cache_dir, tmp_path, zero1_run):
     run = shutil.copytree(zero1_run, tmp_path / "run")
     proc = run_train(args(tiny_corpus, cache_dir, run, "zero1", 5, "--training.global_batch_size", "8"), nproc=1)
@@ -168,6 +171,7 @@ def _tensors(tree, prefix="") -> dict:
     return out
 
 
+@pytest.mark.integration
 def test_keeps_the_last_k_and_ignores_unfinished_saves(tiny_corpus, cache_dir, tmp_path):
     out = tmp_path / "run"
     (out / "checkpoint" / "step-00000099.tmp").mkdir(parents=True)  # a save that crashed
@@ -192,6 +196,7 @@ def test_keeps_the_last_k_and_ignores_unfinished_saves(tiny_corpus, cache_dir, t
     assert "resumed" not in proc.stdout
 
 
+@pytest.mark.integration
 def test_resuming_another_models_checkpoint_is_one_clear_error(tiny_corpus, cache_dir, tmp_path, zero1_run):
     # (Into the same folder, the dump-folder check refuses first: test_reliability.py.)
     proc = run_train(
@@ -213,6 +218,7 @@ def test_resuming_another_models_checkpoint_is_one_clear_error(tiny_corpus, cach
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration
 def test_acco_checkpoint_resumes_only_on_the_same_world_size(tiny_corpus, cache_dir, tmp_path):
     out = tmp_path / "run"
     assert run_train(args(tiny_corpus, cache_dir, out, "acco", 2)).returncode == 0
@@ -234,6 +240,7 @@ def test_acco_checkpoint_resumes_only_on_the_same_world_size(tiny_corpus, cache_
     assert "resume it on 2 ranks" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration
 def test_corrupted_checkpoint_is_a_clear_error_naming_an_earlier_one(tiny_corpus, cache_dir, tmp_path, zero1_run):
     out = shutil.copytree(zero1_run, tmp_path / "run")
     first, latest = [p for _, p in step_dirs(out / "checkpoint")]

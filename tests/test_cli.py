@@ -9,6 +9,8 @@ import pytest
 import torch
 from conftest import run_train, tiny_args
 
+pytestmark = pytest.mark.integration  # every test here starts processes (docs/testing.md)
+
 ERROR = "torchacco: error:"
 
 

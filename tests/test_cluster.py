@@ -9,8 +9,9 @@ import sys
 import pytest
 from conftest import ROOT, tiny_args
 
-from torchacco.bench import cluster as cl
-from torchacco.bench.cluster import ClusterError, ClusterPlan, format_rate, parse_rate
+from benchmarks import cluster as cl
+from benchmarks.cluster import ClusterError, ClusterPlan, format_rate, host, launch, parse_rate
+from torchacco.errors import UserError
 
 
 def test_parse_and_format_rate():
@@ -21,7 +22,7 @@ def test_parse_and_format_rate():
     for unshaped in (None, "", "unshaped", "none"):
         assert parse_rate(unshaped) is None
     for bad in ("fast", "-1mbit", "0mbit", "10 parsecs"):
-        with pytest.raises(ClusterError, match="link rate"):
+        with pytest.raises(UserError, match="link rate"):
             parse_rate(bad)
     assert format_rate(50e6) == "50mbit" and format_rate(1e9) == "1gbit" and format_rate(None) == "unshaped"
     assert parse_rate(format_rate(137e6)) == 137e6
@@ -125,9 +126,9 @@ def test_teardown_runs_every_command_even_when_some_fail(monkeypatch):
     def run(cmd, **kwargs):  # every other command fails, as a namespace already gone would
         ran.append(cmd)
         if len(ran) % 2:
-            raise subprocess.TimeoutExpired(cmd, 30)  # a hung `ip`: _run_quietly must go on
+            raise subprocess.TimeoutExpired(cmd, 30)  # a hung `ip`: run_quietly must go on
 
-    monkeypatch.setattr(cl.subprocess, "run", run)
+    monkeypatch.setattr(host.subprocess, "run", run)
     plan = ClusterPlan(nodes=2, slow_node=1, prefix="t9")
     cluster = cl.Cluster(plan)
     cluster._built = True
@@ -139,16 +140,16 @@ def test_teardown_runs_every_command_even_when_some_fail(monkeypatch):
 
 def test_setup_failure_tears_down_what_was_built(monkeypatch):
     calls = []
-    monkeypatch.setattr(cl, "preflight", lambda **kw: "v1")
-    monkeypatch.setattr(cl, "stale_namespaces", lambda: [])
+    monkeypatch.setattr(host, "preflight", lambda **kw: "v1")
+    monkeypatch.setattr(host, "stale_namespaces", lambda: [])
 
     def fake_run(cmd, what=None):
         calls.append(("setup", cmd))
         if len(calls) == 3:
             raise ClusterError("boom")
 
-    monkeypatch.setattr(cl, "_run", fake_run)
-    monkeypatch.setattr(cl, "_run_quietly", lambda cmd: calls.append(("teardown", cmd)))
+    monkeypatch.setattr(host, "run", fake_run)
+    monkeypatch.setattr(host, "run_quietly", lambda cmd: calls.append(("teardown", cmd)))
     with pytest.raises(ClusterError, match="boom"):
         with cl.Cluster(ClusterPlan(nodes=2, prefix="t10")):
             pass
@@ -174,13 +175,13 @@ def test_result_parsing(tmp_path):
         cl.read_records(tmp_path / "missing")
     log = tmp_path / "node1.log"
     log.write_text("noise\ntorchacco: error: the link broke\nTraceback ...\nmore\n")
-    assert cl._last_error(log) == "the link broke"
+    assert launch._last_error(log) == "the link broke"
 
 
 def test_summaries_and_curves():
-    from torchacco.bench.compare import summarize
-    from torchacco.bench.sweeps.common import mean_lists
-    from torchacco.bench.sweeps.convergence import val_curve
+    from benchmarks.compare import summarize
+    from benchmarks.sweeps.common import mean_lists
+    from benchmarks.sweeps.convergence import val_curve
 
     recs = [
         {
@@ -202,10 +203,11 @@ def test_summaries_and_curves():
     assert mean_lists([[1, 3], [3, 5], None]) == [2, 4]
 
 
+@pytest.mark.integration
 def test_cli_errors_are_one_line():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "torchacco.bench.cluster", "--rate", "fast", "--dry-run"],
+        [sys.executable, "-m", "benchmarks.cluster", "--rate", "fast", "--dry-run"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -215,7 +217,7 @@ def test_cli_errors_are_one_line():
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0
     assert proc.stderr.startswith("torchacco: error: cannot read link rate")
     dry = subprocess.run(
-        [sys.executable, "-m", "torchacco.bench.cluster", "--nodes", "2", "--rate", "1gbit", "--dry-run"],
+        [sys.executable, "-m", "benchmarks.cluster", "--nodes", "2", "--rate", "1gbit", "--dry-run"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -244,6 +246,7 @@ def _check_netns() -> str | None:
     return None
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(_netns_available() is not None, reason=str(_netns_available()))
 def test_two_node_cluster_smoke(tiny_corpus, cache_dir, tmp_path):
     """2 namespaces, shaped links, rendezvous over 10.77.0.0/24, gloo between them; everything removed after."""

@@ -8,13 +8,15 @@ import sys
 import pytest
 from conftest import ROOT
 
+pytestmark = pytest.mark.integration  # every test here starts processes (docs/testing.md)
+
 
 @pytest.mark.parametrize("ranks", [3])  # 2 ranks run through the job in every equation test
 def test_ring_collectives_equal_torchs(ranks):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-         str(ROOT / "tests" / "collectives_worker.py")],
+         str(ROOT / "tests" / "workers" / "collectives_worker.py")],
         capture_output=True, text=True, timeout=180, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

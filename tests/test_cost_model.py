@@ -7,7 +7,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-from torchacco.bench import cost_model as cm
+from torchacco import cost_model as cm
 
 WORK = cm.Workload(params=1e6, flops_per_token=1e3, tokens_per_micro_batch=1e3, micro_batches=2, comm_bytes=4)
 
@@ -114,10 +114,11 @@ def test_relative_error():
     assert cm.relative_error(110, 100) == pytest.approx(0.1)
 
 
+@pytest.mark.integration
 def test_predict_cli():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = lambda *a: subprocess.run(
-        [sys.executable, "-m", "torchacco.bench", "predict", *a],
+        [sys.executable, "-m", "torchacco.predict", *a],
         capture_output=True,  # noqa: E731
         text=True,
         cwd=ROOT,

@@ -10,13 +10,16 @@ from pathlib import Path
 import pytest
 from conftest import HAS_CUDA, ROOT, gpu_env, read_metrics, run_train, tiny_args
 
-pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA: these check the GPU paths")
+pytestmark = [
+    pytest.mark.integration,  # every test here starts processes (docs/testing.md)
+    pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA: these check the GPU paths"),
+]
 
 
 @pytest.mark.parametrize("check", ["stream_runner_overlaps_and_orders_with_events", "acco_first_commit_equals_zero1"])
 def test_cuda_check(check):
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "cuda_checks.py"), check],
+        [sys.executable, str(Path(__file__).parent / "workers" / "cuda_checks.py"), check],
         capture_output=True,
         text=True,
         timeout=300,
@@ -78,7 +81,7 @@ def test_acco_job_runs_on_its_own_stream_in_the_trace(tiny_corpus, cache_dir, tm
         "--profiling.enable", "true", "--profiling.start_step", "3", "--profiling.active_steps", "2",
         "--profiling.memory_snapshot", "true",
     )  # fmt: skip
-    from torchacco.bench.trace import overlap
+    from benchmarks.trace import overlap
 
     folder = tmp_path / "run" / "profile" / "rank0"
     assert (folder / "memory_step4.pickle").stat().st_size > 0

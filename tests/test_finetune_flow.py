@@ -9,6 +9,8 @@ import pytest
 import torch
 from conftest import ROOT, read_metrics, run_train, tiny_args
 
+pytestmark = pytest.mark.integration  # every test here starts processes (docs/testing.md)
+
 
 @pytest.fixture(scope="module")
 def pretrained(tiny_corpus, cache_dir, tmp_path_factory):

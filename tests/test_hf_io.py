@@ -283,6 +283,7 @@ def run_generate(*args):
     )
 
 
+@pytest.mark.integration
 def test_cli_prints_prompt_and_continuation(tmp_path, tiny_tokenizer, capsys):
     from torchacco.generate import main
 
@@ -310,6 +311,7 @@ def test_cli_prints_prompt_and_continuation(tmp_path, tiny_tokenizer, capsys):
     assert texts[0] == texts[1] and texts[0].startswith(prompt)
 
 
+@pytest.mark.integration
 def test_cli_error_is_one_line_and_exit_1(tmp_path):
     out = run_generate("--model", tmp_path / "missing", "--prompt", "hi")
     assert out.returncode == 1

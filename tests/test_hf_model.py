@@ -13,7 +13,7 @@ import torch.nn as nn
 from conftest import read_metrics
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import hf_model_worker as worker  # noqa: E402
 
 from torchacco import blocks, user_model  # noqa: E402
@@ -35,7 +35,7 @@ def runs(tmp_path_factory) -> Path:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-        + [str(Path(__file__).parent / "hf_model_worker.py"), str(out), "zero1", "acco", "fsdp"],
+        + [str(Path(__file__).parent / "workers" / "hf_model_worker.py"), str(out), "zero1", "acco", "fsdp"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -49,6 +49,7 @@ def _losses(runs: Path, strategy: str) -> list[float]:
     return [r["loss"] for r in read_metrics(runs / strategy)]
 
 
+@pytest.mark.integration
 def test_zero1_and_acco_train_a_hugging_face_llama_on_texts(runs):
     zero1, acco = _losses(runs, "zero1"), _losses(runs, "acco")
     assert len(zero1) == len(acco) == 12
@@ -62,11 +63,13 @@ def test_zero1_and_acco_train_a_hugging_face_llama_on_texts(runs):
         assert '"output": "CausalLMOutputWithPast"' in facts  # train() removed its hooks
 
 
+@pytest.mark.integration
 def test_fsdp_shards_each_decoder_layer_and_agrees_with_zero1(runs):
     assert '"block_class": "FSDPLlamaDecoderLayer"' in (runs / "fsdp" / "facts.json").read_text()
     assert _losses(runs, "fsdp") == pytest.approx(_losses(runs, "zero1"), rel=1e-4)
 
 
+@pytest.mark.integration
 def test_export_is_the_trained_model_as_a_hugging_face_folder(runs):
     from transformers import AutoTokenizer, LlamaForCausalLM
 

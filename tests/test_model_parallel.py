@@ -167,7 +167,7 @@ def runs(tiny_corpus, cache_dir, tmp_path_factory):
                 "--standalone",
                 "--nproc_per_node",
                 str(nproc),
-                str(ROOT / "tests" / "model_parallel_worker.py"),
+                str(ROOT / "tests" / "workers" / "model_parallel_worker.py"),
                 str(root / f"runs{nproc}.json"),
             ],
             capture_output=True,
@@ -210,6 +210,7 @@ def _full_params(run) -> float:
     return float(re.search(r" ([\d.]+)M params \|", run[1]).group(1))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["zero1", "acco"])
 def test_tensor_parallel_2_and_2x2_with_data_parallel_match_one_process(runs, kind):
     """GPT-Neo (tied head, local attention): tp = 2 on 2 ranks and tp = 2 × dp = 2 on 4."""
@@ -226,6 +227,7 @@ def test_tensor_parallel_2_and_2x2_with_data_parallel_match_one_process(runs, ki
     assert f"{kind} × 2 × tp 2 × pp 1" in tp2dp2[1]
 
 
+@pytest.mark.integration
 def test_dpu_and_wp_with_tensor_or_pipeline_parallel_match_one_process(runs):
     """The other overlapped schedules share ACCO's buffers and job, so they compose alike."""
     _same_losses(runs["neo-dpu-tp2"], runs["neo-dpu"])
@@ -234,12 +236,14 @@ def test_dpu_and_wp_with_tensor_or_pipeline_parallel_match_one_process(runs):
     _same_export(runs["llama-wp-pp2"], runs["llama-wp"])
 
 
+@pytest.mark.integration
 def test_fsdp_with_tensor_or_pipeline_parallel_matches_zero1_on_one_process(runs):
     _same_losses(runs["neo-fsdp-tp2"], runs["neo-zero1"])
     _same_losses(runs["llama-fsdp-pp2dp2"], runs["llama-zero1"])  # each stage's root sharded over dp 2
     _same_export(runs["llama-fsdp-pp2dp2"], runs["llama-zero1"])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["zero1", "acco"])  # with 1f1b and gpipe
 def test_pipeline_parallel_2_stages_matches_one_process(runs, kind):
     reference, pp2 = runs[f"llama-{kind}"], runs[f"llama-{kind}-pp2"]
@@ -249,6 +253,7 @@ def test_pipeline_parallel_2_stages_matches_one_process(runs, kind):
     assert _params_on_rank0(pp2) < 0.6 * _full_params(pp2)
 
 
+@pytest.mark.integration
 def test_acco_over_tensor_and_interleaved_pipeline_parallel_matches_one_process(runs):
     reference, tp2pp2 = runs["llama-acco"], runs["llama-acco-tp2pp2"]
     _same_losses(tp2pp2, reference)
@@ -256,6 +261,7 @@ def test_acco_over_tensor_and_interleaved_pipeline_parallel_matches_one_process(
     assert _params_on_rank0(tp2pp2) < 0.3 * _full_params(tp2pp2)
 
 
+@pytest.mark.integration
 def test_activation_checkpointing_and_the_chunked_loss_under_tp_and_pp_match_one_process(runs):
     _same_losses(runs["neo-zero1-tp2-ac"], runs["neo-zero1"])  # full, 4 loss chunks, vocab-parallel loss
     _same_export(runs["neo-zero1-tp2-ac"], runs["neo-zero1"])
@@ -264,6 +270,7 @@ def test_activation_checkpointing_and_the_chunked_loss_under_tp_and_pp_match_one
     _same_losses(runs["llama-fsdp-tp2-ac"], runs["llama-zero1"])  # every 2nd block, untied vocab-parallel head
 
 
+@pytest.mark.integration
 def test_a_model_from_outside_torchacco_trains_with_its_own_tensor_parallel_plan(runs):
     """Adding a model, its tensor-parallel plan included, needs no edit of torchacco/: the toy model's
     package sits in a temporary folder and is named by its module path."""
@@ -273,6 +280,7 @@ def test_a_model_from_outside_torchacco_trains_with_its_own_tensor_parallel_plan
     assert _params_on_rank0(tp2) < 0.55 * _full_params(tp2)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["neo-acco-tp2", "relayout"])  # tp 2 (acco); pp 2 (zero1, 1f1b)
 def test_offline_export_of_a_model_parallel_checkpoint_equals_the_in_run_export(runs, name, tmp_path):
     """`python -m torchacco.export` reads the checkpoint under the trainer's keys, on tp × pp processes."""
@@ -294,6 +302,7 @@ def test_offline_export_of_a_model_parallel_checkpoint_equals_the_in_run_export(
         assert torch.equal(ours[key], in_run[key]), key
 
 
+@pytest.mark.integration
 def test_acco_with_tensor_parallel_resumes_bit_for_bit(runs):
     (resumed, stdout, _), full = runs["resumed"], runs["neo-acco-tp2"]
     assert "resumed from" in stdout and "at step 2" in stdout
@@ -303,12 +312,14 @@ def test_acco_with_tensor_parallel_resumes_bit_for_bit(runs):
     _same_export(runs["resumed"], full)
 
 
+@pytest.mark.integration
 def test_resume_with_another_pipeline_layout_is_one_clear_error(runs):
     stdout = runs["relayout-other"][1]  # (into the same folder, the dump-folder check refuses first)
     assert "torchacco: error: this checkpoint's tensor- and pipeline-parallel layout differs" in stdout
     assert "pipeline_schedule" in stdout and "resumed from" not in stdout
 
 
+@pytest.mark.integration
 def test_zero1_checkpoint_under_tensor_parallel_reshards_onto_more_data_parallel_ranks(runs):
     metrics, stdout, _ = runs["resharded"]
     assert "resumed from" in stdout and "data-parallel ranks changed (1 -> 2)" in stdout

@@ -139,6 +139,7 @@ def test_commit_with_prediction_is_step_then_peek():
     assert torch.equal(out, predicted)
 
 
+@pytest.mark.integration
 def test_updates_hold_a_few_chunks_not_copies_of_the_shard():
     """The overlapped job runs beside the next micro-batch's activations, so its working memory
     must stay a few chunks. Peak resident memory during a step and a peek on a 16M-element shard

@@ -5,9 +5,12 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.integration
 def test_models_and_data_install_under_torchacco_only(tmp_path):
     code = (
         "import importlib.util as u; import torchacco.models, torchacco.data; "
@@ -23,3 +26,5 @@ def test_every_model_folder_is_listed_for_wheels():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     folders = {f"torchacco.models.{p.parent.name}" for p in (ROOT / "models").glob("*/__init__.py")}
     assert folders <= listed, f"add {sorted(folders - listed)} to [tool.setuptools] packages in pyproject.toml"
+    shipped_benchmarks = sorted(p for p in listed if p.split(".")[0] == "benchmarks" or ".bench" in p)
+    assert not shipped_benchmarks, f"benchmarks/ runs from the repository and is not installed: {shipped_benchmarks}"

@@ -254,6 +254,7 @@ def test_a_prompt_after_plain_documents_starts_a_loss_mask_that_counts_them(tmp_
     assert len(mask) == len(ids) and mask[:plain].all() and not mask[plain:].all()
 
 
+@pytest.mark.integration
 def test_training_on_a_parquet_folder_with_two_ranks(tmp_path, tiny_corpus):
     texts = [p for f in sorted(tiny_corpus.glob("*.txt")) for p in f.read_text().split("\n\n")]
     shards(tmp_path / "TinyStories" / "data", texts, count=4)

@@ -96,6 +96,7 @@ def _run(corpus, cache, out, fault, *extra):
     return run_train(tiny_args(corpus, cache, out, "--eval.every", "0", *extra), env={"TORCHACCO_FAULT": fault})
 
 
+@pytest.mark.integration
 def test_abort_policy_stops_at_the_step_naming_the_rank(tiny_corpus, cache_dir, tmp_path):
     proc = _run(tiny_corpus, cache_dir, tmp_path / "out", "nan@rank1:step3", "--parallelism.data_parallel", "zero1")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
@@ -106,6 +107,7 @@ def test_abort_policy_stops_at_the_step_naming_the_rank(tiny_corpus, cache_dir, 
     assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2, 3]  # the failing step is logged
 
 
+@pytest.mark.integration
 def test_acco_skips_a_nonfinite_estimate_and_its_commit_then_trains_on(tiny_corpus, cache_dir, tmp_path):
     # NaN in the first period of step 3 only: the estimate is skipped (θ̃ = θ) and so is the
     # commit that sums that period's gradients; training goes on from an unchanged θ.
@@ -130,6 +132,7 @@ def test_acco_skips_a_nonfinite_estimate_and_its_commit_then_trains_on(tiny_corp
     assert "SKIPPED" in proc.stdout
 
 
+@pytest.mark.integration
 def test_skip_policy_aborts_after_k_skips_in_a_row(tiny_corpus, cache_dir, tmp_path):
     proc = _run(
         tiny_corpus,
@@ -229,6 +232,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)])
 
 
+@pytest.mark.integration
 def test_a_full_disk_is_a_clear_error_before_training_or_at_the_checkpoint(tiny_corpus, cache_dir, small_disk):
     # The debug model (0.5M params) needs ~8 MB per checkpoint by the pre-check's estimate.
     tiny = tiny_args(
@@ -292,6 +296,7 @@ def _client(port: int, timeout_s: float):
     return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout_s))
 
 
+@pytest.mark.integration
 def test_a_peer_that_never_joins_the_process_group_is_named_in_one_line():
     import time
 
@@ -307,6 +312,7 @@ def test_a_peer_that_never_joins_the_process_group_is_named_in_one_line():
     assert time.monotonic() - start < 10
 
 
+@pytest.mark.integration
 def test_a_peer_dying_during_process_group_setup_gives_the_diagnosis_not_a_store_traceback(
     tiny_corpus, cache_dir, tmp_path
 ):
@@ -353,6 +359,7 @@ def test_a_peer_dying_during_process_group_setup_gives_the_diagnosis_not_a_store
     assert errors[0].endswith("collective_timeout_s = 3"), errors[0]
 
 
+@pytest.mark.integration
 def test_the_diagnosis_gives_up_on_a_store_that_does_not_answer(monkeypatch):
     """A frozen store host (SIGSTOP) answers nothing; the store client's own timeout (here 120 s,
     the collective timeout in a run) must not hold the diagnosis."""
@@ -425,6 +432,7 @@ def test_the_heartbeat_writes_at_most_once_per_interval_however_often_the_phase_
         beat.close()
 
 
+@pytest.mark.integration
 def test_a_failed_checkpoint_mkdir_on_rank_0_fails_every_rank_at_once(tiny_corpus, cache_dir, tmp_path):
     out = tmp_path / "out"
     (out / "checkpoint").mkdir(parents=True)
@@ -452,6 +460,7 @@ def test_a_failed_checkpoint_mkdir_on_rank_0_fails_every_rank_at_once(tiny_corpu
     assert "the earlier checkpoint step-00000001 is intact" in errors[0], errors[0]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["zero1", "fsdp"])  # the sharded job, and torch's AdamW
 def test_under_pipeline_parallelism_the_nonfinite_error_names_global_ranks(tiny_corpus, cache_dir, tmp_path, kind):
     # pp = 2 on 2 ranks: rank 1 holds the last stage (the loss) and is rank 0 of its dp group;

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import overlap_worker as worker  # noqa: E402
 
-WORKER = Path(__file__).parent / "overlap_worker.py"
+WORKER = Path(__file__).parent / "workers" / "overlap_worker.py"
 ROOT = Path(__file__).parent.parent
 
 
@@ -184,6 +184,7 @@ def wp_reference(periods, commits):
     return theta
 
 
+@pytest.mark.integration
 def test_acco_deterministic_equals_its_equations(tmp_path):
     run = run_worker(tmp_path, "acco", commits=6, micro_batches=4)
     assert run["periods"] == [[2] * 13] * 2  # the first period, then two per commit
@@ -192,18 +193,21 @@ def test_acco_deterministic_equals_its_equations(tmp_path):
     assert not torch.allclose(expected, Reference(run["periods"]).theta())  # it trained
 
 
+@pytest.mark.integration
 def test_dpu_equals_its_equations(tmp_path):
     run = run_worker(tmp_path, "dpu", commits=6, micro_batches=2)
     expected = dpu_reference(run["periods"], commits=6, warmup=1)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.integration
 def test_wp_equals_its_equations(tmp_path):
     run = run_worker(tmp_path, "wp", commits=6, micro_batches=2)
     expected = wp_reference(run["periods"], commits=6)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["zero1", "acco"])
 def test_rank_whose_shard_is_only_padding_still_trains(tmp_path, monkeypatch, kind):
     monkeypatch.setattr(worker, "MODEL", "micro")
@@ -214,6 +218,7 @@ def test_rank_whose_shard_is_only_padding_still_trains(tmp_path, monkeypatch, ki
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.integration
 def test_acco_adaptive_slow_rank_contributes_less_and_update_is_token_weighted(tmp_path):
     run = run_worker(tmp_path, "acco", commits=6, micro_batches=2, mode="adaptive", delay=0.05)
     fast, slow = run["periods"]
@@ -273,6 +278,7 @@ def test_acco_memory_over_zero1_is_one_bf16_parameter_copy():
         dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_acco_validation_loss_close_to_zero1_on_the_embedded_corpus(tmp_path, embedded_cache):
     from conftest import read_metrics, run_train
 
@@ -317,6 +323,7 @@ def test_acco_validation_loss_close_to_zero1_on_the_embedded_corpus(tmp_path, em
     assert abs(val["acco"][0] - val["zero1"][0]) / val["zero1"][0] < 0.03, val
 
 
+@pytest.mark.integration
 def test_acco_bf16_buffers_and_per_round_metrics(tiny_corpus, cache_dir, tmp_path):
     from conftest import read_metrics, run_train, tiny_args
 
@@ -362,6 +369,7 @@ def test_split_by_speed_keeps_the_total_and_finishes_the_slowest_first():
     assert sum(split_by_speed(7, [0.3, 1.1, 2.0])) == 7
 
 
+@pytest.mark.integration
 def test_acco_balanced_keeps_the_global_batch_and_gives_the_slow_rank_less(tmp_path):
     run = run_worker(tmp_path, "acco", commits=6, micro_batches=4, mode="balanced", delay=0.05)
     fast, slow = run["periods"]
@@ -387,6 +395,7 @@ def test_a_bf16_estimate_is_the_fp32_estimate_within_bf16_error(monkeypatch):
     assert not torch.equal(low, full)
 
 
+@pytest.mark.integration
 def test_acco_with_a_bf16_estimate_round_trains_as_its_equations_within_that_error(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHACCO_TEST_ESTIMATE_COMM", "bf16")
     run = run_worker(tmp_path, "acco", commits=6, micro_batches=4)

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchacco.bench.sweeps import time_to_loss as ttl
-from torchacco.bench.sweeps.ttl_analysis import loss_at, summarize, time_to_target, training_seconds, val_curve
+from benchmarks.sweeps import time_to_loss as ttl
+from benchmarks.sweeps.ttl_analysis import loss_at, summarize, time_to_target, training_seconds, val_curve
 from torchacco.config import load_config
 
 

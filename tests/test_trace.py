@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from torchacco.bench.trace import overlap
+from benchmarks.trace import overlap
 
 
 def _kernel(ts, dur, stream, correlation):

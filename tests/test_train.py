@@ -22,6 +22,7 @@ def strategy_runs(six_step_run):
     }
 
 
+@pytest.mark.integration
 def test_ddp_zero1_fsdp_give_the_same_losses(strategy_runs):
     ddp = [r["loss"] for r in strategy_runs["ddp"]]
     assert len(ddp) == 6
@@ -31,6 +32,7 @@ def test_ddp_zero1_fsdp_give_the_same_losses(strategy_runs):
         assert strategy_runs[dp][-1]["val_loss"] == pytest.approx(strategy_runs["ddp"][-1]["val_loss"], rel=1e-4)
 
 
+@pytest.mark.integration
 def test_loss_falls_and_metrics_keep_their_contract(strategy_runs):
     records = strategy_runs["zero1"]
     for r in records:
@@ -49,6 +51,7 @@ def _trace_names(folder, rank: int) -> set[str]:
     return {e.get("name") for e in json.loads(traces[0].read_text())["traceEvents"]}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["zero1", "acco"])
 def test_profiling_writes_a_trace_per_rank_with_the_loop_and_job_phases(six_step_run, kind):
     """Update 3 is traced on each rank; ACCO's job runs on its own thread and is in the trace too."""
@@ -63,6 +66,7 @@ def test_profiling_writes_a_trace_per_rank_with_the_loop_and_job_phases(six_step
             assert f"torchacco/{phase}" in names, (rank, phase)
 
 
+@pytest.mark.integration
 def test_bf16_strategies_agree_within_bf16_tolerance(tiny_corpus, cache_dir, tmp_path):
     losses = {}
     for dp in ("ddp", "zero1", "fsdp"):
@@ -165,6 +169,7 @@ def test_a_model_on_another_device_is_one_clear_error(tmp_path):
         train(_python_cfg(tmp_path), model=model, datasets=(Counting(), Counting()))
 
 
+@pytest.mark.integration
 def test_multi_node_launch_through_c10d_rendezvous(tiny_corpus, cache_dir, tmp_path):
     """Two 'nodes' of one process each on this machine, as run_train.sh's multi-node path runs them."""
     import os
@@ -216,6 +221,7 @@ def test_multi_node_launch_through_c10d_rendezvous(tiny_corpus, cache_dir, tmp_p
     assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 7))
 
 
+@pytest.mark.integration
 def test_a_node_that_never_joins_fails_the_rendezvous_with_one_line(tiny_corpus, cache_dir, tmp_path):
     import os
     import socket

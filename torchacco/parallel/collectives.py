@@ -9,6 +9,8 @@ on a flat buffer whose length is a multiple of the group size, rank r's shard be
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -19,6 +21,16 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 RING_MIN_NUMEL = 1 << 16  # below this, a message's latency outweighs the bytes saved
 PIECE_NUMEL = 1 << 22  # ring messages are cut to this size: the staging buffer stays bounded
 
+_before_collective: Callable[[str], None] | None = None
+
+
+def set_collective_hook(hook: Callable[[str], None] | None) -> None:
+    """Call `hook(name)` before each reduce-scatter and all-gather here (name: "reduce_scatter" or
+    "all_gather"); None removes it. A seam for benchmarks that emulate a slow interconnect on one
+    machine (benchmarks/workers/delayed_train.py sleeps in it); training never sets one."""
+    global _before_collective
+    _before_collective = hook
+
 
 def _use_ring(tensor: torch.Tensor, group) -> bool:
     return dist.get_backend(group) == "gloo" and dist.get_world_size(group) > 1 and tensor.numel() >= RING_MIN_NUMEL
@@ -26,6 +38,8 @@ def _use_ring(tensor: torch.Tensor, group) -> bool:
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
     """`output` ← this rank's chunk of the sum of every rank's `input` (output may be that chunk of input)."""
+    if _before_collective is not None:
+        _before_collective("reduce_scatter")
     if not _use_ring(input, group):
         _reduce_scatter(output, input, group=group)
         return
@@ -47,6 +61,8 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None) -> Non
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
     """`output` ← every rank's `input`, in rank order (input may be this rank's chunk of output)."""
+    if _before_collective is not None:
+        _before_collective("all_gather")
     if not _use_ring(output, group):
         _all_gather(output, input, group=group)
         return

@@ -1,6 +1,6 @@
 """Parameter and optimizer-shard elements per rank under tp/pp/dp (the README's memory table).
 
-    torchrun --nproc_per_node 4 tests/memory_per_rank.py --model.name llama3 \
+    torchrun --nproc_per_node 4 tests/workers/memory_per_rank.py --model.name llama3 \
         --parallelism.data_parallel acco --parallelism.tensor_parallel_degree 2 \
         --parallelism.pipeline_parallel_degree 2
 

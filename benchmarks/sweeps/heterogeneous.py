@@ -9,9 +9,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from torchacco.bench import cost_model as cm
-from torchacco.bench.cluster import Cluster, ClusterPlan, parse_rate
-from torchacco.bench.sweeps.common import (
+from benchmarks.cluster import Cluster, ClusterPlan, parse_rate
+from benchmarks.sweeps.common import (
     DEFAULT_MODEL,
     QUIET,
     collective_factors,
@@ -24,6 +23,7 @@ from torchacco.bench.sweeps.common import (
     save_results,
     strategies_arg,
 )
+from torchacco import cost_model as cm
 
 _SPIN = "import time\nt=time.perf_counter(); n=0\nwhile time.perf_counter()-t<{s}: n+=1\nprint(n)"
 

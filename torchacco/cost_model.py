@@ -1,7 +1,10 @@
 """A cost model for the data-parallel strategies: time per update, and time to a target loss.
 
-    python -m torchacco.bench predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 \\
+    python -m torchacco.predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 \\
         --bandwidth 100gbit --device H100 --seq-len 8192 --local-batch 1 --micro-batches 4
+
+(`torchacco/predict.py` is that command line; the benchmarks in `benchmarks/` check the model
+against measured runs.)
 
 Inputs: the model (parameters, FLOPs per token), tokens per micro-batch and micro-batches per
 update (k), the achieved FLOP/s of one rank, the inter-node bandwidth B and latency L per link,
@@ -37,6 +40,9 @@ contention between the communication thread and compute, congestion, and kernels
 
 import dataclasses
 import math
+import re
+
+from torchacco.errors import UserError
 
 # The modelled strategies: a registered strategy class, and for ACCO a mode or option.
 VARIANTS = {
@@ -88,7 +94,7 @@ class Hardware:
     slow_factor: float = 1.0  # one rank computes this much slower
     compute_s: float | None = None  # measured compute time of one micro-batch (overrides flops)
     # Measured time of each collective over its ring ideal (1: NCCL-like). gloo's reduce-scatter moves
-    # about as much as an all-reduce (~2x); see `collective_probe.py`.
+    # about as much as an all-reduce (~2x); see `benchmarks/workers/collective_probe.py`.
     rs_factor: float = 1.0
     ag_factor: float = 1.0
     ar_factor: float = 1.0
@@ -101,6 +107,37 @@ class Hardware:
     def compute_times(self, c: float) -> list[float]:
         """Each rank's compute time per micro-batch (rank 0 is the slow one)."""
         return [c * self.slow_factor] + [c] * (self.world - 1)
+
+
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_rate(rate: str | float | None) -> float | None:
+    """'200mbit' / '1gbit' / '1.5Gbit' / 2e8 -> bits per second; None, '', 'none', 'unshaped' -> None."""
+    if rate is None:
+        return None
+    if isinstance(rate, (int, float)):
+        if rate <= 0:
+            raise UserError(f"link rate must be positive, got {rate}")
+        return float(rate)
+    text = rate.strip().lower()
+    if text in ("", "none", "unshaped", "inf"):
+        return None
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(bit|bps|b/s)?", text)
+    if not m or float(m.group(1)) <= 0:
+        raise UserError(f"cannot read link rate {rate!r}; write e.g. 50mbit, 1gbit, 10gbit or 'unshaped'")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def format_rate(bps: float | None) -> str:
+    """Bits per second as `parse_rate` reads them back (None or 0: 'unshaped')."""
+    if not bps:
+        return "unshaped"
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bps >= scale:
+            value = bps / scale
+            return f"{value:g}{unit}" if value == round(value, 3) else f"{value:.3f}{unit}"
+    return f"{bps:g}bit"
 
 
 def collective_s(nbytes: float, hw: Hardware) -> float:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from torchacco.bench.cluster import ClusterPlan, parse_rate, run_training
-from torchacco.bench.sweeps.common import (
+from benchmarks.cluster import ClusterPlan, parse_rate, run_training
+from benchmarks.sweeps.common import (
     DEFAULT_MODEL,
     QUIET,
     STRATEGY_ARGS,

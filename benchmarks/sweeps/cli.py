@@ -1,86 +1,28 @@
-"""`python -m torchacco.bench ...`: the sweeps' command line, and `predict` (the cost model alone)."""
+"""`python -m benchmarks ...`: the sweeps' command line (`predict` hands over to `python -m torchacco.predict`)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
-from torchacco.bench import cost_model as cm
-from torchacco.bench import sweeps
-from torchacco.bench.cluster import parse_rate, preflight
-from torchacco.bench.sweeps.common import load, rate_label
-from torchacco.bench.sweeps.convergence import convergence
-from torchacco.bench.sweeps.heterogeneous import heterogeneous
-from torchacco.bench.sweeps.memory import memory
-from torchacco.bench.sweeps.throughput import throughput
-from torchacco.bench.sweeps.time_to_loss import STRATEGIES as TTL_STRATEGIES
-from torchacco.bench.sweeps.time_to_loss import time_to_loss
-from torchacco.errors import UserError
-
-
-def predict_cmd(args) -> dict:
-    dev = cm.DEVICES.get(args.device)
-    if dev is None:
-        raise UserError(f"unknown --device {args.device!r}; one of {', '.join(cm.DEVICES)} (or give --flops)")
-    try:
-        work = cm.model_workload(
-            args.model, args.flavor, args.seq_len, args.local_batch, args.micro_batches, comm_bytes=args.comm_bytes
-        )
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    flops = args.flops or dev["flops"] * args.mfu
-    bw = parse_rate(args.bandwidth)
-    hw = cm.Hardware(
-        nodes=args.nodes,
-        ranks_per_node=args.gpus_per_node,
-        flops=flops,
-        bandwidth_bps=bw,
-        latency_s=args.latency_ms / 1000,
-        intra_bps=dev["intra_bps"],
-        opt_rate=dev["opt_rate"],
-        slow_factor=args.slow_factor,
-    )
-    hw.max_growth = args.max_growth
-    preds = cm.predict_all(work, hw)
-    mem = {s: cm.memory_bytes(work, hw, s) for s in preds}
-    recipe = preds["ddp"]["tokens_per_update"]
-    noise = args.noise_scale or recipe
-    ttl = cm.time_to_loss(preds, args.updates_to_target, noise, args.stale_penalty)
-    z = preds["zero1"]
-    print(
-        f"{args.model} {args.flavor}: {work.params / 1e9:.2f}B params, {work.flops_per_token / 1e9:.1f} GFLOP/token; "
-        f"{args.nodes} nodes × {args.gpus_per_node} {args.device} at {flops / 1e12:.0f} TFLOP/s each"
-        + (f" (one {args.slow_factor:g}× slower)" if args.slow_factor > 1 else "")
-        + f"; inter-node {rate_label(bw)}, {args.latency_ms:g} ms; micro-batch {args.local_batch} × {args.seq_len}, "
-        f"{args.micro_batches} per rank and update; compute {z['compute_s']:.3f} s per micro-batch, "
-        f"sharded job {z['job_s']:.3f} s\n"
-    )
-    print(cm.format_table(preds, mem, ttl))
-    soonest = min(ttl, key=ttl.get)
-    baseline = min(("ddp", "zero1", "fsdp"), key=ttl.get)
-    print(
-        f"Soonest to the loss: {soonest} ({ttl[baseline] / ttl[soonest]:.2f}× sooner than the best baseline, "
-        f"{baseline}). ACCO costs {(mem['acco'] - mem['zero1']) / 2**30:.1f} GiB more per GPU than ZeRO-1 (one "
-        "bf16 parameter copy)."
-    )
-    print(
-        f"Assumptions: the loss is the one DDP reaches in {args.updates_to_target:,} updates of {recipe:,.0f} tokens; "
-        "fixed-batch strategies (ddp, zero1, fsdp, acco and its balanced and bf16-estimate modes) need as many "
-        f"updates; dpu and wp {args.stale_penalty:g}× as many (stale gradients); adaptive ACCO's batch of "
-        f"{preds['acco_adaptive']['tokens_per_update']:,.0f} tokens needs (1 + B_n/B')/(1 + B_n/B) of them with the "
-        f"gradient noise scale B_n = {noise:,.0f} tokens (--noise-scale) and the lr scaled for the batch. Memory is "
-        "persistent state only (weights, gradients, optimizer), no activations. Communication is modelled by "
-        "bandwidth and latency: no congestion, no CPU contention."
-    )
-    return {"workload": work.__dict__, "hardware": hw.__dict__, "predictions": preds}
-
+from benchmarks import sweeps
+from benchmarks.cluster import preflight
+from benchmarks.sweeps.common import load
+from benchmarks.sweeps.convergence import convergence
+from benchmarks.sweeps.heterogeneous import heterogeneous
+from benchmarks.sweeps.memory import memory
+from benchmarks.sweeps.throughput import throughput
+from benchmarks.sweeps.time_to_loss import STRATEGIES as TTL_STRATEGIES
+from benchmarks.sweeps.time_to_loss import time_to_loss
+from torchacco import predict
 
 # CLI ------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m torchacco.bench",
+        prog="python -m benchmarks",
         description=sweeps.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -147,25 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("all", help="throughput, heterogeneous, convergence and memory")
     p.add_argument("--out", default="bench_results")
     p.add_argument("--quick", action="store_true")
-    p = sub.add_parser("predict", help="the cost model for a real cluster")
-    p.add_argument("--model", default="llama3")
-    p.add_argument("--flavor", default="8B")
-    p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--bandwidth", default="100gbit", help="inter-node link per node and direction")
-    p.add_argument("--latency-ms", type=float, default=0.01)
-    p.add_argument("--device", default="H100", help=f"one of {', '.join(cm.DEVICES)}")
-    p.add_argument("--mfu", type=float, default=0.4)
-    p.add_argument("--flops", type=float, default=None, help="achieved FLOP/s per GPU (overrides device × MFU)")
-    p.add_argument("--seq-len", type=int, default=8192)
-    p.add_argument("--local-batch", type=int, default=1)
-    p.add_argument("--micro-batches", type=int, default=2, help="per GPU and update (ZeRO-1's accumulation)")
-    p.add_argument("--comm-bytes", type=float, default=2.0, help="bytes per element on the wire (bf16: 2)")
-    p.add_argument("--slow-factor", type=float, default=1.0, help="one GPU this much slower")
-    p.add_argument("--max-growth", type=float, default=2.0, help="adaptive ACCO's cap ([acco] max_growth)")
-    p.add_argument("--updates-to-target", type=int, default=10000, help="DDP's updates to the target loss")
-    p.add_argument("--noise-scale", type=float, default=0.0, help="gradient noise scale in tokens (0: the batch)")
-    p.add_argument("--stale-penalty", type=float, default=1.3, help="dpu/wp: updates needed relative to DDP")
+    sub.add_parser("predict", help="the cost model for a real cluster: the same as python -m torchacco.predict")
     return parser
 
 
@@ -188,11 +112,11 @@ SWEEPS = {
 
 
 def run(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["predict"]:
+        return predict.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.sweep == "predict":
-        predict_cmd(args)
-        return 0
     preflight(need_cgroup=args.sweep in ("heterogeneous", "all", "time-to-loss"))
     # `all`: the four sweeps of tokens/s, memory and convergence; time-to-loss is run on its own
     names = [n for n in SWEEPS if n != "time-to-loss"] if args.sweep == "all" else [args.sweep]

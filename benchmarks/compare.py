@@ -1,13 +1,13 @@
 """Run training variants side by side and compare throughput as ratios.
 
-    python -m torchacco.bench.compare --config train_configs/default.toml --steps 30 \\
+    python -m benchmarks.compare --config train_configs/default.toml --steps 30 \\
         --variant zero1 "--parallelism.data_parallel zero1" \\
         --variant acco  "--parallelism.data_parallel acco" \\
         --comm-delay-ms 100 --out bench_results/zero1_vs_acco
 
 Each variant runs on NPROC processes (default 2) through the same launcher as run_train.sh.
 The first `--warmup` logged steps are dropped. Prints a table and writes `<out>.json` and
-`<out>.md`. `--comm-delay-ms` is the benchmark-only artificial delay of delayed_train.py.
+`<out>.md`. `--comm-delay-ms` is the benchmark-only artificial delay of `workers/delayed_train.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_variant(config: str, overrides: list[str], steps: int, folder: Path, nproc: int, delay_ms: float) -> list[dict]:
@@ -57,7 +57,7 @@ def run_variant(config: str, overrides: list[str], steps: int, folder: Path, npr
         "--nproc_per_node",
         str(nproc),
         "-m",
-        "torchacco.bench.delayed_train",
+        "benchmarks.workers.delayed_train",
         *args,
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)

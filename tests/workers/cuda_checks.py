@@ -1,6 +1,6 @@
 """CUDA checks that run in a process of their own (the suite hides the GPUs from itself):
 
-    python tests/cuda_checks.py NAME
+    python tests/workers/cuda_checks.py NAME
 
 Each check raises on failure; tests/test_cuda.py runs them.
 """

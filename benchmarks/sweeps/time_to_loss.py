@@ -1,8 +1,8 @@
 """Time to loss: which strategy reaches a validation loss soonest on a slow or mixed cluster.
 
-    sudo .venv/bin/python -m torchacco.bench time-to-loss [--quick] [--settings a,b,c] [--seeds 0,1,2] [--resume]
+    sudo .venv/bin/python -m benchmarks time-to-loss [--quick] [--settings a,b,c] [--seeds 0,1,2] [--resume]
 
-Settings (the emulated cluster of `torchacco.bench.cluster`):
+Settings (the emulated cluster of `benchmarks.cluster`):
   a  2 nodes at the link rate where ZeRO-1's exposed communication equals its compute (calibrated first);
   b  2 nodes at a third of that rate (communication about 3× compute);
   c  4 nodes at 1 Gbit/s, each capped at --cpu-per-node cores, one of them --slow-factor times slower.
@@ -22,29 +22,15 @@ import resource
 import time
 from pathlib import Path
 
-from torchacco.bench import cost_model as cm
-from torchacco.bench.cluster import ClusterPlan, format_rate, run_training
-from torchacco.bench.sweeps.common import DEFAULT_MODEL, QUIET, load, pyplot_or_none, save_figure
-from torchacco.bench.sweeps.heterogeneous import measure_cpu
-from torchacco.bench.sweeps.ttl_analysis import summarize, training_seconds, val_curve
+from benchmarks.cluster import ClusterPlan, format_rate, run_training
+from benchmarks.sweeps.common import DEFAULT_MODEL, QUIET, load, pyplot_or_none, save_figure
+from benchmarks.sweeps.heterogeneous import measure_cpu
+from benchmarks.sweeps.ttl_analysis import summarize, training_seconds, val_curve
+from benchmarks.sweeps.ttl_report import report
+from benchmarks.sweeps.ttl_strategies import LONGER_BUDGET, STRATEGIES
+from torchacco import cost_model as cm
 from torchacco.errors import UserError
 
-ACCO = ["--parallelism.data_parallel", "acco"]
-STRATEGIES = {
-    "ddp": ["--parallelism.data_parallel", "ddp"],
-    "zero1": ["--parallelism.data_parallel", "zero1"],
-    "fsdp": ["--parallelism.data_parallel", "fsdp"],
-    "acco": ACCO,
-    "acco_bf16_estimate": [*ACCO, "--acco.estimate_comm", "bf16"],
-    "acco_balanced": [*ACCO, "--acco.mode", "balanced"],
-    "acco_adaptive": [*ACCO, "--acco.mode", "adaptive"],  # capped at max_growth (default 2)
-    "acco_adaptive_uncapped": [*ACCO, "--acco.mode", "adaptive", "--acco.max_growth", "0"],
-    "dpu": ["--parallelism.data_parallel", "dpu"],
-}
-# Opt-in variants on a longer token budget (their schedule stretched to it): a strategy a little
-# behind per token but faster per token can still reach the target sooner. Not an equal-budget row.
-LONGER_BUDGET = {"acco_balanced_1.25x_tokens": ("acco_balanced", 1.25)}
-ACCO_MODES = [s for s in STRATEGIES if s.startswith("acco")]
 VOCAB = 1024
 
 
@@ -250,8 +236,6 @@ def _mean_job_seconds(runs: list[list[dict]]) -> float:
 
 
 def _save(results: dict, out: Path) -> None:
-    from torchacco.bench.sweeps.ttl_report import report
-
     out.mkdir(parents=True, exist_ok=True)
     (out / "time_to_loss.json").write_text(json.dumps(results, indent=1, default=float))
     (out / "time_to_loss.md").write_text(report(results))

@@ -2,7 +2,7 @@
 texts, with each data-parallel strategy named on the command line, one after the other in one
 process group (a launch costs more than a tiny run).
 
-    torchrun --nproc_per_node 2 tests/hf_model_worker.py OUT STRATEGY...
+    torchrun --nproc_per_node 2 tests/workers/hf_model_worker.py OUT STRATEGY...
 
 Each strategy's run writes to OUT/<strategy>/ (metrics.jsonl, and hf/ for zero1, whose θ is
 exported). Rank 0 writes OUT/<strategy>/facts.json: what the model looked like after train().

@@ -5,9 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from torchacco.bench import cost_model as cm
-from torchacco.bench.cluster import Cluster, ClusterPlan, format_rate, measure_link, parse_rate
-from torchacco.bench.sweeps.common import (
+from benchmarks.cluster import Cluster, ClusterPlan, format_rate, measure_link, parse_rate
+from benchmarks.sweeps.common import (
     DEFAULT_MODEL,
     QUIET,
     calibrate,
@@ -21,6 +20,7 @@ from torchacco.bench.sweeps.common import (
     save_results,
     strategies_arg,
 )
+from torchacco import cost_model as cm
 from torchacco.errors import UserError
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import re
 
-from torchacco.bench.cluster import format_rate
+from benchmarks.cluster import format_rate
+from benchmarks.sweeps.ttl_strategies import LONGER_BUDGET
+from torchacco import cost_model as cm
 
 TARGETS = {"a": 1.3, "b": 1.5, "c": 2.0}  # ACCO's best mode vs the best baseline, time to the target loss
 BASELINES = ("ddp", "zero1", "fsdp")
@@ -68,8 +70,6 @@ def _partial(reached: int, seeds: int) -> str:
 def _verdicts(name: str, setting: dict) -> list[str]:
     summary = setting["summary"]
     s = summary["strategies"]
-    from torchacco.bench.sweeps.time_to_loss import LONGER_BUDGET
-
     acco = {k: v for k, v in s.items() if k.startswith("acco") and k not in LONGER_BUDGET}
     out = []
     if acco:
@@ -127,8 +127,6 @@ def predictions(setting: dict, params: float) -> dict[str, dict]:
     calibrated on ZeRO-1 alone: its measured compute per update, and its measured job over the ring
     ideal as the collectives' factor (f_rs = f_ag = f_ar); the link rate and the measured slowdown;
     DDP's measured updates to the target for the updates needed."""
-    from torchacco.bench import cost_model as cm
-
     s = setting["summary"]["strategies"]
     compute = setting.get("zero1_compute_per_update_s")
     if not compute or not math.isfinite(compute) or "ddp" not in s or "zero1" not in s:
@@ -145,8 +143,6 @@ def predictions(setting: dict, params: float) -> dict[str, dict]:
     factor = max(1.0, (zero1_step - compute) / ideal_job) if ideal_job > 0 else 1.0
     hw.rs_factor = hw.ag_factor = hw.ar_factor = factor
     ddp_updates = s["ddp"]["tokens_to_target"][0] / tokens
-    from torchacco.bench.sweeps.time_to_loss import LONGER_BUDGET
-
     out = {}
     for strategy, st in s.items():
         if strategy in LONGER_BUDGET:

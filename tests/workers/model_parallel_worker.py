@@ -1,7 +1,7 @@
 """A torchrun worker that trains several configs in one process group, one after the other
 (a launch costs more than a tiny run on a small machine).
 
-    torchrun --nproc_per_node N tests/model_parallel_worker.py RUNS.json
+    torchrun --nproc_per_node N tests/workers/model_parallel_worker.py RUNS.json
 
 RUNS.json holds a list of argument lists, each as for ./run_train.sh; rank 0 writes
 <dump_folder>/stdout.txt with what the run logged, or the `torchacco: error:` line it stopped with.

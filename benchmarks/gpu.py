@@ -1,7 +1,7 @@
 """GPU benchmarks: throughput and MFU per strategy, memory, and ACCO's overlap seen in a trace.
 
-    python -m torchacco.bench.gpu mfu [--quick] [--out bench_results]
-    python -m torchacco.bench.gpu overlap [--delay-ms 40] [--out bench_results]
+    python -m benchmarks.gpu mfu [--quick] [--out bench_results]
+    python -m benchmarks.gpu overlap [--delay-ms 40] [--out bench_results]
 
 `mfu` trains each case in a process of its own through torchacco's trainer on one GPU (a world
 of 1), on random tokens: Llama 3 8B-shaped layers (as many as fit) at seq 8192, and GPT-Neo 125M.
@@ -31,6 +31,7 @@ from torch.utils.data import IterableDataset
 
 LLAMA_8B = dict(model="llama3", flavor="8B", seq=8192)
 NEO_125M = dict(model="gpt_neo", flavor="125M", seq=2048)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def cases(quick: bool) -> list[dict]:
@@ -123,8 +124,8 @@ def mfu(args) -> list[dict]:
     for case in cases(args.quick):
         start = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "torchacco.bench.gpu", "case", json.dumps(case), "--steps", str(args.steps)],
-            capture_output=True, text=True, timeout=args.timeout,
+            [sys.executable, "-m", "benchmarks.gpu", "case", json.dumps(case), "--steps", str(args.steps)],
+            capture_output=True, text=True, timeout=args.timeout, cwd=ROOT,
         )  # fmt: skip
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
@@ -166,7 +167,7 @@ def mfu_table(results: list[dict]) -> str:
 
 def _delay_jobs(delay_ms: float) -> None:
     """BENCHMARK ONLY: each sharded job first enqueues a GPU-side wait of `delay_ms` on its stream."""
-    from torchacco.parallel import sharded_job
+    from torchacco.parallel.collectives import set_collective_hook
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -174,18 +175,17 @@ def _delay_jobs(delay_ms: float) -> None:
     end.record()
     end.synchronize()
     cycles = int(1_000_000 * delay_ms / start.elapsed_time(end))
-    collective = sharded_job.reduce_scatter
 
-    def delayed(*a, **k):
-        torch.cuda._sleep(cycles)
-        return collective(*a, **k)
+    def delay(name: str) -> None:  # once per job: before its reduce-scatter
+        if name == "reduce_scatter":
+            torch.cuda._sleep(cycles)
 
-    sharded_job.reduce_scatter = delayed
+    set_collective_hook(delay)
 
 
 def overlap_run(args) -> dict:
     """ACCO on one GPU with profiling and the job delay; the trace's overlap figures."""
-    from torchacco.bench.trace import overlap, render_timeline
+    from benchmarks.trace import overlap, render_timeline
 
     _delay_jobs(args.delay_ms)
     case = {**NEO_125M, "name": "125M acco (traced)", "strategy": "acco", "batch": 8, "compile": False, "ac": "none",
@@ -212,7 +212,7 @@ def overlap_table(found: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torchacco.bench.gpu", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("mfu")

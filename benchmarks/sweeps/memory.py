@@ -6,9 +6,8 @@ import math
 import statistics
 from pathlib import Path
 
-from torchacco.bench import cost_model as cm
-from torchacco.bench.cluster import ClusterPlan
-from torchacco.bench.sweeps.common import (
+from benchmarks.cluster import ClusterPlan
+from benchmarks.sweeps.common import (
     DEFAULT_MODEL,
     QUIET,
     default_workload,
@@ -19,6 +18,7 @@ from torchacco.bench.sweeps.common import (
     save_results,
     strategies_arg,
 )
+from torchacco import cost_model as cm
 
 MMAP_NOTE = (
     "; glibc set to return every buffer over 64 KiB on free (MALLOC_MMAP_THRESHOLD_=65536), so RSS follows live memory"

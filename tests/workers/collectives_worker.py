@@ -1,6 +1,6 @@
 """A torchrun worker: the gloo ring reduce-scatter and all-gather equal torch's own collectives.
 
-torchrun --nproc_per_node N tests/collectives_worker.py
+torchrun --nproc_per_node N tests/workers/collectives_worker.py
 """
 
 import torch

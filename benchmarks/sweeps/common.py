@@ -8,9 +8,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from torchacco.bench import cost_model as cm
-from torchacco.bench.cluster import ClusterPlan, format_rate, probe_collectives, run_training
-from torchacco.bench.compare import summarize
+from benchmarks.cluster import ClusterPlan, format_rate, probe_collectives, run_training
+from benchmarks.compare import summarize
+from torchacco import cost_model as cm
 from torchacco.errors import UserError
 
 STRATEGY_ARGS = {

@@ -1,6 +1,6 @@
 """Load a run's checkpoint into its strategy on this many ranks and save it again, untouched.
 
-torchrun --nproc_per_node N tests/reshard_worker.py RUN_DIR CHECKPOINT OUT_FOLDER
+torchrun --nproc_per_node N tests/workers/reshard_worker.py RUN_DIR CHECKPOINT OUT_FOLDER
 """
 
 import sys

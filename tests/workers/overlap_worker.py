@@ -4,7 +4,7 @@ Every rank draws its micro-batches from a generator seeded by (rank, index), wit
 masked so that token weighting matters. Rank 0 saves θ (the committed parameters), what each
 rank computed per period, and the update results.
 
-    torchrun --nproc_per_node 2 tests/overlap_worker.py KIND OUT COMMITS MICRO_BATCHES MODE SLOW_RANK_DELAY
+    torchrun --nproc_per_node 2 tests/workers/overlap_worker.py KIND OUT COMMITS MICRO_BATCHES MODE SLOW_RANK_DELAY
 """
 
 import os

@@ -1,0 +1,110 @@
+"""The host: can it run the emulated cluster (root, iproute2, namespaces, tc, cgroups), and running
+its commands, loudly for setup and quietly for teardown."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.cluster.plan import CGROUP_V1_CPU, CGROUP_V2, ClusterError
+
+
+def detect_cgroup() -> str | None:
+    """'v1' when the v1 cpu controller is mounted, 'v2' when the unified hierarchy offers cpu, else None."""
+    if (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():
+        return "v1"
+    controllers = CGROUP_V2 / "cgroup.controllers"
+    if controllers.exists() and "cpu" in controllers.read_text().split():
+        return "v2"
+    return None
+
+
+def preflight(need_cgroup: bool = False, need_netem: bool = False) -> str | None:
+    """Check root, ip/tc, network namespaces (and tc tbf, netem, cgroups when needed). Returns the cgroup kind.
+
+    Raises ClusterError naming what is missing."""
+    if sys.platform != "linux":
+        raise ClusterError("the emulated cluster needs Linux (network namespaces, tc, cgroups)")
+    if os.geteuid() != 0:
+        raise ClusterError(
+            "the emulated cluster needs root (network namespaces, tc and cgroups); "
+            "run it with sudo, e.g. sudo .venv/bin/python -m benchmarks ..."
+        )
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise ClusterError(f"`{tool}` not found; install iproute2")
+    _probe_kernel(need_netem)
+    kind = detect_cgroup()
+    if need_cgroup and kind is None:
+        raise ClusterError(
+            "no cgroup cpu controller (v1 /sys/fs/cgroup/cpu or v2 with 'cpu' in cgroup.controllers); "
+            "a slow worker / CPU quota cannot be emulated"
+        )
+    return kind
+
+
+def _probe_kernel(need_netem: bool) -> None:
+    """Build a throwaway namespace with a veth pair and the qdiscs the cluster uses, then remove it."""
+    probe = f"taccprobe{os.getpid() % 100000}"
+    in_probe = ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev"]
+    try:
+        run(["ip", "netns", "add", probe], "network namespaces are not available (ip netns add failed)")
+        run(
+            ["ip", "-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "b0"],
+            "veth pairs are not available in this kernel",
+        )
+        run(
+            [*in_probe, "a0", "root", "tbf", "rate", "1mbit", "burst", "32000", "limit", "100000"],
+            "tc tbf (the sch_tbf qdisc) is not available in this kernel",
+        )
+        if need_netem:
+            run(
+                [*in_probe, "b0", "root", "netem", "delay", "1ms"],
+                "tc netem (sch_netem) is not available in this kernel, so link latency cannot be emulated; "
+                "drop --latency-ms (the cost model, `python -m torchacco.predict`, models latency)",
+            )
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+
+
+def run(cmd: list[str], what: str | None = None) -> None:
+    """Run one setup command (`write PATH TEXT` writes a file); a failure is a one-line ClusterError."""
+    if cmd[0] == "write":
+        try:
+            Path(cmd[1]).write_text(cmd[2])
+        except OSError as e:
+            raise ClusterError(f"{what or 'cannot write'} {cmd[1]}: {e.strerror}") from None
+        return
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        raise ClusterError(f"{what or 'setup failed'}: `{' '.join(cmd)}`: {detail[-1] if detail else 'failed'}")
+
+
+def run_quietly(cmd: list[str]) -> None:
+    """Run one teardown command (`rmdir`, `write` or a process); whatever fails is ignored."""
+    try:
+        if cmd[0] == "rmdir":
+            os.rmdir(cmd[1])
+        elif cmd[0] == "write":
+            Path(cmd[1]).write_text(cmd[2])
+        else:
+            subprocess.run(cmd, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def stale_namespaces(prefix_re: str = r"tacc(\d+)(sw|n\d+)") -> list[str]:
+    """Namespaces left by an emulator run whose process is gone (a SIGKILL)."""
+    proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    stale = []
+    for line in proc.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.fullmatch(prefix_re, name)
+        if m and not Path(f"/proc/{m.group(1)}").exists():
+            stale.append(name)
+    return stale

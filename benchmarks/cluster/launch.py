@@ -1,0 +1,185 @@
+"""Training on the cluster: one torchrun agent (`torchacco.launch`) per node inside its namespace,
+rendezvous (c10d) at node 0's address, ranks talking gloo over the namespaces' links
+(`GLOO_SOCKET_IFNAME=eth0`); then the run's records and per-rank reports, or one line saying which
+node failed and why."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.cluster.namespaces import ROOT, Cluster
+from benchmarks.cluster.plan import ClusterError, ClusterPlan
+
+NODE_TRAIN = "benchmarks.workers.node_train"
+
+
+def train_argv(
+    plan: ClusterPlan,
+    i: int,
+    train_args: list[str],
+    port: int,
+    module: str = NODE_TRAIN,
+    python: str = sys.executable,
+    run_id: str = "tacc",
+) -> list[str]:
+    """The per-node torchrun command: one process per node, c10d rendezvous at node 0."""
+    return [
+        python,
+        "-m",
+        "torchacco.launch",
+        "--nnodes",
+        str(plan.nodes),
+        "--node_rank",
+        str(i),
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"{plan.address(0)}:{port}",
+        "--rdzv_id",
+        run_id,
+        "--rdzv_conf",
+        f"is_host={int(i == 0)}",
+        "--local_addr",
+        plan.address(i),
+        "--max_restarts",
+        "0",
+        "--monitor_interval",
+        "0.5",
+        "-m",
+        module,
+        *train_args,
+    ]
+
+
+def node_env(threads: int = 1, extra: dict | None = None) -> dict:
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+    }
+    for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_ERROR_FILE"):
+        env.pop(key, None)
+    return {**env, **(extra or {})}
+
+
+def run_training(
+    plan: ClusterPlan,
+    train_args: list[str],
+    folder: Path,
+    timeout_s: float = 900,
+    port: int = 29400,
+    threads: int = 1,
+    verbose: bool = False,
+    env: dict | None = None,
+) -> dict:
+    """Train on the emulated cluster; returns {'records': metrics.jsonl, 'ranks': per-rank reports, 'wall_s'}.
+
+    Raises ClusterError (one line, the tail of the failing node's log) when a node fails or times out."""
+    folder.mkdir(parents=True, exist_ok=True)
+    args = [
+        *train_args,
+        "--job.dump_folder",
+        str(folder),
+        "--job.overwrite",
+        "true",  # it holds the node logs
+        "--training.num_threads",
+        str(threads),
+    ]
+    validate = subprocess.run(
+        [sys.executable, "-m", "torchacco.validate", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "WORLD_SIZE": str(plan.nodes), "LOCAL_WORLD_SIZE": "1"},
+    )
+    if validate.returncode:
+        last = validate.stderr.strip().splitlines()[-1] if validate.stderr.strip() else "invalid config"
+        raise ClusterError(last.removeprefix("torchacco: error: "))
+    wall = run_nodes(plan, NODE_TRAIN, args, folder, timeout_s, port, threads, verbose, env)
+    return {"records": read_records(folder), "ranks": read_rank_reports(folder), "wall_s": wall}
+
+
+def run_nodes(
+    plan: ClusterPlan,
+    module: str,
+    args: list[str],
+    folder: Path,
+    timeout_s: float = 900,
+    port: int = 29400,
+    threads: int = 1,
+    verbose: bool = False,
+    extra_env: dict | None = None,
+) -> float:
+    """Build the cluster, run `module args` under one torchrun agent per node, tear down. Returns wall seconds.
+
+    Raises ClusterError (one line: the failing node's last error) when a node fails or the run times out."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = node_env(threads, {"TORCHACCO_NODE_REPORT_DIR": str(folder), **(extra_env or {})})
+    started = time.perf_counter()
+    with Cluster(plan, verbose=verbose) as cluster:
+        procs = [
+            cluster.launch(
+                i,
+                train_argv(plan, i, args, port, module=module, run_id=plan.prefix),
+                {**env, "TORCHACCO_NODE_ADDR": plan.address(i), "TORCHACCO_NODE_INDEX": str(i)},
+                folder / f"node{i}.log",
+            )
+            for i in range(plan.nodes)
+        ]
+        deadline = time.monotonic() + timeout_s
+        failed = None
+        while any(p.poll() is None for p in procs):
+            bad = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if bad:
+                failed = bad[0]
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"the cluster run did not finish within {timeout_s:.0f} s (logs: {folder}/node*.log)"
+                )
+            time.sleep(0.2)
+        if failed is None:
+            failed = next((i for i, p in enumerate(procs) if p.returncode), None)
+        if failed is not None:
+            raise ClusterError(
+                f"node {failed} failed: {_last_error(folder / f'node{failed}.log')} (logs: {folder}/node*.log)"
+            )
+    return time.perf_counter() - started
+
+
+def _last_error(log: Path) -> str:
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    for line in reversed(lines):
+        if line.startswith("torchacco: error: "):
+            return line.removeprefix("torchacco: error: ")
+    return lines[-1] if lines else "no output"
+
+
+def read_records(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        raise ClusterError(f"no metrics.jsonl in {folder}: the run logged nothing")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_rank_reports(folder: Path) -> list[dict]:
+    reports = []
+    for path in sorted(folder.glob("rank*.json"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0)):
+        try:
+            reports.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass
+    return reports

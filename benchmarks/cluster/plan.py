@@ -1,0 +1,153 @@
+"""What to build: the emulated cluster as pure data, and the `ip`/`tc`/cgroup commands it turns into.
+
+Nothing here touches the machine, so plans are unit-testable without root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+from torchacco.cost_model import format_rate, parse_rate  # noqa: F401  (the link rates' units, re-exported)
+from torchacco.errors import UserError
+
+CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+CFS_PERIOD_US = 100_000
+
+
+class ClusterError(UserError):
+    """The machine cannot host the emulated cluster, or setting it up failed (one line)."""
+
+
+@dataclasses.dataclass
+class ClusterPlan:
+    """What to build: pure data. `setup_commands()` / `teardown_commands()` are the shell commands."""
+
+    nodes: int = 2
+    rate_bps: float | None = None  # per link and direction; None: unshaped veth
+    latency_ms: float = 0.0  # one-way, needs netem
+    slow_node: int | None = None  # index of the node made slow
+    slow_factor: float = 1.0  # the slow node gets cpu_per_node / slow_factor cores
+    cpu_per_node: float | None = None  # cores per node (a CFS quota on every node); None: no quota
+    prefix: str = ""  # namespace and cgroup names; unique per run
+    subnet: str = "10.77.0"  # /24 inside the namespaces
+    cgroup: str = "v1"  # v1 (cpu controller at /sys/fs/cgroup/cpu) or v2
+
+    def __post_init__(self):
+        if not self.prefix:
+            self.prefix = f"tacc{os.getpid() % 100000}"
+        if not re.fullmatch(r"[a-z][a-z0-9]{0,10}", self.prefix):
+            raise ClusterError(f"cluster prefix {self.prefix!r} must be 1-11 lowercase letters/digits")
+        if not 1 <= self.nodes <= 200:
+            raise ClusterError(f"--nodes must be between 1 and 200, got {self.nodes}")
+        if not re.fullmatch(r"10\.\d{1,3}\.\d{1,3}", self.subnet):
+            raise ClusterError(f"subnet {self.subnet!r} must be the first three octets of a 10.x.y.0/24")
+        if self.slow_node is not None and not 0 <= self.slow_node < self.nodes:
+            raise ClusterError(f"--slow-node {self.slow_node} is not a node (0..{self.nodes - 1})")
+        if self.slow_factor < 1:
+            raise ClusterError(f"--slow-factor must be >= 1, got {self.slow_factor}")
+        if self.cpu_per_node is not None and self.cpu_per_node <= 0:
+            raise ClusterError(f"--cpu-per-node must be positive, got {self.cpu_per_node}")
+        if self.latency_ms < 0:
+            raise ClusterError(f"--latency-ms must be >= 0, got {self.latency_ms}")
+        if self.cgroup not in ("v1", "v2"):
+            raise ClusterError(f"cgroup must be v1 or v2, got {self.cgroup!r}")
+
+    # names ---------------------------------------------------------------------------------
+    @property
+    def switch(self) -> str:
+        return f"{self.prefix}sw"
+
+    def namespace(self, i: int) -> str:
+        return f"{self.prefix}n{i}"
+
+    def address(self, i: int) -> str:
+        return f"{self.subnet}.{i + 1}"
+
+    def cores(self, i: int) -> float | None:
+        """The CPU quota of node i in cores, or None when it runs unthrottled."""
+        base = self.cpu_per_node
+        if i == self.slow_node and self.slow_factor > 1:
+            return (base if base is not None else 1.0) / self.slow_factor
+        return base
+
+    def cgroup_dir(self, i: int) -> Path:
+        root = CGROUP_V1_CPU if self.cgroup == "v1" else CGROUP_V2
+        return root / self.namespace(i)
+
+    # commands ------------------------------------------------------------------------------
+    def shaping_commands(self, ns: str, dev: str) -> list[list[str]]:
+        if self.rate_bps is None and not self.latency_ms:
+            return []
+        add_qdisc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev]
+        cmds = []
+        parent = ["root"]
+        if self.latency_ms:
+            cmds.append([*add_qdisc, "root", "handle", "1:", "netem", "delay", f"{self.latency_ms:g}ms"])
+            parent = ["parent", "1:1"]
+        if self.rate_bps is not None:
+            rate_bytes = self.rate_bps / 8
+            # burst: >= rate / HZ and a few MTUs. Queue: the burst plus ~5 ms of traffic, as a switch's shallow
+            # buffer: gloo sends both directions of a pair over one TCP connection, so a deep queue holds each
+            # side's ACKs behind its own data and the two directions end up taking turns.
+            burst = int(max(16_000, rate_bytes / 250))
+            limit = int(burst + max(16_000, rate_bytes * 0.005))
+            tbf = ["tbf", "rate", f"{int(self.rate_bps)}bit", "burst", str(burst), "limit", str(limit)]
+            cmds.append([*add_qdisc, *parent, "handle", "10:", *tbf])
+        return cmds
+
+    def setup_commands(self) -> list[list[str]]:
+        sw = self.switch
+        cmds = [
+            ["ip", "netns", "add", sw],
+            ["ip", "-n", sw, "link", "add", "br0", "type", "bridge"],
+            ["ip", "-n", sw, "link", "set", "br0", "up"],
+            ["ip", "-n", sw, "link", "set", "lo", "up"],
+        ]
+        for i in range(self.nodes):
+            ns = self.namespace(i)
+            cmds += [
+                ["ip", "netns", "add", ns],
+                ["ip", "-n", sw, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0", "netns", ns],
+                ["ip", "-n", sw, "link", "set", f"p{i}", "master", "br0"],
+                ["ip", "-n", sw, "link", "set", f"p{i}", "up"],
+                ["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", "eth0"],
+                ["ip", "-n", ns, "link", "set", "eth0", "up"],
+                ["ip", "-n", ns, "link", "set", "lo", "up"],
+            ]
+            # node -> switch (the node's upload) and switch -> node (its download)
+            cmds += self.shaping_commands(ns, "eth0")
+            cmds += self.shaping_commands(sw, f"p{i}")
+        for i in range(self.nodes):
+            cores = self.cores(i)
+            if cores is None:
+                continue
+            quota = max(1000, int(cores * CFS_PERIOD_US))
+            d = self.cgroup_dir(i)
+            cmds.append(["mkdir", "-p", str(d)])
+            if self.cgroup == "v1":
+                cmds += [
+                    ["write", str(d / "cpu.cfs_period_us"), str(CFS_PERIOD_US)],
+                    ["write", str(d / "cpu.cfs_quota_us"), str(quota)],
+                ]
+            else:
+                cmds.append(["write", str(d / "cpu.max"), f"{quota} {CFS_PERIOD_US}"])
+        return cmds
+
+    def teardown_commands(self) -> list[list[str]]:
+        """Idempotent: each may fail harmlessly when its object is already gone."""
+        cmds = [["ip", "netns", "del", self.namespace(i)] for i in range(self.nodes)]
+        cmds.append(["ip", "netns", "del", self.switch])  # deleting namespaces deletes their veths and bridge
+        cmds += [["rmdir", str(self.cgroup_dir(i))] for i in range(self.nodes) if self.cores(i) is not None]
+        return cmds
+
+    def node_command(self, i: int, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.namespace(i), *argv]
+
+    def describe(self) -> str:
+        link = format_rate(self.rate_bps) + (f", +{self.latency_ms:g} ms" if self.latency_ms else "")
+        cpu = ", ".join(f"node{i} {self.cores(i):g} cores" for i in range(self.nodes) if self.cores(i) is not None)
+        return f"{self.nodes} nodes on {self.subnet}.0/24, links {link}" + (f", {cpu}" if cpu else "")

@@ -1,1 +1,0 @@
-"""Benchmarks: they print and save their numbers (JSON + markdown); they are not tests."""
