@@ -29,6 +29,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import IterableDataset
 
+from benchmarks.names import ACCO, DDP, FSDP, ZERO1
+from torchacco.parallel.registry import strategy_class
+
 LLAMA_8B = dict(model="llama3", flavor="8B", seq=8192)
 NEO_125M = dict(model="gpt_neo", flavor="125M", seq=2048)
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,24 +40,24 @@ ROOT = Path(__file__).resolve().parents[1]
 def cases(quick: bool) -> list[dict]:
     """The measured configurations: name, model shape, strategy, batch, compile, AC, loss chunks."""
     llama = [
-        dict(name="8B×4 fsdp compiled", layers=4, strategy="fsdp", batch=1, compile=True, ac="none", chunks=8),
-        dict(name="8B×8 fsdp compiled, selective AC, batch 2", layers=8, strategy="fsdp", batch=2, compile=True,
+        dict(name="8B×4 fsdp compiled", layers=4, strategy=FSDP, batch=1, compile=True, ac="none", chunks=8),
+        dict(name="8B×8 fsdp compiled, selective AC, batch 2", layers=8, strategy=FSDP, batch=2, compile=True,
              ac="selective", chunks=8),
-        dict(name="8B×4 fsdp eager", layers=4, strategy="fsdp", batch=1, compile=False, ac="none", chunks=8),
-        dict(name="8B×8 fsdp eager, selective AC, batch 2", layers=8, strategy="fsdp", batch=2, compile=False,
+        dict(name="8B×4 fsdp eager", layers=4, strategy=FSDP, batch=1, compile=False, ac="none", chunks=8),
+        dict(name="8B×8 fsdp eager, selective AC, batch 2", layers=8, strategy=FSDP, batch=2, compile=False,
              ac="selective", chunks=8),
-        dict(name="8B×4 zero1 compiled", layers=4, strategy="zero1", batch=1, compile=True, ac="none", chunks=8),
-        dict(name="8B×4 acco compiled", layers=4, strategy="acco", batch=1, compile=True, ac="none", chunks=8),
-        dict(name="8B×4 fsdp compiled, selective AC", layers=4, strategy="fsdp", batch=1, compile=True,
+        dict(name="8B×4 zero1 compiled", layers=4, strategy=ZERO1, batch=1, compile=True, ac="none", chunks=8),
+        dict(name="8B×4 acco compiled", layers=4, strategy=ACCO, batch=1, compile=True, ac="none", chunks=8),
+        dict(name="8B×4 fsdp compiled, selective AC", layers=4, strategy=FSDP, batch=1, compile=True,
              ac="selective", chunks=8),
-        dict(name="8B×4 fsdp compiled, full AC", layers=4, strategy="fsdp", batch=1, compile=True, ac="full",
+        dict(name="8B×4 fsdp compiled, full AC", layers=4, strategy=FSDP, batch=1, compile=True, ac="full",
              chunks=8),
-        dict(name="8B×4 fsdp compiled, unchunked loss", layers=4, strategy="fsdp", batch=1, compile=True, ac="none"),
+        dict(name="8B×4 fsdp compiled, unchunked loss", layers=4, strategy=FSDP, batch=1, compile=True, ac="none"),
     ]  # fmt: skip
     neo = [
         dict(name=f"125M {s} {'compiled' if c else 'eager'}", strategy=s, batch=8, compile=c, ac="none", chunks=4)
-        for s in ("zero1", "acco", "ddp", "fsdp")
-        for c in ((True, False) if s in ("zero1", "acco") else (False,))
+        for s in (ZERO1, ACCO, DDP, FSDP)
+        for c in ((True, False) if s in (ZERO1, ACCO) else (False,))
     ]
     out = [{**LLAMA_8B, **c} for c in llama] + [{**NEO_125M, **c} for c in neo]
     return out[:1] + out[-2:] if quick else out
@@ -92,7 +95,7 @@ def run_case(case: dict, out: Path, steps: int) -> dict:
     t = cfg.training
     t.seq_len, t.local_batch_size, t.steps = case["seq"], case["batch"], steps
     t.mixed_precision, t.device = "bf16", device
-    t.global_batch_size = case["batch"] * (2 if case["strategy"] == "acco" else 1)
+    t.global_batch_size = case["batch"] * strategy_class(case["strategy"]).periods_per_update
     t.activation_checkpoint, t.loss_chunks = case["ac"], case.get("chunks", 1)
     cfg.parallelism.data_parallel = case["strategy"]
     cfg.eval.every = 0
@@ -188,7 +191,7 @@ def overlap_run(args) -> dict:
     from benchmarks.trace import overlap, render_timeline
 
     _delay_jobs(args.delay_ms)
-    case = {**NEO_125M, "name": "125M acco (traced)", "strategy": "acco", "batch": 8, "compile": False, "ac": "none",
+    case = {**NEO_125M, "name": "125M acco (traced)", "strategy": ACCO, "batch": 8, "compile": False, "ac": "none",
             "profile": True}  # fmt: skip
     out = Path(args.out)
     result = run_case(case, Path("/tmp/torchacco-gpu-bench/overlap"), args.steps)

@@ -111,6 +111,19 @@ def test_the_config_and_its_reference_follow_the_registered_strategies(toy_regis
     assert "heavy-ball momentum of the toy strategy" in reference
 
 
+def test_the_cost_model_and_the_time_to_loss_benchmark_list_a_registered_strategy(toy_registered):
+    from benchmarks.sweeps.ttl_strategies import strategies
+    from torchacco import cost_model as cm
+
+    assert {"toy_sgd", "toy_sgd_momentum"} <= set(cm.variants())
+    work = cm.Workload(params=1e6, flops_per_token=6e6, tokens_per_micro_batch=1e3, micro_batches=2)
+    hw = cm.Hardware(nodes=2, flops=1e12, bandwidth_bps=1e9)
+    predicted = cm.predict_all(work, hw)
+    assert predicted["toy_sgd"]["step_time_s"] == predicted["ddp"]["step_time_s"]  # the same traits, the same time
+    assert cm.memory_bytes(work, hw, "toy_sgd") == 12 * 1e6
+    assert strategies()["toy_sgd_momentum"] == ["--parallelism.data_parallel", "toy_sgd", "--toy_sgd.momentum", "0.9"]
+
+
 def test_an_unknown_strategy_is_one_line_listing_the_registered_ones():
     from torchacco.errors import UserError
 

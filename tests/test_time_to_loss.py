@@ -78,7 +78,7 @@ def test_every_strategy_gets_the_same_token_budget_and_schedule():
         return argv[argv.index(key) + 1]
 
     assert value(base, "--training.max_tokens") == str(240 * 2 * 4 * 2 * 128)  # updates × tokens per update
-    for name, extra in ttl.STRATEGIES.items():
+    for name, extra in ttl.strategies().items():
         argv = [*base, *extra]
         assert "--training.max_tokens" not in extra and "--lr_schedule.warmup_steps" not in extra, name
         assert value(argv, "--lr_schedule.warmup_steps") == "12"  # 5% of the budget, in nominal updates
@@ -107,7 +107,7 @@ def test_a_longer_budget_variant_changes_only_the_budget():
     base = ttl.model_args(args, nodes=4, local_batch=2)
     for name, (strategy, factor) in ttl.LONGER_BUDGET.items():
         argv = ttl.strategy_args(name, base)
-        assert argv[: len(base)] == base and argv[len(base) :][:-2] == ttl.STRATEGIES[strategy]
+        assert argv[: len(base)] == base and argv[len(base) :][:-2] == ttl.strategies()[strategy]
         budget = int(base[base.index("--training.max_tokens") + 1])
         assert argv[-2:] == ["--training.max_tokens", str(int(budget * factor))]
         assert load_config(argv).training.max_tokens == int(budget * factor)  # the last override wins

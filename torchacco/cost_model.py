@@ -44,19 +44,14 @@ import re
 
 from torchacco.errors import UserError
 
-# The modelled strategies: a registered strategy class, and for ACCO a mode or option.
-VARIANTS = {
-    "ddp": ("ddp", None),
-    "zero1": ("zero1", None),
-    "fsdp": ("fsdp", None),
-    "acco": ("acco", "deterministic"),
-    "acco_bf16_estimate": ("acco", "bf16_estimate"),
-    "acco_balanced": ("acco", "balanced"),
-    "acco_adaptive": ("acco", "adaptive"),
-    "dpu": ("dpu", "deterministic"),
-    "wp": ("wp", "deterministic"),
-}
-STRATEGIES = tuple(VARIANTS)
+
+def variants() -> dict[str, tuple[type, str]]:
+    """The modelled strategies: label -> (registered strategy class, mode), every registered
+    strategy's benchmark variants (its plain self first)."""
+    from torchacco.parallel.registry import STRATEGIES
+
+    return {label: (cls, mode) for cls in STRATEGIES.values() for label, (_, mode) in cls.benchmark_variants().items()}
+
 
 # Dense bf16 peak FLOP/s per device, and intra-node bandwidth (bits/s per GPU per direction).
 DEVICES = {
@@ -155,13 +150,12 @@ def collective_s(nbytes: float, hw: Hardware) -> float:
 
 def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
     """Predicted time per update, tokens/s, exposed communication and overlap for one strategy."""
-    if strategy not in VARIANTS:
-        raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
+    known = variants()
+    if strategy not in known:
+        raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(known)}")
     from torchacco.parallel.overlapped import split_by_speed
-    from torchacco.parallel.registry import strategy_class
 
-    name, mode = VARIANTS[strategy]
-    cls = strategy_class(name)
+    cls, mode = known[strategy]
     W, P, k = hw.world, work.params, work.micro_batches
     c = hw.compute_s if hw.compute_s is not None else work.flops_per_token * work.tokens_per_micro_batch / hw.flops
     times = hw.compute_times(c)
@@ -193,8 +187,9 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
         rounds = [max(compute, m) for m in jobs]
         step, job = sum(rounds), sum(jobs)
         comm = sum(r - compute for r in rounds)
-        if mode == "adaptive":  # everyone computes while the job runs, up to the cap
-            cap = hw.max_growth * per_round if hw.max_growth else math.inf
+        if mode.startswith("adaptive"):  # everyone computes while the job runs, up to the cap
+            capped = hw.max_growth and mode != "adaptive_uncapped"
+            cap = hw.max_growth * per_round if capped else math.inf
             done = [sum(min(cap, max(per_round, r / t)) for r in rounds) for t in times]
             tokens = sum(done) * work.tokens_per_micro_batch
             comm = sum(max(0.0, r - cap * min(times)) for r in rounds)  # a capped fast rank waits
@@ -207,14 +202,16 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
 def updates_needed(strategy: str, tokens_per_update: float, recipe_tokens: float, noise_scale: float,
                    stale_penalty: float = 1.3) -> float:  # fmt: skip
     """Updates to a target loss relative to DDP at the recipe's batch (the assumptions in the docstring)."""
-    name, _ = VARIANTS[strategy]
+    cls, _ = variants()[strategy]
     relative = (1 + noise_scale / tokens_per_update) / (1 + noise_scale / recipe_tokens)
-    return relative * (stale_penalty if name in ("dpu", "wp") else 1.0)
+    return relative * (stale_penalty if cls.stale else 1.0)
 
 
 def time_to_loss(preds: dict[str, dict], ddp_updates: float, noise_scale: float, stale_penalty: float = 1.3) -> dict:
     """Predicted seconds to the loss DDP reaches in `ddp_updates` updates, per strategy."""
-    recipe = preds["ddp"]["tokens_per_update"]
+    from torchacco.parallel.ddp import DDP
+
+    recipe = preds[DDP.name]["tokens_per_update"]
     return {
         s: ddp_updates
         * updates_needed(s, p["tokens_per_update"], recipe, noise_scale, stale_penalty)
@@ -223,24 +220,16 @@ def time_to_loss(preds: dict[str, dict], ddp_updates: float, noise_scale: float,
     }
 
 
-def predict_all(work: Workload, hw: Hardware, strategies=STRATEGIES) -> dict[str, dict]:
-    return {s: predict(work, hw, s) for s in strategies}
+def predict_all(work: Workload, hw: Hardware, strategies=None) -> dict[str, dict]:
+    """Every registered variant's prediction (or those named)."""
+    return {s: predict(work, hw, s) for s in (strategies or variants())}
 
 
 def memory_bytes(work: Workload, hw: Hardware, strategy: str, compute_bytes: float = 2.0) -> float:
-    """Persistent bytes per rank: parameters, gradient accumulator, fp32 master + AdamW moments."""
-    from torchacco.parallel.registry import strategy_class
-
-    P, W = work.params, hw.world
-    cls = strategy_class(VARIANTS[strategy][0])
-    if cls.communication == "all_reduce_in_backward":
-        return P * (4 + 4 + 8)  # fp32 replica, grads, m and v (autocast keeps fp32 weights)
-    if cls.communication == "per_micro_batch":
-        return P * (4 + 4 + 8) / W
-    base = P * compute_bytes + P * 4 + P * 12 / W  # flat params, fp32 accumulator, sharded master/m/v
-    if cls.overlapped:
-        base += P * compute_bytes  # the job's communication buffer
-    return base
+    """Persistent bytes per rank: parameters, gradients, optimizer state and buffers, as the
+    strategy class counts them."""
+    cls, _ = variants()[strategy]
+    return work.params * cls.persistent_bytes_per_param(hw.world, compute_bytes)
 
 
 def balance_bandwidth(work: Workload, hw: Hardware) -> float:

@@ -69,12 +69,16 @@ def workload_and_hardware(args) -> tuple[cm.Workload, cm.Hardware]:
 def predict(args) -> dict:
     """Print the table and the verdict; returns the workload, hardware and predictions."""
     work, hw = workload_and_hardware(args)
+    from torchacco.parallel.acco import ACCO
+    from torchacco.parallel.ddp import DDP
+    from torchacco.parallel.zero1 import ZeRO1
+
     preds = cm.predict_all(work, hw)
     mem = {s: cm.memory_bytes(work, hw, s) for s in preds}
-    recipe = preds["ddp"]["tokens_per_update"]
+    recipe = preds[DDP.name]["tokens_per_update"]
     noise = args.noise_scale or recipe
     ttl = cm.time_to_loss(preds, args.updates_to_target, noise, args.stale_penalty)
-    z = preds["zero1"]
+    z = preds[ZeRO1.name]
     print(
         f"{args.model} {args.flavor}: {work.params / 1e9:.2f}B params, {work.flops_per_token / 1e9:.1f} GFLOP/token; "
         f"{args.nodes} nodes × {args.gpus_per_node} {args.device} at {hw.flops / 1e12:.0f} TFLOP/s each"
@@ -85,10 +89,11 @@ def predict(args) -> dict:
     )
     print(cm.format_table(preds, mem, ttl))
     soonest = min(ttl, key=ttl.get)
-    baseline = min(("ddp", "zero1", "fsdp"), key=ttl.get)
+    synchronous = [label for label, (cls, mode) in cm.variants().items() if label == cls.name and not cls.overlapped]
+    baseline = min(synchronous, key=ttl.get)
     print(
         f"Soonest to the loss: {soonest} ({ttl[baseline] / ttl[soonest]:.2f}× sooner than the best baseline, "
-        f"{baseline}). ACCO costs {(mem['acco'] - mem['zero1']) / 2**30:.1f} GiB more per GPU than ZeRO-1 (one "
+        f"{baseline}). ACCO costs {(mem[ACCO.name] - mem[ZeRO1.name]) / 2**30:.1f} GiB more per GPU than ZeRO-1 (one "
         "bf16 parameter copy)."
     )
     print(assumptions(args, recipe, preds["acco_adaptive"]["tokens_per_update"], noise))

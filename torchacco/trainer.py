@@ -103,93 +103,30 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
 
 def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, model, datasets, tokenizer) -> dict:
     """Build the run's parts, resume, run the loop, export."""
-    from torchacco import data
-
     t = cfg.training
     folder = Path(cfg.job.dump_folder)
     on_one_rank(dims, lambda: run_folder.prepare(cfg, folder), on=dims.is_main)
     torch.manual_seed(t.seed)
-
-    if datasets is None:
-        tokenizer, train_set, val_set = build_data(cfg.data, cfg.tokenizer, t.seq_len, t.seed, dims)
-        vocab = tokenizer.vocab_size
-    else:
-        where = (t.seq_len, dims.dp_rank, dims.dp_size, t.seed, cfg.eval.every > 0)
-        tokenizer, train_set, val_set = data.python_datasets(datasets, tokenizer, cfg.data, cfg.tokenizer, *where)
-        vocab = tokenizer.vocab_size if tokenizer else 0
-    if cfg.eval.every and getattr(val_set, "num_windows", None) == 0:
-        raise UserError(
-            f"the validation split has no window of {t.seq_len + 1} tokens per rank; raise [data] val_fraction, "
-            "point [data] validation at more text, or set [eval] every = 0"
-        )
+    tokenizer, train_set, val_set = _datasets(cfg, dims, datasets, tokenizer)
+    vocab = tokenizer.vocab_size if tokenizer else 0
     spec = get_model_spec(cfg.model.name)
-    if model is None:
-        model = build_model(spec, cfg.model, vocab, t.seed, device)
-    else:
-        on = next(model.parameters()).device
-        if on.type != device.type or (device.type == "cuda" and on.index not in (None, device.index)):
-            raise UserError(f"the model passed to train() is on {on}, the run on {device.torch}; move it there first "
-                            f"(model.to('{device.torch}'))")  # fmt: skip
-        if kind.foreign and vocab:
-            user_model.check_vocabulary(model, vocab)
+    model = _model(cfg, spec, device, kind, model, vocab)
     n_params = sum(p.numel() for p in model.parameters())
-    vocab_parallel = dims.tp_enabled and not dims.pp_enabled and cfg.parallelism.loss_parallel
-    loss_fn = TokenLoss(t.loss_chunks, vocab_parallel)
-    # In torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile -> data parallel.
-    model, pipeline = apply_model_parallel(model, spec, cfg, dims, device, loss_fn)  # this rank's part of the model
-    blocks = blocks_of(model)  # `model.layers`, or a Hugging Face model's decoder layers
-    apply_activation_checkpoint(blocks or [], t.activation_checkpoint, t.selective_checkpoint)
-    dtype = compute_dtype(t.mixed_precision, device)
-    if cfg.model.compile:
-        for unit in compile_units(model):
-            unit.compile()
+    loss_fn = TokenLoss(t.loss_chunks, dims.tp_enabled and not dims.pp_enabled and cfg.parallelism.loss_parallel)
+    model, pipeline = _parallelize(cfg, spec, dims, device, model, loss_fn)
+    flops_per_token = kind.flops_per_token(model, t.seq_len)  # before the strategy wraps or shards the model
     on_one_rank(dims, lambda: run_folder.check_space(folder, n_params, cfg.checkpoint.enable), on=dims.is_main)
-    flops_per_token = kind.flops_per_token(model, t.seq_len)
-
-    global_batch = t.global_batch_size or t.local_batch_size * dims.dp_size
-    micro_batches = global_batch // (t.local_batch_size * dims.dp_size)
-    tokens_per_step = global_batch * t.seq_len
-    schedule = TokenSchedule(
-        peak_lr=cfg.optimizer.lr,
-        warmup_tokens=cfg.lr_schedule.warmup_steps * tokens_per_step,
-        total_tokens=t.max_tokens or t.steps * tokens_per_step,
-        decay=cfg.lr_schedule.decay,
-        min_lr_ratio=cfg.lr_schedule.min_lr_ratio,
-    )
-    strategy = build_strategy(
-        model, cfg, dims, UpdatePlan(micro_batches, schedule, t.max_norm, dtype, tokens_per_step), device
-    )
-    train_loader = data.build_dataloader(train_set, t.local_batch_size)
-    val_loader = data.build_dataloader(val_set, t.local_batch_size)
-    state = TrainState(dims.dp_size)
-    health.current().enter("checkpoint load")
-    checkpointer, resumed = resume(
-        cfg.checkpoint, folder, dims, strategy, state, train_loader, timedelta(seconds=t.collective_timeout_s)
-    )
-    log = MetricsLogger(
-        folder, dims.is_main, cfg.metrics.tensorboard, cfg.metrics.progress_bar, t.steps, keep_until_step=state.step
-    )
-    if resumed:
-        log.info(f"torchacco: {resumed}")
-    log.info(
+    dtype = compute_dtype(t.mixed_precision, device)
+    plan = update_plan(cfg, dims.dp_size, dtype)
+    strategy = build_strategy(model, cfg, dims, plan, device)
+    run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline)
+    run.log.info(
         f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | "
         f"{strategy.name} × {dims.dp_size}{model_parallel_label(dims, strategy.model)} on {device.name} | "
-        f"{str(dtype).removeprefix('torch.')} | "
-        f"batch {global_batch} × {t.seq_len} (accumulation {micro_batches}) | {t.steps} steps | {folder}"
+        f"{str(dtype).removeprefix('torch.')} | batch {plan.tokens_per_update // t.seq_len:.0f} × {t.seq_len} "
+        f"(accumulation {plan.micro_batches}) | {t.steps} steps | {folder}"
     )
-
-    run = Run(
-        strategy,
-        state,
-        train_loader,
-        val_loader,
-        log,
-        Throughput(flops_per_token, dims.world_size, device, dtype),
-        checkpointer,
-        loss_fn,
-        pipeline,
-        Profiler(cfg.profiling, folder, dims.rank, device, state.step),
-    )
+    run.throughput = Throughput(flops_per_token, dims.world_size, device, dtype)
     try:
         summary = _loop(cfg, dims, device, run)
         if cfg.checkpoint.export_hf:
@@ -198,14 +135,93 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
                 cfg.model.name, kind, strategy, dims, folder / "hf", cfg.checkpoint.export_dtype, tokenizer
             )
             if exported:
-                log.info(f"torchacco: exported θ to {exported} (Hugging Face safetensors + config.json)")
+                run.log.info(f"torchacco: exported θ to {exported} (Hugging Face safetensors + config.json)")
     finally:
         run.profiler.close()
         strategy.close()  # drains an overlapped schedule's job and stops its thread, also on errors
-        log.close()
-        if checkpointer is not None:
-            checkpointer.close()
+        run.log.close()
+        if run.checkpointer is not None:
+            run.checkpointer.close()
     return summary
+
+
+def _datasets(cfg: Config, dims: ParallelDims, datasets, tokenizer):
+    """(tokenizer, train set, validation set) of this rank: the configured data, or the datasets
+    passed to train()."""
+    from torchacco import data
+
+    t = cfg.training
+    if datasets is None:
+        tokenizer, train_set, val_set = build_data(cfg.data, cfg.tokenizer, t.seq_len, t.seed, dims)
+    else:
+        where = (t.seq_len, dims.dp_rank, dims.dp_size, t.seed, cfg.eval.every > 0)
+        tokenizer, train_set, val_set = data.python_datasets(datasets, tokenizer, cfg.data, cfg.tokenizer, *where)
+    if cfg.eval.every and getattr(val_set, "num_windows", None) == 0:
+        raise UserError(
+            f"the validation split has no window of {t.seq_len + 1} tokens per rank; raise [data] val_fraction, "
+            "point [data] validation at more text, or set [eval] every = 0"
+        )
+    return tokenizer, train_set, val_set
+
+
+def _model(cfg: Config, spec, device: Device, kind: ModelKind, model, vocab: int) -> nn.Module:
+    """The configured model, built; or the one passed to train(), checked."""
+    if model is None:
+        return build_model(spec, cfg.model, vocab, cfg.training.seed, device)
+    on = next(model.parameters()).device
+    if on.type != device.type or (device.type == "cuda" and on.index not in (None, device.index)):
+        raise UserError(f"the model passed to train() is on {on}, the run on {device.torch}; move it there first "
+                        f"(model.to('{device.torch}'))")  # fmt: skip
+    if kind.foreign and vocab:
+        user_model.check_vocabulary(model, vocab)
+    return model
+
+
+def _parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss):
+    """In torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile (the
+    data-parallel strategy comes last). (This rank's part of the model, its pipeline or None.)"""
+    t = cfg.training
+    model, pipeline = apply_model_parallel(model, spec, cfg, dims, device, loss_fn)
+    blocks = blocks_of(model)  # `model.layers`, or a Hugging Face model's decoder layers
+    apply_activation_checkpoint(blocks or [], t.activation_checkpoint, t.selective_checkpoint)
+    if cfg.model.compile:
+        for unit in compile_units(model):
+            unit.compile()
+    return model, pipeline
+
+
+def update_plan(cfg: Config, dp_size: int, dtype: torch.dtype) -> UpdatePlan:
+    """How gradients become an update: micro-batches per rank, the token-indexed lr schedule."""
+    t = cfg.training
+    global_batch = t.global_batch_size or t.local_batch_size * dp_size
+    tokens_per_step = global_batch * t.seq_len
+    schedule = TokenSchedule(
+        peak_lr=cfg.optimizer.lr,
+        warmup_tokens=cfg.lr_schedule.warmup_steps * tokens_per_step,
+        total_tokens=t.max_tokens or t.steps * tokens_per_step,
+        decay=cfg.lr_schedule.decay,
+        min_lr_ratio=cfg.lr_schedule.min_lr_ratio,
+    )
+    micro_batches = global_batch // (t.local_batch_size * dp_size)
+    return UpdatePlan(micro_batches, schedule, t.max_norm, dtype, tokens_per_step)
+
+
+def _start(cfg: Config, dims: ParallelDims, device: Device, strategy: Strategy, sets, loss_fn, pipeline) -> Run:
+    """The loaders, a resume from the latest checkpoint (or load_path), the metrics log."""
+    from torchacco import data
+
+    t, folder = cfg.training, Path(cfg.job.dump_folder)
+    train_loader, val_loader = (data.build_dataloader(s, t.local_batch_size) for s in sets)
+    state = TrainState(dims.dp_size)
+    health.current().enter("checkpoint load")
+    timeout = timedelta(seconds=t.collective_timeout_s)
+    checkpointer, resumed = resume(cfg.checkpoint, folder, dims, strategy, state, train_loader, timeout)
+    m = cfg.metrics
+    log = MetricsLogger(folder, dims.is_main, m.tensorboard, m.progress_bar, t.steps, keep_until_step=state.step)
+    if resumed:
+        log.info(f"torchacco: {resumed}")
+    profiler = Profiler(cfg.profiling, folder, dims.rank, device, state.step)
+    return Run(strategy, state, train_loader, val_loader, log, None, checkpointer, loss_fn, pipeline, profiler)
 
 
 @dataclass
@@ -217,7 +233,7 @@ class Run:
     train_loader: object
     val_loader: object
     log: MetricsLogger
-    throughput: Throughput
+    throughput: Throughput | None  # set once the model's FLOPs per token are known
     checkpointer: Checkpointer | None
     loss_fn: TokenLoss
     pipeline: object | None

@@ -22,21 +22,24 @@ def validate(
 ) -> None:
     """`model` and `own_data`: a model or datasets passed to train() replace the configured ones,
     whose checks are then skipped (the model's own are made instead)."""
-    import torch
-
     from torchacco import user_model
-    from torchacco.activation_checkpoint import check_activation_checkpoint
-    from torchacco.build import ModelKind, model_args
-    from torchacco.parallel.model_parallel import check_model_parallel
-    from torchacco.parallel.registry import strategy_class
-    from torchacco.preemption import check_config as check_preemption
-    from torchacco.spec import get_model_spec
+    from torchacco.build import ModelKind
 
-    t = cfg.training
     foreign = ModelKind.of(model, cfg.model).foreign
     if foreign:
         user_model.check(cfg, model)  # first: tp/pp is the model's limit, whatever the degrees and strategy
     dp_size = check_parallelism(cfg.parallelism, world_size)
+    _check_folders_and_paths(cfg)
+    _check_training(cfg, dp_size)
+    if not foreign:
+        _check_model(cfg, model)
+    _check_data(cfg, own_data)
+    _check_devices(cfg.training, local_world_size)
+
+
+def _check_folders_and_paths(cfg: Config) -> None:
+    from torchacco.preemption import check_config as check_preemption
+
     for section, name in (("checkpoint", cfg.checkpoint.folder), ("profiling", cfg.profiling.folder)):
         folder = Path(name)
         if not name.strip() or folder.is_absolute() or ".." in folder.parts or folder == Path("."):
@@ -44,7 +47,7 @@ def validate(
                 f'[{section}] folder = {name!r} must name a folder inside the dump folder (e.g. "{section}"); to '
                 f"keep it elsewhere, choose --job.dump_folder there"
             )
-    _check_profiling(cfg.profiling, t.device)
+    _check_profiling(cfg.profiling, cfg.training.device)
     check_preemption(cfg.preemption)
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
@@ -53,6 +56,13 @@ def validate(
             f"[model] init_from = {cfg.model.init_from} is not a Hugging Face folder with a config.json; "
             "point it at a folder exported by torchacco (<dump_folder>/hf) or downloaded from the Hub"
         )
+
+
+def _check_training(cfg: Config, dp_size: int) -> None:
+    from torchacco.activation_checkpoint import check_activation_checkpoint
+    from torchacco.parallel.registry import strategy_class
+
+    t = cfg.training
     if cfg.metrics.log_every < 1:
         raise UserError(f"[metrics] log_every must be at least 1, got {cfg.metrics.log_every}")
     if cfg.eval.every and cfg.eval.batches < 1:
@@ -69,21 +79,31 @@ def validate(
         )
     check_activation_checkpoint(t.activation_checkpoint, t.selective_checkpoint)
     strategy_class(cfg.parallelism.data_parallel).check_config(cfg, dp_size, model_parallel_label(cfg.parallelism))
-    if not foreign:
-        spec = get_model_spec(cfg.model.name)
-        args = model.args if model is not None else model_args(spec, cfg.model)
-        check_model_parallel(spec, cfg, args)
-        if cfg.checkpoint.export_hf and spec.hf is None:
-            raise UserError(
-                f"[checkpoint] export_hf = true but model {cfg.model.name} has no Hugging Face adapter "
-                "(ModelSpec.hf, e.g. models/<name>/hf.py); set export_hf = false, or add an adapter"
-            )
-        if t.seq_len > args.max_seq_len:
-            raise UserError(
-                f"[training] seq_len = {t.seq_len} exceeds the model's {args.max_seq_len} positions "
-                f"({cfg.model.name} {cfg.model.init_from or cfg.model.flavor}); use --training.seq_len "
-                f"{args.max_seq_len} or less"
-            )
+
+
+def _check_model(cfg: Config, model) -> None:
+    """One of torchacco's models: the configured one, or `model` (built from models/)."""
+    from torchacco.build import model_args
+    from torchacco.parallel.model_parallel import check_model_parallel
+    from torchacco.spec import get_model_spec
+
+    spec = get_model_spec(cfg.model.name)
+    args = model.args if model is not None else model_args(spec, cfg.model)
+    check_model_parallel(spec, cfg, args)
+    if cfg.checkpoint.export_hf and spec.hf is None:
+        raise UserError(
+            f"[checkpoint] export_hf = true but model {cfg.model.name} has no Hugging Face adapter "
+            "(ModelSpec.hf, e.g. models/<name>/hf.py); set export_hf = false, or add an adapter"
+        )
+    if cfg.training.seq_len > args.max_seq_len:
+        raise UserError(
+            f"[training] seq_len = {cfg.training.seq_len} exceeds the model's {args.max_seq_len} positions "
+            f"({cfg.model.name} {cfg.model.init_from or cfg.model.flavor}); use --training.seq_len "
+            f"{args.max_seq_len} or less"
+        )
+
+
+def _check_data(cfg: Config, own_data: bool) -> None:
     for key in ("dataset", "validation") if not own_data else ():
         path = getattr(cfg.data, key)
         if path and path != "embedded" and not Path(path).expanduser().exists():
@@ -96,6 +116,11 @@ def validate(
                 raise UserError(f"[data] {key} = {path!r} matches no files; fix the pattern")
     if cfg.tokenizer.path and not Path(cfg.tokenizer.path).is_file():
         raise UserError(f"[tokenizer] path not found: {cfg.tokenizer.path} (a tokenizer.json file)")
+
+
+def _check_devices(t, local_world_size: int | None) -> None:
+    import torch
+
     if t.device == "cuda" and not torch.cuda.is_available():
         raise UserError("[training] device = 'cuda' but CUDA is not available; use --training.device cpu (or auto)")
     local_world = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", 1))

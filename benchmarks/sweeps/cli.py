@@ -13,8 +13,8 @@ from benchmarks.sweeps.convergence import convergence
 from benchmarks.sweeps.heterogeneous import heterogeneous
 from benchmarks.sweeps.memory import memory
 from benchmarks.sweeps.throughput import throughput
-from benchmarks.sweeps.time_to_loss import STRATEGIES as TTL_STRATEGIES
 from benchmarks.sweeps.time_to_loss import time_to_loss
+from benchmarks.sweeps.ttl_strategies import strategies as ttl_strategies
 from torchacco import predict
 
 # CLI ------------------------------------------------------------------------------------------
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("time-to-loss", help="the headline: time to a target validation loss per strategy")
     p.add_argument("--out", default="bench_results")
     p.add_argument("--settings", default="a,b,c")
-    p.add_argument("--strategies", default=",".join(TTL_STRATEGIES))
+    p.add_argument("--strategies", default=",".join(ttl_strategies()))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--updates", type=int, default=160, help="DDP's updates: the token budget")
     p.add_argument("--seq-len", type=int, default=128)

@@ -12,23 +12,23 @@ from benchmarks.cluster import ClusterPlan, format_rate, probe_collectives, run_
 from benchmarks.compare import summarize
 from torchacco import cost_model as cm
 from torchacco.errors import UserError
+from torchacco.parallel.registry import STRATEGIES
+from torchacco.parallel.zero1 import ZeRO1
 
-STRATEGY_ARGS = {
-    "ddp": ["--parallelism.data_parallel", "ddp"],
-    "zero1": ["--parallelism.data_parallel", "zero1"],
-    "fsdp": ["--parallelism.data_parallel", "fsdp"],
-    "acco": ["--parallelism.data_parallel", "acco"],
-    "acco_adaptive": [
-        "--parallelism.data_parallel",
-        "acco",
-        "--acco.mode",
-        "adaptive",
-        "--training.max_tokens",
-        "1000000000000",
-    ],
-    "dpu": ["--parallelism.data_parallel", "dpu", "--acco.dpu_warmup_steps", "0"],
-    "wp": ["--parallelism.data_parallel", "wp"],
-}
+
+def strategy_variants() -> dict[str, list[str]]:
+    """label -> training arguments: every registered strategy's benchmark variants (its plain self
+    first). Steps, not tokens, end these sweeps' runs, so an adaptive variant gets an unreachable
+    token budget (it needs one)."""
+    variants = {}
+    for cls in STRATEGIES.values():
+        for label, (args, mode) in cls.benchmark_variants().items():
+            budget = ["--training.max_tokens", "1000000000000"] if mode.startswith("adaptive") else []
+            variants[label] = ["--parallelism.data_parallel", cls.name, *args, *budget]
+    return variants
+
+
+SYNCHRONOUS = tuple(name for name, cls in STRATEGIES.items() if not cls.overlapped)  # the baselines
 QUIET = [
     "--metrics.log_every",
     "1",
@@ -50,9 +50,10 @@ def load() -> list[float]:
 
 def strategies_arg(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in STRATEGY_ARGS]
+    known = strategy_variants()
+    bad = [s for s in names if s not in known]
     if bad:
-        raise UserError(f"unknown strategy {bad[0]!r}; choose from {', '.join(STRATEGY_ARGS)}")
+        raise UserError(f"unknown strategy {bad[0]!r}; choose from {', '.join(known)}")
     return names
 
 
@@ -70,7 +71,9 @@ def run_point(
     env: dict | None = None,
 ) -> dict:
     load_before = load()
-    result = run_training(plan, [*extra, *STRATEGY_ARGS[strategy]], folder, timeout_s=timeout, threads=threads, env=env)
+    result = run_training(
+        plan, [*extra, *strategy_variants()[strategy]], folder, timeout_s=timeout, threads=threads, env=env
+    )
     records = result["records"]
     point = {
         "strategy": strategy,
@@ -142,9 +145,9 @@ def pyplot_or_none():
 def calibrate(points: list[dict], work: cm.Workload, nodes: int) -> cm.Hardware:
     """Compute time per micro-batch from the fastest unshaped synchronous run (the least disturbed by the
     other jobs on this shared machine), the optimizer's speed from unshaped ZeRO-1's exposed time."""
-    sync = [p for p in points if p["rate_bps"] is None and p["strategy"] in ("ddp", "zero1", "fsdp")]
+    sync = [p for p in points if p["rate_bps"] is None and p["strategy"] in SYNCHRONOUS]
     c = min(p["compute_s"] for p in sync) / work.micro_batches
-    ref = next(p for p in sync if p["strategy"] == "zero1")
+    ref = next(p for p in sync if p["strategy"] == ZeRO1.name)
     opt_s = max(1e-4, ref["exposed_comm_s"])  # unshaped: the job is (almost) all optimizer step
     return cm.Hardware(
         nodes=nodes,

@@ -6,16 +6,17 @@ import statistics
 from pathlib import Path
 
 from benchmarks.cluster import ClusterPlan, parse_rate, run_training
+from benchmarks.names import ACCO, DDP, DPU, ZERO1
 from benchmarks.sweeps.common import (
     DEFAULT_MODEL,
     QUIET,
-    STRATEGY_ARGS,
     load,
     pyplot_or_none,
     rate_label,
     save_figure,
     save_results,
     strategies_arg,
+    strategy_variants,
 )
 
 
@@ -65,7 +66,7 @@ def convergence(args) -> dict:
             loads.append(load()[0])
             res = run_training(
                 plan,
-                [*extra, *STRATEGY_ARGS[s], "--training.seed", str(seed)],
+                [*extra, *strategy_variants()[s], "--training.seed", str(seed)],
                 runs / f"{s}_s{seed}",
                 timeout_s=args.timeout,
             )
@@ -93,7 +94,7 @@ def convergence(args) -> dict:
                 }
             )
         summary[s] = pts
-    ref = "ddp" if "ddp" in summary else "zero1"
+    ref = DDP if DDP in summary else ZERO1
     lines = [
         f"{args.nodes} nodes, links {rate_label(plan.rate_bps)}, GPT-Neo {args.flavor} on the embedded corpus, "
         f"seq {args.seq_len}, global batch {8 * args.nodes} × {args.seq_len}, {args.steps} steps, seeds "
@@ -114,15 +115,15 @@ def convergence(args) -> dict:
         + " | ".join(f"{statistics.mean(w):.0f} ± {statistics.pstdev(w):.0f}" for w in walls.values())
         + " |"
     )
-    if "acco" in summary:
-        final = summary["acco"][-1]["val_loss"] / summary[ref][-1]["val_loss"] - 1
+    if ACCO in summary:
+        final = summary[ACCO][-1]["val_loss"] / summary[ref][-1]["val_loss"] - 1
         lines += [
             "",
             f"Target (ACCO's validation loss at equal tokens within 1% of {ref.upper()}): "
             f"{final:+.2%} at the end → {'met' if abs(final) <= 0.01 else 'missed'}.",
         ]
-        if "dpu" in summary and len(summary["dpu"]) > 1:
-            early = summary["dpu"][0]["val_loss"] / summary[ref][0]["val_loss"] - 1
+        if DPU in summary and len(summary[DPU]) > 1:
+            early = summary[DPU][0]["val_loss"] / summary[ref][0]["val_loss"] - 1
             lines.append(f"DPU at the first evaluation: {early:+.1%} vs {ref.upper()}.")
     table = "\n".join(lines) + "\n"
     data = {

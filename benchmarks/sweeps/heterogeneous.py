@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.cluster import Cluster, ClusterPlan, parse_rate
+from benchmarks.names import ACCO, ZERO1
 from benchmarks.sweeps.common import (
     DEFAULT_MODEL,
     QUIET,
@@ -99,7 +100,7 @@ def heterogeneous(args) -> dict:
         points.append(p)
         print(f"  {p['tokens_per_s']:,.0f} tok/s, micro-batches per rank {p['micro_batches_per_rank']}", flush=True)
     if args.uniform_reference:
-        for s in ("zero1", "acco_adaptive"):
+        for s in (ZERO1, "acco_adaptive"):
             if s in strategies:
                 print(f"[heterogeneous] reference without a slow node: {s}", flush=True)
                 uniform[s] = run_point(
@@ -133,7 +134,7 @@ def report_heterogeneous(data: dict, out: Path) -> dict:
     points, uniform, nodes = data["points"], data["uniform"], data["nodes"]
     measured_factor, factors = data["measured_slow_factor"], data["collective_factors"]
     work = default_workload(micro_batches=2, local_batch=data["local_batch"])
-    zero1 = next((p for p in points if p["strategy"] == "zero1"), None)
+    zero1 = next((p for p in points if p["strategy"] == ZERO1), None)
     for p in points:
         p["vs_zero1"] = p["tokens_per_s"] / zero1["tokens_per_s"] if zero1 else math.nan
     if zero1:
@@ -183,7 +184,7 @@ def report_heterogeneous(data: dict, out: Path) -> dict:
             f"{p['exposed_comm_s']:.2f} | {p['micro_batches_per_rank'] or '-'} | {p['tokens_per_update']:,.0f} "
             f"| | | | {p['load_before'][0]:.1f} |"
         )
-    best = max((p for p in points if p["strategy"].startswith("acco")), key=lambda p: p["vs_zero1"], default=None)
+    best = max((p for p in points if p["strategy"].startswith(ACCO)), key=lambda p: p["vs_zero1"], default=None)
     if best and zero1:
         lines += [
             "",

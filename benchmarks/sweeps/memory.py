@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.cluster import ClusterPlan
+from benchmarks.names import ACCO, ZERO1
 from benchmarks.sweeps.common import (
     DEFAULT_MODEL,
     QUIET,
@@ -56,7 +57,7 @@ def memory(args) -> dict:
     compute_bytes = 2 if args.precision == "bf16" else 4
     copy_mib = work.params * compute_bytes / 2**20
     bf16_mib = work.params * 2 / 2**20
-    zero1 = next((p for p in points if p["strategy"] == "zero1"), None)
+    zero1 = next((p for p in points if p["strategy"] == ZERO1), None)
     lines = [
         f"{args.nodes} nodes, GPT-Neo tiny ({work.params / 1e6:.2f}M params), compute dtype {args.precision}, "
         f"micro-batch 1 × 256, {args.steps} steps. Peak resident memory (RSS) of each rank's process, which "
@@ -77,13 +78,13 @@ def memory(args) -> dict:
             p["mean_rss_mib"] - statistics.mean(x * 1024 for x in zero1["peak_rss_gib_per_rank"]) if zero1 else math.nan
         )
         p["predicted_over_zero1_mib"] = (
-            cm.memory_bytes(work, hw, p["strategy"], compute_bytes) - cm.memory_bytes(work, hw, "zero1", compute_bytes)
+            cm.memory_bytes(work, hw, p["strategy"], compute_bytes) - cm.memory_bytes(work, hw, ZERO1, compute_bytes)
         ) / 2**20
         lines.append(
             f"| {p['strategy']} | {', '.join(f'{m:.0f}' for m in mibs)} | {p['mean_rss_mib']:.0f} | "
             f"{p['over_zero1_mib']:+.1f} | {p['predicted_over_zero1_mib']:+.1f} | {p['load_before'][0]:.1f} |"
         )
-    acco = next((p for p in points if p["strategy"] == "acco"), None)
+    acco = next((p for p in points if p["strategy"] == ACCO), None)
     if acco and zero1:
         lines += [
             "",

@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.cluster import Cluster, ClusterPlan, format_rate, measure_link, parse_rate
+from benchmarks.names import ACCO, ZERO1
 from benchmarks.sweeps.common import (
     DEFAULT_MODEL,
     QUIET,
@@ -62,7 +63,7 @@ def throughput(args) -> dict:
                 flush=True,
             )
 
-    if "zero1" not in strategies:  # before any run, not after the first hour
+    if ZERO1 not in strategies:  # before any run, not after the first hour
         raise UserError("the throughput sweep needs zero1 among --strategies (it calibrates the cost model)")
     probe_rate = parse_rate(args.probe_rate)
     if probe_rate is None:
@@ -88,7 +89,7 @@ def throughput(args) -> dict:
         # goodput is reported as a check of the shaping)
         # and the compute time of ZeRO-1 at the same rate: the machine's load changes from minute to minute
         f = factors_at.get(p["rate_bps"], factors)
-        ref = next(q for q in points if q["strategy"] == "zero1" and q["rate_bps"] == p["rate_bps"])
+        ref = next(q for q in points if q["strategy"] == ZERO1 and q["rate_bps"] == p["rate_bps"])
         pred = cm.predict(
             work,
             cm.Hardware(
@@ -105,7 +106,7 @@ def throughput(args) -> dict:
         p["predicted_step_time_s"] = pred["step_time_s"]
         p["model_error"] = cm.relative_error(pred["tokens_per_s"], p["tokens_per_s"])
         errors.append(abs(p["model_error"]))
-    zero1 = {p["rate_bps"]: p for p in points if p["strategy"] == "zero1"}
+    zero1 = {p["rate_bps"]: p for p in points if p["strategy"] == ZERO1}
     for p in points:
         p["vs_zero1"] = p["tokens_per_s"] / zero1[p["rate_bps"]]["tokens_per_s"]
 
@@ -143,7 +144,7 @@ def throughput(args) -> dict:
             )
     mae = statistics.mean(errors)
     bal = by_rate.get(balance, [])
-    acco_best = max((p for p in bal if p["strategy"].startswith("acco")), key=lambda p: p["vs_zero1"], default=None)
+    acco_best = max((p for p in bal if p["strategy"].startswith(ACCO)), key=lambda p: p["vs_zero1"], default=None)
     lines += [
         "",
         f"Cost model: mean absolute error of predicted tokens/s {mae:.0%} over {len(errors)} points "

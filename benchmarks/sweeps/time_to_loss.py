@@ -23,11 +23,12 @@ import time
 from pathlib import Path
 
 from benchmarks.cluster import ClusterPlan, format_rate, run_training
+from benchmarks.names import ACCO, DDP, ZERO1
 from benchmarks.sweeps.common import DEFAULT_MODEL, QUIET, load, pyplot_or_none, save_figure
 from benchmarks.sweeps.heterogeneous import measure_cpu
 from benchmarks.sweeps.ttl_analysis import summarize, training_seconds, val_curve
 from benchmarks.sweeps.ttl_report import report
-from benchmarks.sweeps.ttl_strategies import LONGER_BUDGET, STRATEGIES
+from benchmarks.sweeps.ttl_strategies import LONGER_BUDGET, strategies
 from torchacco import cost_model as cm
 from torchacco.errors import UserError
 
@@ -85,8 +86,8 @@ def strategy_args(name: str, base: list[str]) -> list[str]:
     if name in LONGER_BUDGET:
         strategy, factor = LONGER_BUDGET[name]
         tokens = int(base[base.index("--training.max_tokens") + 1])
-        return [*base, *STRATEGIES[strategy], "--training.max_tokens", str(int(tokens * factor))]  # the last wins
-    return [*base, *STRATEGIES[name]]
+        return [*base, *strategies()[strategy], "--training.max_tokens", str(int(tokens * factor))]  # the last wins
+    return [*base, *strategies()[name]]
 
 
 def run_strategy(plan, name, base, seed, folder, args) -> dict:
@@ -111,7 +112,7 @@ def calibrate(args, base: list[str]) -> dict:
     """Compute per update of ZeRO-1, unshaped, and the link rate at which its job takes as long."""
     plan = ClusterPlan(nodes=2, rate_bps=None)
     calib = [*base, "--training.max_tokens", "0", "--training.steps", "30", "--eval.every", "0"]
-    run = run_once(plan, [*calib, *STRATEGIES["zero1"]], Path(args.out) / "runs" / "ttl" / "calibrate", args.timeout)
+    run = run_once(plan, [*calib, *strategies()[ZERO1]], Path(args.out) / "runs" / "ttl" / "calibrate", args.timeout)
     kept = run["records"][5:]
     compute = sorted(r["tokens_per_update"] / r["tokens_per_s"] * (1 - r["share_sync"]) for r in kept)
     c = compute[len(compute) // 2]
@@ -139,13 +140,13 @@ def setting_plans(args, calibration: dict) -> dict[str, tuple[ClusterPlan, int]]
 def time_to_loss(args) -> dict:
     args.settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    known = [*STRATEGIES, *LONGER_BUDGET]
+    known = [*strategies(), *LONGER_BUDGET]
     unknown = [s for s in strategies if s not in known] + [s for s in args.settings if s not in "abc"]
     if unknown:
         raise UserError(
             f"unknown strategy or setting {unknown[0]!r}; strategies: {', '.join(known)}; settings: a, b, c"
         )
-    if "ddp" not in strategies:
+    if DDP not in strategies:
         raise UserError("the target loss is DDP's: keep ddp in --strategies")
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
@@ -175,8 +176,8 @@ def time_to_loss(args) -> dict:
                 setting["runs"].setdefault(s, []).append(run)
         setting["curves"].update({s: [val_curve(r) for r in rs] for s, rs in runs.items()})
         setting["job_s"].update({s: _mean_job_seconds(rs) for s, rs in runs.items()})
-        if "zero1" in runs:
-            setting["zero1_compute_per_update_s"] = _compute_per_update(runs["zero1"])
+        if ZERO1 in runs:
+            setting["zero1_compute_per_update_s"] = _compute_per_update(runs[ZERO1])
         setting["summary"] = summarize(setting["curves"])
         _plot(setting, name, out)
         _save(results, out)
@@ -251,7 +252,7 @@ def _plot(setting: dict, name: str, out: Path) -> None:
         for ax, key in zip(axes, ("wall_s", "tokens")):
             xs = [sum(c[j][key] for c in curves) / len(curves) for j in range(n)]
             ys = [sum(c[j]["val_loss"] for c in curves) / len(curves) for j in range(n)]
-            ax.plot(xs, ys, label=s, linewidth=1.6 if s.startswith("acco") else 1.0)
+            ax.plot(xs, ys, label=s, linewidth=1.6 if s.startswith(ACCO) else 1.0)
     target = setting["summary"]["target_val_loss"]
     for ax, label in zip(axes, ("training wall-clock (s)", "tokens")):
         ax.axhline(target, color="grey", linestyle=":", linewidth=1)

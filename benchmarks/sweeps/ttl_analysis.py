@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from benchmarks.names import DDP, FSDP, ZERO1
+
 
 def val_curve(records: list[dict]) -> list[dict]:
     """(step, tokens, training seconds, val_loss) at each evaluation; the clock starts at 0."""
@@ -66,8 +68,8 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def summarize(
     curves: dict[str, list[list[dict]]],
-    baselines=("ddp", "zero1", "fsdp"),
-    target_from: str = "ddp",
+    baselines=(DDP, ZERO1, FSDP),
+    target_from: str = DDP,
     loose: float = 0.01,
 ) -> dict:
     """Per strategy, over its seeds' validation curves: the time to the target loss, the loss at equal

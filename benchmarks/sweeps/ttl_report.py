@@ -6,11 +6,12 @@ import math
 import re
 
 from benchmarks.cluster import format_rate
+from benchmarks.names import ACCO, DDP, FSDP, ZERO1
 from benchmarks.sweeps.ttl_strategies import LONGER_BUDGET
 from torchacco import cost_model as cm
 
 TARGETS = {"a": 1.3, "b": 1.5, "c": 2.0}  # ACCO's best mode vs the best baseline, time to the target loss
-BASELINES = ("ddp", "zero1", "fsdp")
+BASELINES = (DDP, ZERO1, FSDP)
 
 
 def _ms(pair, digits=1, suffix="") -> str:
@@ -70,7 +71,7 @@ def _partial(reached: int, seeds: int) -> str:
 def _verdicts(name: str, setting: dict) -> list[str]:
     summary = setting["summary"]
     s = summary["strategies"]
-    acco = {k: v for k, v in s.items() if k.startswith("acco") and k not in LONGER_BUDGET}
+    acco = {k: v for k, v in s.items() if k.startswith(ACCO) and k not in LONGER_BUDGET}
     out = []
     if acco:
         goal = TARGETS.get(name)
@@ -90,8 +91,8 @@ def _verdicts(name: str, setting: dict) -> list[str]:
                 f"{st['reached']}/{st['seeds']} seeds, {_ratio(st['speedup_vs_best_baseline'])} sooner than the "
                 f"best baseline on its budget."
             )
-    if "acco" in s and "ddp" in s:
-        gap = s["acco"]["final_val_loss"][0] / s["ddp"]["final_val_loss"][0] - 1
+    if ACCO in s and DDP in s:
+        gap = s[ACCO]["final_val_loss"][0] / s[DDP]["final_val_loss"][0] - 1
         out.append(f"Deterministic ACCO at equal tokens: {gap:+.2%} validation loss vs DDP (goal: within 1%).")
     bound = _acco_bound(setting)
     if bound:
@@ -102,13 +103,13 @@ def _verdicts(name: str, setting: dict) -> list[str]:
 def _acco_bound(setting: dict) -> str | None:
     """Deterministic ACCO's time per update against 2·max(C/2, M): C from ZeRO-1's compute, M its job."""
     s = setting["summary"]["strategies"]
-    if "acco" not in s or "zero1" not in s or setting.get("nodes") != 2:
+    if ACCO not in s or ZERO1 not in s or setting.get("nodes") != 2:
         return None
     compute = setting.get("zero1_compute_per_update_s")
-    job = setting["job_s"].get("acco")
+    job = setting["job_s"].get(ACCO)
     if not compute or not job or not math.isfinite(job):
         return None
-    per_update = s["acco"]["training_s"][0] / s["acco"]["updates"]
+    per_update = s[ACCO]["training_s"][0] / s[ACCO]["updates"]
     bound = 2 * max(compute / 2, job)
     return (
         f"Deterministic ACCO: {per_update:.3f} s per update against its bound 2·max(C/2, M) = {bound:.3f} s "
@@ -129,20 +130,20 @@ def predictions(setting: dict, params: float) -> dict[str, dict]:
     DDP's measured updates to the target for the updates needed."""
     s = setting["summary"]["strategies"]
     compute = setting.get("zero1_compute_per_update_s")
-    if not compute or not math.isfinite(compute) or "ddp" not in s or "zero1" not in s:
+    if not compute or not math.isfinite(compute) or DDP not in s or ZERO1 not in s:
         return {}
     slow = _slowdown(setting)
-    tokens = s["ddp"]["tokens_per_s"] * s["ddp"]["training_s"][0] / s["ddp"]["updates"]  # per update
+    tokens = s[DDP]["tokens_per_s"] * s[DDP]["training_s"][0] / s[DDP]["updates"]  # per update
     micro = tokens / (setting["nodes"] * 2)
     work = cm.Workload(params=params, flops_per_token=1.0, tokens_per_micro_batch=micro, comm_bytes=4)
     # ZeRO-1 computes at the slowest rank's pace: a fast rank's micro-batch takes 1/slow of it
     hw = cm.Hardware(nodes=setting["nodes"], flops=1.0, bandwidth_bps=setting["rate_bps"], opt_rate=1e9,
                      slow_factor=slow, compute_s=compute / 2 / slow)  # fmt: skip
-    ideal_job = cm.predict(work, hw, "zero1")["job_s"]
-    zero1_step = s["zero1"]["training_s"][0] / s["zero1"]["updates"]
+    ideal_job = cm.predict(work, hw, ZERO1)["job_s"]
+    zero1_step = s[ZERO1]["training_s"][0] / s[ZERO1]["updates"]
     factor = max(1.0, (zero1_step - compute) / ideal_job) if ideal_job > 0 else 1.0
     hw.rs_factor = hw.ag_factor = hw.ar_factor = factor
-    ddp_updates = s["ddp"]["tokens_to_target"][0] / tokens
+    ddp_updates = s[DDP]["tokens_to_target"][0] / tokens
     out = {}
     for strategy, st in s.items():
         if strategy in LONGER_BUDGET:
@@ -186,7 +187,7 @@ def prediction_lines(setting: dict, params: float) -> list[str]:
             else f"| {strategy} | {p['predicted_step_s']:.3f} / {p['measured_step_s']:.3f} | {p['step_error']:+.0%} | "
             f"{p['predicted_time_to_target_s']:.1f} / not reached |"
         )
-    errors = [abs(p["step_error"]) for k, p in preds.items() if k != "zero1"]
+    errors = [abs(p["step_error"]) for k, p in preds.items() if k != ZERO1]
     lines += [
         "",
         f"Mean absolute error of the time per update: {sum(errors) / len(errors):.0%} over the {len(errors)} "

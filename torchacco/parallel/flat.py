@@ -18,6 +18,7 @@ DTensor parameter's `to_local()`), and the data-parallel group is the ranks with
 from __future__ import annotations
 
 import hashlib
+import itertools
 
 import torch
 import torch.distributed as dist
@@ -49,36 +50,45 @@ class FlatParams:
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         local = [_local(p) for p in self.params]
-        device = local[0].device
-        skip = no_weight_decay_ids(model)
-
-        self.offsets, total = [], 0
-        for p in local:
-            self.offsets.append(total)
-            total += p.numel()
-        self.numel = total
-        self.shard_numel = -(-total // self.world)
+        *self.offsets, self.numel = itertools.accumulate((t.numel() for t in local), initial=0)
+        self.shard_numel = -(-self.numel // self.world)
         self.padded_numel = self.shard_numel * self.world
+        self.params_buffer = torch.zeros(self.padded_numel, dtype=dtype, device=local[0].device)
+        self.initial_master = self._shard_ranges(model, local)
+        self._place_parameters(model, local)
+        self.grads = torch.zeros(self.padded_numel, dtype=grad_dtype, device=local[0].device)
+        self.grad_views = [self.grads[o : o + t.numel()].view_as(t) for t, o in zip(local, self.offsets)]
+        for p, view in zip(self.params, self.grad_views):
+            if isinstance(p, DTensor) or view.dtype != p.dtype:
+                p.register_post_accumulate_grad_hook(self._make_hook(view))
+            else:
+                p.grad = view  # autograd adds into an existing .grad in place: no copy, no hook
+
+    def _shard_ranges(self, model: nn.Module, local: list[torch.Tensor]) -> torch.Tensor:
+        """This rank's fp32 master slice, from the model's own (fp32) initial values so ZeRO-1
+        starts exactly where a replicated optimizer would; and the slice's ranges that get weight
+        decay and that tensor parallelism replicates."""
+        skip = no_weight_decay_ids(model)
         shard_start = self.rank * self.shard_numel
         shard_end = shard_start + self.shard_numel
-
-        # The fp32 master slice is taken from the model's own (fp32) initial values, so
-        # ZeRO-1 starts exactly where a replicated optimizer would.
-        self.params_buffer = torch.zeros(self.padded_numel, dtype=dtype, device=device)
-        master = torch.zeros(self.shard_numel, dtype=torch.float32, device=device)
+        master = torch.zeros(self.shard_numel, dtype=torch.float32, device=local[0].device)
         self.decay_ranges: list[tuple[int, int]] = []
         self.replicated_ranges: list[tuple[int, int]] = []  # in the shard: tp-replicated parameters
-        for i, (name, p, t, start) in enumerate(zip(self.names, self.params, local, self.offsets)):
-            end = start + t.numel()
-            self.params_buffer[start:end].copy_(t.detach().reshape(-1))
-            lo, hi = max(start, shard_start), min(end, shard_end)
+        for p, t, start in zip(self.params, local, self.offsets):
+            lo, hi = max(start, shard_start), min(start + t.numel(), shard_end)
             if lo < hi:
                 master[lo - shard_start : hi - shard_start].copy_(t.detach().reshape(-1)[lo - start : hi - start])
                 if id(p) not in skip:
                     self.decay_ranges.append((lo - shard_start, hi - shard_start))
-                if tp > 1 and not _tp_sharded(p):
+                if self.tp > 1 and not _tp_sharded(p):
                     self.replicated_ranges.append((lo - shard_start, hi - shard_start))
-            view = self.params_buffer[start:end].view_as(t)
+        return master
+
+    def _place_parameters(self, model: nn.Module, local: list[torch.Tensor]) -> None:
+        """Copy each parameter into the flat buffer and make it a view of it."""
+        for i, (name, p, t, start) in enumerate(zip(self.names, self.params, local, self.offsets)):
+            view = self.params_buffer[start : start + t.numel()].view_as(t)
+            view.copy_(t.detach())
             if isinstance(p, DTensor):
                 # A new DTensor parameter over the view, in the module's slot (torch.compile
                 # cannot trace a DTensor whose local tensor was swapped in place).
@@ -92,15 +102,6 @@ class FlatParams:
                 setattr(model.get_submodule(path), attr, self.params[i])
             else:
                 p.data = view
-        self.initial_master = master
-
-        self.grads = torch.zeros(self.padded_numel, dtype=grad_dtype, device=device)
-        self.grad_views = [self.grads[o : o + t.numel()].view_as(t) for t, o in zip(local, self.offsets)]
-        for p, view in zip(self.params, self.grad_views):
-            if isinstance(p, DTensor) or view.dtype != p.dtype:
-                p.register_post_accumulate_grad_hook(self._make_hook(view))
-            else:
-                p.grad = view  # autograd adds into an existing .grad in place: no copy, no hook
 
     @staticmethod
     def _make_hook(view: torch.Tensor):
