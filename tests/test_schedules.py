@@ -184,6 +184,7 @@ def wp_reference(periods, commits):
     return theta
 
 
+@pytest.mark.exact
 def test_acco_deterministic_equals_its_equations(tmp_path):
     run = run_worker(tmp_path, "acco", commits=6, micro_batches=4)
     assert run["periods"] == [[2] * 13] * 2  # the first period, then two per commit
@@ -192,12 +193,14 @@ def test_acco_deterministic_equals_its_equations(tmp_path):
     assert not torch.allclose(expected, Reference(run["periods"]).theta())  # it trained
 
 
+@pytest.mark.exact
 def test_dpu_equals_its_equations(tmp_path):
     run = run_worker(tmp_path, "dpu", commits=6, micro_batches=2)
     expected = dpu_reference(run["periods"], commits=6, warmup=1)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.exact
 def test_wp_equals_its_equations(tmp_path):
     run = run_worker(tmp_path, "wp", commits=6, micro_batches=2)
     expected = wp_reference(run["periods"], commits=6)
