@@ -39,6 +39,7 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
     ],
     ids=["ddp", "zero1", "acco", "fsdp-async", "dpu-warmup", "wp"],
 )
+@pytest.mark.exact
 def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_path, six_step_run, kind, extra):
     full = six_step_run(kind, *extra)
     expected = read_metrics(full)
@@ -60,6 +61,7 @@ def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_pa
     assert records[-1]["val_loss"] == expected[-1]["val_loss"]
 
 
+@pytest.mark.exact
 def test_counts_restored_as_python_floats_keep_every_float64_bit():
     """An overlapped schedule's checkpoint holds the counts behind its accumulator; restored, they
     are Python floats. A float64 loss sum (two float32 micro-batch losses added) must reach the

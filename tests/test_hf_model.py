@@ -123,6 +123,7 @@ def test_activation_checkpointing_of_hugging_face_layers_keeps_the_losses(tmp_pa
     assert losses["full"] == pytest.approx(losses["none"], rel=1e-5)
 
 
+@pytest.mark.exact
 def test_a_run_on_texts_resumes_exactly(tmp_path):
     """ACCO over a Hugging Face model: 4 steps, then on to 8 from the step-4 checkpoint, as one 8-step run."""
 

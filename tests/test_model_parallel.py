@@ -211,6 +211,7 @@ def _full_params(run) -> float:
 
 
 @pytest.mark.integration
+@pytest.mark.exact
 @pytest.mark.parametrize("kind", ["zero1", "acco"])
 def test_tensor_parallel_2_and_2x2_with_data_parallel_match_one_process(runs, kind):
     """GPT-Neo (tied head, local attention): tp = 2 on 2 ranks and tp = 2 × dp = 2 on 4."""
@@ -228,6 +229,7 @@ def test_tensor_parallel_2_and_2x2_with_data_parallel_match_one_process(runs, ki
 
 
 @pytest.mark.integration
+@pytest.mark.exact
 def test_dpu_and_wp_with_tensor_or_pipeline_parallel_match_one_process(runs):
     """The other overlapped schedules share ACCO's buffers and job, so they compose alike."""
     _same_losses(runs["neo-dpu-tp2"], runs["neo-dpu"])
@@ -237,6 +239,7 @@ def test_dpu_and_wp_with_tensor_or_pipeline_parallel_match_one_process(runs):
 
 
 @pytest.mark.integration
+@pytest.mark.exact
 def test_fsdp_with_tensor_or_pipeline_parallel_matches_zero1_on_one_process(runs):
     _same_losses(runs["neo-fsdp-tp2"], runs["neo-zero1"])
     _same_losses(runs["llama-fsdp-pp2dp2"], runs["llama-zero1"])  # each stage's root sharded over dp 2
@@ -244,6 +247,7 @@ def test_fsdp_with_tensor_or_pipeline_parallel_matches_zero1_on_one_process(runs
 
 
 @pytest.mark.integration
+@pytest.mark.exact
 @pytest.mark.parametrize("kind", ["zero1", "acco"])  # with 1f1b and gpipe
 def test_pipeline_parallel_2_stages_matches_one_process(runs, kind):
     reference, pp2 = runs[f"llama-{kind}"], runs[f"llama-{kind}-pp2"]
@@ -254,6 +258,7 @@ def test_pipeline_parallel_2_stages_matches_one_process(runs, kind):
 
 
 @pytest.mark.integration
+@pytest.mark.exact
 def test_acco_over_tensor_and_interleaved_pipeline_parallel_matches_one_process(runs):
     reference, tp2pp2 = runs["llama-acco"], runs["llama-acco-tp2pp2"]
     _same_losses(tp2pp2, reference)
@@ -262,6 +267,7 @@ def test_acco_over_tensor_and_interleaved_pipeline_parallel_matches_one_process(
 
 
 @pytest.mark.integration
+@pytest.mark.exact
 def test_activation_checkpointing_and_the_chunked_loss_under_tp_and_pp_match_one_process(runs):
     _same_losses(runs["neo-zero1-tp2-ac"], runs["neo-zero1"])  # full, 4 loss chunks, vocab-parallel loss
     _same_export(runs["neo-zero1-tp2-ac"], runs["neo-zero1"])
@@ -303,6 +309,7 @@ def test_offline_export_of_a_model_parallel_checkpoint_equals_the_in_run_export(
 
 
 @pytest.mark.integration
+@pytest.mark.exact
 def test_acco_with_tensor_parallel_resumes_bit_for_bit(runs):
     (resumed, stdout, _), full = runs["resumed"], runs["neo-acco-tp2"]
     assert "resumed from" in stdout and "at step 2" in stdout

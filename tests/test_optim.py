@@ -25,6 +25,7 @@ def _reference_and_sharded(weight_decay=0.1, decay_until=30):
     return ref, (decayed, plain), sharded
 
 
+@pytest.mark.exact
 def test_sharded_adamw_matches_torch_adamw():
     ref, (decayed, plain), sharded = _reference_and_sharded()
     for step in range(5):
@@ -98,6 +99,7 @@ def test_no_weight_decay_on_norms_biases_and_embeddings():
     assert "layers.0.attn.q_proj.weight" in decayed and "layers.1.mlp.c_proj.weight" in decayed
 
 
+@pytest.mark.exact
 def test_peek_in_chunks_equals_one_piece_and_writes_any_dtype():
     ref, _, sharded = _reference_and_sharded(weight_decay=0.1, decay_until=30)
     sharded.step(torch.randn(50), 1e-2)

@@ -66,6 +66,7 @@ def _workers(launcher: int) -> dict[int, int]:
     return found
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("kind, sig", [("zero1", signal.SIGUSR1), ("acco", signal.SIGTERM)])
 def test_a_signal_to_the_launcher_stops_at_one_update_and_the_relaunch_continues_bit_for_bit(
     tiny_corpus, cache_dir, tmp_path, six_step_run, kind, sig

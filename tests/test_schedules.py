@@ -185,6 +185,7 @@ def wp_reference(periods, commits):
 
 
 @pytest.mark.integration
+@pytest.mark.exact
 def test_acco_deterministic_equals_its_equations(tmp_path):
     run = run_worker(tmp_path, "acco", commits=6, micro_batches=4)
     assert run["periods"] == [[2] * 13] * 2  # the first period, then two per commit
@@ -194,6 +195,7 @@ def test_acco_deterministic_equals_its_equations(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.exact
 def test_dpu_equals_its_equations(tmp_path):
     run = run_worker(tmp_path, "dpu", commits=6, micro_batches=2)
     expected = dpu_reference(run["periods"], commits=6, warmup=1)
@@ -201,6 +203,7 @@ def test_dpu_equals_its_equations(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.exact
 def test_wp_equals_its_equations(tmp_path):
     run = run_worker(tmp_path, "wp", commits=6, micro_batches=2)
     expected = wp_reference(run["periods"], commits=6)

@@ -23,6 +23,7 @@ def strategy_runs(six_step_run):
 
 
 @pytest.mark.integration
+@pytest.mark.exact
 def test_ddp_zero1_fsdp_give_the_same_losses(strategy_runs):
     ddp = [r["loss"] for r in strategy_runs["ddp"]]
     assert len(ddp) == 6
