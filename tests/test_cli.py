@@ -348,3 +348,30 @@ def test_a_launcher_setting_that_is_not_a_number_is_one_line(tiny_corpus, cache_
     ]
     proc = run_train(tiny_args(tiny_corpus, cache_dir, tmp_path / "out"), env={"MASTER_PORT": "99999"})
     assert proc.returncode == 1 and "MASTER_PORT=99999 is not a TCP port" in proc.stderr
+
+
+def test_a_hung_communication_job_is_diagnosed_before_the_collective_timeout(tiny_corpus, cache_dir, tmp_path):
+    """NCCL raises nothing for a hung collective: at the collective timeout its watchdog aborts the
+    process without a cause. The overlapped schedules wait for their job with a deadline of their own
+    (here 80% of 30 s) and end the run with the one-line diagnosis first. The injected fault makes
+    rank 1's collectives never start from step 3, and raises nothing, as a hung NCCL kernel."""
+    import time
+
+    from conftest import run_train, tiny_args
+
+    extra = ["--parallelism.data_parallel", "acco", "--training.global_batch_size", "16"]
+    extra += ["--training.steps", "40", "--eval.every", "0", "--training.collective_timeout_s", "30"]
+    started = time.monotonic()
+    proc = run_train(
+        tiny_args(tiny_corpus, cache_dir, tmp_path / "out", *extra),
+        env={"TORCHACCO_FAULT": "stall@rank1:step3"},
+        timeout=240,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
+    assert errors, proc.stderr[-3000:]
+    for line in errors:  # the timed wait's words, not gloo's own timeout ("a collective failed")
+        assert "the communication job made no progress for 24 s" in line, line
+        assert "with its communication job" in line and "(step 3)" in line, line  # where the other rank is
+    assert elapsed < 120, elapsed

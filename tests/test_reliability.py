@@ -36,7 +36,7 @@ def _one_rank_flat(group, numel: int):
         shard=lambda full: full,
         sq_norm=lambda g: torch.linalg.vector_norm(g).double() ** 2,
         model_parallel_sum=lambda sq_norm, loss_sum: (sq_norm, loss_sum),
-        model_parallel_union=lambda ranks: ranks,
+        mp_group=None,
     )
 
 
@@ -179,6 +179,10 @@ def test_a_folder_holding_another_run_is_refused_unless_told(tmp_path):
         r"--job.overwrite true",
     ):
         run_folder.prepare(other, out)
+    another_mode = Config()  # a strategy's own section counts too
+    another_mode.acco.mode = "balanced"
+    with pytest.raises(UserError, match=r"holds a different run \(differs in acco.mode\)"):
+        run_folder.prepare(another_mode, out)
     other.job.overwrite = True  # deletes that run's outputs: nothing of it is resumed
     run_folder.prepare(other, out)
     assert (

@@ -251,6 +251,12 @@ class Config:
     def to_dict(self) -> dict:
         return {name: dataclasses.asdict(getattr(self, name)) for name in _sections()}
 
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Config) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return f"Config({self.to_dict()!r})"
+
     def to_toml(self) -> str:
         lines = []
         for section, values in self.to_dict().items():

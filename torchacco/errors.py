@@ -13,6 +13,12 @@ class PeerFailure(UserError):
     """Another rank died or stalled. Every surviving rank reports it (rank 0 may be the dead one)."""
 
 
+class Stalled(RuntimeError):
+    """A wait on communication outlasted its deadline: a peer stalled, or a collective hangs. NCCL
+    never raises in Python for a hung collective (its watchdog aborts the process at the collective
+    timeout, with no cause), so the compute side gives up first and the run's diagnosis says who."""
+
+
 class Terminated(BaseException):
     """SIGTERM (the launcher stopping the survivors of a failed worker, or a scheduler)."""
 

@@ -4,7 +4,10 @@ Comma-separated faults, each `WHAT@rankR:stepS[:periodP]`:
 - `kill`: the rank SIGKILLs itself as it starts computing step S (a lost worker);
 - `nan`: the rank's loss is NaN for the compute period(s) of step S (period P only, counted from 1
   within the step: ACCO computes each step in two periods, the estimate's and the commit's). Under
-  pipeline parallelism the loss exists on the last stage only: name one of its ranks.
+  pipeline parallelism the loss exists on the last stage only: name one of its ranks;
+- `stall`: from step S on, the rank's next reduce-scatter or all-gather never starts, as a hung NCCL
+  collective: nothing raises, the process lives on (the overlapped schedules' timed wait is what
+  notices).
 A fault fires the first time its rank reaches its step in a launch, on whichever attempt that
 is, and never again in that launch: the launcher's store (which outlives torchrun's restarts)
 records it. So a run restarted after a fault goes on as if nothing happened, and a later fault
@@ -16,12 +19,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 
 import torch.distributed as dist
 
 from torchacco.errors import UserError
 
-FAULT = re.compile(r"^(kill|nan)@rank(\d+):step(\d+)(?::period(\d+))?$")
+FAULT = re.compile(r"^(kill|nan|stall)@rank(\d+):step(\d+)(?::period(\d+))?$")
 FIRED_KEY = "torchacco/fault-fired/"
 
 
@@ -52,6 +56,11 @@ class Faults:
 
                     health.current().flush()  # so the survivors can tell where this rank died
                     os.kill(os.getpid(), signal.SIGKILL)
+                if what == "stall":
+                    from torchacco.parallel.collectives import set_collective_hook
+
+                    set_collective_hook(lambda name, never=threading.Event(): never.wait())
+                    continue
                 poison = True
         return poison
 

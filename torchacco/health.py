@@ -134,7 +134,9 @@ class Heartbeat:
         return (
             "no rank stopped: "
             + "; ".join(busy)
-            + " — a rank much slower than the others, or ranks that disagree on the work to do"
+            + " — a rank much slower than the others, ranks that disagree on the work to do, or a collective "
+            "hung in the communication library (with NCCL, <dump_folder>/flight_recorder holds each rank's last "
+            "collectives)"
         )
 
 
@@ -191,7 +193,9 @@ class SigtermGuard:
 
 def is_peer_failure(error: BaseException) -> bool:
     """Does this error from a collective mean a peer died or stalled?"""
+    from torchacco.errors import Stalled
+
     text = str(error)
-    return isinstance(error, dist.DistBackendError) or any(
+    return isinstance(error, dist.DistBackendError | Stalled) or any(
         marker in text for marker in ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer")
     )

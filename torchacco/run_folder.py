@@ -9,7 +9,6 @@ run's outputs first.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import tomllib
 from pathlib import Path
@@ -38,11 +37,7 @@ BYTES_PER_PARAM = 16  # a checkpoint: fp32 weights or master, AdamW's two moment
 
 
 def _flat(cfg: Config) -> dict[str, object]:
-    return {
-        f"{section}.{key}": value
-        for section, values in dataclasses.asdict(cfg).items()
-        for key, value in values.items()
-    }
+    return {f"{section}.{key}": value for section, values in cfg.to_dict().items() for key, value in values.items()}
 
 
 def differences(old: Config, new: Config) -> list[str]:

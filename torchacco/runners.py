@@ -9,9 +9,21 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import timedelta
 from typing import Any
 
 import torch
+
+from torchacco.errors import Stalled
+
+
+def stall_deadline_s(collective_timeout: timedelta) -> float:
+    """How long the compute side waits for a job before it gives up and diagnoses: long before the
+    collective timeout, when NCCL's watchdog aborts the process without a word (a minute before it,
+    or a fifth of it when it is short), so the diagnosis has time to read every rank's heartbeat."""
+    timeout = collective_timeout.total_seconds()
+    return max(timeout - 60.0, 0.8 * timeout)
 
 
 class ThreadRunner:
@@ -48,12 +60,18 @@ class ThreadRunner:
         """Non-blocking: has the job in flight finished (True when there is none)?"""
         return self._future is None or self._future.done()
 
-    def wait(self) -> Any:
-        """The job's result (re-raising its error); None when nothing was in flight."""
+    def wait(self, timeout_s: float | None = None) -> Any:
+        """The job's result (re-raising its error); None when nothing was in flight. A job still
+        running after `timeout_s` raises `Stalled` (the job is abandoned: its thread is a daemon)."""
         if self._future is None:
             return None
         future, self._future = self._future, None
-        return future.result()
+        try:
+            return future.result(timeout=timeout_s)
+        except FutureTimeout:
+            raise Stalled(
+                f"the communication job made no progress for {timeout_s:.0f} s (Timed out waiting for it)"
+            ) from None
 
     def abandon(self) -> None:
         """Forget the job in flight (while another error ends the run): nothing waits for it."""
@@ -97,8 +115,8 @@ class StreamRunner(ThreadRunner):
         super().abandon()
         self._done_event = None
 
-    def wait(self):
-        result = super().wait()
+    def wait(self, timeout_s=None):
+        result = super().wait(timeout_s)
         if self._done_event is not None:
             torch.cuda.current_stream().wait_event(self._done_event)
             self._done_event = None

@@ -25,7 +25,7 @@ from torchacco.build import ModelKind, build_data, build_model
 from torchacco.checkpoint import Checkpointer, TrainState, checkpoint_state, resume
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
-from torchacco.errors import PeerFailure, Preempted, Terminated, UserError
+from torchacco.errors import PeerFailure, Preempted, Stalled, Terminated, UserError
 from torchacco.evaluate import evaluate
 from torchacco.export import export_hf
 from torchacco.faults import from_env
@@ -34,7 +34,14 @@ from torchacco.lr import TokenSchedule
 from torchacco.metrics import MetricsLogger, Throughput
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.model_parallel import apply_model_parallel, model_parallel_label
-from torchacco.parallel.process_groups import destroy, init_distributed, launch_env, on_one_rank
+from torchacco.parallel.process_groups import (
+    FLIGHT_RECORDER,
+    destroy,
+    init_distributed,
+    launch_env,
+    nccl_flight_recorder,
+    on_one_rank,
+)
 from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan
 from torchacco.profiling import Profiler
@@ -53,6 +60,8 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     if device.type == "cpu":
         set_cpu_threads(cfg.training.num_threads, local_world)
     own_group = not dist.is_initialized()
+    if device.type == "cuda":
+        nccl_flight_recorder(Path(cfg.job.dump_folder))
     p = cfg.parallelism
     dims = init_distributed(
         device, cfg.training.collective_timeout_s, p.tensor_parallel_degree, p.pipeline_parallel_degree
@@ -78,11 +87,12 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
         sigterm.defer()
         preempt.defer()
         diagnosis = heartbeat.diagnose()
-        cause = (
-            "stopped by SIGTERM"
-            if isinstance(e, Terminated)
-            else f"a collective failed ({str(e).strip().splitlines()[-1][:120]})"
-        )
+        if isinstance(e, Terminated):
+            cause = "stopped by SIGTERM"
+        elif isinstance(e, Stalled):
+            cause = str(e)
+        else:
+            cause = f"a collective failed ({str(e).strip().splitlines()[-1][:120]})"
         if isinstance(e, Terminated) and "stopped responding" not in diagnosis:
             raise Terminated() from None  # a plain SIGTERM: exit quietly with 143
         raise PeerFailure(
@@ -106,6 +116,8 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     t = cfg.training
     folder = Path(cfg.job.dump_folder)
     on_one_rank(dims, lambda: run_folder.prepare(cfg, folder), on=dims.is_main)
+    if device.type == "cuda":  # where NCCL's flight recorder writes on a hang
+        (folder / FLIGHT_RECORDER).mkdir(exist_ok=True)
     torch.manual_seed(t.seed)
     tokenizer, train_set, val_set = _datasets(cfg, dims, datasets, tokenizer)
     vocab = tokenizer.vocab_size if tokenizer else 0

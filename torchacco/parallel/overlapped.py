@@ -39,6 +39,7 @@ from torchacco.parallel.sharded_job import ESTIMATE
 from torchacco.parallel.sharded_state import ShardedOptimizerState
 from torchacco.parallel.strategy import Counts, Strategy, UpdateResult
 from torchacco.parallel.zero1 import sharded_checkpoint_key
+from torchacco.runners import stall_deadline_s
 
 ACCUMULATOR_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -93,6 +94,7 @@ class Overlapped(Strategy):
         self.comm = torch.zeros_like(self.flat.params_buffer)  # C: the job's private buffer
         self.job_buffer = self.comm  # C, or its first half seen as bf16 (a bf16 estimate round)
         self.runner = device.runner()
+        self.stall_s = stall_deadline_s(dims.timeout)  # a job running longer: a peer stalled
         self.device = device
         self.mode = acco.mode
         self.max_growth = acco.max_growth  # bounds an adaptive period (0: no bound)
@@ -126,7 +128,12 @@ class Overlapped(Strategy):
         if a.lr_batch_scaling < 0:
             raise UserError(f"[acco] lr_batch_scaling = {a.lr_batch_scaling:g} must be >= 0 (0.5: square root)")
         if a.estimate_comm == "bf16" and (not cls.estimates or cfg.training.mixed_precision == "bf16"):
-            reason = f"{cls.name} has no estimate round" if not cls.estimates else "the compute dtype is bf16 already"
+            from torchacco.parallel.registry import STRATEGIES
+
+            estimating = " and ".join(name for name, other in STRATEGIES.items() if getattr(other, "estimates", False))
+            reason = (
+                f"only {estimating} has an estimate round" if not cls.estimates else "the compute dtype is bf16 already"
+            )
             raise UserError(f"[acco] estimate_comm = 'bf16' does nothing here ({reason}); set it to 'full'")
         if a.mode == "adaptive" and not cfg.training.max_tokens:
             raise UserError(
@@ -198,7 +205,7 @@ class Overlapped(Strategy):
             return None
         start = time.perf_counter()
         with record_function("torchacco/wait_for_job"):
-            finished = self.runner.wait()
+            finished = self.runner.wait(self.stall_s)
         self.exposed += time.perf_counter() - start
         self.job_seconds += finished.seconds
         self._before_swap(finished)

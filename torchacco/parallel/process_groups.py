@@ -8,6 +8,7 @@ import os
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -28,6 +29,26 @@ def launch_env() -> tuple[int, int, int, int]:
         int(env.get("LOCAL_RANK", 0)),
         int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
     )
+
+
+FLIGHT_RECORDER = "flight_recorder"  # in the dump folder: each rank's last collectives, written on a hang
+
+
+def nccl_flight_recorder(dump_folder: Path) -> None:
+    """Before the process group exists: NCCL's flight recorder on, unless the user set it. Each rank
+    keeps its last 2,000 collectives and, when one times out, writes them to
+    <dump_folder>/flight_recorder/rank_<r>, so a hang leaves every rank's collective order on disk
+    (`python -m torch.distributed.flight_recorder.fr_trace` reads them)."""
+    prefix = str(dump_folder / FLIGHT_RECORDER / "rank_")
+    defaults = {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # the name torch used before 2.7
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,  # likewise
+    }
+    for name, value in defaults.items():
+        os.environ.setdefault(name, value)
 
 
 def init_distributed(device: Device, timeout_s: float = 1800.0, tp: int = 1, pp: int = 1) -> ParallelDims:

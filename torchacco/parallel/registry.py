@@ -22,7 +22,8 @@ STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, ZeRO1, F
 
 def register(cls: type[Strategy]) -> type[Strategy]:
     """Add a strategy class (usable as a decorator); its name must be new, its options section
-    new or the very dataclass another strategy already reads there."""
+    new or the very dataclass another strategy already reads there. Register before building the
+    config (`load_config`, `Config()`): a config has the sections of the strategies registered then."""
     if cls.name in STRATEGIES and STRATEGIES[cls.name] is not cls:
         raise ValueError(f"a strategy named {cls.name!r} is registered already ({STRATEGIES[cls.name].__qualname__})")
     shared = {c.options_section: c.options for c in STRATEGIES.values() if c.options is not None}
