@@ -90,7 +90,9 @@ class StreamRunner(ThreadRunner):
     def __init__(self, device: torch.device):
         super().__init__()
         self.device = device
-        self.stream = torch.cuda.Stream(device)
+        # High priority, as FSDP2's communication streams: the job's small kernels (norm, AdamW
+        # chunks, copies) run as soon as they are ready instead of queueing behind compute kernels.
+        self.stream = torch.cuda.Stream(device, priority=-1)
         self._done_event: torch.cuda.Event | None = None
 
     def launch(self, job):

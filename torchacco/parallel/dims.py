@@ -104,15 +104,21 @@ def build_dims(device: Device, tp: int, pp: int, local_rank: int, local_world: i
     names = ("pp", "dp", "tp")
     mesh = init_device_mesh(
         device.type, (pp, world // (tp * pp), tp), mesh_dim_names=names,
-        backend_override={name: (device.backend, _options(device.backend, timeout)) for name in names},
+        backend_override={name: (device.backend, _options(device.backend, timeout, name == "dp")) for name in names},
     )  # fmt: skip
     mp_group = _model_parallel_group(mesh, world, tp, pp, timeout)
     return ParallelDims(world, rank, local_rank, local_world, mesh, mp_group, timeout)
 
 
-def _options(backend: str, timeout: timedelta):
-    """Options that give a mesh's subgroups the run's timeout."""
-    options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
+def _options(backend: str, timeout: timedelta, high_priority: bool = False):
+    """Options that give a mesh's subgroups the run's timeout; with NCCL, the data-parallel group's
+    communicator on high-priority streams (its collectives run beside compute, in the overlapped
+    schedules, and should not wait behind it)."""
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = high_priority
+    else:
+        options = dist.ProcessGroupGloo._Options()
     options._timeout = timeout
     return options
 
