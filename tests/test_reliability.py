@@ -499,3 +499,22 @@ def test_a_metrics_line_cut_short_by_a_crash_does_not_stop_a_resume(tmp_path):
         '{"step": 1, "loss": 2.0}',
         '{"step": 2, "loss": 1.9}',
     ]
+
+
+def test_nodes_whose_name_resolves_to_loopback_are_told_to_set_gloo_socket_ifname(monkeypatch):
+    """gloo binds to what the host's name resolves to: Debian's 127.0.1.1 would make every node dial
+    itself across a multi-node launch, and wait until the timeout."""
+    from torchacco.parallel import process_groups
+
+    addresses = {"node7": "127.0.1.1", "192.0.2.10": "192.0.2.10", "localhost": "127.0.0.1"}
+    monkeypatch.setattr(process_groups.socket, "gethostname", lambda: "node7")
+    monkeypatch.setattr(process_groups.socket, "gethostbyname", lambda name: addresses[name])
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.10")  # node 0 elsewhere (a documentation address)
+    with pytest.raises(UserError, match=r"'node7' resolves to the loopback address 127\.0\.1\.1.*GLOO_SOCKET_IFNAME="):
+        process_groups.check_gloo_interface()
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")  # an interface named: fine
+    process_groups.check_gloo_interface()
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.setenv("MASTER_ADDR", "localhost")  # every "node" on this host: loopback is right
+    process_groups.check_gloo_interface()

@@ -4,7 +4,9 @@ rank's work while the others wait, and the teardown."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
+import socket
 import time
 import uuid
 from datetime import timedelta
@@ -62,11 +64,39 @@ def init_distributed(device: Device, timeout_s: float = 1800.0, tp: int = 1, pp:
     if "RANK" not in os.environ:  # a plain `python` process: a one-rank group keeps one code path
         dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
         return build_dims(device, tp, pp, local_rank, local_world, timeout)
+    if int(os.environ.get("WORLD_SIZE", 1)) > local_world:
+        check_gloo_interface()  # several nodes: gloo groups (CPU runs; preemption, checkpoints) cross them
     store, rank, world = next(dist.rendezvous("env://", timeout=kwargs["timeout"]))
     store = attempt_store(store, rank, world, timeout_s)
     with _diagnosed_setup(store, rank, world, timeout_s):
         dist.init_process_group(store=store, rank=rank, world_size=world, **kwargs)
         return build_dims(device, tp, pp, local_rank, local_world, timeout)
+
+
+def check_gloo_interface() -> None:
+    """gloo binds to the address this host's name resolves to, unless GLOO_SOCKET_IFNAME names an
+    interface. A name that resolves to a loopback address (Debian's 127.0.1.1, say) makes every
+    other node connect to itself and wait until the timeout: say so before."""
+    if os.environ.get("GLOO_SOCKET_IFNAME") or _loopback(os.environ.get("MASTER_ADDR", "127.0.0.1")):
+        return  # an interface named, or every "node" on this host (tests, one machine)
+    host = socket.gethostname()
+    try:
+        address = ipaddress.ip_address(socket.gethostbyname(host))
+    except (OSError, ValueError):
+        address = None
+    if address is None or address.is_loopback:
+        found = "does not resolve" if address is None else f"resolves to the loopback address {address}"
+        raise UserError(
+            f"this node's name {host!r} {found}, which the other nodes cannot reach: set GLOO_SOCKET_IFNAME to "
+            "the interface that connects the nodes (e.g. GLOO_SOCKET_IFNAME=eth0; `ip -brief addr` lists them)"
+        )
+
+
+def _loopback(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(name)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
 @contextlib.contextmanager
