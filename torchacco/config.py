@@ -173,6 +173,14 @@ class Acco:
     )
     dpu_warmup_steps: int = key(0, "dpu: synchronous updates before the one-step delay starts")
     drift_every: int = key(10, "acco: log ‖θ̃ − θ‖ / ‖θ‖ every this many commits; 0 disables")
+    # The estimate θ̃ = Opt(θ, g̃) steps with half the update's batch. Variants (docs/acco.md, "The estimate"):
+    # blend g̃ with the smoothed past gradients, or take only part of the step. 1 and 1: the paper's estimate.
+    estimate_grad_weight: float = key(
+        1.0,
+        "acco: the estimate steps with w·g̃ + (1 − w)·m̂ (g̃ the half-batch gradient, m̂ Adam's bias-corrected first "
+        "moment); 1: g̃ alone (the paper), 0: the moments alone",
+    )
+    estimate_damping: float = key(1.0, "acco: θ̃ = θ + γ·(Opt(θ, g̃) − θ), only this share γ of the estimate's step")
 
 
 @dataclass

@@ -64,6 +64,7 @@ class Overlapped(ZeRO1):
         self.exposed = 0.0  # seconds the compute side waited on jobs since the last commit
         self.job_seconds = 0.0  # seconds the jobs since the last commit took
         self.commits = 0  # committed updates (ACCO's drift cadence, DPU's warm-up)
+        self.estimate = (1.0, 1.0)  # ACCO's estimate variant: (gradient weight, damping); a plain step elsewhere
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
@@ -138,7 +139,9 @@ class Overlapped(ZeRO1):
             heartbeat.comm_phase(f"communication job ({kind}: reduce-scatter, optimizer, all-gather)")
             start = time.perf_counter()
             with record_function(f"torchacco/job:{kind}"):
-                result = reduce_update_gather(flat, opt, comm, local, lr_for, kind, out=comm, max_norm=self.max_norm)
+                result = reduce_update_gather(
+                    flat, opt, comm, local, lr_for, kind, out=comm, max_norm=self.max_norm, estimate=self.estimate
+                )
             result.seconds = time.perf_counter() - start
             heartbeat.comm_phase("")
             return result
@@ -312,10 +315,16 @@ class ACCO(Overlapped):
     def __init__(self, model, dims, plan, optimizer, acco: AccoConfig, device: Device):
         super().__init__(model, dims, plan, optimizer, acco, device)
         self.drift_every = acco.drift_every
+        self.estimate = (acco.estimate_grad_weight, acco.estimate_damping)
 
     @classmethod
     def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
         super().check_config(cfg, dp_size, model_parallel)
+        a = cfg.acco
+        if not 0 <= a.estimate_grad_weight <= 1:
+            raise UserError(f"[acco] estimate_grad_weight = {a.estimate_grad_weight:g} must be in [0, 1]")
+        if not 0 < a.estimate_damping <= 1:
+            raise UserError(f"[acco] estimate_damping = {a.estimate_damping:g} must be in (0, 1]")
         t = cfg.training
         micro_batches = (t.global_batch_size or t.local_batch_size * dp_size) // (t.local_batch_size * dp_size)
         if micro_batches % 2:
