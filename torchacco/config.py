@@ -181,6 +181,14 @@ class Acco:
         "moment); 1: g̃ alone (the paper), 0: the moments alone",
     )
     estimate_damping: float = key(1.0, "acco: θ̃ = θ + γ·(Opt(θ, g̃) − θ), only this share γ of the estimate's step")
+    # The estimate's error e = θ̃ − θ feeds back as e' ≈ −lr·(1 − β1)·h·(1 − share)·e along a curvature h (docs/acco.md):
+    # a larger share of the batch at θ̃ raises the largest stable lr·h toward DDP's, but leaves a shorter period at θ to
+    # hide the estimate's communication behind.
+    estimate_share: float = key(
+        0.5,
+        "acco, deterministic: share of each update's micro-batches computed at the estimate θ̃ (the rest at θ); 0.5 "
+        "is the paper's halves",
+    )
 
 
 @dataclass

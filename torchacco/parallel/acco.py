@@ -65,6 +65,7 @@ class Overlapped(ZeRO1):
         self.job_seconds = 0.0  # seconds the jobs since the last commit took
         self.commits = 0  # committed updates (ACCO's drift cadence, DPU's warm-up)
         self.estimate = (1.0, 1.0)  # ACCO's estimate variant: (gradient weight, damping); a plain step elsewhere
+        self.estimate_share = 0.5  # ACCO: the share of an update's micro-batches computed at θ̃
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
@@ -95,10 +96,10 @@ class Overlapped(ZeRO1):
             )
 
     def micro_batches(self):
+        target = self._period_micro_batches()
         if self.planned is not None:
             self._launch(*self.planned)
             self.planned = None
-        target = self.split[self.flat.rank] if self.split else self.accumulation
         cap = self.max_growth * target if self.max_growth else float("inf")
         n, marks = 0, collections.deque()
         # adaptive: past its micro-batches, a rank keeps accumulating while the job runs
@@ -109,6 +110,10 @@ class Overlapped(ZeRO1):
                 marks.append(self.device.mark())
                 if len(marks) > 1:
                     marks.popleft().synchronize()
+
+    def _period_micro_batches(self) -> int:
+        """This rank's micro-batches in the period about to start (before its job is launched)."""
+        return self.split[self.flat.rank] if self.split else self.accumulation
 
     def _job_running(self) -> bool:
         return self.runner.in_flight() and not self.runner.done()
@@ -129,9 +134,9 @@ class Overlapped(ZeRO1):
         lr_for = self.lr_for()
         if kind == ESTIMATE:
             # The estimate uses the commit's lr: the commit will span this period and the next,
-            # about twice the tokens (it matters during warm-up, where lr grows with tokens).
-            commit_lr = lr_for
-            lr_for = lambda consumed: commit_lr(2 * consumed)  # noqa: E731
+            # about 1 / estimate_share (twice) the tokens (it matters during warm-up, where lr grows with tokens).
+            commit_lr, share = lr_for, self.estimate_share
+            lr_for = lambda consumed: commit_lr(consumed / share)  # noqa: E731
 
         heartbeat = health.current()
 
@@ -316,6 +321,11 @@ class ACCO(Overlapped):
         super().__init__(model, dims, plan, optimizer, acco, device)
         self.drift_every = acco.drift_every
         self.estimate = (acco.estimate_grad_weight, acco.estimate_damping)
+        self.estimate_share = acco.estimate_share
+        per_update = plan.micro_batches
+        # Deterministic periods of unequal length: the one at θ̃ (hiding the commit) and the one at θ (the estimate).
+        self.at_estimate = round(acco.estimate_share * per_update)
+        self.at_theta = per_update - self.at_estimate
 
     @classmethod
     def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
@@ -327,12 +337,28 @@ class ACCO(Overlapped):
             raise UserError(f"[acco] estimate_damping = {a.estimate_damping:g} must be in (0, 1]")
         t = cfg.training
         micro_batches = (t.global_batch_size or t.local_batch_size * dp_size) // (t.local_batch_size * dp_size)
-        if micro_batches % 2:
+        share = a.estimate_share * micro_batches
+        if a.estimate_share != 0.5 and (a.mode != "deterministic" or abs(share - round(share)) > 1e-9
+                                        or not 1 <= round(share) < micro_batches):  # fmt: skip
+            raise UserError(
+                f"[acco] estimate_share = {a.estimate_share:g} needs mode = 'deterministic' and a whole number of the "
+                f"{micro_batches} micro-batches per update and rank in each period (at least one in each); e.g. "
+                f"estimate_share = 0.75 with 4 micro-batches ([training] global_batch_size = 4 × local_batch_size × "
+                f"ranks)"
+            )
+        if micro_batches % 2 and a.estimate_share == 0.5:
             raise UserError(
                 f"acco computes each update over two periods (at θ̃ and at θ), so it needs an even number of "
                 f"micro-batches per update and rank; got {micro_batches}: set [training] global_batch_size to a "
                 f"multiple of 2 × local_batch_size × ranks = {2 * t.local_batch_size * dp_size}"
             )
+
+    def _period_micro_batches(self) -> int:
+        if self.estimate_share == 0.5 or self.split:
+            return super()._period_micro_batches()
+        # The first period (θ̃_0 = θ_0) and every period beside a commit compute g̃ at θ̃.
+        at_estimate = self.planned is None or self.planned[0] == COMMIT
+        return self.at_estimate if at_estimate else self.at_theta
 
     def _plan(self, finished):
         if finished is None or finished.committed:
