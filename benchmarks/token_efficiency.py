@@ -36,6 +36,15 @@ VARIANTS = {
     "acco": ["--parallelism.data_parallel", "acco"],
     # the estimate steps with ½ g̃ + ½ m̂: the noise-optimal blend of the half batch and the first moment
     "acco_w05": ["--parallelism.data_parallel", "acco", "--acco.estimate_grad_weight", "0.5"],
+    # 3 of the 4 micro-batches per rank at θ̃, 1 at θ (local batch 2): the estimate error's feedback as weak as DDP's
+    "acco_share75": [
+        "--parallelism.data_parallel",
+        "acco",
+        "--training.local_batch_size",
+        "2",
+        "--acco.estimate_share",
+        "0.75",
+    ],
     "acco_w0": ["--parallelism.data_parallel", "acco", "--acco.estimate_grad_weight", "0"],
     "acco_damped05": ["--parallelism.data_parallel", "acco", "--acco.estimate_damping", "0.5"],
 }
