@@ -10,7 +10,7 @@ the final validation loss, and its gap to DDP's with the same seed and lr (the s
 order, so the pairing removes most of the seed-to-seed spread). The spread of zero1 − ddp (the same mathematics in
 another floating-point order) is the noise floor a variant is judged against.
 
-Writes bench_results/token_efficiency.{json,md} (+ .png with matplotlib); runs are kept under
+Writes bench_results/<--name>.{json,md} (+ .png with matplotlib; name token_efficiency by default); runs are kept under
 bench_results/token_efficiency_runs/ and reused when their metrics.jsonl is complete (--fresh reruns them).
 """
 
@@ -33,6 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
     "ddp": ["--parallelism.data_parallel", "ddp"],
     "zero1": ["--parallelism.data_parallel", "zero1"],
+    # DDP in another floating-point order (4 micro-batches of 2): the mathematics of "ddp", a measure of the noise
+    # floor, and the baseline with acco_share75's micro-batches
+    "ddp_lb2": ["--parallelism.data_parallel", "ddp", "--training.local_batch_size", "2"],
     "acco": ["--parallelism.data_parallel", "acco"],
     # the estimate steps with ½ g̃ + ½ m̂: the noise-optimal blend of the half batch and the first moment
     "acco_w05": ["--parallelism.data_parallel", "acco", "--acco.estimate_grad_weight", "0.5"],
@@ -69,7 +72,7 @@ def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh:
     args = [*recipe(updates, lr, seed), *QUIET, *VARIANTS[variant], "--training.num_threads", "1"]
     args += ["--job.dump_folder", str(folder), "--job.overwrite", "true"]
     started = time.perf_counter()
-    log = folder.with_suffix(".log")
+    log = folder.parent / f"{folder.name}.log"  # (with_suffix would cut the name at the lr's dot)
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
         proc = subprocess.run(["./run_train.sh", *args], cwd=ROOT, env={**os.environ, "NPROC": "2"}, stdout=out,
@@ -159,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--variants", default="ddp,zero1,acco,acco_w05", help=f"from {', '.join(VARIANTS)}")
     parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--name", default="token_efficiency", help="the results' file name (without suffix)")
     parser.add_argument("--fresh", action="store_true", help="rerun runs whose results exist")
     args = parser.parse_args(argv)
     lrs = [float(x) for x in args.lrs.split(",")]
@@ -185,9 +189,9 @@ def main(argv: list[str] | None = None) -> None:
         "command": "python -m benchmarks.token_efficiency " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "token_efficiency.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
-    (out / "token_efficiency.md").write_text(markdown(summary, meta))
-    plot(summary, out / "token_efficiency.png")
+    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
+    (out / f"{args.name}.md").write_text(markdown(summary, meta))
+    plot(summary, out / f"{args.name}.png")
     print(markdown(summary, meta))
 
 
