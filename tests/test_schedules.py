@@ -20,9 +20,11 @@ WORKER = Path(__file__).parent / "workers" / "overlap_worker.py"
 ROOT = Path(__file__).parent.parent
 
 
-def run_worker(tmp_path, kind, commits, micro_batches, mode="deterministic", delay=0.0, nproc=2, model="tiny") -> dict:
+def run_worker(
+    tmp_path, kind, commits, micro_batches, mode="deterministic", delay=0.0, nproc=2, model="tiny", env=None
+) -> dict:
     out = tmp_path / f"{kind}.pt"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCHACCO_TEST_MODEL": model}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCHACCO_TEST_MODEL": model, **(env or {})}
     proc = subprocess.run(
         [
             sys.executable,
@@ -133,18 +135,18 @@ class Reference:
         return new
 
 
-def acco_reference(periods, commits, lr_scaling=None):
+def acco_reference(periods, commits, lr_scaling=None, share=0.5):
     ref = Reference(periods, lr_scaling)
     theta = ref.theta()
     g_est, n_est, c_est = ref.gradients_at(theta, 0)  # θ̃_0 = θ_0
-    # The estimate takes the commit's lr: a commit spans two periods of c tokens, so 2c.
-    theta_est = ref.adamw(theta, g_est, n_est, 2 * c_est, commit=False)  # ESTIMATE 0
+    # The estimate takes the commit's lr: a commit spans the estimate's c tokens / share (2c with halves).
+    theta_est = ref.adamw(theta, g_est, n_est, c_est / share, commit=False)  # ESTIMATE 0
     for t in range(commits):
         g, n, c = ref.gradients_at(theta, 2 * t + 1)  # ESTIMATE round: g_t at θ_t ...
         theta = ref.adamw(theta, g_est + g, n_est + n, c_est + c, commit=True)  # ... then COMMIT with g̃_t + g_t
         if t + 1 < commits:
             g_est, n_est, c_est = ref.gradients_at(theta_est, 2 * t + 2)  # COMMIT round: g̃_{t+1} at θ̃_{t+1}
-            theta_est = ref.adamw(theta, g_est, n_est, 2 * c_est, commit=False)
+            theta_est = ref.adamw(theta, g_est, n_est, c_est / share, commit=False)
     return theta
 
 
@@ -192,6 +194,27 @@ def test_acco_deterministic_equals_its_equations(tmp_path):
     expected = acco_reference(run["periods"], commits=6)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(expected, Reference(run["periods"]).theta())  # it trained
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+def test_acco_equals_its_equations_over_many_commits_with_evaluation_between_rounds(tmp_path):
+    # Through warm-up, the whole cosine and beyond: nothing may drift over rounds (the accumulator's zeroing,
+    # the pending counts, the lr clock), and the trainer's evaluation between rounds must leave P, A and the
+    # counts as they were.
+    run = run_worker(tmp_path, "acco", commits=30, micro_batches=2, env={"TORCHACCO_TEST_EVALUATE": "1"})
+    assert run["periods"] == [[1] * 61] * 2
+    expected = acco_reference(run["periods"], commits=30)
+    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+def test_acco_with_three_quarters_of_the_batch_at_the_estimate_equals_its_equations(tmp_path):
+    run = run_worker(tmp_path, "acco", commits=6, micro_batches=4, env={"TORCHACCO_TEST_ESTIMATE_SHARE": "0.75"})
+    assert run["periods"] == [[3] + [1, 3] * 6] * 2  # the first period and every one beside a commit: at θ̃
+    expected = acco_reference(run["periods"], commits=6, share=0.75)
+    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.integration

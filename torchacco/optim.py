@@ -91,15 +91,28 @@ class ShardedAdamW:
         scale: float = 1.0,
         out: torch.Tensor | None = None,
         chunk: int | None = None,
+        grad_weight: float = 1.0,
+        damping: float = 1.0,
     ) -> torch.Tensor:
         """The master shard after `step(grad, lr, scale)`, written into `out` (a new fp32 tensor
-        by default), leaving m, v, step and master untouched (ACCO's estimate)."""
+        by default), leaving m, v, step and master untouched (ACCO's estimate).
+
+        ACCO's estimate variants (`[acco] estimate_grad_weight`, `estimate_damping`): the gradient
+        stepped with is `w · grad·scale + (1 − w) · m̂`, m̂ the bias-corrected first moment (the
+        smoothed past gradients; before any commit there is none and w is 1); the result is
+        `θ + γ · (Opt(θ, ·) − θ)`. w = γ = 1 is the plain step."""
         s = self.state
         out = torch.empty_like(s.master) if out is None else out
+        w = grad_weight if s.step > 0 else 1.0
         for part, offset in self._chunks(chunk):
             g = self._scaled(grad[part], scale)
             p, m, v = s.master[part].clone(), s.exp_avg[part].clone(), s.exp_avg_sq[part].clone()
+            if w != 1.0:
+                g.mul_(w).add_(m, alpha=(1 - w) / (1 - self.cfg.beta1**s.step))
             self._update(p, m, v, g, lr, s.step + 1, offset)
+            if damping != 1.0:
+                theta = s.master[part]
+                p.sub_(theta).mul_(damping).add_(theta)
             out[part].copy_(p)
         return out
 

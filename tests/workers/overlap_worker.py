@@ -24,6 +24,7 @@ from torchacco.parallel.strategy import Counts, UpdatePlan
 
 VOCAB, SEQ, BATCH = 64, 16, 2
 MODEL = os.environ.get("TORCHACCO_TEST_MODEL", "tiny")
+EVALUATE_BETWEEN_ROUNDS = os.environ.get("TORCHACCO_TEST_EVALUATE", "") == "1"
 
 
 class Micro(torch.nn.Module):
@@ -77,6 +78,7 @@ def config(kind: str, mode: str) -> Config:
     cfg.acco.dpu_warmup_steps = 1 if kind == "dpu" else 0
     cfg.acco.max_growth = 3.0  # bounds the fast rank's adaptive periods: 3 × 2 micro-batches
     cfg.acco.estimate_comm = os.environ.get("TORCHACCO_TEST_ESTIMATE_COMM", "full")
+    cfg.acco.estimate_share = float(os.environ.get("TORCHACCO_TEST_ESTIMATE_SHARE", "0.5"))
     cfg.training.max_norm = 0.5  # low enough that clipping is active
     cfg.optimizer.weight_decay = 0.1
     return cfg
@@ -108,6 +110,9 @@ def main(kind, out, commits, micro_batches, mode, delay):
         result = dp.step(Counts(tokens, loss_sum, n, n * BATCH * SEQ, (watch.stop(),)))
         if result is not None and result.committed:
             results.append(result)
+            if EVALUATE_BETWEEN_ROUNDS:  # as the trainer does: a forward pass with θ between two rounds
+                with dp.evaluation() as model, torch.no_grad():
+                    model(micro_batch(rank, 10_000)["input_ids"])
     with dp.evaluation():
         theta = torch.cat([p.detach().reshape(-1).float() for p in dp.model.parameters()])
     dp.close()

@@ -44,18 +44,44 @@ class ACCO(Overlapped):
     def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device):
         super().__init__(model, dims, plan, optimizer, acco, device)
         self.drift_every = acco.drift_every
+        self.estimate = (acco.estimate_grad_weight, acco.estimate_damping)
+        self.estimate_share = acco.estimate_share
+        # Deterministic periods of unequal length: the one at θ̃ (hiding the commit) and the one at θ (the estimate).
+        self.at_estimate = round(acco.estimate_share * plan.micro_batches)
+        self.at_theta = plan.micro_batches - self.at_estimate
 
     @classmethod
     def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
         super().check_config(cfg, dp_size, model_parallel)
+        a = getattr(cfg, cls.options_section)
+        if not 0 <= a.estimate_grad_weight <= 1:
+            raise UserError(f"[acco] estimate_grad_weight = {a.estimate_grad_weight:g} must be in [0, 1]")
+        if not 0 < a.estimate_damping <= 1:
+            raise UserError(f"[acco] estimate_damping = {a.estimate_damping:g} must be in (0, 1]")
         t = cfg.training
         micro_batches = (t.global_batch_size or t.local_batch_size * dp_size) // (t.local_batch_size * dp_size)
-        if micro_batches % 2:
+        share = a.estimate_share * micro_batches
+        if a.estimate_share != 0.5 and (a.mode != "deterministic" or abs(share - round(share)) > 1e-9
+                                        or not 1 <= round(share) < micro_batches):  # fmt: skip
+            raise UserError(
+                f"[acco] estimate_share = {a.estimate_share:g} needs mode = 'deterministic' and a whole number of the "
+                f"{micro_batches} micro-batches per update and rank in each period (at least one in each); e.g. "
+                f"estimate_share = 0.75 with 4 micro-batches ([training] global_batch_size = 4 × local_batch_size × "
+                f"ranks)"
+            )
+        if micro_batches % 2 and a.estimate_share == 0.5:
             raise UserError(
                 f"acco computes each update over two periods (at θ̃ and at θ), so it needs an even number of "
                 f"micro-batches per update and rank; got {micro_batches}: set [training] global_batch_size to a "
                 f"multiple of 2 × local_batch_size × ranks = {2 * t.local_batch_size * dp_size}"
             )
+
+    def _period_micro_batches(self) -> int:
+        if self.estimate_share == 0.5 or self.split:
+            return super()._period_micro_batches()
+        # The first period (θ̃_0 = θ_0) and every period beside a commit compute g̃ at θ̃.
+        at_estimate = self.planned is None or self.planned[0] == COMMIT
+        return self.at_estimate if at_estimate else self.at_theta
 
     def _plan(self, finished):
         if finished is None or finished.committed:

@@ -68,6 +68,22 @@ class OverlappedOptions:
     )
     dpu_warmup_steps: int = key(0, "dpu: synchronous updates before the one-step delay starts")
     drift_every: int = key(10, "acco: log ‖θ̃ − θ‖ / ‖θ‖ every this many commits; 0 disables")
+    # The estimate θ̃ = Opt(θ, g̃) steps with half the update's batch. Variants (docs/acco.md, "The estimate"):
+    # blend g̃ with the smoothed past gradients, or take only part of the step. 1 and 1: the paper's estimate.
+    estimate_grad_weight: float = key(
+        1.0,
+        "acco: the estimate steps with w·g̃ + (1 − w)·m̂ (g̃ the half-batch gradient, m̂ Adam's bias-corrected first "
+        "moment); 1: g̃ alone (the paper), 0: the moments alone",
+    )
+    estimate_damping: float = key(1.0, "acco: θ̃ = θ + γ·(Opt(θ, g̃) − θ), only this share γ of the estimate's step")
+    # The estimate's error e = θ̃ − θ feeds back as e' ≈ −lr·(1 − β1)·h·(1 − share)·e along a curvature h (docs/acco.md):
+    # a larger share of the batch at θ̃ raises the largest stable lr·h toward DDP's, but leaves a shorter period at θ to
+    # hide the estimate's communication behind.
+    estimate_share: float = key(
+        0.5,
+        "acco, deterministic: share of each update's micro-batches computed at the estimate θ̃ (the rest at θ); 0.5 "
+        "is the paper's halves",
+    )
 
 
 class Overlapped(Strategy):
@@ -108,6 +124,8 @@ class Overlapped(Strategy):
         self.exposed = 0.0  # seconds the compute side waited on jobs since the last commit
         self.job_seconds = 0.0  # seconds the jobs since the last commit took
         self.commits = 0  # committed updates (ACCO's drift cadence, DPU's warm-up)
+        self.estimate = (1.0, 1.0)  # ACCO's estimate variant: (gradient weight, damping); a plain step elsewhere
+        self.estimate_share = 0.5  # ACCO: the share of an update's micro-batches computed at θ̃
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
@@ -143,10 +161,10 @@ class Overlapped(Strategy):
             )
 
     def micro_batches(self):
+        target = self._period_micro_batches()
         if self.planned is not None:
             self._launch(*self.planned)
             self.planned = None
-        target = self.split[self.flat.rank] if self.split else self.accumulation
         cap = self.max_growth * target if self.max_growth else float("inf")
         n, marks = 0, collections.deque()
         # adaptive: past its micro-batches, a rank keeps accumulating while the job runs
@@ -157,6 +175,10 @@ class Overlapped(Strategy):
                 marks.append(self.device.mark())
                 if len(marks) > 1:
                     marks.popleft().synchronize()
+
+    def _period_micro_batches(self) -> int:
+        """This rank's micro-batches in the period about to start (before its job is launched)."""
+        return self.split[self.flat.rank] if self.split else self.accumulation
 
     def _job_running(self) -> bool:
         return self.runner.in_flight() and not self.runner.done()
@@ -175,13 +197,13 @@ class Overlapped(Strategy):
         bf16 = kind == ESTIMATE and self.estimate_in_bf16
         self.job_buffer = self.comm.view(torch.bfloat16)[: self.comm.numel()] if bf16 else self.comm
         self.job_buffer.copy_(self.flat.grads)
-        sharded, comm, local = self.sharded, self.job_buffer, self.pending
+        sharded, comm, local, estimate = self.sharded, self.job_buffer, self.pending, self.estimate
         lr_for = self.lr_for()
         if kind == ESTIMATE:
             # The estimate uses the commit's lr: the commit will span this period and the next,
-            # about twice the tokens (it matters during warm-up, where lr grows with tokens).
-            commit_lr = lr_for
-            lr_for = lambda consumed: commit_lr(2 * consumed)  # noqa: E731
+            # about 1 / estimate_share (twice) the tokens (it matters during warm-up, where lr grows with tokens).
+            commit_lr, share = lr_for, self.estimate_share
+            lr_for = lambda consumed: commit_lr(consumed / share)  # noqa: E731
 
         heartbeat = health.current()
 
@@ -189,7 +211,7 @@ class Overlapped(Strategy):
             heartbeat.comm_phase(f"communication job ({kind}: reduce-scatter, optimizer, all-gather)")
             start = time.perf_counter()
             with record_function(f"torchacco/job:{kind}"):
-                result = sharded.run_job(comm, local, lr_for, kind, comm, self.max_norm)
+                result = sharded.run_job(comm, local, lr_for, kind, comm, self.max_norm, estimate)
             result.seconds = time.perf_counter() - start
             heartbeat.comm_phase("")
             return result

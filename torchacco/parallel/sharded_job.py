@@ -34,6 +34,7 @@ def reduce_update_gather(
     kind: str,
     out: torch.Tensor,  # full flat buffer that receives the new parameters (may be `grads`)
     max_norm: float,
+    estimate: tuple[float, float] = (1.0, 1.0),  # ESTIMATE: (gradient weight w, damping γ), ShardedAdamW.peek's
 ) -> UpdateResult:
     """In place: the reduced gradient shard lands in this rank's slice of `grads`, the new
     parameters in its slice of `out`, from which the all-gather fills the rest. Beyond the
@@ -71,7 +72,7 @@ def reduce_update_gather(
     send = flat.shard(out)
     with record_function(f"torchacco/job/optimizer_{kind}"):
         if kind == ESTIMATE:
-            opt.peek(grad, lr, scale, out=send)
+            opt.peek(grad, lr, scale, out=send, grad_weight=estimate[0], damping=estimate[1])
         else:
             opt.step(grad, lr, scale, out=send, predict=kind == COMMIT_AND_PREDICT)
     with record_function("torchacco/job/all_gather"):

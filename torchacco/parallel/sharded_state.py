@@ -57,9 +57,12 @@ class ShardedOptimizerState:
         """This rank's fp32 slice of θ (padding included): what an outer step would work on."""
         return self.optimizer.state.master
 
-    def run_job(self, grads, counts: Counts, lr_for, kind: str, out: torch.Tensor, max_norm: float) -> UpdateResult:
-        """reduce-scatter `grads` → AdamW on this rank's shard (`kind`) → all-gather into `out`."""
-        return reduce_update_gather(self.flat, self.optimizer, grads, counts, lr_for, kind, out, max_norm)
+    def run_job(
+        self, grads, counts: Counts, lr_for, kind: str, out: torch.Tensor, max_norm: float, estimate=(1.0, 1.0)
+    ) -> UpdateResult:
+        """reduce-scatter `grads` → AdamW on this rank's shard (`kind`; an ESTIMATE's variant
+        `estimate`) → all-gather into `out`."""
+        return reduce_update_gather(self.flat, self.optimizer, grads, counts, lr_for, kind, out, max_norm, estimate)
 
     def gather_master(self, out: torch.Tensor) -> None:
         """`out` ← θ, from every rank's master shard."""

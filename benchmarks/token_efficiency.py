@@ -1,0 +1,205 @@
+"""Token efficiency: validation loss at equal tokens, ACCO (and variants) against DDP, paired by seed.
+
+    .venv/bin/python -m benchmarks.token_efficiency --updates 1000 --lrs 1.5e-3,3e-3,6e-3 --seeds 0,1,2,3,4 \\
+        --variants ddp,zero1,acco,acco_w05
+
+One 2-rank gloo training run at a time (run_train.sh, NPROC=2, one thread per rank) on the time-to-loss sweep's
+recipe: GPT-Neo debug, 1k BPE vocabulary, seq 128, 16 sequences per update, AdamW β 0.9/0.95, wd 0.1, clipping
+1.0, 5% warm-up then cosine, evaluation on 4 batches per rank every tenth of the run. For every (lr, variant, seed)
+the final validation loss, and its gap to DDP's with the same seed and lr (the seeds fix initialisation and data
+order, so the pairing removes most of the seed-to-seed spread). The spread of zero1 − ddp (the same mathematics in
+another floating-point order) is the noise floor a variant is judged against.
+
+Writes bench_results/<--name>.{json,md} (+ .png with matplotlib; name token_efficiency by default); runs are kept under
+bench_results/token_efficiency_runs/ and reused when their metrics.jsonl is complete (--fresh reruns them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.acco_reference import recipe
+from benchmarks.names import ACCO, DDP, ZERO1
+
+ROOT = Path(__file__).resolve().parents[1]
+# Micro-batches of 2 sequences. Evaluation counts micro-batches, so twice as many keep the validation sequences the
+# recipe's (4 batches of 4 per rank): with 4 of 2, DDP's validation loss read 1.4% lower on the same θ trajectory.
+LB2 = ["--training.local_batch_size", "2", "--eval.batches", "8"]
+VARIANTS = {
+    DDP: ["--parallelism.data_parallel", DDP],
+    ZERO1: ["--parallelism.data_parallel", ZERO1],
+    # DDP in another floating-point order (4 micro-batches of 2): the mathematics of DDP, a measure of the noise
+    # floor, and the baseline with acco_share75's micro-batches
+    "ddp_lb2": ["--parallelism.data_parallel", DDP, *LB2],
+    ACCO: ["--parallelism.data_parallel", ACCO],
+    # the estimate steps with ½ g̃ + ½ m̂: the noise-optimal blend of the half batch and the first moment
+    "acco_w05": ["--parallelism.data_parallel", ACCO, "--acco.estimate_grad_weight", "0.5"],
+    # 3 of the 4 micro-batches per rank at θ̃, 1 at θ (local batch 2): the estimate error's feedback as weak as DDP's
+    "acco_share75": ["--parallelism.data_parallel", ACCO, *LB2, "--acco.estimate_share", "0.75"],
+    "acco_w0": ["--parallelism.data_parallel", ACCO, "--acco.estimate_grad_weight", "0"],
+    "acco_damped05": ["--parallelism.data_parallel", ACCO, "--acco.estimate_damping", "0.5"],
+}
+QUIET = ["--metrics.log_every", "1", "--metrics.tensorboard", "false", "--metrics.progress_bar", "false",
+         "--checkpoint.enable", "false", "--checkpoint.export_hf", "false", "--acco.drift_every", "1"]  # fmt: skip
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line), "?")
+    return f"{os.cpu_count()}-core {model}, CPU, {platform.system()}"
+
+
+def records(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh: bool) -> list[dict]:
+    done = records(folder)
+    if done and not fresh and done[-1].get("step") == updates and "val_loss" in done[-1]:
+        return done
+    args = [*recipe(updates, lr, seed), *QUIET, *VARIANTS[variant], "--training.num_threads", "1"]
+    args += ["--job.dump_folder", str(folder), "--job.overwrite", "true"]
+    started = time.perf_counter()
+    log = folder.parent / f"{folder.name}.log"  # (with_suffix would cut the name at the lr's dot)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.run(["./run_train.sh", *args], cwd=ROOT, env={**os.environ, "NPROC": "2"}, stdout=out,
+                              stderr=subprocess.STDOUT)  # fmt: skip
+    if proc.returncode:
+        sys.exit(f"token-efficiency: {variant} lr {lr:g} seed {seed} failed; see {log}")
+    print(f"[token-efficiency] {variant} lr {lr:g} seed {seed}: val {records(folder)[-1]['val_loss']:.4f} "
+          f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
+    return records(folder)
+
+
+def gap(a: float, b: float) -> float:
+    return 100.0 * (a / b - 1.0)
+
+
+def summarize(finals: dict, curves: dict, train_tails: dict, lrs: list[float], variants: list[str]) -> dict:
+    """Per lr and variant: final val losses by seed, the paired gaps to DDP (%), their mean and spread, the
+    mean paired gap along the run (at each evaluation), and the paired gaps of the last tenth's training loss."""
+    out = {}
+    for lr in lrs:
+        ddp = finals[(lr, DDP)]
+        rows = {}
+        for v in variants:
+            vals = finals[(lr, v)]
+            row = {"val_loss": vals, "mean_val_loss": statistics.fmean(vals)}
+            if v != DDP:
+                gaps = [gap(x, y) for x, y in zip(vals, ddp)]
+                row |= {"gap_pct": gaps, "mean_gap_pct": statistics.fmean(gaps)}
+                row["sd_gap_pct"] = statistics.stdev(gaps) if len(gaps) > 1 else float("nan")
+                along = [[gap(x, y) for x, y in zip(c, d)] for c, d in zip(curves[(lr, v)], curves[(lr, DDP)])]
+                row["mean_gap_along_run_pct"] = [statistics.fmean(col) for col in zip(*along)]
+                train = [gap(x, y) for x, y in zip(train_tails[(lr, v)], train_tails[(lr, DDP)])]
+                row |= {"train_gap_pct": train, "mean_train_gap_pct": statistics.fmean(train)}
+            rows[v] = row
+        out[f"{lr:g}"] = rows
+    return out
+
+
+def markdown(summary: dict, meta: dict) -> str:
+    lines = [
+        "# Token efficiency: validation loss at equal tokens vs DDP, paired by seed",
+        "",
+        f"{meta['date']}, {meta['machine']}; {meta['updates']} updates, seeds {meta['seeds']}.",
+        f"Command: `{meta['command']}`",
+        "",
+        "| lr | variant | mean val loss | gap vs ddp, mean ± sd (%) | per seed (%) | gap along the run (%) "
+        "| training-loss gap, last tenth: mean, per seed (%) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for lr, rows in summary.items():
+        for v, row in rows.items():
+            if v == DDP:
+                lines.append(f"| {lr} | ddp | {row['mean_val_loss']:.4f} | | | | |")
+                continue
+            per_seed = ", ".join(f"{g:+.2f}" for g in row["gap_pct"])
+            along = " ".join(f"{g:+.1f}" for g in row["mean_gap_along_run_pct"])
+            lines.append(
+                f"| {lr} | {v} | {row['mean_val_loss']:.4f} | {row['mean_gap_pct']:+.2f} ± {row['sd_gap_pct']:.2f} "
+                f"| {per_seed} | {along} | {row['mean_train_gap_pct']:+.2f}: "
+                + ", ".join(f"{g:+.2f}" for g in row["train_gap_pct"])
+                + " |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, len(summary), figsize=(5 * len(summary), 3.5), squeeze=False)
+    for ax, (lr, rows) in zip(axes[0], summary.items()):
+        for v, row in rows.items():
+            if v != DDP:
+                curve = row["mean_gap_along_run_pct"]
+                ax.plot([(i + 1) / len(curve) for i in range(len(curve))], curve, marker="o", label=v)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set(title=f"lr {lr}", xlabel="share of the run", ylabel="val loss gap vs ddp (%)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=1000)
+    parser.add_argument("--lrs", default="3e-3", help="comma-separated peak learning rates")
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--variants", default="ddp,zero1,acco,acco_w05", help=f"from {', '.join(VARIANTS)}")
+    parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--name", default="token_efficiency", help="the results' file name (without suffix)")
+    parser.add_argument("--fresh", action="store_true", help="rerun runs whose results exist")
+    args = parser.parse_args(argv)
+    lrs = [float(x) for x in args.lrs.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")]
+    variants = [DDP, *(v for v in args.variants.split(",") if v != DDP)]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    out = ROOT / args.out
+    finals, curves, train_tails = {}, {}, {}
+    for lr in lrs:
+        for v in variants:
+            for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
+                folder = out / "token_efficiency_runs" / f"lr{lr:g}_{v}_s{seed}"
+                recs = train(v, lr, seed, args.updates, folder, args.fresh)
+                finals.setdefault((lr, v), []).append(recs[-1]["val_loss"])
+                # The training loss of the last tenth of the run: each update's on data not seen before, and
+                # the same sequences whatever the micro-batch size.
+                last = recs[-max(1, len(recs) // 10) :]
+                train_tails.setdefault((lr, v), []).append(statistics.fmean(r["loss"] for r in last))
+                curves.setdefault((lr, v), []).append([r["val_loss"] for r in recs if "val_loss" in r])
+    summary = summarize(finals, curves, train_tails, lrs, variants)
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "updates": args.updates,
+        "seeds": seeds,
+        "command": "python -m benchmarks.token_efficiency " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
+    (out / f"{args.name}.md").write_text(markdown(summary, meta))
+    plot(summary, out / f"{args.name}.png")
+    print(markdown(summary, meta))
+
+
+if __name__ == "__main__":
+    main()
