@@ -150,6 +150,11 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
             id="bf16-estimate-without-estimate",
         ),
         pytest.param(
+            ["--parallelism.data_parallel", "wp", "--acco.estimate_share", "0.75"],
+            ["estimate_share = 0.75 does nothing here", "only acco has an estimate round", "set it to 0.5"],
+            id="estimate-share-without-estimate",
+        ),
+        pytest.param(
             ["--preemption.signals", "SIGTERM,SIGKILL"],
             ["[preemption] signals: 'SIGKILL' is not one of", "SIGUSR1"],
             id="uncatchable-preemption-signal",

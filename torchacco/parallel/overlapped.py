@@ -145,14 +145,21 @@ class Overlapped(Strategy):
             raise UserError(f"[acco] max_growth = {a.max_growth:g} must be 0 (no cap) or at least 1")
         if a.lr_batch_scaling < 0:
             raise UserError(f"[acco] lr_batch_scaling = {a.lr_batch_scaling:g} must be >= 0 (0.5: square root)")
-        if a.estimate_comm == "bf16" and (not cls.estimates or cfg.training.mixed_precision == "bf16"):
-            from torchacco.parallel.registry import STRATEGIES
+        from torchacco.parallel.registry import STRATEGIES
 
-            estimating = " and ".join(name for name, other in STRATEGIES.items() if getattr(other, "estimates", False))
+        estimating = " and ".join(name for name, other in STRATEGIES.items() if getattr(other, "estimates", False))
+        if a.estimate_comm == "bf16" and (not cls.estimates or cfg.training.mixed_precision == "bf16"):
             reason = (
                 f"only {estimating} has an estimate round" if not cls.estimates else "the compute dtype is bf16 already"
             )
             raise UserError(f"[acco] estimate_comm = 'bf16' does nothing here ({reason}); set it to 'full'")
+        defaults = OverlappedOptions()
+        for option in ("estimate_share", "estimate_grad_weight", "estimate_damping"):
+            if not cls.estimates and getattr(a, option) != getattr(defaults, option):
+                raise UserError(
+                    f"[acco] {option} = {getattr(a, option):g} does nothing here (only {estimating} has an estimate "
+                    f"round); remove it or set it to {getattr(defaults, option):g}"
+                )
         if a.mode == "adaptive" and not cfg.training.max_tokens:
             raise UserError(
                 "[acco] mode = 'adaptive' lets each update's batch grow while communication runs, so a step count "
