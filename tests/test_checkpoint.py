@@ -14,6 +14,9 @@ from torchacco.checkpoint import step_dirs
 from torchacco.parallel.strategy import Counts
 
 args = six_step_args
+REPLICAS_2 = ("--parallelism.replicas", "2")
+STREAMING = [*REPLICAS_2, *"--diloco.sync_every 4 --diloco.fragments 2 --diloco.overlap_steps 1".split()]
+STREAMING += "--diloco.mixing 0.5 --diloco.outer_dtype bf16".split()
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +39,11 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
         ("fsdp", FSDP_ASYNC),
         ("dpu", ["--acco.dpu_warmup_steps", "4"]),  # resumed inside the synchronous warm-up
         ("wp", []),  # the compute parameters are a prediction, not θ
+        # Streaming DiLoCo over ACCO: fragment 1's all-reduce is in flight at the step-3 checkpoint
+        ("acco", STREAMING),
+        ("zero1", [*REPLICAS_2, "--diloco.sync_every", "2", "--diloco.outer_dtype", "int8", "--diloco.offload", "1"]),
     ],
-    ids=["ddp", "zero1", "acco", "fsdp-async", "dpu-warmup", "wp"],
+    ids=["ddp", "zero1", "acco", "fsdp-async", "dpu-warmup", "wp", "diloco-acco-streaming", "diloco-zero1-int8"],
 )
 @pytest.mark.exact
 def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_path, six_step_run, kind, extra):

@@ -79,5 +79,5 @@ def build_data(data_cfg: Data, tokenizer_cfg: Tokenizer, seq_len: int, seed: int
 
     on_one_rank(dims, lambda: data.prepare(data_cfg, tokenizer_cfg, seq_len))
     tokenizer = data.load_tokenizer(data_cfg, tokenizer_cfg)
-    train_set, val_set = data.build_datasets(data_cfg, tokenizer_cfg, seq_len, dims.dp_rank, dims.dp_size, seed)
+    train_set, val_set = data.build_datasets(data_cfg, tokenizer_cfg, seq_len, dims.data_rank, dims.data_size, seed)
     return tokenizer, train_set, val_set

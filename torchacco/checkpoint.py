@@ -39,7 +39,7 @@ class TrainState(Stateful):
     def __init__(self, dp_size: int = 1):
         self.step = 0
         self.tokens = 0.0
-        self.dp_size = dp_size  # of the run that saved it, after a load
+        self.dp_size = dp_size  # ranks reading different data (replicas × dp) of the run that saved it, after a load
         self.skipped = 0  # updates skipped for a non-finite loss or gradient
         self.skips_in_a_row = 0
 
@@ -243,11 +243,12 @@ def resume(
     if path is None:
         return checkpointer, None
     checkpointer.load(path, {"train": state})
-    same_ranks = state.dp_size == dims.dp_size
+    same_ranks = state.dp_size == dims.data_size
     if not same_ranks and strategy.resume_needs_same_ranks:
         raise UserError(
-            f"{path} holds {strategy.name}'s in-flight accumulators of {state.dp_size} data-parallel "
-            f"ranks; resume it on {state.dp_size} ranks (this run has {dims.dp_size})"
+            f"{path} holds {strategy.name}'s per-rank state (in-flight accumulators, or a replica's shard) of "
+            f"{state.dp_size} data-parallel ranks; resume it on {state.dp_size} ranks (this run has "
+            f"{dims.data_size})"
         )
     # Weights and optimizer state reshard onto any number of ranks; each rank's position in
     # its data shard only means something for the same number of ranks.
@@ -255,8 +256,8 @@ def resume(
     message = f"resumed from {path} at step {state.step} ({int(state.tokens):,} tokens)"
     if not same_ranks:
         message += (
-            f"; data-parallel ranks changed ({state.dp_size} -> {dims.dp_size}): weights and optimizer "
+            f"; data-parallel ranks changed ({state.dp_size} -> {dims.data_size}): weights and optimizer "
             "state resharded, the data order restarts"
         )
-    state.dp_size = dims.dp_size
+    state.dp_size = dims.data_size
     return checkpointer, message

@@ -153,7 +153,9 @@ class Parallelism:
     reduce_dtype: Literal["fp32", "bf16"] = key(
         "fp32", "fsdp: gradient reduction dtype (zero1 and acco reduce in the compute dtype)"
     )
-    tensor_parallel_degree: int = key(1, "ranks sharing each layer's matmuls (inside a node); dp = world / (tp × pp)")
+    tensor_parallel_degree: int = key(
+        1, "ranks sharing each layer's matmuls (inside a node); dp = world / (replicas × tp × pp)"
+    )
     pipeline_parallel_degree: int = key(1, "pipeline stages, split by layer")
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = key(
         "1f1b", "pipeline schedule; interleaved_1f1b runs two stages per rank"
@@ -164,6 +166,39 @@ class Parallelism:
         "with tensor parallelism (and no pipeline): the logits stay split by vocabulary "
         "and the loss is computed on the shards",
     )
+    replicas: int = key(
+        1,
+        "model replicas that train apart and meet every [diloco] sync_every updates (DiLoCo; docs/diloco.md); "
+        "data_parallel then runs inside each replica. 1: one replica, no outer step",
+    )
+
+
+@dataclass
+class DiLoCo:
+    """The outer step of DiLoCo and Streaming DiLoCo across [parallelism] replicas (docs/diloco.md)."""
+
+    sync_every: int = key(100, "H: inner updates between two outer steps of each fragment")
+    outer_lr: float = key(0.7, "the outer Nesterov SGD's learning rate (1 with momentum 0: plain averaging)")
+    outer_momentum: float = key(0.9, "the outer Nesterov SGD's momentum")
+    fragments: int = key(
+        1,
+        "P: Streaming DiLoCo's fragments (contiguous groups of blocks); one syncs every H / P updates, in turn",
+    )
+    overlap_steps: int = key(
+        0,
+        "τ: inner updates a fragment's all-reduce runs beside (on the side runner) before its outer step; below H / P",
+    )
+    mixing: float = key(
+        0.0,
+        "α: after an overlapped outer step, θ ← (1 − α)·θ_global + α·θ_local (0 drops the τ local updates of "
+        "that fragment; the Streaming DiLoCo paper's ablation uses 0.5)",
+    )
+    outer_dtype: Literal["fp32", "bf16", "int8"] = key(
+        "fp32",
+        "the pseudo-gradient on the wire: fp32 (all-reduce), or bf16 / int8 with one scale per row of 256 "
+        "(all-gathered and summed in fp32)",
+    )
+    offload: bool = key(False, "keep θ_global and the outer momentum in CPU memory (pinned with CUDA)")
 
 
 @dataclass
@@ -232,6 +267,7 @@ class Config:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    diloco: DiLoCo = field(default_factory=DiLoCo)
     eval: Eval = field(default_factory=Eval)
     metrics: Metrics = field(default_factory=Metrics)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)

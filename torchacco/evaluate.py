@@ -29,7 +29,7 @@ def evaluate(
             count += n.item()
     model.train(was_training)
     if not dims.model_parallel:
-        total, tokens = all_reduce_sum([loss_sum.item(), float(count)], device.torch, dims.dp_group)
+        total, tokens = all_reduce_sum([loss_sum.item(), float(count)], device.torch, dims.data_group)
     else:  # one rank per (pp, tp) block holds the loss: the last stage's first tp rank
         owner = dims.tp_rank == 0 and dims.pp_rank == dims.pp_size - 1
         total, tokens = all_reduce_sum([loss_sum.item() * owner, float(count) * owner], device.torch)

@@ -64,7 +64,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
         nccl_flight_recorder(Path(cfg.job.dump_folder))
     p = cfg.parallelism
     dims = init_distributed(
-        device, cfg.training.collective_timeout_s, p.tensor_parallel_degree, p.pipeline_parallel_degree
+        device, cfg.training.collective_timeout_s, p.tensor_parallel_degree, p.pipeline_parallel_degree, p.replicas
     )
     heartbeat = health.start(dims.rank, dims.world_size)
     sigterm = health.SigtermGuard()
@@ -129,13 +129,14 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     flops_per_token = kind.flops_per_token(model, t.seq_len)  # before the strategy wraps or shards the model
     on_one_rank(dims, lambda: run_folder.check_space(folder, n_params, cfg.checkpoint.enable), on=dims.is_main)
     dtype = compute_dtype(t.mixed_precision, device)
-    plan = update_plan(cfg, dims.dp_size, dtype)
+    plan = update_plan(cfg, dims.dp_size, dtype, dims.replicas)
     strategy = build_strategy(model, cfg, dims, plan, device)
     run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline)
     run.log.info(
         f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | "
-        f"{strategy.name} × {dims.dp_size}{model_parallel_label(dims, strategy.model)} on {device.name} | "
-        f"{str(dtype).removeprefix('torch.')} | batch {plan.tokens_per_update // t.seq_len:.0f} × {t.seq_len} "
+        f"{strategy.name} × {dims.dp_size}{model_parallel_label(dims, strategy.model)}{_replicas(cfg, dims)} on "
+        f"{device.name} | {str(dtype).removeprefix('torch.')} | "
+        f"batch {plan.tokens_per_update * dims.replicas // t.seq_len:.0f} × {t.seq_len} "
         f"(accumulation {plan.micro_batches}) | {t.steps} steps | {folder}"
     )
     run.throughput = Throughput(flops_per_token, dims.world_size, device, dtype)
@@ -166,7 +167,7 @@ def _datasets(cfg: Config, dims: ParallelDims, datasets, tokenizer):
     if datasets is None:
         tokenizer, train_set, val_set = build_data(cfg.data, cfg.tokenizer, t.seq_len, t.seed, dims)
     else:
-        where = (t.seq_len, dims.dp_rank, dims.dp_size, t.seed, cfg.eval.every > 0)
+        where = (t.seq_len, dims.data_rank, dims.data_size, t.seed, cfg.eval.every > 0)
         tokenizer, train_set, val_set = data.python_datasets(datasets, tokenizer, cfg.data, cfg.tokenizer, *where)
     if cfg.eval.every and getattr(val_set, "num_windows", None) == 0:
         raise UserError(
@@ -202,20 +203,29 @@ def _parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: n
     return model, pipeline
 
 
-def update_plan(cfg: Config, dp_size: int, dtype: torch.dtype) -> UpdatePlan:
-    """How gradients become an update: micro-batches per rank, the token-indexed lr schedule."""
+def update_plan(cfg: Config, dp_size: int, dtype: torch.dtype, replicas: int = 1) -> UpdatePlan:
+    """How gradients become an update: micro-batches per rank, the token-indexed lr schedule. With
+    several replicas, one replica's: its share of the global batch, its schedule over its tokens."""
     t = cfg.training
-    global_batch = t.global_batch_size or t.local_batch_size * dp_size
-    tokens_per_step = global_batch * t.seq_len
+    global_batch = t.global_batch_size or t.local_batch_size * dp_size * replicas
+    tokens_per_step = global_batch * t.seq_len / replicas
     schedule = TokenSchedule(
         peak_lr=cfg.optimizer.lr,
         warmup_tokens=cfg.lr_schedule.warmup_steps * tokens_per_step,
-        total_tokens=t.max_tokens or t.steps * tokens_per_step,
+        total_tokens=(t.max_tokens / replicas if t.max_tokens else t.steps * tokens_per_step),
         decay=cfg.lr_schedule.decay,
         min_lr_ratio=cfg.lr_schedule.min_lr_ratio,
     )
-    micro_batches = global_batch // (t.local_batch_size * dp_size)
+    micro_batches = global_batch // (t.local_batch_size * dp_size * replicas)
     return UpdatePlan(micro_batches, schedule, t.max_norm, dtype, tokens_per_step)
+
+
+def _replicas(cfg: Config, dims: ParallelDims) -> str:
+    if dims.replicas == 1:
+        return ""
+    d = cfg.diloco
+    streaming = f", {d.fragments} fragments, τ {d.overlap_steps}" if d.fragments > 1 or d.overlap_steps else ""
+    return f" × {dims.replicas} replicas (DiLoCo, H {d.sync_every}{streaming}, outer {d.outer_dtype})"
 
 
 def _start(cfg: Config, dims: ParallelDims, device: Device, strategy: Strategy, sets, loss_fn, pipeline) -> Run:
@@ -224,7 +234,7 @@ def _start(cfg: Config, dims: ParallelDims, device: Device, strategy: Strategy, 
 
     t, folder = cfg.training, Path(cfg.job.dump_folder)
     train_loader, val_loader = (data.build_dataloader(s, t.local_batch_size) for s in sets)
-    state = TrainState(dims.dp_size)
+    state = TrainState(dims.data_size)
     health.current().enter("checkpoint load")
     timeout = timedelta(seconds=t.collective_timeout_s)
     checkpointer, resumed = resume(cfg.checkpoint, folder, dims, strategy, state, train_loader, timeout)
@@ -279,13 +289,15 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
 
         done = bool(step == t.steps or (t.max_tokens and tokens_seen >= t.max_tokens))
         evaluate_now = cfg.eval.every and (step % cfg.eval.every == 0 or done) and not stop_for_nonfinite
-        if step % cfg.metrics.log_every == 0 or step == 1 or done or evaluate_now or result.skipped:
+        logged = step % cfg.metrics.log_every == 0 or step == 1 or done or evaluate_now or result.skipped
+        if logged or result.outer:
             record = {
                 "step": step,
                 "tokens": int(tokens_seen),
                 "loss": result.loss,
                 "lr": result.lr,
                 **throughput.since_last(tokens_seen, result),
+                **result.outer,
             }
             if state.skipped:
                 record |= {"skipped": result.skipped, "skipped_steps": state.skipped}

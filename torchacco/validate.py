@@ -70,15 +70,21 @@ def _check_training(cfg: Config, dp_size: int) -> None:
     for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s", "max_skips_in_a_row", "loss_chunks"):
         if getattr(t, key) <= 0:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
-    per_step = t.local_batch_size * dp_size
+    replicas = cfg.parallelism.replicas
+    per_step = t.local_batch_size * dp_size * replicas
     if t.global_batch_size and t.global_batch_size % per_step:
+        ranks = f"data-parallel ranks = {t.local_batch_size} × {dp_size}"
+        if replicas > 1:
+            ranks = f"data-parallel ranks × replicas = {t.local_batch_size} × {dp_size} × {replicas}"
         raise UserError(
             f"[training] global_batch_size = {t.global_batch_size} is not divisible by local_batch_size × "
-            f"data-parallel ranks = {t.local_batch_size} × {dp_size} = {per_step}; "
-            f"use a multiple of {per_step}"
+            f"{ranks} = {per_step}; use a multiple of {per_step}"
         )
     check_activation_checkpoint(t.activation_checkpoint, t.selective_checkpoint)
     strategy_class(cfg.parallelism.data_parallel).check_config(cfg, dp_size, model_parallel_label(cfg.parallelism))
+    from torchacco.parallel.diloco import check_config as check_diloco
+
+    check_diloco(cfg)
 
 
 def _check_model(cfg: Config, model) -> None:
@@ -131,11 +137,18 @@ def _check_devices(t, local_world_size: int | None) -> None:
 
 def check_parallelism(p, world_size: int) -> int:
     """Checks of the [parallelism] degrees that need no model; returns the data-parallel degree."""
-    tp, pp = p.tensor_parallel_degree, p.pipeline_parallel_degree
-    for key, value in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp)):
+    tp, pp, replicas = p.tensor_parallel_degree, p.pipeline_parallel_degree, p.replicas
+    for key, value in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp), ("replicas", replicas)):
         if value < 1:
             raise UserError(f"[parallelism] {key} must be at least 1, got {value}")
-    if world_size % (tp * pp):
+    if world_size % (replicas * tp * pp):
+        if replicas > 1:
+            n = replicas * tp * pp
+            raise UserError(
+                f"{world_size} ranks are not divisible by [parallelism] replicas × tensor_parallel_degree × "
+                f"pipeline_parallel_degree = {replicas} × {tp} × {pp} = {n}; launch a multiple of {n} ranks "
+                "(NPROC × NNODES) or change replicas"
+            )
         raise UserError(
             f"{world_size} ranks are not divisible by [parallelism] tensor_parallel_degree × pipeline_parallel_degree "
             f"= {tp} × {pp} = {tp * pp}; launch a multiple of {tp * pp} ranks (NPROC × NNODES) or change the degrees"
@@ -144,7 +157,7 @@ def check_parallelism(p, world_size: int) -> int:
         raise UserError(
             f"[parallelism] pipeline_microbatches must be 0 (auto) or positive, got {p.pipeline_microbatches}"
         )
-    return world_size // (tp * pp)
+    return world_size // (replicas * tp * pp)
 
 
 def model_parallel_label(p) -> str:

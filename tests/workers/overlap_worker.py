@@ -5,6 +5,9 @@ masked so that token weighting matters. Rank 0 saves θ (the committed parameter
 rank computed per period, and the update results.
 
     torchrun --nproc_per_node 2 tests/workers/overlap_worker.py KIND OUT COMMITS MICRO_BATCHES MODE SLOW_RANK_DELAY
+
+TORCHACCO_TEST_REPLICAS (default 1) and TORCHACCO_TEST_DILOCO ("key=value,..." of [diloco]) run the
+strategy inside DiLoCo's replicas; θ is then θ_global.
 """
 
 import os
@@ -13,6 +16,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from torchacco.config import Config
 from torchacco.device import Device, Stopwatch
@@ -25,6 +29,8 @@ from torchacco.parallel.strategy import Counts, UpdatePlan
 VOCAB, SEQ, BATCH = 64, 16, 2
 MODEL = os.environ.get("TORCHACCO_TEST_MODEL", "tiny")
 EVALUATE_BETWEEN_ROUNDS = os.environ.get("TORCHACCO_TEST_EVALUATE", "") == "1"
+REPLICAS = int(os.environ.get("TORCHACCO_TEST_REPLICAS", "1"))
+DILOCO = dict(item.split("=") for item in os.environ.get("TORCHACCO_TEST_DILOCO", "").split(",") if item)
 
 
 class Micro(torch.nn.Module):
@@ -80,6 +86,9 @@ def config(kind: str, mode: str) -> Config:
     cfg.acco.estimate_comm = os.environ.get("TORCHACCO_TEST_ESTIMATE_COMM", "full")
     cfg.acco.estimate_share = float(os.environ.get("TORCHACCO_TEST_ESTIMATE_SHARE", "0.5"))
     cfg.training.max_norm = 0.5  # low enough that clipping is active
+    cfg.parallelism.replicas = REPLICAS
+    for name, text in DILOCO.items():
+        setattr(cfg.diloco, name, type(getattr(cfg.diloco, name))(text) if name != "offload" else text == "1")
     cfg.optimizer.weight_decay = 0.1
     return cfg
 
@@ -92,7 +101,7 @@ def build(model, cfg: Config, dims, micro_batches: int, dtype=torch.float32, dev
 
 
 def main(kind, out, commits, micro_batches, mode, delay):
-    dims = init_distributed(Device("cpu"))
+    dims = init_distributed(Device("cpu"), replicas=REPLICAS)
     rank = dims.rank
     dp = build(tiny_model(), config(kind, mode), dims, micro_batches)
     periods, results, index = [], [], 0
@@ -114,7 +123,8 @@ def main(kind, out, commits, micro_batches, mode, delay):
                 with dp.evaluation() as model, torch.no_grad():
                     model(micro_batch(rank, 10_000)["input_ids"])
     with dp.evaluation():
-        theta = torch.cat([p.detach().reshape(-1).float() for p in dp.model.parameters()])
+        full = [p.full_tensor() if isinstance(p, DTensor) else p for p in dp.model.parameters()]  # (fsdp)
+        theta = torch.cat([p.detach().reshape(-1).float() for p in full])
     dp.close()
     all_periods = [None] * dims.world_size
     dist.all_gather_object(all_periods, periods)

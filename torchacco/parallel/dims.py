@@ -1,8 +1,10 @@
 """The device mesh and a rank's place in it.
 
-The mesh is 3-D, ("pp", "dp", "tp"): tensor-parallel ranks are neighbours (one node's fast
-links), then data parallel, then pipeline stages outermost. A rank's coordinates are
-(pp_rank, dp_rank, tp_rank); dp = world / (tp × pp). Setting up the default process group
+The mesh is 4-D, ("replica", "pp", "dp", "tp"): tensor-parallel ranks are neighbours (one node's
+fast links), then data parallel, then pipeline stages, then replicas outermost (the slowest
+links: a replica trains on its own between the outer steps of docs/diloco.md). A rank's
+coordinates are (replica, pp_rank, dp_rank, tp_rank); dp = world / (replicas × tp × pp).
+Without replicas (the default, one) the "replica" dimension has size 1. Setting up the default process group
 (rendezvous, diagnosis of a rank that never joins) is `process_groups.py`'s.
 """
 
@@ -30,6 +32,9 @@ class ParallelDims:
     # and pp groups (two threads must never share a group). None without tp/pp.
     mp_group: dist.ProcessGroup | None = None
     timeout: timedelta = timedelta(minutes=30)  # every group's: [training] collective_timeout_s
+    # The ranks that read different data: every replica's dp ranks with this rank's (pp, tp)
+    # coordinate (evaluation averages over them). The dp group itself without replicas.
+    data_group: dist.ProcessGroup | None = None
 
     def new_group(self, ranks=None, backend=None) -> dist.ProcessGroup:
         """A process group with the run's collective timeout (torch's subgroups default to their own)."""
@@ -89,25 +94,51 @@ class ParallelDims:
         return self.dp_mesh.size()
 
     @property
+    def replicas(self) -> int:
+        return self.mesh["replica"].size()
+
+    @property
+    def replica_rank(self) -> int:
+        return self.mesh["replica"].get_local_rank()
+
+    @property
+    def replica_group(self) -> dist.ProcessGroup:
+        """This rank and the ranks holding the same part of the model in the other replicas (the outer step's)."""
+        return self.mesh["replica"].get_group()
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's data shard: replicas × dp ranks read different data."""
+        return self.replica_rank * self.dp_size + self.dp_rank
+
+    @property
+    def data_size(self) -> int:
+        return self.replicas * self.dp_size
+
+    @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
-def build_dims(device: Device, tp: int, pp: int, local_rank: int, local_world: int, timeout: timedelta) -> ParallelDims:
+def build_dims(
+    device: Device, tp: int, pp: int, local_rank: int, local_world: int, timeout: timedelta, replicas: int = 1
+) -> ParallelDims:
     """The mesh over the initialised default group, every subgroup with `timeout`."""
     world = dist.get_world_size()
     rank = dist.get_rank()
-    if world % (tp * pp):
+    if world % (replicas * tp * pp):
         raise UserError(
-            f"{world} ranks are not divisible by tensor_parallel_degree × pipeline_parallel_degree = {tp} × {pp}"
+            f"{world} ranks are not divisible by replicas × tensor_parallel_degree × pipeline_parallel_degree = "
+            f"{replicas} × {tp} × {pp}"
         )
-    names = ("pp", "dp", "tp")
-    mesh = init_device_mesh(
-        device.type, (pp, world // (tp * pp), tp), mesh_dim_names=names,
-        backend_override={name: (device.backend, _options(device.backend, timeout, name == "dp")) for name in names},
-    )  # fmt: skip
-    mp_group = _model_parallel_group(mesh, world, tp, pp, timeout)
-    return ParallelDims(world, rank, local_rank, local_world, mesh, mp_group, timeout)
+    names = ("replica", "pp", "dp", "tp")
+    options = {name: (device.backend, _options(device.backend, timeout, name in ("dp", "replica"))) for name in names}
+    shape = (replicas, pp, world // (replicas * tp * pp), tp)
+    mesh = init_device_mesh(device.type, shape, mesh_dim_names=names, backend_override=options)
+    mp_group = _model_parallel_group(mesh, tp, pp, timeout)
+    dims = ParallelDims(world, rank, local_rank, local_world, mesh, mp_group, timeout)
+    dims.data_group = dims.dp_group if replicas == 1 else _data_group(mesh, timeout)
+    return dims
 
 
 def _options(backend: str, timeout: timedelta, high_priority: bool = False):
@@ -123,16 +154,25 @@ def _options(backend: str, timeout: timedelta, high_priority: bool = False):
     return options
 
 
-def _model_parallel_group(
-    mesh: DeviceMesh, world: int, tp: int, pp: int, timeout: timedelta
-) -> dist.ProcessGroup | None:
-    """The ranks of this rank's (tp × pp) block, i.e. the same dp coordinate."""
+def _model_parallel_group(mesh: DeviceMesh, tp: int, pp: int, timeout: timedelta) -> dist.ProcessGroup | None:
+    """The ranks of this rank's (tp × pp) block, i.e. the same (replica, dp) coordinate."""
     if tp * pp == 1:
         return None
-    dp = world // (tp * pp)
-    ranks = mesh.mesh.permute(1, 0, 2).reshape(dp, tp * pp).tolist()  # one row per dp coordinate
+    replicas, _, dp, _ = mesh.mesh.shape
+    rows = mesh.mesh.permute(0, 2, 1, 3).reshape(replicas * dp, tp * pp).tolist()  # one per (replica, dp)
+    return _own_group(rows, timeout)
+
+
+def _data_group(mesh: DeviceMesh, timeout: timedelta) -> dist.ProcessGroup:
+    """The ranks of this rank's (pp, tp) coordinate over every replica and dp rank."""
+    replicas, pp, dp, tp = mesh.mesh.shape
+    rows = mesh.mesh.permute(1, 3, 0, 2).reshape(pp * tp, replicas * dp).tolist()
+    return _own_group(rows, timeout)
+
+
+def _own_group(rows: list[list[int]], timeout: timedelta) -> dist.ProcessGroup:
     mine = None
-    for row in ranks:  # every rank creates every group, in the same order
+    for row in rows:  # every rank creates every group, in the same order
         group = dist.new_group(row, timeout=timeout)
         if dist.get_rank() in row:
             mine = group

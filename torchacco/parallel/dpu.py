@@ -14,6 +14,7 @@ class DPU(Overlapped):
 
     name = "dpu"
     stale = True
+    supports_replicas = False  # not yet tested under DiLoCo's outer step
 
     def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device):
         super().__init__(model, dims, plan, optimizer, acco, device)

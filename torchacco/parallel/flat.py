@@ -162,6 +162,16 @@ class FlatParams:
         """This rank's slice of a full-length flat tensor."""
         return full[self.rank * self.shard_numel : (self.rank + 1) * self.shard_numel]
 
+    def shard_pieces(self, shard: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """(name, view of `shard`) for each parameter's elements in this rank's slice, in order."""
+        start, end = self.rank * self.shard_numel, (self.rank + 1) * self.shard_numel
+        pieces = []
+        for name, p, offset in zip(self.names, self.params, self.offsets):
+            lo, hi = max(offset, start), min(offset + _local(p).numel(), end)
+            if lo < hi:
+                pieces.append((name, shard[lo - start : hi - start]))
+        return pieces
+
     def real_shard_numel(self) -> int:
         """Elements of this rank's slice that are parameters, not padding (possibly 0)."""
         return max(0, min(self.numel - self.rank * self.shard_numel, self.shard_numel))

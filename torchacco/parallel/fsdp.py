@@ -20,6 +20,7 @@ class FSDP(Replicated):
 
     name = "fsdp"
     communication = "per_micro_batch"
+    shards_theta = True
 
     def __init__(
         self,

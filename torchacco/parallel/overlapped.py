@@ -93,6 +93,7 @@ class Overlapped(Strategy):
     communication = "sharded_job"
     flat_buffers = True
     overlapped = True
+    shards_theta = True
     resume_needs_same_ranks = True  # checkpoints hold each rank's accumulator
     sync_phase = "wait for the communication job"
     estimates: bool = False  # some rounds run an ESTIMATE job (ACCO's θ̃)
@@ -362,6 +363,15 @@ class Overlapped(Strategy):
 
     def master_shard(self) -> torch.Tensor:
         return self.sharded.master
+
+    def theta_pieces(self):
+        assert not self.runner.in_flight(), "between rounds"
+        return self.sharded.theta_pieces()
+
+    def theta_written(self) -> None:
+        # After a commit the compute parameters are θ (the next round's estimate starts from it).
+        assert not self.runner.in_flight(), "between rounds"
+        self.sharded.gather_master(self.flat.params_buffer)
 
     def weights_state_dict(self) -> dict:
         return self.sharded.weights_state_dict()

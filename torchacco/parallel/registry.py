@@ -44,5 +44,10 @@ def default_strategy() -> type[Strategy]:
 
 
 def build_strategy(model, cfg, dims, plan: UpdatePlan, device) -> Strategy:
-    """The configured strategy over `model` (this rank's part of it, after tensor/pipeline parallelism)."""
+    """The configured strategy over `model` (this rank's part of it, after tensor/pipeline parallelism),
+    inside DiLoCo's outer step when the run has several replicas (`plan` is then one replica's)."""
+    if dims.replicas > 1:
+        from torchacco.parallel.diloco import DiLoCo
+
+        return DiLoCo.from_config(model, cfg, dims, plan, device)
     return strategy_class(cfg.parallelism.data_parallel).from_config(model, cfg, dims, plan, device)

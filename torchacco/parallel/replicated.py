@@ -88,6 +88,15 @@ class Replicated(Strategy):
             torch._foreach_mul_([p.grad for p in params], self.max_norm / (norm.item() + 1e-6))
         return norm, loss_sum
 
+    def theta_pieces(self) -> list[tuple[str, torch.Tensor]]:
+        module = getattr(self.model, "module", self.model)  # DDP's wrapper prefixes the names
+        with torch.no_grad():  # a DTensor's (FSDP's shard's) local tensor is its storage
+            return [
+                (name, p.to_local() if isinstance(p, DTensor) else p.data)
+                for name, p in module.named_parameters()
+                if p.requires_grad
+            ]
+
     def state_dict(self) -> dict:
         model, optimizer = get_state_dict(self.model, self.optimizer)
         return {"model": model, "optimizer": optimizer, "consumed": self.consumed}

@@ -57,6 +57,10 @@ class ShardedOptimizerState:
         """This rank's fp32 slice of θ (padding included): what an outer step would work on."""
         return self.optimizer.state.master
 
+    def theta_pieces(self) -> list[tuple[str, torch.Tensor]]:
+        """The master shard's piece of each parameter (the outer step's view of θ)."""
+        return self.flat.shard_pieces(self.master)
+
     def run_job(
         self, grads, counts: Counts, lr_for, kind: str, out: torch.Tensor, max_norm: float, estimate=(1.0, 1.0)
     ) -> UpdateResult:

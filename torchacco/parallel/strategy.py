@@ -82,6 +82,7 @@ class UpdateResult:
     drift: float | None = None  # ‖θ̃ − θ‖ / ‖θ‖ (ACCO, every few commits)
     skipped: bool = False  # a non-finite loss or gradient: θ (and the optimizer state) left as it was
     nonfinite_ranks: list[int] = field(default_factory=list)  # ranks whose own loss was non-finite
+    outer: dict = field(default_factory=dict)  # an outer step's metrics, after the update it followed (DiLoCo)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,9 @@ class Strategy(abc.ABC):
     autocast_compute: ClassVar[bool] = False  # fp32 weights, forward/backward autocast to the compute dtype
     sync_phase: ClassVar[str]  # what the loop waits for after a period (heartbeat, diagnoses)
     default: ClassVar[bool] = False  # the strategy `[parallelism] data_parallel` names by default
+    # DiLoCo's replicas (docs/diloco.md) can run it inside: between updates its `theta_pieces()` are θ.
+    supports_replicas: ClassVar[bool] = True
+    shards_theta: ClassVar[bool] = False  # theta_pieces() are this rank's shard of θ (not all of it)
     # Its options: a dataclass of `config.key`s, read as the TOML section `options_section` (two
     # strategies that truly share options name the same dataclass and section).
     options: ClassVar[type | None] = None
@@ -193,3 +197,14 @@ class Strategy(abc.ABC):
     def master_shard(self) -> torch.Tensor | None:
         """This rank's fp32 slice of θ where the strategy shards it (padding included), else None."""
         return None
+
+    # The outer step's access to θ (docs/diloco.md) -----------------------------------------------
+
+    def theta_pieces(self) -> list[tuple[str, torch.Tensor]]:
+        """Between two updates: the fp32 tensors this rank keeps θ in (its shard, for a sharded
+        strategy), by parameter name in the model's order. Writing them sets θ; `theta_written()`
+        then refreshes what derives from it."""
+        raise NotImplementedError(f"{self.name} does not expose θ to an outer step")
+
+    def theta_written(self) -> None:  # noqa: B027 (θ is the compute parameters themselves in most)
+        """The pieces of θ were written: refresh the compute parameters that are copies of them."""

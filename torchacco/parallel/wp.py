@@ -12,6 +12,7 @@ class WP(Overlapped):
 
     name = "wp"
     stale = True
+    supports_replicas = False  # between updates its compute parameters are not θ (untested with an outer step)
 
     def _plan(self, finished):
         return COMMIT_AND_PREDICT, False

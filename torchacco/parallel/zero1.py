@@ -20,6 +20,7 @@ class ZeRO1(Strategy):
     name = "zero1"
     communication = "sharded_job"
     flat_buffers = True
+    shards_theta = True
     sync_phase = "reduce-scatter, optimizer step and all-gather"
 
     def __init__(self, model, dims, plan: UpdatePlan, optimizer):
@@ -64,6 +65,12 @@ class ZeRO1(Strategy):
 
     def master_shard(self) -> torch.Tensor:
         return self.sharded.master
+
+    def theta_pieces(self):
+        return self.sharded.theta_pieces()
+
+    def theta_written(self) -> None:
+        self.sharded.gather_master(self.sharded.params)
 
     def weights_state_dict(self) -> dict:
         return self.sharded.weights_state_dict()

@@ -1,0 +1,236 @@
+"""DiLoCo and Streaming DiLoCo equal their equations: 2 or 4 gloo ranks in replicas against a
+sequential reference written here (the replicas simulated in one process, torch's AdamW inside and
+torch's Nesterov SGD outside); the wire formats' error; the impossible settings' one-line errors."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from test_schedules import run_worker
+
+from torchacco.config import Config
+from torchacco.errors import UserError
+from torchacco.parallel.pseudo_gradient import ROW, dequantize_int8, quantize_int8, token_weighted_mean
+from torchacco.validate import validate
+
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
+import overlap_worker as worker  # noqa: E402
+
+
+class Replica:
+    """One replica: θ in a model, torch AdamW, the schedule over its own tokens; its ranks' data."""
+
+    def __init__(self, ranks: list[int]):
+        self.ranks, self.index = ranks, 0
+        self.model = worker.tiny_model()
+        self.params = list(self.model.parameters())
+        cfg = worker.config("zero1", "deterministic")
+        self.max_norm = cfg.training.max_norm
+        decay = [p for n, p in self.model.named_parameters() if p.ndim >= 2 and "embeddings" not in n]
+        plain = [p for n, p in self.model.named_parameters() if not (p.ndim >= 2 and "embeddings" not in n)]
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.optimizer.weight_decay}, {"params": plain, "weight_decay": 0.0}],
+            betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
+            eps=cfg.optimizer.eps,
+        )
+        self.schedule, self.consumed = worker.schedule(), 0.0
+
+    def update(self, micro_batches: int) -> float:
+        """One inner AdamW update over its ranks' next micro-batches; the loss tokens behind it."""
+        self.opt.zero_grad(set_to_none=True)
+        tokens, consumed = 0, 0
+        for _ in range(micro_batches):
+            for rank in self.ranks:
+                batch = worker.micro_batch(rank, self.index)
+                logits = self.model(batch["input_ids"])
+                F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), reduction="sum").backward()
+                tokens += (batch["labels"] != -100).sum().item()
+                consumed += worker.BATCH * worker.SEQ
+            self.index += 1
+        for p in self.params:
+            p.grad /= tokens
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        for group in self.opt.param_groups:
+            group["lr"] = self.schedule(self.consumed, consumed)
+        self.opt.step()
+        self.consumed += consumed
+        return float(tokens)
+
+
+def fragments_of_tiny_model(fragments: int) -> list[list[int]]:
+    """Parameter indices per fragment: embeddings with layer 0, the final norm and head with layer 1."""
+    names = [n for n, _ in worker.tiny_model().named_parameters()]
+    if fragments == 1:
+        return [list(range(len(names)))]
+    first = [i for i, n in enumerate(names) if n.startswith(("tok_embeddings", "layers.0."))]
+    return [first, [i for i in range(len(names)) if i not in first]]
+
+
+def diloco_reference(updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9):
+    """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco.py)."""
+    reps = [Replica([r * dp + d for d in range(dp)]) for r in range(replicas)]
+    frags = fragments_of_tiny_model(P)
+    # θ_global per fragment, as parameters of torch's Nesterov SGD
+    backups = [[p.detach().clone().requires_grad_(True) for i, p in enumerate(reps[0].params) if i in f] for f in frags]
+    outer = [torch.optim.SGD(b, lr=lr, momentum=mu, nesterov=mu > 0) for b in backups]
+    tokens = [[0.0] * P for _ in reps]
+    in_flight = {}
+
+    def pseudo_gradient_mean(f):
+        total = sum(tokens[r][f] for r in range(replicas))
+        mean = [torch.zeros_like(b) for b in backups[f]]
+        for r, rep in enumerate(reps):
+            for m, b, i in zip(mean, backups[f], frags[f]):
+                m += tokens[r][f] / total * (b.detach() - rep.params[i].detach())
+            tokens[r][f] = 0.0
+        return mean
+
+    interval = H // P
+    spread, token_counts = 0.0, set()  # how far the replicas drift apart between outer steps; their tokens
+    for t in range(1, updates + 1):
+        for r, rep in enumerate(reps):
+            n = rep.update(micro_batches)
+            tokens[r] = [x + n for x in tokens[r]]
+            token_counts.add((t, r, n))
+        spread = max(spread, (reps[0].params[1] - reps[-1].params[1]).norm().item())
+        if t % interval == 0:
+            f = (t // interval - 1) % P
+            mean = in_flight.pop(f) if tau else pseudo_gradient_mean(f)
+            for b, g in zip(backups[f], mean):
+                b.grad = g
+            outer[f].step()
+            with torch.no_grad():
+                for rep in reps:
+                    for b, i in zip(backups[f], frags[f]):
+                        local = rep.params[i].detach().clone()
+                        rep.params[i].copy_((1 - alpha) * b + alpha * local)
+        if tau and (t + tau) % interval == 0:
+            f = ((t + tau) // interval - 1) % P
+            in_flight[f] = pseudo_gradient_mean(f)
+    theta = [None] * len(reps[0].params)
+    for f, idx in enumerate(frags):
+        for b, i in zip(backups[f], idx):
+            theta[i] = b.detach()
+    distinct_tokens = len({n for _, _, n in token_counts}) > 1
+    return torch.cat([t.reshape(-1) for t in theta]), spread, distinct_tokens
+
+
+def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **diloco):
+    env = {
+        "TORCHACCO_TEST_REPLICAS": str(replicas),
+        "TORCHACCO_TEST_DILOCO": ",".join(f"{k}={v}" for k, v in diloco.items()),
+    }
+    return run_worker(tmp_path, kind, updates, micro_batches, nproc=nproc, env=env)
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+@pytest.mark.parametrize(
+    "kind, diloco, updates",
+    [
+        ("ddp", dict(sync_every=3), 6),
+        ("zero1", dict(sync_every=4, fragments=2), 8),
+        ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, mixing=0.5), 9),
+        ("fsdp", dict(sync_every=2, outer_lr=1.0, outer_momentum=0.0, offload=1), 4),
+    ],
+    ids=["ddp", "zero1-streaming", "zero1-overlap-mixing", "fsdp-averaging-offload"],
+)
+def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
+    run = run_diloco(tmp_path, kind, updates, micro_batches=2, **diloco)
+    reference_keys = dict(H=diloco["sync_every"], P=diloco.get("fragments", 1), tau=diloco.get("overlap_steps", 0))
+    reference_keys |= dict(alpha=diloco.get("mixing", 0.0), lr=diloco.get("outer_lr", 0.7))
+    reference_keys |= dict(mu=diloco.get("outer_momentum", 0.9))
+    expected, spread, distinct_tokens = diloco_reference(updates, 2, replicas=2, dp=1, **reference_keys)
+    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
+    # The replicas saw different data and drifted apart (so the mean is a mean); the masked labels
+    # give them different token counts (so the weighting is exercised).
+    assert spread > 1e-4 and distinct_tokens
+    assert not torch.allclose(expected, torch.cat([p.detach().reshape(-1) for p in worker.tiny_model().parameters()]))
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+def test_sharded_outer_step_equals_the_unsharded_one(tmp_path):
+    """Two replicas of two ranks: zero1 inside (θ_global and momentum sharded, the all-reduce between
+    shard holders) against ddp inside (every rank holds all of θ_global), and both against the reference."""
+    diloco = dict(sync_every=2, fragments=2)
+    sharded = run_diloco(tmp_path, "zero1", 4, 1, nproc=4, **diloco)
+    replicated = run_diloco(tmp_path, "ddp", 4, 1, nproc=4, **diloco)
+    torch.testing.assert_close(sharded["theta"], replicated["theta"], rtol=1e-5, atol=1e-6)
+    expected, _, _ = diloco_reference(4, 1, replicas=2, dp=2, H=2, P=2)
+    torch.testing.assert_close(sharded["theta"], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.integration
+def test_acco_inside_replicas_trains_and_the_replicas_agree_after_an_outer_step(tmp_path):
+    """ACCO inside each replica (its estimate and commit rounds between outer steps): θ_global is
+    the token-weighted outer step of the two replicas' ACCO trajectories, within ACCO's tolerance of
+    the reference with a synchronous inner step (one half-batch of staleness per update)."""
+    run = run_diloco(tmp_path, "acco", 4, 2, sync_every=2)
+    expected, _, _ = diloco_reference(4, 2, replicas=2, dp=1, H=2)
+    initial = torch.cat([p.detach().reshape(-1) for p in worker.tiny_model().parameters()])
+    assert not torch.allclose(run["theta"], initial)
+    # ACCO's θ differs from the synchronous inner step's by its estimate's error: small against the step.
+    assert (run["theta"] - expected).norm() < 0.5 * (expected - initial).norm()
+
+
+def test_int8_wire_stays_within_half_a_step_of_its_row():
+    torch.manual_seed(0)
+    x = torch.randn(3 * ROW + 17) * torch.logspace(-3, 2, 3 * ROW + 17)
+    q, scales = quantize_int8(x)
+    back = dequantize_int8(q, scales, x.numel())
+    rows = torch.nn.functional.pad(x, (0, -x.numel() % ROW)).view(-1, ROW)
+    bound = (rows.abs().amax(dim=1) / 254).repeat_interleave(ROW)[: x.numel()]
+    assert ((back - x).abs() <= bound * (1 + 1e-6)).all()
+    assert q.dtype == torch.int8
+
+
+@pytest.mark.parametrize("wire, tolerance", [("fp32", 1e-6), ("bf16", 2**-8), ("int8", 1 / 254)])
+def test_token_weighted_mean_on_each_wire(wire, tolerance):
+    """One rank (a group of one): the mean is the pseudo-gradient itself, within the format's error."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        delta = torch.randn(1000)
+        mean = token_weighted_mean(delta, 123.0, dist.group.WORLD, wire)
+    finally:
+        dist.destroy_process_group()
+    assert mean.dtype == torch.float32
+    assert ((mean - delta).abs() <= tolerance * delta.abs().max()).all()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"parallelism.replicas": 3}, "not divisible by [parallelism] replicas"),
+        ({"diloco.sync_every": 10}, "replicas = 1 has no outer step"),
+        ({"parallelism.replicas": 2, "diloco.sync_every": 10, "diloco.fragments": 3}, "not a multiple of fragments"),
+        ({"parallelism.replicas": 2, "diloco.sync_every": 8, "diloco.fragments": 2, "diloco.overlap_steps": 4},
+         "below sync_every / fragments = 4"),
+        ({"parallelism.replicas": 2, "diloco.mixing": 0.5}, "overlap_steps = 0"),
+        ({"parallelism.replicas": 2, "parallelism.data_parallel": "wp"}, "cannot run inside DiLoCo's replicas"),
+        ({"parallelism.replicas": 2, "diloco.outer_momentum": 1.0}, "outer_momentum = 1 in [0, 1)"),
+        ({"parallelism.replicas": 2, "training.global_batch_size": 12}, "× replicas = 4 × 2 × 2 = 16"),
+    ],
+)  # fmt: skip
+def test_impossible_settings_are_one_line_errors(overrides, message):
+    cfg = Config()
+    cfg.training.local_batch_size = 4
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        setattr(getattr(cfg, section), name, value)
+    with pytest.raises(UserError) as e:
+        validate(cfg, world_size=4)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_more_fragments_than_blocks_is_one_line():
+    from torchacco.parallel.diloco import fragment_of
+
+    model = worker.tiny_model()
+    names = [n for n, _ in model.named_parameters()]
+    assert fragment_of(model, names, 2) == [0] + [0] * 9 + [1] * 9 + [1, 1]
+    with pytest.raises(UserError, match="fragments = 3 exceeds the 2 transformer blocks"):
+        fragment_of(model, names, 3)

@@ -1,0 +1,300 @@
+"""DiLoCo and Streaming DiLoCo: [parallelism] replicas train apart, each with its own
+data-parallel strategy over its ranks (ddp, zero1, fsdp or acco, unchanged), and meet in an
+outer step (docs/diloco.md).
+
+For each fragment f of the model (contiguous blocks; the whole model when P = 1), every H inner
+updates:
+
+    Δ_r = θ_global − θ_r                  replica r's pseudo-gradient
+    Δ̄   = Σ_r (n_r / Σ_s n_s) · Δ_r       n_r: its loss tokens since f's previous Δ
+    m   ← μ·m + Δ̄                         Nesterov SGD, as torch.optim.SGD(nesterov=True)
+    θ_global ← θ_global − η·(Δ̄ + μ·m)
+    θ_r ← θ_global
+
+Streaming DiLoCo: fragment f's outer step comes after inner update t when t is a multiple of
+H / P and f = (t / (H / P) − 1) mod P. With τ > 0 its Δ is taken τ updates earlier and
+all-reduced on the side runner (a CUDA stream or a thread) while those updates run; then
+θ_r ← (1 − α)·θ_global + α·θ_r.
+
+The outer state covers the pieces of θ the inner strategy keeps on this rank
+(`Strategy.theta_pieces`): with a sharded inner strategy (zero1, acco, fsdp) θ_global and m are
+this rank's shard, and the all-reduce runs between the ranks holding that shard in each replica
+(`dims.replica_group`). Evaluation and export read θ_global.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from torchacco.blocks import blocks_of
+from torchacco.config import DiLoCo as DiLoCoConfig
+from torchacco.device import Device
+from torchacco.errors import UserError
+from torchacco.parallel.pseudo_gradient import WIRE_BYTES, token_weighted_mean
+from torchacco.parallel.strategy import Counts, Strategy, UpdateResult
+from torchacco.runners import stall_deadline_s
+
+
+def check_config(cfg) -> None:
+    """The [diloco] and replica settings that cannot run, each as one line."""
+    from torchacco.parallel.registry import STRATEGIES, strategy_class
+
+    d, replicas = cfg.diloco, cfg.parallelism.replicas
+    if replicas == 1:
+        changed = [f.name for f in dataclasses.fields(d) if getattr(d, f.name) != getattr(DiLoCoConfig(), f.name)]
+        if changed:
+            raise UserError(
+                f"[diloco] {', '.join(changed)} set, but [parallelism] replicas = 1 has no outer step; set replicas "
+                "to 2 or more, or remove them"
+            )
+        return
+    inner = strategy_class(cfg.parallelism.data_parallel)
+    if not inner.supports_replicas:
+        able = ", ".join(f"'{n}'" for n, c in STRATEGIES.items() if c.supports_replicas)
+        raise UserError(
+            f"data_parallel = '{inner.name}' cannot run inside DiLoCo's replicas (its parameters between updates "
+            f"are not θ); use one of {able}"
+        )
+    for name in ("sync_every", "fragments"):
+        if getattr(d, name) < 1:
+            raise UserError(f"[diloco] {name} must be at least 1, got {getattr(d, name)}")
+    if d.sync_every % d.fragments:
+        raise UserError(
+            f"[diloco] sync_every = {d.sync_every} is not a multiple of fragments = {d.fragments} (one fragment "
+            "syncs every sync_every / fragments updates); change either"
+        )
+    interval = d.sync_every // d.fragments
+    if not 0 <= d.overlap_steps < interval:
+        raise UserError(
+            f"[diloco] overlap_steps = {d.overlap_steps} must be at least 0 and below sync_every / fragments = "
+            f"{interval} (a fragment's all-reduce must arrive before the next one starts)"
+        )
+    if not 0.0 <= d.mixing <= 1.0:
+        raise UserError(f"[diloco] mixing = {d.mixing:g} must be between 0 and 1")
+    if d.mixing and not d.overlap_steps:
+        raise UserError(
+            "[diloco] mixing mixes in the local updates made during overlap_steps, and overlap_steps = 0; "
+            "set overlap_steps >= 1 or mixing = 0"
+        )
+    if d.outer_lr <= 0 or not 0.0 <= d.outer_momentum < 1.0:
+        raise UserError(
+            f"[diloco] outer_lr = {d.outer_lr:g} must be positive and outer_momentum = {d.outer_momentum:g} in [0, 1)"
+        )
+
+
+def fragment_of(module: torch.nn.Module, names: list[str], fragments: int) -> list[int]:
+    """The fragment of each parameter name: block i of L goes to fragment ⌊i·P / L⌋; parameters
+    outside the blocks go with the first fragment before them (embeddings) or the last after
+    them (final norm, output head)."""
+    blocks = blocks_of(module) or []
+    if fragments > max(len(blocks), 1):
+        raise UserError(
+            f"[diloco] fragments = {fragments} exceeds the {len(blocks)} transformer blocks of the model (on this "
+            "rank's pipeline stage); use at most that many"
+        )
+    index = {id(b): i for i, b in enumerate(blocks)}
+    prefixes = [(name + ".", index[id(m)]) for name, m in module.named_modules() if id(m) in index]
+    out, after_blocks = [], False
+    for name in names:
+        block = next((i for prefix, i in prefixes if name.startswith(prefix)), None)
+        if block is None:
+            out.append(fragments - 1 if after_blocks else 0)
+        else:
+            after_blocks = True
+            out.append(block * fragments // len(blocks))
+    return out
+
+
+class DiLoCo(Strategy):
+    """The outer step over an inner strategy (built by `registry.build_strategy` when replicas > 1)."""
+
+    resume_needs_same_ranks = True  # each rank holds its own shard of θ_global and of the momentum
+
+    def __init__(self, inner: Strategy, dims, options: DiLoCoConfig, device: Device):
+        self.inner, self.dims, self.device = inner, dims, device
+        self.name, self.sync_phase, self.autocast_dtype = inner.name, inner.sync_phase, inner.autocast_dtype
+        self.options = options
+        self.interval = options.sync_every // options.fragments  # inner updates between two outer steps
+        self.tau, self.alpha, self.wire = options.overlap_steps, options.mixing, options.outer_dtype
+        named = inner.theta_pieces()
+        module = getattr(inner.model, "module", inner.model)
+        which = fragment_of(module, [n for n, _ in named], options.fragments)
+        self.pieces = [[p for (_, p), f in zip(named, which) if f == frag] for frag in range(options.fragments)]
+        home = torch.device("cpu") if options.offload else device.torch
+        pin = options.offload and device.type == "cuda"
+        self.backup = [self._gather(f).to(home).pin_memory() if pin else self._gather(f).to(home).clone()
+                       for f in range(options.fragments)]  # fmt: skip
+        self.momentum = [torch.zeros_like(b) for b in self.backup]
+        self.tokens = [0.0] * options.fragments  # the replica's loss tokens since each fragment's last Δ
+        self.updates = 0  # inner updates committed
+        self.outer_steps = 0
+        self.runner = device.runner() if self.tau else None
+        self.stall_s = stall_deadline_s(dims.timeout)
+        self.in_flight: int | None = None  # the fragment whose Δ is being all-reduced
+        self.arrived: torch.Tensor | None = None  # its mean, once waited for (by a checkpoint)
+
+    @classmethod
+    def from_config(cls, model, cfg, dims, plan, device):
+        from torchacco.parallel.registry import strategy_class
+
+        inner = strategy_class(cfg.parallelism.data_parallel).from_config(model, cfg, dims, plan, device)
+        return cls(inner, dims, cfg.diloco, device)
+
+    # θ's pieces, one flat fp32 tensor per fragment -------------------------------------------------
+
+    def _gather(self, f: int) -> torch.Tensor:
+        """This rank's θ for fragment f, flat (a one-element placeholder when the rank holds none of it)."""
+        pieces = self.pieces[f]
+        if not pieces:
+            return torch.zeros(1, dtype=torch.float32, device=self.device.torch)
+        return torch.cat([p.detach().reshape(-1).float() for p in pieces])
+
+    def _scatter(self, f: int, flat: torch.Tensor) -> None:
+        offset = 0
+        with torch.no_grad():
+            for p in self.pieces[f]:
+                p.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+    def _write_all(self, flats: list[torch.Tensor]) -> None:
+        for f, flat in enumerate(flats):
+            self._scatter(f, flat.to(self.device.torch))
+        self.inner.theta_written()
+
+    # The loop's interface -------------------------------------------------------------------------
+
+    @property
+    def model(self):
+        return self.inner.model
+
+    def micro_batches(self):
+        return self.inner.micro_batches()
+
+    def step(self, counts: Counts) -> UpdateResult | None:
+        result = self.inner.step(counts)
+        if result is None or not result.committed:
+            return result
+        self.updates += 1
+        self.tokens = [n + result.tokens for n in self.tokens]
+        t, outer = self.updates, {}
+        if t % self.interval == 0:
+            outer = self._outer_step((t // self.interval - 1) % self.options.fragments)
+        if self.tau and (t + self.tau) % self.interval == 0:
+            self._start(((t + self.tau) // self.interval - 1) % self.options.fragments)
+        # Every replica consumes the same input tokens per update (step-based sync): the run's clock.
+        return dataclasses.replace(result, consumed=result.consumed * self.dims.replicas, outer=outer)
+
+    def _delta(self, f: int) -> tuple[torch.Tensor, float]:
+        """(Δ = θ_global − θ_r for fragment f, the tokens behind it); restarts f's token count."""
+        delta = self.backup[f].to(self.device.torch) - self._gather(f)
+        tokens, self.tokens[f] = self.tokens[f], 0.0
+        return delta, tokens
+
+    def _start(self, f: int) -> None:
+        delta, tokens = self._delta(f)
+        group, wire = self.dims.replica_group, self.wire
+        self.in_flight = f
+        self.runner.launch(lambda: token_weighted_mean(delta, tokens, group, wire))
+
+    def _outer_step(self, f: int) -> dict:
+        start = time.perf_counter()
+        if self.tau:
+            assert self.in_flight == f, "the fragment's transfer was started τ updates ago"
+            mean = self.arrived if self.arrived is not None else self.runner.wait(self.stall_s)
+            self.in_flight, self.arrived = None, None
+        else:
+            mean = token_weighted_mean(*self._delta(f), self.dims.replica_group, self.wire)
+        exposed = time.perf_counter() - start
+        backup, momentum, mu = self.backup[f], self.momentum[f], self.options.outer_momentum
+        mean = mean.to(backup.device)
+        momentum.mul_(mu).add_(mean)
+        backup.sub_(mean.add(momentum, alpha=mu), alpha=self.options.outer_lr)
+        theta = backup.to(self.device.torch)
+        if self.alpha:
+            theta = torch.lerp(theta, self._gather(f), self.alpha)  # keep α of the τ local updates
+        self._scatter(f, theta)
+        self.inner.theta_written()
+        self.outer_steps += 1
+        return {
+            "outer_step": self.outer_steps,
+            "outer_fragment": f,
+            "outer_delta_norm": self._norm(mean),
+            "outer_bytes": sum(p.numel() for p in self.pieces[f]) * WIRE_BYTES[self.wire],
+            "outer_exposed_s": exposed,
+        }
+
+    def _norm(self, mean: torch.Tensor) -> float:
+        """‖Δ̄‖ of the fragment over this rank's tensor- and pipeline-parallel part of the model."""
+        sq = (mean.double() ** 2).sum().to(self.device.torch)  # (a rank's placeholder is 0)
+        if self.inner.shards_theta and self.dims.dp_size > 1:
+            dist.all_reduce(sq, group=self.dims.dp_group)
+        return sq.sqrt().item()
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        """With θ_global in place of this replica's θ (every replica evaluates the same parameters)."""
+        local = [self._gather(f) for f in range(self.options.fragments)]
+        self._write_all(self.backup)
+        try:
+            with self.inner.evaluation() as model:
+                yield model
+        finally:
+            self._write_all(local)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        with self.evaluation():
+            return self.inner.full_state_dict()
+
+    def master_shard(self):
+        return self.inner.master_shard()
+
+    def close(self) -> None:
+        if self.runner is not None:
+            if sys.exc_info()[0] is not None:
+                self.runner.abandon()
+            else:
+                self.runner.wait()
+                self.runner.close()
+        self.inner.close()
+
+    # State ------------------------------------------------------------------------------------------
+
+    def checkpoint_key(self, dims) -> str:
+        # Replicas hold different θ between outer steps: one key each.
+        return f"replica{dims.replica_rank}_{self.inner.checkpoint_key(dims)}"
+
+    def state_dict(self) -> dict:
+        if self.in_flight is not None and self.arrived is None:  # the transfer's result is part of the state
+            self.arrived = self.runner.wait(self.stall_s)
+        size = max(b.numel() for b in self.backup)
+        self._arrived_buffer = torch.zeros(size, dtype=torch.float32, device=self.device.torch)
+        if self.arrived is not None:
+            self._arrived_buffer[: self.arrived.numel()] = self.arrived
+        outer = {
+            "updates": self.updates,
+            "outer_steps": self.outer_steps,
+            "tokens": list(self.tokens),
+            "in_flight": -1 if self.in_flight is None else self.in_flight,
+            "arrived": self._arrived_buffer,
+            **{f"backup{f}": b for f, b in enumerate(self.backup)},
+            **{f"momentum{f}": m for f, m in enumerate(self.momentum)},
+        }
+        # Per rank: its shard of θ_global and m (plain tensors under one name would be taken as replicated).
+        return {"inner": self.inner.state_dict(), f"outer_rank{self.dims.rank}": outer}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state["inner"])
+        outer = state[f"outer_rank{self.dims.rank}"]  # the tensors were loaded in place
+        self.updates, self.outer_steps, self.tokens = outer["updates"], outer["outer_steps"], list(outer["tokens"])
+        self.in_flight = None if outer["in_flight"] < 0 else outer["in_flight"]
+        if self.in_flight is not None:
+            self.arrived = self._arrived_buffer[: self.backup[self.in_flight].numel()].clone()
+
+    def weights_state_dict(self) -> dict:
+        return self.state_dict()

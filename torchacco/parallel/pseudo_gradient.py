@@ -1,0 +1,51 @@
+"""The outer step's wire: the token-weighted mean of the replicas' pseudo-gradients, and the
+low-precision formats it may travel in (docs/diloco.md).
+
+fp32 is one all-reduce. bf16 and int8 are all-gathered and summed in fp32 on arrival: a sum
+taken in the wire format would round at every hop, and int8 has no sum at all. int8 carries one
+fp32 scale per row of `ROW` elements (its largest magnitude / 127), so an element's error is at
+most half a step of its own row, |x|_max / 254.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+ROW = 256  # elements per int8 scale
+WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / ROW}
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 rows, fp32 scale per row) of a flat fp32 tensor, padded to whole rows."""
+    rows = torch.nn.functional.pad(x, (0, -x.numel() % ROW)).view(-1, ROW)
+    scales = rows.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127.0
+    return torch.round(rows / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
+
+
+def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
+    return (q.float() * scales[:, None]).view(-1)[:numel]
+
+
+def token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: str = "fp32") -> torch.Tensor:
+    """Σ_r (tokens_r / Σ_s tokens_s) · Δ_r over the ranks of `group`, in fp32. The weights stay
+    on the device (no host sync, so this runs on a CUDA side stream as it is)."""
+    weight = torch.tensor([tokens], dtype=torch.float64, device=delta.device)
+    dist.all_reduce(weight, group=group)
+    share = (tokens / weight).to(torch.float32)
+    if wire == "fp32":
+        out = delta * share
+        dist.all_reduce(out, group=group)
+        return out
+    world = dist.get_world_size(group)
+    if wire == "bf16":
+        payload = (delta * share).to(torch.bfloat16)
+        gathered = [torch.empty_like(payload) for _ in range(world)]
+        dist.all_gather(gathered, payload, group=group)
+        return torch.stack([g.float() for g in gathered]).sum(dim=0)
+    q, scales = quantize_int8(delta * share)
+    qs = [torch.empty_like(q) for _ in range(world)]
+    ss = [torch.empty_like(scales) for _ in range(world)]
+    dist.all_gather(qs, q, group=group)
+    dist.all_gather(ss, scales, group=group)
+    return torch.stack([dequantize_int8(a, b, delta.numel()) for a, b in zip(qs, ss)]).sum(dim=0)
