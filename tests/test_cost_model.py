@@ -159,3 +159,26 @@ def test_time_to_loss_counts_updates_by_batch_and_staleness():
     assert ttl["dpu"] == pytest.approx(1.3 * 100 * p["dpu"]["step_time_s"])  # stale: 1.3× the updates
     # adaptive's batch is 4× the recipe's: (1 + 1/4) / (1 + 1) = 0.625 of the updates
     assert ttl["acco_adaptive"] == pytest.approx(0.625 * 100 * p["acco_adaptive"]["step_time_s"])
+
+
+def test_diloco_time_per_update_adds_the_exposed_outer_transfer_over_h_updates():
+    from torchacco.cost_model import Hardware, Workload, diloco_memory_bytes, predict, predict_diloco
+
+    work = Workload(params=1e6, flops_per_token=6e6, tokens_per_micro_batch=1000, micro_batches=2)
+    hw = Hardware(nodes=2, flops=1e12, bandwidth_bps=1e8, ranks_per_node=1)
+    inner = predict(work, Hardware(nodes=1, flops=1e12, bandwidth_bps=1e8), "zero1")["step_time_s"]
+    transfer = 2 * (1 / 2) * 8 * 4e6 / 1e8  # one fp32 ring all-reduce of 1M parameters between 2 nodes
+    plain = predict_diloco(work, hw, "zero1", sync_every=50)
+    assert plain["step_time_s"] == pytest.approx(inner + transfer / 50)
+    # 2 fragments in bf16, each all-gathered (one hop of its half) beside 4 inner updates: hidden when they outlast it
+    streaming = predict_diloco(work, hw, "zero1", sync_every=50, fragments=2, overlap_steps=4, outer_dtype="bf16")
+    fragment = 1 * 8 * 2e6 / 2 / 1e8
+    assert streaming["step_time_s"] == pytest.approx(inner + 2 * max(0.0, fragment - 4 * inner) / 50)
+    assert plain["tokens_per_update"] == 2 * 2 * 1000
+    node = Hardware(nodes=1, flops=1e12, bandwidth_bps=1e8, ranks_per_node=4)
+    eight = Hardware(nodes=2, flops=1e12, bandwidth_bps=1e8, ranks_per_node=4)
+    from torchacco.cost_model import memory_bytes
+
+    assert diloco_memory_bytes(work, eight, "zero1") == memory_bytes(work, node, "zero1") + 8 * 1e6 / 4
+    assert diloco_memory_bytes(work, eight, "ddp") == memory_bytes(work, node, "ddp") + 8 * 1e6
+    assert diloco_memory_bytes(work, eight, "zero1", offload=True) == memory_bytes(work, node, "zero1")

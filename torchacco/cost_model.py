@@ -30,6 +30,13 @@ adaptive keeps every rank computing during the job, up to max_growth × k/2 micr
 (the batch grows); a bf16 estimate halves the estimate round's bytes. Synchronous strategies run at the
 slowest rank's pace.
 
+DiLoCo (docs/diloco.md; one replica per node, the inner strategy over the node's G ranks): the inner
+update's time t_in from the formula above on one node, plus the outer step's exposed transfer averaged
+over H updates. Fragment f's pseudo-gradient crosses the link once per H updates, D = P/F elements
+× wire bytes per node (× G with ddp inside, whose ranks all hold all of θ); fp32 is an all-reduce,
+2(N-1)/N · 8D/B, bf16 and int8 are all-gathered, (N-1) · 8D/B; τ inner updates hide it:
+  diloco  t_in + F · max(0, T_f − τ·t_in) / H
+
 Time to a target loss = updates needed × time per update. Assumptions (stated by `predict`): a
 fixed-batch strategy needs the updates DDP needs (ACCO is within 1% of DDP per token, measured);
 DPU and WP need `stale_penalty` times as many; a grown batch B' needs (1 + B_n/B')/(1 + B_n/B) of
@@ -197,6 +204,41 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
     return {"strategy": strategy, "step_time_s": step, "tokens_per_update": tokens, "tokens_per_s": tokens / step,
             "exposed_comm_s": comm, "overlap": min(1.0, max(0.0, overlap)), "compute_s": c, "job_s": M,
             "collective_s": V}  # fmt: skip
+
+
+def predict_diloco(
+    work: Workload, hw: Hardware, inner: str, sync_every: int, fragments: int = 1, overlap_steps: int = 0,
+    outer_dtype: str = "fp32",
+) -> dict:  # fmt: skip
+    """Time per update of DiLoCo with one replica per node and `inner` over each node's ranks."""
+    from torchacco.parallel.pseudo_gradient import WIRE_BYTES
+
+    cls, _ = variants()[inner]
+    node = dataclasses.replace(hw, nodes=1)
+    t_in = predict(work, node, inner)["step_time_s"]
+    n = hw.nodes
+    per_node = work.params * WIRE_BYTES[outer_dtype] * (1 if cls.shards_theta else hw.ranks_per_node)
+    transfer = 0.0
+    if n > 1:
+        hops = 2 * (n - 1) / n if outer_dtype == "fp32" else n - 1
+        link = hops * 8 * per_node / fragments / hw.bandwidth_bps if hw.bandwidth_bps else 0.0
+        transfer = link + 2 * (n - 1) * hw.latency_s
+    exposed = fragments * max(0.0, transfer - overlap_steps * t_in) / sync_every
+    step = t_in + exposed
+    tokens = hw.world * work.micro_batches * work.tokens_per_micro_batch
+    return {"strategy": f"diloco_h{sync_every} ({inner} inside)", "step_time_s": step, "tokens_per_update": tokens,
+            "tokens_per_s": tokens / step, "exposed_comm_s": step - t_in + predict(work, node, inner)["exposed_comm_s"],
+            "overlap": 1.0 - exposed * sync_every / max(fragments * transfer, 1e-12) if transfer else 1.0,
+            "compute_s": t_in, "job_s": transfer, "collective_s": transfer}  # fmt: skip
+
+
+def diloco_memory_bytes(work: Workload, hw: Hardware, inner: str, offload: bool = False) -> float:
+    """The inner strategy's persistent bytes over a node's ranks, plus θ_global and the outer momentum
+    (fp32) of this rank's part of θ, unless offloaded to CPU memory."""
+    cls, _ = variants()[inner]
+    node = dataclasses.replace(hw, nodes=1)
+    outer = 0.0 if offload else 8.0 * work.params / (hw.ranks_per_node if cls.shards_theta else 1)
+    return memory_bytes(work, node, inner) + outer
 
 
 def updates_needed(strategy: str, tokens_per_update: float, recipe_tokens: float, noise_scale: float,

@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--updates-to-target", type=int, default=10000, help="DDP's updates to the target loss")
     p.add_argument("--noise-scale", type=float, default=0.0, help="gradient noise scale in tokens (0: the batch)")
     p.add_argument("--stale-penalty", type=float, default=1.3, help="dpu/wp: updates needed relative to DDP")
+    p.add_argument("--sync-every", type=int, default=100, help="DiLoCo rows (one replica per node): H")
+    p.add_argument("--fragments", type=int, default=1, help="DiLoCo rows: Streaming DiLoCo's fragments")
+    p.add_argument("--overlap-steps", type=int, default=0, help="DiLoCo rows: τ")
+    p.add_argument("--outer-dtype", default="bf16", choices=("fp32", "bf16", "int8"), help="DiLoCo rows: the wire")
     return p
 
 
@@ -78,6 +82,14 @@ def predict(args) -> dict:
     recipe = preds[DDP.name]["tokens_per_update"]
     noise = args.noise_scale or recipe
     ttl = cm.time_to_loss(preds, args.updates_to_target, noise, args.stale_penalty)
+    if args.nodes > 1:  # DiLoCo, one replica per node, over each synchronous strategy inside it
+        outer = (args.sync_every, args.fragments, args.overlap_steps, args.outer_dtype)
+        for label, (cls, _) in cm.variants().items():
+            if label == cls.name and not cls.overlapped:
+                row = cm.predict_diloco(work, hw, label, *outer)
+                preds[row["strategy"]] = row
+                mem[row["strategy"]] = cm.diloco_memory_bytes(work, hw, label)
+                ttl[row["strategy"]] = args.updates_to_target * row["step_time_s"]  # as many updates as DDP: assumed
     z = preds[ZeRO1.name]
     print(
         f"{args.model} {args.flavor}: {work.params / 1e9:.2f}B params, {work.flops_per_token / 1e9:.1f} GFLOP/token; "
@@ -106,7 +118,10 @@ def assumptions(args, recipe: float, adaptive_tokens: float, noise: float) -> st
         "fixed-batch strategies (ddp, zero1, fsdp, acco and its balanced and bf16-estimate modes) need as many "
         f"updates; dpu and wp {args.stale_penalty:g}× as many (stale gradients); adaptive ACCO's batch of "
         f"{adaptive_tokens:,.0f} tokens needs (1 + B_n/B')/(1 + B_n/B) of them with the "
-        f"gradient noise scale B_n = {noise:,.0f} tokens (--noise-scale) and the lr scaled for the batch. Memory is "
+        f"gradient noise scale B_n = {noise:,.0f} tokens (--noise-scale) and the lr scaled for the batch. DiLoCo rows "
+        f"(H = {args.sync_every}, one replica per node) are assumed to need as many updates as DDP; at equal tokens "
+        "their loss is higher by a gap that grows with H and with the replicas (docs/diloco.md has the measured "
+        "one): check it for your model before trusting their time to loss. Memory is "
         "persistent state only (weights, gradients, optimizer), no activations. Communication is modelled by "
         "bandwidth and latency: no congestion, no CPU contention."
     )
