@@ -234,3 +234,14 @@ def test_more_fragments_than_blocks_is_one_line():
     assert fragment_of(model, names, 2) == [0] + [0] * 9 + [1] * 9 + [1, 1]
     with pytest.raises(UserError, match="fragments = 3 exceeds the 2 transformer blocks"):
         fragment_of(model, names, 3)
+
+
+def test_offline_export_of_a_replicated_run_is_one_line(tmp_path, capsys):
+    from torchacco.export import main
+
+    cfg = Config()
+    cfg.parallelism.replicas = 2
+    (tmp_path / "config.toml").write_text(cfg.to_toml())
+    assert main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "not exported offline yet" in err and "export_hf = true" in err and "\n" not in err

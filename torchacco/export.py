@@ -128,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> None:
         p = _run_config(opts.run_dir, opts.dtype).parallelism
+        if p.replicas > 1:
+            raise UserError(
+                f"{opts.run_dir} trained {p.replicas} DiLoCo replicas, whose checkpoints are not exported offline yet; "
+                "the run itself exports θ_global at its end with [checkpoint] export_hf = true (docs/diloco.md)"
+            )
         ranks = p.tensor_parallel_degree * p.pipeline_parallel_degree
         if ranks > 1 and "RANK" not in os.environ:
             _export_on_model_parallel_ranks(argv, ranks)
