@@ -151,7 +151,10 @@ class Parallelism:
     reshard_after_forward: bool = key(True, "fsdp: free gathered parameters after forward")
     bucket_cap_mb: float = key(25.0, "ddp: gradient bucket size")
     reduce_dtype: Literal["fp32", "bf16"] = key(
-        "fp32", "fsdp: gradient reduction dtype (zero1 and acco reduce in the compute dtype)"
+        "fp32",
+        "fsdp, zero1 and the overlapped schedules (acco, dpu, wp): the dtype gradients are summed over the "
+        "data-parallel ranks in when computing in bf16 (a ring rounds at every hop; fp32 as FSDP2's default). "
+        "acco, dpu, wp: fp32 makes the job's buffer fp32 (2 more bytes per parameter)",
     )
     tensor_parallel_degree: int = key(
         1, "ranks sharing each layer's matmuls (inside a node); dp = world / (replicas × tp × pp)"

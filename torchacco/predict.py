@@ -105,8 +105,8 @@ def predict(args) -> dict:
     baseline = min(synchronous, key=ttl.get)
     print(
         f"Soonest to the loss: {soonest} ({ttl[baseline] / ttl[soonest]:.2f}× sooner than the best baseline, "
-        f"{baseline}). ACCO costs {(mem[ACCO.name] - mem[ZeRO1.name]) / 2**30:.1f} GiB more per GPU than ZeRO-1 (one "
-        "bf16 parameter copy)."
+        f"{baseline}). ACCO costs {(mem[ACCO.name] - mem[ZeRO1.name]) / 2**30:.1f} GiB more per GPU than ZeRO-1 (its "
+        "job's buffer: one fp32 parameter copy, as it sums bf16 gradients in fp32)."
     )
     print(assumptions(args, recipe, preds["acco_adaptive"]["tokens_per_update"], noise))
     return {"workload": work.__dict__, "hardware": hw.__dict__, "predictions": preds}

@@ -43,6 +43,9 @@ def memory(args) -> dict:
         "1",
         "--training.global_batch_size",
         str(2 * args.nodes),
+        # the compute dtype's copy over ZeRO-1 (the default fp32 reduce makes ACCO's buffer fp32: 2 bytes more)
+        "--parallelism.reduce_dtype",
+        "bf16",
     ]
     runs = Path(args.out) / "runs" / "cluster" / "memory"
     # glibc keeps freed memory cached per thread arena (ACCO's communication thread has its own), which

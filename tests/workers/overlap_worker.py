@@ -6,8 +6,9 @@ rank computed per period, and the update results.
 
     torchrun --nproc_per_node 2 tests/workers/overlap_worker.py KIND OUT COMMITS MICRO_BATCHES MODE SLOW_RANK_DELAY
 
-TORCHACCO_TEST_REPLICAS (default 1) and TORCHACCO_TEST_DILOCO ("key=value,..." of [diloco]) run the
-strategy inside DiLoCo's replicas; θ is then θ_global.
+TORCHACCO_TEST_DTYPE=bf16 computes in bf16, TORCHACCO_TEST_REDUCE ([parallelism] reduce_dtype,
+default fp32) sums its gradients in that dtype. TORCHACCO_TEST_REPLICAS (default 1) and
+TORCHACCO_TEST_DILOCO ("key=value,..." of [diloco]) run the strategy inside DiLoCo's replicas; θ is then θ_global.
 """
 
 import os
@@ -87,6 +88,7 @@ def config(kind: str, mode: str) -> Config:
     cfg.acco.estimate_share = float(os.environ.get("TORCHACCO_TEST_ESTIMATE_SHARE", "0.5"))
     cfg.training.max_norm = 0.5  # low enough that clipping is active
     cfg.parallelism.replicas = REPLICAS
+    cfg.parallelism.reduce_dtype = os.environ.get("TORCHACCO_TEST_REDUCE", "fp32")
     for name, text in DILOCO.items():
         setattr(cfg.diloco, name, type(getattr(cfg.diloco, name))(text) if name != "offload" else text == "1")
     cfg.optimizer.weight_decay = 0.1
@@ -103,7 +105,8 @@ def build(model, cfg: Config, dims, micro_batches: int, dtype=torch.float32, dev
 def main(kind, out, commits, micro_batches, mode, delay):
     dims = init_distributed(Device("cpu"), replicas=REPLICAS)
     rank = dims.rank
-    dp = build(tiny_model(), config(kind, mode), dims, micro_batches)
+    dtype = torch.bfloat16 if os.environ.get("TORCHACCO_TEST_DTYPE") == "bf16" else torch.float32
+    dp = build(tiny_model(), config(kind, mode), dims, micro_batches, dtype)
     periods, results, index = [], [], 0
     while len(results) < commits:
         tokens, loss_sum, n = 0, 0.0, 0

@@ -41,8 +41,8 @@ class ACCO(Overlapped):
         "acco_adaptive_uncapped": (("--acco.mode", "adaptive", "--acco.max_growth", "0"), "adaptive_uncapped"),
     }
 
-    def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device):
-        super().__init__(model, dims, plan, optimizer, acco, device)
+    def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device, reduce_dtype=None):
+        super().__init__(model, dims, plan, optimizer, acco, device, reduce_dtype or torch.float32)
         self.drift_every = acco.drift_every
         self.estimate = (acco.estimate_grad_weight, acco.estimate_damping)
         self.estimate_share = acco.estimate_share

@@ -3,6 +3,8 @@ step stale, while the next period computes (the rounds in overlapped.py)."""
 
 from __future__ import annotations
 
+import torch
+
 from torchacco.device import Device
 from torchacco.parallel.overlapped import Overlapped, OverlappedOptions
 from torchacco.parallel.sharded_job import COMMIT
@@ -16,8 +18,8 @@ class DPU(Overlapped):
     stale = True
     supports_replicas = False  # not yet tested under DiLoCo's outer step
 
-    def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device):
-        super().__init__(model, dims, plan, optimizer, acco, device)
+    def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device, reduce_dtype=None):
+        super().__init__(model, dims, plan, optimizer, acco, device, reduce_dtype or torch.float32)
         self.warmup = acco.dpu_warmup_steps
 
     def _plan(self, finished):

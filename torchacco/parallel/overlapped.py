@@ -100,7 +100,9 @@ class Overlapped(Strategy):
     options = OverlappedOptions
     options_section = "acco"  # the paper's name for the family; dpu and wp read it too
 
-    def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device):
+    def __init__(
+        self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device, reduce_dtype=torch.float32
+    ):
         self.model, self.dims = model, dims
         self.accumulation = plan.micro_batches // self.periods_per_update  # per period
         self.schedule, self.max_norm = plan.schedule, plan.max_norm
@@ -108,8 +110,14 @@ class Overlapped(Strategy):
         grad_dtype = ACCUMULATOR_DTYPES[acco.accumulator_dtype]
         self.sharded = ShardedOptimizerState(model, dims, plan.param_dtype, optimizer, grad_dtype)
         self.flat = self.sharded.flat  # P, A and the layout, which every round reads
-        self.comm = torch.zeros_like(self.flat.params_buffer)  # C: the job's private buffer
-        self.job_buffer = self.comm  # C, or its first half seen as bf16 (a bf16 estimate round)
+        params = self.flat.params_buffer
+        # C: the job's private buffer, gradients in and parameters out. In the compute dtype, unless the
+        # gradients of bf16 compute are to be summed in fp32: then C is fp32 and the parameters come out
+        # in a bf16 half of it (`_fp32_reduce_out`).
+        wide = reduce_dtype == torch.float32 and params.dtype != torch.float32 and self.flat.world > 1
+        self.comm = torch.zeros(params.numel(), dtype=torch.float32 if wide else params.dtype, device=params.device)
+        self.reduce_out = _fp32_reduce_out(self.comm, params.dtype, self.flat.rank) if wide else None
+        self.job_buffer = self.reduce_out if wide else self.comm  # where the job's parameters land: P ← it
         self.runner = device.runner()
         self.stall_s = stall_deadline_s(dims.timeout)  # a job running longer: a peer stalled
         self.device = device
@@ -117,7 +125,7 @@ class Overlapped(Strategy):
         self.max_growth = acco.max_growth  # bounds an adaptive period (0: no bound)
         self.lr_batch_scaling = acco.lr_batch_scaling if acco.mode == "adaptive" else 0.0
         self.nominal_tokens = plan.tokens_per_update
-        self.estimate_in_bf16 = acco.estimate_comm == "bf16" and self.comm.dtype == torch.float32
+        self.estimate_in_bf16 = acco.estimate_comm == "bf16" and params.dtype == torch.float32
         self.split: list[int] | None = None  # balanced: micro-batches per data-parallel rank in a period
         self.seconds_per_micro_batch: list[float | None] = [None] * self.flat.world  # balanced: measured
         self.pending = Counts()  # what A holds
@@ -130,7 +138,8 @@ class Overlapped(Strategy):
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
-        return cls(model, dims, plan, cfg.optimizer, getattr(cfg, cls.options_section), device)
+        options, reduce_dtype = getattr(cfg, cls.options_section), REDUCE_DTYPES[cfg.parallelism.reduce_dtype]
+        return cls(model, dims, plan, cfg.optimizer, options, device, reduce_dtype)
 
     @classmethod
     def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
@@ -203,9 +212,10 @@ class Overlapped(Strategy):
     def _launch(self, kind: str, keep_accumulating: bool) -> None:
         # C ← A: in bf16 for a bf16 estimate round, in C's first half (the same memory)
         bf16 = kind == ESTIMATE and self.estimate_in_bf16
-        self.job_buffer = self.comm.view(torch.bfloat16)[: self.comm.numel()] if bf16 else self.comm
-        self.job_buffer.copy_(self.flat.grads)
-        sharded, comm, local, estimate = self.sharded, self.job_buffer, self.pending, self.estimate
+        send = self.comm.view(torch.bfloat16)[: self.comm.numel()] if bf16 else self.comm
+        self.job_buffer = send if self.reduce_out is None else self.reduce_out
+        send.copy_(self.flat.grads)
+        sharded, comm, out, local, estimate = self.sharded, send, self.job_buffer, self.pending, self.estimate
         lr_for = self.lr_for()
         if kind == ESTIMATE:
             # The estimate uses the commit's lr: the commit will span this period and the next,
@@ -219,7 +229,7 @@ class Overlapped(Strategy):
             heartbeat.comm_phase(f"communication job ({kind}: reduce-scatter, optimizer, all-gather)")
             start = time.perf_counter()
             with record_function(f"torchacco/job:{kind}"):
-                result = sharded.run_job(comm, local, lr_for, kind, comm, self.max_norm, estimate)
+                result = sharded.run_job(comm, local, lr_for, kind, out, self.max_norm, estimate)
             result.seconds = time.perf_counter() - start
             heartbeat.comm_phase("")
             return result
@@ -359,7 +369,8 @@ class Overlapped(Strategy):
     @classmethod
     def persistent_bytes_per_param(cls, world, compute_bytes):
         # ZeRO-1's flat parameters, fp32 accumulator and sharded master, m and v, and the job's buffer C
-        return compute_bytes + 4 + 12 / world + compute_bytes
+        # (fp32 under the default fp32 reduce of bf16 gradients)
+        return compute_bytes + 4 + 12 / world + (4 if world > 1 else compute_bytes)
 
     def master_shard(self) -> torch.Tensor:
         return self.sharded.master
@@ -378,6 +389,20 @@ class Overlapped(Strategy):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self.sharded.full_state_dict()
+
+
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _fp32_reduce_out(comm: torch.Tensor, dtype: torch.dtype, rank: int) -> torch.Tensor:
+    """Where the job writes the new parameters when it reduces fp32 gradients in C: a half of C seen
+    as `dtype`. The optimizer reads this rank's reduced fp32 shard (C's bytes [4rs, 4rs + 4s)) while
+    it writes this rank's slice of the output ([2rs, 2rs + 2s) from the half's start), so the two
+    must not meet: the first half is clear of the shard for every rank but 0, the second half for
+    rank 0 (with at least 2 ranks). The all-gather fills the rest of the output after the step."""
+    half = comm.view(dtype)
+    n = comm.numel()
+    return half[n:] if rank == 0 else half[:n]
 
 
 def split_by_speed(total: int, seconds_per_micro_batch: list[float]) -> list[int]:

@@ -23,8 +23,9 @@ class ZeRO1(Strategy):
     shards_theta = True
     sync_phase = "reduce-scatter, optimizer step and all-gather"
 
-    def __init__(self, model, dims, plan: UpdatePlan, optimizer):
+    def __init__(self, model, dims, plan: UpdatePlan, optimizer, reduce_dtype: torch.dtype = torch.float32):
         self.model = model
+        self.reduce_dtype = reduce_dtype
         self.dims = dims
         self.accumulation = plan.micro_batches
         self.schedule = plan.schedule
@@ -34,7 +35,7 @@ class ZeRO1(Strategy):
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
-        return cls(model, dims, plan, cfg.optimizer)
+        return cls(model, dims, plan, cfg.optimizer, REDUCE_DTYPES[cfg.parallelism.reduce_dtype])
 
     @classmethod
     def checkpoint_key(cls, dims) -> str:
@@ -50,10 +51,10 @@ class ZeRO1(Strategy):
 
     def step(self, counts: Counts) -> UpdateResult:
         s = self.sharded
-        send = s.grads
-        if send.dtype != s.params.dtype:
-            # Reduce in the compute dtype; the parameter buffer is free as the staging area
-            # because the all-gather below rewrites all of it.
+        send = s.grads  # the fp32 accumulator, reduced in place
+        if self.reduce_dtype == s.params.dtype != send.dtype:
+            # Reduce in the compute dtype ([parallelism] reduce_dtype = "bf16"); the parameter buffer is
+            # free as the staging area because the all-gather below rewrites all of it.
             s.params.copy_(s.grads)
             send = s.params
         start = self.consumed
@@ -85,6 +86,9 @@ class ZeRO1(Strategy):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self.sharded.full_state_dict()
+
+
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def sharded_checkpoint_key(dims) -> str:
