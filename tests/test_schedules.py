@@ -387,7 +387,7 @@ def test_acco_bf16_buffers_and_per_round_metrics(tiny_corpus, cache_dir, tmp_pat
 
 
 def test_split_by_speed_keeps_the_total_and_finishes_the_slowest_first():
-    from torchacco.parallel.overlapped import split_by_speed
+    from torchacco.parallel.balance import split_by_speed
 
     assert split_by_speed(8, [1, 1, 1, 4]) == [3, 3, 2, 0]  # a 4× slower rank: one micro-batch would take 4
     assert split_by_speed(6, [1.0, 2.0]) == [4, 2]  # both finish at 4
@@ -403,6 +403,18 @@ def test_acco_balanced_keeps_the_global_batch_and_gives_the_slow_rank_less(tmp_p
     assert fast[:2] == [2, 2] and fast[-1] > slow[-1], (fast, slow)  # equal until speeds were measured
     # Timing decides the split, hence the data and the summation order: atol as in the adaptive test.
     torch.testing.assert_close(run["theta"], acco_reference(run["periods"], commits=6), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["ddp", "zero1"])
+def test_balanced_batches_for_synchronous_strategies_keep_the_batch_and_the_mean(tmp_path, kind):
+    """[parallelism] balance_batches: the slow rank gets fewer micro-batches (DDP keeps it at one at
+    least), the global batch stays, and θ is the token-weighted update of what each rank computed."""
+    run = run_worker(tmp_path, kind, commits=6, micro_batches=3, mode="balanced", delay=0.05)
+    fast, slow = run["periods"]
+    assert [f + s for f, s in zip(fast, slow)] == [6] * len(fast)
+    assert fast[0] == 3 and fast[-1] > slow[-1] >= (1 if kind == "ddp" else 0), (fast, slow)
+    torch.testing.assert_close(run["theta"], zero1_reference(run["periods"], commits=6), rtol=1e-5, atol=1e-4)
 
 
 def test_a_bf16_estimate_is_the_fp32_estimate_within_bf16_error(monkeypatch):
@@ -436,22 +448,25 @@ def test_acco_with_a_bf16_estimate_round_trains_as_its_equations_within_that_err
 def test_balanced_mode_keeps_measuring_a_rank_it_left_without_work():
     """A rank measured slow once and given no micro-batch is not starved on that stale reading: its
     estimate drifts faster until it gets work and is measured again; zero readings are ignored."""
-    from types import SimpleNamespace
+    from torchacco.parallel.balance import SpeedSplit
 
-    from torchacco.parallel.acco import ACCO
-    from torchacco.parallel.strategy import UpdateResult
-
-    fake = SimpleNamespace(seconds_per_micro_batch=[None, None], accumulation=2, flat=SimpleNamespace(world=2),
-                           split=None)  # fmt: skip
-    ACCO._rebalance(fake, UpdateResult(0, 0, 0, 0, True, micro_batches=[2, 2], compute_s=[0.2, 2.0]))
-    assert fake.split == [4, 0]  # 0.1 s against 1 s per micro-batch
+    balance = SpeedSplit(per_rank=2, world=2, rank=0)
+    balance.observe([2, 2], [0.2, 2.0])
+    assert balance.split == [4, 0]  # 0.1 s against 1 s per micro-batch
     for _ in range(12):  # the slow rank gets nothing and no reading; the fast one keeps its 0.1 s
-        ACCO._rebalance(fake, UpdateResult(0, 0, 0, 0, True, micro_batches=fake.split, compute_s=[0.4, 0.0]))
-        if fake.split[1]:
+        balance.observe(balance.split, [0.4, 0.0])
+        if balance.split[1]:
             break
-    assert fake.split[1] >= 1, fake.seconds_per_micro_batch
-    ACCO._rebalance(fake, UpdateResult(0, 0, 0, 0, True, micro_batches=[2, 2], compute_s=[0.0, 0.0]))
-    assert all(s and s > 0 for s in fake.seconds_per_micro_batch)  # a zero reading (e.g. after a resume) is no speed
+    assert balance.split[1] >= 1, balance.seconds
+    balance.observe([2, 2], [0.0, 0.0])
+    assert all(s and s > 0 for s in balance.seconds)  # a zero reading (e.g. after a resume) is no speed
+
+
+def test_a_minimum_keeps_every_rank_in_the_split():
+    from torchacco.parallel.balance import split_by_speed
+
+    assert split_by_speed(8, [1, 1, 1, 4], minimum=1) == [3, 2, 2, 1]  # DDP's slow rank still runs a backward
+    assert sum(split_by_speed(9, [0.1, 5.0, 5.0], minimum=1)) == 9
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])
@@ -489,3 +504,27 @@ def test_bf16_compute_sums_gradients_in_fp32_by_default(tmp_path, kind):
     update = reference - Reference(wide["periods"]).theta()
     assert (wide["theta"] - reference).norm() < 0.15 * update.norm()
     assert not torch.equal(wide["theta"], narrow["theta"])
+
+
+def test_balanced_batches_state_round_trips_and_impossible_compositions_are_one_line():
+    from torchacco.config import Config
+    from torchacco.errors import UserError
+    from torchacco.parallel.balance import SpeedSplit
+    from torchacco.validate import validate
+
+    balance = SpeedSplit(per_rank=2, world=2, rank=1, minimum=1)
+    balance.observe([2, 2], [0.2, 1.0])
+    again = SpeedSplit(per_rank=2, world=2, rank=1, minimum=1)
+    again.load_state_dict(balance.state_dict())
+    assert again.split == balance.split == [3, 1] and again.count() == 1 and again.seconds == balance.seconds
+    for overrides, message in (
+        ({"data_parallel": "fsdp"}, "its ranks must run the same micro-batches"),
+        ({"data_parallel": "zero1", "tensor_parallel_degree": 2}, "tp=2 is not supported"),
+    ):
+        cfg = Config()
+        cfg.parallelism.balance_batches = True
+        for key, value in overrides.items():
+            setattr(cfg.parallelism, key, value)
+        with pytest.raises(UserError, match=message) as e:
+            validate(cfg, world_size=4)
+        assert "\n" not in str(e.value)

@@ -169,6 +169,11 @@ class Parallelism:
         "with tensor parallelism (and no pipeline): the logits stay split by vocabulary "
         "and the loss is computed on the shards",
     )
+    balance_batches: bool = key(
+        False,
+        "split each update's micro-batches between the data-parallel ranks by their measured speed, the global "
+        "batch fixed (mixed or throttled GPUs); ddp, zero1, acco, dpu, wp; not fsdp, nor with tp/pp",
+    )
     replicas: int = key(
         1,
         "model replicas that train apart and meet every [diloco] sync_every updates (DiLoCo; docs/diloco.md); "

@@ -28,7 +28,8 @@ The formula follows what the strategy class declares (`communication`, `overlapp
 ACCO's modes: balanced splits each round's k/2·W micro-batches by speed (rounds of max(makespan, M));
 adaptive keeps every rank computing during the job, up to max_growth × k/2 micro-batches per round
 (the batch grows); a bf16 estimate halves the estimate round's bytes. Synchronous strategies run at the
-slowest rank's pace.
+slowest rank's pace, or balanced ([parallelism] balance_batches: ddp, zero1) at the makespan of the update's
+k·W micro-batches split by speed.
 
 DiLoCo (docs/diloco.md; one replica per node, the inner strategy over the node's G ranks): the inner
 update's time t_in from the formula above on one node, plus the outer step's exposed transfer averaged
@@ -160,7 +161,7 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
     known = variants()
     if strategy not in known:
         raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(known)}")
-    from torchacco.parallel.overlapped import split_by_speed
+    from torchacco.parallel.balance import split_by_speed
 
     cls, mode = known[strategy]
     W, P, k = hw.world, work.params, work.micro_batches
@@ -172,14 +173,20 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
     opt_shard = P / W / hw.opt_rate
     M = V_rs + opt_shard + V_ag  # reduce-scatter, sharded AdamW, all-gather
     tokens = W * k * work.tokens_per_micro_batch
+    # the compute of an update: k micro-batches at the slowest rank's pace, or balanced, the makespan of
+    # the k·W micro-batches split by speed (DDP keeps one on every rank)
+    minimum = 1 if cls.communication == "all_reduce_in_backward" else 0
+    period = k * c_slow
+    if mode == "balanced" and not cls.overlapped:
+        period = max(n * t for n, t in zip(split_by_speed(k * W, times, minimum), times))
     if cls.communication == "all_reduce_in_backward":
         comm = max(0.0, V_ar - 2 / 3 * c_slow) + P / hw.opt_rate
-        step, job = k * c_slow + comm, V_ar
+        step, job = period + comm, V_ar
     elif cls.communication == "per_micro_batch":
         step = (k - 1) * max(c_slow, 2 * V_ag) + max(c_slow, 2 * V_ag + V_rs) + opt_shard
         comm, job = step - k * c_slow, k * 2 * V_ag + V_rs
     elif not cls.overlapped:
-        step, comm, job = k * c_slow + M, M, M
+        step, comm, job = period + M, M, M
     else:
         periods = cls.periods_per_update
         per_round = max(1, k // periods)

@@ -89,6 +89,8 @@ def config(kind: str, mode: str) -> Config:
     cfg.training.max_norm = 0.5  # low enough that clipping is active
     cfg.parallelism.replicas = REPLICAS
     cfg.parallelism.reduce_dtype = os.environ.get("TORCHACCO_TEST_REDUCE", "fp32")
+    cfg.parallelism.balance_batches = mode == "balanced" and kind in ("ddp", "zero1")  # (acco: its own mode)
+    cfg.acco.mode = "deterministic" if cfg.parallelism.balance_batches else mode
     for name, text in DILOCO.items():
         setattr(cfg.diloco, name, type(getattr(cfg.diloco, name))(text) if name != "offload" else text == "1")
     cfg.optimizer.weight_decay = 0.1

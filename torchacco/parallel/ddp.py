@@ -19,12 +19,13 @@ class DDP(Replicated):
     # torch DDP cannot broadcast or bucket DTensor parameters, nor wrap pipeline stages.
     supports_model_parallel = False
     autocast_compute = True
+    variants = {"ddp_balanced": (("--parallelism.balance_batches", "true"), "balanced")}
 
-    def __init__(self, model, dims, plan, optimizer, bucket_cap_mb: float = 25.0):
+    def __init__(self, model, dims, plan, optimizer, bucket_cap_mb: float = 25.0, balance: bool = False):
         wrapped = DistributedDataParallel(
             model, process_group=dims.dp_group, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True
         )
-        super().__init__(wrapped, dims, plan, optimizer)
+        super().__init__(wrapped, dims, plan, optimizer, balance)
 
     @classmethod
     def persistent_bytes_per_param(cls, world, compute_bytes):
@@ -32,7 +33,8 @@ class DDP(Replicated):
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
-        return cls(model, dims, plan, cfg.optimizer, cfg.parallelism.bucket_cap_mb)
+        p = cfg.parallelism
+        return cls(model, dims, plan, cfg.optimizer, p.bucket_cap_mb, p.balance_batches)
 
     def _sync(self, last):
         return contextlib.nullcontext() if last else self.model.no_sync()

@@ -21,6 +21,7 @@ class FSDP(Replicated):
     name = "fsdp"
     communication = "per_micro_batch"
     shards_theta = True
+    balances = False  # its all-gathers and reduce-scatters run inside every rank's forward and backward
 
     def __init__(
         self,

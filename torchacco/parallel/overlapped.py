@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import heapq
 import sys
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from torchacco import health
 from torchacco.config import key
 from torchacco.device import Device
 from torchacco.errors import UserError
+from torchacco.parallel.balance import SpeedSplit
 from torchacco.parallel.sharded_job import ESTIMATE
 from torchacco.parallel.sharded_state import ShardedOptimizerState
 from torchacco.parallel.strategy import Counts, Strategy, UpdateResult
@@ -126,8 +126,8 @@ class Overlapped(Strategy):
         self.lr_batch_scaling = acco.lr_batch_scaling if acco.mode == "adaptive" else 0.0
         self.nominal_tokens = plan.tokens_per_update
         self.estimate_in_bf16 = acco.estimate_comm == "bf16" and params.dtype == torch.float32
-        self.split: list[int] | None = None  # balanced: micro-batches per data-parallel rank in a period
-        self.seconds_per_micro_batch: list[float | None] = [None] * self.flat.world  # balanced: measured
+        self.balanced = acco.mode == "balanced"  # or [parallelism] balance_batches (from_config)
+        self.balance = SpeedSplit(self.accumulation, self.flat.world, self.flat.rank)
         self.pending = Counts()  # what A holds
         self.planned: tuple[str, bool] | None = None  # the job to launch when the next period starts
         self.exposed = 0.0  # seconds the compute side waited on jobs since the last commit
@@ -139,7 +139,9 @@ class Overlapped(Strategy):
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
         options, reduce_dtype = getattr(cfg, cls.options_section), REDUCE_DTYPES[cfg.parallelism.reduce_dtype]
-        return cls(model, dims, plan, cfg.optimizer, options, device, reduce_dtype)
+        strategy = cls(model, dims, plan, cfg.optimizer, options, device, reduce_dtype)
+        strategy.balanced = strategy.balanced or cfg.parallelism.balance_batches
+        return strategy
 
     @classmethod
     def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
@@ -195,7 +197,7 @@ class Overlapped(Strategy):
 
     def _period_micro_batches(self) -> int:
         """This rank's micro-batches in the period about to start (before its job is launched)."""
-        return self.split[self.flat.rank] if self.split else self.accumulation
+        return self.balance.count()
 
     def _job_running(self) -> bool:
         return self.runner.in_flight() and not self.runner.done()
@@ -261,23 +263,14 @@ class Overlapped(Strategy):
         self.pending = self.pending + counts
         finished = self._finish()
         self.planned = self._plan(finished)
-        if self.mode == "balanced" and finished is not None:
-            self._rebalance(finished)
+        if self.balanced and finished is not None:
+            self.balance.observe(finished.micro_batches, finished.compute_s)
         return finished
 
-    def _rebalance(self, finished: UpdateResult) -> None:
-        """Balanced mode: split the next periods' micro-batches by each rank's measured time per
-        micro-batch (from the gathered numbers, so every rank plans alike)."""
-        known = self.seconds_per_micro_batch
-        for r, (n, seconds) in enumerate(zip(finished.micro_batches, finished.compute_s)):
-            if n > 0 and seconds > 0:
-                known[r] = seconds / n if known[r] is None else 0.5 * known[r] + 0.5 * seconds / n
-            elif known[r] is not None:
-                # No measurement (a rank left without work): its estimate drifts faster each round, so it
-                # gets a micro-batch again and is measured anew, instead of idling on a stale reading.
-                known[r] *= 0.8
-        if all(s is not None for s in known):
-            self.split = split_by_speed(self.accumulation * self.flat.world, known)
+    @property
+    def split(self) -> list[int] | None:
+        """Balanced: micro-batches per data-parallel rank in a period (None until every rank is measured)."""
+        return self.balance.split
 
     def _plan(self, finished: UpdateResult | None) -> tuple[str, bool]:
         """(the next job's kind, whether A keeps accumulating after handing it over)."""
@@ -326,8 +319,7 @@ class Overlapped(Strategy):
                 "name": self.name,
                 "world": world,
                 "commits": self.commits,
-                "split": list(self.split or []),  # balanced mode's plan and measurements (the same on every rank)
-                "seconds_per_micro_batch": [-1.0 if s is None else s for s in self.seconds_per_micro_batch],
+                **self.balance.state_dict(),  # balanced mode's plan and measurements (the same on every rank)
                 "planned": "" if self.planned is None else f"{self.planned[0]}:{int(self.planned[1])}",
                 "params": self.flat.params_buffer,
                 "accumulator": DTensor.from_local(
@@ -357,10 +349,7 @@ class Overlapped(Strategy):
         kind, _, keep = schedule["planned"].partition(":")
         self.planned = (kind, bool(int(keep))) if kind else None
         self.commits = schedule["commits"]
-        self.split = list(schedule.get("split", [])) or None
-        seconds = schedule.get("seconds_per_micro_batch", [])
-        if len(seconds) == self.flat.world:
-            self.seconds_per_micro_batch = [None if s < 0 else s for s in seconds]
+        self.balance.load_state_dict(schedule)
 
     @classmethod
     def checkpoint_key(cls, dims) -> str:
@@ -403,16 +392,3 @@ def _fp32_reduce_out(comm: torch.Tensor, dtype: torch.dtype, rank: int) -> torch
     half = comm.view(dtype)
     n = comm.numel()
     return half[n:] if rank == 0 else half[:n]
-
-
-def split_by_speed(total: int, seconds_per_micro_batch: list[float]) -> list[int]:
-    """Micro-batches per rank, `total` in all, that minimise the time of the rank finishing last:
-    each one goes to the rank that would finish it soonest (optimal for equal micro-batches)."""
-    counts = [0] * len(seconds_per_micro_batch)
-    finish = [(s, r) for r, s in enumerate(seconds_per_micro_batch)]  # (finish time with one more, rank)
-    heapq.heapify(finish)
-    for _ in range(total):
-        _, r = heapq.heappop(finish)
-        counts[r] += 1
-        heapq.heappush(finish, ((counts[r] + 1) * seconds_per_micro_batch[r], r))
-    return counts

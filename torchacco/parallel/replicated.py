@@ -4,6 +4,7 @@ parameters, stepped once torch's wrapper has reduced the gradients."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator
 
@@ -20,8 +21,10 @@ from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 
 from torchacco.config import Optimizer as OptimizerConfig
+from torchacco.device import Stopwatch
 from torchacco.optim import build_adamw
 from torchacco.parallel.accounting import gather_counts
+from torchacco.parallel.balance import SpeedSplit
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan, UpdateResult
 
@@ -32,10 +35,14 @@ class Replicated(Strategy):
 
     sync_phase = "gradient all-reduce and optimizer step"
 
-    def __init__(self, model: nn.Module, dims: ParallelDims, plan: UpdatePlan, optimizer: OptimizerConfig):
+    def __init__(
+        self, model: nn.Module, dims: ParallelDims, plan: UpdatePlan, optimizer: OptimizerConfig, balance=False
+    ):
         self.model = model
         self.dims = dims
         self.accumulation = plan.micro_batches
+        # balance_batches: every rank keeps one micro-batch, as DDP's all-reduce runs in its last backward
+        self.balance = SpeedSplit(plan.micro_batches, dims.dp_size, dims.dp_rank, minimum=1) if balance else None
         self.schedule = plan.schedule
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
         self.max_norm = plan.max_norm
@@ -45,10 +52,26 @@ class Replicated(Strategy):
         raise NotImplementedError
 
     def micro_batches(self) -> Iterator[contextlib.AbstractContextManager]:
-        for i in range(self.accumulation):
-            yield self._sync(last=i == self.accumulation - 1)
+        n = self.balance.count() if self.balance else self.accumulation
+        self._timed = []  # balance_batches: the micro-batches without gradient sync, each timed
+        for i in range(n):
+            last = i == n - 1
+            watch = Stopwatch(self.dims.mesh.device_type == "cuda").start() if self.balance and not last else None
+            yield self._sync(last)
+            if watch is not None:
+                self._timed.append(watch.stop())
+
+    def _own_speed(self, counts: Counts) -> Counts:
+        """A rank's compute time for balancing, from its micro-batches without sync: the last one's
+        backward waits in the all-reduce for the slowest rank, which would make every rank look as slow.
+        With one micro-batch there is no such reading (0: the balancer lets its estimate drift)."""
+        seconds = [w.seconds() for w in self._timed]
+        per = sum(seconds) / len(seconds) if seconds else 0.0
+        return dataclasses.replace(counts, compute=(_Seconds(per * counts.micro_batches),))
 
     def step(self, counts: Counts) -> UpdateResult:
+        if self.balance:
+            counts = self._own_speed(counts)
         gathered = gather_counts(counts, self.dims.dp_group, self.dims.mesh.device_type)
         gathered.require_tokens()
         loss_sum = gathered.loss_sum
@@ -75,7 +98,10 @@ class Replicated(Strategy):
         # Every rank is here: a pipeline's loss is the last stage's, so its ranks are named everywhere.
         mp_group = self.dims.mp_group if skipped else None
         bad = gathered.nonfinite_ranks(self.dims.dp_group, mp_group, self.dims.mesh.device_type)
-        return gathered.result(loss_sum, norm, lr, True, skipped=skipped, nonfinite_ranks=bad)
+        result = gathered.result(loss_sum, norm, lr, True, skipped=skipped, nonfinite_ranks=bad)
+        if self.balance:
+            self.balance.observe(result.micro_batches, result.compute_s)
+        return result
 
     def _clip_over_stages(self, params: list, loss_sum: float) -> tuple[torch.Tensor, float]:
         """Pipeline stages hold different layers: the norm adds theirs; the loss is the last stage's."""
@@ -99,11 +125,14 @@ class Replicated(Strategy):
 
     def state_dict(self) -> dict:
         model, optimizer = get_state_dict(self.model, self.optimizer)
-        return {"model": model, "optimizer": optimizer, "consumed": self.consumed}
+        balance = {"balance": self.balance.state_dict()} if self.balance else {}
+        return {"model": model, "optimizer": optimizer, "consumed": self.consumed, **balance}
 
     def load_state_dict(self, state: dict) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         self.consumed = state["consumed"]
+        if self.balance:
+            self.balance.load_state_dict(state["balance"])
 
     def weights_state_dict(self) -> dict:
         return {"model": get_model_state_dict(self.model)}
@@ -118,3 +147,13 @@ class Replicated(Strategy):
             }
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return {k: v.float() for k, v in get_model_state_dict(self.model, options=options).items()}
+
+
+@dataclasses.dataclass
+class _Seconds:
+    """A reading in seconds, where `Counts` expects a stopwatch."""
+
+    value: float
+
+    def seconds(self) -> float:
+        return self.value

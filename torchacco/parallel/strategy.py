@@ -113,6 +113,7 @@ class Strategy(abc.ABC):
     default: ClassVar[bool] = False  # the strategy `[parallelism] data_parallel` names by default
     # DiLoCo's replicas (docs/diloco.md) can run it inside: between updates its `theta_pieces()` are θ.
     supports_replicas: ClassVar[bool] = True
+    balances: ClassVar[bool] = True  # runs [parallelism] balance_batches (ranks may run unequal micro-batches)
     shards_theta: ClassVar[bool] = False  # theta_pieces() are this rank's shard of θ (not all of it)
     # Its options: a dataclass of `config.key`s, read as the TOML section `options_section` (two
     # strategies that truly share options name the same dataclass and section).
@@ -136,6 +137,20 @@ class Strategy(abc.ABC):
 
             able = ", ".join(f"'{name}'" for name, other in STRATEGIES.items() if other.supports_model_parallel)
             raise UserError(f"data_parallel = '{cls.name}' with {model_parallel} is not supported; use one of {able}")
+        if cfg.parallelism.balance_batches and not cls.balances:
+            from torchacco.parallel.registry import STRATEGIES
+
+            able = ", ".join(f"'{name}'" for name, other in STRATEGIES.items() if other.balances)
+            raise UserError(
+                f"[parallelism] balance_batches = true with data_parallel = '{cls.name}': its ranks must run the "
+                f"same micro-batches (collectives inside forward and backward); use one of {able}, or "
+                "balance_batches = false"
+            )
+        if cfg.parallelism.balance_batches and model_parallel:
+            raise UserError(
+                f"[parallelism] balance_batches = true with {model_parallel} is not supported: tensor- and "
+                "pipeline-parallel peers must run the same micro-batches; set balance_batches = false"
+            )
 
     @classmethod
     def benchmark_variants(cls) -> dict[str, tuple[tuple[str, ...], str]]:

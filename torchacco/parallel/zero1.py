@@ -9,6 +9,7 @@ import contextlib
 import torch
 from torch.profiler import record_function
 
+from torchacco.parallel.balance import SpeedSplit
 from torchacco.parallel.sharded_job import COMMIT
 from torchacco.parallel.sharded_state import ShardedOptimizerState
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan, UpdateResult
@@ -21,9 +22,12 @@ class ZeRO1(Strategy):
     communication = "sharded_job"
     flat_buffers = True
     shards_theta = True
+    variants = {"zero1_balanced": (("--parallelism.balance_batches", "true"), "balanced")}
     sync_phase = "reduce-scatter, optimizer step and all-gather"
 
-    def __init__(self, model, dims, plan: UpdatePlan, optimizer, reduce_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, model, dims, plan: UpdatePlan, optimizer, reduce_dtype: torch.dtype = torch.float32, balance=False
+    ):
         self.model = model
         self.reduce_dtype = reduce_dtype
         self.dims = dims
@@ -32,10 +36,12 @@ class ZeRO1(Strategy):
         self.max_norm = plan.max_norm
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
         self.sharded = ShardedOptimizerState(model, dims, plan.param_dtype, optimizer)
+        self.balance = SpeedSplit(plan.micro_batches, dims.dp_size, dims.dp_rank) if balance else None
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
-        return cls(model, dims, plan, cfg.optimizer, REDUCE_DTYPES[cfg.parallelism.reduce_dtype])
+        p = cfg.parallelism
+        return cls(model, dims, plan, cfg.optimizer, REDUCE_DTYPES[p.reduce_dtype], p.balance_batches)
 
     @classmethod
     def checkpoint_key(cls, dims) -> str:
@@ -46,7 +52,7 @@ class ZeRO1(Strategy):
         return compute_bytes + 4 + 12 / world  # flat parameters, fp32 accumulator, sharded master, m and v
 
     def micro_batches(self):
-        for _ in range(self.accumulation):
+        for _ in range(self.balance.count() if self.balance else self.accumulation):
             yield contextlib.nullcontext()
 
     def step(self, counts: Counts) -> UpdateResult:
@@ -62,6 +68,8 @@ class ZeRO1(Strategy):
             result = s.run_job(send, counts, lambda c: self.schedule(start, c), COMMIT, s.params, self.max_norm)
         s.grads.zero_()
         self.consumed += result.consumed
+        if self.balance:
+            self.balance.observe(result.micro_batches, result.compute_s)
         return result
 
     def master_shard(self) -> torch.Tensor:
@@ -77,11 +85,14 @@ class ZeRO1(Strategy):
         return self.sharded.weights_state_dict()
 
     def state_dict(self) -> dict:
-        return {**self.sharded.state_dict(), "consumed": self.consumed}
+        balance = {"balance": self.balance.state_dict()} if self.balance else {}
+        return {**self.sharded.state_dict(), "consumed": self.consumed, **balance}
 
     def load_state_dict(self, state: dict) -> None:
         self.sharded.load_state_dict(state)
         self.consumed = state["consumed"]
+        if self.balance:
+            self.balance.load_state_dict(state["balance"])
         self.sharded.gather_master(self.sharded.params)  # the compute parameters follow from θ
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
