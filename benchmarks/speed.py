@@ -1,0 +1,157 @@
+"""Speed on the emulated cluster: time per update of each strategy per setting, from short runs after
+warm-up, with repeats; with the loopback token-efficiency tables, the loss at equal tokens beside it.
+
+    .venv/bin/python -m benchmarks.speed [--updates 110] [--repeats 2] [--settings a,b,c]
+
+The token-efficiency benchmark's recipe (GPT-Neo debug, 1k vocabulary, seq 128, 16 sequences per
+update), on the time-to-loss sweep's settings: (a) 2 nodes of one rank at the link rate where
+ZeRO-1's exposed communication equals its compute, (b) a third of that rate, (c) 4 nodes at 1 Gbit/s
+with 0.45 cores each, one at a quarter of that (micro-batches of one sequence, so a balanced split
+has 4 per rank to move). DiLoCo runs one replica per node in (a) and (b). Speed does not depend on
+the loss, so each run is short; loss at equal tokens does not depend on the link, so it is read from
+`bench_results/*token_efficiency*.json` (benchmarks/token_efficiency.py, 1,000 updates, 5 seeds).
+Needs root (network namespaces) and a quiet machine. Writes bench_results/speed.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks.acco_reference import recipe
+from benchmarks.cluster import ClusterPlan, run_training
+from benchmarks.names import ACCO, DDP, FSDP, ZERO1
+from benchmarks.token_efficiency import QUIET, VARIANTS, machine
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINES = (DDP, ZERO1, FSDP)
+BALANCE = ["--parallelism.balance_batches", "true"]
+STRATEGIES = {
+    **{name: VARIANTS.get(name, ["--parallelism.data_parallel", name]) for name in (*BASELINES, ACCO)},
+    **{name: VARIANTS[name] for name in ("diloco_h10", "diloco_h50", "streaming_h50")},
+    f"{DDP}_balanced": ["--parallelism.data_parallel", DDP, *BALANCE],
+    f"{ZERO1}_balanced": ["--parallelism.data_parallel", ZERO1, *BALANCE],
+    f"{ACCO}_balanced": ["--parallelism.data_parallel", ACCO, "--acco.mode", "balanced"],
+}
+PER_SETTING = {  # the strategies each setting runs by default
+    "a": [DDP, ZERO1, FSDP, ACCO, "diloco_h10", "diloco_h50", "streaming_h50"],
+    "b": [DDP, ZERO1, FSDP, ACCO, "diloco_h10", "diloco_h50", "streaming_h50"],
+    "c": [DDP, f"{DDP}_balanced", ZERO1, f"{ZERO1}_balanced", ACCO, f"{ACCO}_balanced"],
+}
+WARMUP = 10  # updates left out of the timing
+
+
+def seconds_per_update(records: list[dict]) -> float:
+    """Mean time of the updates after warm-up (each record's tokens over its rate: its own time, as the
+    trainer restarts its clock after every logged update)."""
+    kept = records[WARMUP:]
+    return sum(r["tokens_per_update"] / r["tokens_per_s"] for r in kept) / len(kept)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.speed", description=__doc__)
+    parser.add_argument("--updates", type=int, default=110)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--settings", default="a,b")
+    parser.add_argument("--strategies", default="", help=f"from {', '.join(STRATEGIES)}; default: per setting")
+    parser.add_argument("--out", default="bench_results")
+    args = parser.parse_args(argv)
+    out = ROOT / args.out
+    balance = json.loads((out / "time_to_loss.json").read_text())["calibration"]["balance_bps"]
+    plans = {
+        "a": (ClusterPlan(nodes=2, rate_bps=balance), []),
+        "b": (ClusterPlan(nodes=2, rate_bps=balance / 3), []),
+        "c": (ClusterPlan(nodes=4, rate_bps=1e9, slow_node=3, slow_factor=4.0, cpu_per_node=0.45),
+              ["--training.local_batch_size", "1"]),
+    }  # fmt: skip
+    gaps = {}
+    for table in sorted(out.glob("*token_efficiency*.json")):  # lr -> variant -> row, the 1.5e-3 ones
+        for lr, rows in json.loads(table.read_text()).get("summary", {}).items():
+            if lr == "0.0015":
+                gaps |= {name: row.get("mean_gap_pct") for name, row in rows.items()}
+    results = {}
+    for setting in args.settings.split(","):
+        plan, extra = plans[setting]
+        rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
+        for name in args.strategies.split(",") if args.strategies else PER_SETTING[setting]:
+            times = []
+            for repeat in range(args.repeats):
+                train = [*recipe(args.updates, 1.5e-3, repeat), *QUIET, *STRATEGIES[name], "--eval.every", "0"]
+                train += ["--training.max_tokens", "0", "--training.steps", str(args.updates), *extra]
+                run = run_training(plan, train, out / "runs" / "speed" / f"{setting}_{name}_{repeat}")
+                times.append(seconds_per_update(run["records"]))
+                print(f"[speed] {setting} {name} #{repeat}: {times[-1]:.4f} s per update", flush=True)
+            rows["strategies"][name] = {"seconds_per_update": times, "mean": statistics.fmean(times)}
+        ran = rows["strategies"]
+        synchronous = [n for n in ran if n.removesuffix("_balanced") in BASELINES]  # balanced ones included
+        best = min(synchronous, key=lambda n: ran[n]["mean"])
+        rows["best_baseline"] = best
+        for name, row in ran.items():
+            row["speedup_vs_best_baseline"] = ran[best]["mean"] / row["mean"]
+            plain = name.removesuffix("_balanced")
+            row["speedup_vs_unbalanced"] = ran[plain]["mean"] / row["mean"] if plain != name and plain in ran else None
+            row["gap_pct"] = gaps.get(name.removesuffix("_balanced"))  # balancing does not change the update
+    meta = {"date": datetime.date.today().isoformat(), "machine": machine(),
+            "command": "python -m benchmarks.speed " + " ".join(argv or sys.argv[1:])}  # fmt: skip
+    (out / "speed.json").write_text(json.dumps({"meta": meta, "settings": results}, indent=1))
+    (out / "speed.md").write_text(markdown(results, meta))
+    plot(results, out / "speed.png")
+    print(markdown(results, meta))
+    return 0
+
+
+def markdown(results: dict, meta: dict) -> str:
+    lines = [
+        "# Speed on the emulated cluster: time per update, and the loss at equal tokens",
+        "",
+        f"{meta['date']}, {meta['machine']}; one rank per node (network namespaces, `tc tbf`, CPU quotas).",
+        f"Command: `{meta['command']}`. Loss gaps at equal tokens: `bench_results/*token_efficiency*.md` (loopback, "
+        "1,000 updates, 5 seeds, lr 1.5e-3, paired with DDP; a balanced variant computes its strategy's update).",
+        "",
+    ]
+    for setting, rows in results.items():
+        lines += [
+            f"## Setting {setting}: {rows['plan']}",
+            "",
+            f"Best synchronous baseline (balanced ones included): {rows['best_baseline']}.",
+            "",
+            "| strategy | s per update (repeats) | speed vs best baseline | vs its unbalanced self "
+            "| val loss vs ddp at equal tokens (%) |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for name, row in rows["strategies"].items():
+            each = ", ".join(f"{t:.4f}" for t in row["seconds_per_update"])
+            gap = "—" if row["gap_pct"] is None else f"{row['gap_pct']:+.2f}"
+            self_ = "" if row["speedup_vs_unbalanced"] is None else f"{row['speedup_vs_unbalanced']:.2f}×"
+            lines.append(
+                f"| {name} | {row['mean']:.4f} ({each}) | {row['speedup_vs_best_baseline']:.2f}× | {self_} | {gap} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.5), squeeze=False)
+    for ax, (setting, rows) in zip(axes[0], results.items()):
+        names = list(rows["strategies"])
+        ax.barh(names, [rows["strategies"][n]["speedup_vs_best_baseline"] for n in names])
+        ax.axvline(1.0, color="grey", lw=0.5)
+        ax.set(title=f"setting {setting}", xlabel="updates per second vs the best baseline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
