@@ -50,6 +50,9 @@ VARIANTS = {
     "acco_damped05": ["--parallelism.data_parallel", ACCO, "--acco.estimate_damping", "0.5"],
     # DiLoCo (docs/diloco.md): 2 replicas of one rank each, half the global batch per replica, an outer step every H
     **{f"diloco_h{h}": [*DILOCO, "--diloco.sync_every", str(h)] for h in (10, 50, 100)},
+    # plain averaging every 50 updates (outer lr 1, no momentum): Nesterov's 0.7 and 0.9 step up to 7 times the
+    # replicas' mean displacement once the momentum builds, which is DiLoCo's tuning for H in the hundreds
+    "diloco_h50_avg": [*DILOCO, *"--diloco.sync_every 50 --diloco.outer_lr 1 --diloco.outer_momentum 0".split()],
     # Streaming DiLoCo: the 2 blocks as 2 fragments, each all-reduced in bf16 beside 1 inner update
     "streaming_h50": [
         *DILOCO,
