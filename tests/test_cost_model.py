@@ -127,7 +127,13 @@ def test_predict_cli():
     )
     proc = run("--model", "llama3", "--flavor", "8B", "--nodes", "4", "--gpus-per-node", "8", "--bandwidth", "100gbit")
     assert proc.returncode == 0, proc.stderr
-    assert "8.03B params" in proc.stdout and "| zero1 |" in proc.stdout and "Soonest to the loss:" in proc.stdout
+    assert "8.03B params" in proc.stdout and "| zero1 |" in proc.stdout and "Soonest to the loss" in proc.stdout
+    # 8B on 80 GB: DDP's replicated fp32 state (120 GiB) does not fit and is never the advice
+    assert "| ddp | " in proc.stdout and "does not fit | 119.7 |" in proc.stdout
+    verdict = next(line for line in proc.stdout.splitlines() if line.startswith("Soonest"))
+    assert "): ddp " not in verdict and "best baseline, ddp)" not in verdict
+    small = run("--memory-gib", "1")
+    assert small.returncode == 1 and "no strategy fits 1 GiB per GPU" in small.stderr
     assert "Assumptions:" in proc.stdout and "noise scale" in proc.stdout
     bad = run("--device", "TPU9")
     assert bad.returncode == 1 and bad.stderr.startswith("torchacco: error: unknown --device")

@@ -61,13 +61,18 @@ def variants() -> dict[str, tuple[type, str]]:
     return {label: (cls, mode) for cls in STRATEGIES.values() for label, (_, mode) in cls.benchmark_variants().items()}
 
 
-# Dense bf16 peak FLOP/s per device, and intra-node bandwidth (bits/s per GPU per direction).
+# Dense bf16 peak FLOP/s per device, intra-node bandwidth (bits/s per GPU per direction), memory (GiB).
 DEVICES = {
-    "H100": {"flops": 989e12, "intra_bps": 3.6e12, "opt_rate": 1e11},
-    "H200": {"flops": 989e12, "intra_bps": 3.6e12, "opt_rate": 1.4e11},
-    "A100": {"flops": 312e12, "intra_bps": 2.4e12, "opt_rate": 6e10},
-    "L40S": {"flops": 362e12, "intra_bps": 2.5e11, "opt_rate": 2.5e10},
+    "H100": {"flops": 989e12, "intra_bps": 3.6e12, "opt_rate": 1e11, "memory_gib": 79.6},
+    "H200": {"flops": 989e12, "intra_bps": 3.6e12, "opt_rate": 1.4e11, "memory_gib": 139.8},
+    "A100": {"flops": 312e12, "intra_bps": 2.4e12, "opt_rate": 6e10, "memory_gib": 79.2},
+    "L40S": {"flops": 362e12, "intra_bps": 2.5e11, "opt_rate": 2.5e10, "memory_gib": 44.5},
 }
+# Activation bytes per token, per block and per unit of width kept for backward, by [training]
+# activation_checkpoint, in bf16 (Korthikanti et al. 2022 with a fused attention: 34 without recompute;
+# torchtitan's op-level selective recompute keeps the matmul outputs, about two thirds; full recompute keeps
+# each block's input, 2).
+ACTIVATION_BYTES = {"none": 34.0, "selective": 22.0, "full": 2.0}
 
 
 @dataclasses.dataclass
@@ -77,6 +82,7 @@ class Workload:
     tokens_per_micro_batch: float  # per rank: local_batch_size × seq_len
     micro_batches: int = 2  # per rank and update (ZeRO-1's accumulation k; ACCO runs k/2 per round)
     comm_bytes: float = 2.0  # bytes per element on the wire (bf16 2, fp32 4)
+    activation_bytes: float = 0.0  # peak activations of one micro-batch on a rank (0: not counted)
 
     def __post_init__(self):
         if self.params <= 0 or self.flops_per_token <= 0 or self.tokens_per_micro_batch <= 0:
@@ -302,8 +308,10 @@ def model_workload(
     micro_batches: int,
     vocab_size: int | None = None,
     comm_bytes: float = 2.0,
+    activation_checkpoint: str = "selective",
+    loss_chunks: int = 8,
 ) -> Workload:
-    """A Workload from a model folder's flavor (parameters and FLOPs per token from its ModelArgs)."""
+    """A Workload from a model folder's flavor (parameters, FLOPs per token and activations from its ModelArgs)."""
     from torchacco.spec import get_model_spec
 
     spec = get_model_spec(model)
@@ -318,22 +326,33 @@ def model_workload(
         tokens_per_micro_batch=float(seq_len * local_batch),
         micro_batches=micro_batches,
         comm_bytes=comm_bytes,
+        activation_bytes=activation_bytes(args, seq_len * local_batch, activation_checkpoint, loss_chunks),
     )
+
+
+def activation_bytes(args, tokens: int, checkpoint: str = "selective", loss_chunks: int = 8) -> float:
+    """Peak activation bytes of one micro-batch of `tokens` (bf16 compute): the blocks' saved tensors
+    (`ACTIVATION_BYTES` per token, block and width) plus one loss chunk's fp32 logits and their gradient."""
+    blocks = ACTIVATION_BYTES[checkpoint] * tokens * args.dim * args.n_layers
+    return blocks + 2 * 4 * tokens * args.vocab_size / max(loss_chunks, 1)
 
 
 def relative_error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured if measured else math.nan
 
 
-def format_table(preds: dict[str, dict], memory: dict[str, float] | None = None, ttl: dict | None = None) -> str:
+def format_table(
+    preds: dict[str, dict], memory: dict[str, float] | None = None, ttl: dict | None = None, fits: dict | None = None
+) -> str:
     """Markdown: per strategy the time per update, tokens/s, exposed communication, and (when given)
-    memory per rank and time to the target loss relative to the soonest strategy."""
+    memory per rank and time to the target loss relative to the soonest strategy that fits (`fits`:
+    strategy -> whether its memory fits the device; one that does not says so instead)."""
     head = "| strategy | time per update (s) | tokens/update | tokens/s | exposed comm (s) | overlap |"
     sep = "|---|---:|---:|---:|---:|---:|"
     if ttl:
         head += " time to loss (s) | vs soonest |"
         sep += "---:|---:|"
-        soonest = min(ttl.values())
+        soonest = min(t for name, t in ttl.items() if not fits or fits[name])
     if memory:
         head += " memory/rank (GiB) |"
         sep += "---:|"
@@ -344,7 +363,8 @@ def format_table(preds: dict[str, dict], memory: dict[str, float] | None = None,
             f"{p['exposed_comm_s']:.4g} | {p['overlap']:.0%} |"
         )
         if ttl:
-            row += f" {ttl[name]:,.0f} | {ttl[name] / soonest:.2f}× |"
+            versus = f"{ttl[name] / soonest:.2f}×" if not fits or fits[name] else "does not fit"
+            row += f" {ttl[name]:,.0f} | {versus} |"
         if memory:
             row += f" {memory[name] / 2**30:.1f} |"
         rows.append(row)

@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-batch", type=int, default=1)
     p.add_argument("--micro-batches", type=int, default=2, help="per GPU and update (ZeRO-1's accumulation)")
     p.add_argument("--comm-bytes", type=float, default=2.0, help="bytes per element on the wire (bf16: 2)")
+    p.add_argument("--memory-gib", type=float, default=None, help="memory per GPU (default: the device's)")
+    p.add_argument("--activation-checkpoint", default="selective", choices=tuple(cm.ACTIVATION_BYTES))
+    p.add_argument("--loss-chunks", type=int, default=8, help="[training] loss_chunks (fp32 logits per chunk)")
     p.add_argument("--slow-factor", type=float, default=1.0, help="one GPU this much slower")
     p.add_argument("--max-growth", type=float, default=2.0, help="adaptive ACCO's cap ([acco] max_growth)")
     p.add_argument("--updates-to-target", type=int, default=10000, help="DDP's updates to the target loss")
@@ -52,8 +55,9 @@ def workload_and_hardware(args) -> tuple[cm.Workload, cm.Hardware]:
         raise UserError(f"unknown --device {args.device!r}; one of {', '.join(cm.DEVICES)} (or give --flops)")
     try:
         work = cm.model_workload(
-            args.model, args.flavor, args.seq_len, args.local_batch, args.micro_batches, comm_bytes=args.comm_bytes
-        )
+            args.model, args.flavor, args.seq_len, args.local_batch, args.micro_batches, comm_bytes=args.comm_bytes,
+            activation_checkpoint=args.activation_checkpoint, loss_chunks=args.loss_chunks,
+        )  # fmt: skip
     except ValueError as e:
         raise UserError(str(e)) from None
     hw = cm.Hardware(
@@ -90,6 +94,8 @@ def predict(args) -> dict:
                 preds[row["strategy"]] = row
                 mem[row["strategy"]] = cm.diloco_memory_bytes(work, hw, label)
                 ttl[row["strategy"]] = args.updates_to_target * row["step_time_s"]  # as many updates as DDP: assumed
+    capacity = (args.memory_gib or cm.DEVICES[args.device]["memory_gib"]) * 2**30
+    fits = {s: mem[s] + work.activation_bytes <= capacity for s in preds}
     z = preds[ZeRO1.name]
     print(
         f"{args.model} {args.flavor}: {work.params / 1e9:.2f}B params, {work.flops_per_token / 1e9:.1f} GFLOP/token; "
@@ -99,13 +105,21 @@ def predict(args) -> dict:
         f"{args.local_batch} × {args.seq_len}, {args.micro_batches} per rank and update; compute "
         f"{z['compute_s']:.3f} s per micro-batch, sharded job {z['job_s']:.3f} s\n"
     )
-    print(cm.format_table(preds, mem, ttl))
-    soonest = min(ttl, key=ttl.get)
+    if not any(fits.values()):
+        raise UserError(
+            f"no strategy fits {capacity / 2**30:.0f} GiB per GPU with {work.activation_bytes / 2**30:.1f} GiB of "
+            "activations per micro-batch; use more GPUs, --activation-checkpoint full, or a smaller --local-batch"
+        )
+    print(cm.format_table(preds, mem, ttl, fits))
+    soonest = min((s for s in ttl if fits[s]), key=ttl.get)
     synchronous = [label for label, (cls, mode) in cm.variants().items() if label == cls.name and not cls.overlapped]
-    baseline = min(synchronous, key=ttl.get)
+    baseline = min((s for s in synchronous if fits[s]), key=ttl.get, default=None)
+    against = f"{ttl[baseline] / ttl[soonest]:.2f}× sooner than the best baseline, {baseline}" if baseline else (
+        "no synchronous baseline fits")  # fmt: skip
     print(
-        f"Soonest to the loss: {soonest} ({ttl[baseline] / ttl[soonest]:.2f}× sooner than the best baseline, "
-        f"{baseline}). ACCO costs {(mem[ACCO.name] - mem[ZeRO1.name]) / 2**30:.1f} GiB more per GPU than ZeRO-1 (its "
+        f"Soonest to the loss of those that fit in {capacity / 2**30:.0f} GiB per GPU (persistent state and "
+        f"{work.activation_bytes / 2**30:.1f} GiB of activations): {soonest} ({against}). ACCO costs "
+        f"{(mem[ACCO.name] - mem[ZeRO1.name]) / 2**30:.1f} GiB more per GPU than ZeRO-1 (its "
         "job's buffer: one fp32 parameter copy, as it sums bf16 gradients in fp32)."
     )
     print(assumptions(args, recipe, preds["acco_adaptive"]["tokens_per_update"], noise))
@@ -122,7 +136,9 @@ def assumptions(args, recipe: float, adaptive_tokens: float, noise: float) -> st
         f"(H = {args.sync_every}, one replica per node) are assumed to need as many updates as DDP; at equal tokens "
         "their loss is higher by a gap that grows with H and with the replicas (docs/diloco.md has the measured "
         "one): check it for your model before trusting their time to loss. Memory is "
-        "persistent state only (weights, gradients, optimizer), no activations. Communication is modelled by "
+        "persistent state (weights, gradients, optimizer; the column) plus one micro-batch's activations "
+        f"({args.activation_checkpoint} recompute, {args.loss_chunks} loss chunks: estimated from the model's "
+        "shape); a strategy that exceeds the GPU's memory is marked and never advised. Communication is modelled by "
         "bandwidth and latency: no congestion, no CPU contention."
     )
 
