@@ -42,8 +42,19 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
         # Streaming DiLoCo over ACCO: fragment 1's all-reduce is in flight at the step-3 checkpoint
         ("acco", STREAMING),
         ("zero1", [*REPLICAS_2, "--diloco.sync_every", "2", "--diloco.outer_dtype", "int8", "--diloco.offload", "1"]),
+        ("ddp", [*STREAMING[:-4], "--diloco.eager", "true"]),  # eager: θ̂ of the fragment in flight is state too
     ],
-    ids=["ddp", "zero1", "acco", "fsdp-async", "dpu-warmup", "wp", "diloco-acco-streaming", "diloco-zero1-int8"],
+    ids=[
+        "ddp",
+        "zero1",
+        "acco",
+        "fsdp-async",
+        "dpu-warmup",
+        "wp",
+        "diloco-acco-streaming",
+        "diloco-zero1-int8",
+        "diloco-ddp-eager",
+    ],
 )
 @pytest.mark.exact
 def test_resume_gives_the_same_losses_bit_for_bit(tiny_corpus, cache_dir, tmp_path, six_step_run, kind, extra):

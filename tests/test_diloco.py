@@ -69,7 +69,7 @@ def fragments_of_tiny_model(fragments: int) -> list[list[int]]:
     return [first, [i for i in range(len(names)) if i not in first]]
 
 
-def diloco_reference(updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9):
+def diloco_reference(updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9, eager=False):
     """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco.py)."""
     reps = [Replica([r * dp + d for d in range(dp)]) for r in range(replicas)]
     frags = fragments_of_tiny_model(P)
@@ -77,7 +77,21 @@ def diloco_reference(updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=
     backups = [[p.detach().clone().requires_grad_(True) for i, p in enumerate(reps[0].params) if i in f] for f in frags]
     outer = [torch.optim.SGD(b, lr=lr, momentum=mu, nesterov=mu > 0) for b in backups]
     tokens = [[0.0] * P for _ in reps]
-    in_flight = {}
+    in_flight, guesses = {}, {}
+
+    def eager_guess(f):
+        """Each replica continues from the outer step taken with its own Δ (torch's momentum buffer untouched)."""
+        guesses[f] = []
+        with torch.no_grad():
+            for rep in reps:
+                mine = []
+                for b, i in zip(backups[f], frags[f]):
+                    delta = b.detach() - rep.params[i].detach()
+                    m = outer[f].state[b].get("momentum_buffer", torch.zeros_like(b)) if outer[f].state else 0.0
+                    guess = b.detach() - lr * (delta + mu * (mu * m + delta))
+                    rep.params[i].copy_(guess)
+                    mine.append(guess.clone())
+                guesses[f].append(mine)
 
     def pseudo_gradient_mean(f):
         total = sum(tokens[r][f] for r in range(replicas))
@@ -103,13 +117,18 @@ def diloco_reference(updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=
                 b.grad = g
             outer[f].step()
             with torch.no_grad():
-                for rep in reps:
-                    for b, i in zip(backups[f], frags[f]):
+                for r, rep in enumerate(reps):
+                    for k, (b, i) in enumerate(zip(backups[f], frags[f])):
                         local = rep.params[i].detach().clone()
-                        rep.params[i].copy_((1 - alpha) * b + alpha * local)
+                        if eager:
+                            rep.params[i].copy_(b + (local - guesses[f][r][k]))
+                        else:
+                            rep.params[i].copy_((1 - alpha) * b + alpha * local)
         if tau and (t + tau) % interval == 0:
             f = ((t + tau) // interval - 1) % P
-            in_flight[f] = pseudo_gradient_mean(f)
+            in_flight[f] = pseudo_gradient_mean(f)  # first: it reads θ_r, which the eager guess then replaces
+            if eager:
+                eager_guess(f)
     theta = [None] * len(reps[0].params)
     for f, idx in enumerate(frags):
         for b, i in zip(backups[f], idx):
@@ -135,14 +154,15 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         ("zero1", dict(sync_every=4, fragments=2), 8),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, mixing=0.5), 9),
         ("fsdp", dict(sync_every=2, outer_lr=1.0, outer_momentum=0.0, offload=1), 4),
+        ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, eager=1), 9),
     ],
-    ids=["ddp", "zero1-streaming", "zero1-overlap-mixing", "fsdp-averaging-offload"],
+    ids=["ddp", "zero1-streaming", "zero1-overlap-mixing", "fsdp-averaging-offload", "zero1-eager"],
 )
 def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
     run = run_diloco(tmp_path, kind, updates, micro_batches=2, **diloco)
     reference_keys = dict(H=diloco["sync_every"], P=diloco.get("fragments", 1), tau=diloco.get("overlap_steps", 0))
     reference_keys |= dict(alpha=diloco.get("mixing", 0.0), lr=diloco.get("outer_lr", 0.7))
-    reference_keys |= dict(mu=diloco.get("outer_momentum", 0.9))
+    reference_keys |= dict(mu=diloco.get("outer_momentum", 0.9), eager=bool(diloco.get("eager", 0)))
     expected, spread, distinct_tokens = diloco_reference(updates, 2, replicas=2, dp=1, **reference_keys)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
     # The replicas saw different data and drifted apart (so the mean is a mean); the masked labels
@@ -210,6 +230,7 @@ def test_token_weighted_mean_on_each_wire(wire, tolerance):
         ({"parallelism.replicas": 2, "diloco.sync_every": 8, "diloco.fragments": 2, "diloco.overlap_steps": 4},
          "below sync_every / fragments = 4"),
         ({"parallelism.replicas": 2, "diloco.mixing": 0.5}, "overlap_steps = 0"),
+        ({"parallelism.replicas": 2, "diloco.eager": True}, "set overlap_steps >= 1 and mixing = 0"),
         ({"parallelism.replicas": 2, "parallelism.data_parallel": "wp"}, "cannot run inside DiLoCo's replicas"),
         ({"parallelism.replicas": 2, "diloco.outer_momentum": 1.0}, "outer_momentum = 1 in [0, 1)"),
         ({"parallelism.replicas": 2, "training.global_batch_size": 12}, "× replicas = 4 × 2 × 2 = 16"),

@@ -207,6 +207,12 @@ class DiLoCo:
         "(all-gathered and summed in fp32)",
     )
     offload: bool = key(False, "keep θ_global and the outer momentum in CPU memory (pinned with CUDA)")
+    eager: bool = key(
+        False,
+        "with overlap_steps: while a fragment's all-reduce is in flight, continue from the outer step taken with "
+        "this replica's own pseudo-gradient, and move the local updates onto the true outer step when it arrives "
+        "(arXiv 2502.12996)",
+    )
 
 
 @dataclass

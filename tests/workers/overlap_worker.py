@@ -92,7 +92,8 @@ def config(kind: str, mode: str) -> Config:
     cfg.parallelism.balance_batches = mode == "balanced" and kind in ("ddp", "zero1")  # (acco: its own mode)
     cfg.acco.mode = "deterministic" if cfg.parallelism.balance_batches else mode
     for name, text in DILOCO.items():
-        setattr(cfg.diloco, name, type(getattr(cfg.diloco, name))(text) if name != "offload" else text == "1")
+        kind_of = type(getattr(cfg.diloco, name))
+        setattr(cfg.diloco, name, text == "1" if kind_of is bool else kind_of(text))
     cfg.optimizer.weight_decay = 0.1
     return cfg
 

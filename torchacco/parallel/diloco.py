@@ -14,7 +14,9 @@ updates:
 Streaming DiLoCo: fragment f's outer step comes after inner update t when t is a multiple of
 H / P and f = (t / (H / P) − 1) mod P. With τ > 0 its Δ is taken τ updates earlier and
 all-reduced on the side runner (a CUDA stream or a thread) while those updates run; then
-θ_r ← (1 − α)·θ_global + α·θ_r.
+θ_r ← (1 − α)·θ_global + α·θ_r. Eager (arXiv 2502.12996): when Δ_r is taken, the replica
+continues from θ̂ = the outer step with Δ_r in place of Δ̄ (the momentum untouched); when Δ̄
+arrives, the true outer step is taken and θ_r ← θ_global + (θ_r − θ̂) keeps the τ local updates.
 
 The outer state covers the pieces of θ the inner strategy keeps on this rank
 (`Strategy.theta_pieces`): with a sharded inner strategy (zero1, acco, fsdp) θ_global and m are
@@ -77,6 +79,11 @@ def check_config(cfg) -> None:
         )
     if not 0.0 <= d.mixing <= 1.0:
         raise UserError(f"[diloco] mixing = {d.mixing:g} must be between 0 and 1")
+    if d.eager and (not d.overlap_steps or d.mixing):
+        raise UserError(
+            "[diloco] eager continues from an estimated outer step while the all-reduce runs beside overlap_steps "
+            "inner updates and keeps all of them (mixing does not apply): set overlap_steps >= 1 and mixing = 0"
+        )
     if d.mixing and not d.overlap_steps:
         raise UserError(
             "[diloco] mixing mixes in the local updates made during overlap_steps, and overlap_steps = 0; "
@@ -138,6 +145,9 @@ class DiLoCo(Strategy):
         self.stall_s = stall_deadline_s(dims.timeout)
         self.in_flight: int | None = None  # the fragment whose Δ is being all-reduced
         self.arrived: torch.Tensor | None = None  # its mean, once waited for (by a checkpoint)
+        # eager: θ̂ of the fragment in flight (the largest fragment's size, on the device)
+        size = max(b.numel() for b in self.backup)
+        self.eager = torch.zeros(size, dtype=torch.float32, device=device.torch) if options.eager else None
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
@@ -201,6 +211,13 @@ class DiLoCo(Strategy):
         group, wire = self.dims.replica_group, self.wire
         self.in_flight = f
         self.runner.launch(lambda: token_weighted_mean(delta, tokens, group, wire))
+        if self.eager is not None:  # θ̂: the outer step with this replica's Δ, without touching m
+            mu, lr = self.options.outer_momentum, self.options.outer_lr
+            momentum = self.momentum[f].to(delta.device)
+            guess = self.backup[f].to(delta.device) - lr * (delta + mu * (mu * momentum + delta))
+            self.eager[: guess.numel()] = guess
+            self._scatter(f, guess)
+            self.inner.theta_written()
 
     def _outer_step(self, f: int) -> dict:
         start = time.perf_counter()
@@ -218,6 +235,8 @@ class DiLoCo(Strategy):
         theta = backup.to(self.device.torch)
         if self.alpha:
             theta = torch.lerp(theta, self._gather(f), self.alpha)  # keep α of the τ local updates
+        if self.eager is not None:  # the τ local updates since θ̂, moved onto the true outer step
+            theta = theta + (self._gather(f) - self.eager[: theta.numel()])
         self._scatter(f, theta)
         self.inner.theta_written()
         self.outer_steps += 1
@@ -282,6 +301,7 @@ class DiLoCo(Strategy):
             "tokens": list(self.tokens),
             "in_flight": -1 if self.in_flight is None else self.in_flight,
             "arrived": self._arrived_buffer,
+            **({"eager": self.eager} if self.eager is not None else {}),
             **{f"backup{f}": b for f, b in enumerate(self.backup)},
             **{f"momentum{f}": m for f, m in enumerate(self.momentum)},
         }
