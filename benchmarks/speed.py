@@ -70,7 +70,10 @@ def main(argv=None) -> int:
     }  # fmt: skip
     gaps = {}
     for table in sorted(out.glob("*token_efficiency*.json")):  # lr -> variant -> row, the 1.5e-3 ones
-        for lr, rows in json.loads(table.read_text()).get("summary", {}).items():
+        data = json.loads(table.read_text())
+        if data.get("meta", {}).get("updates", 0) < 1000:  # the tables of shorter runs
+            continue
+        for lr, rows in data.get("summary", {}).items():
             if lr == "0.0015":
                 gaps |= {name: row.get("mean_gap_pct") for name, row in rows.items()}
     results = {}
