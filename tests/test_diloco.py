@@ -233,6 +233,8 @@ def test_token_weighted_mean_on_each_wire(wire, tolerance):
         ({"parallelism.replicas": 2, "diloco.eager": True}, "set overlap_steps >= 1 and mixing = 0"),
         ({"parallelism.replicas": 2, "parallelism.data_parallel": "wp"}, "cannot run inside DiLoCo's replicas"),
         ({"parallelism.replicas": 2, "diloco.outer_momentum": 1.0}, "outer_momentum = 1 in [0, 1)"),
+        ({"parallelism.replicas": 2, "parallelism.data_parallel": "acco", "acco.mode": "adaptive",
+          "training.global_batch_size": 16, "training.max_tokens": 10**5}, "'adaptive' inside DiLoCo's replicas"),
         ({"parallelism.replicas": 2, "training.global_batch_size": 12}, "× replicas = 4 × 2 × 2 = 16"),
     ],
 )  # fmt: skip

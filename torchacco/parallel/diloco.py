@@ -63,6 +63,12 @@ def check_config(cfg) -> None:
             f"data_parallel = '{inner.name}' cannot run inside DiLoCo's replicas (its parameters between updates "
             f"are not θ); use one of {able}"
         )
+    mode = getattr(getattr(cfg, inner.options_section or "", None), "mode", "deterministic")
+    if mode == "adaptive":
+        raise UserError(
+            "[acco] mode = 'adaptive' inside DiLoCo's replicas is not supported: each replica's batch would grow on "
+            "its own, and the outer step's schedule counts equal updates; use mode = 'deterministic' or 'balanced'"
+        )
     for name in ("sync_every", "fragments"):
         if getattr(d, name) < 1:
             raise UserError(f"[diloco] {name} must be at least 1, got {getattr(d, name)}")
