@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import defaultdict
 
 import pytest
 import torch
@@ -54,6 +55,9 @@ AC_OP = ("--training.activation_checkpoint", "selective", "--training.loss_chunk
 AC_EVERY_2 = ("--training.activation_checkpoint", "selective", "--training.selective_checkpoint", "2")
 # A model from outside torchacco: tests/assets/toy_model copied into a package of the runs' folder.
 TOY = ("--model.name", "toy_pkg.toy", "--checkpoint.export_hf", "false")
+# A collective timeout of its own, which every group of the run must carry (the collective-order test)
+ORDER_TIMEOUT_S = 1234
+ORDER_TIMEOUT = ("--training.collective_timeout_s", str(ORDER_TIMEOUT_S))
 TP2_CHECKPOINTED = ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "true")
 
 
@@ -127,7 +131,7 @@ RUNS = {
             "{root}/tp2-for-reshard/checkpoint/step-00000001",
         ),
     ),
-    "neo-acco-tp2dp2": (4, "acco", ("--parallelism.tensor_parallel_degree", "2")),
+    "neo-acco-tp2dp2": (4, "acco", ("--parallelism.tensor_parallel_degree", "2", *ORDER_TIMEOUT)),
     "llama-fsdp-pp2dp2": (4, "fsdp", (*LLAMA, "--parallelism.pipeline_parallel_degree", "2")),
     "llama-acco-tp2pp2": (
         4,
@@ -140,6 +144,7 @@ RUNS = {
             "2",
             "--parallelism.pipeline_schedule",
             "interleaved_1f1b",
+            *ORDER_TIMEOUT,
         ),
     ),
 }
@@ -159,6 +164,7 @@ def runs(tiny_corpus, cache_dir, tmp_path_factory):
         ]
         (root / f"runs{nproc}.json").write_text(json.dumps(argvs))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(root)]), "OMP_NUM_THREADS": "1"}
+        env["TORCH_FR_BUFFER_SIZE"] = "200000"  # the worker logs every collective (collectives_rank<r>.json)
         proc = subprocess.run(
             [
                 sys.executable,
@@ -463,3 +469,43 @@ def test_export_without_a_hugging_face_adapter_is_refused_before_launch(tiny_cor
     assert validate([*args, "--checkpoint.export_hf", "true"]) == 1
     assert "has no Hugging Face adapter" in capsys.readouterr().err
     assert validate([*args, "--checkpoint.export_hf", "false"]) == 0
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["neo-acco-tp2dp2", "llama-acco-tp2pp2"])
+def test_acco_with_model_parallel_drives_each_group_from_one_thread_in_one_order_with_the_runs_timeout(runs, name):
+    """NCCL tolerates two host threads on two communicators, never two threads on one, and every
+    rank of a group must issue its collectives in the same order. Every collective of a 4-rank run
+    (torch's flight recorder, and the ring's messages) is checked: while a communication job is in
+    flight, each group is used by one thread only; each group's sequence of operations is the same
+    on all its ranks; every group carries [training] collective_timeout_s."""
+    logs = [json.loads((runs[name][2] / f"collectives_rank{r}.json").read_text()) for r in range(4)]
+    for rank, log in enumerate(logs):
+        assert log["jobs"] and all(end is not None for _, end in log["jobs"]), "every job launched was waited for"
+        both_busy = 0
+        for start, end in log["jobs"]:
+            users = defaultdict(set)
+            for c in log["collectives"]:
+                if start <= c["t"] <= end:
+                    users[c["group"]].add(c["thread"])
+            shared = {g: threads for g, threads in users.items() if len(threads) > 1}
+            assert not shared, f"rank {rank}: groups driven by two threads while a job was in flight: {shared}"
+            threads = set().union(*users.values()) if users else set()
+            both_busy += len(threads & set(log["comm_threads"])) > 0 and log["main_thread"] in threads
+        # The test has teeth only if compute-side (tp/pp) collectives did run beside the job.
+        assert both_busy, f"rank {rank}: no job had collectives from both threads"
+        for c in log["collectives"]:
+            if c["group"] != "0" and "timeout_ms" in c:  # "0": the test worker's own default group
+                assert c["timeout_ms"] == ORDER_TIMEOUT_S * 1000, (rank, c)
+    sequences = defaultdict(dict)
+    for rank, log in enumerate(logs):
+        for c in log["collectives"]:
+            sequences[c["group"]].setdefault(rank, []).append(c["op"])
+    assert len(sequences) >= 6, sorted(sequences)  # default, dp, tp or pp, tp × pp, preemption, ...
+    for group, by_rank in sequences.items():
+        members = {tuple(log["group_ranks"][group]) for log in logs if group in log["group_ranks"]}
+        assert len(members) == 1, f"group {group}: its ranks differ between ranks: {members}"
+        members = list(members.pop())
+        assert sorted(by_rank) == sorted(members), f"group {group}: used on ranks {sorted(by_rank)} of {members}"
+        orders = {tuple(ops) for ops in by_rank.values()}
+        assert len(orders) == 1, f"group {group}: ranks issued different sequences"

@@ -10,9 +10,11 @@ Without replicas (the default, one) the "replica" dimension has size 1. Setting 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -131,14 +133,31 @@ def build_dims(
             f"{world} ranks are not divisible by replicas × tensor_parallel_degree × pipeline_parallel_degree = "
             f"{replicas} × {tp} × {pp}"
         )
+    # DTensor caches sharding propagation by mesh equality, which ignores the groups: a second run in
+    # this process with an equal mesh would send its tensor-parallel traffic over the first run's
+    # groups (their timeout, or destroyed). The cache starts again with each run's mesh.
+    clear_dtensor_sharding_cache()
     names = ("replica", "pp", "dp", "tp")
     options = {name: (device.backend, _options(device.backend, timeout, name in ("dp", "replica"))) for name in names}
     shape = (replicas, pp, world // (replicas * tp * pp), tp)
+    if "backend_override" not in inspect.signature(init_device_mesh).parameters:
+        raise UserError(
+            f"torch {torch.__version__} cannot give the mesh's groups the run's collective timeout "
+            "(init_device_mesh has no backend_override); install torch>=2.9 (the suite runs on 2.13.0)"
+        )
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names, backend_override=options)
     mp_group = _model_parallel_group(mesh, tp, pp, timeout)
     dims = ParallelDims(world, rank, local_rank, local_world, mesh, mp_group, timeout)
     dims.data_group = dims.dp_group if replicas == 1 else _data_group(mesh, timeout)
     return dims
+
+
+def clear_dtensor_sharding_cache() -> None:
+    try:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:  # torch renamed it: the cache's staleness only matters for a second run in one process
+        return
+    _clear_sharding_prop_cache()
 
 
 def _options(backend: str, timeout: timedelta, high_priority: bool = False):
