@@ -77,6 +77,7 @@ class Preemption:
         self.enabled = cfg is not None and cfg.enable
         self.signum = 0  # the signal this rank acts on (0: none yet)
         self.group = None
+        self._pending: tuple | None = None  # the agreement started at the last boundary
         self._previous: dict[signal.Signals, object] = {}
         self._signalled = threading.Event()
         self._stand_down = threading.Event()  # the watchdog gives up: handled, deferred or closed
@@ -124,20 +125,30 @@ class Preemption:
             self._signalled.set()
 
     def agreed(self) -> bool:
-        """At an update boundary, on every rank together: does any rank have a stop signal?"""
+        """At an update boundary, on every rank together: did any rank have a stop signal at the
+        previous boundary? That boundary's all-reduce ran beside this update's compute, so no update
+        waits for its round trip, which on a shaped link is the queue of a transfer in flight
+        (DiLoCo's, a job's); a signal is acted on one update later."""
         if not self.enabled:
             return False
         if self.group is None:
             return bool(self.signum)
-        # Only the all-reduced value counts: a signal arriving during the all-reduce waits for
-        # the next boundary, so no rank stops alone.
+        # Only all-reduced values count: a signal arriving meanwhile waits for the next boundary,
+        # so no rank stops alone.
+        agreed = self._arrived()
         flag = torch.tensor([self.signum], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        agreed = int(flag.item())
+        self._pending = (flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True))
         if agreed:
             self.signum = agreed  # the same signal named on every rank
             self._signalled.set()  # a peer's signal: this rank's grace period starts now
         return bool(agreed)
+
+    def _arrived(self) -> int:
+        if self._pending is None:
+            return 0
+        (flag, work), self._pending = self._pending, None
+        work.wait()
+        return int(flag.item())
 
     def stop(self, step: int, checkpointer, state) -> None:
         """Save a checkpoint of `step` (`state()` gives it; None: saved at this step already) and
@@ -185,7 +196,7 @@ class Preemption:
         self._deferred = True
         self._stand_down.set()
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
         if self._previous:
             signal.set_wakeup_fd(self._previous_fd)
             self._writer.close()
@@ -197,7 +208,12 @@ class Preemption:
         self._stand_down.set()
         self._signalled.set()  # lets the watchdog thread end
         if self.group is not None:
-            dist.destroy_process_group(self.group)
+            # Every rank started the same agreements: one still in flight is finished before the
+            # group goes, unless the run failed (a dead peer would never answer it).
+            if self._pending is not None and clean:
+                self._arrived()
+            if self._pending is None:
+                dist.destroy_process_group(self.group)
             self.group = None
 
 
@@ -215,8 +231,9 @@ def current() -> Preemption:
     return _current if _current is not None else Preemption()
 
 
-def stop_handling() -> None:
+def stop_handling(clean: bool = True) -> None:
+    """`clean`: every rank ended the run at the same update (finished or preempted)."""
     global _current
     if _current is not None:
-        _current.close()
+        _current.close(clean)
     _current = None

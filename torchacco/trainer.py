@@ -102,7 +102,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     finally:
         if adapter is not None:
             adapter.remove()
-        preemption.stop_handling()
+        preemption.stop_handling(clean)
         sigterm.restore()
         health.stop()
         if own_group:
