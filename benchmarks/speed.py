@@ -33,6 +33,8 @@ BALANCE = ["--parallelism.balance_batches", "true"]
 STRATEGIES = {
     **{name: VARIANTS.get(name, ["--parallelism.data_parallel", name]) for name in (*BASELINES, ACCO)},
     **{name: VARIANTS[name] for name in ("diloco_h10", "diloco_h50", "streaming_h50")},
+    # mixed replicas: a replica runs as many of a period's H inner updates as fit in the fastest one's time
+    "diloco_h50_balanced": [*VARIANTS["diloco_h50"], "--diloco.balance_replicas", "true"],
     f"{DDP}_balanced": ["--parallelism.data_parallel", DDP, *BALANCE],
     f"{ZERO1}_balanced": ["--parallelism.data_parallel", ZERO1, *BALANCE],
     f"{ACCO}_balanced": ["--parallelism.data_parallel", ACCO, "--acco.mode", "balanced"],
@@ -40,9 +42,24 @@ STRATEGIES = {
 PER_SETTING = {  # the strategies each setting runs by default
     "a": [DDP, ZERO1, FSDP, ACCO, "diloco_h50", "streaming_h50"],
     "b": [DDP, ZERO1, FSDP, ACCO, "diloco_h50", "streaming_h50"],
-    "c": [DDP, f"{DDP}_balanced", ZERO1, f"{ZERO1}_balanced", ACCO, f"{ACCO}_balanced"],
+    "c": [
+        DDP,
+        f"{DDP}_balanced",
+        ZERO1,
+        f"{ZERO1}_balanced",
+        ACCO,
+        f"{ACCO}_balanced",
+        "diloco_h50",
+        "diloco_h50_balanced",
+    ],
 }
 WARMUP = 10  # updates left out of the timing
+TOKENS_PER_UPDATE = 16 * 128  # the recipe's global batch: an update of every strategy but mixed replicas
+
+
+def seconds_per_token(records: list[dict]) -> float:
+    kept = records[WARMUP:]
+    return sum(1 / r["tokens_per_s"] * r["tokens_per_update"] for r in kept) / sum(r["tokens_per_update"] for r in kept)
 
 
 def seconds_per_update(records: list[dict]) -> float:
@@ -59,6 +76,7 @@ def main(argv=None) -> int:
     parser.add_argument("--settings", default="a,b")
     parser.add_argument("--strategies", default="", help=f"from {', '.join(STRATEGIES)}; default: per setting")
     parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--name", default="speed", help="the results' file name (without suffix)")
     args = parser.parse_args(argv)
     out = ROOT / args.out
     balance = json.loads((out / "time_to_loss.json").read_text())["calibration"]["balance_bps"]
@@ -81,14 +99,19 @@ def main(argv=None) -> int:
         plan, extra = plans[setting]
         rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
         for name in args.strategies.split(",") if args.strategies else PER_SETTING[setting]:
-            times = []
+            times, token_times = [], []
             for repeat in range(args.repeats):
                 train = [*recipe(args.updates, 1.5e-3, repeat), *QUIET, *STRATEGIES[name], "--eval.every", "0"]
                 train += ["--training.max_tokens", "0", "--training.steps", str(args.updates), *extra]
+                if "--diloco.balance_replicas" in STRATEGIES[name]:  # its clock is in tokens: the recipe's
+                    train += ["--training.max_tokens", str(args.updates * TOKENS_PER_UPDATE)]
                 run = run_training(plan, train, out / "runs" / "speed" / f"{setting}_{name}_{repeat}")
                 times.append(seconds_per_update(run["records"]))
+                token_times.append(seconds_per_token(run["records"]) * TOKENS_PER_UPDATE)
                 print(f"[speed] {setting} {name} #{repeat}: {times[-1]:.4f} s per update", flush=True)
-            rows["strategies"][name] = {"seconds_per_update": times, "mean": statistics.fmean(times)}
+            # "mean": seconds per recipe update's tokens (16 × 128), the time per update of all but mixed replicas
+            rows["strategies"][name] = {"seconds_per_update": times, "seconds_per_recipe_update": token_times,
+                                        "mean": statistics.fmean(token_times)}  # fmt: skip
         ran = rows["strategies"]
         synchronous = [n for n in ran if n.removesuffix("_balanced") in BASELINES]  # balanced ones included
         best = min(synchronous, key=lambda n: ran[n]["mean"])
@@ -97,12 +120,13 @@ def main(argv=None) -> int:
             row["speedup_vs_best_baseline"] = ran[best]["mean"] / row["mean"]
             plain = name.removesuffix("_balanced")
             row["speedup_vs_unbalanced"] = ran[plain]["mean"] / row["mean"] if plain != name and plain in ran else None
-            row["gap_pct"] = gaps.get(name.removesuffix("_balanced"))  # balancing does not change the update
+            # Balanced batches do not change the update; mixed replicas do (its gap is not measured yet)
+            row["gap_pct"] = gaps.get(name if name.startswith("diloco") else plain)
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(),
             "command": "python -m benchmarks.speed " + " ".join(argv or sys.argv[1:])}  # fmt: skip
-    (out / "speed.json").write_text(json.dumps({"meta": meta, "settings": results}, indent=1))
-    (out / "speed.md").write_text(markdown(results, meta))
-    plot(results, out / "speed.png")
+    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "settings": results}, indent=1))
+    (out / f"{args.name}.md").write_text(markdown(results, meta))
+    plot(results, out / f"{args.name}.png")
     print(markdown(results, meta))
     return 0
 
@@ -122,12 +146,12 @@ def markdown(results: dict, meta: dict) -> str:
             "",
             f"Best synchronous baseline (balanced ones included): {rows['best_baseline']}.",
             "",
-            "| strategy | s per update (repeats) | speed vs best baseline | vs its unbalanced self "
+            "| strategy | s per update's tokens (repeats) | speed vs best baseline | vs its unbalanced self "
             "| val loss vs ddp at equal tokens (%) |",
             "|---|---|---:|---:|---:|",
         ]
         for name, row in rows["strategies"].items():
-            each = ", ".join(f"{t:.4f}" for t in row["seconds_per_update"])
+            each = ", ".join(f"{t:.4f}" for t in row.get("seconds_per_recipe_update", row["seconds_per_update"]))
             gap = "—" if row["gap_pct"] is None else f"{row['gap_pct']:+.2f}"
             self_ = "" if row["speedup_vs_unbalanced"] is None else f"{row['speedup_vs_unbalanced']:.2f}×"
             lines.append(

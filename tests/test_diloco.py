@@ -69,8 +69,11 @@ def fragments_of_tiny_model(fragments: int) -> list[list[int]]:
     return [first, [i for i in range(len(names)) if i not in first]]
 
 
-def diloco_reference(updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9, eager=False):
-    """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco.py)."""
+def diloco_reference(
+    updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9, eager=False, computed=None
+):
+    """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco.py).
+    `computed[r][t]`: whether replica r computed slot t (mixed replicas; all of them when None)."""
     reps = [Replica([r * dp + d for d in range(dp)]) for r in range(replicas)]
     frags = fragments_of_tiny_model(P)
     # θ_global per fragment, as parameters of torch's Nesterov SGD
@@ -105,10 +108,17 @@ def diloco_reference(updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=
     interval = H // P
     spread, token_counts = 0.0, set()  # how far the replicas drift apart between outer steps; their tokens
     for t in range(1, updates + 1):
+        ran = [computed is None or bool(computed[r][t - 1]) for r in range(replicas)]
         for r, rep in enumerate(reps):
+            if not ran[r]:
+                continue
             n = rep.update(micro_batches)
             tokens[r] = [x + n for x in tokens[r]]
             token_counts.add((t, r, n))
+        if computed is not None:  # each replica's lr clock: the tokens of the replicas that ran, over R
+            nominal = micro_batches * dp * worker.BATCH * worker.SEQ
+            for r, rep in enumerate(reps):
+                rep.consumed += nominal * sum(ran) / replicas - (nominal if ran[r] else 0)
         spread = max(spread, (reps[0].params[1] - reps[-1].params[1]).norm().item())
         if t % interval == 0:
             f = (t // interval - 1) % P
@@ -197,6 +207,28 @@ def test_acco_inside_replicas_trains_and_the_replicas_agree_after_an_outer_step(
     assert (run["theta"] - expected).norm() < 0.5 * (expected - initial).norm()
 
 
+@pytest.mark.integration
+@pytest.mark.exact
+def test_mixed_replicas_a_slow_replica_runs_fewer_inner_updates_and_the_merge_equals_its_equations(tmp_path):
+    """Replica 1 is 10× slower per micro-batch: after the first period it computes only the first
+    of each period's 4 slots and idles the rest, and θ_global equals the sequential reference run
+    over the same schedule (token-weighted merge, every replica's lr clock the run's tokens over R)."""
+    run = run_worker(
+        tmp_path,
+        "ddp",
+        12,
+        1,
+        delay=0.05,
+        env={"TORCHACCO_TEST_REPLICAS": "2", "TORCHACCO_TEST_DILOCO": "sync_every=4,balance_replicas=1"},
+    )
+    fast, slow = run["periods"]
+    assert fast == [1] * 12, fast
+    assert slow[:4] == [1] * 4, "the first period has no measurement: every replica runs H"
+    assert slow[4:] == [1, 0, 0, 0] * 2, slow
+    expected, _, _ = diloco_reference(12, 1, replicas=2, dp=1, H=4, computed=run["periods"])
+    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
+
+
 def test_int8_wire_stays_within_half_a_step_of_its_row():
     torch.manual_seed(0)
     x = torch.randn(3 * ROW + 17) * torch.logspace(-3, 2, 3 * ROW + 17)
@@ -227,6 +259,12 @@ def test_token_weighted_mean_on_each_wire(wire, tolerance):
         ({"parallelism.replicas": 3}, "not divisible by [parallelism] replicas"),
         ({"diloco.sync_every": 10}, "replicas = 1 has no outer step"),
         ({"parallelism.replicas": 2, "diloco.sync_every": 10, "diloco.fragments": 3}, "not a multiple of fragments"),
+        ({"parallelism.replicas": 2, "diloco.balance_replicas": True}, "balance_replicas needs [training] max_tokens"),
+        (
+            {"parallelism.replicas": 2, "diloco.balance_replicas": True, "training.max_tokens": 10**6,
+             "diloco.sync_every": 10, "diloco.fragments": 2},
+            "set fragments = 1 and overlap_steps = 0",
+        ),
         ({"parallelism.replicas": 2, "diloco.sync_every": 8, "diloco.fragments": 2, "diloco.overlap_steps": 4},
          "below sync_every / fragments = 4"),
         ({"parallelism.replicas": 2, "diloco.mixing": 0.5}, "overlap_steps = 0"),

@@ -213,6 +213,12 @@ class DiLoCo:
         "this replica's own pseudo-gradient, and move the local updates onto the true outer step when it arrives "
         "(arXiv 2502.12996)",
     )
+    balance_replicas: bool = key(
+        False,
+        "mixed replicas: each replica runs as many of a period's H inner updates as it can in the time the fastest "
+        "takes for H (measured each period, agreed at the outer step) and idles the rest; the merge weighs them by "
+        "tokens. Needs fragments = 1, overlap_steps = 0 and ddp, zero1 or fsdp inside",
+    )
 
 
 @dataclass

@@ -18,6 +18,14 @@ all-reduced on the side runner (a CUDA stream or a thread) while those updates r
 continues from θ̂ = the outer step with Δ_r in place of Δ̄ (the momentum untouched); when Δ̄
 arrives, the true outer step is taken and θ_r ← θ_global + (θ_r − θ̂) keeps the τ local updates.
 
+Mixed replicas (`balance_replicas`): every period is still H loop iterations on every rank (so
+evaluation, checkpoints and stopping stay in step), but replica r computes only the first H_r of
+them and idles the rest, H_r = max(1, ⌊H · s_min / s_r⌋) with s_r its measured seconds per inner
+update (the slowest of its ranks; all-gathered at each outer step, H for every replica in the first
+period). The run's token clock counts the replicas that computed each slot, and every replica's
+learning-rate clock is that clock over R (so `[training] max_tokens` is required); the token-weighted
+merge gives a replica that ran fewer updates its share.
+
 The outer state covers the pieces of θ the inner strategy keeps on this rank
 (`Strategy.theta_pieces`): with a sharded inner strategy (zero1, acco, fsdp) θ_global and m are
 this rank's shard, and the all-reduce runs between the ranks holding that shard in each replica
@@ -95,6 +103,17 @@ def check_config(cfg) -> None:
             "[diloco] mixing mixes in the local updates made during overlap_steps, and overlap_steps = 0; "
             "set overlap_steps >= 1 or mixing = 0"
         )
+    if d.balance_replicas and (d.fragments > 1 or d.overlap_steps or inner.name not in ("ddp", "zero1", "fsdp")):
+        raise UserError(
+            f"[diloco] balance_replicas runs the whole model's outer step with ddp, zero1 or fsdp inside; got "
+            f"fragments = {d.fragments}, overlap_steps = {d.overlap_steps}, data_parallel = '{inner.name}': set "
+            "fragments = 1 and overlap_steps = 0 and use one of those, or balance_replicas = false"
+        )
+    if d.balance_replicas and not cfg.training.max_tokens:
+        raise UserError(
+            "[diloco] balance_replicas needs [training] max_tokens: the replicas' inner updates differ, so the run and "
+            "its learning-rate schedule are measured in tokens; set max_tokens"
+        )
     if d.outer_lr <= 0 or not 0.0 <= d.outer_momentum < 1.0:
         raise UserError(
             f"[diloco] outer_lr = {d.outer_lr:g} must be positive and outer_momentum = {d.outer_momentum:g} in [0, 1)"
@@ -154,6 +173,13 @@ class DiLoCo(Strategy):
         # eager: θ̂ of the fragment in flight (the largest fragment's size, on the device)
         size = max(b.numel() for b in self.backup)
         self.eager = torch.zeros(size, dtype=torch.float32, device=device.torch) if options.eager else None
+        # Mixed replicas: each replica's inner updates this period (H_r), the period's slot, and timing
+        self.active = [options.sync_every] * dims.replicas
+        self.slot = 0
+        self.durations: list[float] = []  # this period's wall seconds per inner update
+        self.stamp = time.perf_counter()
+        self.nominal = 0.0  # this replica's input tokens per inner update (its share of the recipe's)
+        self.last_seen = (0.0, 0.0)  # the loss and gradient norm its idle slots report: its last update's
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
@@ -190,21 +216,53 @@ class DiLoCo(Strategy):
         return self.inner.model
 
     def micro_batches(self):
-        return self.inner.micro_batches()
+        return iter(()) if self._idle() else self.inner.micro_batches()
+
+    def _idle(self) -> bool:
+        return self.slot >= self.active[self.dims.replica_rank]
 
     def step(self, counts: Counts) -> UpdateResult | None:
-        result = self.inner.step(counts)
-        if result is None or not result.committed:
-            return result
+        idle = self._idle()
+        if idle:
+            result = self._idle_step()
+        else:
+            result = self.inner.step(counts)
+            if result is None or not result.committed:
+                return result
+            now = time.perf_counter()
+            self.durations.append(now - self.stamp)
+            self.stamp, self.nominal, self.last_seen = now, result.consumed, (result.loss, result.grad_norm)
+        computing = sum(h > self.slot for h in self.active)  # replicas that computed this slot
+        if self.options.balance_replicas:  # every replica's lr clock: the run's tokens over the replicas
+            self.inner.consumed += self.nominal * computing / self.dims.replicas - (0.0 if idle else self.nominal)
         self.updates += 1
+        self.slot += 1
         self.tokens = [n + result.tokens for n in self.tokens]
         t, outer = self.updates, {}
         if t % self.interval == 0:
             outer = self._outer_step((t // self.interval - 1) % self.options.fragments)
         if self.tau and (t + self.tau) % self.interval == 0:
             self._start(((t + self.tau) // self.interval - 1) % self.options.fragments)
-        # Every replica consumes the same input tokens per update (step-based sync): the run's clock.
-        return dataclasses.replace(result, consumed=result.consumed * self.dims.replicas, outer=outer)
+        # Every replica consumes the same input tokens per inner update: the run's clock counts those that ran.
+        return dataclasses.replace(result, consumed=self.nominal * computing, outer=outer)
+
+    def _idle_step(self) -> UpdateResult:
+        """A slot this replica sits out: θ and the optimizer state stay as they are."""
+        loss, norm = self.last_seen
+        lr = self.inner.schedule(self.inner.consumed, self.nominal)
+        return UpdateResult(tokens=0.0, loss=loss, grad_norm=norm, lr=lr, committed=True, consumed=self.nominal)
+
+    def _agree_on_periods(self) -> list[int]:
+        """H_r for the next period from every rank's median seconds per inner update (a replica as
+        fast as its slowest rank): as many updates as fit in the fastest replica's H."""
+        mine = sorted(self.durations)[len(self.durations) // 2] if self.durations else 0.0
+        seconds = torch.zeros(self.dims.world_size, dtype=torch.float64, device=self.device.torch)
+        dist.all_gather_into_tensor(seconds, torch.tensor([mine], dtype=torch.float64, device=self.device.torch))
+        per_replica = seconds.view(self.dims.replicas, -1).max(dim=1).values.tolist()
+        fastest, h = min(per_replica), self.options.sync_every
+        if fastest <= 0:
+            return [h] * self.dims.replicas
+        return [max(1, min(h, int(h * fastest / s + 1e-9))) for s in per_replica]
 
     def _delta(self, f: int) -> tuple[torch.Tensor, float]:
         """(Δ = θ_global − θ_r for fragment f, the tokens behind it); restarts f's token count."""
@@ -246,12 +304,17 @@ class DiLoCo(Strategy):
         self._scatter(f, theta)
         self.inner.theta_written()
         self.outer_steps += 1
+        finished, self.slot = self.active, 0
+        if self.options.balance_replicas:
+            self.active, self.durations = self._agree_on_periods(), []
+        self.stamp = time.perf_counter()
         return {
             "outer_step": self.outer_steps,
             "outer_fragment": f,
             "outer_delta_norm": self._norm(mean),
             "outer_bytes": sum(p.numel() for p in self.pieces[f]) * WIRE_BYTES[self.wire],
             "outer_exposed_s": exposed,
+            **({"outer_inner_updates": finished} if self.options.balance_replicas else {}),
         }
 
     def _norm(self, mean: torch.Tensor) -> float:
@@ -306,6 +369,10 @@ class DiLoCo(Strategy):
             "outer_steps": self.outer_steps,
             "tokens": list(self.tokens),
             "in_flight": -1 if self.in_flight is None else self.in_flight,
+            "active": list(self.active),
+            "slot": self.slot,
+            "nominal": self.nominal,
+            "last_seen": list(self.last_seen),
             "arrived": self._arrived_buffer,
             **({"eager": self.eager} if self.eager is not None else {}),
             **{f"backup{f}": b for f, b in enumerate(self.backup)},
@@ -319,6 +386,8 @@ class DiLoCo(Strategy):
         outer = state[f"outer_rank{self.dims.rank}"]  # the tensors were loaded in place
         self.updates, self.outer_steps, self.tokens = outer["updates"], outer["outer_steps"], list(outer["tokens"])
         self.in_flight = None if outer["in_flight"] < 0 else outer["in_flight"]
+        self.active, self.slot, self.nominal = list(outer["active"]), outer["slot"], outer["nominal"]
+        self.last_seen = tuple(outer["last_seen"])
         if self.in_flight is not None:
             self.arrived = self._arrived_buffer[: self.backup[self.in_flight].numel()].clone()
 
