@@ -509,3 +509,32 @@ def test_acco_with_model_parallel_drives_each_group_from_one_thread_in_one_order
         assert sorted(by_rank) == sorted(members), f"group {group}: used on ranks {sorted(by_rank)} of {members}"
         orders = {tuple(ops) for ops in by_rank.values()}
         assert len(orders) == 1, f"group {group}: ranks issued different sequences"
+
+
+@pytest.mark.parametrize(
+    "overrides, device, env, refused",
+    [
+        ({"parallelism.data_parallel": "acco", "parallelism.tensor_parallel_degree": 2}, "cuda", "1", True),
+        ({"parallelism.data_parallel": "wp", "parallelism.pipeline_parallel_degree": 2}, "cuda", "1", True),
+        ({"parallelism.data_parallel": "acco", "parallelism.tensor_parallel_degree": 2}, "cuda", "32", False),
+        ({"parallelism.data_parallel": "acco", "parallelism.tensor_parallel_degree": 2}, "cpu", "1", False),
+        ({"parallelism.data_parallel": "zero1", "parallelism.tensor_parallel_degree": 2}, "cuda", "1", False),
+        ({"parallelism.data_parallel": "acco"}, "cuda", "1", False),
+    ],
+)
+def test_one_hardware_queue_with_an_overlapped_job_beside_model_parallel_traffic_is_refused(
+    overrides, device, env, refused
+):
+    from torchacco.config import Config
+    from torchacco.errors import UserError
+    from torchacco.parallel.model_parallel import check_hardware_queues
+
+    cfg = Config()
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        setattr(getattr(cfg, section), name, value)
+    if refused:
+        with pytest.raises(UserError, match="CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor or pipeline parallelism"):
+            check_hardware_queues(cfg, device, {"CUDA_DEVICE_MAX_CONNECTIONS": env})
+    else:
+        check_hardware_queues(cfg, device, {"CUDA_DEVICE_MAX_CONNECTIONS": env})

@@ -33,7 +33,7 @@ from torchacco.loss import TokenLoss, value
 from torchacco.lr import TokenSchedule
 from torchacco.metrics import MetricsLogger, Throughput
 from torchacco.parallel.dims import ParallelDims
-from torchacco.parallel.model_parallel import apply_model_parallel, model_parallel_label
+from torchacco.parallel.model_parallel import apply_model_parallel, check_hardware_queues, model_parallel_label
 from torchacco.parallel.process_groups import (
     FLIGHT_RECORDER,
     destroy,
@@ -57,6 +57,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     kind = ModelKind.of(model, cfg.model)
     validate(cfg, world, model=model, own_data=datasets is not None)
     device = select_device(cfg.training.device, local_rank)
+    check_hardware_queues(cfg, device.type)
     if device.type == "cpu":
         set_cpu_threads(cfg.training.num_threads, local_world)
     own_group = not dist.is_initialized()

@@ -7,10 +7,13 @@ parallel on what is kept, then the data-parallel strategy over the dp group of e
 
 from __future__ import annotations
 
+import os
+
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
+from torchacco.errors import UserError
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.tensor import apply_tensor_parallel, check_tensor_parallel
 from torchacco.spec import ModelSpec
@@ -28,6 +31,21 @@ def check_model_parallel(spec: ModelSpec, cfg, args) -> None:
         from torchacco.parallel.pipeline import check_pipeline
 
         check_pipeline(spec.pipeline, cfg, args, where)
+
+
+def check_hardware_queues(cfg, device_type: str, env=os.environ) -> None:
+    """With tp or pp, an overlapped job's collectives (side stream) and tp/pp's (compute stream) run on
+    separate communicators at once; CUDA_DEVICE_MAX_CONNECTIONS=1 puts both streams on one hardware
+    queue, where the two can be ordered differently on different ranks and hang."""
+    p = cfg.parallelism
+    overlapped = p.data_parallel in ("acco", "dpu", "wp") or (p.replicas > 1 and cfg.diloco.overlap_steps > 0)
+    model_parallel = p.tensor_parallel_degree * p.pipeline_parallel_degree > 1
+    if device_type == "cuda" and overlapped and model_parallel and env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+        raise UserError(
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor or pipeline parallelism and an overlapped schedule can order "
+            "the side stream's and the compute stream's collectives differently on different ranks and hang: "
+            "unset it (or run a synchronous strategy)"
+        )
 
 
 def apply_model_parallel(model: nn.Module, spec: ModelSpec, cfg, dims: ParallelDims, device, loss=None):
