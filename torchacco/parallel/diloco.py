@@ -103,11 +103,12 @@ def check_config(cfg) -> None:
             "[diloco] mixing mixes in the local updates made during overlap_steps, and overlap_steps = 0; "
             "set overlap_steps >= 1 or mixing = 0"
         )
-    if d.balance_replicas and (d.fragments > 1 or d.overlap_steps or inner.name not in ("ddp", "zero1", "fsdp")):
+    if d.balance_replicas and (d.fragments > 1 or d.overlap_steps or inner.overlapped):
+        synchronous = ", ".join(f"'{n}'" for n, c in STRATEGIES.items() if c.supports_replicas and not c.overlapped)
         raise UserError(
-            f"[diloco] balance_replicas runs the whole model's outer step with ddp, zero1 or fsdp inside; got "
+            f"[diloco] balance_replicas runs the whole model's outer step with a synchronous strategy inside; got "
             f"fragments = {d.fragments}, overlap_steps = {d.overlap_steps}, data_parallel = '{inner.name}': set "
-            "fragments = 1 and overlap_steps = 0 and use one of those, or balance_replicas = false"
+            f"fragments = 1 and overlap_steps = 0 and use one of {synchronous}, or balance_replicas = false"
         )
     if d.balance_replicas and not cfg.training.max_tokens:
         raise UserError(
