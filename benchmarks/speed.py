@@ -57,15 +57,15 @@ WARMUP = 10  # updates left out of the timing
 TOKENS_PER_UPDATE = 16 * 128  # the recipe's global batch: an update of every strategy but mixed replicas
 
 
-def seconds_per_token(records: list[dict]) -> float:
-    kept = records[WARMUP:]
+def seconds_per_token(records: list[dict], warmup: int = WARMUP) -> float:
+    kept = records[warmup:]
     return sum(1 / r["tokens_per_s"] * r["tokens_per_update"] for r in kept) / sum(r["tokens_per_update"] for r in kept)
 
 
-def seconds_per_update(records: list[dict]) -> float:
+def seconds_per_update(records: list[dict], warmup: int = WARMUP) -> float:
     """Mean time of the updates after warm-up (each record's tokens over its rate: its own time, as the
     trainer restarts its clock after every logged update)."""
-    kept = records[WARMUP:]
+    kept = records[warmup:]
     return sum(r["tokens_per_update"] / r["tokens_per_s"] for r in kept) / len(kept)
 
 
@@ -106,8 +106,10 @@ def main(argv=None) -> int:
                 if "--diloco.balance_replicas" in STRATEGIES[name]:  # its clock is in tokens: the recipe's
                     train += ["--training.max_tokens", str(args.updates * TOKENS_PER_UPDATE)]
                 run = run_training(plan, train, out / "runs" / "speed" / f"{setting}_{name}_{repeat}")
-                times.append(seconds_per_update(run["records"]))
-                token_times.append(seconds_per_token(run["records"]) * TOKENS_PER_UPDATE)
+                # DiLoCo: from the second period on (mixed replicas run the first one unmeasured, as fixed H)
+                warmup = WARMUP + 50 if name.startswith("diloco") else WARMUP
+                times.append(seconds_per_update(run["records"], warmup))
+                token_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
                 print(f"[speed] {setting} {name} #{repeat}: {times[-1]:.4f} s per update", flush=True)
             # "mean": seconds per recipe update's tokens (16 × 128), the time per update of all but mixed replicas
             rows["strategies"][name] = {"seconds_per_update": times, "seconds_per_recipe_update": token_times,

@@ -124,11 +124,12 @@ class Preemption:
             self.signum = signum
             self._signalled.set()
 
-    def agreed(self) -> bool:
+    def agreed(self, wait: bool = False) -> bool:
         """At an update boundary, on every rank together: did any rank have a stop signal at the
         previous boundary? That boundary's all-reduce ran beside this update's compute, so no update
-        waits for its round trip, which on a shaped link is the queue of a transfer in flight
-        (DiLoCo's, a job's); a signal is acted on one update later."""
+        waits for its round trip, which on a shaped link is the queue of a transfer in flight (a
+        job's); a signal is acted on one update later. `wait`: at this boundary's own all-reduce
+        (where boundaries are far apart: DiLoCo's outer steps)."""
         if not self.enabled:
             return False
         if self.group is None:
@@ -138,6 +139,8 @@ class Preemption:
         agreed = self._arrived()
         flag = torch.tensor([self.signum], dtype=torch.int32)
         self._pending = (flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True))
+        if wait:
+            agreed = max(agreed, self._arrived())
         if agreed:
             self.signum = agreed  # the same signal named on every rank
             self._signalled.set()  # a peer's signal: this rank's grace period starts now

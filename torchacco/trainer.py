@@ -321,7 +321,9 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
         run.profiler.step(step)
         if done:
             break
-        if preempt.agreed():  # a stop signal on any rank: every rank stops here, after a checkpoint
+        # A stop signal on any rank: every rank stops here, after a checkpoint. Asked where the ranks
+        # meet (DiLoCo: at outer steps), so that it never paces one replica by another.
+        if strategy.ranks_meet() and preempt.agreed(wait=cfg.parallelism.replicas > 1):
             state_now = None if saved else lambda: checkpoint_state(strategy, state, run.train_loader, dims)
             preempt.stop(step, run.checkpointer, state_now)
     summary["steps"] = state.step

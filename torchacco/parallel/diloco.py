@@ -247,6 +247,11 @@ class DiLoCo(Strategy):
         # Every replica consumes the same input tokens per inner update: the run's clock counts those that ran.
         return dataclasses.replace(result, consumed=self.nominal * computing, outer=outer)
 
+    def ranks_meet(self) -> bool:
+        # Replicas meet at outer steps only: a world-wide agreement at every inner update would hold
+        # every replica to the slowest one's pace, update by update.
+        return self.updates % self.interval == 0
+
     def _idle_step(self) -> UpdateResult:
         """A slot this replica sits out: θ and the optimizer state stay as they are."""
         loss, norm = self.last_seen

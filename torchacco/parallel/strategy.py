@@ -213,6 +213,12 @@ class Strategy(abc.ABC):
         """This rank's fp32 slice of θ where the strategy shards it (padding included), else None."""
         return None
 
+    def ranks_meet(self) -> bool:
+        """After the update just returned, has every rank of the run been through a collective with
+        every other (so a world-wide agreement costs no one any waiting)? Data parallelism meets at
+        every update; DiLoCo's replicas only at outer steps."""
+        return True
+
     # The outer step's access to θ (docs/diloco.md) -----------------------------------------------
 
     def theta_pieces(self) -> list[tuple[str, torch.Tensor]]:
