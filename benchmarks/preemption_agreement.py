@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
 
 from benchmarks.cluster.launch import run_nodes
 from benchmarks.cluster.plan import ClusterPlan
+from benchmarks.token_efficiency import machine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,8 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     run_nodes(plan, "benchmarks.workers.agreement_probe", probe, folder, timeout_s=900, port=29455)
     raw = json.loads((folder / "agreement.json").read_text())
     when = datetime.date.today().isoformat()
-    machine = f"{platform.processor() or platform.machine()}, {platform.system()}"
-    command = "sudo .venv/bin/python -m benchmarks.preemption_agreement " + " ".join(argv or sys.argv[1:])
+    command = " ".join(["sudo .venv/bin/python -m benchmarks.preemption_agreement", *(argv or sys.argv[1:])])
     rows = {}
     for link in ("idle", "busy"):
         for mode in ("sync", "async"):
@@ -47,13 +46,13 @@ def main(argv: list[str] | None = None) -> int:
                 "max_ms": 1e3 * max(costs),
                 "mean_share_of_update": statistics.mean(costs) / (args.compute_s + statistics.mean(costs)),
             }
-    report = {"date": when, "machine": machine, "command": command, "rate_mbit": args.rate_mbit, "raw": raw,
+    report = {"date": when, "machine": machine(), "command": command, "rate_mbit": args.rate_mbit, "raw": raw,
               "rows": rows}  # fmt: skip
     (out / "preemption_agreement.json").write_text(json.dumps(report, indent=1))
     lines = [
         "# The preemption agreement's cost per update",
         "",
-        f"{when}, {machine}; 2 emulated nodes at {args.rate_mbit:g} Mbit/s; {args.updates} updates of "
+        f"{when}, {machine()}; 2 emulated nodes at {args.rate_mbit:g} Mbit/s; {args.updates} updates of "
         f"{args.compute_s * 1e3:g} ms compute; the busy link carries {raw['transfer_bytes'] / 1e6:g} MB all-reduces "
         f"on another group (busy throughout: {raw.get('busy_throughout')}).",
         f"Command: `{command}`",

@@ -394,6 +394,7 @@ class DiLoCo(Strategy):
         self.in_flight = None if outer["in_flight"] < 0 else outer["in_flight"]
         self.active, self.slot, self.nominal = list(outer["active"]), outer["slot"], outer["nominal"]
         self.last_seen = tuple(outer["last_seen"])
+        self.durations, self.stamp = [], time.perf_counter()  # timing starts again with the resumed run
         if self.in_flight is not None:
             self.arrived = self._arrived_buffer[: self.backup[self.in_flight].numel()].clone()
 

@@ -37,9 +37,9 @@ def check_hardware_queues(cfg, device_type: str, env=os.environ) -> None:
     """With tp or pp, an overlapped job's collectives (side stream) and tp/pp's (compute stream) run on
     separate communicators at once; CUDA_DEVICE_MAX_CONNECTIONS=1 puts both streams on one hardware
     queue, where the two can be ordered differently on different ranks and hang."""
-    p = cfg.parallelism
     from torchacco.parallel.registry import strategy_class
 
+    p = cfg.parallelism
     overlapped = strategy_class(p.data_parallel).overlapped or (p.replicas > 1 and cfg.diloco.overlap_steps > 0)
     model_parallel = p.tensor_parallel_degree * p.pipeline_parallel_degree > 1
     if device_type == "cuda" and overlapped and model_parallel and env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
