@@ -518,3 +518,18 @@ def test_nodes_whose_name_resolves_to_loopback_are_told_to_set_gloo_socket_ifnam
     monkeypatch.delenv("GLOO_SOCKET_IFNAME")
     monkeypatch.setenv("MASTER_ADDR", "localhost")  # every "node" on this host: loopback is right
     process_groups.check_gloo_interface()
+
+
+def test_the_progress_bar_of_a_run_that_stops_on_tokens_counts_tokens(tmp_path):
+    from torchacco.metrics import MetricsLogger
+
+    record = {"step": 30, "tokens": 750, "loss": 2.0, "lr": 1e-3, "tokens_per_s": 100.0, "memory_gib": 1.0}
+    record |= {"grad_norm": 1.0, "share_data": 0.0, "share_compute": 1.0, "share_sync": 0.0}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    by_tokens = MetricsLogger(tmp_path / "a", True, False, True, 150, max_tokens=1000)
+    assert "[###############     ]  75%" in by_tokens._console_line(record)
+    by_steps = MetricsLogger(tmp_path / "b", True, False, True, 150)
+    assert "[####                ]  20%" in by_steps._console_line(record)
+    by_tokens.close()
+    by_steps.close()

@@ -42,9 +42,11 @@ class MetricsLogger:
         progress_bar: bool,
         total_steps: int,
         keep_until_step: int = 0,
+        max_tokens: int = 0,
     ):
         self.enabled = enabled
         self.total_steps = total_steps
+        self.max_tokens = max_tokens  # a run that stops on tokens: its progress is theirs
         self.progress_bar = progress_bar and enabled
         self.start = time.perf_counter()
         self.jsonl = None
@@ -105,6 +107,8 @@ class MetricsLogger:
             parts.append(f"val loss {r['val_loss']:.4f} (ppl {r['val_perplexity']:.1f})")
         if self.progress_bar:
             done = r["step"] / max(1, self.total_steps)
+            if self.max_tokens:
+                done = min(1.0, max(done, r["tokens"] / self.max_tokens))
             elapsed = time.perf_counter() - self.start
             eta = elapsed / done * (1 - done) if done > 0 else 0.0
             bar = "#" * int(20 * done)

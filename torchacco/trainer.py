@@ -240,7 +240,9 @@ def _start(cfg: Config, dims: ParallelDims, device: Device, strategy: Strategy, 
     timeout = timedelta(seconds=t.collective_timeout_s)
     checkpointer, resumed = resume(cfg.checkpoint, folder, dims, strategy, state, train_loader, timeout)
     m = cfg.metrics
-    log = MetricsLogger(folder, dims.is_main, m.tensorboard, m.progress_bar, t.steps, keep_until_step=state.step)
+    log = MetricsLogger(
+        folder, dims.is_main, m.tensorboard, m.progress_bar, t.steps, state.step, max_tokens=t.max_tokens
+    )
     if resumed:
         log.info(f"torchacco: {resumed}")
     profiler = Profiler(cfg.profiling, folder, dims.rank, device, state.step)

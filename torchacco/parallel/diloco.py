@@ -113,7 +113,7 @@ def check_config(cfg) -> None:
     if d.balance_replicas and not cfg.training.max_tokens:
         raise UserError(
             "[diloco] balance_replicas needs [training] max_tokens: the replicas' inner updates differ, so the run and "
-            "its learning-rate schedule are measured in tokens; set max_tokens"
+            "its learning-rate schedule are measured in tokens; set it (e.g. --training.max_tokens 1000000000)"
         )
     if d.outer_lr <= 0 or not 0.0 <= d.outer_momentum < 1.0:
         raise UserError(
