@@ -25,6 +25,7 @@ from pathlib import Path
 from benchmarks.acco_reference import recipe
 from benchmarks.cluster import ClusterPlan, run_training
 from benchmarks.names import ACCO, DDP, FSDP, ZERO1
+from benchmarks.sweeps.common import pyplot_or_none
 from benchmarks.token_efficiency import QUIET, VARIANTS, machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,12 +165,8 @@ def markdown(results: dict, meta: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot_or_none()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.5), squeeze=False)
     for ax, (setting, rows) in zip(axes[0], results.items()):

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from benchmarks.acco_reference import recipe
 from benchmarks.names import ACCO, DDP, ZERO1
+from benchmarks.sweeps.common import pyplot_or_none
 
 ROOT = Path(__file__).resolve().parents[1]
 # Micro-batches of 2 sequences. Evaluation counts micro-batches, so twice as many keep the validation sequences the
@@ -149,12 +150,8 @@ def markdown(summary: dict, meta: dict) -> str:
 
 
 def plot(summary: dict, out: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot_or_none()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, len(summary), figsize=(5 * len(summary), 3.5), squeeze=False)
     for ax, (lr, rows) in zip(axes[0], summary.items()):
