@@ -86,6 +86,10 @@ def main(argv=None) -> int:
         "b": (ClusterPlan(nodes=2, rate_bps=balance / 3), []),
         "c": (ClusterPlan(nodes=4, rate_bps=1e9, slow_node=3, slow_factor=4.0, cpu_per_node=0.45),
               ["--training.local_batch_size", "1"]),
+        # (a) and (b) with 2 ranks per node: the inner strategy's traffic stays on the node, the outer sync
+        # crosses the shaped link; micro-batches of 2 so that ACCO's two periods fit 16 sequences on 4 ranks
+        "a2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance), ["--training.local_batch_size", "2"]),
+        "b2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance / 3), ["--training.local_batch_size", "2"]),
     }  # fmt: skip
     gaps = {}
     for table in sorted(out.glob("*token_efficiency*.json")):  # lr -> variant -> row, the 1.5e-3 ones
@@ -138,7 +142,7 @@ def markdown(results: dict, meta: dict) -> str:
     lines = [
         "# Speed on the emulated cluster: time per update, and the loss at equal tokens",
         "",
-        f"{meta['date']}, {meta['machine']}; one rank per node (network namespaces, `tc tbf`, CPU quotas).",
+        f"{meta['date']}, {meta['machine']}; network namespaces, `tc tbf`, CPU quotas; one rank per node unless the setting says more.",
         f"Command: `{meta['command']}`. Loss gaps at equal tokens: `bench_results/*token_efficiency*.md` (loopback, "
         "1,000 updates, 5 seeds, lr 1.5e-3, paired with DDP; a balanced variant computes its strategy's update).",
         "",

@@ -10,8 +10,13 @@ the final validation loss, and its gap to DDP's with the same seed and lr (the s
 order, so the pairing removes most of the seed-to-seed spread). The spread of zero1 − ddp (the same mathematics in
 another floating-point order) is the noise floor a variant is judged against.
 
-Writes bench_results/<--name>.{json,md} (+ .png with matplotlib; name token_efficiency by default); runs are kept under
-bench_results/token_efficiency_runs/ and reused when their metrics.jsonl is complete (--fresh reruns them).
+With --budgets (e.g. 1,1.25,1.5), every variant but DDP also runs those multiples of --updates, each with its own
+cosine, and the tokens it needs for DDP's final loss (same seed) are interpolated between the finished runs that
+bracket it: the token side of time to target (benchmarks/time_to_target.py multiplies it by measured speed).
+
+Writes bench_results/<--name>.{json,md} (+ .png with matplotlib; name token_efficiency by default). Runs are kept
+under bench_results/token_efficiency_runs/u<updates>_lr<lr>_<variant>_s<seed>/ and reused when their metrics.jsonl
+is complete (--fresh reruns them).
 """
 
 from __future__ import annotations
@@ -54,6 +59,18 @@ VARIANTS = {
     # plain averaging every 50 updates (outer lr 1, no momentum): Nesterov's 0.7 and 0.9 step up to 7 times the
     # replicas' mean displacement once the momentum builds, which is DiLoCo's tuning for H in the hundreds
     "diloco_h50_avg": [*DILOCO, *"--diloco.sync_every 50 --diloco.outer_lr 1 --diloco.outer_momentum 0".split()],
+    # plain averaging every 10 and 20 updates: the gap of local updates alone, as a function of H
+    **{
+        f"diloco_h{h}_avg": [
+            *DILOCO,
+            "--diloco.sync_every",
+            str(h),
+            *"--diloco.outer_lr 1 --diloco.outer_momentum 0".split(),
+        ]
+        for h in (1, 10, 20)
+    },
+    # Nesterov whose steady-state step is 1.4× the replicas' mean displacement (outer lr / (1 − momentum)), not 7×
+    "diloco_h10_n07m05": [*DILOCO, *"--diloco.sync_every 10 --diloco.outer_lr 0.7 --diloco.outer_momentum 0.5".split()],
     # Streaming DiLoCo: the 2 blocks as 2 fragments, each all-reduced in bf16 beside 1 inner update
     "streaming_h50": [
         *DILOCO,
@@ -97,6 +114,37 @@ def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh:
 
 def gap(a: float, b: float) -> float:
     return 100.0 * (a / b - 1.0)
+
+
+def updates_to_target(target: float, finals: dict[int, float]) -> tuple[float | None, bool]:
+    """The updates a variant needs to reach `target`, from its final validation losses at several budgets
+    (updates -> loss, each run with its own cosine): linear between the two budgets whose runs bracket the target,
+    not read from the middle of a curve. Returns (updates, is_upper_bound): the smallest budget and True when it
+    already reaches the target, (None, False) when no budget does."""
+    points = sorted(finals.items())
+    if points[0][1] <= target:
+        return float(points[0][0]), True
+    for (n0, l0), (n1, l1) in zip(points, points[1:]):
+        if l1 <= target < l0:
+            return n0 + (n1 - n0) * (l0 - target) / (l0 - l1), False
+    return None, False
+
+
+def budget_rows(by_budget: dict, ddp_finals: list[float], updates: int) -> dict:
+    """Per seed: the updates this variant needs for DDP's final loss of the same seed, as a share of DDP's."""
+    ratios, bounds = [], []
+    for seed_index, target in enumerate(ddp_finals):
+        needed, bound = updates_to_target(target, {n: vals[seed_index] for n, vals in by_budget.items()})
+        ratios.append(None if needed is None else needed / updates)
+        bounds.append(bound)
+    reached = [r for r in ratios if r is not None]
+    return {
+        "budgets": {str(n): vals for n, vals in sorted(by_budget.items())},
+        "tokens_to_target_ratio": ratios,
+        "ratio_is_upper_bound": bounds,
+        "mean_tokens_to_target_ratio": statistics.fmean(reached) if len(reached) == len(ratios) else None,
+        "sd_tokens_to_target_ratio": statistics.stdev(reached) if len(reached) == len(ratios) > 1 else None,
+    }
 
 
 def summarize(finals: dict, curves: dict, train_tails: dict, lrs: list[float], variants: list[str]) -> dict:
@@ -146,6 +194,29 @@ def markdown(summary: dict, meta: dict) -> str:
                 + ", ".join(f"{g:+.2f}" for g in row["train_gap_pct"])
                 + " |"
             )
+    budgeted = [(lr, v, row) for lr, rows in summary.items() for v, row in rows.items() if "budgets" in row]
+    if budgeted:
+        lines += [
+            "",
+            "## Tokens to DDP's final loss",
+            "",
+            f"Each variant also ran budgets of {', '.join(map(str, meta['budgets']))} updates, each with its own "
+            "cosine; "
+            "the updates it needs for the final validation loss of DDP's run with the same seed are interpolated "
+            "between the two budgets that bracket it, as a multiple of DDP's (≤: the smallest budget already "
+            "reaches it; —: no budget does).",
+            "",
+            "| lr | variant | tokens to target × DDP's, mean ± sd | per seed |",
+            "|---|---|---|---|",
+        ]
+        for lr, v, row in budgeted:
+            each = ", ".join(
+                "—" if r is None else ("≤" if b else "") + f"{r:.3f}"
+                for r, b in zip(row["tokens_to_target_ratio"], row["ratio_is_upper_bound"])
+            )
+            mean = row["mean_tokens_to_target_ratio"]
+            spread = "—" if mean is None else f"{mean:.3f} ± {row['sd_tokens_to_target_ratio'] or 0:.3f}"
+            lines.append(f"| {lr} | {v} | {spread} | {each} |")
     return "\n".join(lines) + "\n"
 
 
@@ -176,7 +247,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="bench_results")
     parser.add_argument("--name", default="token_efficiency", help="the results' file name (without suffix)")
     parser.add_argument("--fresh", action="store_true", help="rerun runs whose results exist")
+    parser.add_argument(
+        "--budgets",
+        default="1",
+        help="comma-separated multiples of --updates that every variant but ddp also runs, each with its own "
+        "cosine; the updates it needs for DDP's final loss are interpolated between them (e.g. 1,1.25,1.5)",
+    )
     args = parser.parse_args(argv)
+    budgets = sorted({round(args.updates * float(x)) for x in args.budgets.split(",")} | {args.updates})
     lrs = [float(x) for x in args.lrs.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
     variants = [DDP, *(v for v in args.variants.split(",") if v != DDP)]
@@ -184,12 +262,16 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     out = ROOT / args.out
-    finals, curves, train_tails = {}, {}, {}
+    finals, curves, train_tails, by_budget = {}, {}, {}, {}
     for lr in lrs:
         for v in variants:
             for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
-                folder = out / "token_efficiency_runs" / f"lr{lr:g}_{v}_s{seed}"
-                recs = train(v, lr, seed, args.updates, folder, args.fresh)
+                for n in budgets if v != DDP else [args.updates]:
+                    folder = out / "token_efficiency_runs" / f"u{n}_lr{lr:g}_{v}_s{seed}"
+                    final = train(v, lr, seed, n, folder, args.fresh)[-1]["val_loss"]
+                    by_budget.setdefault((lr, v), {}).setdefault(n, []).append(final)
+                folder = out / "token_efficiency_runs" / f"u{args.updates}_lr{lr:g}_{v}_s{seed}"
+                recs = records(folder)
                 finals.setdefault((lr, v), []).append(recs[-1]["val_loss"])
                 # The training loss of the last tenth of the run: each update's on data not seen before, and
                 # the same sequences whatever the micro-batch size.
@@ -197,11 +279,16 @@ def main(argv: list[str] | None = None) -> None:
                 train_tails.setdefault((lr, v), []).append(statistics.fmean(r["loss"] for r in last))
                 curves.setdefault((lr, v), []).append([r["val_loss"] for r in recs if "val_loss" in r])
     summary = summarize(finals, curves, train_tails, lrs, variants)
+    if len(budgets) > 1:
+        for lr in lrs:
+            for v in variants[1:]:
+                summary[f"{lr:g}"][v] |= budget_rows(by_budget[(lr, v)], finals[(lr, DDP)], args.updates)
     meta = {
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
         "updates": args.updates,
         "seeds": seeds,
+        "budgets": budgets,
         "command": "python -m benchmarks.token_efficiency " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     out.mkdir(parents=True, exist_ok=True)

@@ -100,6 +100,7 @@ def test_slow_node_gets_a_cpu_quota_v1_and_v2():
         (dict(prefix="Bad-Name"), "prefix"),
         (dict(subnet="192.168.1"), "subnet"),
         (dict(latency_ms=-1), "--latency-ms"),
+        (dict(ranks_per_node=0), "--ranks-per-node"),
     ],
 )
 def test_plan_rejects_mistakes_with_one_line(kwargs, message):
@@ -107,7 +108,7 @@ def test_plan_rejects_mistakes_with_one_line(kwargs, message):
         ClusterPlan(**{"prefix": "t7", **kwargs})
 
 
-def test_train_argv_rendezvous_at_node0_one_process_per_node():
+def test_train_argv_rendezvous_at_node0_with_the_plans_ranks_per_node():
     plan = ClusterPlan(nodes=3, prefix="t8")
     argv = cl.train_argv(plan, 2, ["--config", "x.toml"], port=29411, python="py")
     text = " ".join(argv)
@@ -116,6 +117,9 @@ def test_train_argv_rendezvous_at_node0_one_process_per_node():
     assert "is_host=0" in text and "is_host=1" in " ".join(cl.train_argv(plan, 0, [], 1, python="py"))
     assert argv[-2:] == ["--config", "x.toml"]
     assert plan.node_command(2, ["a"]) == ["ip", "netns", "exec", "t8n2", "a"]
+    two = ClusterPlan(nodes=3, ranks_per_node=2, prefix="t8")
+    assert "--nproc_per_node 2" in " ".join(cl.train_argv(two, 1, [], 1, python="py")) and two.world_size == 6
+    assert two.describe().startswith("3 nodes of 2 ranks")
     env = cl.node_env(1)
     assert env["GLOO_SOCKET_IFNAME"] == "eth0" and env["OMP_NUM_THREADS"] == "1" and "MASTER_ADDR" not in env
 

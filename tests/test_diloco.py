@@ -2,6 +2,9 @@
 sequential reference written here (the replicas simulated in one process, torch's AdamW inside and
 torch's Nesterov SGD outside); the wire formats' error; the impossible settings' one-line errors."""
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from test_schedules import run_worker
+from test_schedules import ROOT, run_worker
 
 from torchacco.config import Config
 from torchacco.errors import UserError
@@ -192,6 +195,41 @@ def test_sharded_outer_step_equals_the_unsharded_one(tmp_path):
     torch.testing.assert_close(sharded["theta"], replicated["theta"], rtol=1e-5, atol=1e-6)
     expected, _, _ = diloco_reference(4, 1, replicas=2, dp=2, H=2, P=2)
     torch.testing.assert_close(sharded["theta"], expected, rtol=1e-5, atol=1e-5)
+
+
+def diloco_memory(tmp_path, kind: str, **diloco) -> list[dict]:
+    out = tmp_path / f"memory_{kind}.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCHACCO_TEST_REPLICAS": "2"}
+    env["TORCHACCO_TEST_DILOCO"] = ",".join(f"{k}={v}" for k, v in diloco.items())
+    worker_py = Path(__file__).parent / "workers" / "diloco_memory.py"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", str(worker_py)]
+    proc = subprocess.run([*argv, kind, str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.integration
+def test_memory_over_the_inner_strategy_is_the_backup_and_momentum_of_this_ranks_part_of_theta(tmp_path):
+    """2 replicas of 2 ranks, every live tensor counted: DiLoCo adds θ_global and the momentum in fp32 (8 bytes
+    per element) of the θ the rank holds: half of θ with zero1 inside, all of it with ddp; eager adds θ̂ of the
+    largest fragment (4 bytes per element). The cost model's figure is the same."""
+    from torchacco.cost_model import Hardware, Workload, diloco_memory_bytes
+
+    work, node = Workload(params=1.0, flops_per_token=1.0, tokens_per_micro_batch=1.0), Hardware(2, 1.0, None, 0, 2)
+    for kind, diloco in [
+        ("zero1", dict(sync_every=2)),
+        ("ddp", dict(sync_every=2)),
+        ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, eager=1)),
+    ]:
+        reports = diloco_memory(tmp_path, kind, **diloco)
+        for r in reports:
+            extra = r["diloco_bytes"] - r["inner_bytes"]
+            eager = 4 * r["largest_fragment"] if diloco.get("eager") else 0
+            placeholders = 8 * r["empty_fragments"]  # a fragment none of whose θ is on this rank
+            assert extra == 8 * r["theta_elements"] + eager + placeholders, (kind, diloco, r)
+            outer = diloco_memory_bytes(work, node, kind) - diloco_memory_bytes(work, node, kind, offload=True)
+            share = outer / 8.0  # the model's share of θ per rank (params = 1)
+            assert r["theta_elements"] == pytest.approx(share * r["model_elements"], rel=0.02), (kind, r)
 
 
 @pytest.mark.integration

@@ -2,11 +2,9 @@
 re-implementation written here with torch's own AdamW (same data, same micro-batches)."""
 
 import copy
-import gc
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -262,19 +260,6 @@ def test_acco_adaptive_slow_rank_contributes_less_and_update_is_token_weighted(t
     assert all(m[0] > m[1] for m in micro_batches[1:]), micro_batches
 
 
-def _live_tensor_bytes() -> int:
-    gc.collect()
-    storages = {}
-    with warnings.catch_warnings():  # isinstance() pokes deprecated torch.distributed attributes
-        warnings.simplefilter("ignore")
-        tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
-    for obj in tensors:
-        if obj.device.type == "cpu" and not obj.is_meta:
-            storage = obj.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
-
-
 def test_acco_memory_over_zero1_is_one_bf16_parameter_copy():
     import torch.distributed as dist
 
@@ -290,9 +275,9 @@ def test_acco_memory_over_zero1_is_one_bf16_parameter_copy():
             cfg.parallelism.data_parallel = kind
             model = worker.tiny_model()
             replaced = sum(p.nbytes for p in model.parameters())  # fp32 weights FlatParams frees
-            before = _live_tensor_bytes() - replaced
+            before = worker.live_tensor_bytes() - replaced
             dp = worker.build(model, cfg, dims, 2, torch.bfloat16)
-            footprint[kind] = _live_tensor_bytes() - before
+            footprint[kind] = worker.live_tensor_bytes() - before
             numel = dp.sharded.flat.padded_numel
             dp.close()
             del dp, model

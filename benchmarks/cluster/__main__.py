@@ -16,6 +16,7 @@ from torchacco.errors import run_cli
 def plan_from_args(args) -> ClusterPlan:
     return ClusterPlan(
         nodes=args.nodes,
+        ranks_per_node=args.ranks_per_node,
         rate_bps=parse_rate(args.rate),
         latency_ms=args.latency_ms,
         slow_node=args.slow_node,
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks on each node (their traffic unshaped)")
     parser.add_argument("--rate", default="unshaped", help="per-link rate each way, e.g. 200mbit, 1gbit, unshaped")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="one-way link latency (needs tc netem)")
     parser.add_argument("--slow-node", type=int, default=None, help="index of a node made slow by a CPU quota")

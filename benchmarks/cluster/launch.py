@@ -1,7 +1,7 @@
-"""Training on the cluster: one torchrun agent (`torchacco.launch`) per node inside its namespace,
-rendezvous (c10d) at node 0's address, ranks talking gloo over the namespaces' links
-(`GLOO_SOCKET_IFNAME=eth0`); then the run's records and per-rank reports, or one line saying which
-node failed and why."""
+"""Training on the cluster: one torchrun agent (`torchacco.launch`) per node inside its namespace, starting the
+node's ranks; rendezvous (c10d) at node 0's address, ranks talking gloo over the namespaces' links
+(`GLOO_SOCKET_IFNAME=eth0`); then the run's records and per-rank reports, or one line saying which node failed
+and why."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def train_argv(
     python: str = sys.executable,
     run_id: str = "tacc",
 ) -> list[str]:
-    """The per-node torchrun command: one process per node, c10d rendezvous at node 0."""
+    """The per-node torchrun command: `ranks_per_node` processes, c10d rendezvous at node 0."""
     return [
         python,
         "-m",
@@ -38,7 +38,7 @@ def train_argv(
         "--node_rank",
         str(i),
         "--nproc_per_node",
-        "1",
+        str(plan.ranks_per_node),
         "--rdzv_backend",
         "c10d",
         "--rdzv_endpoint",
@@ -100,7 +100,7 @@ def run_training(
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env={**os.environ, "WORLD_SIZE": str(plan.nodes), "LOCAL_WORLD_SIZE": "1"},
+        env={**os.environ, "WORLD_SIZE": str(plan.world_size), "LOCAL_WORLD_SIZE": str(plan.ranks_per_node)},
     )
     if validate.returncode:
         last = validate.stderr.strip().splitlines()[-1] if validate.stderr.strip() else "invalid config"

@@ -27,6 +27,9 @@ class ClusterPlan:
     """What to build: pure data. `setup_commands()` / `teardown_commands()` are the shell commands."""
 
     nodes: int = 2
+    # ranks on each node: they share its namespace, CPU quota and link; their own traffic stays on the node
+    # (the kernel routes between local addresses without the shaped veth), as NVLink/PCIe inside a real node
+    ranks_per_node: int = 1
     rate_bps: float | None = None  # per link and direction; None: unshaped veth
     latency_ms: float = 0.0  # one-way, needs netem
     slow_node: int | None = None  # index of the node made slow
@@ -45,6 +48,8 @@ class ClusterPlan:
             raise ClusterError(f"--nodes must be between 1 and 200, got {self.nodes}")
         if not re.fullmatch(r"10\.\d{1,3}\.\d{1,3}", self.subnet):
             raise ClusterError(f"subnet {self.subnet!r} must be the first three octets of a 10.x.y.0/24")
+        if not 1 <= self.ranks_per_node <= 16:
+            raise ClusterError(f"--ranks-per-node must be between 1 and 16, got {self.ranks_per_node}")
         if self.slow_node is not None and not 0 <= self.slow_node < self.nodes:
             raise ClusterError(f"--slow-node {self.slow_node} is not a node (0..{self.nodes - 1})")
         if self.slow_factor < 1:
@@ -150,4 +155,9 @@ class ClusterPlan:
     def describe(self) -> str:
         link = format_rate(self.rate_bps) + (f", +{self.latency_ms:g} ms" if self.latency_ms else "")
         cpu = ", ".join(f"node{i} {self.cores(i):g} cores" for i in range(self.nodes) if self.cores(i) is not None)
-        return f"{self.nodes} nodes on {self.subnet}.0/24, links {link}" + (f", {cpu}" if cpu else "")
+        ranks = f" of {self.ranks_per_node} ranks" if self.ranks_per_node > 1 else ""
+        return f"{self.nodes} nodes{ranks} on {self.subnet}.0/24, links {link}" + (f", {cpu}" if cpu else "")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node

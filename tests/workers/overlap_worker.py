@@ -11,9 +11,11 @@ default fp32) sums its gradients in that dtype. TORCHACCO_TEST_REPLICAS (default
 TORCHACCO_TEST_DILOCO ("key=value,..." of [diloco]) run the strategy inside DiLoCo's replicas; θ is then θ_global.
 """
 
+import gc
 import os
 import sys
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -73,6 +75,20 @@ def micro_batch(rank: int, index: int) -> dict:
     return {"input_ids": tokens[:, :-1], "labels": labels}
 
 
+def live_tensor_bytes() -> int:
+    """Bytes of every live CPU tensor storage, each counted once: a hidden copy anywhere would show."""
+    gc.collect()
+    storages = {}
+    with warnings.catch_warnings():  # isinstance() pokes deprecated torch.distributed attributes
+        warnings.simplefilter("ignore")
+        tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    for obj in tensors:
+        if obj.device.type == "cpu" and not obj.is_meta:
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
 def schedule() -> TokenSchedule:
     # Warm-up over the first updates, then cosine: both parts of the token clock are exercised.
     return TokenSchedule(peak_lr=1e-2, warmup_tokens=200, total_tokens=2000, decay="cosine", min_lr_ratio=0.1)
@@ -98,11 +114,14 @@ def config(kind: str, mode: str) -> Config:
     return cfg
 
 
+def update_plan(cfg: Config, dims, micro_batches: int, dtype=torch.float32) -> UpdatePlan:
+    nominal = micro_batches * BATCH * SEQ * dims.dp_size  # the recipe's tokens per update
+    return UpdatePlan(micro_batches, schedule(), cfg.training.max_norm, dtype, nominal)
+
+
 def build(model, cfg: Config, dims, micro_batches: int, dtype=torch.float32, device=Device("cpu")):
     """The strategy of `cfg` over `model`, with the tests' schedule."""
-    nominal = micro_batches * BATCH * SEQ * dims.dp_size  # the recipe's tokens per update
-    plan = UpdatePlan(micro_batches, schedule(), cfg.training.max_norm, dtype, nominal)
-    return build_strategy(model, cfg, dims, plan, device)
+    return build_strategy(model, cfg, dims, update_plan(cfg, dims, micro_batches, dtype), device)
 
 
 def main(kind, out, commits, micro_batches, mode, delay):

@@ -1,0 +1,154 @@
+"""Time to target: the tokens a strategy needs for DDP's final loss (loopback) times its measured time per token
+(the emulated cluster), against the best synchronous baseline, per setting.
+
+    .venv/bin/python -m benchmarks.time_to_target --tokens diloco_budgets_lr3e-3 --speed speed_diloco
+
+The two parts are measured where each is cheap and precise: loss against tokens does not depend on the link
+(`benchmarks/token_efficiency.py --budgets ...`: the tokens to DDP's final loss of the same seed, interpolated
+between finished runs of several budgets), speed does not depend on the loss (`benchmarks/speed.py`: seconds per
+update's tokens after warm-up). DDP needs 1× its tokens by definition. A strategy whose token side is not in the
+table is shown with its speed only. Writes bench_results/<--name>.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks.names import DDP
+from benchmarks.speed import BASELINES
+from benchmarks.sweeps.common import pyplot_or_none
+from benchmarks.token_efficiency import machine
+
+ROOT = Path(__file__).resolve().parents[1]
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided, by d.o.f.
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """The mean and the half-width of its 95% t-interval (nan for one value)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    return mean, T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
+
+
+def token_ratios(rows: dict) -> dict[str, list[float]]:
+    """Per variant, the per-seed tokens to DDP's final loss as a multiple of DDP's; DDP itself is 1."""
+    out = {}
+    for name, row in rows.items():
+        ratios = row.get("tokens_to_target_ratio")
+        if name == DDP:
+            out[name] = [1.0] * len(row["val_loss"])
+        elif ratios and all(r is not None for r in ratios):
+            out[name] = ratios
+    return out
+
+
+def combine(settings: dict, ratios: dict[str, list[float]]) -> dict:
+    """Per setting and strategy: seconds per update's tokens, the tokens ratio, and how many times sooner than the
+    best synchronous baseline it reaches the target, paired by seed (each seed's ratio over the mean speed)."""
+    out = {}
+    for setting, data in settings.items():
+        speed = {name: row["mean"] for name, row in data["strategies"].items()}
+        baselines = [n for n in speed if n.removesuffix("_balanced") in BASELINES and n in ratios]
+        if not baselines:
+            continue
+        cost = {n: [r * speed[n] for r in ratios[n]] for n in speed if n in ratios}  # seconds per DDP's tokens
+        best = min(baselines, key=lambda n: statistics.fmean(cost[n]))
+        rows = {}
+        for name, s in speed.items():
+            row = {"seconds_per_update": s, "speed_vs_best": speed[best] / s}
+            if name in cost:
+                sooner = [b / c for b, c in zip(cost[best], cost[name])]
+                mean, half = mean_ci(sooner)
+                ratio, ratio_half = mean_ci(ratios[name])
+                row |= {"tokens_ratio": ratio, "tokens_ratio_ci95": ratio_half, "sooner_per_seed": sooner,
+                        "sooner": mean, "sooner_ci95": half}  # fmt: skip
+            rows[name] = row
+        out[setting] = {"plan": data["plan"], "best_baseline": best, "strategies": rows}
+    return out
+
+
+def markdown(result: dict, meta: dict) -> str:
+    lines = [
+        "# Time to DDP's final loss: tokens needed (loopback) × time per token (emulated cluster)",
+        "",
+        f"{meta['date']}, {meta['machine']}. Tokens: `bench_results/{meta['tokens']}.md` (lr {meta['lr']}); speed: "
+        f"`bench_results/{meta['speed']}.md`.",
+        f"Command: `{meta['command']}`",
+        "",
+        "Sooner = the best synchronous baseline's time to the target over this strategy's, paired by seed, mean with "
+        "its 95% interval. The target is DDP's final validation loss of the same seed.",
+    ]
+    for setting, rows in result.items():
+        lines += [
+            "",
+            f"## Setting {setting}: {rows['plan']}",
+            "",
+            f"Best synchronous baseline to the target: {rows['best_baseline']}.",
+            "",
+            "| strategy | s per update | tokens to target × DDP's (95% CI) | time to target, × sooner (95% CI) "
+            "| per seed |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for name, row in rows["strategies"].items():
+            if "tokens_ratio" not in row:
+                lines.append(f"| {name} | {row['seconds_per_update']:.4f} | not measured | — | |")
+                continue
+            per_seed = ", ".join(f"{x:.2f}" for x in row["sooner_per_seed"])
+            lines.append(
+                f"| {name} | {row['seconds_per_update']:.4f} | {row['tokens_ratio']:.3f} ± "
+                f"{row['tokens_ratio_ci95']:.3f} | **{row['sooner']:.2f}×** ± {row['sooner_ci95']:.2f} | {per_seed} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    plt = pyplot_or_none()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, len(result), figsize=(5 * len(result), 3.2), squeeze=False)
+    for ax, (setting, rows) in zip(axes[0], result.items()):
+        named = [(n, r) for n, r in rows["strategies"].items() if "sooner" in r]
+        ax.barh([n for n, _ in named], [r["sooner"] for _, r in named], xerr=[r["sooner_ci95"] for _, r in named])
+        ax.axvline(1.0, color="grey", lw=0.5)
+        ax.set(title=f"setting {setting}", xlabel=f"× sooner to DDP's final loss than {rows['best_baseline']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.time_to_target", description=__doc__)
+    parser.add_argument("--tokens", required=True, help="a token-efficiency result name run with --budgets")
+    parser.add_argument("--speed", required=True, help="a speed result name (benchmarks.speed --name)")
+    parser.add_argument("--lr", default="", help="the token table's learning rate (default: its only one)")
+    parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--name", default="time_to_target")
+    args = parser.parse_args(argv)
+    out = ROOT / args.out
+    try:
+        tokens = json.loads((out / f"{args.tokens}.json").read_text())["summary"]
+        settings = json.loads((out / f"{args.speed}.json").read_text())["settings"]
+    except (OSError, KeyError, json.JSONDecodeError) as e:
+        parser.error(f"cannot read the results: {e}")
+    lr = args.lr or next(iter(tokens))
+    if lr not in tokens:
+        parser.error(f"no lr {lr} in {args.tokens}; it has {', '.join(tokens)}")
+    result = combine(settings, token_ratios(tokens[lr]))
+    command = "python -m benchmarks.time_to_target " + " ".join(sys.argv[1:] if argv is None else argv)
+    meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "tokens": args.tokens,
+            "speed": args.speed, "lr": lr, "command": command}  # fmt: skip
+    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "settings": result}, indent=1))
+    (out / f"{args.name}.md").write_text(markdown(result, meta))
+    plot(result, out / f"{args.name}.png")
+    print(markdown(result, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Time to target from its two parts: the tokens a strategy needs for DDP's final loss, interpolated between runs of
+several budgets (each with its own cosine), times its measured time per update."""
+
+import json
+import math
+
+import pytest
+
+from benchmarks import time_to_target as ttt
+from benchmarks.token_efficiency import budget_rows, updates_to_target
+
+
+def test_the_budget_for_a_target_is_interpolated_between_the_finished_runs_that_bracket_it():
+    finals = {1000: 4.0, 1250: 3.9, 1500: 3.85}
+    assert updates_to_target(3.95, finals) == (pytest.approx(1125), False)  # halfway from 1000 to 1250
+    assert updates_to_target(3.86, finals) == (pytest.approx(1450), False)
+    assert updates_to_target(4.2, finals) == (1000.0, True)  # the smallest budget already reaches it: a bound
+    assert updates_to_target(3.5, finals) == (None, False)  # no budget reaches it
+    # a noisy, non-monotone series: the first bracketing pair counts
+    assert updates_to_target(3.95, {1000: 4.0, 1250: 3.9, 1500: 3.97})[0] == pytest.approx(1125)
+
+
+def test_budget_rows_pair_each_seed_with_ddps_final_loss_of_that_seed():
+    by_budget = {1000: [4.1, 4.0], 1500: [3.9, 3.7]}
+    rows = budget_rows(by_budget, ddp_finals=[4.0, 3.8], updates=1000)
+    assert rows["tokens_to_target_ratio"] == [pytest.approx(1.25), pytest.approx(1 + 0.5 * 0.2 / 0.3)]
+    assert rows["ratio_is_upper_bound"] == [False, False]
+    assert rows["mean_tokens_to_target_ratio"] == pytest.approx((1.25 + 1 + 1 / 3) / 2)
+    missing = budget_rows(by_budget, ddp_finals=[3.0, 3.8], updates=1000)
+    assert missing["tokens_to_target_ratio"][0] is None and missing["mean_tokens_to_target_ratio"] is None
+
+
+def test_time_to_target_multiplies_tokens_by_speed_against_the_best_baseline(tmp_path):
+    tokens = {"0.003": {"ddp": {"val_loss": [4.0, 3.9]}, "zero1": {"val_loss": [4.0, 3.9]},
+                        "diloco": {"val_loss": [4.1, 4.0], "tokens_to_target_ratio": [1.2, 1.1]}}}  # fmt: skip
+    speed = {"b": {"plan": "2 nodes", "strategies": {"ddp": {"mean": 0.3}, "zero1": {"mean": 0.4},
+                                                      "diloco": {"mean": 0.1}}}}  # fmt: skip
+    (tmp_path / "tok.json").write_text(json.dumps({"summary": tokens}))
+    (tmp_path / "spd.json").write_text(json.dumps({"settings": speed}))
+    assert ttt.main(["--tokens", "tok", "--speed", "spd", "--out", str(tmp_path), "--name", "ttt"]) == 0
+    result = json.loads((tmp_path / "ttt.json").read_text())["settings"]["b"]
+    assert result["best_baseline"] == "ddp"  # zero1 has no token ratio: shown by speed only
+    diloco = result["strategies"]["diloco"]
+    assert diloco["sooner_per_seed"] == [pytest.approx(0.3 / 0.12), pytest.approx(0.3 / 0.11)]
+    assert diloco["sooner"] == pytest.approx((2.5 + 0.3 / 0.11) / 2)
+    assert "tokens_ratio" not in result["strategies"]["zero1"]
+    assert math.isclose(result["strategies"]["ddp"]["sooner"], 1.0)
+    assert "**2.61×**" in (tmp_path / "ttt.md").read_text()
+
+
+def test_time_to_target_names_a_missing_result_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        ttt.main(["--tokens", "nope", "--speed", "nope", "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "cannot read the results" in capsys.readouterr().err
