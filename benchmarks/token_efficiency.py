@@ -71,6 +71,13 @@ VARIANTS = {
     },
     # Nesterov whose steady-state step is 1.4× the replicas' mean displacement (outer lr / (1 − momentum)), not 7×
     "diloco_h10_n07m05": [*DILOCO, *"--diloco.sync_every 10 --diloco.outer_lr 0.7 --diloco.outer_momentum 0.5".split()],
+    # Streaming DiLoCo with plain averaging every 10 updates: each of the 2 fragments all-reduced in bf16 beside 1
+    # inner update, eager (the replica goes on from its own θ and moves that update onto the mean when it arrives)
+    "streaming_h10_avg": [
+        *DILOCO,
+        *"--diloco.sync_every 10 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true".split(),
+        *"--diloco.outer_lr 1 --diloco.outer_momentum 0 --diloco.outer_dtype bf16".split(),
+    ],
     # Streaming DiLoCo: the 2 blocks as 2 fragments, each all-reduced in bf16 beside 1 inner update
     "streaming_h50": [
         *DILOCO,

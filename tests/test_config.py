@@ -61,7 +61,7 @@ def test_wrong_type_names_file_key_and_type(tmp_path):
 
 
 def test_choices_are_checked():
-    with pytest.raises(UserError, match="is not one of: ddp, zero1, fsdp, acco, dpu, wp"):
+    with pytest.raises(UserError, match="is not one of: ddp, zero1, fsdp, hsdp, acco, dpu, wp"):
         load_config(["--parallelism.data_parallel", "zero2"])
 
 

@@ -50,6 +50,17 @@ def test_step_times_per_strategy():
         assert p[s]["tokens_per_s"] == pytest.approx(p[s]["tokens_per_update"] / p[s]["step_time_s"])
 
 
+def test_hsdp_gathers_inside_the_node_and_all_reduces_each_nodes_gradient_across():
+    # 2 nodes of 2 ranks, intra-node ring 0.5 s per all-gather or reduce-scatter, 2 s across the nodes' link
+    h = hw(ranks_per_node=2, intra_bps=32e6)
+    p = cm.predict_all(WORK, h)
+    across = 2 * 2.0  # the shards' all-reduce: a whole gradient per node, both ring phases
+    assert p["hsdp"]["step_time_s"] == pytest.approx(max(1, 1.0) + max(1, 1.0 + 0.5) + (across - 2 / 3))
+    assert p["hsdp"]["step_time_s"] < p["fsdp"]["step_time_s"]  # its all-gathers never cross the link
+    assert cm.memory_bytes(WORK, h, "hsdp") == pytest.approx(1e6 * 16 / 2)  # FSDP's state over a node
+    assert cm.memory_bytes(WORK, h, "fsdp") == pytest.approx(1e6 * 16 / 4)
+
+
 def test_acco_hides_a_job_shorter_than_a_period_and_doubles_at_balance():
     fast = hw(bandwidth_bps=32e6)  # V = 0.5, M = 1 = one micro-batch
     p = cm.predict_all(WORK, fast)

@@ -23,6 +23,9 @@ The formula follows what the strategy class declares (`communication`, `overlapp
   all_reduce_in_backward (ddp)  k·c + max(0, V_ar − ⅔c) + P / opt_rate   (buckets hidden under the last backward)
   per_micro_batch (fsdp)        (k−1)·max(c, 2V_ag) + max(c, 2V_ag + V_rs) + P/W / opt_rate
                                 (prefetched all-gathers; the reduce-scatter only on the last micro-batch)
+    inside a node (hsdp)        the same over the node's G ranks (v: the node's ring), plus the shards'
+                                all-reduce across nodes, A = 2·(N−1)/N · 8S/B (a gradient per node):
+                                (k−1)·max(c, 2v_ag) + max(c, 2v_ag + v_rs) + max(0, A − ⅔c) + P/G / opt_rate
   sharded_job, synchronous      k·c + M                                    (zero1)
   sharded_job, overlapped       p rounds of max(k/p·c, M)                   (acco: p = 2; dpu, wp: p = 1)
 ACCO's modes: balanced splits each round's k/2·W micro-batches by speed (rounds of max(makespan, M));
@@ -188,6 +191,14 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
     if cls.communication == "all_reduce_in_backward":
         comm = max(0.0, V_ar - 2 / 3 * c_slow) + P / hw.opt_rate
         step, job = period + comm, V_ar
+    elif cls.communication == "per_micro_batch" and cls.shards_within_node:  # HSDP
+        node = collective_s(P * work.comm_bytes, dataclasses.replace(hw, nodes=1))  # the node's ring
+        inter = hw.ar_factor * 2 * collective_s(P * work.comm_bytes, dataclasses.replace(hw, ranks_per_node=1))
+        ag, rs = hw.ag_factor * node, hw.rs_factor * node
+        # the shards' all-reduce across nodes hides under the last backward, as DDP's buckets
+        step = (k - 1) * max(c_slow, 2 * ag) + max(c_slow, 2 * ag + rs) + max(0.0, inter - 2 / 3 * c_slow)
+        step += P / hw.ranks_per_node / hw.opt_rate
+        comm, job = step - k * c_slow, k * 2 * ag + rs + inter
     elif cls.communication == "per_micro_batch":
         step = (k - 1) * max(c_slow, 2 * V_ag) + max(c_slow, 2 * V_ag + V_rs) + opt_shard
         comm, job = step - k * c_slow, k * 2 * V_ag + V_rs
@@ -284,7 +295,8 @@ def memory_bytes(work: Workload, hw: Hardware, strategy: str, compute_bytes: flo
     """Persistent bytes per rank: parameters, gradients, optimizer state and buffers, as the
     strategy class counts them."""
     cls, _ = variants()[strategy]
-    return work.params * cls.persistent_bytes_per_param(hw.world, compute_bytes)
+    sharded_over = hw.ranks_per_node if cls.shards_within_node else hw.world
+    return work.params * cls.persistent_bytes_per_param(sharded_over, compute_bytes)
 
 
 def balance_bandwidth(work: Workload, hw: Hardware) -> float:

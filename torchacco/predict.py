@@ -89,7 +89,7 @@ def predict(args) -> dict:
     if args.nodes > 1:  # DiLoCo, one replica per node, over each synchronous strategy inside it
         outer = (args.sync_every, args.fragments, args.overlap_steps, args.outer_dtype)
         for label, (cls, _) in cm.variants().items():
-            if label == cls.name and not cls.overlapped:
+            if label == cls.name and not cls.overlapped and cls.supports_replicas:
                 row = cm.predict_diloco(work, hw, label, *outer)
                 preds[row["strategy"]] = row
                 mem[row["strategy"]] = cm.diloco_memory_bytes(work, hw, label)

@@ -138,7 +138,9 @@ def build_dims(
     # groups (their timeout, or destroyed). The cache starts again with each run's mesh.
     clear_dtensor_sharding_cache()
     names = ("replica", "pp", "dp", "tp")
-    options = {name: (device.backend, _options(device.backend, timeout, name in ("dp", "replica"))) for name in names}
+    options = {
+        name: (device.backend, group_options(device.backend, timeout, name in ("dp", "replica"))) for name in names
+    }
     shape = (replicas, pp, world // (replicas * tp * pp), tp)
     if "backend_override" not in inspect.signature(init_device_mesh).parameters:
         raise UserError(
@@ -160,7 +162,7 @@ def clear_dtensor_sharding_cache() -> None:
     _clear_sharding_prop_cache()
 
 
-def _options(backend: str, timeout: timedelta, high_priority: bool = False):
+def group_options(backend: str, timeout: timedelta, high_priority: bool = False):
     """Options that give a mesh's subgroups the run's timeout; with NCCL, the data-parallel group's
     communicator on high-priority streams (its collectives run beside compute, in the overlapped
     schedules, and should not wait behind it)."""

@@ -31,13 +31,15 @@ class FSDP(Replicated):
         optimizer,
         reduce_dtype: torch.dtype = torch.float32,
         reshard_after_forward: bool = True,
+        mesh=None,  # the data-parallel mesh to shard over (HSDP's is 2-D); dims.dp_mesh by default
     ):
         mp = MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=reduce_dtype)
+        mesh = dims.dp_mesh if mesh is None else mesh
         for block in blocks_of(model) or []:  # a foreign model without blocks is sharded as one unit
-            fully_shard(block, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         self.roots = getattr(model, "stage_modules", None) or [model]
         for root in self.roots:
-            fully_shard(root, mesh=dims.dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+            fully_shard(root, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         super().__init__(model, dims, plan, optimizer)
 
     @classmethod

@@ -13,11 +13,12 @@ from torchacco.parallel.acco import ACCO
 from torchacco.parallel.ddp import DDP
 from torchacco.parallel.dpu import DPU
 from torchacco.parallel.fsdp import FSDP
+from torchacco.parallel.hsdp import HSDP
 from torchacco.parallel.strategy import Strategy, UpdatePlan
 from torchacco.parallel.wp import WP
 from torchacco.parallel.zero1 import ZeRO1
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, ZeRO1, FSDP, ACCO, DPU, WP)}
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, ZeRO1, FSDP, HSDP, ACCO, DPU, WP)}
 
 
 def register(cls: type[Strategy]) -> type[Strategy]:

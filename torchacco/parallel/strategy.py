@@ -115,6 +115,8 @@ class Strategy(abc.ABC):
     supports_replicas: ClassVar[bool] = True
     balances: ClassVar[bool] = True  # runs [parallelism] balance_batches (ranks may run unequal micro-batches)
     shards_theta: ClassVar[bool] = False  # theta_pieces() are this rank's shard of θ (not all of it)
+    # per_micro_batch inside a node only, and one all-reduce of each shard across nodes per update (HSDP)
+    shards_within_node: ClassVar[bool] = False
     # Its options: a dataclass of `config.key`s, read as the TOML section `options_section` (two
     # strategies that truly share options name the same dataclass and section).
     options: ClassVar[type | None] = None

@@ -1,0 +1,69 @@
+"""HSDP: FSDP2 sharded inside a node and replicated across nodes.
+
+`fully_shard` over a 2-D data-parallel mesh ("dp_replicate", "dp_shard"): parameters, gradients
+and AdamW's state are sharded over the `[hsdp] shard_degree` ranks of a node (FSDP's memory over
+that many ranks), and after each update's gradient reduce-scatter inside the node, every shard is
+all-reduced with its copies on the other nodes. The slow inter-node links carry one gradient per
+node and update, as DDP's all-reduce does, while the per-micro-batch all-gathers stay on the
+node's fast links.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from torchacco.config import key
+from torchacco.errors import UserError
+from torchacco.parallel.dims import group_options
+from torchacco.parallel.fsdp import DTYPES, FSDP
+
+
+@dataclass
+class HSDPOptions:
+    shard_degree: int = key(
+        0,
+        "hsdp: the data-parallel ranks each parameter is sharded over, one node's (the rest replicate it); 0: the "
+        "ranks a node has per tensor- and pipeline-parallel group, LOCAL_WORLD_SIZE / (tp × pp)",
+    )
+
+
+def shard_degree(options: HSDPOptions, dp_size: int, local_world_size: int, tp: int, pp: int) -> int:
+    """The shard group's size, checked: it divides the data-parallel ranks (one line otherwise)."""
+    shard = options.shard_degree or max(1, local_world_size // (tp * pp))
+    if shard < 1 or dp_size % shard:
+        raise UserError(
+            f"[hsdp] shard_degree = {shard} must divide the {dp_size} data-parallel ranks (shard inside a node, "
+            "replicate across nodes); set it to the data-parallel ranks of one node, e.g. --hsdp.shard_degree "
+            f"{next(d for d in range(min(shard, dp_size), 0, -1) if dp_size % d == 0)}"
+        )
+    return shard
+
+
+class HSDP(FSDP):
+    name = "hsdp"
+    options = HSDPOptions
+    options_section = "hsdp"
+    shards_within_node = True  # the cost model's HSDP: shards over a node's ranks, all-reduces across nodes
+    supports_model_parallel = False  # the 2-D data-parallel mesh is not a submesh of the tp/pp mesh
+    supports_replicas = False  # it replicates across nodes itself; DiLoCo's replicas would nest a second copy
+
+    @classmethod
+    def persistent_bytes_per_param(cls, world, compute_bytes):
+        return (4 + 4 + 8) / world  # as FSDP's over the shard group (the cost model passes a node's ranks)
+
+    @classmethod
+    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
+        super().check_config(cfg, dp_size, model_parallel)
+        shard_degree(cfg.hsdp, dp_size, int(os.environ.get("LOCAL_WORLD_SIZE", dp_size)), 1, 1)
+
+    @classmethod
+    def from_config(cls, model, cfg, dims, plan, device):
+        p = cfg.parallelism
+        shard = shard_degree(cfg.hsdp, dims.dp_size, dims.local_world_size, dims.tp_size, dims.pp_size)
+        overrides = {name: (device.backend, group_options(device.backend, dims.timeout, True))
+                     for name in ("dp_replicate", "dp_shard")}  # fmt: skip
+        mesh = dims.dp_mesh._unflatten(
+            0, (dims.dp_size // shard, shard), ("dp_replicate", "dp_shard"), backend_override=overrides
+        )
+        return cls(model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.reshard_after_forward, mesh)
