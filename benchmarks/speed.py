@@ -24,12 +24,12 @@ from pathlib import Path
 
 from benchmarks.acco_reference import recipe
 from benchmarks.cluster import ClusterPlan, run_training
-from benchmarks.names import ACCO, DDP, FSDP, ZERO1
-from benchmarks.sweeps.common import pyplot_or_none
+from benchmarks.names import ACCO, DDP, FSDP, HSDP, ZERO1
+from benchmarks.sweeps.common import panels, save_figure
 from benchmarks.token_efficiency import QUIET, VARIANTS, machine
 
 ROOT = Path(__file__).resolve().parents[1]
-BASELINES = (DDP, ZERO1, FSDP)
+BASELINES = (DDP, ZERO1, FSDP, HSDP)
 BALANCE = ["--parallelism.balance_batches", "true"]
 STREAMING = "streaming_h10_avg"  # the DiLoCo variant with the least time to DDP's loss (docs/diloco.md)
 STRATEGIES = {
@@ -47,8 +47,8 @@ STRATEGIES = {
 PER_SETTING = {  # the strategies each setting runs by default
     "a": [DDP, ZERO1, FSDP, ACCO, "diloco_h10_avg", STREAMING],
     "b": [DDP, ZERO1, FSDP, ACCO, "diloco_h10_avg", STREAMING],
-    "a2": [DDP, ZERO1, ACCO, STREAMING, f"{STREAMING}_{ZERO1}", f"{STREAMING}_{ACCO}"],
-    "b2": [DDP, ZERO1, ACCO, STREAMING, f"{STREAMING}_{ZERO1}", f"{STREAMING}_{ACCO}"],
+    "a2": [DDP, ZERO1, HSDP, ACCO, STREAMING, f"{STREAMING}_{ZERO1}", f"{STREAMING}_{ACCO}"],
+    "b2": [DDP, ZERO1, HSDP, ACCO, STREAMING, f"{STREAMING}_{ZERO1}", f"{STREAMING}_{ACCO}"],
     "c": [
         DDP,
         f"{DDP}_balanced",
@@ -178,18 +178,16 @@ def markdown(results: dict, meta: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    plt = pyplot_or_none()
-    if plt is None:
+    drawn = panels(len(results))
+    if drawn is None:
         return
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.5), squeeze=False)
-    for ax, (setting, rows) in zip(axes[0], results.items()):
+    fig, axes = drawn
+    for ax, (setting, rows) in zip(axes, results.items()):
         names = list(rows["strategies"])
         ax.barh(names, [rows["strategies"][n]["speedup_vs_best_baseline"] for n in names])
         ax.axvline(1.0, color="grey", lw=0.5)
         ax.set(title=f"setting {setting}", xlabel="updates per second vs the best baseline")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from benchmarks.names import DDP
 from benchmarks.speed import BASELINES
-from benchmarks.sweeps.common import pyplot_or_none
+from benchmarks.sweeps.common import panels, save_figure
 from benchmarks.token_efficiency import machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,18 +108,16 @@ def markdown(result: dict, meta: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    plt = pyplot_or_none()
-    if plt is None:
+    drawn = panels(len(result), height=3.2)
+    if drawn is None:
         return
-    fig, axes = plt.subplots(1, len(result), figsize=(5 * len(result), 3.2), squeeze=False)
-    for ax, (setting, rows) in zip(axes[0], result.items()):
+    fig, axes = drawn
+    for ax, (setting, rows) in zip(axes, result.items()):
         named = [(n, r) for n, r in rows["strategies"].items() if "sooner" in r]
         ax.barh([n for n, _ in named], [r["sooner"] for _, r in named], xerr=[r["sooner_ci95"] for _, r in named])
         ax.axvline(1.0, color="grey", lw=0.5)
         ax.set(title=f"setting {setting}", xlabel=f"× sooner to DDP's final loss than {rows['best_baseline']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

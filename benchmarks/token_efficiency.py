@@ -34,7 +34,7 @@ from pathlib import Path
 
 from benchmarks.acco_reference import recipe
 from benchmarks.names import ACCO, DDP, ZERO1
-from benchmarks.sweeps.common import pyplot_or_none
+from benchmarks.sweeps.common import panels, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 # Micro-batches of 2 sequences. Evaluation counts micro-batches, so twice as many keep the validation sequences the
@@ -228,11 +228,11 @@ def markdown(summary: dict, meta: dict) -> str:
 
 
 def plot(summary: dict, out: Path) -> None:
-    plt = pyplot_or_none()
-    if plt is None:
+    drawn = panels(len(summary))
+    if drawn is None:
         return
-    fig, axes = plt.subplots(1, len(summary), figsize=(5 * len(summary), 3.5), squeeze=False)
-    for ax, (lr, rows) in zip(axes[0], summary.items()):
+    fig, axes = drawn
+    for ax, (lr, rows) in zip(axes, summary.items()):
         for v, row in rows.items():
             if v != DDP:
                 curve = row["mean_gap_along_run_pct"]
@@ -240,9 +240,7 @@ def plot(summary: dict, out: Path) -> None:
         ax.axhline(0, color="grey", lw=0.5)
         ax.set(title=f"lr {lr}", xlabel="share of the run", ylabel="val loss gap vs ddp (%)")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:

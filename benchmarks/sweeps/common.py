@@ -139,6 +139,16 @@ def pyplot_or_none():
         return None
 
 
+def panels(count: int, height: float = 3.5):
+    """A figure of `count` panels side by side, 5 wide each: (figure, axes), or None without matplotlib.
+    Draw, then `save_figure(figure, path)`."""
+    plt = pyplot_or_none()
+    if plt is None:
+        return None
+    fig, axes = plt.subplots(1, count, figsize=(5 * count, height), squeeze=False)
+    return fig, axes[0]
+
+
 # throughput: strategy × link rate -----------------------------------------------------------
 
 
