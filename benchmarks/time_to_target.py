@@ -7,7 +7,8 @@ The two parts are measured where each is cheap and precise: loss against tokens 
 (`benchmarks/token_efficiency.py --budgets ...`: the tokens to DDP's final loss of the same seed, interpolated
 between finished runs of several budgets), speed does not depend on the loss (`benchmarks/speed.py`: seconds per
 update's tokens after warm-up). DDP needs 1× its tokens by definition. A strategy whose token side is not in the
-table is shown with its speed only. Writes bench_results/<--name>.{json,md,png}.
+table is shown with its speed only, unless --same-update says whose update it computes.
+Writes bench_results/<--name>.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -100,8 +101,9 @@ def markdown(result: dict, meta: dict) -> str:
                 lines.append(f"| {name} | {row['seconds_per_update']:.4f} | not measured | — | |")
                 continue
             per_seed = ", ".join(f"{x:.2f}" for x in row["sooner_per_seed"])
+            label = f"{name} (tokens as {row['tokens_as']})" if "tokens_as" in row else name
             lines.append(
-                f"| {name} | {row['seconds_per_update']:.4f} | {row['tokens_ratio']:.3f} ± "
+                f"| {label} | {row['seconds_per_update']:.4f} | {row['tokens_ratio']:.3f} ± "
                 f"{row['tokens_ratio_ci95']:.3f} | **{row['sooner']:.2f}×** ± {row['sooner_ci95']:.2f} | {per_seed} |"
             )
     return "\n".join(lines) + "\n"
@@ -125,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", required=True, help="a token-efficiency result name run with --budgets")
     parser.add_argument("--speed", required=True, help="a speed result name (benchmarks.speed --name)")
     parser.add_argument("--lr", default="", help="the token table's learning rate (default: its only one)")
+    parser.add_argument(
+        "--same-update",
+        default="",
+        help="A=B,...: strategy A computes B's update (the same mathematics, e.g. zero1=ddp), so it needs B's "
+        "tokens; such rows say so",
+    )
     parser.add_argument("--out", default="bench_results")
     parser.add_argument("--name", default="time_to_target")
     args = parser.parse_args(argv)
@@ -137,7 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     lr = args.lr or next(iter(tokens))
     if lr not in tokens:
         parser.error(f"no lr {lr} in {args.tokens}; it has {', '.join(tokens)}")
-    result = combine(settings, token_ratios(tokens[lr]))
+    ratios = token_ratios(tokens[lr])
+    aliases = dict(pair.split("=", 1) for pair in args.same_update.split(",") if pair)
+    missing = sorted(b for b in aliases.values() if b not in ratios)
+    if missing:
+        parser.error(f"--same-update names {', '.join(missing)}, whose tokens {args.tokens} does not hold")
+    ratios |= {a: ratios[b] for a, b in aliases.items()}
+    result = combine(settings, ratios)
+    for rows in result.values():
+        for a, b in aliases.items():
+            if a in rows["strategies"]:
+                rows["strategies"][a]["tokens_as"] = b
     command = "python -m benchmarks.time_to_target " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "tokens": args.tokens,
             "speed": args.speed, "lr": lr, "command": command}  # fmt: skip

@@ -46,6 +46,13 @@ def test_time_to_target_multiplies_tokens_by_speed_against_the_best_baseline(tmp
     assert "tokens_ratio" not in result["strategies"]["zero1"]
     assert math.isclose(result["strategies"]["ddp"]["sooner"], 1.0)
     assert "**2.61×**" in (tmp_path / "ttt.md").read_text()
+    # ZeRO-1 computes DDP's update: with --same-update it needs DDP's tokens, and is the slower baseline
+    ttt.main(
+        ["--tokens", "tok", "--speed", "spd", "--out", str(tmp_path), "--name", "ttt", "--same-update", "zero1=ddp"]
+    )
+    zero1 = json.loads((tmp_path / "ttt.json").read_text())["settings"]["b"]["strategies"]["zero1"]
+    assert zero1["sooner"] == pytest.approx(0.3 / 0.4) and zero1["tokens_as"] == "ddp"
+    assert "zero1 (tokens as ddp)" in (tmp_path / "ttt.md").read_text()
 
 
 def test_time_to_target_names_a_missing_result_in_one_line(tmp_path, capsys):
