@@ -217,7 +217,6 @@ def test_memory_over_the_inner_strategy_is_the_backup_and_momentum_of_this_ranks
 
     work, node = Workload(params=1.0, flops_per_token=1.0, tokens_per_micro_batch=1.0), Hardware(2, 1.0, None, 0, 2)
     for kind, diloco in [
-        ("zero1", dict(sync_every=2)),
         ("ddp", dict(sync_every=2)),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, eager=1)),
     ]:
@@ -309,6 +308,7 @@ def test_token_weighted_mean_on_each_wire(wire, tolerance):
         ({"parallelism.replicas": 2, "diloco.mixing": 0.5}, "overlap_steps = 0"),
         ({"parallelism.replicas": 2, "diloco.eager": True}, "set overlap_steps >= 1 and mixing = 0"),
         ({"parallelism.replicas": 2, "parallelism.data_parallel": "wp"}, "cannot run inside DiLoCo's replicas"),
+        ({"parallelism.replicas": 2, "parallelism.data_parallel": "hsdp"}, "it replicates across nodes itself"),
         ({"parallelism.replicas": 2, "diloco.outer_momentum": 1.0}, "outer_momentum = 1 in [0, 1)"),
         ({"parallelism.replicas": 2, "parallelism.data_parallel": "acco", "acco.mode": "adaptive",
           "training.global_batch_size": 16, "training.max_tokens": 10**5}, "'adaptive' inside DiLoCo's replicas"),

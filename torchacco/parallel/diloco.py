@@ -68,8 +68,8 @@ def check_config(cfg) -> None:
     if not inner.supports_replicas:
         able = ", ".join(f"'{n}'" for n, c in STRATEGIES.items() if c.supports_replicas)
         raise UserError(
-            f"data_parallel = '{inner.name}' cannot run inside DiLoCo's replicas (its parameters between updates "
-            f"are not θ); use one of {able}"
+            f"data_parallel = '{inner.name}' cannot run inside DiLoCo's replicas ({inner.replicas_refused_because}); "
+            f"use one of {able}"
         )
     mode = getattr(getattr(cfg, inner.options_section or "", None), "mode", "deterministic")
     if mode == "adaptive":

@@ -46,7 +46,8 @@ class HSDP(FSDP):
     options_section = "hsdp"
     shards_within_node = True  # the cost model's HSDP: shards over a node's ranks, all-reduces across nodes
     supports_model_parallel = False  # the 2-D data-parallel mesh is not a submesh of the tp/pp mesh
-    supports_replicas = False  # it replicates across nodes itself; DiLoCo's replicas would nest a second copy
+    supports_replicas = False
+    replicas_refused_because = "it replicates across nodes itself; DiLoCo's replicas would nest a second copy"
 
     @classmethod
     def persistent_bytes_per_param(cls, world, compute_bytes):

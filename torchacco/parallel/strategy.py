@@ -113,6 +113,7 @@ class Strategy(abc.ABC):
     default: ClassVar[bool] = False  # the strategy `[parallelism] data_parallel` names by default
     # DiLoCo's replicas (docs/diloco.md) can run it inside: between updates its `theta_pieces()` are θ.
     supports_replicas: ClassVar[bool] = True
+    replicas_refused_because: ClassVar[str] = "its parameters between updates are not θ"  # (when it does not)
     balances: ClassVar[bool] = True  # runs [parallelism] balance_batches (ranks may run unequal micro-batches)
     shards_theta: ClassVar[bool] = False  # theta_pieces() are this rank's shard of θ (not all of it)
     # per_micro_batch inside a node only, and one all-reduce of each shard across nodes per update (HSDP)
