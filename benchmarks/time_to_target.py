@@ -1,7 +1,8 @@
 """Time to target: the tokens a strategy needs for DDP's final loss (loopback) times its measured time per token
 (the emulated cluster), against the best synchronous baseline, per setting.
 
-    .venv/bin/python -m benchmarks.time_to_target --tokens diloco_budgets_lr3e-3 --speed speed_diloco
+    .venv/bin/python -m benchmarks.time_to_target --tokens diloco_budgets_lr3e-3 --speed speed_streaming \\
+        --same-update zero1=ddp
 
 The two parts are measured where each is cheap and precise: loss against tokens does not depend on the link
 (`benchmarks/token_efficiency.py --budgets ...`: the tokens to DDP's final loss of the same seed, interpolated
@@ -26,7 +27,13 @@ from benchmarks.sweeps.common import panels, save_figure
 from benchmarks.token_efficiency import machine
 
 ROOT = Path(__file__).resolve().parents[1]
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided, by d.o.f.
+# Student's t, two-sided 95%, by degrees of freedom (1.96 from 30 on)
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
+       15: 2.13, 20: 2.09, 25: 2.06}  # fmt: skip
+
+
+def t95(dof: int) -> float:
+    return T95[max(d for d in T95 if d <= dof)] if dof < 30 else 1.96
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:
@@ -34,19 +41,22 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, float("nan")
-    return mean, T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
+    return mean, t95(len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
 
 
-def token_ratios(rows: dict) -> dict[str, list[float]]:
-    """Per variant, the per-seed tokens to DDP's final loss as a multiple of DDP's; DDP itself is 1."""
-    out = {}
+def token_ratios(rows: dict) -> tuple[dict[str, list[float]], set[str]]:
+    """Per variant, the per-seed tokens to DDP's final loss as a multiple of DDP's (DDP itself: 1), and the
+    variants some of whose seeds reached the target at the smallest budget already (their ratio is a bound)."""
+    out, bounds = {}, set()
     for name, row in rows.items():
         ratios = row.get("tokens_to_target_ratio")
         if name == DDP:
             out[name] = [1.0] * len(row["val_loss"])
         elif ratios and all(r is not None for r in ratios):
             out[name] = ratios
-    return out
+            if any(row.get("ratio_is_upper_bound", [])):
+                bounds.add(name)
+    return out, bounds
 
 
 def combine(settings: dict, ratios: dict[str, list[float]]) -> dict:
@@ -60,6 +70,8 @@ def combine(settings: dict, ratios: dict[str, list[float]]) -> dict:
             continue
         cost = {n: [r * speed[n] for r in ratios[n]] for n in speed if n in ratios}  # seconds per DDP's tokens
         best = min(baselines, key=lambda n: statistics.fmean(cost[n]))
+        unpaired = [n for n in speed if n.removesuffix("_balanced") in BASELINES and n not in ratios]
+        faster = [n for n in unpaired if speed[n] < speed[best]]  # a faster baseline whose tokens are not known
         rows = {}
         for name, s in speed.items():
             row = {"seconds_per_update": s, "speed_vs_best": speed[best] / s}
@@ -70,7 +82,7 @@ def combine(settings: dict, ratios: dict[str, list[float]]) -> dict:
                 row |= {"tokens_ratio": ratio, "tokens_ratio_ci95": ratio_half, "sooner_per_seed": sooner,
                         "sooner": mean, "sooner_ci95": half}  # fmt: skip
             rows[name] = row
-        out[setting] = {"plan": data["plan"], "best_baseline": best, "strategies": rows}
+        out[setting] = {"plan": data["plan"], "best_baseline": best, "strategies": rows, "faster_unpaired": faster}
     return out
 
 
@@ -90,7 +102,13 @@ def markdown(result: dict, meta: dict) -> str:
             "",
             f"## Setting {setting}: {rows['plan']}",
             "",
-            f"Best synchronous baseline to the target: {rows['best_baseline']}.",
+            f"Best synchronous baseline to the target: {rows['best_baseline']}."
+            + (
+                f" **Faster per update but without a token side, so not compared: {', '.join(rows['faster_unpaired'])}"
+                " (give it one with --same-update).**"
+                if rows.get("faster_unpaired")
+                else ""
+            ),
             "",
             "| strategy | s per update | tokens to target × DDP's (95% CI) | time to target, × sooner (95% CI) "
             "| per seed |",
@@ -102,6 +120,7 @@ def markdown(result: dict, meta: dict) -> str:
                 continue
             per_seed = ", ".join(f"{x:.2f}" for x in row["sooner_per_seed"])
             label = f"{name} (tokens as {row['tokens_as']})" if "tokens_as" in row else name
+            label += " (tokens ≤: a seed reached the target at the smallest budget)" if row.get("bound") else ""
             lines.append(
                 f"| {label} | {row['seconds_per_update']:.4f} | {row['tokens_ratio']:.3f} ± "
                 f"{row['tokens_ratio_ci95']:.3f} | **{row['sooner']:.2f}×** ± {row['sooner_ci95']:.2f} | {per_seed} |"
@@ -142,11 +161,17 @@ def main(argv: list[str] | None = None) -> int:
         settings = json.loads((out / f"{args.speed}.json").read_text())["settings"]
     except (OSError, KeyError, json.JSONDecodeError) as e:
         parser.error(f"cannot read the results: {e}")
-    lr = args.lr or next(iter(tokens))
+    try:
+        lr = f"{float(args.lr):g}" if args.lr else next(iter(tokens))
+    except ValueError:
+        parser.error(f"--lr {args.lr!r} is not a number")
     if lr not in tokens:
         parser.error(f"no lr {lr} in {args.tokens}; it has {', '.join(tokens)}")
-    ratios = token_ratios(tokens[lr])
-    aliases = dict(pair.split("=", 1) for pair in args.same_update.split(",") if pair)
+    ratios, bounds = token_ratios(tokens[lr])
+    pairs = [pair for pair in args.same_update.split(",") if pair]
+    if any(pair.count("=") != 1 for pair in pairs):
+        parser.error(f"--same-update takes A=B pairs separated by commas, got {args.same_update!r}")
+    aliases = dict(pair.split("=") for pair in pairs)
     missing = sorted(b for b in aliases.values() if b not in ratios)
     if missing:
         parser.error(f"--same-update names {', '.join(missing)}, whose tokens {args.tokens} does not hold")
@@ -156,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         for a, b in aliases.items():
             if a in rows["strategies"]:
                 rows["strategies"][a]["tokens_as"] = b
+        for name in rows["strategies"]:
+            rows["strategies"][name]["bound"] = aliases.get(name, name) in bounds
     command = "python -m benchmarks.time_to_target " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "tokens": args.tokens,
             "speed": args.speed, "lr": lr, "command": command}  # fmt: skip

@@ -212,7 +212,8 @@ def diloco_memory(tmp_path, kind: str, **diloco) -> list[dict]:
 def test_memory_over_the_inner_strategy_is_the_backup_and_momentum_of_this_ranks_part_of_theta(tmp_path):
     """2 replicas of 2 ranks, every live tensor counted: DiLoCo adds θ_global and the momentum in fp32 (8 bytes
     per element) of the θ the rank holds: half of θ with zero1 inside, all of it with ddp; eager adds θ̂ of the
-    largest fragment (4 bytes per element). The cost model's figure is the same."""
+    largest fragment (4 bytes per element). The cost model's share of θ per rank is the same (it leaves out
+    eager's θ̂)."""
     from torchacco.cost_model import Hardware, Workload, diloco_memory_bytes
 
     work, node = Workload(params=1.0, flops_per_token=1.0, tokens_per_micro_batch=1.0), Hardware(2, 1.0, None, 0, 2)

@@ -52,9 +52,13 @@ def test_each_rank_stores_its_shard_of_a_node():
     assert len(shares) == 4 and all("(0.500 of full)" in line for line in shares), proc.stdout
 
 
-def test_a_shard_degree_that_does_not_divide_the_ranks_is_one_line():
+@pytest.mark.parametrize(
+    "degree, message",
+    [(3, r"shard_degree = 3 must divide the 4 data-parallel ranks.*shard_degree 2"), (-2, r"must be 0 .* positive")],
+)
+def test_a_shard_degree_that_cannot_shard_the_ranks_is_one_line(degree, message):
     cfg = Config()
     cfg.parallelism.data_parallel = "hsdp"
-    cfg.hsdp.shard_degree = 3
-    with pytest.raises(UserError, match=r"shard_degree = 3 must divide the 4 data-parallel ranks.*shard_degree 2"):
+    cfg.hsdp.shard_degree = degree
+    with pytest.raises(UserError, match=message):
         HSDP.check_config(cfg, dp_size=4, model_parallel="")

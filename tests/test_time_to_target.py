@@ -46,17 +46,30 @@ def test_time_to_target_multiplies_tokens_by_speed_against_the_best_baseline(tmp
     assert "tokens_ratio" not in result["strategies"]["zero1"]
     assert math.isclose(result["strategies"]["ddp"]["sooner"], 1.0)
     assert "**2.61×**" in (tmp_path / "ttt.md").read_text()
-    # ZeRO-1 computes DDP's update: with --same-update it needs DDP's tokens, and is the slower baseline
-    ttt.main(
-        ["--tokens", "tok", "--speed", "spd", "--out", str(tmp_path), "--name", "ttt", "--same-update", "zero1=ddp"]
-    )
-    zero1 = json.loads((tmp_path / "ttt.json").read_text())["settings"]["b"]["strategies"]["zero1"]
-    assert zero1["sooner"] == pytest.approx(0.3 / 0.4) and zero1["tokens_as"] == "ddp"
+    assert result["faster_unpaired"] == []
+    # A faster ZeRO-1 without a token side is named, not silently passed over; ZeRO-1 computes DDP's update,
+    # so with --same-update it needs DDP's tokens and becomes the baseline
+    speed["b"]["strategies"]["zero1"]["mean"] = 0.25
+    (tmp_path / "spd.json").write_text(json.dumps({"settings": speed}))
+    args = ["--tokens", "tok", "--speed", "spd", "--out", str(tmp_path), "--name", "ttt"]
+    ttt.main(args)
+    assert json.loads((tmp_path / "ttt.json").read_text())["settings"]["b"]["faster_unpaired"] == ["zero1"]
+    assert "without a token side, so not compared: zero1" in (tmp_path / "ttt.md").read_text()
+    ttt.main([*args, "--same-update", "zero1=ddp", "--lr", "3e-3"])
+    result = json.loads((tmp_path / "ttt.json").read_text())["settings"]["b"]
+    assert result["best_baseline"] == "zero1" and result["strategies"]["zero1"]["tokens_as"] == "ddp"
+    assert result["strategies"]["diloco"]["sooner"] == pytest.approx((0.25 / 0.12 + 0.25 / 0.11) / 2)
     assert "zero1 (tokens as ddp)" in (tmp_path / "ttt.md").read_text()
 
 
-def test_time_to_target_names_a_missing_result_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "extra, message", [([], "cannot read the results"), (["--same-update", "zero1"], "takes A=B pairs")]
+)
+def test_time_to_target_names_a_mistake_in_one_line(tmp_path, capsys, extra, message):
+    (tmp_path / "tok.json").write_text(json.dumps({"summary": {"0.003": {"ddp": {"val_loss": [4.0]}}}}))
+    (tmp_path / "spd.json").write_text(json.dumps({"settings": {}}))
+    names = ["--tokens", "tok", "--speed", "spd"] if extra else ["--tokens", "nope", "--speed", "nope"]
     with pytest.raises(SystemExit) as exit_:
-        ttt.main(["--tokens", "nope", "--speed", "nope", "--out", str(tmp_path)])
+        ttt.main([*names, "--out", str(tmp_path), *extra])
     assert exit_.value.code == 2
-    assert "cannot read the results" in capsys.readouterr().err
+    assert message in capsys.readouterr().err

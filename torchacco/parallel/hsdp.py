@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import torch
+
 from torchacco.config import key
 from torchacco.errors import UserError
 from torchacco.parallel.dims import group_options
@@ -30,12 +32,16 @@ class HSDPOptions:
 
 def shard_degree(options: HSDPOptions, dp_size: int, local_world_size: int, tp: int, pp: int) -> int:
     """The shard group's size, checked: it divides the data-parallel ranks (one line otherwise)."""
+    if options.shard_degree < 0:
+        raise UserError(
+            f"[hsdp] shard_degree = {options.shard_degree} must be 0 (a node's ranks) or a positive number of ranks"
+        )
     shard = options.shard_degree or max(1, local_world_size // (tp * pp))
-    if shard < 1 or dp_size % shard:
+    if dp_size % shard:
         raise UserError(
             f"[hsdp] shard_degree = {shard} must divide the {dp_size} data-parallel ranks (shard inside a node, "
             "replicate across nodes); set it to the data-parallel ranks of one node, e.g. --hsdp.shard_degree "
-            f"{next(d for d in range(min(shard, dp_size), 0, -1) if dp_size % d == 0)}"
+            f"{next((d for d in range(min(shard, dp_size), 0, -1) if dp_size % d == 0), 1)}"
         )
     return shard
 
@@ -62,6 +68,11 @@ class HSDP(FSDP):
     def from_config(cls, model, cfg, dims, plan, device):
         p = cfg.parallelism
         shard = shard_degree(cfg.hsdp, dims.dp_size, dims.local_world_size, dims.tp_size, dims.pp_size)
+        if not hasattr(dims.dp_mesh, "_unflatten"):
+            raise UserError(
+                f"hsdp needs torch's DeviceMesh._unflatten, which torch {torch.__version__} lacks; install a newer "
+                "torch (the suite runs on 2.13.0) or use data_parallel = 'fsdp'"
+            )
         overrides = {name: (device.backend, group_options(device.backend, dims.timeout, True))
                      for name in ("dp_replicate", "dp_shard")}  # fmt: skip
         mesh = dims.dp_mesh._unflatten(
