@@ -59,7 +59,8 @@ VARIANTS = {
     # plain averaging every 50 updates (outer lr 1, no momentum): Nesterov's 0.7 and 0.9 step up to 7 times the
     # replicas' mean displacement once the momentum builds, which is DiLoCo's tuning for H in the hundreds
     "diloco_h50_avg": [*DILOCO, *"--diloco.sync_every 50 --diloco.outer_lr 1 --diloco.outer_momentum 0".split()],
-    # plain averaging every 10 and 20 updates: the gap of local updates alone, as a function of H
+    # plain averaging every 1, 10 and 20 updates: the gap as a function of H (at H = 1 the replicas never drift
+    # apart, so what remains is the inner optimizer's, each replica's AdamW and clipping on half the batch)
     **{
         f"diloco_h{h}_avg": [
             *DILOCO,
@@ -259,7 +260,13 @@ def main(argv: list[str] | None = None) -> None:
         "cosine; the updates it needs for DDP's final loss are interpolated between them (e.g. 1,1.25,1.5)",
     )
     args = parser.parse_args(argv)
-    budgets = sorted({round(args.updates * float(x)) for x in args.budgets.split(",")} | {args.updates})
+    try:
+        multiples = [float(x) for x in args.budgets.split(",")]
+    except ValueError:
+        parser.error(f"--budgets takes comma-separated multiples of --updates (e.g. 1,1.25,1.5), got {args.budgets!r}")
+    if min(multiples) <= 0:
+        parser.error(f"--budgets must be positive multiples of --updates, got {args.budgets!r}")
+    budgets = sorted({round(args.updates * m) for m in multiples} | {args.updates})
     lrs = [float(x) for x in args.lrs.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
     variants = [DDP, *(v for v in args.variants.split(",") if v != DDP)]

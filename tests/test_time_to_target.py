@@ -73,3 +73,12 @@ def test_time_to_target_names_a_mistake_in_one_line(tmp_path, capsys, extra, mes
         ttt.main([*names, "--out", str(tmp_path), *extra])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("budgets, message", [("1,x", "comma-separated multiples"), ("1,0", "positive multiples")])
+def test_token_budgets_that_are_not_positive_multiples_are_one_line(budgets, message, capsys):
+    from benchmarks.token_efficiency import main as token_efficiency
+
+    with pytest.raises(SystemExit) as exit_:
+        token_efficiency(["--budgets", budgets])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -56,10 +56,6 @@ class HSDP(FSDP):
     replicas_refused_because = "it replicates across nodes itself; DiLoCo's replicas would nest a second copy"
 
     @classmethod
-    def persistent_bytes_per_param(cls, world, compute_bytes):
-        return (4 + 4 + 8) / world  # as FSDP's over the shard group (the cost model passes a node's ranks)
-
-    @classmethod
     def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
         super().check_config(cfg, dp_size, model_parallel)
         shard_degree(cfg.hsdp, dp_size, int(os.environ.get("LOCAL_WORLD_SIZE", dp_size)), 1, 1)
