@@ -67,7 +67,7 @@ class HSDP(FSDP):
         if not hasattr(dims.dp_mesh, "_unflatten"):
             raise UserError(
                 f"hsdp needs torch's DeviceMesh._unflatten, which torch {torch.__version__} lacks; install a newer "
-                "torch (the suite runs on 2.13.0) or use data_parallel = 'fsdp'"
+                f"torch (the suite runs on 2.13.0) or use data_parallel = '{FSDP.name}'"
             )
         overrides = {name: (device.backend, group_options(device.backend, dims.timeout, True))
                      for name in ("dp_replicate", "dp_shard")}  # fmt: skip
