@@ -39,7 +39,7 @@ STRATEGIES = {
     # Streaming DiLoCo across nodes with ZeRO-1 or ACCO over each node's ranks (settings a2, b2)
     **{f"{STREAMING}_{inner}": [*VARIANTS[STREAMING], "--parallelism.data_parallel", inner] for inner in (ZERO1, ACCO)},
     # mixed replicas: a replica runs as many of a period's H inner updates as fit in the fastest one's time
-    "diloco_h50_balanced": [*VARIANTS["diloco_h50"], "--diloco.balance_replicas", "true"],
+    **{f"{v}_balanced": [*VARIANTS[v], "--diloco.balance_replicas", "true"] for v in ("diloco_h50", "diloco_h10_avg")},
     f"{DDP}_balanced": ["--parallelism.data_parallel", DDP, *BALANCE],
     f"{ZERO1}_balanced": ["--parallelism.data_parallel", ZERO1, *BALANCE],
     f"{ACCO}_balanced": ["--parallelism.data_parallel", ACCO, "--acco.mode", "balanced"],
@@ -76,6 +76,21 @@ def seconds_per_update(records: list[dict], warmup: int = WARMUP) -> float:
     return sum(r["tokens_per_update"] / r["tokens_per_s"] for r in kept) / len(kept)
 
 
+def plans(out: Path) -> dict[str, tuple[ClusterPlan, list[str]]]:
+    """The settings: setting -> (the cluster, the trainer arguments it adds)."""
+    balance = json.loads((out / "time_to_loss.json").read_text())["calibration"]["balance_bps"]
+    return {
+        "a": (ClusterPlan(nodes=2, rate_bps=balance), []),
+        "b": (ClusterPlan(nodes=2, rate_bps=balance / 3), []),
+        "c": (ClusterPlan(nodes=4, rate_bps=1e9, slow_node=3, slow_factor=4.0, cpu_per_node=0.45),
+              ["--training.local_batch_size", "1"]),
+        # (a) and (b) with 2 ranks per node: the inner strategy's traffic stays on the node, the outer sync
+        # crosses the shaped link; micro-batches of 2 so that ACCO's two periods fit 16 sequences on 4 ranks
+        "a2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance), ["--training.local_batch_size", "2"]),
+        "b2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance / 3), ["--training.local_batch_size", "2"]),
+    }  # fmt: skip
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.speed", description=__doc__)
     parser.add_argument("--updates", type=int, default=110)
@@ -86,17 +101,7 @@ def main(argv=None) -> int:
     parser.add_argument("--name", default="speed", help="the results' file name (without suffix)")
     args = parser.parse_args(argv)
     out = ROOT / args.out
-    balance = json.loads((out / "time_to_loss.json").read_text())["calibration"]["balance_bps"]
-    plans = {
-        "a": (ClusterPlan(nodes=2, rate_bps=balance), []),
-        "b": (ClusterPlan(nodes=2, rate_bps=balance / 3), []),
-        "c": (ClusterPlan(nodes=4, rate_bps=1e9, slow_node=3, slow_factor=4.0, cpu_per_node=0.45),
-              ["--training.local_batch_size", "1"]),
-        # (a) and (b) with 2 ranks per node: the inner strategy's traffic stays on the node, the outer sync
-        # crosses the shaped link; micro-batches of 2 so that ACCO's two periods fit 16 sequences on 4 ranks
-        "a2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance), ["--training.local_batch_size", "2"]),
-        "b2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance / 3), ["--training.local_batch_size", "2"]),
-    }  # fmt: skip
+    plan_of = plans(out)
     gaps = {}  # variant -> (gap %, lr): at DDP's best lr (3e-3) where measured over 5 seeds, else at 1.5e-3
     for lr_wanted in ("0.0015", "0.003"):
         for table in sorted(out.glob("*token_efficiency*.json")) + sorted(out.glob("diloco_budgets*.json")):
@@ -108,7 +113,7 @@ def main(argv=None) -> int:
             gaps |= {name: (row["mean_gap_pct"], lr_wanted) for name, row in rows.items() if "mean_gap_pct" in row}
     results = {}
     for setting in args.settings.split(","):
-        plan, extra = plans[setting]
+        plan, extra = plan_of[setting]
         rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
         for name in args.strategies.split(",") if args.strategies else PER_SETTING[setting]:
             times, token_times = [], []

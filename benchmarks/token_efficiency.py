@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from benchmarks.acco_reference import recipe
-from benchmarks.names import ACCO, DDP, ZERO1
+from benchmarks.names import ACCO, DDP, DPU, WP, ZERO1
 from benchmarks.sweeps.common import panels, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +52,9 @@ VARIANTS = {
     "acco_w05": ["--parallelism.data_parallel", ACCO, "--acco.estimate_grad_weight", "0.5"],
     # 3 of the 4 micro-batches per rank at θ̃, 1 at θ (local batch 2): the estimate error's feedback as weak as DDP's
     "acco_share75": ["--parallelism.data_parallel", ACCO, *LB2, "--acco.estimate_share", "0.75"],
+    # one-update-stale gradients: their token side replaces the cost model's assumed penalty
+    DPU: ["--parallelism.data_parallel", DPU],
+    WP: ["--parallelism.data_parallel", WP],
     "acco_w0": ["--parallelism.data_parallel", ACCO, "--acco.estimate_grad_weight", "0"],
     "acco_damped05": ["--parallelism.data_parallel", ACCO, "--acco.estimate_damping", "0.5"],
     # DiLoCo (docs/diloco.md): 2 replicas of one rank each, half the global batch per replica, an outer step every H

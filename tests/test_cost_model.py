@@ -1,5 +1,6 @@
 """The cost model's arithmetic, and the `predict` command line."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -142,10 +143,18 @@ def test_predict_cli():
     # 8B on 80 GB: DDP's replicated fp32 state (120 GiB) does not fit and is never the advice
     assert "| ddp | " in proc.stdout and "does not fit | 119.7 |" in proc.stdout
     verdict = next(line for line in proc.stdout.splitlines() if line.startswith("Soonest"))
-    assert "): ddp " not in verdict and "best baseline, ddp)" not in verdict
+    assert "measured: ddp," not in verdict and "baseline, ddp" not in verdict
     small = run("--memory-gib", "1")
     assert small.returncode == 1 and "no strategy fits 1 GiB per GPU" in small.stderr
-    assert "Assumptions:" in proc.stdout and "noise scale" in proc.stdout
+    # time to loss from the measured table, whose date the assumptions give; a row no measurement covers says so
+    assert "Assumptions:" in proc.stdout and cm.token_table()["date"] in proc.stdout
+    row = lambda out, name: next(r for r in out.splitlines() if r.startswith(f"| {name} |"))
+    assert "| not measured |" in row(proc.stdout, "acco_bf16_estimate") and "acco_bf16_estimate" not in verdict
+    odd = run("--flavor", "1B", "--nodes", "2", "--sync-every", "7", "--outer-momentum", "0.5")
+    assert odd.returncode == 0, odd.stderr
+    assert "| not measured |" in row(odd.stdout, "diloco_h7 (ddp inside)")
+    bad = run("--nodes", "2", "--eager")
+    assert bad.returncode == 1 and "[diloco] eager" in bad.stderr and "overlap_steps >= 1" in bad.stderr
     bad = run("--device", "TPU9")
     assert bad.returncode == 1 and bad.stderr.startswith("torchacco: error: unknown --device")
     bad = run("--bandwidth", "lots")
@@ -168,14 +177,56 @@ def test_bf16_estimate_halves_the_estimate_rounds_bytes():
     assert p["acco_bf16_estimate"]["step_time_s"] == pytest.approx(2 + 4)
 
 
-def test_time_to_loss_counts_updates_by_batch_and_staleness():
+STREAMING = {"replicas": 2, "inner": "ddp", "ranks_per_replica": 1, "sync_every": 10, "outer_lr": 1.0,
+             "outer_momentum": 0.0, "fragments": 2, "overlap_steps": 1, "mixing": 0.0, "outer_dtype": "bf16",
+             "eager": True, "balance_replicas": False}  # fmt: skip
+TABLE = {"tokens_to_target": {
+    "acco": {"mean": 1.02, "ci95": 0.01, "seeds": 5, "source": "bench_results/a.md"},
+    "zero1": {"mean": 1.001, "ci95": 0.002, "seeds": 5, "source": "bench_results/a.md"},
+    "streaming_h10_avg": {"mean": 1.25, "ci95": 0.04, "seeds": 5, "source": "bench_results/b.md", "diloco": STREAMING},
+}}  # fmt: skip
+
+
+def test_tokens_ratio_is_measured_or_inherited_from_the_update_computed_and_else_none():
+    ratio = lambda label: cm.tokens_ratio(label, TABLE)
+    assert ratio("ddp") == ratio("ddp_balanced") == 1.0  # the reference
+    assert ratio("zero1") == ratio("zero1_balanced") == 1.001  # its own entry first, a balanced mode's its strategy's
+    assert ratio("fsdp") == ratio("hsdp") == 1.0  # DDP's update in another floating-point order (HSDP inherits FSDP)
+    assert ratio("acco") == ratio("acco_balanced") == 1.02
+    for unmeasured in ("acco_bf16_estimate", "acco_adaptive", "acco_adaptive_uncapped", "dpu", "wp"):
+        assert ratio(unmeasured) is None, unmeasured
+    assert cm.token_source("hsdp", TABLE) == "ddp" and cm.token_source("acco_balanced", TABLE) == "acco"
     p = cm.predict_all(WORK, hw(max_growth=0))
-    ttl = cm.time_to_loss(p, ddp_updates=100, noise_scale=WORK.micro_batches * 2 * 1e3)  # B_n = the recipe batch
-    assert ttl["ddp"] == pytest.approx(100 * p["ddp"]["step_time_s"])
-    assert ttl["acco"] == pytest.approx(100 * p["acco"]["step_time_s"])  # same batch: same updates
-    assert ttl["dpu"] == pytest.approx(1.3 * 100 * p["dpu"]["step_time_s"])  # stale: 1.3× the updates
-    # adaptive's batch is 4× the recipe's: (1 + 1/4) / (1 + 1) = 0.625 of the updates
-    assert ttl["acco_adaptive"] == pytest.approx(0.625 * 100 * p["acco_adaptive"]["step_time_s"])
+    ttl = cm.time_to_loss(p, 1e6, {s: ratio(s) for s in p})
+    assert ttl["zero1"] == pytest.approx(1.001 * 1e6 / p["zero1"]["tokens_per_s"])
+    assert (
+        ttl["dpu"] is None
+        and "| dpu |" in cm.format_table(p, ttl=ttl)
+        and "not measured" in cm.format_table(p, ttl=ttl)
+    )
+
+
+def test_a_diloco_row_takes_a_measurement_only_with_the_same_replicas_inner_update_and_outer_step():
+    from torchacco.config import DiLoCo
+
+    outer = DiLoCo(sync_every=10, fragments=2, overlap_steps=1, eager=True, outer_lr=1, outer_momentum=0,
+                   outer_dtype="bf16")  # fmt: skip
+    source = lambda inner, replicas=2, **changed: cm.diloco_token_source(
+        inner, replicas, dataclasses.replace(outer, **changed), TABLE
+    )
+    # ZeRO-1 and FSDP inside compute DDP's update, however many ranks a replica has
+    assert source("ddp") == source("zero1") == source("fsdp") == "streaming_h10_avg"
+    assert source("ddp", replicas=4) is None
+    for changed in ({"sync_every": 20}, {"fragments": 1, "overlap_steps": 0, "eager": False}, {"eager": False},
+                    {"outer_lr": 0.7}, {"outer_momentum": 0.9}, {"outer_dtype": "fp32"}):  # fmt: skip
+        assert source("ddp", **changed) is None, changed
+
+
+def test_the_shipped_table_says_where_its_numbers_come_from():
+    table = cm.token_table()
+    assert {"date", "machine", "model", "commands"} <= set(table) and table["commands"]
+    for label, entry in table["tokens_to_target"].items():
+        assert entry["mean"] > 0 and entry["seeds"] >= 2 and (ROOT / entry["source"]).exists(), label
 
 
 def test_diloco_time_per_update_adds_the_exposed_outer_transfer_over_h_updates():

@@ -82,3 +82,73 @@ def test_token_budgets_that_are_not_positive_multiples_are_one_line(budgets, mes
     with pytest.raises(SystemExit) as exit_:
         token_efficiency(["--budgets", budgets])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_time_against_the_prediction(
+    monkeypatch, tmp_path
+):
+    from benchmarks import end_to_end
+
+    tokens = {
+        "meta": {"seeds": [0, 1], "updates": 1000},
+        "summary": {
+            "0.003": {
+                "ddp": {"val_loss": [3.90, 3.95]},
+                "streaming": {
+                    "budgets": {"1000": [4.05, 4.1], "1250": [3.92, 3.9], "1500": [3.78, 3.8]},
+                    "tokens_to_target_ratio": [1.2857, 1.2],
+                },
+            }
+        },
+    }
+    speed = {"settings": {"b": {"strategies": {"streaming": {"mean": 0.01}, "ddp": {"mean": 0.03}}}}}
+    ran = []
+
+    def fake_run(setting, name, seed, updates, lr, out):  # the loopback losses; 0.011 s per update
+        ran.append(updates)
+        loss = tokens["summary"]["0.003"][name]["budgets"][str(updates)][seed]
+        return {"loss": loss, "seconds": 0.011 * updates, "wall_s": 0.0, "updates": updates}
+
+    monkeypatch.setattr(end_to_end, "train_on_cluster", fake_run)
+    row = end_to_end.validate("b", "streaming", 0, tokens, speed, 1000, 3e-3, tmp_path)
+    assert ran == [1250, 1500]  # 1,000 misses the target on loopback, so the cluster starts at 1,250
+    needed = 1250 + 250 * (3.92 - 3.90) / (3.92 - 3.78)
+    assert row["measured_updates"] == pytest.approx(needed)
+    assert row["measured_s"] == pytest.approx(0.011 * needed)
+    assert row["predicted_s"] == pytest.approx(1.2857 * 1000 * 0.01)
+    assert row["error"] == pytest.approx(1.2857 * 10 / (0.011 * needed) - 1)
+    assert row["loss_vs_loopback"] == {1250: 0.0, 1500: 0.0}
+    assert end_to_end.training_seconds([{"tokens_per_update": 2048, "tokens_per_s": 1024}] * 3) == pytest.approx(6)
+
+
+def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_diloco_runs_settings(tmp_path, capsys):
+    from benchmarks import efficiency_table
+    from torchacco import cost_model as cm
+
+    def result(name, rows):
+        meta = {"date": "2026-11-24", "machine": "2-core test", "updates": 1000, "command": f"token_efficiency {name}"}
+        (tmp_path / f"{name}.json").write_text(json.dumps({"meta": meta, "summary": {"0.003": rows}}))
+
+    ddp = {"val_loss": [4.0, 3.9]}
+    result("diloco", {"ddp": ddp, "streaming_h10_avg": {"tokens_to_target_ratio": [1.2, 1.3]}})
+    result("sync", {"ddp": ddp, "acco": {"tokens_to_target_ratio": [1.01, 1.03]},
+                    "dpu": {"tokens_to_target_ratio": [1.0, 1.2], "ratio_is_upper_bound": [True, False]},
+                    "wp": {"tokens_to_target_ratio": [1.1, None]}})  # fmt: skip
+    to = tmp_path / "table.json"
+    args = ["--tokens", "diloco", "--tokens", "sync", "--out", str(tmp_path), "--to", str(to)]
+    assert efficiency_table.main(args) == 0
+    table = json.loads(to.read_text())
+    assert set(table["tokens_to_target"]) == {"streaming_h10_avg", "acco"}  # dpu only a bound, wp a seed short
+    assert "dpu left out (only a bound)" in capsys.readouterr().err
+    acco = table["tokens_to_target"]["acco"]
+    assert acco["mean"] == pytest.approx(1.02) and acco["seeds"] == 2 and acco["source"] == "bench_results/sync.md"
+    assert acco["ci95"] == pytest.approx(12.71 * 0.01, abs=1e-4) and "diloco" not in acco  # t(1) · sd / √2
+    streaming = table["tokens_to_target"]["streaming_h10_avg"]["diloco"]
+    assert streaming["replicas"] == 2 and streaming["inner"] == "ddp" and streaming["ranks_per_replica"] == 1
+    assert (streaming["sync_every"], streaming["fragments"], streaming["outer_dtype"], streaming["eager"]) == (
+        10, 2, "bf16", True)  # fmt: skip
+    assert "lr 0.003, 1,000 updates" in table["model"] and table["date"] == "2026-11-24"
+    assert table["commands"][:2] == ["token_efficiency diloco", "token_efficiency sync"]
+    assert cm.tokens_ratio("acco_balanced", table) == pytest.approx(1.02) and cm.tokens_ratio("wp", table) is None
+    with pytest.raises(SystemExit, match="acco is measured in bench_results/sync.md and sync"):
+        efficiency_table.main([*args, "--tokens", "sync"])

@@ -41,17 +41,24 @@ over H updates. Fragment f's pseudo-gradient crosses the link once per H updates
 2(N-1)/N · 8D/B, bf16 and int8 are all-gathered, (N-1) · 8D/B; τ inner updates hide it:
   diloco  t_in + F · max(0, T_f − τ·t_in) / H
 
-Time to a target loss = updates needed × time per update. Assumptions (stated by `predict`): a
-fixed-batch strategy needs the updates DDP needs (ACCO is within 1% of DDP per token, measured);
-DPU and WP need `stale_penalty` times as many; a grown batch B' needs (1 + B_n/B')/(1 + B_n/B) of
-them, with B_n the gradient noise scale in tokens (the empirical model of McCandlish et al., 2018),
-with the learning rate adjusted for the batch. This is a bandwidth/latency model: it ignores CPU
-contention between the communication thread and compute, congestion, and kernels' own time.
+Time to a target loss = the tokens a strategy needs for it / its tokens per second. The tokens are DDP's times
+the strategy's measured ratio in `torchacco/token_efficiency.json` (written by `benchmarks/efficiency_table.py` from
+`benchmarks/token_efficiency.py --budgets` runs, with their date, model and machine): the tokens it needed to reach
+DDP's final validation loss, as a multiple of DDP's. A strategy without an entry of its own takes that of the one
+whose update it computes in another floating-point order (its `update_of`; a balanced mode its plain strategy's);
+DDP is 1 by definition; a DiLoCo row takes an entry only with the same replicas, inner update and outer step.
+Where no measurement covers a strategy its time to loss is not measured (None). The ratios were measured on a
+small model over a thousand updates: at another scale they are an extrapolation, which `predict` states. This is a
+bandwidth/latency model: it ignores CPU contention between the communication thread and compute, congestion, and
+kernels' own time.
 """
 
 import dataclasses
+import functools
+import json
 import math
 import re
+from pathlib import Path
 
 from torchacco.errors import UserError
 
@@ -265,24 +272,77 @@ def diloco_memory_bytes(work: Workload, hw: Hardware, inner: str, offload: bool 
     return memory_bytes(work, node, inner) + outer
 
 
-def updates_needed(strategy: str, tokens_per_update: float, recipe_tokens: float, noise_scale: float,
-                   stale_penalty: float = 1.3) -> float:  # fmt: skip
-    """Updates to a target loss relative to DDP at the recipe's batch (the assumptions in the docstring)."""
-    cls, _ = variants()[strategy]
-    relative = (1 + noise_scale / tokens_per_update) / (1 + noise_scale / recipe_tokens)
-    return relative * (stale_penalty if cls.stale else 1.0)
+TOKEN_EFFICIENCY = Path(__file__).with_name("token_efficiency.json")
+# Cost-model modes that compute the plain strategy's update (a balanced mode splits the same batch by speed);
+# a bf16 estimate or an adaptive batch changes the update itself.
+PLAIN_UPDATE = ("deterministic", "balanced")
+_NOT_MATCHED = ("replicas", "inner", "ranks_per_replica")  # a DiLoCo entry's keys that are not [diloco] settings
 
 
-def time_to_loss(preds: dict[str, dict], ddp_updates: float, noise_scale: float, stale_penalty: float = 1.3) -> dict:
-    """Predicted seconds to the loss DDP reaches in `ddp_updates` updates, per strategy."""
+@functools.cache
+def token_table(path: Path = TOKEN_EFFICIENCY) -> dict:
+    """The measured token-efficiency table shipped with torchacco (`benchmarks/efficiency_table.py` writes it)."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _entries(table: dict | None) -> dict[str, dict]:
+    return (token_table() if table is None else table)["tokens_to_target"]
+
+
+def _update(label: str) -> str:
+    """The label whose update `label` computes: itself, or for a plain-update mode its strategy's (or the one
+    whose update that strategy computes)."""
+    if label not in variants():
+        return label
+    cls, mode = variants()[label]
+    return (cls.update_of or cls.name) if mode in PLAIN_UPDATE else label
+
+
+def token_source(label: str, table: dict | None = None) -> str | None:
+    """The measured entry whose tokens `label` needs: its own, else (a plain-update mode) its strategy's, else that
+    of the strategy whose update it computes; DDP, the reference, is its own. None: no measurement covers it."""
     from torchacco.parallel.ddp import DDP
 
-    recipe = preds[DDP.name]["tokens_per_update"]
+    measured = {name for name, entry in _entries(table).items() if "diloco" not in entry} | {DDP.name}
+    cls, mode = variants()[label]
+    plain = (cls.name, cls.update_of) if mode in PLAIN_UPDATE else ()
+    return next((name for name in (label, *plain) if name in measured), None)
+
+
+def diloco_token_source(inner: str, replicas: int, outer, table: dict | None = None) -> str | None:
+    """The measured DiLoCo entry for `replicas` replicas with `inner` inside and the outer step `outer` (a
+    `torchacco.config.DiLoCo`): one with the same replicas, inner update and [diloco] settings, or None. The ranks
+    inside a replica are not matched: they change the inner update's floating-point order, not the update."""
+    settings = dataclasses.asdict(outer)
+    for name, entry in _entries(table).items():
+        run = entry.get("diloco")
+        if not run or run["replicas"] != replicas or _update(run["inner"]) != _update(inner):
+            continue
+        if all(settings.get(key, object()) == value for key, value in run.items() if key not in _NOT_MATCHED):
+            return name
+    return None
+
+
+def measured_entry(source: str, table: dict | None = None) -> dict:
+    """A measured entry (`token_source`'s answer): mean, ci95, seeds and source; DDP's is 1 by definition."""
+    from torchacco.parallel.ddp import DDP
+
+    if source == DDP.name:
+        return {"mean": 1.0, "ci95": 0.0, "seeds": None, "source": "the reference"}
+    return _entries(table)[source]
+
+
+def tokens_ratio(label: str, table: dict | None = None) -> float | None:
+    """Tokens to DDP's final loss as a multiple of DDP's for a modelled strategy (None: not measured)."""
+    source = token_source(label, table)
+    return None if source is None else measured_entry(source, table)["mean"]
+
+
+def time_to_loss(preds: dict[str, dict], target_tokens: float, ratios: dict[str, float | None]) -> dict:
+    """Predicted seconds to the loss DDP reaches in `target_tokens` tokens: each row's measured ratio of those
+    tokens at its tokens/s; None where its ratio is not measured."""
     return {
-        s: ddp_updates
-        * updates_needed(s, p["tokens_per_update"], recipe, noise_scale, stale_penalty)
-        * p["step_time_s"]
-        for s, p in preds.items()
+        s: None if ratios.get(s) is None else ratios[s] * target_tokens / p["tokens_per_s"] for s, p in preds.items()
     }
 
 
@@ -357,14 +417,15 @@ def format_table(
     preds: dict[str, dict], memory: dict[str, float] | None = None, ttl: dict | None = None, fits: dict | None = None
 ) -> str:
     """Markdown: per strategy the time per update, tokens/s, exposed communication, and (when given)
-    memory per rank and time to the target loss relative to the soonest strategy that fits (`fits`:
-    strategy -> whether its memory fits the device; one that does not says so instead)."""
+    memory per rank and time to the target loss relative to the soonest measured strategy that fits (`fits`:
+    strategy -> whether its memory fits the device; one that does not says so instead; a time of None: its loss
+    per token is not measured)."""
     head = "| strategy | time per update (s) | tokens/update | tokens/s | exposed comm (s) | overlap |"
     sep = "|---|---:|---:|---:|---:|---:|"
     if ttl:
         head += " time to loss (s) | vs soonest |"
         sep += "---:|---:|"
-        soonest = min(t for name, t in ttl.items() if not fits or fits[name])
+        soonest = min((t for name, t in ttl.items() if t is not None and (not fits or fits[name])), default=None)
     if memory:
         head += " memory/rank (GiB) |"
         sep += "---:|"
@@ -375,9 +436,16 @@ def format_table(
             f"{p['exposed_comm_s']:.4g} | {p['overlap']:.0%} |"
         )
         if ttl:
-            versus = f"{ttl[name] / soonest:.2f}×" if not fits or fits[name] else "does not fit"
-            row += f" {ttl[name]:,.0f} | {versus} |"
+            row += f" {_time_versus(ttl[name], soonest, not fits or fits[name])} |"
         if memory:
             row += f" {memory[name] / 2**30:.1f} |"
         rows.append(row)
     return "\n".join(rows) + "\n"
+
+
+def _time_versus(seconds: float | None, soonest: float | None, fits: bool) -> str:
+    """The time-to-loss cells: seconds and the ratio to the soonest, 'not measured', or 'does not fit'."""
+    if seconds is None:
+        return "not measured | —" if fits else "not measured | does not fit"
+    versus = (f"{seconds / soonest:.2f}×" if soonest else "—") if fits else "does not fit"
+    return f"{seconds:,.0f} | {versus}"

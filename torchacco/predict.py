@@ -3,8 +3,10 @@
     python -m torchacco.predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 --bandwidth 100gbit
 
 Prints, per strategy, the cost model's time per update, tokens/s, exposed communication, memory per
-GPU and time to a target loss (`torchacco/cost_model.py` holds the model and its assumptions). It
-needs no GPU, no root and no data: only the model's shape and the cluster's numbers.
+GPU and time to a target loss (`torchacco/cost_model.py` holds the model and its assumptions). The time
+to loss needs the strategy's loss per token, measured in `torchacco/token_efficiency.json`; where no
+measurement covers a strategy it says "not measured" and never advises it. It needs no GPU, no root
+and no data: only the model's shape and the cluster's numbers.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import sys
 
 from torchacco import cost_model as cm
+from torchacco.config import Config, DiLoCo
 from torchacco.errors import UserError, run_cli
 
 
@@ -39,12 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-factor", type=float, default=1.0, help="one GPU this much slower")
     p.add_argument("--max-growth", type=float, default=2.0, help="adaptive ACCO's cap ([acco] max_growth)")
     p.add_argument("--updates-to-target", type=int, default=10000, help="DDP's updates to the target loss")
-    p.add_argument("--noise-scale", type=float, default=0.0, help="gradient noise scale in tokens (0: the batch)")
-    p.add_argument("--stale-penalty", type=float, default=1.3, help="dpu/wp: updates needed relative to DDP")
-    p.add_argument("--sync-every", type=int, default=100, help="DiLoCo rows (one replica per node): H")
-    p.add_argument("--fragments", type=int, default=1, help="DiLoCo rows: Streaming DiLoCo's fragments")
-    p.add_argument("--overlap-steps", type=int, default=0, help="DiLoCo rows: τ")
+    outer = DiLoCo()  # the DiLoCo rows' defaults are [diloco]'s but for the wire (bf16: what a slow link gets)
+    p.add_argument("--sync-every", type=int, default=outer.sync_every, help="DiLoCo rows (one replica per node): H")
+    p.add_argument("--fragments", type=int, default=outer.fragments, help="DiLoCo rows: Streaming DiLoCo's fragments")
+    p.add_argument("--overlap-steps", type=int, default=outer.overlap_steps, help="DiLoCo rows: τ")
     p.add_argument("--outer-dtype", default="bf16", choices=("fp32", "bf16", "int8"), help="DiLoCo rows: the wire")
+    p.add_argument("--outer-lr", type=float, default=outer.outer_lr, help="DiLoCo rows: the outer learning rate")
+    p.add_argument("--outer-momentum", type=float, default=outer.outer_momentum, help="DiLoCo rows: its momentum")
+    p.add_argument("--eager", action="store_true", help="DiLoCo rows: [diloco] eager (with --overlap-steps)")
     return p
 
 
@@ -74,6 +79,38 @@ def workload_and_hardware(args) -> tuple[cm.Workload, cm.Hardware]:
     return work, hw
 
 
+def outer_step(args) -> DiLoCo:
+    """The DiLoCo rows' [diloco] settings, checked as a run with one replica per node would be."""
+    from torchacco.parallel.diloco import check_config
+
+    outer = DiLoCo(sync_every=args.sync_every, fragments=args.fragments, overlap_steps=args.overlap_steps,
+                   outer_dtype=args.outer_dtype, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+                   eager=args.eager)  # fmt: skip
+    cfg = Config(diloco=outer)
+    cfg.parallelism.replicas = args.nodes
+    check_config(cfg)
+    return outer
+
+
+def rows(args, work: cm.Workload, hw: cm.Hardware) -> tuple[dict, dict, dict]:
+    """Per row (every strategy, and with several nodes DiLoCo over each synchronous one): the prediction, the
+    memory per GPU and the measured entry whose tokens it needs (None: not measured)."""
+    table = cm.token_table()
+    preds = cm.predict_all(work, hw)
+    mem = {s: cm.memory_bytes(work, hw, s) for s in preds}
+    sources = {s: cm.token_source(s, table) for s in preds}
+    if args.nodes > 1:  # DiLoCo, one replica per node, over each synchronous strategy inside it
+        outer = outer_step(args)
+        for label, (cls, _) in cm.variants().items():
+            if label == cls.name and not cls.overlapped and cls.supports_replicas:
+                row = cm.predict_diloco(work, hw, label, outer.sync_every, outer.fragments, outer.overlap_steps,
+                                        outer.outer_dtype)  # fmt: skip
+                preds[row["strategy"]] = row
+                mem[row["strategy"]] = cm.diloco_memory_bytes(work, hw, label)
+                sources[row["strategy"]] = cm.diloco_token_source(label, args.nodes, outer, table)
+    return preds, mem, sources
+
+
 def predict(args) -> dict:
     """Print the table and the verdict; returns the workload, hardware and predictions."""
     work, hw = workload_and_hardware(args)
@@ -81,19 +118,10 @@ def predict(args) -> dict:
     from torchacco.parallel.ddp import DDP
     from torchacco.parallel.zero1 import ZeRO1
 
-    preds = cm.predict_all(work, hw)
-    mem = {s: cm.memory_bytes(work, hw, s) for s in preds}
+    preds, mem, sources = rows(args, work, hw)
+    ratios = {s: None if src is None else cm.measured_entry(src)["mean"] for s, src in sources.items()}
     recipe = preds[DDP.name]["tokens_per_update"]
-    noise = args.noise_scale or recipe
-    ttl = cm.time_to_loss(preds, args.updates_to_target, noise, args.stale_penalty)
-    if args.nodes > 1:  # DiLoCo, one replica per node, over each synchronous strategy inside it
-        outer = (args.sync_every, args.fragments, args.overlap_steps, args.outer_dtype)
-        for label, (cls, _) in cm.variants().items():
-            if label == cls.name and not cls.overlapped and cls.supports_replicas:
-                row = cm.predict_diloco(work, hw, label, *outer)
-                preds[row["strategy"]] = row
-                mem[row["strategy"]] = cm.diloco_memory_bytes(work, hw, label)
-                ttl[row["strategy"]] = args.updates_to_target * row["step_time_s"]  # as many updates as DDP: assumed
+    ttl = cm.time_to_loss(preds, args.updates_to_target * recipe, ratios)
     capacity = (args.memory_gib or cm.DEVICES[args.device]["memory_gib"]) * 2**30
     fits = {s: mem[s] + work.activation_bytes <= capacity for s in preds}
     z = preds[ZeRO1.name]
@@ -111,35 +139,78 @@ def predict(args) -> dict:
             "activations per micro-batch; use more GPUs, --activation-checkpoint full, or a smaller --local-batch"
         )
     print(cm.format_table(preds, mem, ttl, fits))
-    soonest = min((s for s in ttl if fits[s]), key=ttl.get)
-    synchronous = [label for label, (cls, mode) in cm.variants().items() if label == cls.name and not cls.overlapped]
-    baseline = min((s for s in synchronous if fits[s]), key=ttl.get, default=None)
-    against = f"{ttl[baseline] / ttl[soonest]:.2f}× sooner than the best baseline, {baseline}" if baseline else (
-        "no synchronous baseline fits")  # fmt: skip
     print(
-        f"Soonest to the loss of those that fit in {capacity / 2**30:.0f} GiB per GPU (persistent state and "
-        f"{work.activation_bytes / 2**30:.1f} GiB of activations): {soonest} ({against}). ACCO costs "
-        f"{(mem[ACCO.name] - mem[ZeRO1.name]) / 2**30:.1f} GiB more per GPU than ZeRO-1 (its "
-        "job's buffer: one fp32 parameter copy, as it sums bf16 gradients in fp32)."
+        f"Soonest to the loss, of those that fit in {capacity / 2**30:.0f} GiB per GPU (persistent state and "
+        f"{work.activation_bytes / 2**30:.1f} GiB of activations) and whose loss per token is measured: "
+        f"{verdict(preds, ttl, fits)}. ACCO costs {(mem[ACCO.name] - mem[ZeRO1.name]) / 2**30:.1f} GiB more per GPU "
+        "than ZeRO-1 (its job's buffer: one fp32 parameter copy, as it sums bf16 gradients in fp32)."
     )
-    print(assumptions(args, recipe, preds["acco_adaptive"]["tokens_per_update"], noise))
+    unmeasured = left_out(preds, ttl, fits)
+    if unmeasured:
+        print(unmeasured)
+    print(assumptions(args, recipe, sources))
     return {"workload": work.__dict__, "hardware": hw.__dict__, "predictions": preds}
 
 
-def assumptions(args, recipe: float, adaptive_tokens: float, noise: float) -> str:
+def _advisable(ttl: dict, fits: dict) -> list[str]:
+    """The rows a verdict may name: they fit, and their loss per token is measured."""
+    return [s for s in ttl if fits[s] and ttl[s] is not None]
+
+
+def verdict(preds: dict, ttl: dict, fits: dict) -> str:
+    """The soonest of the advisable rows, against the best synchronous baseline."""
+    advisable = _advisable(ttl, fits)
+    if not advisable:
+        return "none"
+    soonest = min(advisable, key=ttl.get)
+    synchronous = [label for label, (cls, mode) in cm.variants().items() if label == cls.name and not cls.overlapped]
+    baseline = min((s for s in synchronous if s in advisable), key=ttl.get, default=None)
+    if baseline is None:
+        return f"{soonest} (no synchronous baseline fits)"
+    if baseline == soonest:
+        return f"{soonest}, the best synchronous baseline"
+    return f"{soonest}, {ttl[baseline] / ttl[soonest]:.2f}× sooner than the best synchronous baseline, {baseline}"
+
+
+def left_out(preds: dict, ttl: dict, fits: dict) -> str:
+    """One line naming the rows that fit and process tokens faster than the verdict's, but whose loss per token is
+    not measured, so that no time to loss is claimed for them ('' when there are none)."""
+    advisable = _advisable(ttl, fits)
+    pace = preds[min(advisable, key=ttl.get)]["tokens_per_s"] if advisable else 0.0
+    faster = [s for s in preds if fits[s] and ttl[s] is None and preds[s]["tokens_per_s"] > pace]
+    if not faster:
+        return ""
+    return f"Left out of that choice, faster in tokens/s but with no measured loss per token: {', '.join(faster)}."
+
+
+def assumptions(args, recipe: float, sources: dict[str, str | None]) -> str:
+    table = cm.token_table()
+    used: dict[str, list[str]] = {}
+    for row, source in sources.items():
+        if source is not None:
+            used.setdefault(source, []).append(row)
+    ratios = "; ".join(f"{_ratio(source)} for {', '.join(names)}" for source, names in used.items())
     return (
-        f"Assumptions: the loss is the one DDP reaches in {args.updates_to_target:,} updates of {recipe:,.0f} tokens; "
-        "fixed-batch strategies (ddp, zero1, fsdp, acco and its balanced and bf16-estimate modes) need as many "
-        f"updates; dpu and wp {args.stale_penalty:g}× as many (stale gradients); adaptive ACCO's batch of "
-        f"{adaptive_tokens:,.0f} tokens needs (1 + B_n/B')/(1 + B_n/B) of them with the "
-        f"gradient noise scale B_n = {noise:,.0f} tokens (--noise-scale) and the lr scaled for the batch. DiLoCo rows "
-        f"(H = {args.sync_every}, one replica per node) are assumed to need as many updates as DDP; at equal tokens "
-        "their loss is higher by a gap that grows with H and with the replicas (docs/diloco.md has the measured "
-        "one): check it for your model before trusting their time to loss. Memory is "
-        "persistent state (weights, gradients, optimizer; the column) plus one micro-batch's activations "
-        f"({args.activation_checkpoint} recompute, {args.loss_chunks} loss chunks: estimated from the model's "
-        "shape); a strategy that exceeds the GPU's memory is marked and never advised. Communication is modelled by "
-        "bandwidth and latency: no congestion, no CPU contention."
+        f"Assumptions: the loss is the one DDP reaches in {args.updates_to_target:,} updates of {recipe:,.0f} tokens. "
+        "A strategy needs DDP's tokens times its ratio measured in torchacco/token_efficiency.json (the tokens to "
+        f"reach DDP's final validation loss; {table['date']}, {table['machine']}; {table['model']}): {ratios}. "
+        "That model is small: at this one's scale the ratios are an extrapolation. A row no measurement covers "
+        "(another mode, DiLoCo with other replicas or outer-step settings) says 'not measured' and is never advised. "
+        "Memory is persistent state (weights, gradients, optimizer; the column) plus one "
+        f"micro-batch's activations ({args.activation_checkpoint} recompute, {args.loss_chunks} loss chunks: "
+        "estimated from the model's shape); a strategy that exceeds the GPU's memory is marked and never advised. "
+        "Communication is modelled by bandwidth and latency: no congestion, no CPU contention."
+    )
+
+
+def _ratio(source: str) -> str:
+    """A measured ratio with its interval and where it comes from."""
+    entry = cm.measured_entry(source)
+    if entry["seeds"] is None:
+        return f"1 (the reference, {source})"
+    return (
+        f"{entry['mean']:.3f} ± {entry['ci95']:.3f} (95% interval over {entry['seeds']} seeds, {source} in "
+        f"{entry['source']})"
     )
 
 

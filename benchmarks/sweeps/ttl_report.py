@@ -127,7 +127,8 @@ def predictions(setting: dict, params: float) -> dict[str, dict]:
     """The cost model's time per update and time to the target for each strategy of a setting,
     calibrated on ZeRO-1 alone: its measured compute per update, and its measured job over the ring
     ideal as the collectives' factor (f_rs = f_ag = f_ar); the link rate and the measured slowdown;
-    DDP's measured updates to the target for the updates needed."""
+    DDP's measured tokens to the target times each strategy's measured ratio (`torchacco/token_efficiency.json`;
+    a predicted time to the target of None where the ratio is not measured)."""
     s = setting["summary"]["strategies"]
     compute = setting.get("zero1_compute_per_update_s")
     if not compute or not math.isfinite(compute) or DDP not in s or ZERO1 not in s:
@@ -143,7 +144,7 @@ def predictions(setting: dict, params: float) -> dict[str, dict]:
     zero1_step = s[ZERO1]["training_s"][0] / s[ZERO1]["updates"]
     factor = max(1.0, (zero1_step - compute) / ideal_job) if ideal_job > 0 else 1.0
     hw.rs_factor = hw.ag_factor = hw.ar_factor = factor
-    ddp_updates = s[DDP]["tokens_to_target"][0] / tokens
+    target_tokens = s[DDP]["tokens_to_target"][0]
     out = {}
     for strategy, st in s.items():
         if strategy in LONGER_BUDGET:
@@ -151,13 +152,13 @@ def predictions(setting: dict, params: float) -> dict[str, dict]:
         variant = "acco_adaptive" if strategy.startswith("acco_adaptive") else strategy
         hw.max_growth = 0.0 if strategy.endswith("uncapped") else 2.0
         p = cm.predict(work, hw, variant)
-        needed = cm.updates_needed(variant, p["tokens_per_update"], tokens, noise_scale=tokens)
+        ratio = cm.tokens_ratio(variant)
         measured_step = st["training_s"][0] / st["updates"]
         out[strategy] = {
             "predicted_step_s": p["step_time_s"],
             "measured_step_s": measured_step,
             "step_error": cm.relative_error(p["step_time_s"], measured_step),
-            "predicted_time_to_target_s": ddp_updates * needed * p["step_time_s"],
+            "predicted_time_to_target_s": None if ratio is None else ratio * target_tokens / p["tokens_per_s"],
             "measured_time_to_target_s": st["time_to_target_s"][0],
             "collective_factor": factor,
         }
@@ -173,19 +174,18 @@ def prediction_lines(setting: dict, params: float) -> list[str]:
         "Cost model against this setting, calibrated on ZeRO-1 alone (its compute per update, and its job at "
         f"{factor:.2f}× the ring ideal as every collective's factor), the link rate"
         + (", the measured slowdown" if _slowdown(setting) > 1 else "")
-        + ", DDP's updates to the target, a gradient noise scale equal to the batch:",
+        + ", DDP's tokens to the target times each strategy's measured ratio (torchacco/token_efficiency.json):",
         "",
         "| strategy | time per update, predicted / measured (s) | error | time to target, predicted / measured (s) |",
         "|---|---:|---:|---:|",
     ]
     for strategy, p in preds.items():
-        measured = p["measured_time_to_target_s"]
+        predicted, measured = p["predicted_time_to_target_s"], p["measured_time_to_target_s"]
+        predicted = "not measured" if predicted is None else f"{predicted:.1f}"
+        measured = f"{measured:.1f}" if math.isfinite(measured) else "not reached"
         lines.append(
             f"| {strategy} | {p['predicted_step_s']:.3f} / {p['measured_step_s']:.3f} | {p['step_error']:+.0%} | "
-            f"{p['predicted_time_to_target_s']:.1f} / {measured:.1f} |"
-            if math.isfinite(measured)
-            else f"| {strategy} | {p['predicted_step_s']:.3f} / {p['measured_step_s']:.3f} | {p['step_error']:+.0%} | "
-            f"{p['predicted_time_to_target_s']:.1f} / not reached |"
+            f"{predicted} / {measured} |"
         )
     errors = [abs(p["step_error"]) for k, p in preds.items() if k != ZERO1]
     lines += [

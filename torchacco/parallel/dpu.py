@@ -15,7 +15,6 @@ class DPU(Overlapped):
     The first `[acco] dpu_warmup_steps` updates are synchronous (no staleness)."""
 
     name = "dpu"
-    stale = True
     supports_replicas = False  # not yet tested under DiLoCo's outer step
 
     def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device, reduce_dtype=None):

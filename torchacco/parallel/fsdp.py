@@ -9,6 +9,7 @@ import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from torchacco.blocks import blocks_of
+from torchacco.parallel.ddp import DDP
 from torchacco.parallel.replicated import Replicated
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -21,6 +22,7 @@ class FSDP(Replicated):
     name = "fsdp"
     communication = "per_micro_batch"
     shards_theta = True
+    update_of = DDP.name  # DDP's update, with parameters, gradients and optimizer state sharded
     balances = False  # its all-gathers and reduce-scatters run inside every rank's forward and backward
 
     def __init__(

@@ -122,7 +122,9 @@ class Strategy(abc.ABC):
     # strategies that truly share options name the same dataclass and section).
     options: ClassVar[type | None] = None
     options_section: ClassVar[str | None] = None
-    stale: ClassVar[bool] = False  # applies gradients computed at older parameters (the cost model's penalty)
+    # The strategy whose update this one computes in another floating-point order: its loss per token is that
+    # one's, so the cost model reads that one's measured token efficiency (None: its own, or none measured).
+    update_of: ClassVar[str | None] = None
     # The variants benchmarks run: a label -> its extra `--section.key VALUE` arguments and the cost
     # model's mode for it. The strategy's own name, with no arguments, is the plain variant.
     variants: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {}

@@ -11,7 +11,6 @@ class WP(Overlapped):
     gradient applied once more; θ itself stays in the master shards."""
 
     name = "wp"
-    stale = True
     supports_replicas = False  # between updates its compute parameters are not θ (untested with an outer step)
 
     def _plan(self, finished):

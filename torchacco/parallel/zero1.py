@@ -10,6 +10,7 @@ import torch
 from torch.profiler import record_function
 
 from torchacco.parallel.balance import SpeedSplit
+from torchacco.parallel.ddp import DDP
 from torchacco.parallel.sharded_job import COMMIT
 from torchacco.parallel.sharded_state import ShardedOptimizerState
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan, UpdateResult
@@ -22,6 +23,7 @@ class ZeRO1(Strategy):
     communication = "sharded_job"
     flat_buffers = True
     shards_theta = True
+    update_of = DDP.name  # DDP's AdamW step on the all-reduced gradient, with the state sharded
     variants = {"zero1_balanced": (("--parallelism.balance_batches", "true"), "balanced")}
     sync_phase = "reduce-scatter, optimizer step and all-gather"
 

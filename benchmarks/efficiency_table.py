@@ -1,0 +1,138 @@
+"""The token-efficiency table `python -m torchacco.predict` reads its time to target from: per measured variant, the
+tokens it needs for DDP's final validation loss (same seed) as a multiple of DDP's.
+
+    .venv/bin/python -m benchmarks.efficiency_table --tokens diloco_budgets_lr3e-3 --tokens token_budgets_lr3e-3
+
+Reads bench_results/<--tokens>.json, written by `benchmarks/token_efficiency.py --budgets ...` (one learning rate
+and one run length, the same in every file), and writes torchacco/token_efficiency.json, shipped with the package,
+with the measurements' date, machine, recipe and commands. DDP is the reference (1 by definition) and has no entry.
+A variant left out: one with a seed whose ratio is missing (no budget reached the target), or only a bound (a seed
+reached it at the smallest budget). A DiLoCo variant carries its resolved outer-step settings, so that the cost
+model matches it only to a cluster with the same ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+from benchmarks.acco_reference import recipe
+from benchmarks.names import DDP
+from benchmarks.time_to_target import mean_ci, token_ratios
+from benchmarks.token_efficiency import VARIANTS
+from torchacco.config import load_config
+from torchacco.cost_model import TOKEN_EFFICIENCY
+
+ROOT = Path(__file__).resolve().parents[1]
+RANKS = 2  # token_efficiency.py trains every variant on 2 ranks (NPROC=2)
+
+
+def resolved(label: str, updates: int, lr: float):
+    """The trainer's config of a variant's run (seed 0; the seed changes nothing recorded here)."""
+    return load_config([*recipe(updates, lr, 0), *VARIANTS[label]])
+
+
+def recipe_sentence(cfg, updates: int) -> str:
+    t, o, s = cfg.training, cfg.optimizer, cfg.lr_schedule
+    return (
+        f"{cfg.model.name} {cfg.model.flavor}, {cfg.tokenizer.vocab_size:,}-token BPE vocabulary, seq {t.seq_len}, "
+        f"{t.global_batch_size} sequences per update, {RANKS} ranks, AdamW β {o.beta1:g}/{o.beta2:g}, wd "
+        f"{o.weight_decay:g}, gradient clipping at {t.max_norm:g}, {s.warmup_steps / updates:.0%} warm-up + "
+        f"{s.decay}, lr {o.lr:g}, {updates:,} updates"
+    )
+
+
+def diloco_settings(cfg) -> dict | None:
+    """A DiLoCo run's replicas, inner strategy and outer step (None: one replica, no outer step)."""
+    replicas = cfg.parallelism.replicas
+    if replicas == 1:
+        return None
+    outer = dataclasses.asdict(cfg.diloco)
+    del outer["offload"]  # where θ_global is kept, not what it is
+    # ranks_per_replica is recorded, not matched: DDP over G ranks computes the update of one rank with G× the
+    # micro-batches, so what is matched is the inner strategy's update
+    inner = {"inner": cfg.parallelism.data_parallel, "ranks_per_replica": RANKS // replicas}
+    return {"replicas": replicas, **inner, **outer}
+
+
+def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
+    """The measured variants of one result file, as the table's entries; says which it leaves out and why."""
+    ratios, bounds = token_ratios(rows)
+    for label in sorted(set(rows) - set(ratios)):
+        print(f"[efficiency-table] {name}: {label} left out (a seed never reached DDP's loss)", file=sys.stderr)
+    out = {}
+    for label, values in ratios.items():
+        if label == DDP:
+            continue
+        if label in bounds:
+            print(f"[efficiency-table] {name}: {label} left out (only a bound)", file=sys.stderr)
+            continue
+        if label not in VARIANTS:
+            raise SystemExit(f"efficiency-table: {name} measures {label!r}, not a variant of token_efficiency.py")
+        mean, half = mean_ci(values)
+        entry = {"mean": round(mean, 4), "ci95": round(half, 4) if math.isfinite(half) else None,
+                 "seeds": len(values), "source": f"bench_results/{name}.md"}  # fmt: skip
+        diloco = diloco_settings(resolved(label, updates, lr))
+        out[label] = entry | ({"diloco": diloco} if diloco else {})
+    return out
+
+
+def read(out: Path, name: str, lr: str) -> tuple[dict, str, dict]:
+    """A result file's meta, learning rate and rows (--lr, or its only one)."""
+    try:
+        data = json.loads((out / f"{name}.json").read_text())
+        meta, summary = data["meta"], data["summary"]
+    except (OSError, KeyError, json.JSONDecodeError) as e:
+        raise SystemExit(f"efficiency-table: cannot read {out / name}.json: {e}") from None
+    try:
+        key = f"{float(lr):g}" if lr else (next(iter(summary)) if len(summary) == 1 else None)
+    except ValueError:
+        raise SystemExit(f"efficiency-table: --lr {lr!r} is not a number") from None
+    if key not in summary:
+        raise SystemExit(f"efficiency-table: {name} has learning rates {', '.join(summary)}; pick one with --lr")
+    return meta, key, summary[key]
+
+
+def table(out: Path, names: list[str], lr: str, command: str) -> dict:
+    metas, measured, recipes = [], {}, set()
+    for name in names:
+        meta, key, rows = read(out, name, lr)
+        recipes.add((meta["updates"], key))
+        for label, entry in entries(name, rows, meta["updates"], float(key)).items():
+            if label in measured:
+                raise SystemExit(f"efficiency-table: {label} is measured in {measured[label]['source']} and {name}")
+            measured[label] = entry
+        metas.append(meta)
+    if len(recipes) > 1:
+        raise SystemExit(f"efficiency-table: the files differ in (updates, lr): {sorted(recipes)}; give one recipe")
+    (updates, key), *_ = recipes
+    return {
+        "what": "tokens to DDP's final validation loss (same seed) as a multiple of DDP's: mean, 95% interval",
+        "date": max(m["date"] for m in metas),
+        "machine": "; ".join(dict.fromkeys(m["machine"] for m in metas)),
+        "model": recipe_sentence(resolved(DDP, updates, float(key)), updates),
+        "commands": [*(m["command"] for m in metas), command],
+        "tokens_to_target": measured,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.efficiency_table", description=__doc__)
+    parser.add_argument("--tokens", action="append", required=True, help="a token-efficiency result run with --budgets")
+    parser.add_argument("--lr", default="", help="the learning rate to read (default: each file's only one)")
+    parser.add_argument("--out", default="bench_results", help="where the result files are")
+    parser.add_argument("--to", default=str(TOKEN_EFFICIENCY), help="the table to write")
+    args = parser.parse_args(argv)
+    command = "python -m benchmarks.efficiency_table " + " ".join(sys.argv[1:] if argv is None else argv)
+    result = table(ROOT / args.out, args.tokens, args.lr, command)
+    Path(args.to).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    print(json.dumps(result, indent=1, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

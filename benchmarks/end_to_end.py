@@ -1,0 +1,214 @@
+"""End-to-end check of the time-to-target decomposition: whole runs on the emulated cluster against the prediction
+(tokens needed, from loopback, × time per update, from short runs).
+
+    .venv/bin/python -m benchmarks.end_to_end --pairs a:ddp,a:streaming_h10_avg,b:ddp,b:streaming_h10_avg \\
+        --seeds 0 --tokens diloco_budgets_lr3e-3 --speed speed_streaming
+
+Each (setting, strategy, seed) trains the token-efficiency recipe (lr and budgets of the --tokens table) on the
+cluster: DDP its base budget, any other strategy the table's budgets in turn until one reaches DDP's final loss of
+the same seed. Its measured time to target is the training time (every update, warm-up included; evaluation and
+logging left out, as the speed runs leave them out) interpolated between the two runs that bracket the target,
+the same way the tokens are. The prediction is the tokens table's ratio for the seed × DDP's updates × the speed
+table's seconds per update. The final losses are also set against the loopback runs': a deterministic schedule
+computes the same numbers over any link.
+Needs root and a quiet machine. Writes bench_results/<--name>.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks.acco_reference import recipe
+from benchmarks.cluster import run_training
+from benchmarks.names import DDP
+from benchmarks.speed import BASELINES, STRATEGIES, plans
+from benchmarks.sweeps.common import panels, save_figure
+from benchmarks.token_efficiency import QUIET, machine, updates_to_target
+
+ROOT = Path(__file__).resolve().parents[1]
+TOLERANCE = 0.10  # the decomposition's target: predicted time to target within 10% of measured
+
+
+def training_seconds(records: list[dict]) -> float:
+    """The run's training time: each logged update's own time (the trainer restarts its clock after logging,
+    evaluation and checkpoints), every update logged."""
+    return sum(r["tokens_per_update"] / r["tokens_per_s"] for r in records)
+
+
+def measured_time_to_target(target: float, runs: dict[int, dict]) -> tuple[float | None, float | None]:
+    """(seconds, updates) to `target` from finished runs of several budgets (updates -> {'loss', 'seconds'}): the
+    updates as the token side interpolates them, the seconds linear between the same two runs."""
+    needed, bound = updates_to_target(target, {n: r["loss"] for n, r in runs.items()})
+    if needed is None:
+        return None, None
+    points = sorted(runs.items())
+    if bound:
+        return points[0][1]["seconds"], needed
+    (n0, r0), (n1, r1) = next((p, q) for p, q in zip(points, points[1:]) if p[0] <= needed <= q[0])
+    return r0["seconds"] + (r1["seconds"] - r0["seconds"]) * (needed - n0) / (n1 - n0), needed
+
+
+def train_on_cluster(setting: str, name: str, seed: int, updates: int, lr: float, out: Path) -> dict:
+    plan, extra = plans(out)[setting]
+    folder = out / "runs" / "end_to_end" / f"{setting}_{name}_u{updates}_s{seed}"
+    args = [*recipe(updates, lr, seed), *QUIET, *STRATEGIES[name], *extra]
+    run = run_training(plan, args, folder, timeout_s=3600)
+    records = run["records"]
+    print(f"[end_to_end] {setting} {name} {updates} updates seed {seed}: loss {records[-1]['val_loss']:.4f}, "
+          f"{training_seconds(records):.1f} s training, {run['wall_s']:.1f} s wall", flush=True)  # fmt: skip
+    return {"loss": records[-1]["val_loss"], "seconds": training_seconds(records), "wall_s": run["wall_s"],
+            "updates": records[-1]["step"]}  # fmt: skip
+
+
+def validate(
+    setting: str, name: str, seed: int, tokens: dict, speed: dict, base: int, lr: float, out: Path,
+    budgets: list[int] = (),
+) -> dict:  # fmt: skip
+    """One (setting, strategy, seed): its cluster runs, measured and predicted time to target, and how many times
+    sooner than each synchronous baseline (all compute DDP's update: DDP's tokens × their measured speed). A
+    strategy without a token side (a timing-dependent schedule) runs `budgets` and has no prediction."""
+    seeds = tokens["meta"]["seeds"]
+    rows = tokens["summary"][f"{lr:g}"]
+    target = rows[DDP]["val_loss"][seeds.index(seed)]
+    ratio, finals = None, {}
+    if name == DDP:
+        budgets, ratio, finals = [base], 1.0, {str(base): rows[DDP]["val_loss"]}
+    elif name in rows:
+        budgets = sorted(int(n) for n in rows[name]["budgets"])
+        ratio, finals = rows[name]["tokens_to_target_ratio"][seeds.index(seed)], rows[name]["budgets"]
+    loopback = {int(n): vals[seeds.index(seed)] for n, vals in finals.items()}
+    # From the largest budget whose loopback run misses the target (the same numbers on the cluster), upwards
+    start = max((n for n in budgets if loopback.get(n, float("inf")) > target), default=budgets[0])
+    runs = {}
+    for updates in (n for n in budgets if n >= start):
+        runs[updates] = train_on_cluster(setting, name, seed, updates, lr, out)
+        if runs[updates]["loss"] <= target:
+            break
+    seconds, needed = measured_time_to_target(target, runs)
+    measured_speed = speed["settings"][setting]["strategies"]
+    per_update = measured_speed.get(name, {}).get("mean")
+    predicted = None if ratio is None or per_update is None else ratio * base * per_update
+    baselines = {b: base * row["mean"] for b, row in measured_speed.items() if b.removesuffix("_balanced") in BASELINES}
+    return {
+        "setting": setting, "strategy": name, "seed": seed, "target": target, "runs": runs,
+        "loss_vs_loopback": {n: r["loss"] - loopback[n] for n, r in runs.items() if n in loopback},
+        "measured_s": seconds, "measured_updates": needed,
+        "predicted_s": predicted, "predicted_updates": None if ratio is None else ratio * base,
+        "seconds_per_update": per_update,
+        "error": None if seconds is None or predicted is None else predicted / seconds - 1,
+        "sooner_than": {b: t / seconds for b, t in baselines.items()} if seconds else {},
+    }  # fmt: skip
+
+
+def sooner(against: dict[str, float]) -> str:
+    """The best baseline's and the best unbalanced baseline's times over this run's, with their names."""
+    if not against:
+        return "—"
+    best = min(against, key=against.get)
+    unbalanced = [b for b in against if not b.endswith("_balanced")]
+    best_plain = min(unbalanced, key=against.get) if unbalanced else None
+    text = f"{against[best]:.2f}× ({best})"
+    return text + (f"; {against[best_plain]:.2f}× ({best_plain})" if best_plain and best_plain != best else "")
+
+
+def markdown(results: list[dict], meta: dict) -> str:
+    lines = [
+        "# Time to target, predicted from its two parts against whole runs on the emulated cluster",
+        "",
+        f"{meta['date']}, {meta['machine']}; network namespaces, `tc tbf`, CPU quotas. Tokens: "
+        f"`bench_results/{meta['tokens']}.md` (loopback, lr {meta['lr']}); speed: `bench_results/{meta['speed']}.md`.",
+        f"Command: `{meta['command']}`",
+        "",
+        "Target: DDP's final validation loss of the same seed (loopback). Measured: the training time of the whole "
+        "cluster runs (warm-up included, evaluation left out), interpolated between the budgets that bracket the "
+        "target. Predicted: the loopback tokens ratio × DDP's updates × the short runs' seconds per update. "
+        f"Met: |error| ≤ {TOLERANCE:.0%}. Loss vs loopback: the cluster run's final loss minus the loopback run's "
+        "(same seed and budget).",
+        "",
+        "| setting | strategy | seed | updates to target, measured / predicted | time to target, measured (s) "
+        "| predicted (s) | error | met | × sooner than the best baseline; the best unbalanced one | loss vs loopback "
+        "| wall s per run |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|---|---|",
+    ]
+    for r in results:
+        fmt = lambda x, f: "—" if x is None else format(x, f)  # noqa: E731
+        met = "—" if r["error"] is None else ("yes" if abs(r["error"]) <= TOLERANCE else "**no**")
+        drift = ", ".join(f"{d:+.1e}" for d in r["loss_vs_loopback"].values())
+        walls = ", ".join(f"{x['wall_s']:.0f}" for x in r["runs"].values())
+        lines.append(
+            f"| {r['setting']} | {r['strategy']} | {r['seed']} | {fmt(r['measured_updates'], '.0f')} / "
+            f"{fmt(r['predicted_updates'], '.0f')} | {fmt(r['measured_s'], '.1f')} | {fmt(r['predicted_s'], '.1f')} "
+            f"| {fmt(r['error'], '+.1%')} | {met} | {sooner(r['sooner_than'])} | {drift or '—'} | {walls} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict], path: Path) -> None:
+    drawn = panels(1, height=3.2)
+    if drawn is None:
+        return
+    fig, axes = drawn
+    shown = [r for r in results if r["error"] is not None]
+    labels = [f"{r['setting']} {r['strategy']} s{r['seed']}" for r in shown]
+    axes[0].barh(labels, [100 * r["error"] for r in shown])
+    for edge in (-100 * TOLERANCE, 100 * TOLERANCE):
+        axes[0].axvline(edge, color="grey", lw=0.5, ls="--")
+    axes[0].set(xlabel="predicted over measured time to target − 1 (%)")
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.end_to_end", description=__doc__)
+    parser.add_argument("--pairs", required=True, help="setting:strategy,... (e.g. b:ddp,b:streaming_h10_avg)")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--tokens", required=True, help="a token-efficiency result name run with --budgets")
+    parser.add_argument("--speed", required=True, help="a speed result name (benchmarks.speed --name)")
+    parser.add_argument(
+        "--budgets",
+        default="1.25,1.5",
+        help="multiples of the table's updates that a strategy without a token side runs (a timing-dependent one)",
+    )
+    parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--name", default="end_to_end")
+    args = parser.parse_args(argv)
+    out = ROOT / args.out
+    try:
+        tokens = json.loads((out / f"{args.tokens}.json").read_text())
+        speed = json.loads((out / f"{args.speed}.json").read_text())
+        pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
+        seeds = [int(s) for s in args.seeds.split(",")]
+        multiples = [float(b) for b in args.budgets.split(",")]
+    except (OSError, json.JSONDecodeError, ValueError) as e:
+        parser.error(f"cannot read the inputs: {e}")
+    if len(tokens["summary"]) != 1:
+        parser.error(f"{args.tokens} holds several lrs ({', '.join(tokens['summary'])}); give one with budgets")
+    lr = float(next(iter(tokens["summary"])))
+    base = tokens["meta"]["updates"]
+    for pair in pairs:
+        if len(pair) != 2 or pair[0] not in speed["settings"] or pair[1] not in STRATEGIES:
+            parser.error(f"--pairs: {':'.join(pair)} is not setting:strategy with a setting {args.speed} measured "
+                         f"and a strategy from {', '.join(STRATEGIES)}")  # fmt: skip
+    missing = [s for s in seeds if s not in tokens["meta"]["seeds"]]
+    if missing:
+        parser.error(f"--seeds {missing} are not in {args.tokens}")
+    budgets = sorted(round(m * base) for m in multiples)
+    results = [validate(s, n, seed, tokens, speed, base, lr, out, budgets) for seed in seeds for s, n in pairs]
+    command = "python -m benchmarks.end_to_end " + " ".join(sys.argv[1:] if argv is None else argv)
+    meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "tokens": args.tokens,
+            "speed": args.speed, "lr": f"{lr:g}", "command": command,
+            "mean_abs_error": statistics.fmean(abs(r["error"]) for r in results if r["error"] is not None)
+            if any(r["error"] is not None for r in results) else None}  # fmt: skip
+    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    (out / f"{args.name}.md").write_text(markdown(results, meta))
+    plot(results, out / f"{args.name}.png")
+    print(markdown(results, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
