@@ -1,7 +1,9 @@
 """BENCHMARK ONLY: time the sharded job's collectives (reduce-scatter, all-gather, all-reduce) over gloo.
 
 Run on each emulated node under torchrun; rank 0 writes `$TORCHACCO_NODE_REPORT_DIR/collectives.json`
-with the median seconds of each collective on a buffer of `--numel` fp32 elements. The cost model's
+with the median seconds of each collective on a buffer of `--numel` fp32 elements: gloo's own (what
+torch DDP and FSDP run) and, as ring_*, torchacco's point-to-point rings (what the sharded job of
+ZeRO-1, ACCO, DPU and WP runs on gloo: `torchacco/parallel/collectives.py`). The cost model's
 bytes-on-the-wire assumption for gloo is checked against it.
 """
 
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from torchacco.parallel import collectives
 
 
 def main() -> int:
@@ -33,6 +37,8 @@ def main() -> int:
         "reduce_scatter": lambda: rs(shard, full),
         "all_gather": lambda: ag(full, shard),
         "all_reduce": lambda: dist.all_reduce(full),
+        "ring_reduce_scatter": lambda: collectives.reduce_scatter(shard, full),
+        "ring_all_gather": lambda: collectives.all_gather(full, shard),
     }
     result = {"numel": numel, "bytes": numel * 4, "world": world}
     for name, op in ops.items():

@@ -1,0 +1,478 @@
+"""The cost model's time per update against the emulated cluster's measured speed, per setting and strategy.
+
+    sudo .venv/bin/python -m benchmarks.cost_model_check --speed speed,speed_streaming,speed_ranks_per_node --probe
+    .venv/bin/python -m benchmarks.cost_model_check --speed speed,speed_streaming,speed_ranks_per_node
+
+The issue's bar: `predict`'s time-per-update error within 15% on every strategy in every setting. The model is
+not fitted to the times it is checked against; its inputs are
+  - compute: the time-to-loss sweep's calibration (`bench_results/time_to_loss.json`): ZeRO-1's data, forward and
+    backward per update on 2 unshaped one-rank nodes (2 micro-batches of 4 × 128 tokens per rank), as seconds per
+    token on one core, scaled by the cores a rank gets in each setting (its node's CPU quota, the machine's cores
+    shared by all ranks);
+  - the collectives: each gloo collective's probed time over the model's ring ideal on a buffer of the model's
+    size, per setting (`benchmarks/workers/collective_probe.py`) → f_rs, f_ag, f_ar; with several ranks per node,
+    the all-gather among one node's ranks → the in-node rate (the model's intra_bps; unprobed, in-node traffic
+    would be free, though over loopback on a CPU it takes the cores' time);
+  - the optimizer: torch's AdamW on one core, elements per second → opt_rate;
+  - the settings (`benchmarks.speed.plans`) and each label's trainer arguments (`benchmarks.speed.STRATEGIES`).
+The probes need root and a quiet machine: `--probe` measures them into bench_results/cost_model_probes.json, and
+without it the report is rebuilt from that file. The measured time is the speed table's mean seconds per recipe
+update's tokens (16 × 128). Writes bench_results/<--name>.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.acco_reference import recipe
+from benchmarks.cluster import ClusterPlan, preflight, probe_collectives
+from benchmarks.speed import STRATEGIES, WARMUP, plans, seconds_per_update
+from benchmarks.sweeps.common import panels, save_figure
+from benchmarks.token_efficiency import machine, records
+from torchacco import cost_model as cm
+from torchacco.config import load_config
+from torchacco.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+TOLERANCE = 0.15  # the issue's bar on the time per update's relative error
+CALIBRATION_RANKS = 2  # time_to_loss.calibrate runs ZeRO-1 on 2 unshaped nodes of one rank
+THREADS = 1  # run_training's default: one compute thread per rank, so a rank uses at most one core
+PROBES = "cost_model_probes.json"
+
+
+class NotModelled(Exception):
+    """A speed label the cost model has no formula for; the message says why."""
+
+
+# inputs ------------------------------------------------------------------------------------------
+
+
+def calibration(out: Path) -> dict:
+    """Seconds per token of one rank on one core, and the model's parameters, from the time-to-loss calibration."""
+    calib = json.loads((out / "time_to_loss.json").read_text())["calibration"]
+    recipe_cfg = trainer_config([])
+    tokens_per_rank = recipe_cfg.training.global_batch_size * recipe_cfg.training.seq_len / CALIBRATION_RANKS
+    return {"seconds_per_token": calib["compute_per_update_s"] / tokens_per_rank, "params": calib["params"],
+            "compute_per_update_s": calib["compute_per_update_s"]}  # fmt: skip
+
+
+def trainer_config(args: list[str]):
+    """The trainer's resolved config for a speed run: the recipe, then `args` (the label's, the setting's)."""
+    full = [*recipe(110, 1.5e-3, 0), *args]
+    at = full.index("--config") + 1
+    full[at] = str(ROOT / full[at])  # the recipe names its file from the repository's root
+    return load_config(full)
+
+
+def adamw_elements_per_s(numel: int, steps: int = 30) -> float:
+    """torch's AdamW on one thread over `numel` fp32 elements (the replicated optimizer's step): elements per s."""
+    import torch
+
+    torch.set_num_threads(THREADS)
+    param = torch.nn.Parameter(torch.randn(numel))
+    param.grad = torch.randn(numel)
+    optimizer = torch.optim.AdamW([param], lr=1e-3)
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        optimizer.step()
+        times.append(time.perf_counter() - started)
+    return numel / statistics.median(times)
+
+
+def probe(settings: dict[str, ClusterPlan], params: float, out: Path) -> dict:
+    """The collectives on each setting's cluster, and the optimizer's speed (root; on a quiet machine)."""
+    quotas = [plan.cores(i) for plan in settings.values() for i in range(plan.nodes)]
+    preflight(need_cgroup=any(cores is not None for cores in quotas))
+    probed = {}
+    for name, plan in settings.items():
+        folder = out / "runs" / "cost_model_probe" / name
+        probed[name] = {"plan": plan.describe(), "date": datetime.date.today().isoformat(),
+                        "collectives": probe_collectives(plan, folder, int(params))}  # fmt: skip
+        if plan.ranks_per_node > 1:
+            probed[name]["node_collectives"] = probe_collectives(one_node(plan), folder / "node", int(params))
+        print(f"[cost-model-check] setting {name}: {probed[name]}", flush=True)
+    return {"settings": probed, "adamw_elements_per_s": adamw_elements_per_s(int(params))}
+
+
+def one_node(plan: ClusterPlan) -> ClusterPlan:
+    """A node of the plan on its own (its ranks and CPU quota, no link to shape): where in-node rings are timed."""
+    return dataclasses.replace(plan, nodes=1, rate_bps=None, latency_ms=0.0, slow_node=None)
+
+
+def machine_cores(meta: dict) -> int:
+    """The cores of the machine a speed table was measured on (its meta says 'N-core ...'), else this one's."""
+    found = re.match(r"(\d+)-core", meta.get("machine", ""))
+    return int(found.group(1)) if found else os.cpu_count()
+
+
+# the model's inputs per setting and label --------------------------------------------------------
+
+
+def cores_per_rank(plan: ClusterPlan, cores: int) -> list[float]:
+    """Each node's cores per rank: at most one (one compute thread), the node's CPU quota shared by its ranks, and
+    the machine's cores shared by all ranks."""
+    fair = cores / plan.world_size
+    return [min(THREADS, fair, (plan.cores(i) or math.inf) / plan.ranks_per_node) for i in range(plan.nodes)]
+
+
+def link(plan: ClusterPlan, probed: dict) -> dict:
+    """The cost model's Hardware fields for the plan's links: the shaped link between nodes, and the rate at which
+    one node's ranks all-gather among themselves where probed (else None: free in the model)."""
+    inside = probed.get("node_collectives")
+    g = plan.ranks_per_node
+    intra = (g - 1) / g * 8 * inside["bytes"] / inside["all_gather_s"] if inside else None
+    return {"nodes": plan.nodes, "ranks_per_node": g, "bandwidth_bps": plan.rate_bps,
+            "latency_s": plan.latency_ms / 1000, "intra_bps": intra}  # fmt: skip
+
+
+def collective_factors(links: dict, collectives: dict) -> dict:
+    """Each probed collective's seconds over the model's ring ideal for its bytes on these links, for the two
+    implementations the strategies run on gloo: "gloo", its own (torch DDP's all-reduce, FSDP2's gathers and
+    reduce-scatters), and "rings", torchacco's (the sharded job of ZeRO-1, ACCO, DPU, WP; gloo's all-reduce).
+    1 where the ideal is zero: an unshaped link, which the model counts as free."""
+    ideal = cm.collective_s(collectives["bytes"], cm.Hardware(flops=1.0, **links))
+    if ideal <= 0:
+        ones = {"rs_factor": 1.0, "ag_factor": 1.0, "ar_factor": 1.0}
+        return {"gloo": ones, "rings": ones}
+    gloo = {
+        "rs_factor": collectives["reduce_scatter_s"] / ideal,
+        "ag_factor": collectives["all_gather_s"] / ideal,
+        "ar_factor": collectives["all_reduce_s"] / (2 * ideal),
+    }
+    rings = {"rs_factor": collectives["ring_reduce_scatter_s"] / ideal,
+             "ag_factor": collectives["ring_all_gather_s"] / ideal, "ar_factor": gloo["ar_factor"]}  # fmt: skip
+    return {"gloo": gloo, "rings": rings}
+
+
+def hardware(plan: ClusterPlan, inputs: dict, links: dict, factors: dict, tokens_per_micro_batch: float):
+    """The cluster as the cost model sees it: links, probed factors, each rank's compute at its cores."""
+    cores = cores_per_rank(plan, inputs["cores"])
+    fast, slow = max(cores), min(cores)
+    return cm.Hardware(
+        **links,
+        **factors,
+        flops=1.0,  # unused: compute_s is measured
+        compute_s=inputs["seconds_per_token"] * tokens_per_micro_batch / fast,
+        slow_factor=fast / slow,
+        opt_rate=inputs["adamw_elements_per_s"] * slow,  # synchronous ranks wait for the slowest one's step
+    )
+
+
+def workload(cfg, world: int, params: float) -> cm.Workload:
+    t = cfg.training
+    per_rank = t.global_batch_size / (t.local_batch_size * world)
+    if per_rank < 1 or per_rank != int(per_rank):
+        raise NotModelled(f"{t.global_batch_size} sequences per update do not split into whole micro-batches "
+                          f"of {t.local_batch_size} over {world} ranks")  # fmt: skip
+    # flops_per_token is unused (Hardware.compute_s is measured); the CPU trains and communicates in fp32
+    return cm.Workload(params=params, flops_per_token=1.0, tokens_per_micro_batch=t.local_batch_size * t.seq_len,
+                       micro_batches=int(per_rank), comm_bytes=4.0)  # fmt: skip
+
+
+def diloco_settings(cfg) -> dict | None:
+    """predict_diloco's settings of a run (and its replicas and mixed-replica switch); None: no outer step."""
+    if cfg.parallelism.replicas == 1:
+        return None
+    d = cfg.diloco
+    return {"inner": cfg.parallelism.data_parallel, "replicas": cfg.parallelism.replicas,
+            "sync_every": d.sync_every, "fragments": d.fragments, "overlap_steps": d.overlap_steps,
+            "outer_dtype": d.outer_dtype, "balance_replicas": d.balance_replicas}  # fmt: skip
+
+
+def predict_label(label: str, cfg, work: cm.Workload, hw: cm.Hardware) -> dict:
+    """The cost model's prediction for a speed label's run (raises NotModelled with the reason)."""
+    diloco = diloco_settings(cfg)
+    if diloco is None:
+        if label not in cm.variants():
+            raise NotModelled("not one of the cost model's variants (cost_model.variants())")
+        return cm.predict(work, hw, label)
+    if diloco["balance_replicas"]:
+        raise NotModelled("mixed replicas: predict_diloco has every replica run all H inner updates")
+    if diloco["replicas"] != hw.nodes:
+        raise NotModelled(f"{diloco['replicas']} replicas on {hw.nodes} nodes: predict_diloco has one per node")
+    return cm.predict_diloco(work, hw, diloco["inner"], diloco["sync_every"], diloco["fragments"],
+                             diloco["overlap_steps"], diloco["outer_dtype"])  # fmt: skip
+
+
+def strategy_class(cfg) -> type:
+    """The class of the strategy that trains (inside each replica, for DiLoCo)."""
+    return cm.variants()[cfg.parallelism.data_parallel][0]
+
+
+def implementation(cfg) -> str:
+    """Whose collectives the strategy runs on gloo (a key of `collective_factors`)."""
+    return "rings" if strategy_class(cfg).communication == "sharded_job" else "gloo"
+
+
+def communicates_in_micro_batches(cfg, world: int) -> bool:
+    """Whether the strategy communicates inside its micro-batches (torch DDP waits for its buckets at the end of
+    backward, FSDP gathers per micro-batch), so the trainer's time before the sync holds communication."""
+    ranks = world // cfg.parallelism.replicas  # a DiLoCo replica's data-parallel group
+    return strategy_class(cfg).communication in ("all_reduce_in_backward", "per_micro_batch") and ranks > 1
+
+
+# the check ---------------------------------------------------------------------------------------
+
+
+def verdict(prediction: dict, measured_s: float, recipe_tokens: float) -> dict:
+    """Predicted against measured seconds per recipe update's tokens (a grown batch's update holds more)."""
+    per_recipe = recipe_tokens / prediction["tokens_per_update"]
+    predicted = prediction["step_time_s"] * per_recipe
+    error = cm.relative_error(predicted, measured_s)
+    exposed = prediction["exposed_comm_s"] * per_recipe
+    return {"predicted_s": predicted, "measured_s": measured_s, "error": error, "within": abs(error) <= TOLERANCE,
+            "predicted_compute_s": predicted - exposed, "predicted_exposed_s": exposed}  # fmt: skip
+
+
+def error_summary(rows: dict[str, dict]) -> dict:
+    errors = [abs(r["error"]) for r in rows.values()]
+    return {"mean_abs_error": statistics.fmean(errors) if errors else math.nan,
+            "within": sum(r["within"] for r in rows.values()), "checked": len(rows)}  # fmt: skip
+
+
+def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed: dict, inputs: dict) -> dict:
+    """Every label of one setting of a speed table: its verdict, or why the model cannot predict it."""
+    links = link(plan, probed)
+    factors = collective_factors(links, probed["collectives"])
+    rows, skipped = {}, {}
+    recipe_cfg = trainer_config([])
+    recipe_tokens = recipe_cfg.training.global_batch_size * recipe_cfg.training.seq_len
+    for label, measured in strategies.items():
+        if label not in STRATEGIES:
+            skipped[label] = "its trainer arguments are not in benchmarks.speed.STRATEGIES"
+            continue
+        cfg = trainer_config([*STRATEGIES[label], *extra])  # the setting's arguments last, as benchmarks.speed
+        try:
+            work = workload(cfg, plan.world_size, inputs["params"])
+            hw = hardware(plan, inputs, links, factors[implementation(cfg)], work.tokens_per_micro_batch)
+            rows[label] = verdict(predict_label(label, cfg, work, hw), measured["mean"], recipe_tokens)
+            rows[label]["communicates_in_micro_batches"] = communicates_in_micro_batches(cfg, plan.world_size)
+        except NotModelled as e:
+            skipped[label] = str(e)
+    return {"cores_per_rank": cores_per_rank(plan, inputs["cores"]), "factors": factors,
+            "intra_bps": links["intra_bps"], "rows": rows, "skipped": skipped, **error_summary(rows)}  # fmt: skip
+
+
+def measured_compute(runs: Path, setting: str, label: str, row: dict) -> float | None:
+    """Rank 0's seconds per update before the sync (data, forward, backward), read from the speed runs that made
+    `row`: a run counts when its records give the table's time for that repeat (later runs overwrite the folders).
+    None when none is left."""
+    warmup = WARMUP + 50 if label.startswith(("diloco", "streaming")) else WARMUP  # as benchmarks.speed
+    values = []
+    for repeat, expected in enumerate(row.get("seconds_per_update", [])):
+        logged = records(runs / f"{setting}_{label}_{repeat}")
+        if len(logged) <= warmup or not math.isclose(seconds_per_update(logged, warmup), expected, rel_tol=1e-9):
+            continue
+        kept = logged[warmup:]
+        if all("share_sync" in r for r in kept):
+            values += [r["tokens_per_update"] / r["tokens_per_s"] * (1 - r["share_sync"]) for r in kept]
+    return statistics.fmean(values) if values else None
+
+
+def cause(label: str, row: dict) -> str:
+    """Where a row's error lies, from the numbers: the compute before the sync, or the rest of the update."""
+    head = f"{label}: predicted {row['predicted_s']:.3f} s, measured {row['measured_s']:.3f} s ({row['error']:+.0%})"
+    model = f"the model's compute {row['predicted_compute_s']:.3f} s + exposed {row['predicted_exposed_s']:.3f} s"
+    compute = row.get("measured_compute_s")
+    if compute is None:
+        return f"{head}; {model} (no matching run records, so no measured split)."
+    rest = row["measured_s"] - compute
+    split = f"{head}; {model}, measured {compute:.3f} s until the sync + {rest:.3f} s after"
+    if row["communicates_in_micro_batches"]:
+        return (f"{split}. Its communication runs inside the micro-batches, so the time until the sync holds it "
+                f"as well: the excess over the model's compute ({compute - row['predicted_compute_s']:+.3f} s) is "
+                "communication the model hides plus any slower compute.")  # fmt: skip
+    compute_gap, rest_gap = compute - row["predicted_compute_s"], rest - row["predicted_exposed_s"]
+    if abs(compute_gap) >= abs(rest_gap):
+        why = ("the ranks compute slower than the calibration at their cores: CPU contention (communication "
+               "threads, tc's shaping, ranks beyond the cores, other work on the machine) or per-micro-batch "
+               "overhead the model does not count"
+               if compute_gap > 0 else "the ranks compute faster than the calibration at their cores")  # fmt: skip
+        return f"{split}. Mostly compute ({compute_gap:+.3f} s): {why}."
+    why = ("more communication or optimizer time is exposed than the model leaves: collectives slower beside "
+           "compute than the probe's alone, or an overlap the run does not achieve"
+           if rest_gap > 0 else "the model exposes more communication than the run")  # fmt: skip
+    return f"{split}. Mostly after the compute ({rest_gap:+.3f} s): {why}."
+
+
+def check(tables: dict[str, dict], settings: dict, probes: dict, inputs: dict, runs: Path) -> dict:
+    """Every table's settings checked, with the measured compute where the runs' records are left."""
+    result = {}
+    for name, table in tables.items():
+        measured_on = {**inputs, "cores": machine_cores(table.get("meta", {}))}
+        checked = result[name] = {}
+        for setting, data in table["settings"].items():
+            if setting not in settings:
+                checked[setting] = {"plan": data["plan"], "not_checked": "benchmarks.speed.plans has no such setting"}
+                continue
+            plan, extra = settings[setting]
+            s = check_setting(data["strategies"], plan, extra, probes[setting], measured_on)
+            for label, row in s["rows"].items():
+                row["measured_compute_s"] = measured_compute(runs, setting, label, data["strategies"][label])
+            checked[setting] = {"plan": data["plan"], **s}
+    return result
+
+
+# the report --------------------------------------------------------------------------------------
+
+
+def markdown(result: dict, meta: dict) -> str:
+    inputs = meta["inputs"]
+    lines = [
+        "# The cost model's time per update against the emulated cluster",
+        "",
+        f"{meta['date']}, {meta['machine']}. Command: `{meta['command']}`. Probes: {meta['probes']}.",
+        "",
+        f"Inputs, none of them the times checked: compute {inputs['seconds_per_token'] * 1e6:.1f} µs per token on "
+        f"one core (the time-to-loss calibration: ZeRO-1, {inputs['compute_per_update_s']:.4f} s per update on "
+        f"2 unshaped nodes), scaled by each rank's cores; AdamW {inputs['adamw_elements_per_s']:.3g} elements/s on "
+        f"one core; {inputs['params']:,.0f} parameters in fp32; each setting's gloo collectives probed alone. "
+        f"Bar: |error| ≤ {TOLERANCE:.0%}.",
+    ]
+    misses, total = [], 0
+    for name, settings in result.items():
+        for setting, s in settings.items():
+            lines += ["", f"## {name}, setting {setting}: {s['plan']}", ""]
+            if "not_checked" in s:
+                lines.append(f"Not checked: {s['not_checked']}.")
+                continue
+            gloo, rings = s["factors"]["gloo"], s["factors"]["rings"]
+            cores = ", ".join(f"{c:g}" for c in s["cores_per_rank"])
+            in_node = f" In-node all-gather: {cm.format_rate(s['intra_bps'])}." if s["intra_bps"] else ""
+            lines += [
+                f"Cores per rank by node: {cores}. Probed times over the ring ideal: gloo's reduce-scatter "
+                f"{gloo['rs_factor']:.2f}, all-gather {gloo['ag_factor']:.2f}, all-reduce {gloo['ar_factor']:.2f} "
+                f"(DDP, FSDP, HSDP); torchacco's rings {rings['rs_factor']:.2f} and {rings['ag_factor']:.2f} (the "
+                f"sharded job).{in_node}",
+                "",
+                "| strategy | predicted (s) | measured (s) | error | ≤ 15% | model: compute + exposed (s) "
+                "| measured until the sync (s) |",
+                "|---|---:|---:|---:|:---:|---:|---:|",
+            ]
+            for label, r in s["rows"].items():
+                compute = "—" if r["measured_compute_s"] is None else f"{r['measured_compute_s']:.4f}"
+                lines.append(
+                    f"| {label} | {r['predicted_s']:.4f} | {r['measured_s']:.4f} | {r['error']:+.1%} | "
+                    f"{'yes' if r['within'] else '**no**'} | {r['predicted_compute_s']:.4f} + "
+                    f"{r['predicted_exposed_s']:.4f} | {compute} |"
+                )
+            lines += ["", f"Mean |error|: {s['mean_abs_error']:.1%}; within {TOLERANCE:.0%}: {s['within']}/"
+                          f"{s['checked']}."]  # fmt: skip
+            lines += [f"Not predicted: {label}: {why}." for label, why in s["skipped"].items()]
+            misses += [f"- {name} {setting}: {cause(label, r)}" for label, r in s["rows"].items() if not r["within"]]
+            total += s["checked"]
+    lines += ["", "## Verdict", ""]
+    if not misses:
+        lines.append(f"Every one of the {total} predictions is within {TOLERANCE:.0%}.")
+    else:
+        lines += [f"**{len(misses)} of {total} predictions miss the {TOLERANCE:.0%} bar.**", "", *misses]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    drawn = panels(len(result), height=4.5)
+    if drawn is None:
+        return
+    fig, axes = drawn
+    for ax, (name, settings) in zip(axes, result.items()):
+        rows = [(f"{setting} {label}", r["error"]) for setting, s in settings.items() for label, r in
+                s.get("rows", {}).items()]  # fmt: skip
+        ax.barh([n for n, _ in rows], [100 * e for _, e in rows],
+                color=["tab:blue" if abs(e) <= TOLERANCE else "tab:red" for _, e in rows])  # fmt: skip
+        ax.axvline(0, color="grey", lw=0.5)
+        for x in (-100 * TOLERANCE, 100 * TOLERANCE):  # the bar
+            ax.axvline(x, color="grey", lw=0.7, ls=":")
+        ax.invert_yaxis()
+        ax.set(title=name, xlabel="time per update: predicted vs measured (%)")
+    save_figure(fig, path)
+
+
+# the command -------------------------------------------------------------------------------------
+
+
+def read_tables(out: Path, names: list[str], parser) -> dict[str, dict]:
+    tables = {}
+    for name in names:
+        try:
+            tables[name] = json.loads((out / f"{name}.json").read_text())
+        except (OSError, ValueError) as e:
+            parser.error(f"--speed {name}: cannot read {out / name}.json ({e})")
+        if not isinstance(tables[name], dict) or not isinstance(tables[name].get("settings"), dict):
+            parser.error(f"--speed {name}: {out / name}.json is not a speed table (no settings); see benchmarks.speed")
+    return tables
+
+
+def probes_for(out: Path, settings: dict, wanted: list[str], params: float, probe_now: bool, command: str) -> dict:
+    """The probes: measured now (probe_now) and merged into the cache, or read from it; checked against the plans."""
+    path = out / PROBES
+    cached = json.loads(path.read_text()) if path.exists() else {"settings": {}}
+    if probe_now:
+        fresh = probe({s: settings[s][0] for s in wanted}, params, out)
+        meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command}
+        cached = {"meta": meta, "settings": {**cached["settings"], **fresh["settings"]},
+                  "adamw_elements_per_s": fresh["adamw_elements_per_s"]}  # fmt: skip
+        path.write_text(json.dumps(cached, indent=1))
+    missing = [s for s in wanted if s not in cached["settings"]]
+    if missing or "adamw_elements_per_s" not in cached:
+        raise UserError(f"{path} has no probe of {', '.join(missing) or 'the optimizer'}: run with --probe (root, "
+                        "a quiet machine)")  # fmt: skip
+    for s in wanted:
+        if "ring_reduce_scatter_s" not in cached["settings"][s]["collectives"]:
+            raise UserError(f"{path}: setting {s}'s probe has no times of torchacco's rings: run with --probe")
+        if cached["settings"][s]["plan"] != settings[s][0].describe():
+            raise UserError(f"setting {s} was probed as '{cached['settings'][s]['plan']}' but is now "
+                            f"'{settings[s][0].describe()}': run with --probe")  # fmt: skip
+    return cached
+
+
+def command(argv: list[str] | None) -> str:
+    return "python -m benchmarks.cost_model_check " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cost_model_check", description=__doc__)
+    parser.add_argument("--speed", required=True, help="comma-separated speed table names (benchmarks.speed --name)")
+    parser.add_argument("--probe", action="store_true", help=f"measure the collectives and AdamW anew into {PROBES}")
+    parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--name", default="cost_model_check")
+    args = parser.parse_args(argv)
+    out = ROOT / args.out
+    tables = read_tables(out, [n for n in args.speed.split(",") if n], parser)
+    if not tables:
+        parser.error("--speed names no table")
+    try:
+        inputs = calibration(out)
+        settings = plans(out)
+    except (OSError, KeyError, ValueError) as e:
+        parser.error(f"cannot read the time-to-loss calibration in {out / 'time_to_loss.json'} ({e})")
+    wanted = sorted({s for t in tables.values() for s in t["settings"] if s in settings})
+    try:
+        cached = probes_for(out, settings, wanted, inputs["params"], args.probe, command(argv))
+    except UserError as e:
+        parser.error(str(e))
+    inputs["adamw_elements_per_s"] = cached["adamw_elements_per_s"]
+    result = check(tables, settings, cached["settings"], inputs, out / "runs" / "speed")
+    probed = cached.get("meta", {})
+    meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command(argv),
+            "probes": f"{PROBES}, {probed.get('date', '?')}, {probed.get('machine', '?')}",
+            "inputs": inputs}  # fmt: skip
+    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "tables": result}, indent=1))
+    (out / f"{args.name}.md").write_text(markdown(result, meta))
+    plot(result, out / f"{args.name}.png")
+    print(markdown(result, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The cost model's check against the cluster's speed tables: what it feeds the model (the labels' DiLoCo settings,
+each rank's cores, the probed factors) and the error arithmetic, on fake tables and probes (no cluster)."""
+
+import dataclasses
+import json
+
+import pytest
+
+from benchmarks import cost_model_check as check
+from benchmarks.cluster import ClusterPlan
+from benchmarks.speed import STRATEGIES, plans
+from torchacco import cost_model as cm
+
+
+def test_a_diloco_label_gives_predict_diloco_its_trainer_arguments_last_one_winning():
+    args = ["--parallelism.data_parallel", "zero1", "--parallelism.replicas", "2", "--diloco.sync_every", "50",
+            "--diloco.fragments", "2", "--diloco.overlap_steps", "1", "--diloco.outer_dtype", "bf16",
+            "--diloco.sync_every", "10"]  # fmt: skip
+    assert check.diloco_settings(check.trainer_config(args)) == {
+        "inner": "zero1", "replicas": 2, "sync_every": 10, "fragments": 2, "overlap_steps": 1, "outer_dtype": "bf16",
+        "balance_replicas": False,
+    }  # fmt: skip
+    # the speed labels' own arguments: defaults where a label says nothing, mixed replicas flagged
+    plain = check.diloco_settings(check.trainer_config(STRATEGIES["diloco_h10_avg"]))
+    assert (plain["inner"], plain["sync_every"], plain["fragments"], plain["outer_dtype"]) == ("ddp", 10, 1, "fp32")
+    assert check.diloco_settings(check.trainer_config(STRATEGIES["streaming_h10_avg_acco"]))["inner"] == "acco"
+    assert check.diloco_settings(check.trainer_config(STRATEGIES["diloco_h50_balanced"]))["balance_replicas"]
+    assert check.diloco_settings(check.trainer_config(STRATEGIES["ddp"])) is None
+
+
+def test_a_rank_gets_its_nodes_quota_and_its_share_of_the_machine_but_at_most_one_core():
+    quota = ClusterPlan(nodes=4, cpu_per_node=0.45, slow_node=3, slow_factor=4.0)
+    assert check.cores_per_rank(quota, cores=2) == [0.45, 0.45, 0.45, 0.1125]
+    assert check.cores_per_rank(ClusterPlan(nodes=2, ranks_per_node=2), cores=2) == [0.5, 0.5]
+    assert check.cores_per_rank(ClusterPlan(nodes=2), cores=16) == [1, 1]
+
+
+def _collectives(bytes_, rs, ag, ar, ring_rs, ring_ag):
+    return {"bytes": bytes_, "reduce_scatter_s": rs, "all_gather_s": ag, "all_reduce_s": ar,
+            "ring_reduce_scatter_s": ring_rs, "ring_all_gather_s": ring_ag}  # fmt: skip
+
+
+def test_a_setting_is_predicted_from_the_probes_and_each_error_is_judged_against_15_percent():
+    plan = ClusterPlan(nodes=2, rate_bps=8e6)
+    # ring ideal of 4 MB between 2 nodes at 8 Mbit/s: 1/2 · 8 · 4e6 / 8e6 = 2 s
+    probed = {"collectives": _collectives(4e6, rs=4.0, ag=3.0, ar=6.0, ring_rs=2.2, ring_ag=2.4)}
+    inputs = {"seconds_per_token": 1e-4, "params": 1e6, "adamw_elements_per_s": 1e7, "cores": 2}
+    work = cm.Workload(params=1e6, flops_per_token=1.0, tokens_per_micro_batch=4 * 128, micro_batches=2, comm_bytes=4)
+    hw = cm.Hardware(nodes=2, flops=1.0, bandwidth_bps=8e6, compute_s=1e-4 * 512, opt_rate=1e7, rs_factor=2.0,
+                     ag_factor=1.5, ar_factor=1.5)  # fmt: skip
+    ddp = cm.predict(work, hw, "ddp")["step_time_s"]
+    # ZeRO-1's job runs torchacco's rings, not gloo's reduce-scatter and all-gather
+    zero1 = cm.predict(work, dataclasses.replace(hw, rs_factor=1.1, ag_factor=1.2), "zero1")["step_time_s"]
+    table = {"ddp": {"mean": ddp / 0.8}, "zero1": {"mean": zero1 / 1.1}, "diloco_h50_balanced": {"mean": 1.0},
+             "mystery": {"mean": 1.0}}  # fmt: skip
+    result = check.check_setting(table, plan, [], probed, inputs)
+    assert result["factors"]["gloo"] == {"rs_factor": 2.0, "ag_factor": 1.5, "ar_factor": 1.5}
+    assert result["factors"]["rings"] == {"rs_factor": 1.1, "ag_factor": 1.2, "ar_factor": 1.5}
+    rows = result["rows"]
+    assert rows["ddp"]["predicted_s"] == pytest.approx(ddp)
+    assert rows["ddp"]["error"] == pytest.approx(-0.2) and not rows["ddp"]["within"]
+    assert rows["zero1"]["error"] == pytest.approx(0.1) and rows["zero1"]["within"]
+    assert (result["mean_abs_error"], result["within"], result["checked"]) == (pytest.approx(0.15), 1, 2)
+    assert set(result["skipped"]) == {"diloco_h50_balanced", "mystery"}
+    assert "mixed replicas" in result["skipped"]["diloco_h50_balanced"]
+
+
+def test_the_measured_compute_comes_only_from_the_runs_that_made_the_table(tmp_path):
+    folder = tmp_path / "a_zero1_0"
+    folder.mkdir()
+    # 20 updates of 0.2 s, a quarter of each after the last micro-batch
+    record = {"tokens_per_update": 2048, "tokens_per_s": 2048 / 0.2, "share_sync": 0.25}
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(record) for _ in range(20)))
+    assert check.measured_compute(tmp_path, "a", "zero1", {"seconds_per_update": [0.2]}) == pytest.approx(0.15)
+    assert check.measured_compute(tmp_path, "a", "zero1", {"seconds_per_update": [0.3]}) is None  # overwritten
+    assert check.measured_compute(tmp_path, "b", "zero1", {"seconds_per_update": [0.2]}) is None  # gone
+
+
+def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys):
+    calibration = {"compute_per_update_s": 0.05, "params": 600_000, "balance_bps": 3e8}
+    (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": calibration}))
+    plan = plans(tmp_path)["a"][0]
+    ideal = 0.5 * 8 * 2.4e6 / plan.rate_bps
+    collectives = _collectives(2.4e6, ideal, ideal, ideal, ideal, ideal)
+    probes = {"settings": {"a": {"plan": plan.describe(), "collectives": collectives}}, "adamw_elements_per_s": 1e8}
+    (tmp_path / "cost_model_probes.json").write_text(json.dumps(probes))
+    table = {"meta": {"machine": "2-core test"},
+             "settings": {"a": {"plan": plan.describe(), "strategies": {"ddp": {"mean": 0.5}}}}}  # fmt: skip
+    (tmp_path / "spd.json").write_text(json.dumps(table))
+    assert check.main(["--speed", "spd", "--out", str(tmp_path), "--name", "cmc"]) == 0
+    row = json.loads((tmp_path / "cmc.json").read_text())["tables"]["spd"]["a"]["rows"]["ddp"]
+    assert row["error"] == pytest.approx(row["predicted_s"] / 0.5 - 1) and not row["within"]
+    assert "**1 of 1 predictions miss the 15% bar.**" in (tmp_path / "cmc.md").read_text()
+    # a probe of another plan is refused with one line
+    probes["settings"]["a"]["plan"] = "2 nodes at another rate"
+    (tmp_path / "cost_model_probes.json").write_text(json.dumps(probes))
+    with pytest.raises(SystemExit):
+        check.main(["--speed", "spd", "--out", str(tmp_path), "--name", "cmc"])
+    assert "setting a was probed as '2 nodes at another rate'" in capsys.readouterr().err
