@@ -6,8 +6,9 @@ tokens it needs for DDP's final validation loss (same seed) as a multiple of DDP
 Reads bench_results/<--tokens>.json, written by `benchmarks/token_efficiency.py --budgets ...` (one learning rate
 and one run length, the same in every file), and writes torchacco/token_efficiency.json, shipped with the package,
 with the measurements' date, machine, recipe and commands. DDP is the reference (1 by definition) and has no entry.
-A variant left out: one with a seed whose ratio is missing (no budget reached the target), or only a bound (a seed
-reached it at the smallest budget). A DiLoCo variant carries its resolved outer-step settings, so that the cost
+A variant no seed of which reached the target at any budget is recorded as not reaching it within the largest
+budget (the cost model never advises it). A variant left out: one with some seeds that reached the target and some
+that did not, or only a bound (a seed reached it at the smallest budget). A DiLoCo variant carries its resolved outer-step settings, so that the cost
 model matches it only to a cluster with the same ones.
 """
 
@@ -62,9 +63,15 @@ def diloco_settings(cfg) -> dict | None:
 def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
     """The measured variants of one result file, as the table's entries; says which it leaves out and why."""
     ratios, bounds = token_ratios(rows)
-    for label in sorted(set(rows) - set(ratios)):
-        print(f"[efficiency-table] {name}: {label} left out (a seed never reached DDP's loss)", file=sys.stderr)
     out = {}
+    for label in sorted(set(rows) - set(ratios)):
+        row = rows[label]
+        if row.get("budgets") and not any(r is not None for r in row.get("tokens_to_target_ratio", [])):
+            out[label] = {"not_reached_within": max(int(n) for n in row["budgets"]) / updates,
+                          "gap_pct": round(row["mean_gap_pct"], 2), "seeds": len(row["val_loss"]),
+                          "source": f"bench_results/{name}.md"}  # fmt: skip
+        else:
+            print(f"[efficiency-table] {name}: {label} left out (a seed never reached DDP's loss)", file=sys.stderr)
     for label, values in ratios.items():
         if label == DDP:
             continue

@@ -133,12 +133,17 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
     result("diloco", {"ddp": ddp, "streaming_h10_avg": {"tokens_to_target_ratio": [1.2, 1.3]}})
     result("sync", {"ddp": ddp, "acco": {"tokens_to_target_ratio": [1.01, 1.03]},
                     "dpu": {"tokens_to_target_ratio": [1.0, 1.2], "ratio_is_upper_bound": [True, False]},
-                    "wp": {"tokens_to_target_ratio": [1.1, None]}})  # fmt: skip
+                    "wp": {"tokens_to_target_ratio": [1.1, None]},
+                    "acco_w0": {"val_loss": [4.4, 4.3], "mean_gap_pct": 10.0, "tokens_to_target_ratio": [None, None],
+                                "budgets": {"1000": [4.4, 4.3], "1250": [4.2, 4.1]}}})  # fmt: skip
     to = tmp_path / "table.json"
     args = ["--tokens", "diloco", "--tokens", "sync", "--out", str(tmp_path), "--to", str(to)]
     assert efficiency_table.main(args) == 0
     table = json.loads(to.read_text())
-    assert set(table["tokens_to_target"]) == {"streaming_h10_avg", "acco"}  # dpu only a bound, wp a seed short
+    # dpu only a bound, wp a seed short; acco_w0 reached it in no seed: recorded as such
+    assert set(table["tokens_to_target"]) == {"streaming_h10_avg", "acco", "acco_w0"}
+    assert table["tokens_to_target"]["acco_w0"] == {"not_reached_within": 1.25, "gap_pct": 10.0, "seeds": 2,
+                                                    "source": "bench_results/sync.md"}  # fmt: skip
     assert "dpu left out (only a bound)" in capsys.readouterr().err
     acco = table["tokens_to_target"]["acco"]
     assert acco["mean"] == pytest.approx(1.02) and acco["seeds"] == 2 and acco["source"] == "bench_results/sync.md"
@@ -150,5 +155,5 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
     assert "lr 0.003, 1,000 updates" in table["model"] and table["date"] == "2026-11-24"
     assert table["commands"][:2] == ["token_efficiency diloco", "token_efficiency sync"]
     assert cm.tokens_ratio("acco_balanced", table) == pytest.approx(1.02) and cm.tokens_ratio("wp", table) is None
-    with pytest.raises(SystemExit, match="acco is measured in bench_results/sync.md and sync"):
+    with pytest.raises(SystemExit, match="is measured in bench_results/sync.md and sync"):
         efficiency_table.main([*args, "--tokens", "sync"])

@@ -47,7 +47,8 @@ the strategy's measured ratio in `torchacco/token_efficiency.json` (written by `
 DDP's final validation loss, as a multiple of DDP's. A strategy without an entry of its own takes that of the one
 whose update it computes in another floating-point order (its `update_of`; a balanced mode its plain strategy's);
 DDP is 1 by definition; a DiLoCo row takes an entry only with the same replicas, inner update and outer step.
-Where no measurement covers a strategy its time to loss is not measured (None). The ratios were measured on a
+Where no measurement covers a strategy its time to loss is not measured (None); an entry can also say that the
+strategy did not reach DDP's loss within a multiple of DDP's tokens (`not_reached_within`), and it is never advised. The ratios were measured on a
 small model over a thousand updates: at another scale they are an extrapolation, which `predict` states. This is a
 bandwidth/latency model: it ignores CPU contention between the communication thread and compute, congestion, and
 kernels' own time.
@@ -335,7 +336,13 @@ def measured_entry(source: str, table: dict | None = None) -> dict:
 def tokens_ratio(label: str, table: dict | None = None) -> float | None:
     """Tokens to DDP's final loss as a multiple of DDP's for a modelled strategy (None: not measured)."""
     source = token_source(label, table)
-    return None if source is None else measured_entry(source, table)["mean"]
+    return None if source is None else measured_entry(source, table).get("mean")
+
+
+def not_reached_note(source: str | None, table: dict | None = None) -> str | None:
+    """For an entry that never reached DDP's loss: what the time-to-loss cell says instead of a time."""
+    within = None if source is None else measured_entry(source, table).get("not_reached_within")
+    return None if within is None else f"not reached in {within:g}× the tokens"
 
 
 def time_to_loss(preds: dict[str, dict], target_tokens: float, ratios: dict[str, float | None]) -> dict:
@@ -414,7 +421,11 @@ def relative_error(predicted: float, measured: float) -> float:
 
 
 def format_table(
-    preds: dict[str, dict], memory: dict[str, float] | None = None, ttl: dict | None = None, fits: dict | None = None
+    preds: dict[str, dict],
+    memory: dict[str, float] | None = None,
+    ttl: dict | None = None,
+    fits: dict | None = None,
+    notes: dict[str, str | None] | None = None,
 ) -> str:
     """Markdown: per strategy the time per update, tokens/s, exposed communication, and (when given)
     memory per rank and time to the target loss relative to the soonest measured strategy that fits (`fits`:
@@ -436,16 +447,17 @@ def format_table(
             f"{p['exposed_comm_s']:.4g} | {p['overlap']:.0%} |"
         )
         if ttl:
-            row += f" {_time_versus(ttl[name], soonest, not fits or fits[name])} |"
+            note = (notes or {}).get(name) or "not measured"
+            row += f" {_time_versus(ttl[name], soonest, not fits or fits[name], note)} |"
         if memory:
             row += f" {memory[name] / 2**30:.1f} |"
         rows.append(row)
     return "\n".join(rows) + "\n"
 
 
-def _time_versus(seconds: float | None, soonest: float | None, fits: bool) -> str:
-    """The time-to-loss cells: seconds and the ratio to the soonest, 'not measured', or 'does not fit'."""
+def _time_versus(seconds: float | None, soonest: float | None, fits: bool, note: str = "not measured") -> str:
+    """The time-to-loss cells: seconds and the ratio to the soonest, or `note` (no time), or 'does not fit'."""
     if seconds is None:
-        return "not measured | —" if fits else "not measured | does not fit"
+        return f"{note} | —" if fits else f"{note} | does not fit"
     versus = (f"{seconds / soonest:.2f}×" if soonest else "—") if fits else "does not fit"
     return f"{seconds:,.0f} | {versus}"

@@ -119,7 +119,8 @@ def predict(args) -> dict:
     from torchacco.parallel.zero1 import ZeRO1
 
     preds, mem, sources = rows(args, work, hw)
-    ratios = {s: None if src is None else cm.measured_entry(src)["mean"] for s, src in sources.items()}
+    ratios = {s: None if src is None else cm.measured_entry(src).get("mean") for s, src in sources.items()}
+    notes = {s: cm.not_reached_note(src) for s, src in sources.items()}
     recipe = preds[DDP.name]["tokens_per_update"]
     ttl = cm.time_to_loss(preds, args.updates_to_target * recipe, ratios)
     capacity = (args.memory_gib or cm.DEVICES[args.device]["memory_gib"]) * 2**30
@@ -138,14 +139,14 @@ def predict(args) -> dict:
             f"no strategy fits {capacity / 2**30:.0f} GiB per GPU with {work.activation_bytes / 2**30:.1f} GiB of "
             "activations per micro-batch; use more GPUs, --activation-checkpoint full, or a smaller --local-batch"
         )
-    print(cm.format_table(preds, mem, ttl, fits))
+    print(cm.format_table(preds, mem, ttl, fits, notes))
     print(
         f"Soonest to the loss, of those that fit in {capacity / 2**30:.0f} GiB per GPU (persistent state and "
         f"{work.activation_bytes / 2**30:.1f} GiB of activations) and whose loss per token is measured: "
         f"{verdict(preds, ttl, fits)}. ACCO costs {(mem[ACCO.name] - mem[ZeRO1.name]) / 2**30:.1f} GiB more per GPU "
         "than ZeRO-1 (its job's buffer: one fp32 parameter copy, as it sums bf16 gradients in fp32)."
     )
-    unmeasured = left_out(preds, ttl, fits)
+    unmeasured = left_out(preds, ttl, fits, notes)
     if unmeasured:
         print(unmeasured)
     print(assumptions(args, recipe, sources))
@@ -172,15 +173,17 @@ def verdict(preds: dict, ttl: dict, fits: dict) -> str:
     return f"{soonest}, {ttl[baseline] / ttl[soonest]:.2f}× sooner than the best synchronous baseline, {baseline}"
 
 
-def left_out(preds: dict, ttl: dict, fits: dict) -> str:
-    """One line naming the rows that fit and process tokens faster than the verdict's, but whose loss per token is
-    not measured, so that no time to loss is claimed for them ('' when there are none)."""
+def left_out(preds: dict, ttl: dict, fits: dict, notes: dict | None = None) -> str:
+    """One line naming the rows that fit and process tokens faster than the verdict's but have no time to loss:
+    their loss per token is not measured, or was measured not to reach DDP's ('' when there are none)."""
     advisable = _advisable(ttl, fits)
     pace = preds[min(advisable, key=ttl.get)]["tokens_per_s"] if advisable else 0.0
     faster = [s for s in preds if fits[s] and ttl[s] is None and preds[s]["tokens_per_s"] > pace]
-    if not faster:
-        return ""
-    return f"Left out of that choice, faster in tokens/s but with no measured loss per token: {', '.join(faster)}."
+    unreached = [s for s in faster if (notes or {}).get(s)]
+    unmeasured = [s for s in faster if s not in unreached]
+    parts = [f"with no measured loss per token: {', '.join(unmeasured)}"] if unmeasured else []
+    parts += [f"{s}, measured: {notes[s]} DDP needs" for s in unreached]
+    return f"Left out of that choice, faster in tokens/s: {'; '.join(parts)}." if parts else ""
 
 
 def assumptions(args, recipe: float, sources: dict[str, str | None]) -> str:
@@ -208,6 +211,11 @@ def _ratio(source: str) -> str:
     entry = cm.measured_entry(source)
     if entry["seeds"] is None:
         return f"1 (the reference, {source})"
+    if "not_reached_within" in entry:
+        return (
+            f"not reached within {entry['not_reached_within']:g}× (in {entry['seeds']} of {entry['seeds']} seeds; "
+            f"{entry['gap_pct']:+.1f}% at equal tokens, {source} in {entry['source']})"
+        )
     return (
         f"{entry['mean']:.3f} ± {entry['ci95']:.3f} (95% interval over {entry['seeds']} seeds, {source} in "
         f"{entry['source']})"
