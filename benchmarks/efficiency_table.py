@@ -1,15 +1,15 @@
 """The token-efficiency table `python -m torchacco.predict` reads its time to target from: per measured variant, the
 tokens it needs for DDP's final validation loss (same seed) as a multiple of DDP's.
 
-    .venv/bin/python -m benchmarks.efficiency_table --tokens diloco_budgets_lr3e-3 --tokens token_budgets_lr3e-3
+    .venv/bin/python -m benchmarks.efficiency_table --tokens diloco_budgets_lr3e-3 --tokens acco_budgets_lr3e-3
 
 Reads bench_results/<--tokens>.json, written by `benchmarks/token_efficiency.py --budgets ...` (one learning rate
 and one run length, the same in every file), and writes torchacco/token_efficiency.json, shipped with the package,
 with the measurements' date, machine, recipe and commands. DDP is the reference (1 by definition) and has no entry.
-A variant no seed of which reached the target at any budget is recorded as not reaching it within the largest
-budget (the cost model never advises it). A variant left out: one with some seeds that reached the target and some
-that did not, or only a bound (a seed reached it at the smallest budget). A DiLoCo variant carries its resolved outer-step settings, so that the cost
-model matches it only to a cluster with the same ones.
+A variant no seed of which reached the target at any budget is recorded as not reaching it within the largest budget
+(the cost model never advises it). A variant left out: one with some seeds that reached the target and some that did
+not, or only a bound (a seed reached it at the smallest budget). A DiLoCo variant carries its resolved outer-step
+settings, so that the cost model matches it only to a cluster with the same ones.
 """
 
 from __future__ import annotations

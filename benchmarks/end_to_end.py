@@ -4,13 +4,15 @@
     .venv/bin/python -m benchmarks.end_to_end --pairs a:ddp,a:streaming_h10_avg,b:ddp,b:streaming_h10_avg \\
         --seeds 0 --tokens diloco_budgets_lr3e-3 --speed speed_streaming
 
-Each (setting, strategy, seed) trains the token-efficiency recipe (lr and budgets of the --tokens table) on the
-cluster: DDP its base budget, any other strategy the table's budgets in turn until one reaches DDP's final loss of
-the same seed. Its measured time to target is the training time (every update, warm-up included; evaluation and
-logging left out, as the speed runs leave them out) interpolated between the two runs that bracket the target,
-the same way the tokens are. The prediction is the tokens table's ratio for the seed × DDP's updates × the speed
-table's seconds per update. The final losses are also set against the loopback runs': a deterministic schedule
-computes the same numbers over any link.
+Each (setting, strategy, seed) trains the token-efficiency recipe (the lr and budgets of the --tokens table) on
+the cluster: DDP, and the baselines that compute its update (zero1, fsdp, hsdp; balanced or not), their base
+budget; a strategy of the table its budgets in turn, from the last that misses DDP's final loss of the same seed
+on loopback, until one reaches it; a strategy without a token side (a timing-dependent schedule) --budgets. Its
+measured time to target is the training time (every update, warm-up included; evaluation and logging left out, as
+the speed runs leave them out) interpolated between the two runs that bracket the target, the same way the tokens
+are. The prediction is the tokens table's ratio for the seed × DDP's updates × the speed table's seconds per
+update. The final losses are also set against the loopback runs': a deterministic schedule computes the same
+numbers over any link.
 Needs root and a quiet machine. Writes bench_results/<--name>.{json,md,png}.
 """
 
@@ -53,21 +55,29 @@ def measured_time_to_target(target: float, runs: dict[int, dict]) -> tuple[float
     return r0["seconds"] + (r1["seconds"] - r0["seconds"]) * (needed - n0) / (n1 - n0), needed
 
 
-def train_on_cluster(setting: str, name: str, seed: int, updates: int, lr: float, out: Path) -> dict:
+def train_on_cluster(
+    setting: str, name: str, seed: int, updates: int, lr: float, out: Path, fresh: bool = False
+) -> dict:
+    """One whole run (its summary is kept in its folder and reused unless `fresh`)."""
     plan, extra = plans(out)[setting]
     folder = out / "runs" / "end_to_end" / f"{setting}_{name}_u{updates}_s{seed}"
+    kept = folder / "end_to_end.json"
+    if kept.exists() and not fresh:
+        return json.loads(kept.read_text())
     args = [*recipe(updates, lr, seed), *QUIET, *STRATEGIES[name], *extra]
     run = run_training(plan, args, folder, timeout_s=3600)
     records = run["records"]
     print(f"[end_to_end] {setting} {name} {updates} updates seed {seed}: loss {records[-1]['val_loss']:.4f}, "
           f"{training_seconds(records):.1f} s training, {run['wall_s']:.1f} s wall", flush=True)  # fmt: skip
-    return {"loss": records[-1]["val_loss"], "seconds": training_seconds(records), "wall_s": run["wall_s"],
-            "updates": records[-1]["step"]}  # fmt: skip
+    summary = {"loss": records[-1]["val_loss"], "seconds": training_seconds(records), "wall_s": run["wall_s"],
+               "updates": records[-1]["step"]}  # fmt: skip
+    kept.write_text(json.dumps(summary))
+    return summary
 
 
 def validate(
     setting: str, name: str, seed: int, tokens: dict, speed: dict, base: int, lr: float, out: Path,
-    budgets: list[int] = (),
+    budgets: list[int] = (), fresh: bool = False,
 ) -> dict:  # fmt: skip
     """One (setting, strategy, seed): its cluster runs, measured and predicted time to target, and how many times
     sooner than each synchronous baseline (all compute DDP's update: DDP's tokens × their measured speed). A
@@ -76,20 +86,22 @@ def validate(
     rows = tokens["summary"][f"{lr:g}"]
     target = rows[DDP]["val_loss"][seeds.index(seed)]
     ratio, finals = None, {}
-    if name == DDP:
+    if name.removesuffix("_balanced") in BASELINES:  # DDP's update, in another floating-point order
         budgets, ratio, finals = [base], 1.0, {str(base): rows[DDP]["val_loss"]}
     elif name in rows:
         budgets = sorted(int(n) for n in rows[name]["budgets"])
         ratio, finals = rows[name]["tokens_to_target_ratio"][seeds.index(seed)], rows[name]["budgets"]
     loopback = {int(n): vals[seeds.index(seed)] for n, vals in finals.items()}
     # From the largest budget whose loopback run misses the target (the same numbers on the cluster), upwards
-    start = max((n for n in budgets if loopback.get(n, float("inf")) > target), default=budgets[0])
+    start = max((n for n in budgets if n in loopback and loopback[n] > target), default=budgets[0])
     runs = {}
     for updates in (n for n in budgets if n >= start):
-        runs[updates] = train_on_cluster(setting, name, seed, updates, lr, out)
+        runs[updates] = train_on_cluster(setting, name, seed, updates, lr, out, fresh)
         if runs[updates]["loss"] <= target:
             break
     seconds, needed = measured_time_to_target(target, runs)
+    if ratio == 1.0:  # DDP's update needs DDP's tokens by definition; its loss differs only by floating-point order
+        seconds, needed = runs[base]["seconds"], float(base)
     measured_speed = speed["settings"][setting]["strategies"]
     per_update = measured_speed.get(name, {}).get("mean")
     predicted = None if ratio is None or per_update is None else ratio * base * per_update
@@ -116,6 +128,18 @@ def sooner(against: dict[str, float]) -> str:
     return text + (f"; {against[best_plain]:.2f}× ({best_plain})" if best_plain and best_plain != best else "")
 
 
+def against_runs(results: list[dict]) -> None:
+    """Each row's times sooner than the whole runs of the baselines in the same setting and seed."""
+    for r in results:
+        same = [x for x in results if (x["setting"], x["seed"]) == (r["setting"], r["seed"]) and x["measured_s"]]
+        runs = {x["strategy"]: x["measured_s"] for x in same if x["strategy"].removesuffix("_balanced") in BASELINES}
+        r["sooner_than_runs"] = {b: t / r["measured_s"] for b, t in runs.items()} if r["measured_s"] else {}
+
+
+def runs_sooner(r: dict) -> str:
+    return ", ".join(f"{x:.2f}× ({b})" for b, x in r.get("sooner_than_runs", {}).items()) or "—"
+
+
 def markdown(results: list[dict], meta: dict) -> str:
     lines = [
         "# Time to target, predicted from its two parts against whole runs on the emulated cluster",
@@ -131,9 +155,9 @@ def markdown(results: list[dict], meta: dict) -> str:
         "(same seed and budget).",
         "",
         "| setting | strategy | seed | updates to target, measured / predicted | time to target, measured (s) "
-        "| predicted (s) | error | met | × sooner than the best baseline; the best unbalanced one | loss vs loopback "
-        "| wall s per run |",
-        "|---|---|---:|---:|---:|---:|---:|---|---|---|---|",
+        "| predicted (s) | error | met | × sooner than the baseline's whole run | × sooner than the baselines' "
+        "time from their speed (the best; the best unbalanced) | loss vs loopback | wall s per run |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|---|---|---|",
     ]
     for r in results:
         fmt = lambda x, f: "—" if x is None else format(x, f)  # noqa: E731
@@ -143,7 +167,8 @@ def markdown(results: list[dict], meta: dict) -> str:
         lines.append(
             f"| {r['setting']} | {r['strategy']} | {r['seed']} | {fmt(r['measured_updates'], '.0f')} / "
             f"{fmt(r['predicted_updates'], '.0f')} | {fmt(r['measured_s'], '.1f')} | {fmt(r['predicted_s'], '.1f')} "
-            f"| {fmt(r['error'], '+.1%')} | {met} | {sooner(r['sooner_than'])} | {drift or '—'} | {walls} |"
+            f"| {fmt(r['error'], '+.1%')} | {met} | {runs_sooner(r)} | {sooner(r['sooner_than'])} | {drift or '—'} "
+            f"| {walls} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -173,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         default="1.25,1.5",
         help="multiples of the table's updates that a strategy without a token side runs (a timing-dependent one)",
     )
+    parser.add_argument("--fresh", action="store_true", help="rerun runs whose results are kept")
     parser.add_argument("--out", default="bench_results")
     parser.add_argument("--name", default="end_to_end")
     args = parser.parse_args(argv)
@@ -197,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         parser.error(f"--seeds {missing} are not in {args.tokens}")
     budgets = sorted(round(m * base) for m in multiples)
-    results = [validate(s, n, seed, tokens, speed, base, lr, out, budgets) for seed in seeds for s, n in pairs]
+    results = [
+        validate(s, n, seed, tokens, speed, base, lr, out, budgets, args.fresh) for seed in seeds for s, n in pairs
+    ]
+    against_runs(results)
     command = "python -m benchmarks.end_to_end " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "tokens": args.tokens,
             "speed": args.speed, "lr": f"{lr:g}", "command": command,

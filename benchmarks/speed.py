@@ -82,8 +82,9 @@ def plans(out: Path) -> dict[str, tuple[ClusterPlan, list[str]]]:
     return {
         "a": (ClusterPlan(nodes=2, rate_bps=balance), []),
         "b": (ClusterPlan(nodes=2, rate_bps=balance / 3), []),
+        # micro-batches of one sequence; 8 evaluation batches per rank read the recipe's 32 validation windows
         "c": (ClusterPlan(nodes=4, rate_bps=1e9, slow_node=3, slow_factor=4.0, cpu_per_node=0.45),
-              ["--training.local_batch_size", "1"]),
+              ["--training.local_batch_size", "1", "--eval.batches", "8"]),
         # (a) and (b) with 2 ranks per node: the inner strategy's traffic stays on the node, the outer sync
         # crosses the shaped link; micro-batches of 2 so that ACCO's two periods fit 16 sequences on 4 ranks
         "a2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance), ["--training.local_batch_size", "2"]),

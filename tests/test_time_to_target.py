@@ -104,7 +104,7 @@ def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_
     speed = {"settings": {"b": {"strategies": {"streaming": {"mean": 0.01}, "ddp": {"mean": 0.03}}}}}
     ran = []
 
-    def fake_run(setting, name, seed, updates, lr, out):  # the loopback losses; 0.011 s per update
+    def fake_run(setting, name, seed, updates, lr, out, fresh=False):  # the loopback losses; 0.011 s per update
         ran.append(updates)
         loss = tokens["summary"]["0.003"][name]["budgets"][str(updates)][seed]
         return {"loss": loss, "seconds": 0.011 * updates, "wall_s": 0.0, "updates": updates}
@@ -119,6 +119,13 @@ def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_
     assert row["error"] == pytest.approx(1.2857 * 10 / (0.011 * needed) - 1)
     assert row["loss_vs_loopback"] == {1250: 0.0, 1500: 0.0}
     assert end_to_end.training_seconds([{"tokens_per_update": 2048, "tokens_per_s": 1024}] * 3) == pytest.approx(6)
+    # against the baseline's whole run in the same setting and seed, where one ran
+    ddp = {"setting": "b", "strategy": "ddp", "seed": 0, "measured_s": 30.0}
+    rows = [ddp, row, {**ddp, "seed": 1}]
+    end_to_end.against_runs(rows)
+    assert row["sooner_than_runs"] == {"ddp": pytest.approx(30.0 / row["measured_s"])}
+    meta = {"date": "d", "machine": "m", "tokens": "t", "speed": "s", "lr": "0.003", "command": "c"}
+    assert f"| {30.0 / row['measured_s']:.2f}× (ddp) |" in end_to_end.markdown([row], meta)
 
 
 def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_diloco_runs_settings(tmp_path, capsys):

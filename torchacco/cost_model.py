@@ -41,17 +41,17 @@ over H updates. Fragment f's pseudo-gradient crosses the link once per H updates
 2(N-1)/N · 8D/B, bf16 and int8 are all-gathered, (N-1) · 8D/B; τ inner updates hide it:
   diloco  t_in + F · max(0, T_f − τ·t_in) / H
 
-Time to a target loss = the tokens a strategy needs for it / its tokens per second. The tokens are DDP's times
-the strategy's measured ratio in `torchacco/token_efficiency.json` (written by `benchmarks/efficiency_table.py` from
+Time to a target loss = the tokens a strategy needs for it / its tokens per second. The tokens are DDP's times the
+strategy's measured ratio in `torchacco/token_efficiency.json` (written by `benchmarks/efficiency_table.py` from
 `benchmarks/token_efficiency.py --budgets` runs, with their date, model and machine): the tokens it needed to reach
 DDP's final validation loss, as a multiple of DDP's. A strategy without an entry of its own takes that of the one
-whose update it computes in another floating-point order (its `update_of`; a balanced mode its plain strategy's);
-DDP is 1 by definition; a DiLoCo row takes an entry only with the same replicas, inner update and outer step.
-Where no measurement covers a strategy its time to loss is not measured (None); an entry can also say that the
-strategy did not reach DDP's loss within a multiple of DDP's tokens (`not_reached_within`), and it is never advised. The ratios were measured on a
-small model over a thousand updates: at another scale they are an extrapolation, which `predict` states. This is a
-bandwidth/latency model: it ignores CPU contention between the communication thread and compute, congestion, and
-kernels' own time.
+whose update it computes in another floating-point order (its `update_of`; a balanced mode its plain strategy's); DDP
+is 1 by definition; a DiLoCo row takes an entry only with the same replicas, inner update and outer step. Where no
+measurement covers a strategy its time to loss is not measured (None); an entry can also say that the strategy did not
+reach DDP's loss within a multiple of DDP's tokens (`not_reached_within`), and it is never advised. The ratios were
+measured on a small model over a thousand updates: at another scale they are an extrapolation, which `predict` states.
+This is a bandwidth/latency model: it ignores CPU contention between the communication thread and compute, congestion,
+and kernels' own time.
 """
 
 import dataclasses
