@@ -37,7 +37,7 @@ from pathlib import Path
 from benchmarks.acco_reference import recipe
 from benchmarks.cluster import ClusterPlan, preflight, probe_collectives
 from benchmarks.speed import STRATEGIES, WARMUP, plans, seconds_per_update
-from benchmarks.sweeps.common import panels, save_figure
+from benchmarks.sweeps.common import panels, save_figure, write_report
 from benchmarks.token_efficiency import machine, records
 from torchacco import cost_model as cm
 from torchacco.config import load_config
@@ -467,10 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command(argv),
             "probes": f"{PROBES}, {probed.get('date', '?')}, {probed.get('machine', '?')}",
             "inputs": inputs}  # fmt: skip
-    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "tables": result}, indent=1))
-    (out / f"{args.name}.md").write_text(markdown(result, meta))
-    plot(result, out / f"{args.name}.png")
-    print(markdown(result, meta))
+    data = {"meta": meta, "tables": result}
+    write_report(out, args.name, data, markdown(result, meta), lambda path: plot(result, path))
     return 0
 
 

@@ -29,7 +29,7 @@ from benchmarks.acco_reference import recipe
 from benchmarks.cluster import run_training
 from benchmarks.names import DDP
 from benchmarks.speed import BASELINES, STRATEGIES, plans
-from benchmarks.sweeps.common import panels, save_figure
+from benchmarks.sweeps.common import panels, save_figure, write_report
 from benchmarks.token_efficiency import QUIET, machine, updates_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,10 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             "speed": args.speed, "lr": f"{lr:g}", "command": command,
             "mean_abs_error": statistics.fmean(abs(r["error"]) for r in results if r["error"] is not None)
             if any(r["error"] is not None for r in results) else None}  # fmt: skip
-    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    (out / f"{args.name}.md").write_text(markdown(results, meta))
-    plot(results, out / f"{args.name}.png")
-    print(markdown(results, meta))
+    data = {"meta": meta, "results": results}
+    write_report(out, args.name, data, markdown(results, meta), lambda path: plot(results, path))
     return 0
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from benchmarks.acco_reference import recipe
 from benchmarks.cluster import ClusterPlan, run_training
 from benchmarks.names import ACCO, DDP, FSDP, HSDP, ZERO1
-from benchmarks.sweeps.common import panels, save_figure
+from benchmarks.sweeps.common import panels, save_figure, write_report
 from benchmarks.token_efficiency import QUIET, VARIANTS, machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,10 +144,8 @@ def main(argv=None) -> int:
             row["gap_pct"] = gaps.get(name if name.startswith("diloco") else plain)
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(),
             "command": "python -m benchmarks.speed " + " ".join(argv or sys.argv[1:])}  # fmt: skip
-    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "settings": results}, indent=1))
-    (out / f"{args.name}.md").write_text(markdown(results, meta))
-    plot(results, out / f"{args.name}.png")
-    print(markdown(results, meta))
+    data = {"meta": meta, "settings": results}
+    write_report(out, args.name, data, markdown(results, meta), lambda path: plot(results, path))
     return 0
 
 

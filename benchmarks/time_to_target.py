@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.names import DDP
 from benchmarks.speed import BASELINES
-from benchmarks.sweeps.common import panels, save_figure
+from benchmarks.sweeps.common import panels, save_figure, write_report
 from benchmarks.token_efficiency import machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,10 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.time_to_target " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "tokens": args.tokens,
             "speed": args.speed, "lr": lr, "command": command}  # fmt: skip
-    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "settings": result}, indent=1))
-    (out / f"{args.name}.md").write_text(markdown(result, meta))
-    plot(result, out / f"{args.name}.png")
-    print(markdown(result, meta))
+    data = {"meta": meta, "settings": result}
+    write_report(out, args.name, data, markdown(result, meta), lambda path: plot(result, path))
     return 0
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from benchmarks.acco_reference import recipe
 from benchmarks.names import ACCO, DDP, DPU, WP, ZERO1
-from benchmarks.sweeps.common import panels, save_figure
+from benchmarks.sweeps.common import panels, save_figure, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 # Micro-batches of 2 sequences. Evaluation counts micro-batches, so twice as many keep the validation sequences the
@@ -307,10 +307,8 @@ def main(argv: list[str] | None = None) -> None:
         "command": "python -m benchmarks.token_efficiency " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
-    (out / f"{args.name}.md").write_text(markdown(summary, meta))
-    plot(summary, out / f"{args.name}.png")
-    print(markdown(summary, meta))
+    data = {"meta": meta, "summary": summary}
+    write_report(out, args.name, data, markdown(summary, meta), lambda path: plot(summary, path))
 
 
 if __name__ == "__main__":

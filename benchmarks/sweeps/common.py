@@ -113,6 +113,15 @@ def save_results(out: Path, name: str, data: dict, table: str) -> Path:
     return base
 
 
+def write_report(out: Path, name: str, data: dict, table: str, draw) -> None:
+    """A benchmark's outputs: <name>.json (the data), .md (the table, also printed) and .png (`draw(path)`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1))
+    (out / f"{name}.md").write_text(table)
+    draw(out / f"{name}.png")
+    print(table)
+
+
 def save_figure(fig, path: Path) -> None:
     """Write `fig` as a PNG (`path`'s suffix becomes .png) and free it."""
     import matplotlib.pyplot as plt
