@@ -30,7 +30,8 @@ from benchmarks.cluster import run_training
 from benchmarks.names import DDP
 from benchmarks.speed import BASELINES, STRATEGIES, plans
 from benchmarks.sweeps.common import panels, save_figure, write_report
-from benchmarks.token_efficiency import QUIET, machine, updates_to_target
+from benchmarks.token_efficiency import QUIET, budget_multiples, machine, updates_to_target
+from torchacco.errors import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.10  # the decomposition's target: predicted time to target within 10% of measured
@@ -208,7 +209,6 @@ def main(argv: list[str] | None = None) -> int:
         speed = json.loads((out / f"{args.speed}.json").read_text())
         pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
         seeds = [int(s) for s in args.seeds.split(",")]
-        multiples = [float(b) for b in args.budgets.split(",")]
     except (OSError, json.JSONDecodeError, ValueError) as e:
         parser.error(f"cannot read the inputs: {e}")
     if len(tokens["summary"]) != 1:
@@ -219,13 +219,20 @@ def main(argv: list[str] | None = None) -> int:
         if len(pair) != 2 or pair[0] not in speed["settings"] or pair[1] not in STRATEGIES:
             parser.error(f"--pairs: {':'.join(pair)} is not setting:strategy with a setting {args.speed} measured "
                          f"and a strategy from {', '.join(STRATEGIES)}")  # fmt: skip
+    rows = tokens["summary"][f"{lr:g}"]
+    unbudgeted = [n for _, n in pairs if n in rows and n.removesuffix("_balanced") not in BASELINES and
+                  "budgets" not in rows[n]]  # fmt: skip
+    if unbudgeted:
+        parser.error(f"{args.tokens} has no budgets for {', '.join(unbudgeted)}: rerun benchmarks.token_efficiency "
+                     "with --budgets (e.g. 1,1.25,1.5)")  # fmt: skip
+    multiples = budget_multiples(parser, args.budgets)
     missing = [s for s in seeds if s not in tokens["meta"]["seeds"]]
     if missing:
         parser.error(f"--seeds {missing} are not in {args.tokens}")
     budgets = sorted(round(m * base) for m in multiples)
     results = [
         validate(s, n, seed, tokens, speed, base, lr, out, budgets, args.fresh) for seed in seeds for s, n in pairs
-    ]
+    ]  # a cluster that cannot be built or a run that fails is one line (ClusterError, through run_cli)
     against_runs(results)
     command = "python -m benchmarks.end_to_end " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "tokens": args.tokens,
@@ -238,4 +245,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -141,6 +141,17 @@ def updates_to_target(target: float, finals: dict[int, float]) -> tuple[float | 
     return None, False
 
 
+def budget_multiples(parser: argparse.ArgumentParser, text: str) -> list[float]:
+    """--budgets: comma-separated positive multiples of the base run's updates (one line for anything else)."""
+    try:
+        multiples = [float(x) for x in text.split(",")]
+    except ValueError:
+        parser.error(f"--budgets takes comma-separated multiples of --updates (e.g. 1,1.25,1.5), got {text!r}")
+    if min(multiples) <= 0:
+        parser.error(f"--budgets must be positive multiples of --updates, got {text!r}")
+    return multiples
+
+
 def budget_rows(by_budget: dict, ddp_finals: list[float], updates: int) -> dict:
     """Per seed: the updates this variant needs for DDP's final loss of the same seed, as a share of DDP's."""
     ratios, bounds = [], []
@@ -263,12 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         "cosine; the updates it needs for DDP's final loss are interpolated between them (e.g. 1,1.25,1.5)",
     )
     args = parser.parse_args(argv)
-    try:
-        multiples = [float(x) for x in args.budgets.split(",")]
-    except ValueError:
-        parser.error(f"--budgets takes comma-separated multiples of --updates (e.g. 1,1.25,1.5), got {args.budgets!r}")
-    if min(multiples) <= 0:
-        parser.error(f"--budgets must be positive multiples of --updates, got {args.budgets!r}")
+    multiples = budget_multiples(parser, args.budgets)
     budgets = sorted({round(args.updates * m) for m in multiples} | {args.updates})
     lrs = [float(x) for x in args.lrs.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
