@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 from benchmarks.acco_reference import recipe
-from benchmarks.cluster import ClusterPlan, preflight, probe_collectives
+from benchmarks.cluster import ClusterPlan, preflight, probe_collectives, run_training
+from benchmarks.names import ZERO1
 from benchmarks.speed import STRATEGIES, WARMUP, plans, seconds_per_update
 from benchmarks.sweeps.common import panels, save_figure, write_report
 from benchmarks.token_efficiency import machine, records
@@ -60,10 +61,15 @@ class NotModelled(Exception):
 def calibration(out: Path) -> dict:
     """Seconds per token of one rank on one core, and the model's parameters, from the time-to-loss calibration."""
     calib = json.loads((out / "time_to_loss.json").read_text())["calibration"]
+    return compute_inputs(calib["compute_per_update_s"], calib["params"])
+
+
+def compute_inputs(compute_per_update_s: float, params: float) -> dict:
+    """ZeRO-1's compute per update on CALIBRATION_RANKS one-rank nodes as the model's seconds per token."""
     recipe_cfg = trainer_config([])
     tokens_per_rank = recipe_cfg.training.global_batch_size * recipe_cfg.training.seq_len / CALIBRATION_RANKS
-    return {"seconds_per_token": calib["compute_per_update_s"] / tokens_per_rank, "params": calib["params"],
-            "compute_per_update_s": calib["compute_per_update_s"]}  # fmt: skip
+    return {"seconds_per_token": compute_per_update_s / tokens_per_rank, "params": params,
+            "compute_per_update_s": compute_per_update_s}  # fmt: skip
 
 
 def trainer_config(args: list[str]):
@@ -90,10 +96,22 @@ def adamw_elements_per_s(numel: int, steps: int = 30) -> float:
     return numel / statistics.median(times)
 
 
+def probe_compute(folder: Path, updates: int = 30) -> float:
+    """The calibration measured again: ZeRO-1's data, forward and backward per update (median, past 5 updates)
+    on 2 unshaped one-rank nodes, so that compute and links are measured on the machine as it is today."""
+    train = [*recipe(updates, 1.5e-3, 0), *STRATEGIES[ZERO1], "--training.steps", str(updates), "--eval.every", "0"]
+    records = run_training(ClusterPlan(nodes=CALIBRATION_RANKS, rate_bps=None), train, folder)["records"][5:]
+    if not records:
+        raise UserError(f"the compute probe logged no update past the fifth; see {folder}")
+    return statistics.median(r["tokens_per_update"] / r["tokens_per_s"] * (1 - r["share_sync"]) for r in records)
+
+
 def probe(settings: dict[str, ClusterPlan], params: float, out: Path) -> dict:
-    """The collectives on each setting's cluster, and the optimizer's speed (root; on a quiet machine)."""
+    """The collectives on each setting's cluster, the optimizer's speed and the compute (root; a quiet machine)."""
     quotas = [plan.cores(i) for plan in settings.values() for i in range(plan.nodes)]
     preflight(need_cgroup=any(cores is not None for cores in quotas))
+    compute = probe_compute(out / "runs" / "cost_model_probe" / "compute")
+    print(f"[cost-model-check] compute: ZeRO-1 {compute:.4f} s per update on 2 unshaped nodes", flush=True)
     probed = {}
     for name, plan in settings.items():
         folder = out / "runs" / "cost_model_probe" / name
@@ -102,7 +120,8 @@ def probe(settings: dict[str, ClusterPlan], params: float, out: Path) -> dict:
         if plan.ranks_per_node > 1:
             probed[name]["node_collectives"] = probe_collectives(one_node(plan), folder / "node", int(params))
         print(f"[cost-model-check] setting {name}: {probed[name]}", flush=True)
-    return {"settings": probed, "adamw_elements_per_s": adamw_elements_per_s(int(params))}
+    return {"settings": probed, "adamw_elements_per_s": adamw_elements_per_s(int(params)),
+            "compute_per_update_s": compute}  # fmt: skip
 
 
 def one_node(plan: ClusterPlan) -> ClusterPlan:
@@ -335,8 +354,9 @@ def markdown(result: dict, meta: dict) -> str:
         f"{meta['date']}, {meta['machine']}. Command: `{meta['command']}`. Probes: {meta['probes']}.",
         "",
         f"Inputs, none of them the times checked: compute {inputs['seconds_per_token'] * 1e6:.1f} µs per token on "
-        f"one core (the time-to-loss calibration: ZeRO-1, {inputs['compute_per_update_s']:.4f} s per update on "
-        f"2 unshaped nodes), scaled by each rank's cores; AdamW {inputs['adamw_elements_per_s']:.3g} elements/s on "
+        f"one core ({'probed with the links' if inputs.get('compute_probed') else 'the time-to-loss calibration'}: "
+        f"ZeRO-1, {inputs['compute_per_update_s']:.4f} s per update on 2 unshaped nodes), scaled by each rank's "
+        f"cores; AdamW {inputs['adamw_elements_per_s']:.3g} elements/s on "
         f"one core; {inputs['params']:,.0f} parameters in fp32; each setting's gloo collectives probed alone. "
         f"Bar: |error| ≤ {TOLERANCE:.0%}.",
     ]
@@ -421,7 +441,8 @@ def probes_for(out: Path, settings: dict, wanted: list[str], params: float, prob
         fresh = probe({s: settings[s][0] for s in wanted}, params, out)
         meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command}
         cached = {"meta": meta, "settings": {**cached["settings"], **fresh["settings"]},
-                  "adamw_elements_per_s": fresh["adamw_elements_per_s"]}  # fmt: skip
+                  "adamw_elements_per_s": fresh["adamw_elements_per_s"],
+                  "compute_per_update_s": fresh["compute_per_update_s"]}  # fmt: skip
         path.write_text(json.dumps(cached, indent=1))
     missing = [s for s in wanted if s not in cached["settings"]]
     if missing or "adamw_elements_per_s" not in cached:
@@ -462,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         parser.error(str(e))
     inputs["adamw_elements_per_s"] = cached["adamw_elements_per_s"]
+    if "compute_per_update_s" in cached:  # the calibration measured again beside the probes: today's machine
+        inputs = {**inputs, **compute_inputs(cached["compute_per_update_s"], inputs["params"]), "compute_probed": True}
     result = check(tables, settings, cached["settings"], inputs, out / "runs" / "speed")
     probed = cached.get("meta", {})
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command(argv),

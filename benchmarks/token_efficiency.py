@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Micro-batches of 2 sequences. Evaluation counts micro-batches, so twice as many keep the validation sequences the
 # recipe's (4 batches of 4 per rank): with 4 of 2, DDP's validation loss read 1.4% lower on the same θ trajectory.
 LB2 = ["--training.local_batch_size", "2", "--eval.batches", "8"]
+LB1 = ["--training.local_batch_size", "1", "--eval.batches", "16"]
 DILOCO = ["--parallelism.data_parallel", DDP, "--parallelism.replicas", "2"]
 VARIANTS = {
     DDP: ["--parallelism.data_parallel", DDP],
@@ -55,6 +56,22 @@ VARIANTS = {
     # one-update-stale gradients: their token side replaces the cost model's assumed penalty
     DPU: ["--parallelism.data_parallel", DPU],
     WP: ["--parallelism.data_parallel", WP],
+    # the estimate clipped by the last commit's norm, not by its own half batch's (larger: twice the noise)
+    "acco_clip_commit": ["--parallelism.data_parallel", ACCO, "--acco.estimate_clip", "commit"],
+    # 7 of the 8 micro-batches per rank at θ̃ (local batch 1): less of the estimate's noise in its error
+    "acco_share875": ["--parallelism.data_parallel", ACCO, *LB1, "--acco.estimate_share", "0.875"],
+    "acco_share75_clip_commit": [
+        "--parallelism.data_parallel",
+        ACCO,
+        *LB2,
+        "--acco.estimate_share",
+        "0.75",
+        "--acco.estimate_clip",
+        "commit",
+    ],
+    # the commit counts each token computed at θ̃ 1.86 times: 65% of its weight on the half at θ̃ (a weaker feedback of
+    # the estimate's error, in the linear model with noise of benchmarks/acco_stability.py)
+    "acco_tw65": ["--parallelism.data_parallel", ACCO, "--acco.estimate_token_weight", "1.857"],
     "acco_w0": ["--parallelism.data_parallel", ACCO, "--acco.estimate_grad_weight", "0"],
     "acco_damped05": ["--parallelism.data_parallel", ACCO, "--acco.estimate_damping", "0.5"],
     # DiLoCo (docs/diloco.md): 2 replicas of one rank each, half the global batch per replica, an outer step every H

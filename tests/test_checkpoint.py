@@ -39,6 +39,8 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
         ("fsdp", FSDP_ASYNC),
         ("dpu", ["--acco.dpu_warmup_steps", "4"]),  # resumed inside the synchronous warm-up
         ("wp", []),  # the compute parameters are a prediction, not θ
+        # the last commit's norm clips the next estimate: state too (a low max_norm keeps clipping active)
+        ("acco", ["--acco.estimate_clip", "commit", "--training.max_norm", "0.05"]),
         # Streaming DiLoCo over ACCO: fragment 1's all-reduce is in flight at the step-3 checkpoint
         ("acco", STREAMING),
         ("zero1", [*REPLICAS_2, "--diloco.sync_every", "2", "--diloco.outer_dtype", "int8", "--diloco.offload", "1"]),
@@ -51,6 +53,7 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
         "fsdp-async",
         "dpu-warmup",
         "wp",
+        "acco-estimate-clipped-by-commit",
         "diloco-acco-streaming",
         "diloco-zero1-int8",
         "diloco-ddp-eager",

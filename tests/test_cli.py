@@ -155,6 +155,21 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
             id="estimate-share-without-estimate",
         ),
         pytest.param(
+            ["--parallelism.data_parallel", "dpu", "--acco.estimate_clip", "commit"],
+            ["estimate_clip = 'commit' does nothing here", "set it to 'own'"],
+            id="estimate-clip-without-estimate",
+        ),
+        pytest.param(
+            ["--parallelism.data_parallel", "acco", "--acco.estimate_clip", "commit", "--training.max_norm", "0"],
+            ["estimate_clip = 'commit' does nothing without clipping", "max_norm"],
+            id="estimate-clip-without-clipping",
+        ),
+        pytest.param(
+            ["--parallelism.data_parallel", "acco", "--acco.estimate_token_weight", "0"],
+            ["estimate_token_weight = 0 must be > 0"],
+            id="estimate-token-weight-zero",
+        ),
+        pytest.param(
             ["--preemption.signals", "SIGTERM,SIGKILL"],
             ["[preemption] signals: 'SIGKILL' is not one of", "SIGUSR1"],
             id="uncatchable-preemption-signal",

@@ -108,10 +108,15 @@ class Reference:
         consumed: float,
         commit: bool,
         lr_position: float | None = None,
+        clip_norm: float | None = None,
     ) -> torch.Tensor:
-        """Opt(θ, G / N): clipped; lr from the schedule at the committed position (or `lr_position`)."""
+        """Opt(θ, G / N): clipped by its own norm (or `clip_norm`); lr from the schedule at the committed
+        position (or `lr_position`). A commit's norm is kept in `commit_norm`."""
         grad = grad_sum / tokens
-        grad = grad * min(1.0, self.max_norm / (grad.norm().item() + 1e-6))
+        norm = grad.norm().item()
+        if commit:
+            self.commit_norm = norm
+        grad = grad * min(1.0, self.max_norm / ((norm if clip_norm is None else clip_norm) + 1e-6))
         self.load(theta)
         offset = 0
         for p in self.params:
@@ -133,18 +138,20 @@ class Reference:
         return new
 
 
-def acco_reference(periods, commits, lr_scaling=None, share=0.5):
+def acco_reference(periods, commits, lr_scaling=None, share=0.5, clip_by_commit=False, token_weight=1.0):
     ref = Reference(periods, lr_scaling)
     theta = ref.theta()
     g_est, n_est, c_est = ref.gradients_at(theta, 0)  # θ̃_0 = θ_0
     # The estimate takes the commit's lr: a commit spans the estimate's c tokens / share (2c with halves).
-    theta_est = ref.adamw(theta, g_est, n_est, c_est / share, commit=False)  # ESTIMATE 0
+    theta_est = ref.adamw(theta, g_est, n_est, c_est / share, commit=False)  # ESTIMATE 0: no commit yet, own norm
     for t in range(commits):
         g, n, c = ref.gradients_at(theta, 2 * t + 1)  # ESTIMATE round: g_t at θ_t ...
-        theta = ref.adamw(theta, g_est + g, n_est + n, c_est + c, commit=True)  # ... then COMMIT with g̃_t + g_t
+        # ... then COMMIT with g̃_t + g_t, the tokens at θ̃ counted `token_weight` times
+        theta = ref.adamw(theta, token_weight * g_est + g, token_weight * n_est + n, c_est + c, commit=True)
         if t + 1 < commits:
             g_est, n_est, c_est = ref.gradients_at(theta_est, 2 * t + 2)  # COMMIT round: g̃_{t+1} at θ̃_{t+1}
-            theta_est = ref.adamw(theta, g_est, n_est, c_est / share, commit=False)
+            clip_norm = ref.commit_norm if clip_by_commit else None
+            theta_est = ref.adamw(theta, g_est, n_est, c_est / share, commit=False, clip_norm=clip_norm)
     return theta
 
 
@@ -213,6 +220,25 @@ def test_acco_with_three_quarters_of_the_batch_at_the_estimate_equals_its_equati
     assert run["periods"] == [[3] + [1, 3] * 6] * 2  # the first period and every one beside a commit: at θ̃
     expected = acco_reference(run["periods"], commits=6, share=0.75)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+def test_acco_with_the_estimate_clipped_by_the_last_commits_norm_equals_its_equations(tmp_path):
+    run = run_worker(tmp_path, "acco", commits=6, micro_batches=2, env={"TORCHACCO_TEST_ESTIMATE_CLIP": "commit"})
+    expected = acco_reference(run["periods"], commits=6, clip_by_commit=True)
+    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
+    # The option changes the trajectory: clipping is active in this worker, and a half batch's norm differs.
+    assert not torch.allclose(expected, acco_reference(run["periods"], commits=6), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+def test_acco_with_the_tokens_at_the_estimate_counted_more_equals_its_equations(tmp_path):
+    run = run_worker(tmp_path, "acco", commits=6, micro_batches=2, env={"TORCHACCO_TEST_ESTIMATE_TOKEN_WEIGHT": "1.5"})
+    expected = acco_reference(run["periods"], commits=6, token_weight=1.5)
+    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(expected, acco_reference(run["periods"], commits=6), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.integration

@@ -45,6 +45,8 @@ class ACCO(Overlapped):
         super().__init__(model, dims, plan, optimizer, acco, device, reduce_dtype or torch.float32)
         self.drift_every = acco.drift_every
         self.estimate = (acco.estimate_grad_weight, acco.estimate_damping)
+        self.clip_by_commit = acco.estimate_clip == "commit"
+        self.estimate_token_weight = acco.estimate_token_weight
         self.estimate_share = acco.estimate_share
         # Deterministic periods of unequal length: the one at θ̃ (hiding the commit) and the one at θ (the estimate).
         self.at_estimate = round(acco.estimate_share * plan.micro_batches)
@@ -58,6 +60,10 @@ class ACCO(Overlapped):
             raise UserError(f"[acco] estimate_grad_weight = {a.estimate_grad_weight:g} must be in [0, 1]")
         if not 0 < a.estimate_damping <= 1:
             raise UserError(f"[acco] estimate_damping = {a.estimate_damping:g} must be in (0, 1]")
+        if not a.estimate_token_weight > 0:
+            raise UserError(
+                f"[acco] estimate_token_weight = {a.estimate_token_weight:g} must be > 0 (1: the plain one)"
+            )
         t = cfg.training
         micro_batches = (t.global_batch_size or t.local_batch_size * dp_size) // (t.local_batch_size * dp_size)
         share = a.estimate_share * micro_batches

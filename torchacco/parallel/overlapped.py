@@ -23,7 +23,7 @@ import collections
 import contextlib
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -76,6 +76,20 @@ class OverlappedOptions:
         "moment); 1: g̃ alone (the paper), 0: the moments alone",
     )
     estimate_damping: float = key(1.0, "acco: θ̃ = θ + γ·(Opt(θ, g̃) − θ), only this share γ of the estimate's step")
+    # The commit's gradient at θ̃ carries h·e, the estimate's error through the curvature; counting those tokens more
+    # weakens e's feedback (e' ∝ (1 − weight share at θ̃)·e) at the price of a less even mean (docs/acco.md).
+    estimate_token_weight: float = key(
+        1.0,
+        "acco: each token computed at the estimate θ̃ counts this many times in the commit's weighted token mean "
+        "(1: the plain mean, the paper)",
+    )
+    # A half batch's gradient norm carries twice the noise of the commit's, so clipping by it scales the estimate's
+    # gradient below the commit's: in the linear model that lowers the largest stable lr·h (docs/acco.md).
+    estimate_clip: Literal["own", "commit"] = key(
+        "own",
+        "acco: the gradient norm that decides the estimate's clipping: 'own' (the half batch's, the paper) or "
+        "'commit' (the last commit's, so the estimate is clipped as its commit will likely be)",
+    )
     # The estimate's error e = θ̃ − θ feeds back as e' ≈ −lr·(1 − β1)·h·(1 − share)·e along a curvature h (docs/acco.md):
     # a larger share of the batch at θ̃ raises the largest stable lr·h toward DDP's, but leaves a shorter period at θ to
     # hide the estimate's communication behind.
@@ -134,6 +148,9 @@ class Overlapped(Strategy):
         self.job_seconds = 0.0  # seconds the jobs since the last commit took
         self.commits = 0  # committed updates (ACCO's drift cadence, DPU's warm-up)
         self.estimate = (1.0, 1.0)  # ACCO's estimate variant: (gradient weight, damping); a plain step elsewhere
+        self.clip_by_commit = False  # ACCO's [acco] estimate_clip = 'commit'
+        self.estimate_token_weight = 1.0  # ACCO's [acco] estimate_token_weight
+        self.commit_norm: float | None = None  # then: the last commit's gradient norm
         self.estimate_share = 0.5  # ACCO: the share of an update's micro-batches computed at θ̃
 
     @classmethod
@@ -166,12 +183,19 @@ class Overlapped(Strategy):
             )
             raise UserError(f"[acco] estimate_comm = 'bf16' does nothing here ({reason}); set it to 'full'")
         defaults = OverlappedOptions()
-        for option in ("estimate_share", "estimate_grad_weight", "estimate_damping"):
-            if not cls.estimates and getattr(a, option) != getattr(defaults, option):
+        estimate_options = ("share", "grad_weight", "damping", "clip", "token_weight")
+        for option in (f"estimate_{name}" for name in estimate_options):
+            value, default = getattr(a, option), getattr(defaults, option)
+            if not cls.estimates and value != default:
                 raise UserError(
-                    f"[acco] {option} = {getattr(a, option):g} does nothing here (only {estimating} has an estimate "
-                    f"round); remove it or set it to {getattr(defaults, option):g}"
+                    f"[acco] {option} = {value!r} does nothing here (only {estimating} has an estimate round); "
+                    f"remove it or set it to {default!r}"
                 )
+        if a.estimate_clip == "commit" and not cfg.training.max_norm:
+            raise UserError(
+                "[acco] estimate_clip = 'commit' does nothing without clipping ([training] max_norm = 0); "
+                "remove it or set max_norm"
+            )
         if a.mode == "adaptive" and not cfg.training.max_tokens:
             raise UserError(
                 "[acco] mode = 'adaptive' lets each update's batch grow while communication runs, so a step count "
@@ -218,6 +242,7 @@ class Overlapped(Strategy):
         self.job_buffer = send if self.reduce_out is None else self.reduce_out
         send.copy_(self.flat.grads)
         sharded, comm, out, local, estimate = self.sharded, send, self.job_buffer, self.pending, self.estimate
+        estimate = (*estimate, self.commit_norm)  # None: clipped by its own norm
         lr_for = self.lr_for()
         if kind == ESTIMATE:
             # The estimate uses the commit's lr: the commit will span this period and the next,
@@ -237,6 +262,12 @@ class Overlapped(Strategy):
             return result
 
         self.runner.launch(job)
+        if kind == ESTIMATE and self.estimate_token_weight != 1.0:  # the commit's tokens at θ̃ count k times
+            k = self.estimate_token_weight
+            self.flat.grads.mul_(k)
+            self.pending = replace(
+                self.pending, loss_tokens=self.pending.loss_tokens * k, loss_sum=self.pending.loss_sum * k
+            )
         if not keep_accumulating:
             self.flat.grads.zero_()
             self.pending = Counts()
@@ -254,6 +285,8 @@ class Overlapped(Strategy):
         self.flat.params_buffer.copy_(self.job_buffer)  # P ← C
         if finished.committed:
             self.commits += 1
+            if self.clip_by_commit and not finished.skipped:
+                self.commit_norm = finished.grad_norm
             self.consumed += finished.consumed
             finished.exposed_s, finished.jobs_s = self.exposed, self.job_seconds
             self.exposed = self.job_seconds = 0.0
@@ -319,6 +352,7 @@ class Overlapped(Strategy):
                 "name": self.name,
                 "world": world,
                 "commits": self.commits,
+                **self._commit_norm_state(),
                 **self.balance.state_dict(),  # balanced mode's plan and measurements (the same on every rank)
                 "planned": "" if self.planned is None else f"{self.planned[0]}:{int(self.planned[1])}",
                 "params": self.flat.params_buffer,
@@ -333,6 +367,13 @@ class Overlapped(Strategy):
                 ),
             },
         }
+
+    def _commit_norm_state(self) -> dict:
+        """The last commit's norm, which clips the next estimate (`[acco] estimate_clip = 'commit'`; -1: none yet).
+        Only then: checkpoints of every other configuration keep their keys."""
+        if not self.clip_by_commit:
+            return {}
+        return {"commit_norm": -1.0 if self.commit_norm is None else self.commit_norm}
 
     def load_state_dict(self, state: dict) -> None:
         schedule = state["schedule"]
@@ -349,6 +390,8 @@ class Overlapped(Strategy):
         kind, _, keep = schedule["planned"].partition(":")
         self.planned = (kind, bool(int(keep))) if kind else None
         self.commits = schedule["commits"]
+        if self.clip_by_commit:
+            self.commit_norm = None if schedule["commit_norm"] < 0 else schedule["commit_norm"]
         self.balance.load_state_dict(schedule)
 
     @classmethod

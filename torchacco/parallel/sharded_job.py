@@ -34,7 +34,9 @@ def reduce_update_gather(
     kind: str,
     out: torch.Tensor,  # full flat buffer that receives the new parameters (may be `grads`)
     max_norm: float,
-    estimate: tuple[float, float] = (1.0, 1.0),  # ESTIMATE: (gradient weight w, damping γ), ShardedAdamW.peek's
+    # ESTIMATE: (gradient weight w, damping γ) as ShardedAdamW.peek takes them, and the norm that decides its
+    # clipping (None: its own; [acco] estimate_clip = 'commit': the last commit's)
+    estimate: tuple[float, float, float | None] = (1.0, 1.0, None),
 ) -> UpdateResult:
     """In place: the reduced gradient shard lands in this rank's slice of `grads`, the new
     parameters in its slice of `out`, from which the all-gather fills the rest. Beyond the
@@ -65,8 +67,9 @@ def reduce_update_gather(
     counts.require_tokens()
     grad_norm = math.sqrt(sq_norm) / tokens
     scale = 1.0 / tokens  # the gradient of the mean token loss ...
-    if max_norm and grad_norm > max_norm:
-        scale *= max_norm / (grad_norm + 1e-6)  # ... clipped
+    clip_norm = estimate[2] if kind == ESTIMATE and estimate[2] is not None else grad_norm
+    if max_norm and clip_norm > max_norm:
+        scale *= max_norm / (clip_norm + 1e-6)  # ... clipped
 
     lr = lr_for(consumed)
     send = flat.shard(out)

@@ -62,7 +62,7 @@ class ShardedOptimizerState:
         return self.flat.shard_pieces(self.master)
 
     def run_job(
-        self, grads, counts: Counts, lr_for, kind: str, out: torch.Tensor, max_norm: float, estimate=(1.0, 1.0)
+        self, grads, counts: Counts, lr_for, kind: str, out: torch.Tensor, max_norm: float, estimate=(1.0, 1.0, None)
     ) -> UpdateResult:
         """reduce-scatter `grads` → AdamW on this rank's shard (`kind`; an ESTIMATE's variant
         `estimate`) → all-gather into `out`."""
