@@ -51,6 +51,18 @@ def test_step_times_per_strategy():
         assert p[s]["tokens_per_s"] == pytest.approx(p[s]["tokens_per_update"] / p[s]["step_time_s"])
 
 
+def test_acco_with_most_of_the_update_at_the_estimate_hides_less_until_the_job_outlasts_its_long_round():
+    # k = 2 micro-batches of 1 s: rounds of 7/8 · 2 = 1.75 s and 1/8 · 2 = 0.25 s
+    fast = cm.predict_all(WORK, hw(bandwidth_bps=64e6))  # V = 0.25 s, M = 0.5 s
+    assert fast["acco_share875"]["step_time_s"] == pytest.approx(1.75 + 0.5)
+    assert fast["acco"]["step_time_s"] == pytest.approx(2 * 1.0)
+    assert fast["acco_share875"]["exposed_comm_s"] == pytest.approx(0.5 - 0.25)
+    slow = cm.predict_all(WORK, hw())  # M = 4 s: both take 2·M
+    assert slow["acco_share875"]["step_time_s"] == slow["acco"]["step_time_s"] == pytest.approx(2 * 4)
+    # its update is not the plain one: its tokens come from its own measurement, never from acco's
+    assert cm.token_source("acco_share875", {"tokens_to_target": {"acco": {"ratio": 1.05}}}) is None
+
+
 def test_hsdp_gathers_inside_the_node_and_all_reduces_each_nodes_gradient_across():
     # 2 nodes of 2 ranks, intra-node ring 0.5 s per all-gather or reduce-scatter, 2 s across the nodes' link
     h = hw(ranks_per_node=2, intra_bps=32e6)

@@ -28,6 +28,7 @@ The formula follows what the strategy class declares (`communication`, `overlapp
                                 (k−1)·max(c, 2v_ag) + max(c, 2v_ag + v_rs) + max(0, A − ⅔c) + P/G / opt_rate
   sharded_job, synchronous      k·c + M                                    (zero1)
   sharded_job, overlapped       p rounds of max(k/p·c, M)                   (acco: p = 2; dpu, wp: p = 1)
+                                acco at estimate_share s: max(s·k·c, M) + max((1 − s)·k·c, M)
 ACCO's modes: balanced splits each round's k/2·W micro-batches by speed (rounds of max(makespan, M));
 adaptive keeps every rank computing during the job, up to max_growth × k/2 micro-batches per round
 (the batch grows); a bf16 estimate halves the estimate round's bytes. Synchronous strategies run at the
@@ -216,6 +217,7 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
         periods = cls.periods_per_update
         per_round = max(1, k // periods)
         jobs = [M] * periods
+        share = getattr(cls, "estimate_shares", {}).get(mode)  # ACCO's estimate_share: unequal rounds
         if mode == "bf16_estimate" and work.comm_bytes > 2:  # the estimate round's bytes halve
             jobs[0] = (V_rs + V_ag) * 2 / work.comm_bytes + opt_shard
         if mode == "balanced":
@@ -223,9 +225,10 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
             compute = max(n * t for n, t in zip(split, times))
         else:
             compute = per_round * c_slow
-        rounds = [max(compute, m) for m in jobs]
+        computes = [share * k * c_slow, (1 - share) * k * c_slow] if share else [compute] * periods
+        rounds = [max(work_s, m) for work_s, m in zip(computes, jobs)]
         step, job = sum(rounds), sum(jobs)
-        comm = sum(r - compute for r in rounds)
+        comm = sum(r - work_s for r, work_s in zip(rounds, computes))
         if mode.startswith("adaptive"):  # everyone computes while the job runs, up to the cap
             capped = hw.max_growth and mode != "adaptive_uncapped"
             cap = hw.max_growth * per_round if capped else math.inf

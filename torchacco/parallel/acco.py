@@ -39,7 +39,10 @@ class ACCO(Overlapped):
         "acco_balanced": (("--acco.mode", "balanced"), "balanced"),
         "acco_adaptive": (("--acco.mode", "adaptive"), "adaptive"),  # capped at max_growth (default 2)
         "acco_adaptive_uncapped": (("--acco.mode", "adaptive", "--acco.max_growth", "0"), "adaptive_uncapped"),
+        # 7 of every 8 micro-batches at θ̃: level with DDP per token at its best lr (docs/acco.md); needs 8 per rank
+        "acco_share875": (("--acco.estimate_share", "0.875"), "share875"),
     }
+    estimate_shares = {"share875": 0.875}  # the cost model's mode -> the share of an update computed at θ̃
 
     def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device, reduce_dtype=None):
         super().__init__(model, dims, plan, optimizer, acco, device, reduce_dtype or torch.float32)
