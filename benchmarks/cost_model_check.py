@@ -8,7 +8,8 @@ not fitted to the times it is checked against; its inputs are
   - compute: the time-to-loss sweep's calibration (`bench_results/time_to_loss.json`): ZeRO-1's data, forward and
     backward per update on 2 unshaped one-rank nodes (2 micro-batches of 4 × 128 tokens per rank), as seconds per
     token on one core, scaled by the cores a rank gets in each setting (its node's CPU quota, the machine's cores
-    shared by all ranks);
+    shared by all ranks); `--probe` measures it again beside the links (the same ZeRO-1 run, 30 updates), so that
+    compute and links come from the machine as it is that day, and the report uses that probe when it has one;
   - the collectives: each gloo collective's probed time over the model's ring ideal on a buffer of the model's
     size, per setting (`benchmarks/workers/collective_probe.py`) → f_rs, f_ag, f_ar; with several ranks per node,
     the all-gather among one node's ranks → the in-node rate (the model's intra_bps; unprobed, in-node traffic

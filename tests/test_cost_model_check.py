@@ -91,6 +91,14 @@ def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys)
     row = json.loads((tmp_path / "cmc.json").read_text())["tables"]["spd"]["a"]["rows"]["ddp"]
     assert row["error"] == pytest.approx(row["predicted_s"] / 0.5 - 1) and not row["within"]
     assert "**1 of 1 predictions miss the 15% bar.**" in (tmp_path / "cmc.md").read_text()
+    # a compute probed beside the links replaces the time-to-loss calibration: twice the compute, as twice the tokens
+    (tmp_path / "cost_model_probes.json").write_text(json.dumps({**probes, "compute_per_update_s": 0.1}))
+    assert check.main(["--speed", "spd", "--out", str(tmp_path), "--name", "cmc"]) == 0
+    probed = json.loads((tmp_path / "cmc.json").read_text())
+    assert probed["tables"]["spd"]["a"]["rows"]["ddp"]["predicted_compute_s"] == pytest.approx(
+        2 * row["predicted_compute_s"]
+    )
+    assert probed["meta"]["inputs"]["compute_probed"] and "probed with the links" in (tmp_path / "cmc.md").read_text()
     # a probe of another plan is refused with one line
     probes["settings"]["a"]["plan"] = "2 nodes at another rate"
     (tmp_path / "cost_model_probes.json").write_text(json.dumps(probes))
