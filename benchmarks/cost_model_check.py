@@ -38,9 +38,9 @@ from pathlib import Path
 from benchmarks.acco_reference import recipe
 from benchmarks.cluster import ClusterPlan, preflight, probe_collectives, run_training
 from benchmarks.names import ZERO1
-from benchmarks.speed import STRATEGIES, WARMUP, plans, seconds_per_update
+from benchmarks.speed import STRATEGIES, plans, seconds_per_update, warmup_of
 from benchmarks.sweeps.common import panels, save_figure, write_report
-from benchmarks.token_efficiency import machine, records
+from benchmarks.token_efficiency import QUIET, machine, records
 from torchacco import cost_model as cm
 from torchacco.config import load_config
 from torchacco.errors import UserError
@@ -100,7 +100,8 @@ def adamw_elements_per_s(numel: int, steps: int = 30) -> float:
 def probe_compute(folder: Path, updates: int = 30) -> float:
     """The calibration measured again: ZeRO-1's data, forward and backward per update (median, past 5 updates)
     on 2 unshaped one-rank nodes, so that compute and links are measured on the machine as it is today."""
-    train = [*recipe(updates, 1.5e-3, 0), *STRATEGIES[ZERO1], "--training.steps", str(updates), "--eval.every", "0"]
+    train = [*recipe(updates, 1.5e-3, 0), *QUIET, *STRATEGIES[ZERO1], "--eval.every", "0"]
+    train += ["--training.max_tokens", "0", "--training.steps", str(updates)]  # as benchmarks.speed
     records = run_training(ClusterPlan(nodes=CALIBRATION_RANKS, rate_bps=None), train, folder)["records"][5:]
     if not records:
         raise UserError(f"the compute probe logged no update past the fifth; see {folder}")
@@ -288,7 +289,7 @@ def measured_compute(runs: Path, setting: str, label: str, row: dict) -> float |
     """Rank 0's seconds per update before the sync (data, forward, backward), read from the speed runs that made
     `row`: a run counts when its records give the table's time for that repeat (later runs overwrite the folders).
     None when none is left."""
-    warmup = WARMUP + 50 if label.startswith(("diloco", "streaming")) else WARMUP  # as benchmarks.speed
+    warmup = warmup_of(label)
     values = []
     for repeat, expected in enumerate(row.get("seconds_per_update", [])):
         logged = records(runs / f"{setting}_{label}_{repeat}")

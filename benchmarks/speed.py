@@ -76,6 +76,12 @@ def seconds_per_update(records: list[dict], warmup: int = WARMUP) -> float:
     return sum(r["tokens_per_update"] / r["tokens_per_s"] for r in kept) / len(kept)
 
 
+def warmup_of(name: str) -> int:
+    """The updates of a label's run left out of its timing: DiLoCo's from the second period on (mixed replicas run
+    the first one unmeasured, as fixed H)."""
+    return WARMUP + 50 if name.startswith(("diloco", "streaming")) else WARMUP
+
+
 def plans(out: Path) -> dict[str, tuple[ClusterPlan, list[str]]]:
     """The settings: setting -> (the cluster, the trainer arguments it adds)."""
     balance = json.loads((out / "time_to_loss.json").read_text())["calibration"]["balance_bps"]
@@ -103,6 +109,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     out = ROOT / args.out
     plan_of = plans(out)
+    for setting in args.settings.split(","):
+        if setting not in plan_of:
+            parser.error(f"--settings: unknown setting {setting!r}; one of {', '.join(plan_of)}")
+        for name in args.strategies.split(",") if args.strategies else PER_SETTING[setting]:
+            if name not in STRATEGIES:
+                parser.error(f"--strategies: unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
+            if args.updates <= warmup_of(name):
+                parser.error(f"--updates {args.updates} leaves no timed update for {name} (its first "
+                             f"{warmup_of(name)} are warm-up); use at least {warmup_of(name) + 1}")  # fmt: skip
     gaps = {}  # variant -> (gap %, lr): at DDP's best lr (3e-3) where measured over 5 seeds, else at 1.5e-3
     for lr_wanted in ("0.0015", "0.003"):
         for table in sorted(out.glob("*token_efficiency*.json")) + sorted(out.glob("diloco_budgets*.json")):
@@ -124,8 +139,7 @@ def main(argv=None) -> int:
                 if "--diloco.balance_replicas" in STRATEGIES[name]:  # its clock is in tokens: the recipe's
                     train += ["--training.max_tokens", str(args.updates * TOKENS_PER_UPDATE)]
                 run = run_training(plan, train, out / "runs" / "speed" / f"{setting}_{name}_{repeat}")
-                # DiLoCo: from the second period on (mixed replicas run the first one unmeasured, as fixed H)
-                warmup = WARMUP + 50 if name.startswith(("diloco", "streaming")) else WARMUP
+                warmup = warmup_of(name)
                 times.append(seconds_per_update(run["records"], warmup))
                 token_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
                 print(f"[speed] {setting} {name} #{repeat}: {times[-1]:.4f} s per update", flush=True)

@@ -105,3 +105,21 @@ def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys)
     with pytest.raises(SystemExit):
         check.main(["--speed", "spd", "--out", str(tmp_path), "--name", "cmc"])
     assert "setting a was probed as '2 nodes at another rate'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--updates", "60", "--settings", "a", "--strategies", "diloco_h10_avg"], "leaves no timed update for"),
+        (["--settings", "z"], "unknown setting 'z'"),
+        (["--settings", "a", "--strategies", "nope"], "unknown strategy 'nope'"),
+    ],
+)
+def test_the_speed_benchmark_refuses_what_it_cannot_time_with_one_line_before_any_run(argv, words, tmp_path, capsys):
+    from benchmarks import speed
+
+    calibration = {"compute_per_update_s": 0.05, "params": 600_000, "balance_bps": 3e8}
+    (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": calibration}))  # the settings' rates
+    with pytest.raises(SystemExit):
+        speed.main([*argv, "--out", str(tmp_path)])
+    assert words in capsys.readouterr().err
