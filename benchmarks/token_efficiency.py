@@ -48,6 +48,7 @@ VARIANTS = {
     # DDP in another floating-point order (4 micro-batches of 2): the mathematics of DDP, a measure of the noise
     # floor, and the baseline with acco_share75's micro-batches
     "ddp_lb2": ["--parallelism.data_parallel", DDP, *LB2],
+    "ddp_lb1": ["--parallelism.data_parallel", DDP, *LB1],  # the same, with acco_share875's micro-batches of 1
     ACCO: ["--parallelism.data_parallel", ACCO],
     # the estimate steps with ½ g̃ + ½ m̂: the noise-optimal blend of the half batch and the first moment
     "acco_w05": ["--parallelism.data_parallel", ACCO, "--acco.estimate_grad_weight", "0.5"],
