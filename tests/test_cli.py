@@ -165,6 +165,16 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
             id="estimate-clip-without-clipping",
         ),
         pytest.param(
+            ["--parallelism.data_parallel", "acco", "--acco.estimate_share", "0.875"],
+            ["estimate_share = 0.875 needs", "use a multiple of 8 micro-batches per rank"],
+            id="estimate-share-without-its-micro-batches",
+        ),
+        pytest.param(
+            ["--parallelism.data_parallel", "acco", "--acco.estimate_share", "1"],
+            ["estimate_share = 1 must be between 0 and 1"],
+            id="estimate-share-out-of-range",
+        ),
+        pytest.param(
             ["--parallelism.data_parallel", "acco", "--acco.estimate_token_weight", "0"],
             ["estimate_token_weight = 0 must be > 0"],
             id="estimate-token-weight-zero",

@@ -3,6 +3,8 @@ job of the previous period runs beside them (docs/acco.md; the rounds in overlap
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import torch
 
 from torchacco.device import Device
@@ -67,16 +69,23 @@ class ACCO(Overlapped):
             raise UserError(
                 f"[acco] estimate_token_weight = {a.estimate_token_weight:g} must be > 0 (1: the plain one)"
             )
+        if not 0 < a.estimate_share < 1:
+            raise UserError(f"[acco] estimate_share = {a.estimate_share:g} must be between 0 and 1 (0.5: the paper)")
         t = cfg.training
-        micro_batches = (t.global_batch_size or t.local_batch_size * dp_size) // (t.local_batch_size * dp_size)
+        global_batch = t.global_batch_size or t.local_batch_size * dp_size
+        micro_batches = global_batch // (t.local_batch_size * dp_size)
         share = a.estimate_share * micro_batches
         if a.estimate_share != 0.5 and (a.mode != "deterministic" or abs(share - round(share)) > 1e-9
                                         or not 1 <= round(share) < micro_batches):  # fmt: skip
+            # the fewest micro-batches per rank that split as the share asks, and a local batch that gives them
+            needed = Fraction(a.estimate_share).limit_denominator(1000).denominator
+            local = global_batch // (needed * dp_size)
+            how = (f"[training] local_batch_size = {local}" if local >= 1 and local * needed * dp_size == global_batch
+                   else f"[training] global_batch_size = {needed} × local_batch_size × {dp_size} ranks")  # fmt: skip
             raise UserError(
                 f"[acco] estimate_share = {a.estimate_share:g} needs mode = 'deterministic' and a whole number of the "
-                f"{micro_batches} micro-batches per update and rank in each period (at least one in each); e.g. "
-                f"estimate_share = 0.75 with 4 micro-batches ([training] global_batch_size = 4 × local_batch_size × "
-                f"ranks)"
+                f"{micro_batches} micro-batches per update and rank in each period (at least one in each): use a "
+                f"multiple of {needed} micro-batches per rank, e.g. {how}"
             )
         if micro_batches % 2 and a.estimate_share == 0.5:
             raise UserError(
