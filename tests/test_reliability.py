@@ -533,3 +533,36 @@ def test_the_progress_bar_of_a_run_that_stops_on_tokens_counts_tokens(tmp_path):
     assert "[####                ]  20%" in by_steps._console_line(record)
     by_tokens.close()
     by_steps.close()
+
+
+@pytest.mark.integration
+def test_a_survivor_blocked_on_a_dead_peer_names_it_before_torchruns_sigkill(tiny_corpus, cache_dir, tmp_path):
+    """torchrun stops the survivor of a dead worker with SIGTERM, which the survivor takes as a
+    preemption signal, and SIGKILLs it 30 s later. Rank 0 here is blocked in a reduce-scatter that
+    never starts (as a NCCL collective on a dead peer, which never fails) when rank 1 dies: it never
+    reaches an update boundary, so its watchdog looks for a dead peer and exits with the diagnosis."""
+    extra = ["--parallelism.data_parallel", "zero1", "--training.steps", "20", "--eval.every", "0"]
+    proc = run_train(
+        tiny_args(tiny_corpus, cache_dir, tmp_path / "out", *extra),
+        env={"TORCHACCO_FAULT": "stall@rank0:step5,kill@rank1:step5"},
+        timeout=240,
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "Unable to shutdown process" not in proc.stderr, proc.stderr[-3000:]  # torchrun's SIGKILL
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    stuck = "rank 0: stopped by SIGTERM during its reduce-scatter, optimizer step and all-gather (step 5)"
+    assert errors[0].startswith(f"torchacco: error: {stuck}"), errors
+    assert "rank 1 stopped responding in compute (step 5)" in errors[0], errors
+
+
+@pytest.mark.parametrize("tears_down", [True, False])
+def test_a_reported_failure_is_printed_at_once_and_a_blocked_teardown_cannot_keep_the_process(tears_down):
+    import subprocess
+    import sys
+
+    teardown = "health.torn_down(); time.sleep(1.5)" if tears_down else "time.sleep(60)"  # 60 s: blocked
+    code = f"import time; from torchacco import health; health.TEARDOWN_S = 0.5; health.report('x\\n y'); {teardown}"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.stderr == "torchacco: error: x y\n"
+    assert proc.returncode == (0 if tears_down else 1)

@@ -10,7 +10,17 @@ class UserError(Exception):
 
 
 class PeerFailure(UserError):
-    """Another rank died or stalled. Every surviving rank reports it (rank 0 may be the dead one)."""
+    """Another rank died or stalled. Every surviving rank reports it (rank 0 may be the dead one).
+    `reported`: its line was printed already (`health.report`), before the process group's teardown."""
+
+    def __init__(self, message: str, reported: bool = False):
+        super().__init__(message)
+        self.reported = reported
+
+
+def error_line(message: str) -> str:
+    """A message as the one `torchacco: error:` line (a value quoted from the user may hold newlines)."""
+    return "torchacco: error: " + " ".join(message.split())
 
 
 class Stalled(RuntimeError):
@@ -40,9 +50,8 @@ def run_cli(main, print_errors: bool = True) -> int:
     try:
         return main() or 0
     except UserError as e:
-        if print_errors or isinstance(e, PeerFailure):
-            one_line = " ".join(str(e).split())  # a value quoted from the user may hold newlines
-            print(f"torchacco: error: {one_line}", file=sys.stderr, flush=True)
+        if (print_errors or isinstance(e, PeerFailure)) and not getattr(e, "reported", False):
+            print(error_line(str(e)), file=sys.stderr, flush=True)
         return 1
     except Preempted as e:
         if print_errors:

@@ -18,16 +18,19 @@ not hold the diagnosis past torchrun's 30 s between SIGTERM and SIGKILL.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sys
 import threading
 import time
 
 import torch.distributed as dist
 
-from torchacco.errors import Terminated
+from torchacco.errors import Terminated, error_line
 
 BEAT_KEY = "torchacco/heartbeat/"
 READ_TIMEOUT_S = 8.0  # per read of every heartbeat; diagnose() reads twice, 2.5 s apart: ~19 s at most
+TEARDOWN_S = 10.0  # after a reported failure, the most time the process takes to end
 
 
 class Heartbeat:
@@ -141,6 +144,33 @@ class Heartbeat:
 
 
 _current: Heartbeat | None = None
+_report_lock = threading.Lock()
+_exit_timer: threading.Timer | None = None
+
+
+def report(message: str) -> bool:
+    """Print a failure's one line now, once per process, and end the process if its teardown then
+    outlasts TEARDOWN_S: tearing a process group down beside a dead peer can block, and torchrun
+    SIGKILLs a survivor 30 s after its SIGTERM, so a line printed after the teardown can be lost.
+    False when a failure was reported already (the line is not printed again)."""
+    global _exit_timer
+    with _report_lock:
+        if _exit_timer is not None:
+            return False
+        print(error_line(message), file=sys.stderr, flush=True)
+        _exit_timer = threading.Timer(TEARDOWN_S, os._exit, (1,))
+        _exit_timer.daemon = True
+        _exit_timer.start()
+        return True
+
+
+def torn_down() -> None:
+    """The reported failure's teardown finished: the process goes on (or exits) by itself."""
+    global _exit_timer
+    with _report_lock:
+        if _exit_timer is not None:
+            _exit_timer.cancel()
+        _exit_timer = None
 
 
 def start(rank: int, world: int) -> Heartbeat:

@@ -11,6 +11,9 @@ code to requeue on; the same command then resumes from that checkpoint.
 
 A watchdog bounds the whole stop at `[preemption] grace_s` from the signal: past it the rank
 exits with the same code, without the checkpoint (saves are atomic, the previous one stays).
+torchrun stops the survivors of a dead worker with the same SIGTERM and SIGKILLs them 30 s later,
+so a rank that has not reached a boundary PEER_CHECK_S after the signal reads the heartbeats
+(torchacco/health.py): if a peer stopped beating, it prints the diagnosis and exits at once.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from torchacco import health
 from torchacco.errors import Preempted, UserError
 
 ALLOWED = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP")
+PEER_CHECK_S = 3.0  # after a signal, how long a rank may go without a boundary before it checks for a dead peer
+DIAGNOSIS_S = 5.0  # about what the check takes (two reads of the heartbeats, 2.5 s apart); it must end within grace_s
 
 
 def parse_signals(text: str) -> list[signal.Signals]:
@@ -83,6 +88,7 @@ class Preemption:
         self._stand_down = threading.Event()  # the watchdog gives up: handled, deferred or closed
         self._saved = False
         self._deferred = False
+        self._agreed = False  # every rank saw the stop signal: the stop is a preemption, not a failure
         if not self.enabled:
             return
         if dims.world_size > 1:
@@ -142,6 +148,7 @@ class Preemption:
         if wait:
             agreed = max(agreed, self._arrived())
         if agreed:
+            self._agreed = True
             self.signum = agreed  # the same signal named on every rank
             self._signalled.set()  # a peer's signal: this rank's grace period starts now
         return bool(agreed)
@@ -180,7 +187,11 @@ class Preemption:
 
     def _watchdog(self) -> None:
         self._signalled.wait()
-        if self._stand_down.wait(self.cfg.grace_s):
+        signalled = time.monotonic()
+        if self.cfg.grace_s > PEER_CHECK_S + DIAGNOSIS_S:
+            if self._stand_down.wait(PEER_CHECK_S) or self._exit_if_a_peer_died():
+                return
+        if self._stand_down.wait(max(0.0, self.cfg.grace_s - (time.monotonic() - signalled))):
             return
         if not self._saved and self.rank == 0:
             print(
@@ -193,6 +204,21 @@ class Preemption:
             )
         sys.stderr.flush()
         os._exit(exit_code(self.cfg, self.checkpoints, self.signum))
+
+    def _exit_if_a_peer_died(self) -> bool:
+        """torchrun stops the survivors of a dead worker with SIGTERM, a preemption signal too, and
+        SIGKILLs them 30 s later. A survivor blocked on the dead peer (in a collective that never fails,
+        as NCCL's, or a wait on its result) never reaches the boundary; unless the ranks agreed on a stop
+        (then a peer that stopped beating has just exited after its save), name the dead rank and exit."""
+        if self.group is None or self._agreed:
+            return False
+        beat = health.current()
+        where, diagnosis = beat.where(), beat.diagnose()
+        if "stopped responding" not in diagnosis or self._stand_down.is_set() or self._agreed:
+            return False
+        name = signal.Signals(self.signum).name
+        health.report(f"rank {self.rank}: stopped by {name} during its {where}, waiting on a peer: {diagnosis}")
+        os._exit(exit_code(self.cfg, self.checkpoints, self.signum))  # as after grace_s: a preemption requeues
 
     def defer(self) -> None:
         """A failure is being diagnosed: the signals no longer stop anything here, nor the watchdog."""

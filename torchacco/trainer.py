@@ -96,20 +96,25 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
             cause = f"a collective failed ({str(e).strip().splitlines()[-1][:120]})"
         if isinstance(e, Terminated) and "stopped responding" not in diagnosis:
             raise Terminated() from None  # a plain SIGTERM: exit quietly with 143
-        raise PeerFailure(
+        message = (
             f"rank {dims.rank}: {cause} during its {where}: {diagnosis}; [training] collective_timeout_s = "
             f"{cfg.training.collective_timeout_s:g}"
-        ) from None
+        )
+        health.report(message)  # now: the teardown below can block beside a dead peer
+        raise PeerFailure(message, reported=True) from None
     finally:
-        if adapter is not None:
-            adapter.remove()
-        preemption.stop_handling(clean)
-        sigterm.restore()
-        health.stop()
-        if own_group:
-            # After an error, skip the barrier: peers may be inside another collective, and
-            # torchrun stops them once this process exits.
-            destroy(barrier=clean)
+        try:
+            if adapter is not None:
+                adapter.remove()
+            preemption.stop_handling(clean)
+            sigterm.restore()
+            health.stop()
+            if own_group:
+                # After an error, skip the barrier: peers may be inside another collective, and
+                # torchrun stops them once this process exits.
+                destroy(barrier=clean)
+        finally:
+            health.torn_down()
 
 
 def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, model, datasets, tokenizer) -> dict:
