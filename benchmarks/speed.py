@@ -106,6 +106,11 @@ def main(argv=None) -> int:
     parser.add_argument("--strategies", default="", help=f"from {', '.join(STRATEGIES)}; default: per setting")
     parser.add_argument("--out", default="bench_results")
     parser.add_argument("--name", default="speed", help="the results' file name (without suffix)")
+    parser.add_argument(
+        "--no-slow-start-after-idle",
+        action="store_true",
+        help="set net.ipv4.tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)",
+    )
     args = parser.parse_args(argv)
     out = ROOT / args.out
     plan_of = plans(out)
@@ -130,6 +135,7 @@ def main(argv=None) -> int:
     results = {}
     for setting in args.settings.split(","):
         plan, extra = plan_of[setting]
+        plan.tcp_slow_start_after_idle = not args.no_slow_start_after_idle
         rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
         for name in args.strategies.split(",") if args.strategies else PER_SETTING[setting]:
             times, token_times = [], []

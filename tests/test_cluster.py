@@ -62,6 +62,14 @@ def test_plan_without_shaping_or_quota_has_no_tc_and_no_cgroup():
     ]
 
 
+def test_tcp_slow_start_after_idle_is_linux_default_unless_turned_off_on_every_node():
+    sysctl = "net.ipv4.tcp_slow_start_after_idle=0"
+    assert not any(sysctl in c for c in ClusterPlan(nodes=2, prefix="t3").setup_commands())
+    plan = ClusterPlan(nodes=2, prefix="t3", tcp_slow_start_after_idle=False)
+    assert [c[:4] for c in plan.setup_commands() if sysctl in c] == [["ip", "netns", "exec", f"t3n{i}"] for i in (0, 1)]
+    assert "no TCP slow start after idle" in plan.describe()
+
+
 def test_tbf_burst_is_at_least_rate_over_hz():
     (cmd,) = ClusterPlan(nodes=2, rate_bps=10e9, prefix="t3").shaping_commands("x", "eth0")
     burst = int(cmd[cmd.index("burst") + 1])

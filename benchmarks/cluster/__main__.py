@@ -22,6 +22,7 @@ def plan_from_args(args) -> ClusterPlan:
         slow_node=args.slow_node,
         slow_factor=args.slow_factor,
         cpu_per_node=args.cpu_per_node,
+        tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
     )
 
 
@@ -39,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slow-factor", type=float, default=4.0)
     parser.add_argument("--cpu-per-node", type=float, default=None, help="CPU quota of every node, in cores")
     parser.add_argument("--out", default="bench_results/runs/cluster")
+    parser.add_argument(
+        "--no-slow-start-after-idle",
+        action="store_true",
+        help="set net.ipv4.tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per node")
     parser.add_argument("--port", type=int, default=29400)
     parser.add_argument("--timeout", type=float, default=900)

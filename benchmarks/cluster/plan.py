@@ -38,6 +38,9 @@ class ClusterPlan:
     prefix: str = ""  # namespace and cgroup names; unique per run
     subnet: str = "10.77.0"  # /24 inside the namespaces
     cgroup: str = "v1"  # v1 (cpu controller at /sys/fs/cgroup/cpu) or v2
+    # Linux's default: a TCP connection idle for longer than its retransmission timeout restarts from the
+    # initial congestion window, so a collective after a compute period starts slow (a per-namespace sysctl)
+    tcp_slow_start_after_idle: bool = True
 
     def __post_init__(self):
         if not self.prefix:
@@ -123,6 +126,8 @@ class ClusterPlan:
                 ["ip", "-n", ns, "link", "set", "eth0", "up"],
                 ["ip", "-n", ns, "link", "set", "lo", "up"],
             ]
+            if not self.tcp_slow_start_after_idle:
+                cmds.append(self.node_command(i, ["sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0"]))
             # node -> switch (the node's upload) and switch -> node (its download)
             cmds += self.shaping_commands(ns, "eth0")
             cmds += self.shaping_commands(sw, f"p{i}")
@@ -156,7 +161,8 @@ class ClusterPlan:
         link = format_rate(self.rate_bps) + (f", +{self.latency_ms:g} ms" if self.latency_ms else "")
         cpu = ", ".join(f"node{i} {self.cores(i):g} cores" for i in range(self.nodes) if self.cores(i) is not None)
         ranks = f" of {self.ranks_per_node} ranks" if self.ranks_per_node > 1 else ""
-        return f"{self.nodes} nodes{ranks} on {self.subnet}.0/24, links {link}" + (f", {cpu}" if cpu else "")
+        tcp = "" if self.tcp_slow_start_after_idle else ", no TCP slow start after idle"
+        return f"{self.nodes} nodes{ranks} on {self.subnet}.0/24, links {link}{tcp}" + (f", {cpu}" if cpu else "")
 
     @property
     def world_size(self) -> int:
