@@ -278,3 +278,33 @@ def test_two_node_cluster_smoke(tiny_corpus, cache_dir, tmp_path):
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert plan.prefix not in names
     assert not plan.cgroup_dir(1).exists()  # v1 or v2, whichever the cluster used
+
+
+def test_collective_probe_times_the_chosen_rings_after_a_gap_of_compute(tmp_path):
+    """One gloo rank (the rings fall back to gloo's own collectives), so it needs no namespaces."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29000 + os.getpid() % 1000), "RANK": "0"}
+    env |= {"WORLD_SIZE": "1", "TORCHACCO_NODE_REPORT_DIR": str(tmp_path)}
+    argv = ["--numel", "4096", "--repeats", "2", "--gap", "compute", "--gap-s", "0.01", "--ops", "ring_all_gather"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.workers.collective_probe", *argv], env=env, cwd=ROOT, capture_output=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "collectives.json").read_text())
+    assert result["gap"] == "compute" and result["gap_s"] == 0.01
+    assert result["ring_all_gather_s"] > 0 and "all_reduce_s" not in result
+
+
+def test_collective_gap_refuses_a_setting_it_cannot_probe_in_one_line(capsys):
+    from benchmarks import collective_gap
+
+    with pytest.raises(SystemExit) as exit:
+        collective_gap.main(["--settings", "a2"])
+    assert exit.value.code == 2
+    assert "--settings: 'a2' is not a setting of one-rank nodes on shaped links" in capsys.readouterr().err
