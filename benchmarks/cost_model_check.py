@@ -11,7 +11,8 @@ not fitted to the times it is checked against; its inputs are
     shared by all ranks); `--probe` measures it again beside the links (the same ZeRO-1 run, 30 updates), so that
     compute and links come from the machine as it is that day, and the report uses that probe when it has one;
   - the collectives: each gloo collective's probed time over the model's ring ideal on a buffer of the model's
-    size, per setting (`benchmarks/workers/collective_probe.py`) → f_rs, f_ag, f_ar; with several ranks per node,
+    size, per setting (`benchmarks/workers/collective_probe.py`, timed until every rank is done with it, as the
+    next collective of a run waits for that) → f_rs, f_ag, f_ar; with several ranks per node,
     the all-gather among one node's ranks → the in-node rate (the model's intra_bps; unprobed, in-node traffic
     would be free, though over loopback on a CPU it takes the cores' time);
   - the optimizer: torch's AdamW on one core, elements per second → opt_rate;
@@ -108,6 +109,12 @@ def probe_compute(folder: Path, updates: int = 30) -> float:
     return statistics.median(r["tokens_per_update"] / r["tokens_per_s"] * (1 - r["share_sync"]) for r in records)
 
 
+# A collective is timed until every rank is done with it: a rank's own part can end while its sends are still on
+# the wire (on these links a ring's two directions share one TCP connection and take turns), and in a run the
+# next collective waits for them.
+UNTIL_ALL = ["--until", "all", "--repeats", "5"]
+
+
 def probe(settings: dict[str, ClusterPlan], params: float, out: Path) -> dict:
     """The collectives on each setting's cluster, the optimizer's speed and the compute (root; a quiet machine)."""
     quotas = [plan.cores(i) for plan in settings.values() for i in range(plan.nodes)]
@@ -118,9 +125,10 @@ def probe(settings: dict[str, ClusterPlan], params: float, out: Path) -> dict:
     for name, plan in settings.items():
         folder = out / "runs" / "cost_model_probe" / name
         probed[name] = {"plan": plan.describe(), "date": datetime.date.today().isoformat(),
-                        "collectives": probe_collectives(plan, folder, int(params))}  # fmt: skip
+                        "collectives": probe_collectives(plan, folder, int(params), extra=UNTIL_ALL)}  # fmt: skip
         if plan.ranks_per_node > 1:
-            probed[name]["node_collectives"] = probe_collectives(one_node(plan), folder / "node", int(params))
+            node = probe_collectives(one_node(plan), folder / "node", int(params), extra=UNTIL_ALL)
+            probed[name]["node_collectives"] = node
         print(f"[cost-model-check] setting {name}: {probed[name]}", flush=True)
     return {"settings": probed, "adamw_elements_per_s": adamw_elements_per_s(int(params)),
             "compute_per_update_s": compute}  # fmt: skip

@@ -292,12 +292,13 @@ def test_collective_probe_times_the_chosen_rings_after_a_gap_of_compute(tmp_path
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29000 + os.getpid() % 1000), "RANK": "0"}
     env |= {"WORLD_SIZE": "1", "TORCHACCO_NODE_REPORT_DIR": str(tmp_path)}
     argv = ["--numel", "4096", "--repeats", "2", "--gap", "compute", "--gap-s", "0.01", "--ops", "ring_all_gather"]
+    argv += ["--until", "all"]
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.workers.collective_probe", *argv], env=env, cwd=ROOT, capture_output=True
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "collectives.json").read_text())
-    assert result["gap"] == "compute" and result["gap_s"] == 0.01
+    assert result["gap"] == "compute" and result["gap_s"] == 0.01 and result["until"] == "all"
     assert result["ring_all_gather_s"] > 0 and "all_reduce_s" not in result
 
 

@@ -30,6 +30,9 @@ def main() -> int:
     parser.add_argument("--gap", choices=("none", "sleep", "compute"), default="none")
     parser.add_argument("--gap-s", type=float, default=0.065)
     parser.add_argument("--ops", default="", help="comma-separated names of the collectives to time; default: all")
+    # a rank's collective returns once its own part is done: its sends may still be on the wire, and the next
+    # collective waits for them. "all": the time until every rank is done (a barrier inside the timing)
+    parser.add_argument("--until", choices=("own", "all"), default="own")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -58,6 +61,7 @@ def main() -> int:
                 a @ b
 
     result = {"numel": numel, "bytes": numel * 4, "world": world, "gap": args.gap, "gap_s": args.gap_s}
+    result["until"] = args.until
     for name, op in ops.items():
         times, cpu = [], []
         for _ in range(args.repeats):
@@ -65,6 +69,8 @@ def main() -> int:
             gap()
             t, c = time.perf_counter(), time.process_time()
             op()
+            if args.until == "all":
+                dist.barrier()
             times.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)
         result[name + "_s"] = statistics.median(times)
