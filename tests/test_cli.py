@@ -267,6 +267,7 @@ def test_diverging_run_stops_with_one_line_naming_the_step(tiny_corpus, cache_di
     check_one_clear_error(proc, "non-finite", "at step", "lower [optimizer] lr", launched=True)
 
 
+@pytest.mark.faults
 def test_a_stalled_rank_fails_the_run_within_the_timeout_with_one_line(tiny_corpus, cache_dir, tmp_path):
     import os
     import signal
@@ -380,6 +381,7 @@ def test_a_launcher_setting_that_is_not_a_number_is_one_line(tiny_corpus, cache_
     assert proc.returncode == 1 and "MASTER_PORT=99999 is not a TCP port" in proc.stderr
 
 
+@pytest.mark.faults
 def test_a_hung_communication_job_is_diagnosed_before_the_collective_timeout(tiny_corpus, cache_dir, tmp_path):
     """NCCL raises nothing for a hung collective: at the collective timeout its watchdog aborts the
     process without a cause. The overlapped schedules wait for their job with a deadline of their own

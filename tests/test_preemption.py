@@ -15,7 +15,8 @@ from conftest import ROOT, read_metrics, run_train, six_step_args, tiny_args
 from torchacco.checkpoint import step_dirs
 from torchacco.config import load_config
 
-pytestmark = pytest.mark.integration  # every test here starts processes (docs/testing.md)
+# every test here starts processes, and waits out signals, grace periods and relaunches (docs/testing.md)
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 REQUEUE = 75  # [preemption] exit_code's default
 

@@ -536,6 +536,7 @@ def test_the_progress_bar_of_a_run_that_stops_on_tokens_counts_tokens(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.faults
 def test_a_survivor_blocked_on_a_dead_peer_names_it_before_torchruns_sigkill(tiny_corpus, cache_dir, tmp_path):
     """torchrun stops the survivor of a dead worker with SIGTERM, which the survivor takes as a
     preemption signal, and SIGKILLs it 30 s later. Rank 0 here is blocked in a reduce-scatter that
