@@ -111,8 +111,9 @@ def probe_compute(folder: Path, updates: int = 30) -> float:
 
 # A collective is timed until every rank is done with it: a rank's own part can end while its sends are still on
 # the wire (on these links a ring's two directions share one TCP connection and take turns), and in a run the
-# next collective waits for them.
-UNTIL_ALL = ["--until", "all", "--repeats", "5"]
+# next collective waits for them. The turn-taking comes on some calls and not on others, so the model takes the
+# mean of many: a run's time per update is an average over its calls.
+UNTIL_ALL = ["--until", "all", "--repeats", "15", "--stat", "mean"]
 
 
 def probe(settings: dict[str, ClusterPlan], params: float, out: Path) -> dict:
@@ -206,7 +207,8 @@ def workload(cfg, world: int, params: float) -> cm.Workload:
                           f"of {t.local_batch_size} over {world} ranks")  # fmt: skip
     # flops_per_token is unused (Hardware.compute_s is measured); the CPU trains and communicates in fp32
     return cm.Workload(params=params, flops_per_token=1.0, tokens_per_micro_batch=t.local_batch_size * t.seq_len,
-                       micro_batches=int(per_rank), comm_bytes=4.0)  # fmt: skip
+                       micro_batches=int(per_rank), comm_bytes=4.0,
+                       bucket_bytes=cfg.parallelism.bucket_cap_mb * 2**20)  # fmt: skip
 
 
 def diloco_settings(cfg) -> dict | None:

@@ -16,6 +16,7 @@ Needs root (network namespaces) and a quiet machine. Writes bench_results/speed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import statistics
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from benchmarks.acco_reference import recipe
 from benchmarks.cluster import ClusterPlan, run_training
+from benchmarks.cluster.plan import CFS_PERIOD_US, CPU_PERIOD_HELP, ClusterError
 from benchmarks.names import ACCO, DDP, FSDP, HSDP, ZERO1
 from benchmarks.sweeps.common import panels, save_figure, write_report
 from benchmarks.token_efficiency import QUIET, VARIANTS, machine
@@ -111,12 +113,20 @@ def main(argv=None) -> int:
         action="store_true",
         help="set net.ipv4.tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)",
     )
+    parser.add_argument("--cpu-period-ms", type=float, default=CFS_PERIOD_US / 1000, help=CPU_PERIOD_HELP)
     args = parser.parse_args(argv)
     out = ROOT / args.out
     plan_of = plans(out)
     for setting in args.settings.split(","):
         if setting not in plan_of:
             parser.error(f"--settings: unknown setting {setting!r}; one of {', '.join(plan_of)}")
+        plan, extra = plan_of[setting]
+        try:
+            plan = dataclasses.replace(plan, tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
+                                       cpu_period_us=round(args.cpu_period_ms * 1000))  # fmt: skip
+        except ClusterError as e:
+            parser.error(f"setting {setting}: {e}")
+        plan_of[setting] = plan, extra
         for name in args.strategies.split(",") if args.strategies else PER_SETTING[setting]:
             if name not in STRATEGIES:
                 parser.error(f"--strategies: unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
@@ -135,7 +145,6 @@ def main(argv=None) -> int:
     results = {}
     for setting in args.settings.split(","):
         plan, extra = plan_of[setting]
-        plan.tcp_slow_start_after_idle = not args.no_slow_start_after_idle
         rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
         for name in args.strategies.split(",") if args.strategies else PER_SETTING[setting]:
             times, token_times = [], []

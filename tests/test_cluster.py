@@ -98,6 +98,21 @@ def test_slow_node_gets_a_cpu_quota_v1_and_v2():
     assert writes == {"/sys/fs/cgroup/t6n1/cpu.max": "25000 100000"}
 
 
+def test_a_short_cpu_period_grants_the_same_share_in_finer_slices_and_refuses_a_quota_under_1_ms():
+    plan = ClusterPlan(nodes=2, slow_node=1, slow_factor=8, prefix="t7", cgroup="v2", cpu_period_us=10_000)
+    writes = {c[1]: c[2] for c in plan.setup_commands() if c[0] == "write"}
+    assert writes == {"/sys/fs/cgroup/t7n1/cpu.max": "1250 10000"}
+    assert "node1 0.125 cores per 10 ms" in plan.describe()
+    v1 = ClusterPlan(nodes=2, cpu_per_node=0.5, prefix="t7", cpu_period_us=20_000)
+    writes = {c[1]: c[2] for c in v1.setup_commands() if c[0] == "write"}
+    assert writes["/sys/fs/cgroup/cpu/t7n0/cpu.cfs_period_us"] == "20000"
+    assert writes["/sys/fs/cgroup/cpu/t7n0/cpu.cfs_quota_us"] == "10000"
+    with pytest.raises(ClusterError, match="node 1's 0.125 cores are under the kernel's 1 ms quota"):
+        ClusterPlan(nodes=2, slow_node=1, slow_factor=8, prefix="t7", cpu_period_us=5000)
+    with pytest.raises(ClusterError, match="between 1 and 1000"):
+        ClusterPlan(nodes=2, prefix="t7", cpu_period_us=500)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -292,7 +307,7 @@ def test_collective_probe_times_the_chosen_rings_after_a_gap_of_compute(tmp_path
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29000 + os.getpid() % 1000), "RANK": "0"}
     env |= {"WORLD_SIZE": "1", "TORCHACCO_NODE_REPORT_DIR": str(tmp_path)}
     argv = ["--numel", "4096", "--repeats", "2", "--gap", "compute", "--gap-s", "0.01", "--ops", "ring_all_gather"]
-    argv += ["--until", "all"]
+    argv += ["--until", "all", "--stat", "mean"]
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.workers.collective_probe", *argv], env=env, cwd=ROOT, capture_output=True
     )
@@ -300,6 +315,10 @@ def test_collective_probe_times_the_chosen_rings_after_a_gap_of_compute(tmp_path
     result = json.loads((tmp_path / "collectives.json").read_text())
     assert result["gap"] == "compute" and result["gap_s"] == 0.01 and result["until"] == "all"
     assert result["ring_all_gather_s"] > 0 and "all_reduce_s" not in result
+    assert result["stat"] == "mean" and result["repeats"] == 2
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.workers.collective_probe", "--ops", "ring_all_gathr"],
+                         env=env, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "unknown collective 'ring_all_gathr'" in bad.stderr.splitlines()[-1]
 
 
 def test_collective_gap_refuses_a_setting_it_cannot_probe_in_one_line(capsys):

@@ -34,7 +34,7 @@ def test_step_times_per_strategy():
     p = cm.predict_all(WORK, h)
     assert p["zero1"]["step_time_s"] == pytest.approx(2 + 4)
     assert p["zero1"]["exposed_comm_s"] == pytest.approx(4) and p["zero1"]["overlap"] == 0
-    assert p["ddp"]["step_time_s"] == pytest.approx(2 + (4 - 2 / 3))
+    assert p["ddp"]["step_time_s"] == pytest.approx(2 + 4)  # one 25 MiB bucket: all-reduced after the backward
     # all-gathers on both micro-batches, the reduce-scatter only on the last (gradient sync is skipped before)
     assert p["fsdp"]["step_time_s"] == pytest.approx(max(1, 4) + max(1, 4 + 2))
     assert p["acco"]["step_time_s"] == pytest.approx(2 * max(1, 4))
@@ -49,6 +49,26 @@ def test_step_times_per_strategy():
     assert p["acco_adaptive"]["exposed_comm_s"] == 0 and p["acco_adaptive"]["overlap"] == 1
     for s in cm.variants():
         assert p[s]["tokens_per_s"] == pytest.approx(p[s]["tokens_per_update"] / p[s]["step_time_s"])
+
+
+def test_ddp_all_reduces_each_bucket_once_it_is_full_and_the_one_before_is_done():
+    # 4e6 bytes: V_ar = 4 s in all; the last backward (2/3 of a 1 s micro-batch) fills the buckets evenly
+    def exposed(bucket_bytes, **kw):
+        work = dataclasses.replace(WORK, bucket_bytes=bucket_bytes)
+        return cm.predict(work, hw(**kw), "ddp")["exposed_comm_s"]
+
+    assert cm.buckets(4e6, 1.5e6) == [1.5e6, 1.5e6, 1e6]
+    assert exposed(4e6) == pytest.approx(4)  # one bucket: nothing starts before the backward ends
+    # 4 buckets of 1 s: the first full at 1/6 s, each next one starts when the one before ends
+    assert exposed(1e6) == pytest.approx(1 / 6 + 4 - 2 / 3)
+    # many small buckets: all but the backward's share is exposed (the limit max(0, V_ar - 2/3 c))
+    assert exposed(4e3) == pytest.approx(4 - 2 / 3, abs=1e-2)
+    # a fast link: the buckets keep up with the backward, only the last one's all-reduce is exposed
+    assert exposed(1e6, bandwidth_bps=8e8) == pytest.approx(0.01)
+    # each bucket pays the ring's latency: 2 (N-1) L per all-reduce
+    assert exposed(1e6, latency_s=0.01) == pytest.approx(1 / 6 + 4 - 2 / 3 + 4 * 0.02)
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        dataclasses.replace(WORK, bucket_bytes=0)
 
 
 def test_acco_with_most_of_the_update_at_the_estimate_hides_less_until_the_job_outlasts_its_long_round():
@@ -177,7 +197,7 @@ def test_backend_collective_factors():
     # gloo: the reduce-scatter takes ~2x its ring ideal, the all-gather ~1.5x
     p = cm.predict_all(WORK, hw(rs_factor=2.0, ag_factor=1.5, ar_factor=1.1))
     assert p["zero1"]["step_time_s"] == pytest.approx(2 + 2 * 2 + 1.5 * 2)
-    assert p["ddp"]["step_time_s"] == pytest.approx(2 + 1.1 * 4 - 2 / 3)
+    assert p["ddp"]["step_time_s"] == pytest.approx(2 + 1.1 * 4)
     assert p["fsdp"]["step_time_s"] == pytest.approx(2 * 1.5 * 2 + (2 * 1.5 * 2 + 2 * 2))
     bal = cm.balance_bandwidth(WORK, hw(rs_factor=2.0, ag_factor=1.5))
     assert bal == pytest.approx(16e6 * 3.5 / 2)

@@ -113,6 +113,8 @@ def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys)
         (["--updates", "60", "--settings", "a", "--strategies", "diloco_h10_avg"], "leaves no timed update for"),
         (["--settings", "z"], "unknown setting 'z'"),
         (["--settings", "a", "--strategies", "nope"], "unknown strategy 'nope'"),
+        (["--settings", "c", "--cpu-period-ms", "5"], "node 3's 0.1125 cores are under the kernel's 1 ms quota"),
+        (["--settings", "a", "--cpu-period-ms", "0"], "--cpu-period-ms must be between 1 and 1000"),
     ],
 )
 def test_the_speed_benchmark_refuses_what_it_cannot_time_with_one_line_before_any_run(argv, words, tmp_path, capsys):

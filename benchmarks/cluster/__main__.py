@@ -9,7 +9,7 @@ from pathlib import Path
 
 import benchmarks.cluster
 from benchmarks.cluster.launch import run_training
-from benchmarks.cluster.plan import ClusterError, ClusterPlan, parse_rate
+from benchmarks.cluster.plan import CFS_PERIOD_US, CPU_PERIOD_HELP, ClusterError, ClusterPlan, parse_rate
 from torchacco.errors import run_cli
 
 
@@ -23,6 +23,7 @@ def plan_from_args(args) -> ClusterPlan:
         slow_factor=args.slow_factor,
         cpu_per_node=args.cpu_per_node,
         tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
+        cpu_period_us=round(args.cpu_period_ms * 1000),
     )
 
 
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="set net.ipv4.tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)",
     )
+    parser.add_argument("--cpu-period-ms", type=float, default=CFS_PERIOD_US / 1000, help=CPU_PERIOD_HELP)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per node")
     parser.add_argument("--port", type=int, default=29400)
     parser.add_argument("--timeout", type=float, default=900)

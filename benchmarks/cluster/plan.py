@@ -16,6 +16,7 @@ from torchacco.errors import UserError
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 CFS_PERIOD_US = 100_000
+CPU_PERIOD_HELP = "the CFS period of the nodes' CPU quotas (a throttled node freezes for the rest of it)"
 
 
 class ClusterError(UserError):
@@ -41,6 +42,10 @@ class ClusterPlan:
     # Linux's default: a TCP connection idle for longer than its retransmission timeout restarts from the
     # initial congestion window, so a collective after a compute period starts slow (a per-namespace sysctl)
     tcp_slow_start_after_idle: bool = True
+    # the CFS period over which a quota is granted: a throttled node freezes for the rest of it, up to
+    # (1 - cores) × period (90 ms at 0.1 cores of 100 ms), inside a collective too; a short period makes a slow
+    # node slow throughout rather than stalled in bursts
+    cpu_period_us: int = CFS_PERIOD_US
 
     def __post_init__(self):
         if not self.prefix:
@@ -63,6 +68,13 @@ class ClusterPlan:
             raise ClusterError(f"--latency-ms must be >= 0, got {self.latency_ms}")
         if self.cgroup not in ("v1", "v2"):
             raise ClusterError(f"cgroup must be v1 or v2, got {self.cgroup!r}")
+        if not 1000 <= self.cpu_period_us <= 1_000_000:
+            raise ClusterError(f"--cpu-period-ms must be between 1 and 1000, got {self.cpu_period_us / 1000:g}")
+        for i in range(self.nodes):
+            cores = self.cores(i)
+            if cores is not None and cores * self.cpu_period_us < 1000:
+                raise ClusterError(f"node {i}'s {cores:g} cores are under the kernel's 1 ms quota in a period of "
+                                   f"{self.cpu_period_us / 1000:g} ms; give a longer --cpu-period-ms")  # fmt: skip
 
     # names ---------------------------------------------------------------------------------
     @property
@@ -135,16 +147,16 @@ class ClusterPlan:
             cores = self.cores(i)
             if cores is None:
                 continue
-            quota = max(1000, int(cores * CFS_PERIOD_US))
+            quota, period = int(cores * self.cpu_period_us), self.cpu_period_us
             d = self.cgroup_dir(i)
             cmds.append(["mkdir", "-p", str(d)])
             if self.cgroup == "v1":
                 cmds += [
-                    ["write", str(d / "cpu.cfs_period_us"), str(CFS_PERIOD_US)],
+                    ["write", str(d / "cpu.cfs_period_us"), str(period)],
                     ["write", str(d / "cpu.cfs_quota_us"), str(quota)],
                 ]
             else:
-                cmds.append(["write", str(d / "cpu.max"), f"{quota} {CFS_PERIOD_US}"])
+                cmds.append(["write", str(d / "cpu.max"), f"{quota} {period}"])
         return cmds
 
     def teardown_commands(self) -> list[list[str]]:
@@ -162,6 +174,8 @@ class ClusterPlan:
         cpu = ", ".join(f"node{i} {self.cores(i):g} cores" for i in range(self.nodes) if self.cores(i) is not None)
         ranks = f" of {self.ranks_per_node} ranks" if self.ranks_per_node > 1 else ""
         tcp = "" if self.tcp_slow_start_after_idle else ", no TCP slow start after idle"
+        if cpu and self.cpu_period_us != CFS_PERIOD_US:
+            cpu += f" per {self.cpu_period_us / 1000:g} ms"
         return f"{self.nodes} nodes{ranks} on {self.subnet}.0/24, links {link}{tcp}" + (f", {cpu}" if cpu else "")
 
     @property

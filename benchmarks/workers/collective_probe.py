@@ -1,7 +1,7 @@
 """BENCHMARK ONLY: time the sharded job's collectives (reduce-scatter, all-gather, all-reduce) over gloo.
 
 Run on each emulated node under torchrun; rank 0 writes `$TORCHACCO_NODE_REPORT_DIR/collectives.json`
-with the median seconds of each collective on a buffer of `--numel` fp32 elements: gloo's own (what
+with the median (or mean) seconds of each collective on a buffer of `--numel` fp32 elements: gloo's own (what
 torch DDP and FSDP run) and, as ring_*, torchacco's point-to-point rings (what the sharded job of
 ZeRO-1, ACCO, DPU and WP runs on gloo: `torchacco/parallel/collectives.py`). The cost model's
 bytes-on-the-wire assumption for gloo is checked against it.
@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from torchacco.parallel import collectives
 
+OPS = ("reduce_scatter", "all_gather", "all_reduce", "ring_reduce_scatter", "ring_all_gather")
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -33,7 +35,13 @@ def main() -> int:
     # a rank's collective returns once its own part is done: its sends may still be on the wire, and the next
     # collective waits for them. "all": the time until every rank is done (a barrier inside the timing)
     parser.add_argument("--until", choices=("own", "all"), default="own")
+    # median: a collective's typical time; mean: what it costs a run on average, where its time is bimodal (the
+    # ring's two directions take turns on one TCP connection on some calls and not on others)
+    parser.add_argument("--stat", choices=("median", "mean"), default="median")
     args = parser.parse_args()
+    unknown = [name for name in args.ops.split(",") if name and name not in OPS]
+    if unknown:
+        parser.error(f"--ops: unknown collective {unknown[0]!r}; from {', '.join(OPS)}")
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
     numel = args.numel // world * world
@@ -61,7 +69,8 @@ def main() -> int:
                 a @ b
 
     result = {"numel": numel, "bytes": numel * 4, "world": world, "gap": args.gap, "gap_s": args.gap_s}
-    result["until"] = args.until
+    result["until"], result["stat"], result["repeats"] = args.until, args.stat, args.repeats
+    stat = getattr(statistics, args.stat)
     for name, op in ops.items():
         times, cpu = [], []
         for _ in range(args.repeats):
@@ -73,8 +82,8 @@ def main() -> int:
                 dist.barrier()
             times.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)
-        result[name + "_s"] = statistics.median(times)
-        result[name + "_cpu_s"] = statistics.median(cpu)  # CPU time the process spent during it (all threads)
+        result[name + "_s"] = stat(times)
+        result[name + "_cpu_s"] = stat(cpu)  # CPU time the process spent during it (all threads)
     if rank == 0 and os.environ.get("TORCHACCO_NODE_REPORT_DIR"):
         Path(os.environ["TORCHACCO_NODE_REPORT_DIR"], "collectives.json").write_text(json.dumps(result))
     dist.destroy_process_group()
