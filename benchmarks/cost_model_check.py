@@ -208,7 +208,7 @@ def workload(cfg, world: int, params: float) -> cm.Workload:
     # flops_per_token is unused (Hardware.compute_s is measured); the CPU trains and communicates in fp32
     return cm.Workload(params=params, flops_per_token=1.0, tokens_per_micro_batch=t.local_batch_size * t.seq_len,
                        micro_batches=int(per_rank), comm_bytes=4.0,
-                       bucket_bytes=cfg.parallelism.bucket_cap_mb * 2**20)  # fmt: skip
+                       **cm.ddp_buckets(cfg.parallelism.bucket_cap_mb))  # fmt: skip
 
 
 def diloco_settings(cfg) -> dict | None:

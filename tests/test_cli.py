@@ -142,6 +142,11 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
         pytest.param(["--training.loss_chunks", "0"], ["loss_chunks must be positive"], id="zero-loss-chunks"),
         pytest.param(["--metrics.log_every", "0"], ["[metrics] log_every must be at least 1"], id="zero-log-every"),
         pytest.param(
+            ["--parallelism.bucket_cap_mb", "-1"],
+            ["bucket_cap_mb must be 0 (torch's default) or positive, got -1"],
+            id="negative-bucket-cap",
+        ),
+        pytest.param(
             ["--eval.batches", "0"], ["[eval] batches must be at least 1", "every = 0"], id="zero-eval-batches"
         ),
         pytest.param(

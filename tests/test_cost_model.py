@@ -34,7 +34,10 @@ def test_step_times_per_strategy():
     p = cm.predict_all(WORK, h)
     assert p["zero1"]["step_time_s"] == pytest.approx(2 + 4)
     assert p["zero1"]["exposed_comm_s"] == pytest.approx(4) and p["zero1"]["overlap"] == 0
-    assert p["ddp"]["step_time_s"] == pytest.approx(2 + 4)  # one 25 MiB bucket: all-reduced after the backward
+    # torch's first bucket (1 MiB, a share f of the 4e6 bytes) is all-reduced from f of the way through the last
+    # backward (2/3 s) on; the rest once the backward ends and that one is done
+    f = 2**20 / 4e6
+    assert p["ddp"]["step_time_s"] == pytest.approx(2 + 4 - 2 / 3 * (1 - f))
     # all-gathers on both micro-batches, the reduce-scatter only on the last (gradient sync is skipped before)
     assert p["fsdp"]["step_time_s"] == pytest.approx(max(1, 4) + max(1, 4 + 2))
     assert p["acco"]["step_time_s"] == pytest.approx(2 * max(1, 4))
@@ -54,10 +57,13 @@ def test_step_times_per_strategy():
 def test_ddp_all_reduces_each_bucket_once_it_is_full_and_the_one_before_is_done():
     # 4e6 bytes: V_ar = 4 s in all; the last backward (2/3 of a 1 s micro-batch) fills the buckets evenly
     def exposed(bucket_bytes, **kw):
-        work = dataclasses.replace(WORK, bucket_bytes=bucket_bytes)
+        work = dataclasses.replace(WORK, bucket_bytes=bucket_bytes, first_bucket_bytes=None)
         return cm.predict(work, hw(**kw), "ddp")["exposed_comm_s"]
 
     assert cm.buckets(4e6, 1.5e6) == [1.5e6, 1.5e6, 1e6]
+    assert cm.buckets(4e6, 3e6, first=0.5e6) == [0.5e6, 3e6, 0.5e6]
+    assert cm.buckets(1e5, 3e6, first=0.5e6) == [1e5]
+    assert cm.ddp_buckets(0) == {} and cm.ddp_buckets(25) == {"bucket_bytes": 25 * 2**20, "first_bucket_bytes": None}
     assert exposed(4e6) == pytest.approx(4)  # one bucket: nothing starts before the backward ends
     # 4 buckets of 1 s: the first full at 1/6 s, each next one starts when the one before ends
     assert exposed(1e6) == pytest.approx(1 / 6 + 4 - 2 / 3)
@@ -69,6 +75,8 @@ def test_ddp_all_reduces_each_bucket_once_it_is_full_and_the_one_before_is_done(
     assert exposed(1e6, latency_s=0.01) == pytest.approx(1 / 6 + 4 - 2 / 3 + 4 * 0.02)
     with pytest.raises(ValueError, match="bucket_bytes"):
         dataclasses.replace(WORK, bucket_bytes=0)
+    with pytest.raises(ValueError, match="first_bucket_bytes"):
+        dataclasses.replace(WORK, first_bucket_bytes=0)
 
 
 def test_acco_with_most_of_the_update_at_the_estimate_hides_less_until_the_job_outlasts_its_long_round():
@@ -197,7 +205,7 @@ def test_backend_collective_factors():
     # gloo: the reduce-scatter takes ~2x its ring ideal, the all-gather ~1.5x
     p = cm.predict_all(WORK, hw(rs_factor=2.0, ag_factor=1.5, ar_factor=1.1))
     assert p["zero1"]["step_time_s"] == pytest.approx(2 + 2 * 2 + 1.5 * 2)
-    assert p["ddp"]["step_time_s"] == pytest.approx(2 + 1.1 * 4)
+    assert p["ddp"]["step_time_s"] == pytest.approx(2 + 1.1 * 4 - 2 / 3 * (1 - 2**20 / 4e6))
     assert p["fsdp"]["step_time_s"] == pytest.approx(2 * 1.5 * 2 + (2 * 1.5 * 2 + 2 * 2))
     bal = cm.balance_bandwidth(WORK, hw(rs_factor=2.0, ag_factor=1.5))
     assert bal == pytest.approx(16e6 * 3.5 / 2)
@@ -289,3 +297,34 @@ def test_diloco_time_per_update_adds_the_exposed_outer_transfer_over_h_updates()
     assert diloco_memory_bytes(work, eight, "zero1") == memory_bytes(work, node, "zero1") + 8 * 1e6 / 4
     assert diloco_memory_bytes(work, eight, "ddp") == memory_bytes(work, node, "ddp") + 8 * 1e6
     assert diloco_memory_bytes(work, eight, "zero1", offload=True) == memory_bytes(work, node, "zero1")
+
+
+@pytest.mark.parametrize("cap_mb, expected", [(0.0, 2), (25.0, 1)])
+def test_ddps_buckets_are_the_ones_the_model_assumes(cap_mb, expected):
+    """torchacco's DDP on a group of one: [parallelism] bucket_cap_mb = 0 gets torch's small first bucket, a cap
+    that is set makes every bucket that size (torch rebuilds its buckets in the backward's order after one
+    update); the cost model splits the same bytes the same way."""
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from torchacco.config import Optimizer
+    from torchacco.parallel.ddp import DDP
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)])  # 2.1 MB of fp32 gradients
+        dims = types.SimpleNamespace(dp_group=dist.group.WORLD, dp_size=1, dp_rank=0)
+        plan = types.SimpleNamespace(micro_batches=1, schedule=None, max_norm=1.0)
+        ddp = DDP(model, dims, plan, Optimizer(), bucket_cap_mb=cap_mb)
+        for _ in range(3):
+            ddp.model(torch.randn(4, 256)).sum().backward()
+        sizes = [int(s) for s in ddp.model._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(",")]
+    finally:
+        dist.destroy_process_group()
+    total = sum(p.numel() * 4 for p in model.parameters())
+    work = dataclasses.replace(WORK, params=total / 4, **cm.ddp_buckets(cap_mb))
+    modelled = cm.buckets(total, work.bucket_bytes, work.first_bucket_bytes)
+    assert len(sizes) == len(modelled) == expected
+    assert sizes == pytest.approx(modelled, rel=0.01)  # torch closes a bucket at the first parameter past the cap

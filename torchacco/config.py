@@ -149,7 +149,11 @@ class Parallelism:
         _default_strategy, "the data-parallel strategy (docs/parallelism.md)", choices=_strategy_names
     )
     reshard_after_forward: bool = key(True, "fsdp: free gathered parameters after forward")
-    bucket_cap_mb: float = key(25.0, "ddp: gradient bucket size")
+    bucket_cap_mb: float = key(
+        0.0,
+        "ddp: gradient bucket size in MiB; 0: torch's default, 25 MiB buckets after a first one of 1 MiB whose "
+        "all-reduce starts early in the backward (a model smaller than one bucket overlaps nothing)",
+    )
     reduce_dtype: Literal["fp32", "bf16"] = key(
         "fp32",
         "fsdp, zero1 and the overlapped schedules (acco, dpu, wp): the dtype gradients are summed over the "

@@ -21,9 +21,9 @@ one gradient (or parameter) buffer on the wire, and W = N·G ranks:
 The formula follows what the strategy class declares (`communication`, `overlapped`,
 `periods_per_update`), so a new strategy is modelled by the traits it shares:
   all_reduce_in_backward (ddp)  k·c + E + P / opt_rate, E the all-reduce's end past the last backward (⅔c):
-                                DDP's buckets of bucket_cap_mb fill at an even rate through that backward, each
-                                all-reduced once full and once the one before is done: many small buckets give
-                                E = max(0, V_ar − ⅔c), a model in one bucket E = V_ar
+                                DDP's buckets (torch's default: 1 MiB, then 25 MiB each) fill at an even rate
+                                through that backward, each all-reduced once full and once the one before is done:
+                                many small buckets give E = max(0, V_ar − ⅔c), a model in one bucket E = V_ar
   per_micro_batch (fsdp)        (k−1)·max(c, 2V_ag) + max(c, 2V_ag + V_rs) + P/W / opt_rate
                                 (prefetched all-gathers; the reduce-scatter only on the last micro-batch)
     inside a node (hsdp)        the same over the node's G ranks (v: the node's ring), plus the shards'
@@ -98,17 +98,18 @@ class Workload:
     micro_batches: int = 2  # per rank and update (ZeRO-1's accumulation k; ACCO runs k/2 per round)
     comm_bytes: float = 2.0  # bytes per element on the wire (bf16 2, fp32 4)
     activation_bytes: float = 0.0  # peak activations of one micro-batch on a rank (0: not counted)
-    # DDP's [parallelism] bucket_cap_mb: torchacco sets it, so torch makes every bucket that size (torch's smaller
-    # first bucket is for an unset cap)
+    # DDP's gradient buckets ([parallelism] bucket_cap_mb): torch's default fills a small first one, whose all-reduce
+    # starts early in the backward; a cap that is set makes every bucket that size
     bucket_bytes: float = 25 * 2**20
+    first_bucket_bytes: float | None = 2**20  # None: bucket_bytes
 
     def __post_init__(self):
         if self.params <= 0 or self.flops_per_token <= 0 or self.tokens_per_micro_batch <= 0:
             raise ValueError("params, flops_per_token and tokens_per_micro_batch must be positive")
         if self.micro_batches < 1:
             raise ValueError("micro_batches must be >= 1")
-        if self.bucket_bytes <= 0:
-            raise ValueError("bucket_bytes must be positive")
+        if self.bucket_bytes <= 0 or (self.first_bucket_bytes is not None and self.first_bucket_bytes <= 0):
+            raise ValueError("bucket_bytes and first_bucket_bytes must be positive")
 
 
 @dataclasses.dataclass
@@ -182,9 +183,16 @@ def collective_s(nbytes: float, hw: Hardware) -> float:
     return t
 
 
-def buckets(total: float, cap: float) -> list[float]:
+def buckets(total: float, cap: float, first: float | None = None) -> list[float]:
     """The bytes of each of DDP's gradient buckets, in the order the backward fills them."""
-    return [cap] * int(total // cap) + ([total % cap] if total % cap else [])
+    head = [min(total, first)] if first else []
+    rest = total - sum(head)
+    return head + [cap] * int(rest // cap) + ([rest % cap] if rest % cap else [])
+
+
+def ddp_buckets(bucket_cap_mb: float) -> dict:
+    """Workload's bucket fields for [parallelism] bucket_cap_mb (0: torch's default)."""
+    return {} if not bucket_cap_mb else {"bucket_bytes": bucket_cap_mb * 2**20, "first_bucket_bytes": None}
 
 
 def bucketed_all_reduce_exposed_s(work: Workload, hw: Hardware, backward_s: float) -> float:
@@ -192,7 +200,7 @@ def bucketed_all_reduce_exposed_s(work: Workload, hw: Hardware, backward_s: floa
     rate through the backward (`backward_s`), and each is all-reduced once it is full and the one before is done."""
     total = work.params * work.comm_bytes
     done = filled = 0.0
-    for size in buckets(total, work.bucket_bytes):
+    for size in buckets(total, work.bucket_bytes, work.first_bucket_bytes):
         filled += size
         done = max(done, backward_s * filled / total) + hw.ar_factor * 2 * collective_s(size, hw)
     return max(0.0, done - backward_s)

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-batch", type=int, default=1)
     p.add_argument("--micro-batches", type=int, default=2, help="per GPU and update (ZeRO-1's accumulation)")
     p.add_argument("--comm-bytes", type=float, default=2.0, help="bytes per element on the wire (bf16: 2)")
-    p.add_argument("--bucket-cap-mb", type=float, default=Parallelism().bucket_cap_mb, help="ddp's gradient buckets")
+    p.add_argument("--bucket-cap-mb", type=float, default=Parallelism().bucket_cap_mb, help="ddp's buckets; 0: torch's")
     p.add_argument("--memory-gib", type=float, default=None, help="memory per GPU (default: the device's)")
     p.add_argument("--activation-checkpoint", default="selective", choices=tuple(cm.ACTIVATION_BYTES))
     p.add_argument("--loss-chunks", type=int, default=8, help="[training] loss_chunks (fp32 logits per chunk)")
@@ -65,7 +65,9 @@ def workload_and_hardware(args) -> tuple[cm.Workload, cm.Hardware]:
             args.model, args.flavor, args.seq_len, args.local_batch, args.micro_batches, comm_bytes=args.comm_bytes,
             activation_checkpoint=args.activation_checkpoint, loss_chunks=args.loss_chunks,
         )  # fmt: skip
-        work = dataclasses.replace(work, bucket_bytes=args.bucket_cap_mb * 2**20)
+        if args.bucket_cap_mb < 0:
+            raise ValueError(f"--bucket-cap-mb must be 0 (torch's default) or positive, got {args.bucket_cap_mb:g}")
+        work = dataclasses.replace(work, **cm.ddp_buckets(args.bucket_cap_mb))
     except ValueError as e:
         raise UserError(str(e)) from None
     hw = cm.Hardware(

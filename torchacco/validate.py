@@ -153,6 +153,8 @@ def check_parallelism(p, world_size: int) -> int:
             f"{world_size} ranks are not divisible by [parallelism] tensor_parallel_degree × pipeline_parallel_degree "
             f"= {tp} × {pp} = {tp * pp}; launch a multiple of {tp * pp} ranks (NPROC × NNODES) or change the degrees"
         )
+    if p.bucket_cap_mb < 0:
+        raise UserError(f"[parallelism] bucket_cap_mb must be 0 (torch's default) or positive, got {p.bucket_cap_mb:g}")
     if p.pipeline_microbatches < 0:
         raise UserError(
             f"[parallelism] pipeline_microbatches must be 0 (auto) or positive, got {p.pipeline_microbatches}"

@@ -21,9 +21,10 @@ class DDP(Replicated):
     autocast_compute = True
     variants = {"ddp_balanced": (("--parallelism.balance_batches", "true"), "balanced")}
 
-    def __init__(self, model, dims, plan, optimizer, bucket_cap_mb: float = 25.0, balance: bool = False):
+    def __init__(self, model, dims, plan, optimizer, bucket_cap_mb: float = 0.0, balance: bool = False):
+        # an unset cap (None) is what gets torch's small first bucket; a given one makes every bucket that size
         wrapped = DistributedDataParallel(
-            model, process_group=dims.dp_group, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True
+            model, process_group=dims.dp_group, bucket_cap_mb=bucket_cap_mb or None, gradient_as_bucket_view=True
         )
         super().__init__(wrapped, dims, plan, optimizer, balance)
 
