@@ -98,15 +98,52 @@ def adamw_elements_per_s(numel: int, steps: int = 30) -> float:
     return numel / statistics.median(times)
 
 
-def probe_compute(folder: Path, updates: int = 30) -> float:
+def probe_compute(folder: Path, updates: int = 30, cores: float | None = None) -> float:
     """The calibration measured again: ZeRO-1's data, forward and backward per update (median, past 5 updates)
-    on 2 unshaped one-rank nodes, so that compute and links are measured on the machine as it is today."""
+    on 2 unshaped one-rank nodes, so that compute and links are measured on the machine as it is today; `cores`:
+    both nodes under that CPU quota."""
     train = [*recipe(updates, 1.5e-3, 0), *QUIET, *STRATEGIES[ZERO1], "--eval.every", "0"]
     train += ["--training.max_tokens", "0", "--training.steps", str(updates)]  # as benchmarks.speed
-    records = run_training(ClusterPlan(nodes=CALIBRATION_RANKS, rate_bps=None), train, folder)["records"][5:]
+    plan = ClusterPlan(nodes=CALIBRATION_RANKS, rate_bps=None, cpu_per_node=cores)
+    records = run_training(plan, train, folder)["records"][5:]
     if not records:
         raise UserError(f"the compute probe logged no update past the fifth; see {folder}")
     return statistics.median(r["tokens_per_update"] / r["tokens_per_s"] * (1 - r["share_sync"]) for r in records)
+
+
+def probe_cpu_per_update(folder: Path, short: int = 8, long: int = 38) -> float:
+    """ZeRO-1's CPU seconds per update and rank, all threads (compute, its collectives' copies and sums, the
+    optimizer, the trainer's own work), on 2 unshaped one-rank nodes: the CPU time of a long run less a short
+    one's (start-up cancels), over the updates between."""
+    cpu = []
+    for updates in (short, long):
+        train = [*recipe(updates, 1.5e-3, 0), *QUIET, *STRATEGIES[ZERO1], "--eval.every", "0"]
+        train += ["--training.max_tokens", "0", "--training.steps", str(updates)]
+        ranks = run_training(ClusterPlan(nodes=CALIBRATION_RANKS, rate_bps=None), train, folder / str(updates))["ranks"]
+        cpu.append(statistics.mean(r["cpu_user_s"] + r["cpu_sys_s"] for r in ranks))
+    return (cpu[1] - cpu[0]) / (long - short)
+
+
+def cpu_budget_s(label: str, cfg, plan: ClusterPlan, inputs: dict, work: cm.Workload) -> float:
+    """The emulation's CPU budget: a rank on a share of a core (a node's quota, or the machine's cores shared)
+    cannot update faster than its CPU work per update over that share. The work is its micro-batches' compute
+    plus, per job of the update, what ZeRO-1 spends beyond compute (probed); on a GPU the host does not compute,
+    so this bound is the CPU emulation's, not the cost model's. 0 without the probe."""
+    overhead = inputs.get("cpu_overhead_s")
+    if overhead is None:
+        return 0.0
+    from torchacco.parallel.balance import split_by_speed
+
+    cls = strategy_class(cfg)
+    cores = [c for c in cores_per_rank(plan, inputs["cores"]) for _ in range(plan.ranks_per_node)]
+    k = work.micro_batches
+    counts = [k] * len(cores)
+    if label in cm.variants() and cm.variants()[label][1] == "balanced":
+        minimum = 1 if cls.communication == "all_reduce_in_backward" else 0
+        counts = split_by_speed(k * len(cores), [seconds_per_token_at(c, inputs) for c in cores], minimum)
+    jobs = cls.periods_per_update if cls.overlapped else 1
+    per_micro_batch = work.tokens_per_micro_batch * inputs["seconds_per_token"]
+    return max((n * per_micro_batch + jobs * overhead) / c for n, c in zip(counts, cores))
 
 
 # A collective is timed until every rank is done with it: a rank's own part can end while its sends are still on
@@ -114,25 +151,44 @@ def probe_compute(folder: Path, updates: int = 30) -> float:
 # next collective waits for them. The turn-taking comes on some calls and not on others, so the model takes the
 # mean of many: a run's time per update is an average over its calls.
 UNTIL_ALL = ["--until", "all", "--repeats", "15", "--stat", "mean"]
+# The turn-taking also holds for a connection's life: whole runs (and probes) come out fast or slow on the same
+# link, so the probe launches anew several times and takes the mean of the launches.
+LAUNCHES = 3
+
+
+def probe_launches(plan: ClusterPlan, folder: Path, params: int, launches: int = LAUNCHES) -> dict:
+    """collective_probe on `plan` launched `launches` times (new connections each time): the mean of each time."""
+    runs = [probe_collectives(plan, folder / str(i), params, extra=UNTIL_ALL) for i in range(launches)]
+    mean = {key: statistics.mean(run[key] for run in runs) for key in runs[0] if key.endswith("_s")}
+    return {**runs[0], **mean, "launches": launches, "per_launch": runs}
 
 
 def probe(settings: dict[str, ClusterPlan], params: float, out: Path) -> dict:
     """The collectives on each setting's cluster, the optimizer's speed and the compute (root; a quiet machine)."""
-    quotas = [plan.cores(i) for plan in settings.values() for i in range(plan.nodes)]
+    quotas = [plan.cores(i) for plan in settings.values() for i in range(plan.nodes) if plan.ranks_per_node == 1]
     preflight(need_cgroup=any(cores is not None for cores in quotas))
     compute = probe_compute(out / "runs" / "cost_model_probe" / "compute")
+    cpu = probe_cpu_per_update(out / "runs" / "cost_model_probe" / "cpu")
+    print(f"[cost-model-check] CPU: ZeRO-1 {cpu:.4f} s per update and rank", flush=True)
     print(f"[cost-model-check] compute: ZeRO-1 {compute:.4f} s per update on 2 unshaped nodes", flush=True)
+    # a node under a CPU quota computes slower than its share of a core says (throttled, its caches go cold), so
+    # each quota a one-rank node gets is measured as it is
+    at_cores = {}
+    for cores in sorted({q for q in quotas if q is not None and q < THREADS}):
+        at_cores[f"{cores:g}"] = probe_compute(out / "runs" / "cost_model_probe" / f"compute_{cores:g}", cores=cores)
+        print(f"[cost-model-check] compute at {cores:g} cores: {at_cores[f'{cores:g}']:.4f} s per update", flush=True)
     probed = {}
     for name, plan in settings.items():
         folder = out / "runs" / "cost_model_probe" / name
         probed[name] = {"plan": plan.describe(), "date": datetime.date.today().isoformat(),
-                        "collectives": probe_collectives(plan, folder, int(params), extra=UNTIL_ALL)}  # fmt: skip
+                        "collectives": probe_launches(plan, folder, int(params))}  # fmt: skip
         if plan.ranks_per_node > 1:
-            node = probe_collectives(one_node(plan), folder / "node", int(params), extra=UNTIL_ALL)
+            node = probe_launches(one_node(plan), folder / "node", int(params))
             probed[name]["node_collectives"] = node
         print(f"[cost-model-check] setting {name}: {probed[name]}", flush=True)
     return {"settings": probed, "adamw_elements_per_s": adamw_elements_per_s(int(params)),
-            "compute_per_update_s": compute}  # fmt: skip
+            "compute_per_update_s": compute, "compute_per_update_s_at_cores": at_cores,
+            "cpu_per_update_s": cpu}  # fmt: skip
 
 
 def one_node(plan: ClusterPlan) -> ClusterPlan:
@@ -185,16 +241,24 @@ def collective_factors(links: dict, collectives: dict) -> dict:
     return {"gloo": gloo, "rings": rings}
 
 
+def seconds_per_token_at(cores: float, inputs: dict) -> float:
+    """A rank's compute per token at its cores: probed at that CPU quota where it was, else one core's over cores."""
+    probed = inputs.get("seconds_per_token_at_cores", {}).get(f"{cores:g}")
+    return probed if probed is not None else inputs["seconds_per_token"] / cores
+
+
 def hardware(plan: ClusterPlan, inputs: dict, links: dict, factors: dict, tokens_per_micro_batch: float):
     """The cluster as the cost model sees it: links, probed factors, each rank's compute at its cores."""
     cores = cores_per_rank(plan, inputs["cores"])
-    fast, slow = max(cores), min(cores)
+    per_token = [seconds_per_token_at(c, inputs) for c in cores]
+    fastest, slowest = min(per_token), max(per_token)
+    slow = min(cores)
     return cm.Hardware(
         **links,
         **factors,
         flops=1.0,  # unused: compute_s is measured
-        compute_s=inputs["seconds_per_token"] * tokens_per_micro_batch / fast,
-        slow_factor=fast / slow,
+        compute_s=fastest * tokens_per_micro_batch,
+        slow_factor=slowest / fastest,
         opt_rate=inputs["adamw_elements_per_s"] * slow,  # synchronous ranks wait for the slowest one's step
     )
 
@@ -287,7 +351,16 @@ def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed:
         try:
             work = workload(cfg, plan.world_size, inputs["params"])
             hw = hardware(plan, inputs, links, factors[implementation(cfg)], work.tokens_per_micro_batch)
-            rows[label] = verdict(predict_label(label, cfg, work, hw), measured["mean"], recipe_tokens)
+            prediction = predict_label(label, cfg, work, hw)
+            budget = cpu_budget_s(label, cfg, plan, inputs, work)
+            if budget > prediction["step_time_s"]:  # CPU-bound: the compute share grows, the exposed time stays
+                prediction = {
+                    **prediction,
+                    "step_time_s": budget,
+                    "tokens_per_s": prediction["tokens_per_update"] / budget,
+                }
+            rows[label] = verdict(prediction, measured["mean"], recipe_tokens)
+            rows[label]["cpu_budget_s"] = budget
             rows[label]["communicates_in_micro_batches"] = communicates_in_micro_batches(cfg, plan.world_size)
         except NotModelled as e:
             skipped[label] = str(e)
@@ -358,6 +431,23 @@ def check(tables: dict[str, dict], settings: dict, probes: dict, inputs: dict, r
 # the report --------------------------------------------------------------------------------------
 
 
+def cpu_budget_text(inputs: dict) -> str:
+    if "cpu_overhead_s" not in inputs:
+        return ""
+    return (
+        f"; a rank's CPU budget: its compute plus {inputs['cpu_overhead_s'] * 1e3:.1f} ms of CPU per job (ZeRO-1's "
+        "CPU per update beyond its compute, probed), over its share of a core, bounds its time per update"
+    )
+
+
+def at_cores(inputs: dict) -> str:
+    """The compute probed under CPU quotas, as the report names it."""
+    probed = inputs.get("seconds_per_token_at_cores") or {}
+    rows = [f"{s * 1e6:.1f} µs at {cores} cores ({s * float(cores) / inputs['seconds_per_token']:.2f}× the scaled time)"
+            for cores, s in sorted(probed.items(), key=lambda kv: float(kv[0]))]  # fmt: skip
+    return f", except where probed under that quota: {', '.join(rows)}" if rows else ""
+
+
 def markdown(result: dict, meta: dict) -> str:
     inputs = meta["inputs"]
     lines = [
@@ -368,7 +458,7 @@ def markdown(result: dict, meta: dict) -> str:
         f"Inputs, none of them the times checked: compute {inputs['seconds_per_token'] * 1e6:.1f} µs per token on "
         f"one core ({'probed with the links' if inputs.get('compute_probed') else 'the time-to-loss calibration'}: "
         f"ZeRO-1, {inputs['compute_per_update_s']:.4f} s per update on 2 unshaped nodes), scaled by each rank's "
-        f"cores; AdamW {inputs['adamw_elements_per_s']:.3g} elements/s on "
+        f"cores{at_cores(inputs)}{cpu_budget_text(inputs)}; AdamW {inputs['adamw_elements_per_s']:.3g} elements/s on "
         f"one core; {inputs['params']:,.0f} parameters in fp32; each setting's gloo collectives probed alone. "
         f"Bar: |error| ≤ {TOLERANCE:.0%}.",
     ]
@@ -454,7 +544,9 @@ def probes_for(out: Path, settings: dict, wanted: list[str], params: float, prob
         meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command}
         cached = {"meta": meta, "settings": {**cached["settings"], **fresh["settings"]},
                   "adamw_elements_per_s": fresh["adamw_elements_per_s"],
-                  "compute_per_update_s": fresh["compute_per_update_s"]}  # fmt: skip
+                  "compute_per_update_s": fresh["compute_per_update_s"],
+                  "compute_per_update_s_at_cores": fresh["compute_per_update_s_at_cores"],
+                  "cpu_per_update_s": fresh["cpu_per_update_s"]}  # fmt: skip
         path.write_text(json.dumps(cached, indent=1))
     missing = [s for s in wanted if s not in cached["settings"]]
     if missing or "adamw_elements_per_s" not in cached:
@@ -497,6 +589,12 @@ def main(argv: list[str] | None = None) -> int:
     inputs["adamw_elements_per_s"] = cached["adamw_elements_per_s"]
     if "compute_per_update_s" in cached:  # the calibration measured again beside the probes: today's machine
         inputs = {**inputs, **compute_inputs(cached["compute_per_update_s"], inputs["params"]), "compute_probed": True}
+        per_update = cached.get("compute_per_update_s_at_cores", {})
+        if "cpu_per_update_s" in cached:  # ZeRO-1's CPU beyond its compute, per update and rank
+            inputs["cpu_overhead_s"] = max(0.0, cached["cpu_per_update_s"] - cached["compute_per_update_s"])
+        inputs["seconds_per_token_at_cores"] = {
+            cores: compute_inputs(s, inputs["params"])["seconds_per_token"] for cores, s in per_update.items()
+        }
     result = check(tables, settings, cached["settings"], inputs, out / "runs" / "speed")
     probed = cached.get("meta", {})
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command(argv),

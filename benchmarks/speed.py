@@ -43,6 +43,8 @@ STRATEGIES = {
     # mixed replicas: a replica runs as many of a period's H inner updates as fit in the fastest one's time
     **{f"{v}_balanced": [*VARIANTS[v], "--diloco.balance_replicas", "true"] for v in ("diloco_h50", "diloco_h10_avg")},
     f"{DDP}_balanced": ["--parallelism.data_parallel", DDP, *BALANCE],
+    # every gradient bucket 25 MiB (a set cap): this model's gradients in one bucket, all-reduced after the backward
+    f"{DDP}_one_bucket": ["--parallelism.data_parallel", DDP, "--parallelism.bucket_cap_mb", "25"],
     f"{ZERO1}_balanced": ["--parallelism.data_parallel", ZERO1, *BALANCE],
     f"{ACCO}_balanced": ["--parallelism.data_parallel", ACCO, "--acco.mode", "balanced"],
 }

@@ -35,6 +35,20 @@ def test_a_rank_gets_its_nodes_quota_and_its_share_of_the_machine_but_at_most_on
     assert check.cores_per_rank(ClusterPlan(nodes=2), cores=16) == [1, 1]
 
 
+def test_a_rank_under_a_probed_quota_computes_at_the_probed_speed_and_the_others_scale_one_cores():
+    plan = ClusterPlan(nodes=4, cpu_per_node=0.45, slow_node=3, slow_factor=4.0)
+    inputs = {"cores": 2, "seconds_per_token": 1e-4, "adamw_elements_per_s": 1e8,
+              "seconds_per_token_at_cores": {"0.1125": 1.5e-3}}  # fmt: skip
+    assert check.seconds_per_token_at(0.45, inputs) == pytest.approx(1e-4 / 0.45)
+    assert check.seconds_per_token_at(0.1125, inputs) == 1.5e-3  # 1.69× what 0.1125 of a core would take
+    hw = check.hardware(plan, inputs, {"nodes": 4, "bandwidth_bps": None}, {}, tokens_per_micro_batch=128)
+    assert hw.compute_s == pytest.approx(128 * 1e-4 / 0.45)
+    assert hw.slow_factor == pytest.approx(1.5e-3 / (1e-4 / 0.45))
+    assert hw.opt_rate == pytest.approx(1e8 * 0.1125)
+    assert "1500.0 µs at 0.1125 cores (1.69× the scaled time)" in check.at_cores(inputs)
+    assert check.at_cores({"seconds_per_token": 1e-4}) == ""
+
+
 def _collectives(bytes_, rs, ag, ar, ring_rs, ring_ag):
     return {"bytes": bytes_, "reduce_scatter_s": rs, "all_gather_s": ag, "all_reduce_s": ar,
             "ring_reduce_scatter_s": ring_rs, "ring_all_gather_s": ring_ag}  # fmt: skip
@@ -125,3 +139,32 @@ def test_the_speed_benchmark_refuses_what_it_cannot_time_with_one_line_before_an
     with pytest.raises(SystemExit):
         speed.main([*argv, "--out", str(tmp_path)])
     assert words in capsys.readouterr().err
+
+
+def test_the_collective_probe_is_the_mean_of_several_launches(monkeypatch, tmp_path):
+    times = iter([0.1, 0.3, 0.2])
+
+    def fake(plan, folder, params, extra):
+        assert "--until" in extra and "mean" in extra
+        return {"bytes": 8, "ring_all_gather_s": next(times), "until": "all"}
+
+    monkeypatch.setattr(check, "probe_collectives", fake)
+    probed = check.probe_launches(ClusterPlan(nodes=2), tmp_path, 2)
+    assert probed["ring_all_gather_s"] == pytest.approx(0.2) and probed["bytes"] == 8
+    assert probed["launches"] == 3 and [r["ring_all_gather_s"] for r in probed["per_launch"]] == [0.1, 0.3, 0.2]
+
+
+def test_a_rank_on_a_small_cpu_share_is_bounded_by_its_cpu_work_per_update():
+    plan, extra = plans(check.ROOT / "bench_results")["c"]  # 0.45 cores a node, 0.1125 on the slow one; 4 micro-batches
+    inputs = {"cores": 2, "seconds_per_token": 1e-4, "cpu_overhead_s": 0.02}
+    cfg = check.trainer_config([*STRATEGIES["zero1"], *extra])
+    work = check.workload(cfg, plan.world_size, 6e5)
+    assert work.micro_batches == 4 and work.tokens_per_micro_batch == 128
+    assert check.cpu_budget_s("zero1", cfg, plan, inputs, work) == pytest.approx((4 * 128 * 1e-4 + 0.02) / 0.1125)
+    acco = check.trainer_config([*STRATEGIES["acco"], *extra])  # two jobs per update
+    assert check.cpu_budget_s("acco", acco, plan, inputs, work) == pytest.approx((4 * 128 * 1e-4 + 0.04) / 0.1125)
+    # balanced: the slow rank keeps fewer micro-batches, so a fast one may bind
+    bal = check.cpu_budget_s("zero1_balanced", check.trainer_config([*STRATEGIES["zero1_balanced"], *extra]), plan,
+                             inputs, work)  # fmt: skip
+    assert bal < check.cpu_budget_s("zero1", cfg, plan, inputs, work)
+    assert check.cpu_budget_s("zero1", cfg, plan, {"cores": 2, "seconds_per_token": 1e-4}, work) == 0.0
