@@ -10,9 +10,14 @@ not fitted to the times it is checked against; its inputs are
     token on one core, scaled by the cores a rank gets in each setting (its node's CPU quota, the machine's cores
     shared by all ranks); `--probe` measures it again beside the links (the same ZeRO-1 run, 30 updates), so that
     compute and links come from the machine as it is that day, and the report uses that probe when it has one;
+    it also runs that ZeRO-1 probe under each CPU quota a one-rank node of the settings gets, and a rank at such a
+    quota computes at the probed speed;
+  - a rank's CPU budget: ZeRO-1's CPU seconds per update beyond its compute (probed), per job of an update, plus
+    its micro-batches' compute, over its share of a core, bounds its time per update (the CPU emulation's bound);
   - the collectives: each gloo collective's probed time over the model's ring ideal on a buffer of the model's
     size, per setting (`benchmarks/workers/collective_probe.py`, timed until every rank is done with it, as the
-    next collective of a run waits for that) → f_rs, f_ag, f_ar; with several ranks per node,
+    next collective of a run waits for that; the mean of 15 calls in each of 3 launches) → f_rs, f_ag, f_ar; with
+    several ranks per node,
     the all-gather among one node's ranks → the in-node rate (the model's intra_bps; unprobed, in-node traffic
     would be free, though over loopback on a CPU it takes the cores' time);
   - the optimizer: torch's AdamW on one core, elements per second → opt_rate;
@@ -120,6 +125,8 @@ def probe_cpu_per_update(folder: Path, short: int = 8, long: int = 38) -> float:
         train = [*recipe(updates, 1.5e-3, 0), *QUIET, *STRATEGIES[ZERO1], "--eval.every", "0"]
         train += ["--training.max_tokens", "0", "--training.steps", str(updates)]
         ranks = run_training(ClusterPlan(nodes=CALIBRATION_RANKS, rate_bps=None), train, folder / str(updates))["ranks"]
+        if len(ranks) != CALIBRATION_RANKS:
+            raise UserError(f"the CPU probe read {len(ranks)} of {CALIBRATION_RANKS} ranks' reports; see {folder}")
         cpu.append(statistics.mean(r["cpu_user_s"] + r["cpu_sys_s"] for r in ranks))
     return (cpu[1] - cpu[0]) / (long - short)
 
@@ -138,7 +145,7 @@ def cpu_budget_s(label: str, cfg, plan: ClusterPlan, inputs: dict, work: cm.Work
     cores = [c for c in cores_per_rank(plan, inputs["cores"]) for _ in range(plan.ranks_per_node)]
     k = work.micro_batches
     counts = [k] * len(cores)
-    if label in cm.variants() and cm.variants()[label][1] == "balanced":
+    if diloco_settings(cfg) is None and cm.variants()[model_label(label, cfg)][1] == "balanced":
         minimum = 1 if cls.communication == "all_reduce_in_backward" else 0
         counts = split_by_speed(k * len(cores), [seconds_per_token_at(c, inputs) for c in cores], minimum)
     jobs = cls.periods_per_update if cls.overlapped else 1
@@ -165,8 +172,8 @@ def probe_launches(plan: ClusterPlan, folder: Path, params: int, launches: int =
 
 def probe(settings: dict[str, ClusterPlan], params: float, out: Path) -> dict:
     """The collectives on each setting's cluster, the optimizer's speed and the compute (root; a quiet machine)."""
+    preflight(need_cgroup=any(plan.cores(i) is not None for plan in settings.values() for i in range(plan.nodes)))
     quotas = [plan.cores(i) for plan in settings.values() for i in range(plan.nodes) if plan.ranks_per_node == 1]
-    preflight(need_cgroup=any(cores is not None for cores in quotas))
     compute = probe_compute(out / "runs" / "cost_model_probe" / "compute")
     cpu = probe_cpu_per_update(out / "runs" / "cost_model_probe" / "cpu")
     print(f"[cost-model-check] CPU: ZeRO-1 {cpu:.4f} s per update and rank", flush=True)
@@ -285,13 +292,23 @@ def diloco_settings(cfg) -> dict | None:
             "outer_dtype": d.outer_dtype, "balance_replicas": d.balance_replicas}  # fmt: skip
 
 
+def model_label(label: str, cfg) -> str:
+    """The cost model's variant a speed label runs: the label itself, else its strategy (balanced where its batches
+    are) with other settings, which the Workload reads (DDP's buckets)."""
+    if label in cm.variants():
+        return label
+    strategy = cfg.parallelism.data_parallel
+    balanced = f"{strategy}_balanced" if cfg.parallelism.balance_batches else strategy
+    if balanced not in cm.variants():
+        raise NotModelled("not one of the cost model's variants (cost_model.variants())")
+    return balanced
+
+
 def predict_label(label: str, cfg, work: cm.Workload, hw: cm.Hardware) -> dict:
     """The cost model's prediction for a speed label's run (raises NotModelled with the reason)."""
     diloco = diloco_settings(cfg)
     if diloco is None:
-        if label not in cm.variants():
-            raise NotModelled("not one of the cost model's variants (cost_model.variants())")
-        return cm.predict(work, hw, label)
+        return cm.predict(work, hw, model_label(label, cfg))
     if diloco["balance_replicas"]:
         raise NotModelled("mixed replicas: predict_diloco has every replica run all H inner updates")
     if diloco["replicas"] != hw.nodes:
@@ -421,6 +438,10 @@ def check(tables: dict[str, dict], settings: dict, probes: dict, inputs: dict, r
                 checked[setting] = {"plan": data["plan"], "not_checked": "benchmarks.speed.plans has no such setting"}
                 continue
             plan, extra = settings[setting]
+            if data["plan"] != plan.describe():
+                checked[setting] = {"plan": data["plan"], "not_checked": f"measured on another plan than the probes' "
+                                    f"({plan.describe()}): check it with probes of its own plan"}  # fmt: skip
+                continue
             s = check_setting(data["strategies"], plan, extra, probes[setting], measured_on)
             for label, row in s["rows"].items():
                 row["measured_compute_s"] = measured_compute(runs, setting, label, data["strategies"][label])
@@ -545,7 +566,8 @@ def probes_for(out: Path, settings: dict, wanted: list[str], params: float, prob
         cached = {"meta": meta, "settings": {**cached["settings"], **fresh["settings"]},
                   "adamw_elements_per_s": fresh["adamw_elements_per_s"],
                   "compute_per_update_s": fresh["compute_per_update_s"],
-                  "compute_per_update_s_at_cores": fresh["compute_per_update_s_at_cores"],
+                  "compute_per_update_s_at_cores": {**cached.get("compute_per_update_s_at_cores", {}),
+                                                    **fresh["compute_per_update_s_at_cores"]},
                   "cpu_per_update_s": fresh["cpu_per_update_s"]}  # fmt: skip
         path.write_text(json.dumps(cached, indent=1))
     missing = [s for s in wanted if s not in cached["settings"]]

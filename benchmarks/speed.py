@@ -25,7 +25,7 @@ from pathlib import Path
 
 from benchmarks.acco_reference import recipe
 from benchmarks.cluster import ClusterPlan, run_training
-from benchmarks.cluster.plan import CFS_PERIOD_US, CPU_PERIOD_HELP, ClusterError
+from benchmarks.cluster.plan import CFS_PERIOD_US, CPU_PERIOD_HELP, ClusterError, period_us
 from benchmarks.names import ACCO, DDP, FSDP, HSDP, ZERO1
 from benchmarks.sweeps.common import panels, save_figure, write_report
 from benchmarks.token_efficiency import QUIET, VARIANTS, machine
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
         plan, extra = plan_of[setting]
         try:
             plan = dataclasses.replace(plan, tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
-                                       cpu_period_us=round(args.cpu_period_ms * 1000))  # fmt: skip
+                                       cpu_period_us=period_us(args.cpu_period_ms))  # fmt: skip
         except ClusterError as e:
             parser.error(f"setting {setting}: {e}")
         plan_of[setting] = plan, extra

@@ -71,6 +71,9 @@ def test_ddp_all_reduces_each_bucket_once_it_is_full_and_the_one_before_is_done(
     assert exposed(4e3) == pytest.approx(4 - 2 / 3, abs=1e-2)
     # a fast link: the buckets keep up with the backward, only the last one's all-reduce is exposed
     assert exposed(1e6, bandwidth_bps=8e8) == pytest.approx(0.01)
+    # bf16 on the wire: the buckets still hold fp32 gradients (4 of 1e6 bytes), each moving half its bytes
+    bf16 = dataclasses.replace(WORK, comm_bytes=2, bucket_bytes=1e6, first_bucket_bytes=None)
+    assert cm.predict(bf16, hw(), "ddp")["exposed_comm_s"] == pytest.approx(1 / 6 + 2 - 2 / 3)
     # each bucket pays the ring's latency: 2 (N-1) L per all-reduce
     assert exposed(1e6, latency_s=0.01) == pytest.approx(1 / 6 + 4 - 2 / 3 + 4 * 0.02)
     with pytest.raises(ValueError, match="bucket_bytes"):
@@ -199,6 +202,10 @@ def test_predict_cli():
     assert bad.returncode == 1 and bad.stderr.startswith("torchacco: error: unknown --device")
     bad = run("--bandwidth", "lots")
     assert bad.returncode == 1 and "cannot read link rate" in bad.stderr
+    bad = run("--bucket-cap-mb", "-1")
+    assert bad.returncode == 1 and bad.stderr.strip() == (
+        "torchacco: error: --bucket-cap-mb must be 0 (torch's default) or positive, got -1"
+    )
 
 
 def test_backend_collective_factors():

@@ -129,6 +129,7 @@ def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys)
         (["--settings", "a", "--strategies", "nope"], "unknown strategy 'nope'"),
         (["--settings", "c", "--cpu-period-ms", "5"], "node 3's 0.1125 cores are under the kernel's 1 ms quota"),
         (["--settings", "a", "--cpu-period-ms", "0"], "--cpu-period-ms must be between 1 and 1000"),
+        (["--settings", "a", "--cpu-period-ms", "nan"], "--cpu-period-ms must be a finite number"),
     ],
 )
 def test_the_speed_benchmark_refuses_what_it_cannot_time_with_one_line_before_any_run(argv, words, tmp_path, capsys):
@@ -168,3 +169,33 @@ def test_a_rank_on_a_small_cpu_share_is_bounded_by_its_cpu_work_per_update():
                              inputs, work)  # fmt: skip
     assert bal < check.cpu_budget_s("zero1", cfg, plan, inputs, work)
     assert check.cpu_budget_s("zero1", cfg, plan, {"cores": 2, "seconds_per_token": 1e-4}, work) == 0.0
+
+
+def test_a_label_that_changes_only_what_the_workload_reads_is_predicted_as_its_strategy():
+    one_bucket = check.trainer_config(STRATEGIES["ddp_one_bucket"])
+    assert check.model_label("ddp_one_bucket", one_bucket) == "ddp"
+    assert check.model_label("zero1_balanced", check.trainer_config(STRATEGIES["zero1_balanced"])) == "zero1_balanced"
+    work = check.workload(one_bucket, 2, 6e5)
+    assert work.bucket_bytes == 25 * 2**20 and work.first_bucket_bytes is None
+    hw = cm.Hardware(nodes=2, flops=1.0, bandwidth_bps=1e8, compute_s=0.03)
+    torch_buckets = check.workload(check.trainer_config(STRATEGIES["ddp"]), 2, 6e5)
+    one, default = check.predict_label("ddp_one_bucket", one_bucket, work, hw), cm.predict(torch_buckets, hw, "ddp")
+    assert one["exposed_comm_s"] > default["exposed_comm_s"]  # nothing starts inside the backward
+
+
+def test_a_table_measured_on_another_plan_is_not_checked_against_these_probes():
+    settings = plans(check.ROOT / "bench_results")
+    table = {"t": {"settings": {"c": {"plan": "4 nodes ..., node3 0.1125 cores per 10 ms", "strategies": {}}}}}
+    result = check.check(table, settings, {}, {"cores": 2}, check.ROOT / "none")
+    assert "measured on another plan" in result["t"]["c"]["not_checked"]
+
+
+def test_where_the_cpu_budget_binds_it_is_the_prediction():
+    plan, extra = plans(check.ROOT / "bench_results")["c"]
+    probed = {"collectives": _collectives(2.4e6, 0.1, 0.05, 0.1, 0.05, 0.05)}
+    inputs = {"cores": 2, "seconds_per_token": 5e-5, "adamw_elements_per_s": 1e8, "params": 6e5}
+    free = check.check_setting({"zero1": {"mean": 1.0}}, plan, extra, probed, inputs)["rows"]["zero1"]
+    bound = check.check_setting({"zero1": {"mean": 1.0}}, plan, extra, probed, {**inputs, "cpu_overhead_s": 0.5})
+    row = bound["rows"]["zero1"]
+    assert row["cpu_budget_s"] == pytest.approx((4 * 128 * 5e-5 + 0.5) / 0.1125) and free["cpu_budget_s"] == 0.0
+    assert row["predicted_s"] == pytest.approx(row["cpu_budget_s"]) and row["predicted_s"] > free["predicted_s"]

@@ -23,7 +23,8 @@ The formula follows what the strategy class declares (`communication`, `overlapp
   all_reduce_in_backward (ddp)  k·c + E + P / opt_rate, E the all-reduce's end past the last backward (⅔c):
                                 DDP's buckets (torch's default: 1 MiB, then 25 MiB each) fill at an even rate
                                 through that backward, each all-reduced once full and once the one before is done:
-                                many small buckets give E = max(0, V_ar − ⅔c), a model in one bucket E = V_ar
+                                many small buckets give about max(0, V_ar − ⅔c) (each bucket's all-reduce pays its
+                                latency too), a model in one bucket E = V_ar
   per_micro_batch (fsdp)        (k−1)·max(c, 2V_ag) + max(c, 2V_ag + V_rs) + P/W / opt_rate
                                 (prefetched all-gathers; the reduce-scatter only on the last micro-batch)
     inside a node (hsdp)        the same over the node's G ranks (v: the node's ring), plus the shards'
@@ -190,19 +191,23 @@ def buckets(total: float, cap: float, first: float | None = None) -> list[float]
     return head + [cap] * int(rest // cap) + ([rest % cap] if rest % cap else [])
 
 
+DDP_GRADIENT_BYTES = 4  # torchacco's DDP keeps fp32 weights and gradients (autocast computes in bf16)
+
+
 def ddp_buckets(bucket_cap_mb: float) -> dict:
-    """Workload's bucket fields for [parallelism] bucket_cap_mb (0: torch's default)."""
-    return {} if not bucket_cap_mb else {"bucket_bytes": bucket_cap_mb * 2**20, "first_bucket_bytes": None}
+    """Workload's bucket fields for [parallelism] bucket_cap_mb (0: torch's default), in whole bytes as torch's."""
+    return {} if not bucket_cap_mb else {"bucket_bytes": int(bucket_cap_mb * 2**20), "first_bucket_bytes": None}
 
 
 def bucketed_all_reduce_exposed_s(work: Workload, hw: Hardware, backward_s: float) -> float:
     """How long DDP's gradient all-reduce runs past the end of the last backward: the buckets fill at an even
     rate through the backward (`backward_s`), and each is all-reduced once it is full and the one before is done."""
-    total = work.params * work.comm_bytes
+    total = work.params * DDP_GRADIENT_BYTES  # torch fills the buckets with the gradients' own bytes
     done = filled = 0.0
     for size in buckets(total, work.bucket_bytes, work.first_bucket_bytes):
         filled += size
-        done = max(done, backward_s * filled / total) + hw.ar_factor * 2 * collective_s(size, hw)
+        wire = size * work.comm_bytes / DDP_GRADIENT_BYTES
+        done = max(done, backward_s * filled / total) + hw.ar_factor * 2 * collective_s(wire, hw)
     return max(0.0, done - backward_s)
 
 
@@ -236,7 +241,7 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
         node = collective_s(P * work.comm_bytes, dataclasses.replace(hw, nodes=1))  # the node's ring
         inter = hw.ar_factor * 2 * collective_s(P * work.comm_bytes, dataclasses.replace(hw, ranks_per_node=1))
         ag, rs = hw.ag_factor * node, hw.rs_factor * node
-        # the shards' all-reduce across nodes hides under the last backward, as DDP's buckets
+        # the shards' all-reduce across nodes hides under the last backward (as DDP's many small buckets would)
         step = (k - 1) * max(c_slow, 2 * ag) + max(c_slow, 2 * ag + rs) + max(0.0, inter - 2 / 3 * c_slow)
         step += P / hw.ranks_per_node / hw.opt_rate
         comm, job = step - k * c_slow, k * 2 * ag + rs + inter

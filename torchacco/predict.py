@@ -37,7 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-batch", type=int, default=1)
     p.add_argument("--micro-batches", type=int, default=2, help="per GPU and update (ZeRO-1's accumulation)")
     p.add_argument("--comm-bytes", type=float, default=2.0, help="bytes per element on the wire (bf16: 2)")
-    p.add_argument("--bucket-cap-mb", type=float, default=Parallelism().bucket_cap_mb, help="ddp's buckets; 0: torch's")
+    p.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=Parallelism().bucket_cap_mb,
+        help="the gradient buckets of ddp, in MiB; 0: torch's",
+    )
     p.add_argument("--memory-gib", type=float, default=None, help="memory per GPU (default: the device's)")
     p.add_argument("--activation-checkpoint", default="selective", choices=tuple(cm.ACTIVATION_BYTES))
     p.add_argument("--loss-chunks", type=int, default=8, help="[training] loss_chunks (fp32 logits per chunk)")

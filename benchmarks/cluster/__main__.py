@@ -9,7 +9,7 @@ from pathlib import Path
 
 import benchmarks.cluster
 from benchmarks.cluster.launch import run_training
-from benchmarks.cluster.plan import CFS_PERIOD_US, CPU_PERIOD_HELP, ClusterError, ClusterPlan, parse_rate
+from benchmarks.cluster.plan import CFS_PERIOD_US, CPU_PERIOD_HELP, ClusterError, ClusterPlan, parse_rate, period_us
 from torchacco.errors import run_cli
 
 
@@ -23,7 +23,7 @@ def plan_from_args(args) -> ClusterPlan:
         slow_factor=args.slow_factor,
         cpu_per_node=args.cpu_per_node,
         tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
-        cpu_period_us=round(args.cpu_period_ms * 1000),
+        cpu_period_us=period_us(args.cpu_period_ms),
     )
 
 

@@ -6,6 +6,7 @@ Nothing here touches the machine, so plans are unit-testable without root.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from pathlib import Path
@@ -21,6 +22,13 @@ CPU_PERIOD_HELP = "the CFS period of the nodes' CPU quotas (a throttled node fre
 
 class ClusterError(UserError):
     """The machine cannot host the emulated cluster, or setting it up failed (one line)."""
+
+
+def period_us(ms: float) -> int:
+    """--cpu-period-ms as ClusterPlan.cpu_period_us (its range is ClusterPlan's to check)."""
+    if not math.isfinite(ms):
+        raise ClusterError(f"--cpu-period-ms must be a finite number of milliseconds, got {ms}")
+    return round(ms * 1000)
 
 
 @dataclasses.dataclass
@@ -72,7 +80,7 @@ class ClusterPlan:
             raise ClusterError(f"--cpu-period-ms must be between 1 and 1000, got {self.cpu_period_us / 1000:g}")
         for i in range(self.nodes):
             cores = self.cores(i)
-            if cores is not None and cores * self.cpu_period_us < 1000:
+            if cores is not None and round(cores * self.cpu_period_us) < 1000:
                 raise ClusterError(f"node {i}'s {cores:g} cores are under the kernel's 1 ms quota in a period of "
                                    f"{self.cpu_period_us / 1000:g} ms; give a longer --cpu-period-ms")  # fmt: skip
 
@@ -147,7 +155,7 @@ class ClusterPlan:
             cores = self.cores(i)
             if cores is None:
                 continue
-            quota, period = int(cores * self.cpu_period_us), self.cpu_period_us
+            quota, period = round(cores * self.cpu_period_us), self.cpu_period_us
             d = self.cgroup_dir(i)
             cmds.append(["mkdir", "-p", str(d)])
             if self.cgroup == "v1":

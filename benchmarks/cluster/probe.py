@@ -16,7 +16,7 @@ from benchmarks.cluster.plan import ClusterError, ClusterPlan
 def probe_collectives(
     plan: ClusterPlan, folder: Path, numel: int, port: int = 29400, timeout_s: float = 600, extra: list[str] = ()
 ) -> dict:
-    """Median seconds of a gloo reduce-scatter, all-gather and all-reduce of `numel` fp32 over the cluster
+    """Seconds (the median of the repeats, or as `extra` says) of each collective of `numel` fp32 over the cluster
     (`extra`: more benchmarks/workers/collective_probe.py options)."""
     run_nodes(plan, "benchmarks.workers.collective_probe", ["--numel", str(numel), *extra], folder, timeout_s, port)
     return json.loads((folder / "collectives.json").read_text())

@@ -57,7 +57,7 @@ def main() -> int:
         "ring_all_gather": lambda: collectives.all_gather(full, shard),
     }
     if args.ops:
-        ops = {name: ops[name] for name in args.ops.split(",")}
+        ops = {name: ops[name] for name in args.ops.split(",") if name}
     a, b = torch.randn(256, 256), torch.randn(256, 256)
 
     def gap() -> None:
