@@ -202,10 +202,11 @@ def test_predict_cli():
     assert bad.returncode == 1 and bad.stderr.startswith("torchacco: error: unknown --device")
     bad = run("--bandwidth", "lots")
     assert bad.returncode == 1 and "cannot read link rate" in bad.stderr
-    bad = run("--bucket-cap-mb", "-1")
-    assert bad.returncode == 1 and bad.stderr.strip() == (
-        "torchacco: error: --bucket-cap-mb must be 0 (torch's default) or positive, got -1"
-    )
+    for value in ("-1", "inf", "nan"):
+        bad = run("--bucket-cap-mb", value)
+        assert bad.returncode == 1 and bad.stderr.strip() == (
+            f"torchacco: error: --bucket-cap-mb must be 0 (torch's default) or positive, got {value}"
+        )
 
 
 def test_backend_collective_factors():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 
 from torchacco import cost_model as cm
@@ -70,7 +71,7 @@ def workload_and_hardware(args) -> tuple[cm.Workload, cm.Hardware]:
             args.model, args.flavor, args.seq_len, args.local_batch, args.micro_batches, comm_bytes=args.comm_bytes,
             activation_checkpoint=args.activation_checkpoint, loss_chunks=args.loss_chunks,
         )  # fmt: skip
-        if args.bucket_cap_mb < 0:
+        if not (math.isfinite(args.bucket_cap_mb) and args.bucket_cap_mb >= 0):
             raise ValueError(f"--bucket-cap-mb must be 0 (torch's default) or positive, got {args.bucket_cap_mb:g}")
         work = dataclasses.replace(work, **cm.ddp_buckets(args.bucket_cap_mb))
     except ValueError as e:
