@@ -30,11 +30,12 @@ from torchacco.optim import no_weight_decay_ids
 from torchacco.spec import get_model_spec
 
 
-def recipe(updates: int, lr: float, seed: int, extra: list[str] = ()) -> list[str]:
-    """The time-to-loss sweep's recipe (benchmarks/sweeps/time_to_loss.py) on 2 ranks, as trainer arguments."""
+def recipe(updates: int, lr: float, seed: int, extra: list[str] = (), flavor: str = "debug") -> list[str]:
+    """The time-to-loss sweep's recipe (benchmarks/sweeps/time_to_loss.py) on 2 ranks, as trainer arguments
+    (GPT-Neo `flavor`: the sweep's debug, or tiny to check a finding on a larger model)."""
     return [
         "--config", "train_configs/default.toml",
-        "--model.flavor", "debug",
+        "--model.flavor", flavor,
         "--tokenizer.vocab_size", "1024",
         "--training.seq_len", "128",
         "--training.local_batch_size", "4",

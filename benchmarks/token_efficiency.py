@@ -35,6 +35,7 @@ from pathlib import Path
 from benchmarks.acco_reference import recipe
 from benchmarks.names import ACCO, DDP, DPU, WP, ZERO1
 from benchmarks.sweeps.common import panels, save_figure, write_report
+from models import gpt_neo
 
 ROOT = Path(__file__).resolve().parents[1]
 # Micro-batches of 2 sequences. Evaluation counts micro-batches, so twice as many keep the validation sequences the
@@ -122,11 +123,11 @@ def records(folder: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh: bool) -> list[dict]:
+def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh: bool, flavor: str) -> list[dict]:
     done = records(folder)
     if done and not fresh and done[-1].get("step") == updates and "val_loss" in done[-1]:
         return done
-    args = [*recipe(updates, lr, seed), *QUIET, *VARIANTS[variant], "--training.num_threads", "1"]
+    args = [*recipe(updates, lr, seed, flavor=flavor), *QUIET, *VARIANTS[variant], "--training.num_threads", "1"]
     args += ["--job.dump_folder", str(folder), "--job.overwrite", "true"]
     started = time.perf_counter()
     log = folder.parent / f"{folder.name}.log"  # (with_suffix would cut the name at the lr's dot)
@@ -214,7 +215,8 @@ def markdown(summary: dict, meta: dict) -> str:
     lines = [
         "# Token efficiency: validation loss at equal tokens vs DDP, paired by seed",
         "",
-        f"{meta['date']}, {meta['machine']}; {meta['updates']} updates, seeds {meta['seeds']}.",
+        f"{meta['date']}, {meta['machine']}; {meta.get('model', 'GPT-Neo debug')}, {meta['updates']} updates, "
+        f"seeds {meta['seeds']}.",
         f"Command: `{meta['command']}`",
         "",
         "| lr | variant | mean val loss | gap vs ddp, mean ± sd (%) | per seed (%) | gap along the run (%) "
@@ -285,6 +287,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="bench_results")
     parser.add_argument("--name", default="token_efficiency", help="the results' file name (without suffix)")
     parser.add_argument("--fresh", action="store_true", help="rerun runs whose results exist")
+    parser.add_argument("--flavor", default="debug", choices=sorted(gpt_neo.flavors),
+                        help="the GPT-Neo flavor trained: debug (the sweep's model), or tiny to check a finding on a "
+                        "larger one")  # fmt: skip
     parser.add_argument(
         "--budgets",
         default="1",
@@ -301,15 +306,16 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     out = ROOT / args.out
+    prefix = "" if args.flavor == "debug" else f"{args.flavor}_"  # the debug model's runs keep their names
     finals, curves, train_tails, by_budget = {}, {}, {}, {}
     for lr in lrs:
         for v in variants:
             for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
                 for n in budgets if v != DDP else [args.updates]:
-                    folder = out / "token_efficiency_runs" / f"u{n}_lr{lr:g}_{v}_s{seed}"
-                    final = train(v, lr, seed, n, folder, args.fresh)[-1]["val_loss"]
+                    folder = out / "token_efficiency_runs" / f"{prefix}u{n}_lr{lr:g}_{v}_s{seed}"
+                    final = train(v, lr, seed, n, folder, args.fresh, args.flavor)[-1]["val_loss"]
                     by_budget.setdefault((lr, v), {}).setdefault(n, []).append(final)
-                folder = out / "token_efficiency_runs" / f"u{args.updates}_lr{lr:g}_{v}_s{seed}"
+                folder = out / "token_efficiency_runs" / f"{prefix}u{args.updates}_lr{lr:g}_{v}_s{seed}"
                 recs = records(folder)
                 finals.setdefault((lr, v), []).append(recs[-1]["val_loss"])
                 # The training loss of the last tenth of the run: each update's on data not seen before, and
@@ -326,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
         "updates": args.updates,
+        "model": f"GPT-Neo {args.flavor}",
         "seeds": seeds,
         "budgets": budgets,
         "command": "python -m benchmarks.token_efficiency " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -75,13 +75,39 @@ def test_time_to_target_names_a_mistake_in_one_line(tmp_path, capsys, extra, mes
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("budgets, message", [("1,x", "comma-separated multiples"), ("1,0", "positive multiples")])
-def test_token_budgets_that_are_not_positive_multiples_are_one_line(budgets, message, capsys):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budgets", "1,x"], "comma-separated multiples"),
+        (["--budgets", "1,0"], "positive multiples"),
+        (["--flavor", "huge"], "invalid choice: 'huge'"),
+    ],
+)
+def test_token_efficiency_arguments_it_cannot_run_are_one_line(args, message, capsys):
     from benchmarks.token_efficiency import main as token_efficiency
 
     with pytest.raises(SystemExit) as exit_:
-        token_efficiency(["--budgets", budgets])
+        token_efficiency(args)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_another_flavor_trains_that_model_in_runs_of_its_own(monkeypatch, tmp_path):
+    from benchmarks import token_efficiency as te
+
+    trained = []
+
+    def fake_train(variant, lr, seed, updates, folder, fresh, flavor):
+        trained.append((folder.name, te.recipe(updates, lr, seed, flavor=flavor)))
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text(json.dumps({"step": updates, "loss": 5.0, "val_loss": 5.0}) + "\n")
+        return te.records(folder)
+
+    monkeypatch.setattr(te, "train", fake_train)
+    te.main(["--flavor", "tiny", "--updates", "10", "--seeds", "0", "--variants", "ddp", "--out", str(tmp_path)])
+    ((name, args),) = trained
+    assert name == "tiny_u10_lr0.003_ddp_s0"  # apart from the debug model's runs, which keep their names
+    assert args[args.index("--model.flavor") + 1] == "tiny"
+    assert "GPT-Neo tiny" in (tmp_path / "token_efficiency.md").read_text()
 
 
 def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_time_against_the_prediction(
