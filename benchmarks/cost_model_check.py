@@ -11,7 +11,9 @@ not fitted to the times it is checked against; its inputs are
     shared by all ranks); `--probe` measures it again beside the links (the same ZeRO-1 run, 30 updates), so that
     compute and links come from the machine as it is that day, and the report uses that probe when it has one;
     it also runs that ZeRO-1 probe under each CPU quota a one-rank node of the settings gets, and a rank at such a
-    quota computes at the probed speed;
+    quota computes at the probed speed; `--compute same-session` scales it, per setting, to the speed that
+    setting's ZeRO-1 run computed at (the machine's speed drifts between the probe and the runs: a diagnostic
+    that separates that drift from the model's error);
   - a rank's CPU budget: ZeRO-1's CPU seconds per update beyond its compute (probed), per job of an update, plus
     its micro-batches' compute, over its share of a core, bounds its time per update (the CPU emulation's bound);
   - the collectives: each gloo collective's probed time over the model's ring ideal on a buffer of the model's
@@ -427,8 +429,27 @@ def cause(label: str, row: dict) -> str:
     return f"{split}. Mostly after the compute ({rest_gap:+.3f} s): {why}."
 
 
-def check(tables: dict[str, dict], settings: dict, probes: dict, inputs: dict, runs: Path) -> dict:
-    """Every table's settings checked, with the measured compute where the runs' records are left."""
+def with_compute_scaled(inputs: dict, scale: float) -> dict:
+    """The inputs with every rank's compute `scale` times the probed one (at every quota alike)."""
+    at_cores = {cores: s * scale for cores, s in inputs.get("seconds_per_token_at_cores", {}).items()}
+    return {**inputs, "seconds_per_token": inputs["seconds_per_token"] * scale, "seconds_per_token_at_cores": at_cores}
+
+
+def same_session_scale(plan: ClusterPlan, inputs: dict, zero1_compute_s: float | None) -> float | None:
+    """The setting's ZeRO-1 run's measured compute (rank 0's time until the sync, in the same session as the other
+    labels) over the probe's for rank 0's cores: the machine's speed at the time of the runs. None without it."""
+    if zero1_compute_s is None:
+        return None
+    recipe_cfg = trainer_config([])
+    tokens = recipe_cfg.training.global_batch_size * recipe_cfg.training.seq_len / plan.world_size
+    return zero1_compute_s / (seconds_per_token_at(cores_per_rank(plan, inputs["cores"])[0], inputs) * tokens)
+
+
+def check(
+    tables: dict[str, dict], settings: dict, probes: dict, inputs: dict, runs: Path, same_session: bool = False
+) -> dict:
+    """Every table's settings checked, with the measured compute where the runs' records are left; same_session:
+    each setting's compute scaled to its ZeRO-1 run's (where the table has one with its records)."""
     result = {}
     for name, table in tables.items():
         measured_on = {**inputs, "cores": machine_cores(table.get("meta", {}))}
@@ -443,9 +464,14 @@ def check(tables: dict[str, dict], settings: dict, probes: dict, inputs: dict, r
                                     f"({plan.describe()}): check it with probes of its own plan"}  # fmt: skip
                 continue
             s = check_setting(data["strategies"], plan, extra, probes[setting], measured_on)
+            measured = {label: measured_compute(runs, setting, label, data["strategies"][label]) for label in s["rows"]}
+            scale = same_session_scale(plan, measured_on, measured.get(ZERO1)) if same_session else None
+            if scale is not None:
+                scaled = with_compute_scaled(measured_on, scale)
+                s = check_setting(data["strategies"], plan, extra, probes[setting], scaled)
             for label, row in s["rows"].items():
-                row["measured_compute_s"] = measured_compute(runs, setting, label, data["strategies"][label])
-            checked[setting] = {"plan": data["plan"], **s}
+                row["measured_compute_s"] = measured[label]
+            checked[setting] = {"plan": data["plan"], "compute_scale": scale, **s}
     return result
 
 
@@ -483,6 +509,9 @@ def markdown(result: dict, meta: dict) -> str:
         f"one core; {inputs['params']:,.0f} parameters in fp32; each setting's gloo collectives probed alone. "
         f"Bar: |error| ≤ {TOLERANCE:.0%}.",
     ]
+    if any(s.get("compute_scale") is not None for settings in result.values() for s in settings.values()):
+        lines += ["", "With `--compute same-session`, a setting's ZeRO-1 run's time until the sync is an input, so "
+                      "its own row checks only the rest of its update."]  # fmt: skip
     misses, total = [], 0
     for name, settings in result.items():
         for setting, s in settings.items():
@@ -493,6 +522,9 @@ def markdown(result: dict, meta: dict) -> str:
             gloo, rings = s["factors"]["gloo"], s["factors"]["rings"]
             cores = ", ".join(f"{c:g}" for c in s["cores_per_rank"])
             in_node = f" In-node all-gather: {cm.format_rate(s['intra_bps'])}." if s["intra_bps"] else ""
+            if s.get("compute_scale") is not None:
+                lines += [f"Compute: {s['compute_scale']:.3f}× the probe's, as this setting's ZeRO-1 run computed "
+                          "in the same session (`--compute same-session`).", ""]  # fmt: skip
             lines += [
                 f"Cores per rank by node: {cores}. Probed times over the ring ideal: gloo's reduce-scatter "
                 f"{gloo['rs_factor']:.2f}, all-gather {gloo['ag_factor']:.2f}, all-reduce {gloo['ar_factor']:.2f} "
@@ -593,6 +625,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", action="store_true", help=f"measure the collectives and AdamW anew into {PROBES}")
     parser.add_argument("--out", default="bench_results")
     parser.add_argument("--name", default="cost_model_check")
+    parser.add_argument(
+        "--compute",
+        choices=("probe", "same-session"),
+        default="probe",
+        help="probe: every rank computes at the probed speed; same-session: scaled, per setting, to the speed its "
+        "ZeRO-1 run computed at in the same session as the other labels (the machine's speed drifts by the hour)",
+    )
     args = parser.parse_args(argv)
     out = ROOT / args.out
     tables = read_tables(out, [n for n in args.speed.split(",") if n], parser)
@@ -617,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         inputs["seconds_per_token_at_cores"] = {
             cores: compute_inputs(s, inputs["params"])["seconds_per_token"] for cores, s in per_update.items()
         }
-    result = check(tables, settings, cached["settings"], inputs, out / "runs" / "speed")
+    result = check(tables, settings, cached["settings"], inputs, out / "runs" / "speed", args.compute != "probe")
     probed = cached.get("meta", {})
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command(argv),
             "probes": f"{PROBES}, {probed.get('date', '?')}, {probed.get('machine', '?')}",

@@ -90,6 +90,37 @@ def test_the_measured_compute_comes_only_from_the_runs_that_made_the_table(tmp_p
     assert check.measured_compute(tmp_path, "b", "zero1", {"seconds_per_update": [0.2]}) is None  # gone
 
 
+def test_same_session_compute_scales_every_rank_to_the_speed_the_settings_zero1_run_computed_at(tmp_path):
+    plan = ClusterPlan(nodes=4, cpu_per_node=0.45, slow_node=3, slow_factor=4.0)
+    inputs = {"cores": 2, "seconds_per_token": 1e-4, "params": 1e6, "adamw_elements_per_s": 1e8,
+              "seconds_per_token_at_cores": {"0.1125": 1.5e-3}}  # fmt: skip
+    # rank 0 at 0.45 cores, 16 × 128 / 4 tokens: 0.1138 s at the probed speed; the run computed 1.25× that
+    probed_s = 512 * 1e-4 / 0.45
+    assert check.same_session_scale(plan, inputs, 1.25 * probed_s) == pytest.approx(1.25)
+    assert check.same_session_scale(plan, inputs, None) is None
+    scaled = check.with_compute_scaled(inputs, 1.25)
+    assert check.seconds_per_token_at(0.1125, scaled) == pytest.approx(1.25 * 1.5e-3)  # the quota probes alike
+    # through the check: the setting's ZeRO-1 run left its records, at twice the probed compute on 2 one-rank nodes
+    two = ClusterPlan(nodes=2, rate_bps=8e6)
+    folder = tmp_path / "a_zero1_0"
+    folder.mkdir()
+    compute = 2 * 1024 * 1e-4
+    record = {"tokens_per_update": 2048, "tokens_per_s": 2048 / (2 * compute), "share_sync": 0.5}
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(record) for _ in range(40)))
+    table = {"meta": {"machine": "2-core test"}, "settings": {"a": {"plan": two.describe(), "strategies": {
+        "zero1": {"mean": 2 * compute, "seconds_per_update": [2 * compute]}, "ddp": {"mean": 1.0}}}}}  # fmt: skip
+    probed = {"a": {"collectives": _collectives(4e6, 4.0, 3.0, 6.0, 2.2, 2.4)}}
+    settings = {"a": (two, [])}
+    inputs = {**inputs, "seconds_per_token_at_cores": {}}
+    plain = check.check({"t": table}, settings, probed, inputs, tmp_path)["t"]["a"]
+    same = check.check({"t": table}, settings, probed, inputs, tmp_path, same_session=True)["t"]["a"]
+    assert (plain["compute_scale"], same["compute_scale"]) == (None, pytest.approx(2.0))
+    for label in ("zero1", "ddp"):
+        assert same["rows"][label]["predicted_compute_s"] > plain["rows"][label]["predicted_compute_s"]
+        assert same["rows"][label]["measured_compute_s"] == plain["rows"][label]["measured_compute_s"]
+    assert same["rows"]["zero1"]["predicted_compute_s"] == pytest.approx(compute)
+
+
 def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys):
     calibration = {"compute_per_update_s": 0.05, "params": 600_000, "balance_bps": 3e8}
     (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": calibration}))
