@@ -269,6 +269,7 @@ def hardware(plan: ClusterPlan, inputs: dict, links: dict, factors: dict, tokens
         compute_s=fastest * tokens_per_micro_batch,
         slow_factor=slowest / fastest,
         opt_rate=inputs["adamw_elements_per_s"] * slow,  # synchronous ranks wait for the slowest one's step
+        streams=False,  # the emulation computes on CPU
     )
 
 

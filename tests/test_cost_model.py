@@ -94,6 +94,17 @@ def test_acco_with_most_of_the_update_at_the_estimate_hides_less_until_the_job_o
     assert cm.token_source("acco_share875", {"tokens_to_target": {"acco": {"ratio": 1.05}}}) is None
 
 
+def test_without_streams_fsdp2s_collectives_add_to_its_compute_and_the_others_overlap_as_before():
+    # on CPU FSDP2 waits for each all-gather, reduce-scatter and HSDP all-reduce where it issues it
+    streams, cpu = cm.predict_all(WORK, hw()), cm.predict_all(WORK, hw(streams=False))
+    assert cpu["fsdp"]["step_time_s"] == pytest.approx(2 * (1 + 2 * 2) + 2)  # k·(c + 2V_ag) + V_rs
+    assert cpu["fsdp"]["step_time_s"] > streams["fsdp"]["step_time_s"]
+    for label in ("ddp", "zero1", "acco", "dpu"):  # torch's reducer and the sharded job's thread
+        assert cpu[label]["step_time_s"] == streams[label]["step_time_s"]
+    h = hw(ranks_per_node=2, intra_bps=32e6, streams=False)  # the node's ring 0.5 s, 2 s across
+    assert cm.predict_all(WORK, h)["hsdp"]["step_time_s"] == pytest.approx(2 * (1 + 2 * 0.5) + 0.5 + 2 * 2.0)
+
+
 def test_hsdp_gathers_inside_the_node_and_all_reduces_each_nodes_gradient_across():
     # 2 nodes of 2 ranks, intra-node ring 0.5 s per all-gather or reduce-scatter, 2 s across the nodes' link
     h = hw(ranks_per_node=2, intra_bps=32e6)

@@ -26,7 +26,9 @@ The formula follows what the strategy class declares (`communication`, `overlapp
                                 many small buckets give about max(0, V_ar − ⅔c) (each bucket's all-reduce pays its
                                 latency too), a model in one bucket E = V_ar
   per_micro_batch (fsdp)        (k−1)·max(c, 2V_ag) + max(c, 2V_ag + V_rs) + P/W / opt_rate
-                                (prefetched all-gathers; the reduce-scatter only on the last micro-batch)
+                                (prefetched all-gathers; the reduce-scatter only on the last micro-batch);
+                                without streams (CPU), where FSDP2 waits for each collective where it issues it,
+                                k·(c + 2V_ag) + V_rs + P/W / opt_rate (HSDP likewise, its all-reduce A added whole)
     inside a node (hsdp)        the same over the node's G ranks (v: the node's ring), plus the shards'
                                 all-reduce across nodes, A = 2·(N−1)/N · 8S/B (a gradient per node):
                                 (k−1)·max(c, 2v_ag) + max(c, 2v_ag + v_rs) + max(0, A − ⅔c) + P/G / opt_rate
@@ -130,6 +132,9 @@ class Hardware:
     ag_factor: float = 1.0
     ar_factor: float = 1.0
     max_growth: float = 2.0  # adaptive ACCO: a rank's round runs at most this multiple of its micro-batches
+    # False: a device without streams (CPU). FSDP2 then waits for each of its collectives where it issues them,
+    # so they add to the compute; DDP's reducer and the sharded job's thread still run theirs beside it.
+    streams: bool = True
 
     @property
     def world(self) -> int:
@@ -241,12 +246,17 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
         node = collective_s(P * work.comm_bytes, dataclasses.replace(hw, nodes=1))  # the node's ring
         inter = hw.ar_factor * 2 * collective_s(P * work.comm_bytes, dataclasses.replace(hw, ranks_per_node=1))
         ag, rs = hw.ag_factor * node, hw.rs_factor * node
-        # the shards' all-reduce across nodes hides under the last backward (as DDP's many small buckets would)
-        step = (k - 1) * max(c_slow, 2 * ag) + max(c_slow, 2 * ag + rs) + max(0.0, inter - 2 / 3 * c_slow)
+        if hw.streams:  # the shards' all-reduce across nodes hides under the last backward (as DDP's buckets)
+            step = (k - 1) * max(c_slow, 2 * ag) + max(c_slow, 2 * ag + rs) + max(0.0, inter - 2 / 3 * c_slow)
+        else:
+            step = k * (c_slow + 2 * ag) + rs + inter
         step += P / hw.ranks_per_node / hw.opt_rate
         comm, job = step - k * c_slow, k * 2 * ag + rs + inter
     elif cls.communication == "per_micro_batch":
-        step = (k - 1) * max(c_slow, 2 * V_ag) + max(c_slow, 2 * V_ag + V_rs) + opt_shard
+        if hw.streams:
+            step = (k - 1) * max(c_slow, 2 * V_ag) + max(c_slow, 2 * V_ag + V_rs) + opt_shard
+        else:
+            step = k * (c_slow + 2 * V_ag) + V_rs + opt_shard
         comm, job = step - k * c_slow, k * 2 * V_ag + V_rs
     elif not cls.overlapped:
         step, comm, job = period + M, M, M
