@@ -274,7 +274,8 @@ def plot(summary: dict, out: Path) -> None:
                 ax.plot([(i + 1) / len(curve) for i in range(len(curve))], curve, marker="o", label=v)
         ax.axhline(0, color="grey", lw=0.5)
         ax.set(title=f"lr {lr}", xlabel="share of the run", ylabel="val loss gap vs ddp (%)")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # (an lr sweep of DDP alone has no gap to draw)
+            ax.legend(fontsize=7)
     save_figure(fig, out)
 
 
