@@ -415,8 +415,8 @@ def cause(label: str, row: dict) -> str:
     split = f"{head}; {model}, measured {compute:.3f} s until the sync + {rest:.3f} s after"
     if row["communicates_in_micro_batches"]:
         return (f"{split}. Its communication runs inside the micro-batches, so the time until the sync holds it "
-                f"as well: the excess over the model's compute ({compute - row['predicted_compute_s']:+.3f} s) is "
-                "communication the model hides plus any slower compute.")  # fmt: skip
+                f"too, and is {compute - row['predicted_s']:+.3f} s from the model's whole update (its compute and "
+                "collectives): the run's collectives or compute are slower than probed.")  # fmt: skip
     compute_gap, rest_gap = compute - row["predicted_compute_s"], rest - row["predicted_exposed_s"]
     if abs(compute_gap) >= abs(rest_gap):
         why = ("the ranks compute slower than the calibration at their cores: CPU contention (communication "
@@ -472,7 +472,7 @@ def check(
                 s = check_setting(data["strategies"], plan, extra, probes[setting], scaled)
             for label, row in s["rows"].items():
                 row["measured_compute_s"] = measured[label]
-            checked[setting] = {"plan": data["plan"], "compute_scale": scale, **s}
+            checked[setting] = {"plan": data["plan"], "same_session": same_session, "compute_scale": scale, **s}
     return result
 
 
@@ -526,6 +526,9 @@ def markdown(result: dict, meta: dict) -> str:
             if s.get("compute_scale") is not None:
                 lines += [f"Compute: {s['compute_scale']:.3f}× the probe's, as this setting's ZeRO-1 run computed "
                           "in the same session (`--compute same-session`).", ""]  # fmt: skip
+            elif s.get("same_session"):
+                lines += ["Compute: the probe's (`--compute same-session` needs the table's ZeRO-1 run of this "
+                          "setting with its records under `bench_results/runs/speed/`).", ""]  # fmt: skip
             lines += [
                 f"Cores per rank by node: {cores}. Probed times over the ring ideal: gloo's reduce-scatter "
                 f"{gloo['rs_factor']:.2f}, all-gather {gloo['ag_factor']:.2f}, all-reduce {gloo['ar_factor']:.2f} "
@@ -657,7 +660,11 @@ def main(argv: list[str] | None = None) -> int:
         inputs["seconds_per_token_at_cores"] = {
             cores: compute_inputs(s, inputs["params"])["seconds_per_token"] for cores, s in per_update.items()
         }
-    result = check(tables, settings, cached["settings"], inputs, out / "runs" / "speed", args.compute != "probe")
+    runs = out / "runs" / "speed"
+    result = check(tables, settings, cached["settings"], inputs, runs, same_session=args.compute == "same-session")
+    if args.compute == "same-session" and not any(s.get("compute_scale") for t in result.values() for s in t.values()):
+        parser.error(f"--compute same-session: no setting has its ZeRO-1 run's records under {runs}; run "
+                     "benchmarks.speed with zero1 in each setting, or use --compute probe")  # fmt: skip
     probed = cached.get("meta", {})
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command(argv),
             "probes": f"{PROBES}, {probed.get('date', '?')}, {probed.get('machine', '?')}",

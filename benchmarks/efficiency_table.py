@@ -88,6 +88,9 @@ def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
     return out
 
 
+DEBUG_MODEL = "GPT-Neo debug"  # token_efficiency's meta["model"] for its default flavor
+
+
 def read(out: Path, name: str, lr: str) -> tuple[dict, str, dict]:
     """A result file's meta, learning rate and rows (--lr, or its only one)."""
     try:
@@ -101,6 +104,8 @@ def read(out: Path, name: str, lr: str) -> tuple[dict, str, dict]:
         raise SystemExit(f"efficiency-table: --lr {lr!r} is not a number") from None
     if key not in summary:
         raise SystemExit(f"efficiency-table: {name} has learning rates {', '.join(summary)}; pick one with --lr")
+    if meta.get("model", DEBUG_MODEL) != DEBUG_MODEL:  # the table's recipe is the debug model's
+        raise SystemExit(f"efficiency-table: {name} measured {meta['model']}; the table holds {DEBUG_MODEL} runs")
     return meta, key, summary[key]
 
 

@@ -142,6 +142,8 @@ def main(argv=None) -> int:
             meta = data.get("meta", {})
             if meta.get("updates", 0) < 1000 or len(meta.get("seeds", [])) < 5:  # shorter runs, screens
                 continue
+            if meta.get("model", "GPT-Neo debug") != "GPT-Neo debug":  # the speed runs train the debug model
+                continue
             rows = data.get("summary", {}).get(lr_wanted, {})
             gaps |= {name: (row["mean_gap_pct"], lr_wanted) for name, row in rows.items() if "mean_gap_pct" in row}
     results = {}

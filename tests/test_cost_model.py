@@ -94,7 +94,7 @@ def test_acco_with_most_of_the_update_at_the_estimate_hides_less_until_the_job_o
     assert cm.token_source("acco_share875", {"tokens_to_target": {"acco": {"ratio": 1.05}}}) is None
 
 
-def test_without_streams_fsdp2s_collectives_add_to_its_compute_and_the_others_overlap_as_before():
+def test_without_streams_fsdp2s_collectives_add_to_its_compute_and_the_others_still_overlap():
     # on CPU FSDP2 waits for each all-gather, reduce-scatter and HSDP all-reduce where it issues it
     streams, cpu = cm.predict_all(WORK, hw()), cm.predict_all(WORK, hw(streams=False))
     assert cpu["fsdp"]["step_time_s"] == pytest.approx(2 * (1 + 2 * 2) + 2)  # k·(c + 2V_ag) + V_rs

@@ -144,6 +144,10 @@ def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys)
         2 * row["predicted_compute_s"]
     )
     assert probed["meta"]["inputs"]["compute_probed"] and "probed with the links" in (tmp_path / "cmc.md").read_text()
+    # the machine's speed at the time of the runs needs a ZeRO-1 run with its records: one line without
+    with pytest.raises(SystemExit):
+        check.main(["--speed", "spd", "--out", str(tmp_path), "--name", "cmc", "--compute", "same-session"])
+    assert "no setting has its ZeRO-1 run's records" in capsys.readouterr().err
     # a probe of another plan is refused with one line
     probes["settings"]["a"]["plan"] = "2 nodes at another rate"
     (tmp_path / "cost_model_probes.json").write_text(json.dumps(probes))
@@ -245,9 +249,11 @@ def test_a_ranks_cpu_per_update_is_two_runs_differenced_and_set_against_its_prob
 
     def fake_run(plan, train, folder):
         updates = int([v for k, v in zip(train, train[1:]) if k == "--training.steps"][-1])  # the last one wins
-        ranks = [{"rank": r, "cpu_user_s": 3.0 + updates * (0.03 if r == 3 else 0.02), "cpu_sys_s": 1.0,
+        ranks = [{"rank": r, "node": r, "cpu_user_s": 3.0 + updates * (0.03 if r == 3 else 0.02), "cpu_sys_s": 1.0,
                   "wall_s": 20.0 + updates * 0.4} for r in range(plan.world_size)]  # fmt: skip
-        return {"records": [{"micro_batches_per_rank": [4, 4, 4, 4]}], "ranks": ranks}
+        return {"records": [{"micro_batches_per_rank": counts}] * 2, "ranks": ranks}
+
+    counts = [4, 4, 4, 4]
 
     monkeypatch.setattr(cpu_per_update, "run_training", fake_run)
     argv = ["--settings", "c", "--strategies", "zero1", "--out", str(tmp_path), "--name", "cpu"]
@@ -263,6 +269,15 @@ def test_a_ranks_cpu_per_update_is_two_runs_differenced_and_set_against_its_prob
     assert slow["compute_cpu_s"] == pytest.approx(4 * 128 * 500e-6 * 0.1125)
     assert slow["beyond_compute_s"] == pytest.approx(0.03 - 4 * 128 * 500e-6 * 0.1125)
     assert "| 3 | 0.1125 | 4 | 30.0 |" in (tmp_path / "cpu.md").read_text()
+    # a DiLoCo replica's records count only its own ranks: no compute to set against
+    counts = [8, 8]
+    assert cpu_per_update.main(argv) == 0
+    rows = json.loads((tmp_path / "cpu.json").read_text())["results"]["c"]["zero1"]
+    assert rows[3]["compute_cpu_s"] is None and rows[3]["cpu_s"] == pytest.approx(0.03)
     with pytest.raises(SystemExit):
         cpu_per_update.main([*argv, "--short", "40"])
     assert "need 0 < short < long" in capsys.readouterr().err
+    (tmp_path / "cost_model_probes.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        cpu_per_update.main(argv)
+    assert "cannot read the compute probes" in capsys.readouterr().err

@@ -107,7 +107,14 @@ def test_another_flavor_trains_that_model_in_runs_of_its_own(monkeypatch, tmp_pa
     ((name, args),) = trained
     assert name == "tiny_u10_lr0.003_ddp_s0"  # apart from the debug model's runs, which keep their names
     assert args[args.index("--model.flavor") + 1] == "tiny"
-    assert "GPT-Neo tiny" in (tmp_path / "token_efficiency.md").read_text()
+    assert "GPT-Neo tiny" in (tmp_path / "tiny_token_efficiency.md").read_text()  # beside the debug model's report
+    # the table `predict` reads holds the debug model's runs only
+    from benchmarks import efficiency_table
+
+    with pytest.raises(SystemExit, match="tiny_token_efficiency measured GPT-Neo tiny"):
+        efficiency_table.main(
+            ["--tokens", "tiny_token_efficiency", "--out", str(tmp_path), "--to", str(tmp_path / "t")]
+        )
 
 
 def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_time_against_the_prediction(

@@ -174,6 +174,7 @@ def calibrate(points: list[dict], work: cm.Workload, nodes: int) -> cm.Hardware:
         bandwidth_bps=None,
         compute_s=c,
         opt_rate=work.params / nodes / opt_s,
+        streams=False,  # the emulation computes on CPU
     )
 
 

@@ -154,6 +154,7 @@ def report_heterogeneous(data: dict, out: Path) -> dict:
             compute_s=zero1["compute_s"] / work.micro_batches,
             slow_factor=measured_factor,
             opt_rate=opt_rate * data["cpu_per_node"],
+            streams=False,  # the emulation computes on CPU
             **{k: v for k, v in factors.items() if k.endswith("factor")},
         )
         for p in points:

@@ -139,7 +139,7 @@ def predictions(setting: dict, params: float) -> dict[str, dict]:
     work = cm.Workload(params=params, flops_per_token=1.0, tokens_per_micro_batch=micro, comm_bytes=4)
     # ZeRO-1 computes at the slowest rank's pace: a fast rank's micro-batch takes 1/slow of it
     hw = cm.Hardware(nodes=setting["nodes"], flops=1.0, bandwidth_bps=setting["rate_bps"], opt_rate=1e9,
-                     slow_factor=slow, compute_s=compute / 2 / slow)  # fmt: skip
+                     slow_factor=slow, compute_s=compute / 2 / slow, streams=False)  # fmt: skip
     ideal_job = cm.predict(work, hw, ZERO1)["job_s"]
     zero1_step = s[ZERO1]["training_s"][0] / s[ZERO1]["updates"]
     factor = max(1.0, (zero1_step - compute) / ideal_job) if ideal_job > 0 else 1.0
