@@ -15,8 +15,9 @@ cosine, and the tokens it needs for DDP's final loss (same seed) are interpolate
 bracket it: the token side of time to target (benchmarks/time_to_target.py multiplies it by measured speed).
 
 Writes bench_results/<--name>.{json,md} (+ .png with matplotlib; name token_efficiency by default). Runs are kept
-under bench_results/token_efficiency_runs/u<updates>_lr<lr>_<variant>_s<seed>/ and reused when their metrics.jsonl
-is complete (--fresh reruns them).
+under bench_results/<--runs, token_efficiency_runs>/u<updates>_lr<lr>_<variant>_s<seed>/ (prefixed with the flavor
+but for debug) and reused when their metrics.jsonl is complete (--fresh reruns them). A change to the code can change
+a run's floating-point order: a new --runs folder pairs runs of the same code.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 
 from benchmarks.acco_reference import recipe
-from benchmarks.names import ACCO, DDP, DPU, WP, ZERO1
+from benchmarks.names import ACCO, DDP, DPU, FSDP, WP, ZERO1
 from benchmarks.sweeps.common import panels, save_figure, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +46,7 @@ DILOCO = ["--parallelism.data_parallel", DDP, "--parallelism.replicas", "2"]
 VARIANTS = {
     DDP: ["--parallelism.data_parallel", DDP],
     ZERO1: ["--parallelism.data_parallel", ZERO1],
+    FSDP: ["--parallelism.data_parallel", FSDP],  # DDP's update with everything sharded: another floor
     # DDP in another floating-point order (4 micro-batches of 2): the mathematics of DDP, a measure of the noise
     # floor, and the baseline with acco_share75's micro-batches
     "ddp_lb2": ["--parallelism.data_parallel", DDP, *LB2],
@@ -289,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", help="the results' file name, without suffix (token_efficiency; for another flavor "
                         "<flavor>_token_efficiency)")  # fmt: skip
     parser.add_argument("--fresh", action="store_true", help="rerun runs whose results exist")
+    parser.add_argument("--runs", default="token_efficiency_runs",
+                        help="the folder under --out that keeps the runs (a new one pairs today's only)")  # fmt: skip
     parser.add_argument("--flavor", default="debug", choices=CPU_FLAVORS,
                         help="the GPT-Neo flavor trained: debug (the sweep's model), or a larger one to check a "
                         "finding on")  # fmt: skip
@@ -315,10 +319,10 @@ def main(argv: list[str] | None = None) -> None:
         for v in variants:
             for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
                 for n in budgets if v != DDP else [args.updates]:
-                    folder = out / "token_efficiency_runs" / f"{prefix}u{n}_lr{lr:g}_{v}_s{seed}"
+                    folder = out / args.runs / f"{prefix}u{n}_lr{lr:g}_{v}_s{seed}"
                     final = train(v, lr, seed, n, folder, args.fresh, args.flavor)[-1]["val_loss"]
                     by_budget.setdefault((lr, v), {}).setdefault(n, []).append(final)
-                folder = out / "token_efficiency_runs" / f"{prefix}u{args.updates}_lr{lr:g}_{v}_s{seed}"
+                folder = out / args.runs / f"{prefix}u{args.updates}_lr{lr:g}_{v}_s{seed}"
                 recs = records(folder)
                 finals.setdefault((lr, v), []).append(recs[-1]["val_loss"])
                 # The training loss of the last tenth of the run: each update's on data not seen before, and
