@@ -3,7 +3,7 @@
     sudo .venv/bin/python -m benchmarks.cost_model_check --speed speed,speed_streaming,speed_ranks_per_node --probe
     .venv/bin/python -m benchmarks.cost_model_check --speed speed,speed_streaming,speed_ranks_per_node
 
-The issue's bar: `predict`'s time-per-update error within 15% on every strategy in every setting. The model is
+The bar: `predict`'s time-per-update error within 15% on every strategy in every setting. The model is
 not fitted to the times it is checked against; its inputs are
   - compute: the time-to-loss sweep's calibration (`bench_results/time_to_loss.json`): ZeRO-1's data, forward and
     backward per update on 2 unshaped one-rank nodes (2 micro-batches of 4 × 128 tokens per rank), as seconds per
@@ -32,7 +32,6 @@ update's tokens (16 × 128). Writes bench_results/<--name>.{json,md,png}.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import math
@@ -40,24 +39,26 @@ import os
 import re
 import statistics
 import sys
-import time
 from pathlib import Path
 
-from benchmarks.acco_reference import recipe
-from benchmarks.cluster import ClusterPlan, preflight, probe_collectives, run_training
+from benchmarks.cluster import ClusterPlan
+from benchmarks.cost_model_probes import (
+    PROBES,
+    ROOT,
+    THREADS,
+    calibration,
+    compute_inputs,
+    probes_for,
+    trainer_config,
+)
 from benchmarks.names import ZERO1
 from benchmarks.speed import STRATEGIES, plans, seconds_per_update, warmup_of
 from benchmarks.sweeps.common import panels, save_figure, write_report
-from benchmarks.token_efficiency import QUIET, machine, records
+from benchmarks.token_efficiency import machine, records
 from torchacco import cost_model as cm
-from torchacco.config import load_config
 from torchacco.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
-TOLERANCE = 0.15  # the issue's bar on the time per update's relative error
-CALIBRATION_RANKS = 2  # time_to_loss.calibrate runs ZeRO-1 on 2 unshaped nodes of one rank
-THREADS = 1  # run_training's default: one compute thread per rank, so a rank uses at most one core
-PROBES = "cost_model_probes.json"
+TOLERANCE = 0.15  # the bar on the time per update's relative error
 
 
 class NotModelled(Exception):
@@ -65,72 +66,6 @@ class NotModelled(Exception):
 
 
 # inputs ------------------------------------------------------------------------------------------
-
-
-def calibration(out: Path) -> dict:
-    """Seconds per token of one rank on one core, and the model's parameters, from the time-to-loss calibration."""
-    calib = json.loads((out / "time_to_loss.json").read_text())["calibration"]
-    return compute_inputs(calib["compute_per_update_s"], calib["params"])
-
-
-def compute_inputs(compute_per_update_s: float, params: float) -> dict:
-    """ZeRO-1's compute per update on CALIBRATION_RANKS one-rank nodes as the model's seconds per token."""
-    recipe_cfg = trainer_config([])
-    tokens_per_rank = recipe_cfg.training.global_batch_size * recipe_cfg.training.seq_len / CALIBRATION_RANKS
-    return {"seconds_per_token": compute_per_update_s / tokens_per_rank, "params": params,
-            "compute_per_update_s": compute_per_update_s}  # fmt: skip
-
-
-def trainer_config(args: list[str]):
-    """The trainer's resolved config for a speed run: the recipe, then `args` (the label's, the setting's)."""
-    full = [*recipe(110, 1.5e-3, 0), *args]
-    at = full.index("--config") + 1
-    full[at] = str(ROOT / full[at])  # the recipe names its file from the repository's root
-    return load_config(full)
-
-
-def adamw_elements_per_s(numel: int, steps: int = 30) -> float:
-    """torch's AdamW on one thread over `numel` fp32 elements (the replicated optimizer's step): elements per s."""
-    import torch
-
-    torch.set_num_threads(THREADS)
-    param = torch.nn.Parameter(torch.randn(numel))
-    param.grad = torch.randn(numel)
-    optimizer = torch.optim.AdamW([param], lr=1e-3)
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        optimizer.step()
-        times.append(time.perf_counter() - started)
-    return numel / statistics.median(times)
-
-
-def probe_compute(folder: Path, updates: int = 30, cores: float | None = None) -> float:
-    """The calibration measured again: ZeRO-1's data, forward and backward per update (median, past 5 updates)
-    on 2 unshaped one-rank nodes, so that compute and links are measured on the machine as it is today; `cores`:
-    both nodes under that CPU quota."""
-    train = [*recipe(updates, 1.5e-3, 0), *QUIET, *STRATEGIES[ZERO1], "--eval.every", "0"]
-    train += ["--training.max_tokens", "0", "--training.steps", str(updates)]  # as benchmarks.speed
-    plan = ClusterPlan(nodes=CALIBRATION_RANKS, rate_bps=None, cpu_per_node=cores)
-    records = run_training(plan, train, folder)["records"][5:]
-    if not records:
-        raise UserError(f"the compute probe logged no update past the fifth; see {folder}")
-    return statistics.median(r["tokens_per_update"] / r["tokens_per_s"] * (1 - r["share_sync"]) for r in records)
-
-
-def probe_cpu_per_update(folder: Path, short: int = 8, long: int = 38) -> float:
-    """ZeRO-1's CPU seconds per update and rank, all threads (compute, its collectives' copies and sums, the
-    optimizer, the trainer's own work), on 2 unshaped one-rank nodes: the CPU time of a long run less a short
-    one's (start-up cancels), over the updates between."""
-    cpu = []
-    for updates in (short, long):
-        train = [*recipe(updates, 1.5e-3, 0), *QUIET, *STRATEGIES[ZERO1], "--eval.every", "0"]
-        train += ["--training.max_tokens", "0", "--training.steps", str(updates)]
-        ranks = run_training(ClusterPlan(nodes=CALIBRATION_RANKS, rate_bps=None), train, folder / str(updates))["ranks"]
-        if len(ranks) != CALIBRATION_RANKS:
-            raise UserError(f"the CPU probe read {len(ranks)} of {CALIBRATION_RANKS} ranks' reports; see {folder}")
-        cpu.append(statistics.mean(r["cpu_user_s"] + r["cpu_sys_s"] for r in ranks))
-    return (cpu[1] - cpu[0]) / (long - short)
 
 
 def cpu_budget_s(label: str, cfg, plan: ClusterPlan, inputs: dict, work: cm.Workload) -> float:
@@ -153,56 +88,6 @@ def cpu_budget_s(label: str, cfg, plan: ClusterPlan, inputs: dict, work: cm.Work
     jobs = cls.periods_per_update if cls.overlapped else 1
     per_micro_batch = work.tokens_per_micro_batch * inputs["seconds_per_token"]
     return max((n * per_micro_batch + jobs * overhead) / c for n, c in zip(counts, cores))
-
-
-# A collective is timed until every rank is done with it: a rank's own part can end while its sends are still on
-# the wire (on these links a ring's two directions share one TCP connection and take turns), and in a run the
-# next collective waits for them. The turn-taking comes on some calls and not on others, so the model takes the
-# mean of many: a run's time per update is an average over its calls.
-UNTIL_ALL = ["--until", "all", "--repeats", "15", "--stat", "mean"]
-# The turn-taking also holds for a connection's life: whole runs (and probes) come out fast or slow on the same
-# link, so the probe launches anew several times and takes the mean of the launches.
-LAUNCHES = 3
-
-
-def probe_launches(plan: ClusterPlan, folder: Path, params: int, launches: int = LAUNCHES) -> dict:
-    """collective_probe on `plan` launched `launches` times (new connections each time): the mean of each time."""
-    runs = [probe_collectives(plan, folder / str(i), params, extra=UNTIL_ALL) for i in range(launches)]
-    mean = {key: statistics.mean(run[key] for run in runs) for key in runs[0] if key.endswith("_s")}
-    return {**runs[0], **mean, "launches": launches, "per_launch": runs}
-
-
-def probe(settings: dict[str, ClusterPlan], params: float, out: Path) -> dict:
-    """The collectives on each setting's cluster, the optimizer's speed and the compute (root; a quiet machine)."""
-    preflight(need_cgroup=any(plan.cores(i) is not None for plan in settings.values() for i in range(plan.nodes)))
-    quotas = [plan.cores(i) for plan in settings.values() for i in range(plan.nodes) if plan.ranks_per_node == 1]
-    compute = probe_compute(out / "runs" / "cost_model_probe" / "compute")
-    cpu = probe_cpu_per_update(out / "runs" / "cost_model_probe" / "cpu")
-    print(f"[cost-model-check] CPU: ZeRO-1 {cpu:.4f} s per update and rank", flush=True)
-    print(f"[cost-model-check] compute: ZeRO-1 {compute:.4f} s per update on 2 unshaped nodes", flush=True)
-    # a node under a CPU quota computes slower than its share of a core says (throttled, its caches go cold), so
-    # each quota a one-rank node gets is measured as it is
-    at_cores = {}
-    for cores in sorted({q for q in quotas if q is not None and q < THREADS}):
-        at_cores[f"{cores:g}"] = probe_compute(out / "runs" / "cost_model_probe" / f"compute_{cores:g}", cores=cores)
-        print(f"[cost-model-check] compute at {cores:g} cores: {at_cores[f'{cores:g}']:.4f} s per update", flush=True)
-    probed = {}
-    for name, plan in settings.items():
-        folder = out / "runs" / "cost_model_probe" / name
-        probed[name] = {"plan": plan.describe(), "date": datetime.date.today().isoformat(),
-                        "collectives": probe_launches(plan, folder, int(params))}  # fmt: skip
-        if plan.ranks_per_node > 1:
-            node = probe_launches(one_node(plan), folder / "node", int(params))
-            probed[name]["node_collectives"] = node
-        print(f"[cost-model-check] setting {name}: {probed[name]}", flush=True)
-    return {"settings": probed, "adamw_elements_per_s": adamw_elements_per_s(int(params)),
-            "compute_per_update_s": compute, "compute_per_update_s_at_cores": at_cores,
-            "cpu_per_update_s": cpu}  # fmt: skip
-
-
-def one_node(plan: ClusterPlan) -> ClusterPlan:
-    """A node of the plan on its own (its ranks and CPU quota, no link to shape): where in-node rings are timed."""
-    return dataclasses.replace(plan, nodes=1, rate_bps=None, latency_ms=0.0, slow_node=None)
 
 
 def machine_cores(meta: dict) -> int:
@@ -590,33 +475,6 @@ def read_tables(out: Path, names: list[str], parser) -> dict[str, dict]:
         if not isinstance(tables[name], dict) or not isinstance(tables[name].get("settings"), dict):
             parser.error(f"--speed {name}: {out / name}.json is not a speed table (no settings); see benchmarks.speed")
     return tables
-
-
-def probes_for(out: Path, settings: dict, wanted: list[str], params: float, probe_now: bool, command: str) -> dict:
-    """The probes: measured now (probe_now) and merged into the cache, or read from it; checked against the plans."""
-    path = out / PROBES
-    cached = json.loads(path.read_text()) if path.exists() else {"settings": {}}
-    if probe_now:
-        fresh = probe({s: settings[s][0] for s in wanted}, params, out)
-        meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command}
-        cached = {"meta": meta, "settings": {**cached["settings"], **fresh["settings"]},
-                  "adamw_elements_per_s": fresh["adamw_elements_per_s"],
-                  "compute_per_update_s": fresh["compute_per_update_s"],
-                  "compute_per_update_s_at_cores": {**cached.get("compute_per_update_s_at_cores", {}),
-                                                    **fresh["compute_per_update_s_at_cores"]},
-                  "cpu_per_update_s": fresh["cpu_per_update_s"]}  # fmt: skip
-        path.write_text(json.dumps(cached, indent=1))
-    missing = [s for s in wanted if s not in cached["settings"]]
-    if missing or "adamw_elements_per_s" not in cached:
-        raise UserError(f"{path} has no probe of {', '.join(missing) or 'the optimizer'}: run with --probe (root, "
-                        "a quiet machine)")  # fmt: skip
-    for s in wanted:
-        if "ring_reduce_scatter_s" not in cached["settings"][s]["collectives"]:
-            raise UserError(f"{path}: setting {s}'s probe has no times of torchacco's rings: run with --probe")
-        if cached["settings"][s]["plan"] != settings[s][0].describe():
-            raise UserError(f"setting {s} was probed as '{cached['settings'][s]['plan']}' but is now "
-                            f"'{settings[s][0].describe()}': run with --probe")  # fmt: skip
-    return cached
 
 
 def command(argv: list[str] | None) -> str:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from benchmarks.acco_reference import recipe
 from benchmarks.cluster import ClusterError, run_training
-from benchmarks.cost_model_check import PROBES, compute_inputs, cores_per_rank, seconds_per_token_at, trainer_config
+from benchmarks.cost_model_check import cores_per_rank, seconds_per_token_at
+from benchmarks.cost_model_probes import PROBES, compute_inputs, trainer_config
 from benchmarks.names import DDP, ZERO1
 from benchmarks.speed import STRATEGIES, plans
 from benchmarks.sweeps.common import mean_lists, panels, save_figure, write_report

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from benchmarks import cost_model_check as check
+from benchmarks import cost_model_probes as probes
 from benchmarks.cluster import ClusterPlan
 from benchmarks.speed import STRATEGIES, plans
 from torchacco import cost_model as cm
@@ -184,8 +185,8 @@ def test_the_collective_probe_is_the_mean_of_several_launches(monkeypatch, tmp_p
         assert "--until" in extra and "mean" in extra
         return {"bytes": 8, "ring_all_gather_s": next(times), "until": "all"}
 
-    monkeypatch.setattr(check, "probe_collectives", fake)
-    probed = check.probe_launches(ClusterPlan(nodes=2), tmp_path, 2)
+    monkeypatch.setattr(probes, "probe_collectives", fake)
+    probed = probes.probe_launches(ClusterPlan(nodes=2), tmp_path, 2)
     assert probed["ring_all_gather_s"] == pytest.approx(0.2) and probed["bytes"] == 8
     assert probed["launches"] == 3 and [r["ring_all_gather_s"] for r in probed["per_launch"]] == [0.1, 0.3, 0.2]
 
