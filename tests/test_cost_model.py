@@ -309,6 +309,12 @@ def test_diloco_time_per_update_adds_the_exposed_outer_transfer_over_h_updates()
     fragment = 1 * 8 * 2e6 / 2 / 1e8
     assert streaming["step_time_s"] == pytest.approx(inner + 2 * max(0.0, fragment - 4 * inner) / 50)
     assert plain["tokens_per_update"] == 2 * 2 * 1000
+    # DDP inside nodes of 4 ranks: each rank sends a quarter of Δ across, then the node all-gathers it in fp32
+    four = Hardware(nodes=2, flops=1e12, bandwidth_bps=1e8, ranks_per_node=4, intra_bps=1e9)
+    inner_ddp = predict(work, dataclasses.replace(four, nodes=1), "ddp")["step_time_s"]
+    gather = 3 / 4 * 8 * 4e6 / 1e9
+    ddp_inside = predict_diloco(work, four, "ddp", sync_every=50)
+    assert ddp_inside["step_time_s"] == pytest.approx(inner_ddp + (transfer + gather) / 50)
     node = Hardware(nodes=1, flops=1e12, bandwidth_bps=1e8, ranks_per_node=4)
     eight = Hardware(nodes=2, flops=1e12, bandwidth_bps=1e8, ranks_per_node=4)
     from torchacco.cost_model import memory_bytes

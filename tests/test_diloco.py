@@ -16,7 +16,13 @@ from test_schedules import ROOT, run_worker
 
 from torchacco.config import Config
 from torchacco.errors import UserError
-from torchacco.parallel.pseudo_gradient import ROW, dequantize_int8, quantize_int8, token_weighted_mean
+from torchacco.parallel.pseudo_gradient import (
+    ROW,
+    dequantize_int8,
+    quantize_int8,
+    split_token_weighted_mean,
+    token_weighted_mean,
+)
 from torchacco.validate import validate
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
@@ -290,6 +296,39 @@ def test_token_weighted_mean_on_each_wire(wire, tolerance):
         dist.destroy_process_group()
     assert mean.dtype == torch.float32
     assert ((mean - delta).abs() <= tolerance * delta.abs().max()).all()
+
+
+def _split_mean_rank(rank: int, store_path: str, out: str) -> None:
+    """Ranks 0, 1 are replica 0 and ranks 2, 3 replica 1; a replica's ranks hold the same Δ."""
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 4), rank=rank, world_size=4)
+    replica_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    split_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    replica, dp = divmod(rank, 2)
+    torch.manual_seed(replica)
+    delta = torch.randn(2 * ROW + 77) * torch.logspace(-3, 2, 2 * ROW + 77)
+    tokens = [300.0, 500.0][replica]
+    results = {}
+    for wire in ("fp32", "bf16", "int8"):
+        whole = token_weighted_mean(delta, tokens, replica_groups[dp], wire)
+        split = split_token_weighted_mean(delta, tokens, replica_groups[dp], wire, split_groups[replica])
+        results[wire] = (whole, split)
+    torch.save(results, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
+    """A replicated inner strategy's ranks each send 1/dp of Δ and all-gather the rest: the same mean,
+    element for element, as every rank sending all of it (int8's rows stay whole)."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "mean")
+    mp.spawn(_split_mean_rank, args=(str(tmp_path / "store"), out), nprocs=4)
+    per_rank = [torch.load(f"{out}.{rank}") for rank in range(4)]
+    for wire in ("fp32", "bf16", "int8"):
+        for results in per_rank:
+            whole, split = results[wire]
+            assert torch.equal(whole, split), wire
+        assert all(torch.equal(r[wire][1], per_rank[0][wire][1]) for r in per_rank), wire  # every rank agrees
 
 
 @pytest.mark.parametrize(

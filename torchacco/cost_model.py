@@ -299,12 +299,17 @@ def predict_diloco(
     node = dataclasses.replace(hw, nodes=1)
     t_in = predict(work, node, inner)["step_time_s"]
     n = hw.nodes
-    per_node = work.params * WIRE_BYTES[outer_dtype] * (1 if cls.shards_theta else hw.ranks_per_node)
+    # A node's ranks send Δ once between them: a sharded inner strategy's shards, or a replicated one's 1/g each
+    # (then all-gathered in fp32 inside the node).
+    per_node = work.params * WIRE_BYTES[outer_dtype]
     transfer = 0.0
     if n > 1:
         hops = 2 * (n - 1) / n if outer_dtype == "fp32" else n - 1
         link = hops * 8 * per_node / fragments / hw.bandwidth_bps if hw.bandwidth_bps else 0.0
         transfer = link + 2 * (n - 1) * hw.latency_s
+        g = hw.ranks_per_node
+        if not cls.shards_theta and g > 1 and hw.intra_bps:
+            transfer += (g - 1) / g * 8 * 4.0 * work.params / fragments / hw.intra_bps
     exposed = fragments * max(0.0, transfer - overlap_steps * t_in) / sync_every
     step = t_in + exposed
     tokens = hw.world * work.micro_batches * work.tokens_per_micro_batch

@@ -46,7 +46,8 @@ from torchacco.blocks import blocks_of
 from torchacco.config import DiLoCo as DiLoCoConfig
 from torchacco.device import Device
 from torchacco.errors import UserError
-from torchacco.parallel.pseudo_gradient import WIRE_BYTES, token_weighted_mean
+from torchacco.parallel.dims import group_per_row
+from torchacco.parallel.pseudo_gradient import ROW, WIRE_BYTES, split_token_weighted_mean, token_weighted_mean
 from torchacco.parallel.strategy import Counts, Strategy, UpdateResult
 from torchacco.runners import stall_deadline_s
 
@@ -155,6 +156,12 @@ class DiLoCo(Strategy):
         self.options = options
         self.interval = options.sync_every // options.fragments  # inner updates between two outer steps
         self.tau, self.alpha, self.wire = options.overlap_steps, options.mixing, options.outer_dtype
+        # A replicated inner strategy over several ranks (ddp in a node): each rank sends its 1/dp of Δ to the
+        # other replicas and the replica's ranks all-gather the rest, on a dp group of its own (the transfer
+        # may run on a thread beside compute, whose gradient all-reduces use dims.dp_group).
+        self.split_group = None
+        if not inner.shards_theta and dims.dp_size > 1:
+            self.split_group = group_per_row(dims.mesh, "dp", dims.timeout)
         named = inner.theta_pieces()
         module = getattr(inner.model, "module", inner.model)
         which = fragment_of(module, [n for n, _ in named], options.fragments)
@@ -278,9 +285,8 @@ class DiLoCo(Strategy):
 
     def _start(self, f: int) -> None:
         delta, tokens = self._delta(f)
-        group, wire = self.dims.replica_group, self.wire
         self.in_flight = f
-        self.runner.launch(lambda: token_weighted_mean(delta, tokens, group, wire))
+        self.runner.launch(lambda: self._mean(delta, tokens))
         if self.eager is not None:  # θ̂: the outer step with this replica's Δ, without touching m
             mu, lr = self.options.outer_momentum, self.options.outer_lr
             momentum = self.momentum[f].to(delta.device)
@@ -289,6 +295,12 @@ class DiLoCo(Strategy):
             self._scatter(f, guess)
             self.inner.theta_written()
 
+    def _mean(self, delta: torch.Tensor, tokens: float) -> torch.Tensor:
+        """The replicas' token-weighted mean of Δ."""
+        if self.split_group is None:
+            return token_weighted_mean(delta, tokens, self.dims.replica_group, self.wire)
+        return split_token_weighted_mean(delta, tokens, self.dims.replica_group, self.wire, self.split_group)
+
     def _outer_step(self, f: int) -> dict:
         start = time.perf_counter()
         if self.tau:
@@ -296,7 +308,7 @@ class DiLoCo(Strategy):
             mean = self.arrived if self.arrived is not None else self.runner.wait(self.stall_s)
             self.in_flight, self.arrived = None, None
         else:
-            mean = token_weighted_mean(*self._delta(f), self.dims.replica_group, self.wire)
+            mean = self._mean(*self._delta(f))
         exposed = time.perf_counter() - start
         backup, momentum, mu = self.backup[f], self.momentum[f], self.options.outer_momentum
         mean = mean.to(backup.device)
@@ -318,10 +330,17 @@ class DiLoCo(Strategy):
             "outer_step": self.outer_steps,
             "outer_fragment": f,
             "outer_delta_norm": self._norm(mean),
-            "outer_bytes": sum(p.numel() for p in self.pieces[f]) * WIRE_BYTES[self.wire],
+            "outer_bytes": self._wire_elements(f) * WIRE_BYTES[self.wire],
             "outer_exposed_s": exposed,
             **({"outer_inner_updates": finished} if self.options.balance_replicas else {}),
         }
+
+    def _wire_elements(self, f: int) -> int:
+        """The elements of fragment f this rank sends to the other replicas."""
+        numel = sum(p.numel() for p in self.pieces[f])
+        if self.split_group is None:
+            return numel
+        return -(-numel // (self.dims.dp_size * ROW)) * ROW  # whole int8 rows, as split_token_weighted_mean sends
 
     def _norm(self, mean: torch.Tensor) -> float:
         """‖Δ̄‖ of the fragment over this rank's tensor- and pipeline-parallel part of the model."""

@@ -191,6 +191,15 @@ def _data_group(mesh: DeviceMesh, timeout: timedelta) -> dist.ProcessGroup:
     return _own_group(rows, timeout)
 
 
+def group_per_row(mesh: DeviceMesh, dim: str, timeout: timedelta) -> dist.ProcessGroup:
+    """This rank's group along mesh dimension `dim`, as a group of its own: the mesh's group of that
+    dimension may be in use on another thread (two threads must never share a group). Every rank
+    must call it, in the same order."""
+    axis = mesh.mesh_dim_names.index(dim)
+    rows = mesh.mesh.movedim(axis, -1).reshape(-1, mesh.mesh.shape[axis]).tolist()
+    return _own_group(rows, timeout)
+
+
 def _own_group(rows: list[list[int]], timeout: timedelta) -> dist.ProcessGroup:
     mine = None
     for row in rows:  # every rank creates every group, in the same order

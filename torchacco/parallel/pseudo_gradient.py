@@ -49,3 +49,17 @@ def token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: str = "
     dist.all_gather(qs, q, group=group)
     dist.all_gather(ss, scales, group=group)
     return torch.stack([dequantize_int8(a, b, delta.numel()) for a, b in zip(qs, ss)]).sum(dim=0)
+
+
+def split_token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: str, split_group) -> torch.Tensor:
+    """`token_weighted_mean` of a Δ that every rank of `split_group` holds alike (a replicated inner
+    strategy's ranks in one replica): each rank takes its 1/n of Δ over `group`, and `split_group`
+    all-gathers the pieces. The link between replicas carries Δ once per replica instead of once
+    per rank. Pieces are whole int8 rows, so every wire gives the unsplit mean element for element."""
+    n, me = dist.get_world_size(split_group), dist.get_rank(split_group)
+    size = -(-delta.numel() // (n * ROW)) * ROW
+    padded = torch.nn.functional.pad(delta, (0, n * size - delta.numel()))
+    mine = token_weighted_mean(padded[me * size : (me + 1) * size], tokens, group, wire)
+    out = torch.empty(n * size, dtype=mine.dtype, device=mine.device)
+    dist.all_gather_into_tensor(out, mine.contiguous(), group=split_group)
+    return out[: delta.numel()]
