@@ -203,6 +203,17 @@ def test_sharded_outer_step_equals_the_unsharded_one(tmp_path):
     torch.testing.assert_close(sharded["theta"], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.integration
+@pytest.mark.exact
+def test_ddp_inside_replicas_of_two_ranks_with_the_transfer_beside_compute_equals_its_equations(tmp_path):
+    """Δ split over a replica's two ddp ranks, its mean all-gathered on the transfer's thread while
+    ddp all-reduces gradients on the compute thread (each on a group of its own)."""
+    diloco = dict(sync_every=4, fragments=2, overlap_steps=1)
+    run = run_diloco(tmp_path, "ddp", 9, 1, nproc=4, **diloco)
+    expected, _, _ = diloco_reference(9, 1, replicas=2, dp=2, H=4, P=2, tau=1)
+    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
+
+
 def diloco_memory(tmp_path, kind: str, **diloco) -> list[dict]:
     out = tmp_path / f"memory_{kind}.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCHACCO_TEST_REPLICAS": "2"}
