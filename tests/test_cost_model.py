@@ -312,7 +312,7 @@ def test_diloco_time_per_update_adds_the_exposed_outer_transfer_over_h_updates()
     # DDP inside nodes of 4 ranks: each rank sends a quarter of Δ across, then the node all-gathers it in fp32
     four = Hardware(nodes=2, flops=1e12, bandwidth_bps=1e8, ranks_per_node=4, intra_bps=1e9)
     inner_ddp = predict(work, dataclasses.replace(four, nodes=1), "ddp")["step_time_s"]
-    gather = 3 / 4 * 8 * 4e6 / 1e9
+    gather = 3 / 4 * 8 * 4e6 / 1e9  # the node's ring all-gather of the fp32 mean (ag_factor 1)
     ddp_inside = predict_diloco(work, four, "ddp", sync_every=50)
     assert ddp_inside["step_time_s"] == pytest.approx(inner_ddp + (transfer + gather) / 50)
     node = Hardware(nodes=1, flops=1e12, bandwidth_bps=1e8, ranks_per_node=4)

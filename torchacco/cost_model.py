@@ -44,7 +44,8 @@ k·W micro-batches split by speed.
 DiLoCo (docs/diloco.md; one replica per node, the inner strategy over the node's G ranks): the inner
 update's time t_in from the formula above on one node, plus the outer step's exposed transfer averaged
 over H updates. Fragment f's pseudo-gradient crosses the link once per H updates, D = P/F elements
-× wire bytes per node (× G with ddp inside, whose ranks all hold all of θ); fp32 is an all-reduce,
+× wire bytes per node (a sharded inner strategy's ranks send their shards; ddp's, whose ranks all hold
+all of θ, 1/G of it each, then all-gather the fp32 mean in the node); fp32 is an all-reduce,
 2(N-1)/N · 8D/B, bf16 and int8 are all-gathered, (N-1) · 8D/B; τ inner updates hide it:
   diloco  t_in + F · max(0, T_f − τ·t_in) / H
 
@@ -307,9 +308,8 @@ def predict_diloco(
         hops = 2 * (n - 1) / n if outer_dtype == "fp32" else n - 1
         link = hops * 8 * per_node / fragments / hw.bandwidth_bps if hw.bandwidth_bps else 0.0
         transfer = link + 2 * (n - 1) * hw.latency_s
-        g = hw.ranks_per_node
-        if not cls.shards_theta and g > 1 and hw.intra_bps:
-            transfer += (g - 1) / g * 8 * 4.0 * work.params / fragments / hw.intra_bps
+        if not cls.shards_theta:  # the node's ranks all-gather the fp32 mean of their pieces
+            transfer += hw.ag_factor * collective_s(4.0 * work.params / fragments, dataclasses.replace(hw, nodes=1))
     exposed = fragments * max(0.0, transfer - overlap_steps * t_in) / sync_every
     step = t_in + exposed
     tokens = hw.world * work.micro_batches * work.tokens_per_micro_batch

@@ -197,13 +197,14 @@ def group_per_row(mesh: DeviceMesh, dim: str, timeout: timedelta) -> dist.Proces
     must call it, in the same order."""
     axis = mesh.mesh_dim_names.index(dim)
     rows = mesh.mesh.movedim(axis, -1).reshape(-1, mesh.mesh.shape[axis]).tolist()
-    return _own_group(rows, timeout)
+    backend = dist.get_backend()  # on NCCL, high-priority streams, as the mesh's dp and replica groups
+    return _own_group(rows, timeout, group_options(backend, timeout, True) if backend == "nccl" else None)
 
 
-def _own_group(rows: list[list[int]], timeout: timedelta) -> dist.ProcessGroup:
+def _own_group(rows: list[list[int]], timeout: timedelta, options=None) -> dist.ProcessGroup:
     mine = None
     for row in rows:  # every rank creates every group, in the same order
-        group = dist.new_group(row, timeout=timeout)
+        group = dist.new_group(row, timeout=timeout, pg_options=options)
         if dist.get_rank() in row:
             mine = group
     return mine

@@ -58,8 +58,8 @@ def split_token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: s
     per rank. Pieces are whole int8 rows, so every wire gives the unsplit mean element for element."""
     n, me = dist.get_world_size(split_group), dist.get_rank(split_group)
     size = -(-delta.numel() // (n * ROW)) * ROW
-    padded = torch.nn.functional.pad(delta, (0, n * size - delta.numel()))
-    mine = token_weighted_mean(padded[me * size : (me + 1) * size], tokens, group, wire)
+    piece = delta[me * size : (me + 1) * size]  # the last pieces run past Δ's end: zeros there
+    mine = token_weighted_mean(torch.nn.functional.pad(piece, (0, size - piece.numel())), tokens, group, wire)
     out = torch.empty(n * size, dtype=mine.dtype, device=mine.device)
     dist.all_gather_into_tensor(out, mine.contiguous(), group=split_group)
     return out[: delta.numel()]
