@@ -23,7 +23,8 @@ from pathlib import Path
 
 from benchmarks.acco_reference import recipe
 from benchmarks.names import DDP
-from benchmarks.time_to_target import mean_ci, token_ratios
+from benchmarks.stats import mean_ci
+from benchmarks.time_to_target import token_ratios
 from benchmarks.token_efficiency import VARIANTS
 from torchacco.config import load_config
 from torchacco.cost_model import TOKEN_EFFICIENCY

@@ -23,25 +23,11 @@ from pathlib import Path
 
 from benchmarks.names import DDP
 from benchmarks.speed import BASELINES
+from benchmarks.stats import mean_ci
 from benchmarks.sweeps.common import panels, save_figure, write_report
 from benchmarks.token_efficiency import machine
 
 ROOT = Path(__file__).resolve().parents[1]
-# Student's t, two-sided 95%, by degrees of freedom (1.96 from 30 on)
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
-       15: 2.13, 20: 2.09, 25: 2.06}  # fmt: skip
-
-
-def t95(dof: int) -> float:
-    return T95[max(d for d in T95 if d <= dof)] if dof < 30 else 1.96
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """The mean and the half-width of its 95% t-interval (nan for one value)."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    return mean, t95(len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
 
 
 def token_ratios(rows: dict) -> tuple[dict[str, list[float]], set[str]]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from benchmarks.acco_reference import recipe
 from benchmarks.names import ACCO, DDP, DPU, FSDP, WP, ZERO1
+from benchmarks.stats import mean_ci
 from benchmarks.sweeps.common import panels, save_figure, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,6 +206,7 @@ def summarize(finals: dict, curves: dict, train_tails: dict, lrs: list[float], v
                 gaps = [gap(x, y) for x, y in zip(vals, ddp)]
                 row |= {"gap_pct": gaps, "mean_gap_pct": statistics.fmean(gaps)}
                 row["sd_gap_pct"] = statistics.stdev(gaps) if len(gaps) > 1 else float("nan")
+                row["ci95_gap_pct"] = mean_ci(gaps)[1]  # the half-width of the mean's 95% t-interval
                 along = [[gap(x, y) for x, y in zip(c, d)] for c, d in zip(curves[(lr, v)], curves[(lr, DDP)])]
                 row["mean_gap_along_run_pct"] = [statistics.fmean(col) for col in zip(*along)]
                 train = [gap(x, y) for x, y in zip(train_tails[(lr, v)], train_tails[(lr, DDP)])]
@@ -211,6 +214,14 @@ def summarize(finals: dict, curves: dict, train_tails: dict, lrs: list[float], v
             rows[v] = row
         out[f"{lr:g}"] = rows
     return out
+
+
+def interval(row: dict) -> str:
+    """The mean gap's 95% interval, as low to high (empty for one seed)."""
+    half = row["ci95_gap_pct"]
+    if math.isnan(half):
+        return ""
+    return f"{row['mean_gap_pct'] - half:+.2f} to {row['mean_gap_pct'] + half:+.2f}"
 
 
 def markdown(summary: dict, meta: dict) -> str:
@@ -221,20 +232,20 @@ def markdown(summary: dict, meta: dict) -> str:
         f"seeds {meta['seeds']}.",
         f"Command: `{meta['command']}`",
         "",
-        "| lr | variant | mean val loss | gap vs ddp, mean ± sd (%) | per seed (%) | gap along the run (%) "
-        "| training-loss gap, last tenth: mean, per seed (%) |",
-        "|---|---|---|---|---|---|---|",
+        "| lr | variant | mean val loss | gap vs ddp, mean ± sd (%) | 95% interval of the mean (%) | per seed (%) "
+        "| gap along the run (%) | training-loss gap, last tenth: mean, per seed (%) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for lr, rows in summary.items():
         for v, row in rows.items():
             if v == DDP:
-                lines.append(f"| {lr} | ddp | {row['mean_val_loss']:.4f} | | | | |")
+                lines.append(f"| {lr} | ddp | {row['mean_val_loss']:.4f} | | | | | |")
                 continue
             per_seed = ", ".join(f"{g:+.2f}" for g in row["gap_pct"])
             along = " ".join(f"{g:+.1f}" for g in row["mean_gap_along_run_pct"])
             lines.append(
                 f"| {lr} | {v} | {row['mean_val_loss']:.4f} | {row['mean_gap_pct']:+.2f} ± {row['sd_gap_pct']:.2f} "
-                f"| {per_seed} | {along} | {row['mean_train_gap_pct']:+.2f}: "
+                f"| {interval(row)} | {per_seed} | {along} | {row['mean_train_gap_pct']:+.2f}: "
                 + ", ".join(f"{g:+.2f}" for g in row["train_gap_pct"])
                 + " |"
             )

@@ -117,6 +117,26 @@ def test_another_flavor_trains_that_model_in_runs_of_its_own(monkeypatch, tmp_pa
         )
 
 
+def test_the_token_efficiency_report_gives_the_mean_gaps_95_percent_interval(monkeypatch, tmp_path):
+    from benchmarks import token_efficiency as te
+
+    losses = {("ddp", 0): 4.0, ("ddp", 1): 4.0, ("ddp", 2): 5.0, ("acco", 0): 4.04, ("acco", 1): 4.0, ("acco", 2): 5.1}
+
+    def fake_train(variant, lr, seed, updates, folder, fresh, flavor):
+        folder.mkdir(parents=True)
+        record = {"step": updates, "loss": 5.0, "val_loss": losses[(variant, seed)]}
+        (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        return te.records(folder)
+
+    monkeypatch.setattr(te, "train", fake_train)
+    te.main(["--updates", "10", "--seeds", "0,1,2", "--variants", "ddp,acco", "--out", str(tmp_path), "--name", "t"])
+    row = json.loads((tmp_path / "t.json").read_text())["summary"]["0.003"]["acco"]
+    gaps = [1.0, 0.0, 2.0]  # % per seed; mean 1, sd 1, Student's t at 2 degrees of freedom 4.30
+    assert row["gap_pct"] == pytest.approx(gaps)
+    assert row["ci95_gap_pct"] == pytest.approx(4.30 / 3**0.5)
+    assert "| +1.00 ± 1.00 | -1.48 to +3.48 |" in (tmp_path / "t.md").read_text()
+
+
 def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_time_against_the_prediction(
     monkeypatch, tmp_path
 ):
