@@ -55,7 +55,8 @@ def split_token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: s
     """`token_weighted_mean` of a Δ that every rank of `split_group` holds alike (a replicated inner
     strategy's ranks in one replica): each rank takes its 1/n of Δ over `group`, and `split_group`
     all-gathers the pieces. The link between replicas carries Δ once per replica instead of once
-    per rank. Pieces are whole int8 rows, so every wire gives the unsplit mean element for element."""
+    per rank. Pieces are whole int8 rows, so bf16 and int8 give the unsplit mean element for element,
+    and fp32 does up to the order of its sum over more than two replicas."""
     n, me = dist.get_world_size(split_group), dist.get_rank(split_group)
     size = -(-delta.numel() // (n * ROW)) * ROW
     piece = delta[me * size : (me + 1) * size]  # the last pieces run past Δ's end: zeros there
