@@ -411,6 +411,21 @@ class _CountingStore:
         self.values[key] = value
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Application timeout caused pair closure",  # gloo, from DDP's backward, on a stalled peer
+        "Connection closed by peer [127.0.0.1]:1234",
+        "[/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv operation to complete",
+    ],
+)
+def test_gloos_plain_runtime_errors_on_a_dead_or_stalled_peer_are_peer_failures(message):
+    from torchacco.health import is_peer_failure
+
+    assert is_peer_failure(RuntimeError(message))
+    assert not is_peer_failure(RuntimeError("CUDA out of memory"))
+
+
 def test_the_heartbeat_writes_at_most_once_per_interval_however_often_the_phase_changes():
     import json
     import time

@@ -226,6 +226,14 @@ def is_peer_failure(error: BaseException) -> bool:
     from torchacco.errors import Stalled
 
     text = str(error)
-    return isinstance(error, dist.DistBackendError | Stalled) or any(
-        marker in text for marker in ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer")
-    )
+    return isinstance(error, dist.DistBackendError | Stalled) or any(marker in text for marker in PEER_FAILURES)
+
+
+# What gloo raises, as a plain RuntimeError from inside DDP's backward hooks, when a peer dies or stalls
+PEER_FAILURES = (
+    "Timed out",
+    "timed out",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Application timeout caused pair closure",  # gloo's own timeout on a stalled peer's connection
+)
