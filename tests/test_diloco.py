@@ -327,6 +327,7 @@ def _split_mean_rank(rank: int, store_path: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
     """A replicated inner strategy's ranks each send 1/dp of Δ and all-gather the rest: the same mean,
     element for element, as every rank sending all of it (int8's rows stay whole)."""
