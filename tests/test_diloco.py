@@ -378,6 +378,24 @@ def test_impossible_settings_are_one_line_errors(overrides, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_fragments_split_a_models_blocks_held_in_a_module_dict():
+    """torchacco's models keep their blocks in a ModuleDict (for pipeline stages): fragments follow the blocks."""
+    from torchacco.parallel.diloco import fragment_of
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(5, 2)
+            self.layers = torch.nn.ModuleDict({str(i): torch.nn.Linear(2, 2) for i in range(4)})
+            self.norm = torch.nn.LayerNorm(2)
+
+    model = Model()
+    names = [n for n, _ in model.named_parameters()]
+    which = dict(zip(names, fragment_of(model, names, 2)))
+    assert which["embed.weight"] == which["layers.0.weight"] == which["layers.1.bias"] == 0
+    assert which["layers.2.weight"] == which["layers.3.bias"] == which["norm.weight"] == 1
+
+
 def test_more_fragments_than_blocks_is_one_line():
     from torchacco.parallel.diloco import fragment_of
 

@@ -132,6 +132,7 @@ def fragment_of(module: torch.nn.Module, names: list[str], fragments: int) -> li
             f"[diloco] fragments = {fragments} exceeds the {len(blocks)} transformer blocks of the model (on this "
             "rank's pipeline stage); use at most that many"
         )
+    blocks = list(blocks.values()) if isinstance(blocks, torch.nn.ModuleDict) else list(blocks)  # (not its keys)
     index = {id(b): i for i, b in enumerate(blocks)}
     prefixes = [(name + ".", index[id(m)]) for name, m in module.named_modules() if id(m) in index]
     out, after_blocks = [], False
