@@ -379,7 +379,8 @@ def test_impossible_settings_are_one_line_errors(overrides, message):
 
 
 def test_fragments_split_a_models_blocks_held_in_a_module_dict():
-    """torchacco's models keep their blocks in a ModuleDict (for pipeline stages): fragments follow the blocks."""
+    """Under pipeline parallelism a stage keeps its blocks in a ModuleDict (`pipeline.Layers`): fragments follow
+    the blocks, not every parameter into the first fragment."""
     from torchacco.parallel.diloco import fragment_of
 
     class Model(torch.nn.Module):
