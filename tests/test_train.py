@@ -125,6 +125,41 @@ def test_python_api_with_own_model_and_dataset(tmp_path):
     assert (tmp_path / "config.toml").is_file() and (tmp_path / "metrics.jsonl").is_file()
 
 
+def test_share_advice_names_the_estimate_share_that_fits_the_measured_times():
+    from torchacco.parallel.acco import share_advice
+
+    # Halves, a job a tenth of the compute (a fast link) or nine tenths (a slow one): 0.875 costs no time.
+    for job_s in (0.1, 0.9):
+        line = share_advice(0.5, compute_s=1.0, job_s=job_s, micro_batches=8)
+        assert "estimate_share = 0.875 would cost no time" in line and f"{job_s:.0%}" in line and "needs" not in line
+    assert "it needs a multiple of 8 micro-batches per rank (here 2)" in share_advice(0.5, 1.0, 0.1, micro_batches=2)
+    assert share_advice(0.5, 1.0, 0.5, 8) is None  # halves hide half the compute; 0.875 would not
+    # 0.875 with a job half the compute: min(M − C/8, 7C/8 − M) = 0.375 s exposed that halves hide.
+    assert "about 0.375 s per update exposed (38% of the compute)" in share_advice(0.875, 1.0, 0.5, 8)
+    assert share_advice(0.875, 1.0, 0.05, 8) is None and share_advice(0.875, 1.0, 0.95, 8) is None
+    assert share_advice(0.75, 1.0, 0.1, 8) is None and share_advice(0.5, 0.0, 0.1, 8) is None
+
+
+def test_acco_logs_its_estimate_share_advice_once_from_the_times_it_measured(tmp_path, monkeypatch, capsys):
+    from torchacco.parallel import acco
+
+    calls = []
+
+    def advice(share, compute_s, job_s, micro_batches):
+        calls.append((share, compute_s, job_s, micro_batches))
+        return "measured advice"
+
+    monkeypatch.setattr(acco, "share_advice", advice)
+    cfg = _python_cfg(tmp_path)
+    cfg.parallelism.data_parallel = "acco"
+    cfg.training.steps, cfg.training.global_batch_size = acco.ADVICE_AT_COMMIT + 2, 16  # two micro-batches of 8
+    train(cfg, model=_llama(), datasets=(Counting(), Counting()))
+    assert len(calls) == 1
+    share, compute_s, job_s, micro_batches = calls[0]
+    assert share == 0.5 and compute_s > 0 and job_s > 0 and micro_batches == 2
+    assert capsys.readouterr().out.count("torchacco: measured advice") == 1
+
+
 class Finite(torch.utils.data.Dataset):
     """Four windows, then nothing: a map-style dataset runs out after one epoch."""
 

@@ -294,6 +294,8 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
         state.tokens += result.consumed
         step, tokens_seen = state.step, state.tokens
         stop_for_nonfinite = _count_nonfinite(t, state, result)
+        if result.advice:
+            run.log.info(f"torchacco: {result.advice}")
 
         done = bool(step == t.steps or (t.max_tokens and tokens_seen >= t.max_tokens))
         evaluate_now = cfg.eval.every and (step % cfg.eval.every == 0 or done) and not stop_for_nonfinite

@@ -12,6 +12,37 @@ from torchacco.errors import UserError
 from torchacco.parallel.overlapped import Overlapped, OverlappedOptions
 from torchacco.parallel.sharded_job import COMMIT, ESTIMATE
 
+ADVICE_AT_COMMIT = 20  # past compilation and the first, slower updates
+
+
+def share_advice(share: float, compute_s: float, job_s: float, micro_batches: int) -> str | None:
+    """One line when the other measured estimate_share fits this run better (docs/acco.md).
+
+    With C the compute of an update and M one job, rounds cost max(s·C, M) + max((1 − s)·C, M):
+    0.875 costs halves' time where M ≤ C/8 or M ≥ 7C/8, and min(M − C/8, 7C/8 − M) more between.
+    Near DDP's largest stable learning rate it reached DDP's loss with about 5% fewer tokens."""
+    if compute_s <= 0 or share not in (0.5, 0.875):
+        return None
+    ratio, extra = job_s / compute_s, min(job_s - compute_s / 8, 7 * compute_s / 8 - job_s)
+    if share == 0.5 and extra <= 0:
+        needs = (
+            ""
+            if micro_batches % 8 == 0
+            else f"; it needs a multiple of 8 micro-batches per rank (here {micro_batches})"
+        )
+        return (
+            f"[acco] a job takes {ratio:.0%} of an update's compute here, so estimate_share = 0.875 would cost no "
+            "time (as for any job under 12.5% or over 87.5% of it) and, near DDP's largest stable learning "
+            f"rate, needed about 5% fewer tokens to DDP's loss than halves (docs/acco.md){needs}"
+        )
+    if share == 0.875 and extra > 0:
+        return (
+            f"[acco] a job takes {ratio:.0%} of an update's compute here, so estimate_share = 0.875 leaves about "
+            f"{extra:.3g} s per update exposed ({extra / compute_s:.0%} of the compute) that halves (0.5) would "
+            "hide, at some loss per token near DDP's largest stable learning rate (docs/acco.md)"
+        )
+    return None
+
 
 def relative_distance(estimate: torch.Tensor, truth: torch.Tensor, chunk: int = 1 << 24) -> float:
     """‖estimate − truth‖ / ‖truth‖ in fp32, a chunk at a time (no full-size fp32 copies)."""
@@ -105,6 +136,15 @@ class ACCO(Overlapped):
         if finished is None or finished.committed:
             return ESTIMATE, True  # keep g̃_t in A: the next period adds g_t to it
         return COMMIT, False  # A = g̃_t + g_t goes to the commit; g̃_{t+1} starts from zero
+
+    def step(self, counts):
+        finished = super().step(counts)
+        if finished is not None and finished.committed and self.commits == ADVICE_AT_COMMIT:
+            if self.mode == "deterministic" and not self.balanced and finished.compute_s and not finished.skipped:
+                finished.advice = share_advice(
+                    self.estimate_share, max(finished.compute_s), finished.jobs_s / 2, self.at_estimate + self.at_theta
+                )
+        return finished
 
     def _before_swap(self, finished):
         # P still holds θ̃_{t+1}, C now holds θ_{t+1}: measure the estimation error.

@@ -83,6 +83,7 @@ class UpdateResult:
     skipped: bool = False  # a non-finite loss or gradient: θ (and the optimizer state) left as it was
     nonfinite_ranks: list[int] = field(default_factory=list)  # ranks whose own loss was non-finite
     outer: dict = field(default_factory=dict)  # an outer step's metrics, after the update it followed (DiLoCo)
+    advice: str | None = None  # one line for the user, from what the run measured (logged once)
 
 
 @dataclass(frozen=True)
