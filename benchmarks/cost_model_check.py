@@ -201,8 +201,11 @@ def predict_label(label: str, cfg, work: cm.Workload, hw: cm.Hardware) -> dict:
         raise NotModelled("mixed replicas: predict_diloco has every replica run all H inner updates")
     if diloco["replicas"] != hw.nodes:
         raise NotModelled(f"{diloco['replicas']} replicas on {hw.nodes} nodes: predict_diloco has one per node")
+    m = cfg.model
+    sizes = cm.model_fragment_params(m.name, m.flavor, diloco["fragments"], m.vocab_size or cfg.tokenizer.vocab_size)
+    sizes = [size * work.params / sum(sizes) for size in sizes]  # the fragments' shares of the probed parameters
     return cm.predict_diloco(work, hw, diloco["inner"], diloco["sync_every"], diloco["fragments"],
-                             diloco["overlap_steps"], diloco["outer_dtype"])  # fmt: skip
+                             diloco["overlap_steps"], diloco["outer_dtype"], sizes)  # fmt: skip
 
 
 def strategy_class(cfg) -> type:
@@ -231,8 +234,11 @@ def verdict(prediction: dict, measured_s: float, recipe_tokens: float) -> dict:
     predicted = prediction["step_time_s"] * per_recipe
     error = cm.relative_error(predicted, measured_s)
     exposed = prediction["exposed_comm_s"] * per_recipe
-    return {"predicted_s": predicted, "measured_s": measured_s, "error": error, "within": abs(error) <= TOLERANCE,
-            "predicted_compute_s": predicted - exposed, "predicted_exposed_s": exposed}  # fmt: skip
+    row = {"predicted_s": predicted, "measured_s": measured_s, "error": error, "within": abs(error) <= TOLERANCE,
+           "predicted_compute_s": predicted - exposed, "predicted_exposed_s": exposed}  # fmt: skip
+    if "outer_exposed_s" in prediction:  # DiLoCo: the outer step's wait, apart from the inner update's sync
+        row["predicted_outer_wait_s"] = prediction["outer_exposed_s"] * per_recipe
+    return row
 
 
 def error_summary(rows: dict[str, dict]) -> dict:
@@ -273,20 +279,42 @@ def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed:
             "intra_bps": links["intra_bps"], "rows": rows, "skipped": skipped, **error_summary(rows)}  # fmt: skip
 
 
-def measured_compute(runs: Path, setting: str, label: str, row: dict) -> float | None:
-    """Rank 0's seconds per update before the sync (data, forward, backward), read from the speed runs that made
-    `row`: a run counts when its records give the table's time for that repeat (later runs overwrite the folders).
-    None when none is left."""
+def kept_records(runs: Path, setting: str, label: str, row: dict) -> list[dict]:
+    """Rank 0's records past warm-up from the speed runs that made `row`: a run counts when its records give the
+    table's time for that repeat (later runs overwrite the folders). Empty when none is left."""
     warmup = warmup_of(label)
-    values = []
+    kept = []
     for repeat, expected in enumerate(row.get("seconds_per_update", [])):
         logged = records(runs / f"{setting}_{label}_{repeat}")
-        if len(logged) <= warmup or not math.isclose(seconds_per_update(logged, warmup), expected, rel_tol=1e-9):
-            continue
-        kept = logged[warmup:]
-        if all("share_sync" in r for r in kept):
-            values += [r["tokens_per_update"] / r["tokens_per_s"] * (1 - r["share_sync"]) for r in kept]
-    return statistics.fmean(values) if values else None
+        if len(logged) > warmup and math.isclose(seconds_per_update(logged, warmup), expected, rel_tol=1e-9):
+            kept += logged[warmup:]
+    return kept
+
+
+def measured_compute(kept: list[dict]) -> float | None:
+    """Rank 0's seconds per update before the sync (data, forward, backward); None without records."""
+    if not kept or not all("share_sync" in r for r in kept):
+        return None
+    return statistics.fmean(r["tokens_per_update"] / r["tokens_per_s"] * (1 - r["share_sync"]) for r in kept)
+
+
+def measured_outer_wait(kept: list[dict]) -> float | None:
+    """DiLoCo: rank 0's wait for the outer steps' transfers (`outer_exposed_s`), per update; None without any."""
+    if not any("outer_exposed_s" in r for r in kept):
+        return None
+    return sum(r.get("outer_exposed_s", 0.0) for r in kept) / len(kept)
+
+
+def outer_wait_text(row: dict, rest: float) -> str:
+    """DiLoCo: the time after the sync split into the outer step's wait and the inner update's sync, each against
+    the model's."""
+    wait = row.get("measured_outer_wait_s")
+    if wait is None:
+        return ""
+    model_wait = row["predicted_outer_wait_s"]
+    inner = row["predicted_exposed_s"] - model_wait
+    return (f" (of which the outer step's wait {wait:.3f} s against the model's {model_wait:.3f} s, the inner "
+            f"update's sync and step {rest - wait:.3f} s against {inner:.3f} s)")  # fmt: skip
 
 
 def cause(label: str, row: dict) -> str:
@@ -298,6 +326,7 @@ def cause(label: str, row: dict) -> str:
         return f"{head}; {model} (no matching run records, so no measured split)."
     rest = row["measured_s"] - compute
     split = f"{head}; {model}, measured {compute:.3f} s until the sync + {rest:.3f} s after"
+    split += outer_wait_text(row, rest)
     if row["communicates_in_micro_batches"]:
         return (f"{split}. Its communication runs inside the micro-batches, so the time until the sync holds it "
                 f"too, and is {compute - row['predicted_s']:+.3f} s from the model's whole update (its compute and "
@@ -350,13 +379,16 @@ def check(
                                     f"({plan.describe()}): check it with probes of its own plan"}  # fmt: skip
                 continue
             s = check_setting(data["strategies"], plan, extra, probes[setting], measured_on)
-            measured = {label: measured_compute(runs, setting, label, data["strategies"][label]) for label in s["rows"]}
+            kept = {label: kept_records(runs, setting, label, data["strategies"][label]) for label in s["rows"]}
+            measured = {label: measured_compute(records) for label, records in kept.items()}
             scale = same_session_scale(plan, measured_on, measured.get(ZERO1)) if same_session else None
             if scale is not None:
                 scaled = with_compute_scaled(measured_on, scale)
                 s = check_setting(data["strategies"], plan, extra, probes[setting], scaled)
             for label, row in s["rows"].items():
                 row["measured_compute_s"] = measured[label]
+                if "predicted_outer_wait_s" in row:
+                    row["measured_outer_wait_s"] = measured_outer_wait(kept[label])
             checked[setting] = {"plan": data["plan"], "same_session": same_session, "compute_scale": scale, **s}
     return result
 

@@ -295,6 +295,17 @@ def test_the_shipped_table_says_where_its_numbers_come_from():
         assert measured and entry["seeds"] >= 2 and (ROOT / entry["source"]).exists(), label
 
 
+def test_fragments_hold_the_parameters_the_trainer_gives_them():
+    from torchacco.cost_model import model_fragment_params
+    from torchacco.models.gpt_neo import spec
+
+    sizes = model_fragment_params("gpt_neo", "debug", 2, vocab_size=1024)
+    args = dataclasses.replace(spec.flavors["debug"], vocab_size=1024)
+    assert sum(sizes) == args.num_params()
+    # One block each; the token and position embeddings before the first, the final norm after the last.
+    assert sizes[0] - (args.vocab_size + args.max_seq_len) * args.dim == sizes[1] - 2 * args.dim
+
+
 def test_diloco_time_per_update_adds_the_exposed_outer_transfer_over_h_updates():
     from torchacco.cost_model import Hardware, Workload, diloco_memory_bytes, predict, predict_diloco
 
@@ -315,6 +326,17 @@ def test_diloco_time_per_update_adds_the_exposed_outer_transfer_over_h_updates()
     gather = 3 / 4 * 8 * 4e6 / 1e9  # the node's ring all-gather of the fp32 mean (ag_factor 1)
     ddp_inside = predict_diloco(work, four, "ddp", sync_every=50)
     assert ddp_inside["step_time_s"] == pytest.approx(inner_ddp + (transfer + gather) / 50)
+    # Fragments of their own sizes, each at the all-gather's probed factor: a big first fragment (the embedding)
+    # outlasts the inner updates that hide an even split's.
+    slow = dataclasses.replace(hw, ag_factor=1.5)
+    hide = fragment / inner + 0.5  # τ: each even fragment hidden with room to spare (T = 1.5 · 0.08 s)
+    even = predict_diloco(work, hw, "zero1", 50, 2, overlap_steps=hide, outer_dtype="bf16")
+    assert even["step_time_s"] == pytest.approx(inner)
+    uneven = predict_diloco(work, slow, "zero1", 50, 2, hide, "bf16", fragment_params=[0.8e6, 0.2e6])
+    big = 1.5 * 8 * 2 * 0.8e6 / 1e8
+    assert uneven["step_time_s"] == pytest.approx(inner + (big - hide * inner) / 50)
+    with pytest.raises(ValueError, match="3 sizes for 2 fragments"):
+        predict_diloco(work, hw, "zero1", 50, 2, fragment_params=[1, 2, 3])
     node = Hardware(nodes=1, flops=1e12, bandwidth_bps=1e8, ranks_per_node=4)
     eight = Hardware(nodes=2, flops=1e12, bandwidth_bps=1e8, ranks_per_node=4)
     from torchacco.cost_model import memory_bytes

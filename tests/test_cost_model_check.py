@@ -86,9 +86,26 @@ def test_the_measured_compute_comes_only_from_the_runs_that_made_the_table(tmp_p
     # 20 updates of 0.2 s, a quarter of each after the last micro-batch
     record = {"tokens_per_update": 2048, "tokens_per_s": 2048 / 0.2, "share_sync": 0.25}
     (folder / "metrics.jsonl").write_text("\n".join(json.dumps(record) for _ in range(20)))
-    assert check.measured_compute(tmp_path, "a", "zero1", {"seconds_per_update": [0.2]}) == pytest.approx(0.15)
-    assert check.measured_compute(tmp_path, "a", "zero1", {"seconds_per_update": [0.3]}) is None  # overwritten
-    assert check.measured_compute(tmp_path, "b", "zero1", {"seconds_per_update": [0.2]}) is None  # gone
+    kept = check.kept_records(tmp_path, "a", "zero1", {"seconds_per_update": [0.2]})
+    assert check.measured_compute(kept) == pytest.approx(0.15) and check.measured_outer_wait(kept) is None
+    assert check.kept_records(tmp_path, "a", "zero1", {"seconds_per_update": [0.3]}) == []  # overwritten
+    assert check.kept_records(tmp_path, "b", "zero1", {"seconds_per_update": [0.2]}) == []  # gone
+    assert check.measured_compute([]) is None
+
+
+def test_a_diloco_rows_time_after_the_sync_is_split_into_the_outer_wait_and_the_inner_sync():
+    # Every 5th update an outer step waits 0.1 s: 0.02 s per update, of the 0.05 s after the sync.
+    kept = [{"tokens_per_update": 2048, "tokens_per_s": 2048 / 0.2, "share_sync": 0.25}] * 20
+    kept = [dict(r, outer_exposed_s=0.1) if i % 5 == 4 else r for i, r in enumerate(kept)]
+    assert check.measured_outer_wait(kept) == pytest.approx(0.02)
+    row = {"predicted_s": 0.16, "measured_s": 0.2, "error": -0.2, "predicted_compute_s": 0.15,
+           "predicted_exposed_s": 0.01, "predicted_outer_wait_s": 0.004, "measured_compute_s": 0.15,
+           "measured_outer_wait_s": 0.02, "communicates_in_micro_batches": False}  # fmt: skip
+    text = check.cause("streaming", row)
+    assert (
+        "the outer step's wait 0.020 s against the model's 0.004 s, the inner update's sync and step 0.030 s "
+        "against 0.006 s" in text
+    )
 
 
 def test_same_session_compute_scales_every_rank_to_the_speed_the_settings_zero1_run_computed_at(tmp_path):

@@ -43,11 +43,12 @@ k·W micro-batches split by speed.
 
 DiLoCo (docs/diloco.md; one replica per node, the inner strategy over the node's G ranks): the inner
 update's time t_in from the formula above on one node, plus the outer step's exposed transfer averaged
-over H updates. Fragment f's pseudo-gradient crosses the link once per H updates, D = P/F elements
-× wire bytes per node (a sharded inner strategy's ranks send their shards; ddp's, whose ranks all hold
-all of θ, 1/G of it each, then all-gather the fp32 mean in the node); fp32 is an all-reduce,
-2(N-1)/N · 8D/B, bf16 and int8 are all-gathered, (N-1) · 8D/B; τ inner updates hide it:
-  diloco  t_in + F · max(0, T_f − τ·t_in) / H
+over H updates. Fragment f's pseudo-gradient crosses the link once per H updates, D_f = P_f elements
+× wire bytes per node, P_f its parameters (the first fragment holds the embedding; P/F without the model)
+(a sharded inner strategy's ranks send their shards; ddp's, whose ranks all hold all of θ, 1/G of it
+each, then all-gather the fp32 mean in the node); fp32 is an all-reduce, 2(N-1)/N · 8D_f/B, bf16 and
+int8 are all-gathered, (N-1) · 8D_f/B, each at its probed factor; τ inner updates hide it:
+  diloco  t_in + Σ_f max(0, T_f − τ·t_in) / H
 
 Time to a target loss = the tokens a strategy needs for it / its tokens per second. The tokens are DDP's times the
 strategy's measured ratio in `torchacco/token_efficiency.json` (written by `benchmarks/efficiency_table.py` from
@@ -291,32 +292,61 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
 
 def predict_diloco(
     work: Workload, hw: Hardware, inner: str, sync_every: int, fragments: int = 1, overlap_steps: int = 0,
-    outer_dtype: str = "fp32",
+    outer_dtype: str = "fp32", fragment_params: list[float] | None = None,
 ) -> dict:  # fmt: skip
-    """Time per update of DiLoCo with one replica per node and `inner` over each node's ranks."""
+    """Time per update of DiLoCo with one replica per node and `inner` over each node's ranks.
+    `fragment_params`: each fragment's parameters (`model_fragment_params`; the first holds the embedding), else
+    an even split. The transfer takes the probed factor of its collective (fp32: all-reduce; else all-gather)."""
     from torchacco.parallel.pseudo_gradient import WIRE_BYTES
 
     cls, _ = variants()[inner]
     node = dataclasses.replace(hw, nodes=1)
     t_in = predict(work, node, inner)["step_time_s"]
+    sizes = list(fragment_params) if fragment_params is not None else [work.params / fragments] * fragments
+    if len(sizes) != fragments:
+        raise ValueError(f"fragment_params has {len(sizes)} sizes for {fragments} fragments")
     n = hw.nodes
-    # A node's ranks send Δ once between them: a sharded inner strategy's shards, or a replicated one's 1/g each
-    # (then all-gathered in fp32 inside the node).
-    per_node = work.params * WIRE_BYTES[outer_dtype]
-    transfer = 0.0
-    if n > 1:
-        hops = 2 * (n - 1) / n if outer_dtype == "fp32" else n - 1
-        link = hops * 8 * per_node / fragments / hw.bandwidth_bps if hw.bandwidth_bps else 0.0
-        transfer = link + 2 * (n - 1) * hw.latency_s
-        if not cls.shards_theta:  # the node's ranks all-gather the fp32 mean of their pieces
-            transfer += hw.ag_factor * collective_s(4.0 * work.params / fragments, dataclasses.replace(hw, nodes=1))
-    exposed = fragments * max(0.0, transfer - overlap_steps * t_in) / sync_every
+    hops, factor = (2 * (n - 1) / n, hw.ar_factor) if outer_dtype == "fp32" else (n - 1, hw.ag_factor)
+
+    def transfer_s(params: float) -> float:
+        # A node's ranks send Δ once between them: a sharded inner strategy's shards, or a replicated one's 1/g
+        # each (then all-gathered in fp32 inside the node).
+        if n == 1:
+            return 0.0
+        link = factor * hops * 8 * params * WIRE_BYTES[outer_dtype] / hw.bandwidth_bps if hw.bandwidth_bps else 0.0
+        gather = 0.0 if cls.shards_theta else hw.ag_factor * collective_s(4.0 * params, node)
+        return link + 2 * (n - 1) * hw.latency_s + gather
+
+    transfers = [transfer_s(p) for p in sizes]
+    exposed = sum(max(0.0, t - overlap_steps * t_in) for t in transfers) / sync_every
     step = t_in + exposed
     tokens = hw.world * work.micro_batches * work.tokens_per_micro_batch
     return {"strategy": f"diloco_h{sync_every} ({inner} inside)", "step_time_s": step, "tokens_per_update": tokens,
             "tokens_per_s": tokens / step, "exposed_comm_s": step - t_in + predict(work, node, inner)["exposed_comm_s"],
-            "overlap": 1.0 - exposed * sync_every / max(fragments * transfer, 1e-12) if transfer else 1.0,
-            "compute_s": t_in, "job_s": transfer, "collective_s": transfer}  # fmt: skip
+            "overlap": max(0.0, 1.0 - exposed * sync_every / sum(transfers)) if sum(transfers) else 1.0,
+            "compute_s": t_in, "job_s": max(transfers), "collective_s": max(transfers),
+            "outer_exposed_s": exposed}  # fmt: skip
+
+
+def model_fragment_params(model: str, flavor: str, fragments: int, vocab_size: int | None = None) -> list[float]:
+    """The parameters of each of DiLoCo's fragments of a model folder's flavor, as the trainer splits it
+    (`diloco.fragment_of`, on the meta device: nothing is allocated)."""
+    import torch
+
+    from torchacco.parallel.diloco import fragment_of
+    from torchacco.spec import get_model_spec
+
+    spec = get_model_spec(model)
+    args = spec.flavors[flavor]
+    if vocab_size:
+        args = dataclasses.replace(args, vocab_size=vocab_size)
+    with torch.device("meta"):
+        module = spec.model_cls(args)
+    named = list(module.named_parameters())
+    sizes = [0.0] * fragments
+    for (_, p), f in zip(named, fragment_of(module, [name for name, _ in named], fragments)):
+        sizes[f] += p.numel()
+    return sizes
 
 
 def diloco_memory_bytes(work: Workload, hw: Hardware, inner: str, offload: bool = False) -> float:

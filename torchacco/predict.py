@@ -114,8 +114,9 @@ def rows(args, work: cm.Workload, hw: cm.Hardware) -> tuple[dict, dict, dict]:
         outer = outer_step(args)
         for label, (cls, _) in cm.variants().items():
             if label == cls.name and not cls.overlapped and cls.supports_replicas:
+                sizes = cm.model_fragment_params(args.model, args.flavor, outer.fragments)
                 row = cm.predict_diloco(work, hw, label, outer.sync_every, outer.fragments, outer.overlap_steps,
-                                        outer.outer_dtype)  # fmt: skip
+                                        outer.outer_dtype, sizes)  # fmt: skip
                 preds[row["strategy"]] = row
                 mem[row["strategy"]] = cm.diloco_memory_bytes(work, hw, label)
                 sources[row["strategy"]] = cm.diloco_token_source(label, args.nodes, outer, table)
