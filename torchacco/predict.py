@@ -112,9 +112,9 @@ def rows(args, work: cm.Workload, hw: cm.Hardware) -> tuple[dict, dict, dict]:
     sources = {s: cm.token_source(s, table) for s in preds}
     if args.nodes > 1:  # DiLoCo, one replica per node, over each synchronous strategy inside it
         outer = outer_step(args)
+        sizes = cm.model_fragment_params(args.model, args.flavor, outer.fragments)
         for label, (cls, _) in cm.variants().items():
             if label == cls.name and not cls.overlapped and cls.supports_replicas:
-                sizes = cm.model_fragment_params(args.model, args.flavor, outer.fragments)
                 row = cm.predict_diloco(work, hw, label, outer.sync_every, outer.fragments, outer.overlap_steps,
                                         outer.outer_dtype, sizes)  # fmt: skip
                 preds[row["strategy"]] = row
