@@ -37,8 +37,8 @@ def share_advice(share: float, compute_s: float, job_s: float, micro_batches: in
         )
     if share == 0.875 and extra > 0:
         return (
-            f"[acco] a job takes {ratio:.0%} of an update's compute here, so estimate_share = 0.875 leaves about "
-            f"{extra:.3g} s per update exposed ({extra / compute_s:.0%} of the compute) that halves (0.5) would "
+            f"[acco] a job takes {ratio:.0%} of an update's compute here, so estimate_share = 0.875 can leave up to "
+            f"about {extra:.3g} s per update exposed ({extra / compute_s:.0%} of the compute) that halves (0.5) would "
             "hide, at some loss per token near DDP's largest stable learning rate (docs/acco.md)"
         )
     return None
