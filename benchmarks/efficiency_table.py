@@ -6,9 +6,10 @@ tokens it needs for DDP's final validation loss (same seed) as a multiple of DDP
 Reads bench_results/<--tokens>.json, written by `benchmarks/token_efficiency.py --budgets ...` (one learning rate
 and one run length, the same in every file), and writes torchacco/token_efficiency.json, shipped with the package,
 with the measurements' date, machine, recipe and commands. DDP is the reference (1 by definition) and has no entry.
-A variant no seed of which reached the target at any budget is recorded as not reaching it within the largest budget
-(the cost model never advises it). A variant left out: one with some seeds that reached the target and some that did
-not, or only a bound (a seed reached it at the smallest budget). A DiLoCo variant carries its resolved outer-step
+Files that measure one variant with distinct seeds pool them into one entry. A variant no seed of which reached
+the target at any budget is recorded as not reaching it within the largest budget (the cost model never advises
+it). A variant left out: one with some seeds that reached the target and some that did not, or only a bound (a seed
+reached it at the smallest budget). A DiLoCo variant carries its resolved outer-step
 settings, so that the cost model matches it only to a cluster with the same ones.
 """
 
@@ -61,8 +62,12 @@ def diloco_settings(cfg) -> dict | None:
     return {"replicas": replicas, **inner, **outer}
 
 
+LEFT_OUT: dict = {}  # a variant a file measures but the table cannot hold (in any file: left out of the table)
+
+
 def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
-    """The measured variants of one result file, as the table's entries; says which it leaves out and why."""
+    """The measured variants of one result file, as the table's entries (LEFT_OUT: said why on stderr). A measured
+    entry keeps its per-seed ratios (`values`) until the files are pooled."""
     ratios, bounds = token_ratios(rows)
     out = {}
     for label in sorted(set(rows) - set(ratios)):
@@ -73,20 +78,47 @@ def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
                           "source": f"bench_results/{name}.md"}  # fmt: skip
         else:
             print(f"[efficiency-table] {name}: {label} left out (a seed never reached DDP's loss)", file=sys.stderr)
+            out[label] = LEFT_OUT
     for label, values in ratios.items():
         if label == DDP:
             continue
         if label in bounds:
             print(f"[efficiency-table] {name}: {label} left out (only a bound)", file=sys.stderr)
+            out[label] = LEFT_OUT
             continue
         if label not in VARIANTS:
             raise SystemExit(f"efficiency-table: {name} measures {label!r}, not a variant of token_efficiency.py")
-        mean, half = mean_ci(values)
-        entry = {"mean": round(mean, 4), "ci95": round(half, 4) if math.isfinite(half) else None,
-                 "seeds": len(values), "source": f"bench_results/{name}.md"}  # fmt: skip
         diloco = diloco_settings(resolved(label, updates, lr))
-        out[label] = entry | ({"diloco": diloco} if diloco else {})
+        out[label] = {"values": values, "source": f"bench_results/{name}.md"} | ({"diloco": diloco} if diloco else {})
     return out
+
+
+def pooled(label: str, parts: list[tuple[str, list[int], dict]]) -> dict | None:
+    """One variant's entry from the files that measure it, as (name, seeds, entry): the per-seed ratios of files
+    with distinct seeds pool into one mean and 95% interval (the runs of one seed are the same whichever file
+    asked for them, so a seed counts once). None where a file left it out: pooling the rest would pick seeds."""
+    if any(entry is LEFT_OUT for _, _, entry in parts):
+        return None
+    if len(parts) > 1:
+        seen: dict[int, str] = {}
+        for name, seeds, _ in parts:
+            twice = sorted(set(seeds) & set(seen))
+            if twice:
+                raise SystemExit(f"efficiency-table: {label} is measured in {seen[twice[0]]} and {name} with seed "
+                                 f"{twice[0]}; pool files with distinct seeds")  # fmt: skip
+            seen |= dict.fromkeys(seeds, name)
+        unreached = next((name for name, _, entry in parts if "values" not in entry), None)
+        if unreached:
+            raise SystemExit(f"efficiency-table: {label} in {unreached} never reached DDP's loss; only measured "
+                             "ratios pool across files")  # fmt: skip
+    entry = dict(parts[0][2])
+    if "values" not in entry:
+        return entry
+    values = [v for _, _, part in parts for v in part["values"]]
+    mean, half = mean_ci(values)
+    del entry["values"]
+    return {"mean": round(mean, 4), "ci95": round(half, 4) if math.isfinite(half) else None, "seeds": len(values),
+            **entry, "source": " and ".join(part["source"] for _, _, part in parts)}  # fmt: skip
 
 
 DEBUG_MODEL = "GPT-Neo debug"  # token_efficiency's meta["model"] for its default flavor
@@ -111,14 +143,12 @@ def read(out: Path, name: str, lr: str) -> tuple[dict, str, dict]:
 
 
 def table(out: Path, names: list[str], lr: str, command: str) -> dict:
-    metas, measured, recipes = [], {}, set()
+    metas, parts, recipes = [], {}, set()
     for name in names:
         meta, key, rows = read(out, name, lr)
         recipes.add((meta["updates"], key))
         for label, entry in entries(name, rows, meta["updates"], float(key)).items():
-            if label in measured:
-                raise SystemExit(f"efficiency-table: {label} is measured in {measured[label]['source']} and {name}")
-            measured[label] = entry
+            parts.setdefault(label, []).append((name, meta.get("seeds", []), entry))
         metas.append(meta)
     if len(recipes) > 1:
         raise SystemExit(f"efficiency-table: the files differ in (updates, lr): {sorted(recipes)}; give one recipe")
@@ -129,7 +159,9 @@ def table(out: Path, names: list[str], lr: str, command: str) -> dict:
         "machine": "; ".join(dict.fromkeys(m["machine"] for m in metas)),
         "model": recipe_sentence(resolved(DDP, updates, float(key)), updates),
         "commands": [*(m["command"] for m in metas), command],
-        "tokens_to_target": measured,
+        "tokens_to_target": {
+            label: entry for label, found in parts.items() if (entry := pooled(label, found)) is not None
+        },
     }
 
 

@@ -3,6 +3,7 @@ several budgets (each with its own cosine), times its measured time per update."
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -185,8 +186,9 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
     from benchmarks import efficiency_table
     from torchacco import cost_model as cm
 
-    def result(name, rows):
-        meta = {"date": "2026-11-24", "machine": "2-core test", "updates": 1000, "command": f"token_efficiency {name}"}
+    def result(name, rows, seeds=(0, 1)):
+        meta = {"date": "2026-11-24", "machine": "2-core test", "updates": 1000, "command": f"token_efficiency {name}",
+                "seeds": list(seeds)}  # fmt: skip
         (tmp_path / f"{name}.json").write_text(json.dumps({"meta": meta, "summary": {"0.003": rows}}))
 
     ddp = {"val_loss": [4.0, 3.9]}
@@ -215,5 +217,17 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
     assert "lr 0.003, 1,000 updates" in table["model"] and table["date"] == "2026-11-24"
     assert table["commands"][:2] == ["token_efficiency diloco", "token_efficiency sync"]
     assert cm.tokens_ratio("acco_balanced", table) == pytest.approx(1.02) and cm.tokens_ratio("wp", table) is None
-    with pytest.raises(SystemExit, match="is measured in bench_results/sync.md and sync"):
+    with pytest.raises(SystemExit, match="is measured in sync and sync with seed 0; pool files with distinct seeds"):
         efficiency_table.main([*args, "--tokens", "sync"])
+    # more seeds of a variant, in a file of their own, pool with the first file's into one interval
+    ddp3 = {"val_loss": [4.0, 3.9, 3.8]}
+    result("more", {"ddp": ddp3, "acco": {"tokens_to_target_ratio": [1.05, 1.0, 1.06]},
+                    "streaming_h10_avg": {"tokens_to_target_ratio": [1.25, 1.1, None]}}, seeds=(2, 3, 4))  # fmt: skip
+    assert efficiency_table.main([*args, "--tokens", "more"]) == 0
+    pooled = json.loads(to.read_text())["tokens_to_target"]
+    values = [1.01, 1.03, 1.05, 1.0, 1.06]
+    assert pooled["acco"]["seeds"] == 5 and pooled["acco"]["mean"] == pytest.approx(sum(values) / 5)
+    assert pooled["acco"]["ci95"] == pytest.approx(2.776 * statistics.stdev(values) / 5**0.5, abs=1e-4)
+    assert pooled["acco"]["source"] == "bench_results/sync.md and bench_results/more.md"
+    # a seed of the second file never reached DDP's loss: the first file's seeds alone would be a chosen subset
+    assert "streaming_h10_avg" not in pooled
