@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -89,7 +90,10 @@ def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
         if label not in VARIANTS:
             raise SystemExit(f"efficiency-table: {name} measures {label!r}, not a variant of token_efficiency.py")
         diloco = diloco_settings(resolved(label, updates, lr))
-        out[label] = {"values": values, "source": f"bench_results/{name}.md"} | ({"diloco": diloco} if diloco else {})
+        gaps = {"gaps": rows[label]["gap_pct"]} if "gap_pct" in rows[label] else {}  # loss at equal tokens, %
+        out[label] = {"values": values, **gaps, "source": f"bench_results/{name}.md"} | (
+            {"diloco": diloco} if diloco else {}
+        )
     return out
 
 
@@ -117,6 +121,9 @@ def pooled(label: str, parts: list[tuple[str, list[int], dict]]) -> dict | None:
     values = [v for _, _, part in parts for v in part["values"]]
     mean, half = mean_ci(values)
     del entry["values"]
+    entry.pop("gaps", None)
+    if all("gaps" in part for _, _, part in parts):
+        entry["gap_pct"] = round(statistics.fmean(g for _, _, part in parts for g in part["gaps"]), 2)
     return {"mean": round(mean, 4), "ci95": round(half, 4) if math.isfinite(half) else None, "seeds": len(values),
             **entry, "source": " and ".join(part["source"] for _, _, part in parts)}  # fmt: skip
 

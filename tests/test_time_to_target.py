@@ -193,7 +193,7 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
 
     ddp = {"val_loss": [4.0, 3.9]}
     result("diloco", {"ddp": ddp, "streaming_h10_avg": {"tokens_to_target_ratio": [1.2, 1.3]}})
-    result("sync", {"ddp": ddp, "acco": {"tokens_to_target_ratio": [1.01, 1.03]},
+    result("sync", {"ddp": ddp, "acco": {"tokens_to_target_ratio": [1.01, 1.03], "gap_pct": [0.2, 0.8]},
                     "dpu": {"tokens_to_target_ratio": [1.0, 1.2], "ratio_is_upper_bound": [True, False]},
                     "wp": {"tokens_to_target_ratio": [1.1, None]},
                     "acco_w0": {"val_loss": [4.4, 4.3], "mean_gap_pct": 10.0, "tokens_to_target_ratio": [None, None],
@@ -221,7 +221,7 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
         efficiency_table.main([*args, "--tokens", "sync"])
     # more seeds of a variant, in a file of their own, pool with the first file's into one interval
     ddp3 = {"val_loss": [4.0, 3.9, 3.8]}
-    result("more", {"ddp": ddp3, "acco": {"tokens_to_target_ratio": [1.05, 1.0, 1.06]},
+    result("more", {"ddp": ddp3, "acco": {"tokens_to_target_ratio": [1.05, 1.0, 1.06], "gap_pct": [1.0, 0.1, 1.1]},
                     "streaming_h10_avg": {"tokens_to_target_ratio": [1.25, 1.1, None]}}, seeds=(2, 3, 4))  # fmt: skip
     assert efficiency_table.main([*args, "--tokens", "more"]) == 0
     pooled = json.loads(to.read_text())["tokens_to_target"]
@@ -229,5 +229,6 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
     assert pooled["acco"]["seeds"] == 5 and pooled["acco"]["mean"] == pytest.approx(sum(values) / 5)
     assert pooled["acco"]["ci95"] == pytest.approx(2.776 * statistics.stdev(values) / 5**0.5, abs=1e-4)
     assert pooled["acco"]["source"] == "bench_results/sync.md and bench_results/more.md"
+    assert pooled["acco"]["gap_pct"] == pytest.approx((0.2 + 0.8 + 1.0 + 0.1 + 1.1) / 5)  # loss at equal tokens
     # a seed of the second file never reached DDP's loss: the first file's seeds alone would be a chosen subset
     assert "streaming_h10_avg" not in pooled
