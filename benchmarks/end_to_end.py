@@ -28,7 +28,7 @@ from pathlib import Path
 from benchmarks.acco_reference import recipe
 from benchmarks.cluster import run_training
 from benchmarks.names import DDP
-from benchmarks.speed import BASELINES, STRATEGIES, plans
+from benchmarks.speed import BASELINES, CALIBRATION_HELP, STRATEGIES, plans
 from benchmarks.sweeps.common import panels, save_figure, write_report
 from benchmarks.token_efficiency import QUIET, budget_multiples, machine, updates_to_target
 from torchacco.errors import run_cli
@@ -57,10 +57,11 @@ def measured_time_to_target(target: float, runs: dict[int, dict]) -> tuple[float
 
 
 def train_on_cluster(
-    setting: str, name: str, seed: int, updates: int, lr: float, out: Path, fresh: bool = False
-) -> dict:
+    setting: str, name: str, seed: int, updates: int, lr: float, out: Path, fresh: bool = False,
+    calibration: str = "time_to_loss",
+) -> dict:  # fmt: skip
     """One whole run (its summary is kept in its folder and reused unless `fresh`)."""
-    plan, extra = plans(out)[setting]
+    plan, extra = plans(out, calibration)[setting]
     folder = out / "runs" / "end_to_end" / f"{setting}_{name}_u{updates}_s{seed}"
     kept = folder / "end_to_end.json"
     if kept.exists() and not fresh:
@@ -78,7 +79,7 @@ def train_on_cluster(
 
 def validate(
     setting: str, name: str, seed: int, tokens: dict, speed: dict, base: int, lr: float, out: Path,
-    budgets: list[int] = (), fresh: bool = False,
+    budgets: list[int] = (), fresh: bool = False, calibration: str = "time_to_loss",
 ) -> dict:  # fmt: skip
     """One (setting, strategy, seed): its cluster runs, measured and predicted time to target, and how many times
     sooner than each synchronous baseline (all compute DDP's update: DDP's tokens × their measured speed). A
@@ -97,7 +98,7 @@ def validate(
     start = max((n for n in budgets if n in loopback and loopback[n] > target), default=budgets[0])
     runs = {}
     for updates in (n for n in budgets if n >= start):
-        runs[updates] = train_on_cluster(setting, name, seed, updates, lr, out, fresh)
+        runs[updates] = train_on_cluster(setting, name, seed, updates, lr, out, fresh, calibration)
         if runs[updates]["loss"] <= target:
             break
     seconds, needed = measured_time_to_target(target, runs)
@@ -202,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="rerun runs whose results are kept")
     parser.add_argument("--out", default="bench_results")
     parser.add_argument("--name", default="end_to_end")
+    parser.add_argument("--calibration", default="time_to_loss", help=CALIBRATION_HELP)
     args = parser.parse_args(argv)
     out = ROOT / args.out
     try:
@@ -231,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds {missing} are not in {args.tokens}")
     budgets = sorted(round(m * base) for m in multiples)
     results = [
-        validate(s, n, seed, tokens, speed, base, lr, out, budgets, args.fresh) for seed in seeds for s, n in pairs
+        validate(s, n, seed, tokens, speed, base, lr, out, budgets, args.fresh, args.calibration)
+        for seed in seeds
+        for s, n in pairs
     ]  # a cluster that cannot be built or a run that fails is one line (ClusterError, through run_cli)
     against_runs(results)
     command = "python -m benchmarks.end_to_end " + " ".join(sys.argv[1:] if argv is None else argv)

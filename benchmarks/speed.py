@@ -86,9 +86,32 @@ def warmup_of(name: str) -> int:
     return WARMUP + 50 if name.startswith(("diloco", "streaming")) else WARMUP
 
 
-def plans(out: Path) -> dict[str, tuple[ClusterPlan, list[str]]]:
-    """The settings: setting -> (the cluster, the trainer arguments it adds)."""
-    balance = json.loads((out / "time_to_loss.json").read_text())["calibration"]["balance_bps"]
+def timed_run(plan: ClusterPlan, train: list[str], folder: Path, resume: bool) -> list[dict]:
+    """One speed run's records; with `resume`, those of a finished run with the same arguments on the same plan."""
+    shape = {k: v for k, v in dataclasses.asdict(plan).items() if k not in ("prefix", "subnet")}  # names, per call
+    kept, plan_text = folder / "speed_run.json", json.dumps(shape, sort_keys=True)
+    if resume and kept.exists():
+        saved = json.loads(kept.read_text())
+        if saved.get("args") == train and saved.get("plan") == plan_text:
+            return saved["records"]
+    records = run_training(plan, train, folder)["records"]
+    kept.write_text(json.dumps({"args": train, "plan": plan_text, "records": records}))
+    return records
+
+
+CALIBRATION_HELP = "the file under --out whose 'calibration' sets the link rates of settings a and b (without .json)"
+
+
+def plans(out: Path, calibration: str = "time_to_loss") -> dict[str, tuple[ClusterPlan, list[str]]]:
+    """The settings: setting -> (the cluster, the trainer arguments it adds). The link rates of a and b follow the
+    calibration's balance rate (ZeRO-1's job as long as its compute), measured on the machine by the time-to-loss
+    sweep or the time-to-target benchmark."""
+    path = out / f"{calibration}.json"
+    try:
+        balance = json.loads(path.read_text())["calibration"]["balance_bps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ClusterError(f"no calibration in {path}: run `python -m benchmarks time-to-target` (or time-to-loss) "
+                           "first, which measures it") from None  # fmt: skip
     return {
         "a": (ClusterPlan(nodes=2, rate_bps=balance), []),
         "b": (ClusterPlan(nodes=2, rate_bps=balance / 3), []),
@@ -116,9 +139,15 @@ def main(argv=None) -> int:
         help="set net.ipv4.tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)",
     )
     parser.add_argument("--cpu-period-ms", type=float, default=CFS_PERIOD_US / 1000, help=CPU_PERIOD_HELP)
+    parser.add_argument("--resume", action="store_true", help="keep the runs a previous call finished with the same "
+                        "arguments on the same cluster plan; run the rest")  # fmt: skip
+    parser.add_argument("--calibration", default="time_to_loss", help=CALIBRATION_HELP)
     args = parser.parse_args(argv)
     out = ROOT / args.out
-    plan_of = plans(out)
+    try:
+        plan_of = plans(out, args.calibration)
+    except ClusterError as e:
+        parser.error(str(e))
     for setting in args.settings.split(","):
         if setting not in plan_of:
             parser.error(f"--settings: unknown setting {setting!r}; one of {', '.join(plan_of)}")
@@ -157,10 +186,10 @@ def main(argv=None) -> int:
                 train += ["--training.max_tokens", "0", "--training.steps", str(args.updates), *extra]
                 if "--diloco.balance_replicas" in STRATEGIES[name]:  # its clock is in tokens: the recipe's
                     train += ["--training.max_tokens", str(args.updates * TOKENS_PER_UPDATE)]
-                run = run_training(plan, train, out / "runs" / "speed" / f"{setting}_{name}_{repeat}")
+                records = timed_run(plan, train, out / "runs" / "speed" / f"{setting}_{name}_{repeat}", args.resume)
                 warmup = warmup_of(name)
-                times.append(seconds_per_update(run["records"], warmup))
-                token_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
+                times.append(seconds_per_update(records, warmup))
+                token_times.append(seconds_per_token(records, warmup) * TOKENS_PER_UPDATE)
                 print(f"[speed] {setting} {name} #{repeat}: {times[-1]:.4f} s per update", flush=True)
             # "mean": seconds per recipe update's tokens (16 × 128), the time per update of all but mixed replicas
             rows["strategies"][name] = {"seconds_per_update": times, "seconds_per_recipe_update": token_times,

@@ -45,6 +45,16 @@ def token_ratios(rows: dict) -> tuple[dict[str, list[float]], set[str]]:
     return out, bounds
 
 
+def at_levels(rows: dict) -> dict[str, dict]:
+    """The token table's rows at each of its target levels (DDP's budgets, with --levels), keyed by DDP's updates;
+    a variant measured without levels is left out of them. One level (the table's own rows) when it has none."""
+    levels = next((list(row["levels"]) for row in rows.values() if "levels" in row), None)
+    if not levels:
+        return {}
+    measured = {name: row for name, row in rows.items() if name == DDP or "levels" in row}
+    return {n: {name: row if name == DDP else row["levels"][n] for name, row in measured.items()} for n in levels}
+
+
 def combine(settings: dict, ratios: dict[str, list[float]]) -> dict:
     """Per setting and strategy: seconds per update's tokens, the tokens ratio, and how many times sooner than the
     best synchronous baseline it reaches the target, paired by seed (each seed's ratio over the mean speed)."""
@@ -76,8 +86,8 @@ def markdown(result: dict, meta: dict) -> str:
     lines = [
         "# Time to DDP's final loss: tokens needed (loopback) × time per token (emulated cluster)",
         "",
-        f"{meta['date']}, {meta['machine']}. Tokens: `bench_results/{meta['tokens']}.md` (lr {meta['lr']}); speed: "
-        f"`bench_results/{meta['speed']}.md`.",
+        f"{meta['date']}, {meta['machine']}. Tokens: `{meta.get('out', 'bench_results')}/{meta['tokens']}.md` (lr "
+        f"{meta['lr']}); speed: `{meta.get('out', 'bench_results')}/{meta['speed']}.md`.",
         f"Command: `{meta['command']}`",
         "",
         "Sooner = the best synchronous baseline's time to the target over this strategy's, paired by seed, mean with "
@@ -111,6 +121,43 @@ def markdown(result: dict, meta: dict) -> str:
                 f"| {label} | {row['seconds_per_update']:.4f} | {row['tokens_ratio']:.3f} ± "
                 f"{row['tokens_ratio_ci95']:.3f} | **{row['sooner']:.2f}×** ± {row['sooner_ci95']:.2f} | {per_seed} |"
             )
+    return "\n".join(lines) + "\n"
+
+
+def levels_markdown(by_level: dict, targets: dict) -> str:
+    """Per setting, how many times sooner than the best synchronous baseline each strategy reaches each target level
+    (DDP's final loss at each of its budgets)."""
+    if len(by_level) < 2:
+        return ""
+    levels = list(by_level)
+    lines = [
+        "",
+        "## At several loss levels",
+        "",
+        "Each target is the final validation loss of DDP's run of that many updates (same seed), the mean over the "
+        "seeds in brackets; × sooner than the best synchronous baseline to that target, paired by seed, with its 95% "
+        "interval; the best baseline at each level in bold type (≥: a seed reached the target at its smallest "
+        "budget; —: some seed not reached within the budgets).",
+        "",
+        "| setting | strategy | "
+        + " | ".join(f"{n} updates ({targets[n]:.4f})" if targets.get(n) else f"{n} updates" for n in levels)
+        + " |",
+        "|---|---|" + "---:|" * len(levels),
+    ]
+    settings = dict.fromkeys(s for n in levels for s in by_level[n])
+    for setting in settings:
+        names = dict.fromkeys(name for n in levels for name in by_level[n].get(setting, {}).get("strategies", {}))
+        for name in names:
+            cells = []
+            for n in levels:
+                rows = by_level[n].get(setting)
+                row = rows["strategies"].get(name, {}) if rows else {}
+                if "sooner" not in row:
+                    cells.append("—")
+                    continue
+                cell = f"{'≥ ' if row.get('bound') else ''}{row['sooner']:.2f}× ± {row['sooner_ci95']:.2f}"
+                cells.append(f"**{cell}**" if name == rows["best_baseline"] else cell)
+            lines.append(f"| {setting} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -154,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     if lr not in tokens:
         parser.error(f"no lr {lr} in {args.tokens}; it has {', '.join(tokens)}")
     ratios, bounds = token_ratios(tokens[lr])
+    levels = {n: token_ratios(rows) for n, rows in at_levels(tokens[lr]).items()}
     pairs = [pair for pair in args.same_update.split(",") if pair]
     if any(pair.count("=") != 1 for pair in pairs):
         parser.error(f"--same-update takes A=B pairs separated by commas, got {args.same_update!r}")
@@ -163,6 +211,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--same-update names {', '.join(missing)}, whose tokens {args.tokens} does not hold")
     ratios |= {a: ratios[b] for a, b in aliases.items()}
     result = combine(settings, ratios)
+    by_level = {}
+    for n, (level_ratios, level_bounds) in levels.items():
+        level_ratios |= {a: level_ratios[b] for a, b in aliases.items() if b in level_ratios}
+        by_level[n] = combine(settings, level_ratios)
+        for rows in by_level[n].values():
+            for name, row in rows["strategies"].items():
+                row["bound"] = aliases.get(name, name) in level_bounds
     for rows in result.values():
         for a, b in aliases.items():
             if a in rows["strategies"]:
@@ -171,9 +226,12 @@ def main(argv: list[str] | None = None) -> int:
             rows["strategies"][name]["bound"] = aliases.get(name, name) in bounds
     command = "python -m benchmarks.time_to_target " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "tokens": args.tokens,
-            "speed": args.speed, "lr": lr, "command": command}  # fmt: skip
-    data = {"meta": meta, "settings": result}
-    write_report(out, args.name, data, markdown(result, meta), lambda path: plot(result, path))
+            "speed": args.speed, "lr": lr, "command": command, "out": args.out}  # fmt: skip
+    targets = {n: statistics.fmean(rows[DDP]["budgets"][n]) if "budgets" in rows[DDP] else None
+               for n, rows in at_levels(tokens[lr]).items()}  # fmt: skip
+    data = {"meta": meta, "settings": result, "levels": by_level, "targets": targets}
+    write_report(out, args.name, data, markdown(result, meta) + levels_markdown(by_level, targets),
+                 lambda path: plot(result, path))  # fmt: skip
     return 0
 
 

@@ -12,7 +12,9 @@ another floating-point order) is the noise floor a variant is judged against.
 
 With --budgets (e.g. 1,1.25,1.5), every variant but DDP also runs those multiples of --updates, each with its own
 cosine, and the tokens it needs for DDP's final loss (same seed) are interpolated between the finished runs that
-bracket it: the token side of time to target (benchmarks/time_to_target.py multiplies it by measured speed).
+bracket it: the token side of time to target (benchmarks/time_to_target.py multiplies it by measured speed). With
+--levels (e.g. 0.75,1), DDP runs those multiples too, each with its own cosine, and each of its final losses is a
+target: the tokens ratio at several loss levels, each against the DDP run that reached that loss at its budget's end.
 
 Writes bench_results/<--name>.{json,md} (+ .png with matplotlib; name token_efficiency by default). Runs are kept
 under bench_results/<--runs, token_efficiency_runs>/u<updates>_lr<lr>_<variant>_s<seed>/ (prefixed with the flavor
@@ -164,19 +166,21 @@ def updates_to_target(target: float, finals: dict[int, float]) -> tuple[float | 
     return None, False
 
 
-def budget_multiples(parser: argparse.ArgumentParser, text: str) -> list[float]:
-    """--budgets: comma-separated positive multiples of the base run's updates (one line for anything else)."""
+def budget_multiples(parser: argparse.ArgumentParser, text: str, flag: str = "--budgets") -> list[float]:
+    """--budgets (or --levels): comma-separated positive multiples of the base run's updates (one line for anything
+    else)."""
     try:
         multiples = [float(x) for x in text.split(",")]
     except ValueError:
-        parser.error(f"--budgets takes comma-separated multiples of --updates (e.g. 1,1.25,1.5), got {text!r}")
-    if min(multiples) <= 0:
-        parser.error(f"--budgets must be positive multiples of --updates, got {text!r}")
+        parser.error(f"{flag} takes comma-separated multiples of --updates (e.g. 1,1.25,1.5), got {text!r}")
+    if not all(math.isfinite(m) and m > 0 for m in multiples):
+        parser.error(f"{flag} must be positive multiples of --updates, got {text!r}")
     return multiples
 
 
 def budget_rows(by_budget: dict, ddp_finals: list[float], updates: int) -> dict:
-    """Per seed: the updates this variant needs for DDP's final loss of the same seed, as a share of DDP's."""
+    """Per seed: the updates this variant needs for DDP's final loss of the same seed (DDP's run of `updates`), as a
+    share of DDP's."""
     ratios, bounds = [], []
     for seed_index, target in enumerate(ddp_finals):
         needed, bound = updates_to_target(target, {n: vals[seed_index] for n, vals in by_budget.items()})
@@ -190,6 +194,19 @@ def budget_rows(by_budget: dict, ddp_finals: list[float], updates: int) -> dict:
         "mean_tokens_to_target_ratio": statistics.fmean(reached) if len(reached) == len(ratios) else None,
         "sd_tokens_to_target_ratio": statistics.stdev(reached) if len(reached) == len(ratios) > 1 else None,
     }
+
+
+def level_rows(by_budget: dict, ddp_by_budget: dict[int, list[float]], levels: list[int]) -> dict:
+    """Per target level (DDP's budget, in updates): budget_rows against DDP's final losses at that budget, with the
+    mean target and the mean ratio's 95% interval where every seed reached it."""
+    out = {}
+    for n in levels:
+        row = budget_rows(by_budget, ddp_by_budget[n], n)
+        reached = row["tokens_to_target_ratio"]
+        half = mean_ci(reached)[1] if all(r is not None for r in reached) else None
+        row |= {"target": statistics.fmean(ddp_by_budget[n]), "ci95_tokens_to_target_ratio": half}
+        out[str(n)] = row
+    return out
 
 
 def summarize(finals: dict, curves: dict, train_tails: dict, lrs: list[float], variants: list[str]) -> dict:
@@ -272,6 +289,31 @@ def markdown(summary: dict, meta: dict) -> str:
             mean = row["mean_tokens_to_target_ratio"]
             spread = "—" if mean is None else f"{mean:.3f} ± {row['sd_tokens_to_target_ratio'] or 0:.3f}"
             lines.append(f"| {lr} | {v} | {spread} | {each} |")
+    leveled = [(lr, v, row) for lr, v, row in budgeted if len(row.get("levels", {})) > 1]
+    if leveled:
+        levels = list(leveled[0][2]["levels"])
+        lines += [
+            "",
+            "## Tokens to several loss levels",
+            "",
+            "Each level is the final validation loss of DDP's run of that many updates (its own cosine; same seed); "
+            "a variant's tokens to it, as a multiple of that run's, mean and 95% interval over the seeds ("
+            "≤: a bound; —: a seed not reached within the budgets).",
+            "",
+            "| lr | variant | " + " | ".join(f"DDP's loss at {n} updates" for n in levels) + " |",
+            "|---|---|" + "---:|" * len(levels),
+        ]
+        for lr, v, row in leveled:
+            cells = []
+            for n in levels:
+                level = row["levels"][n]
+                if level["ci95_tokens_to_target_ratio"] is None:
+                    cells.append("—")
+                    continue
+                bound = "≤" if any(level["ratio_is_upper_bound"]) else ""
+                cells.append(f"{bound}{level['mean_tokens_to_target_ratio']:.3f} ± "
+                             f"{level['ci95_tokens_to_target_ratio']:.3f} (target {level['target']:.4f})")  # fmt: skip
+            lines.append(f"| {lr} | {v} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -313,9 +355,17 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated multiples of --updates that every variant but ddp also runs, each with its own "
         "cosine; the updates it needs for DDP's final loss are interpolated between them (e.g. 1,1.25,1.5)",
     )
+    parser.add_argument(
+        "--levels",
+        default="1",
+        help="comma-separated multiples of --updates that DDP runs, each with its own cosine; its final loss at each "
+        "is a target, and each variant's tokens to it are interpolated between its --budgets (e.g. 0.75,1)",
+    )
     args = parser.parse_args(argv)
     multiples = budget_multiples(parser, args.budgets)
     budgets = sorted({round(args.updates * m) for m in multiples} | {args.updates})
+    levels = sorted({round(args.updates * m) for m in budget_multiples(parser, args.levels, "--levels")}
+                    | {args.updates})  # fmt: skip
     lrs = [float(x) for x in args.lrs.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
     variants = [DDP, *(v for v in args.variants.split(",") if v != DDP)]
@@ -329,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     for lr in lrs:
         for v in variants:
             for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
-                for n in budgets if v != DDP else [args.updates]:
+                for n in budgets if v != DDP else levels:
                     folder = out / args.runs / f"{prefix}u{n}_lr{lr:g}_{v}_s{seed}"
                     final = train(v, lr, seed, n, folder, args.fresh, args.flavor)[-1]["val_loss"]
                     by_budget.setdefault((lr, v), {}).setdefault(n, []).append(final)
@@ -346,6 +396,8 @@ def main(argv: list[str] | None = None) -> None:
         for lr in lrs:
             for v in variants[1:]:
                 summary[f"{lr:g}"][v] |= budget_rows(by_budget[(lr, v)], finals[(lr, DDP)], args.updates)
+                if len(levels) > 1:
+                    summary[f"{lr:g}"][v]["levels"] = level_rows(by_budget[(lr, v)], by_budget[(lr, DDP)], levels)
     meta = {
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
@@ -353,6 +405,7 @@ def main(argv: list[str] | None = None) -> None:
         "model": f"GPT-Neo {args.flavor}",
         "seeds": seeds,
         "budgets": budgets,
+        "levels": levels,
         "command": "python -m benchmarks.token_efficiency " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     out.mkdir(parents=True, exist_ok=True)

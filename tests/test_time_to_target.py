@@ -81,6 +81,7 @@ def test_time_to_target_names_a_mistake_in_one_line(tmp_path, capsys, extra, mes
     [
         (["--budgets", "1,x"], "comma-separated multiples"),
         (["--budgets", "1,0"], "positive multiples"),
+        (["--levels", "0.75,nan"], "--levels must be positive multiples"),
         (["--flavor", "huge"], "invalid choice: 'huge'"),
     ],
 )
@@ -158,7 +159,7 @@ def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_
     speed = {"settings": {"b": {"strategies": {"streaming": {"mean": 0.01}, "ddp": {"mean": 0.03}}}}}
     ran = []
 
-    def fake_run(setting, name, seed, updates, lr, out, fresh=False):  # the loopback losses; 0.011 s per update
+    def fake_run(setting, name, seed, updates, lr, out, fresh=False, calibration=None):  # loopback's; 0.011 s/update
         ran.append(updates)
         loss = tokens["summary"]["0.003"][name]["budgets"][str(updates)][seed]
         return {"loss": loss, "seconds": 0.011 * updates, "wall_s": 0.0, "updates": updates}
@@ -232,3 +233,135 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
     assert pooled["acco"]["gap_pct"] == pytest.approx((0.2 + 0.8 + 1.0 + 0.1 + 1.1) / 5)  # loss at equal tokens
     # a seed of the second file never reached DDP's loss: the first file's seeds alone would be a chosen subset
     assert "streaming_h10_avg" not in pooled
+
+
+def test_each_ddp_budget_is_a_target_level_and_every_variant_is_interpolated_to_each(monkeypatch, tmp_path):
+    from benchmarks import token_efficiency as te
+
+    finals = {("ddp", 500): [4.2, 4.3], ("ddp", 1000): [4.0, 4.1],
+              ("acco", 500): [4.3, 4.4], ("acco", 1000): [4.1, 4.15], ("acco", 1500): [3.9, 4.0]}  # fmt: skip
+
+    def fake_train(variant, lr, seed, updates, folder, fresh, flavor):
+        folder.mkdir(parents=True)
+        record = {"step": updates, "loss": 5.0, "val_loss": finals[(variant, updates)][seed]}
+        (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        return te.records(folder)
+
+    monkeypatch.setattr(te, "train", fake_train)
+    te.main(["--updates", "1000", "--seeds", "0,1", "--variants", "ddp,acco", "--budgets", "0.5,1,1.5",
+             "--levels", "0.5,1", "--out", str(tmp_path), "--name", "t"])  # fmt: skip
+    row = json.loads((tmp_path / "t.json").read_text())["summary"]["0.003"]["acco"]
+    # DDP's 500-update losses (4.2, 4.3): acco reaches them between its 500 and 1,000 updates
+    at_500 = [(500 + 500 * (4.3 - 4.2) / (4.3 - 4.1)) / 500, (500 + 500 * (4.4 - 4.3) / (4.4 - 4.15)) / 500]
+    # DDP's 1,000-update losses (4.0, 4.1): between acco's 1,000 and 1,500
+    at_1000 = [(1000 + 500 * 0.1 / 0.2) / 1000, (1000 + 500 * 0.05 / 0.15) / 1000]
+    assert row["levels"]["500"]["tokens_to_target_ratio"] == pytest.approx(at_500)
+    assert row["levels"]["1000"]["tokens_to_target_ratio"] == pytest.approx(at_1000)
+    assert row["tokens_to_target_ratio"] == pytest.approx(at_1000)  # the base level, as without --levels
+    assert row["levels"]["500"]["target"] == pytest.approx(4.25)
+    half = 12.71 * statistics.stdev(at_500) / 2**0.5
+    assert row["levels"]["500"]["ci95_tokens_to_target_ratio"] == pytest.approx(half)
+    report = (tmp_path / "t.md").read_text()
+    assert "| DDP's loss at 500 updates | DDP's loss at 1000 updates |" in report
+    assert f"{statistics.fmean(at_500):.3f} ± {half:.3f} (target 4.2500)" in report
+
+
+def test_time_to_target_at_several_levels_pairs_each_level_with_the_measured_speed(tmp_path):
+    levels = {"500": {"tokens_to_target_ratio": [1.5, 1.3], "ratio_is_upper_bound": [False, False]},
+              "1000": {"tokens_to_target_ratio": [1.25, 1.1], "ratio_is_upper_bound": [False, False]}}  # fmt: skip
+    tokens = {
+        "0.003": {
+            "ddp": {"val_loss": [4.0, 4.1], "budgets": {"500": [4.2, 4.3], "1000": [4.0, 4.1]}},
+            "acco": {"val_loss": [4.1, 4.15], "tokens_to_target_ratio": [1.25, 1.1], "levels": levels},
+        }
+    }
+    speed = {"a": {"plan": "2 nodes", "strategies": {"ddp": {"mean": 0.3}, "zero1": {"mean": 0.2},
+                                                      "acco": {"mean": 0.1}}}}  # fmt: skip
+    (tmp_path / "tok.json").write_text(json.dumps({"summary": tokens}))
+    (tmp_path / "spd.json").write_text(json.dumps({"settings": speed}))
+    args = ["--tokens", "tok", "--speed", "spd", "--out", str(tmp_path), "--name", "ttt", "--same-update", "zero1=ddp"]
+    assert ttt.main(args) == 0
+    data = json.loads((tmp_path / "ttt.json").read_text())
+    assert data["targets"] == {"500": pytest.approx(4.25), "1000": pytest.approx(4.05)}
+    at_500 = data["levels"]["500"]["a"]
+    assert at_500["best_baseline"] == "zero1"  # DDP's update at ZeRO-1's speed
+    assert at_500["strategies"]["acco"]["sooner_per_seed"] == [pytest.approx(0.2 / 0.15), pytest.approx(0.2 / 0.13)]
+    assert data["levels"]["1000"]["a"]["strategies"]["acco"]["sooner_per_seed"] == [
+        pytest.approx(0.2 / 0.125), pytest.approx(0.2 / 0.11)]  # fmt: skip
+    report = (tmp_path / "ttt.md").read_text()
+    assert "| setting | strategy | 500 updates (4.2500) | 1000 updates (4.0500) |" in report
+    assert "| a | zero1 | **1.00× ± 0.00** | **1.00× ± 0.00** |" in report
+
+
+def test_a_resumed_speed_run_is_kept_only_with_the_same_arguments_on_the_same_plan(monkeypatch, tmp_path):
+    import dataclasses
+
+    from benchmarks import speed
+    from benchmarks.cluster import ClusterPlan
+
+    ran = []
+
+    def fake_run(plan, train, folder):
+        ran.append(train)
+        folder.mkdir(parents=True, exist_ok=True)
+        return {"records": [{"step": len(ran)}]}
+
+    monkeypatch.setattr(speed, "run_training", fake_run)
+    plan = ClusterPlan(nodes=2, rate_bps=3e8)
+    assert speed.timed_run(plan, ["--a"], tmp_path / "r", resume=False) == [{"step": 1}]
+    again = dataclasses.replace(plan, prefix="other")  # a later call's names for the same cluster
+    assert speed.timed_run(again, ["--a"], tmp_path / "r", resume=True) == [{"step": 1}]
+    assert speed.timed_run(plan, ["--a"], tmp_path / "r", resume=False) == [{"step": 2}]  # not resumed: run again
+    assert speed.timed_run(plan, ["--b"], tmp_path / "r", resume=True) == [{"step": 3}]  # other arguments
+    slower = dataclasses.replace(plan, rate_bps=1e8)
+    assert speed.timed_run(slower, ["--b"], tmp_path / "r", resume=True) == [{"step": 4}]  # another link
+    assert len(ran) == 4
+
+
+def test_the_time_to_target_benchmark_runs_its_parts_in_turn_and_resumes(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from benchmarks import end_to_end, speed, time_to_target, token_efficiency
+    from benchmarks.sweeps import decomposition
+
+    calls, calibrations = [], []
+    for module in (token_efficiency, speed, time_to_target, end_to_end):
+        monkeypatch.setattr(module, "main", lambda argv, m=module.__name__: calls.append((m.split(".")[-1], argv)))
+    monkeypatch.setattr(decomposition, "calibrate", lambda args, base: calibrations.append(1) or {"balance_bps": 1e8})
+    args = SimpleNamespace(out=str(tmp_path), name="ttt", updates=1000, lr="3e-3", seeds="3,4", variants="acco",
+                           budgets="0.75,1,1.25", levels="0.75,1", settings="a,b", strategies="ddp,zero1_balanced,acco",
+                           speed_updates=110, repeats=2, validate="a:acco", timeout=60, resume=False)  # fmt: skip
+    decomposition.time_to_target_sweep(args)
+    parts = dict(calls)
+    assert [name for name, _ in calls] == ["token_efficiency", "speed", "time_to_target", "end_to_end"]
+    assert parts["token_efficiency"][parts["token_efficiency"].index("--variants") + 1] == "ddp,acco"
+    assert "--fresh" in parts["token_efficiency"] and "--resume" not in parts["speed"]
+    assert parts["time_to_target"][-2:] == ["--same-update", "zero1_balanced=ddp"]  # DDP's update: DDP's tokens
+    assert parts["end_to_end"][parts["end_to_end"].index("--seeds") + 1] == "3"
+    assert parts["speed"][parts["speed"].index("--calibration") + 1] == "ttt_calibration"
+    assert json.loads((tmp_path / "ttt_calibration.json").read_text())["calibration"] == {"balance_bps": 1e8}
+    calls.clear()
+    decomposition.time_to_target_sweep(SimpleNamespace(**{**vars(args), "resume": True}))
+    parts = dict(calls)
+    assert calibrations == [1]  # kept: the resumed runs' settings are the ones they were timed on
+    assert "--fresh" not in parts["token_efficiency"] and "--resume" in parts["speed"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"strategies": "ddp,nope"}, "unknown variant or strategy 'nope'"),
+        ({"strategies": "zero1,acco"}, "keep ddp in --strategies"),
+        ({"variants": "streaming_h10_avg"}, "--strategies acco computes acco's update, which --variants does not"),
+        ({"strategies": "ddp,acco,diloco_h50_balanced"}, "diloco_h50_balanced's loss per token depends on the run's"),
+    ],
+)
+def test_the_time_to_target_benchmark_names_a_mistake_in_one_line(change, message):
+    from types import SimpleNamespace
+
+    from benchmarks.sweeps import decomposition
+    from torchacco.errors import UserError
+
+    args = SimpleNamespace(**{"variants": "acco", "strategies": "ddp,zero1,acco", **change})
+    with pytest.raises(UserError, match=message):
+        decomposition.check(args)

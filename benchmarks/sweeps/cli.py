@@ -10,6 +10,8 @@ from benchmarks import sweeps
 from benchmarks.cluster import preflight
 from benchmarks.sweeps.common import load
 from benchmarks.sweeps.convergence import convergence
+from benchmarks.sweeps.decomposition import QUICK as TTT_QUICK
+from benchmarks.sweeps.decomposition import time_to_target_sweep
 from benchmarks.sweeps.heterogeneous import heterogeneous
 from benchmarks.sweeps.memory import memory
 from benchmarks.sweeps.throughput import throughput
@@ -86,6 +88,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--resume", action="store_true", help="keep the settings in <out>/time_to_loss.json, run the rest")
+    p = sub.add_parser(
+        "time-to-target",
+        help="time to several target losses: tokens on loopback × speed on the cluster (sweeps/decomposition.py)",
+    )
+    p.add_argument("--out", default="bench_results")
+    p.add_argument("--name", default="time_to_target_all", help="the results' file names' stem")
+    p.add_argument("--updates", type=int, default=1000, help="DDP's base run: the token budget")
+    p.add_argument("--lr", default="3e-3", help="the peak learning rate of every run (DDP's best at 1,000 updates)")
+    p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument(
+        "--variants", default="acco", help="the token side's variants besides DDP (benchmarks.token_efficiency)"
+    )
+    p.add_argument("--budgets", default="0.75,1,1.25", help="multiples of --updates each variant runs")
+    p.add_argument(
+        "--levels", default="0.75,1", help="multiples of --updates DDP runs: its final losses are the targets"
+    )
+    p.add_argument("--settings", default="a,b")
+    p.add_argument("--strategies", default="ddp,zero1,acco", help="timed on the cluster (benchmarks.speed)")
+    p.add_argument("--speed-updates", type=int, default=110, help="updates per speed run (the first 10 are warm-up)")
+    p.add_argument("--repeats", type=int, default=2, help="speed runs per strategy and setting")
+    p.add_argument(
+        "--validate", default="", help="setting:strategy,... run whole on the cluster to DDP's loss (seed: the first)"
+    )
+    p.add_argument("--timeout", type=float, default=900, help="seconds for the calibration run")
+    p.add_argument("--quick", action="store_true", help="a few-minute smoke version (bench_results/quick)")
+    p.add_argument("--resume", action="store_true", help="keep finished runs with the same arguments; run the rest")
     p = sub.add_parser("all", help="throughput, heterogeneous, convergence and memory")
     p.add_argument("--out", default="bench_results")
     p.add_argument("--quick", action="store_true")
@@ -101,6 +129,7 @@ QUICK = {
     "time-to-loss": dict(
         strategies="ddp,zero1,acco,acco_balanced", seeds="0", updates=30, eval_every=10, settings="a,c"
     ),
+    "time-to-target": TTT_QUICK,
 }
 SWEEPS = {
     "throughput": throughput,
@@ -108,6 +137,7 @@ SWEEPS = {
     "convergence": convergence,
     "memory": memory,
     "time-to-loss": time_to_loss,
+    "time-to-target": time_to_target_sweep,
 }
 
 
@@ -117,9 +147,9 @@ def run(argv=None) -> int:
         return predict.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    preflight(need_cgroup=args.sweep in ("heterogeneous", "all", "time-to-loss"))
-    # `all`: the four sweeps of tokens/s, memory and convergence; time-to-loss is run on its own
-    names = [n for n in SWEEPS if n != "time-to-loss"] if args.sweep == "all" else [args.sweep]
+    preflight(need_cgroup=args.sweep in ("heterogeneous", "all", "time-to-loss", "time-to-target"))
+    # `all`: the four sweeps of tokens/s, memory and convergence; time-to-loss and time-to-target run on their own
+    names = [n for n in SWEEPS if n not in ("time-to-loss", "time-to-target")] if args.sweep == "all" else [args.sweep]
     started = time.perf_counter()
     for name in names:
         sub_args = parser.parse_args([name, "--out", args.out])

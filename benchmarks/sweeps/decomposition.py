@@ -1,0 +1,117 @@
+"""Time to target, whole: the token side on loopback, the speed on the emulated cluster, their product at several
+loss levels, and (--validate) whole runs on the cluster against the product.
+
+    sudo .venv/bin/python -m benchmarks time-to-target [--quick] [--resume] [--variants acco,streaming_h10_avg] \\
+        [--settings a,b] [--strategies ddp,zero1,acco,streaming_h10_avg] [--validate a:acco]
+
+1. Tokens (`benchmarks/token_efficiency.py`, loopback, 2 ranks): DDP at --levels, every variant at --budgets, each
+   run with its own cosine; each DDP final loss is a target, and a variant's tokens to it are interpolated between
+   its finished runs.
+2. Speed (`benchmarks/speed.py`, the cluster): seconds per update of --strategies after warm-up, --repeats each.
+3. Their product (`benchmarks/time_to_target.py`): per setting, level and seed, how many times sooner than the best
+   synchronous baseline each strategy reaches the target. A baseline that computes DDP's update (zero1, fsdp, hsdp,
+   balanced or not) takes DDP's tokens; a balanced strategy its unbalanced self's.
+4. --validate setting:strategy,...: whole runs to DDP's loss on the cluster (`benchmarks/end_to_end.py`).
+
+The settings' link rates follow this machine's compute (<out>/<name>_calibration.json, measured first). Without
+--resume every run is done again; with it, the calibration and finished runs with the same arguments are kept, so a
+call with more seeds, variants or strategies runs only what it adds. Writes <out>/<name>_{tokens,speed,end_to_end}.* and
+<out>/<name>.{json,md,png}. Needs root and a quiet machine for the speed and validation parts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from benchmarks import end_to_end, speed, time_to_target, token_efficiency
+from benchmarks.names import DDP, FSDP, HSDP, ZERO1
+from benchmarks.sweeps.time_to_loss import calibrate, model_args
+from torchacco.errors import UserError
+
+SAME_AS_DDP = (ZERO1, FSDP, HSDP)  # the same update as DDP's: its tokens (their floor is measured apart)
+QUICK = dict(updates=60, seeds="0,1", budgets="1,1.5", levels="0.5,1", variants="acco", settings="a",
+             strategies="ddp,acco", speed_updates=30, repeats=1, validate="")  # fmt: skip
+
+
+def timing_dependent(strategy: str) -> bool:
+    """Mixed replicas: how many inner updates a replica runs depends on its speed, so its loss per token does too."""
+    return "--diloco.balance_replicas" in speed.STRATEGIES.get(strategy, [])
+
+
+def token_variant(strategy: str) -> str:
+    """The token-efficiency variant whose update a speed strategy computes (balanced batches do not change it)."""
+    if timing_dependent(strategy):
+        return strategy
+    plain = strategy.removesuffix("_balanced")
+    return DDP if plain in SAME_AS_DDP else plain
+
+
+def ensure_calibration(path: Path, resume: bool, timeout: float) -> None:
+    """The settings' link rates follow ZeRO-1's compute on this machine (setting a: its job as long as its compute):
+    measured anew unless `resume` finds it, so that a resumed call keeps the settings its runs were timed on."""
+    if resume and path.exists() and "calibration" in json.loads(path.read_text()):
+        return
+    args = SimpleNamespace(
+        out=str(path.parent), timeout=timeout, updates=160, seq_len=128, local_batch=4, eval_every=16
+    )
+    calibration = calibrate(args, model_args(args, 2, args.local_batch))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"calibration": calibration}, indent=1))
+
+
+def check(args) -> tuple[list[str], list[str]]:
+    """The token variants and speed strategies, or one line naming what is wrong."""
+    variants = [v for v in args.variants.split(",") if v and v != DDP]
+    strategies = [s for s in args.strategies.split(",") if s]
+    unknown = [v for v in variants if v not in token_efficiency.VARIANTS]
+    unknown += [s for s in strategies if s not in speed.STRATEGIES]
+    if unknown:
+        raise UserError(f"unknown variant or strategy {unknown[0]!r}; variants: {', '.join(token_efficiency.VARIANTS)}"
+                        f"; strategies: {', '.join(speed.STRATEGIES)}")  # fmt: skip
+    if DDP not in strategies:
+        raise UserError("the targets are DDP's losses: keep ddp in --strategies")
+    timed = [s for s in strategies if timing_dependent(s)]
+    if timed:
+        raise UserError(f"{timed[0]}'s loss per token depends on the run's timing, so loopback cannot measure it: "
+                        "leave it out of --strategies; run it whole with python -m benchmarks.end_to_end")  # fmt: skip
+    unmeasured = [s for s in strategies if token_variant(s) not in (DDP, *variants)]
+    if unmeasured:
+        raise UserError(f"--strategies {unmeasured[0]} computes {token_variant(unmeasured[0])}'s update, which "
+                        f"--variants does not measure; add it to --variants")  # fmt: skip
+    return variants, strategies
+
+
+def time_to_target_sweep(args) -> dict:
+    """The four parts in turn (--quick: the command line has put QUICK's values in `args`)."""
+    variants, strategies = check(args)
+    out, name, started = Path(args.out), args.name, time.perf_counter()
+    fresh = [] if args.resume else ["--fresh"]
+    ensure_calibration(token_efficiency.ROOT / out / f"{name}_calibration.json", args.resume, args.timeout)
+    token_efficiency.main([
+        "--updates", str(args.updates), "--lrs", args.lr, "--seeds", args.seeds,
+        "--variants", ",".join([DDP, *variants]), "--budgets", args.budgets, "--levels", args.levels,
+        "--out", args.out, "--name", f"{name}_tokens", "--runs", f"{name}_runs", *fresh,
+    ])  # fmt: skip
+    tokens_done = time.perf_counter()
+    speed.main([
+        "--updates", str(args.speed_updates), "--repeats", str(args.repeats), "--settings", args.settings,
+        "--strategies", ",".join(strategies), "--out", args.out, "--name", f"{name}_speed",
+        "--calibration", f"{name}_calibration", *(["--resume"] if args.resume else []),
+    ])  # fmt: skip
+    same = ",".join(f"{s}={token_variant(s)}" for s in strategies if token_variant(s) != s)
+    time_to_target.main([
+        "--tokens", f"{name}_tokens", "--speed", f"{name}_speed", "--out", args.out, "--name", name,
+        *(["--same-update", same] if same else []),
+    ])  # fmt: skip
+    if args.validate:
+        end_to_end.main([
+            "--pairs", args.validate, "--seeds", args.seeds.split(",")[0], "--tokens", f"{name}_tokens",
+            "--speed", f"{name}_speed", "--out", args.out, "--name", f"{name}_end_to_end",
+            "--calibration", f"{name}_calibration", *fresh,
+        ])  # fmt: skip
+    minutes = {"tokens": (tokens_done - started) / 60, "total": (time.perf_counter() - started) / 60}
+    print(f"[time-to-target] done in {minutes['total']:.1f} min (the token side {minutes['tokens']:.1f} min)")
+    return minutes
