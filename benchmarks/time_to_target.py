@@ -112,7 +112,8 @@ def markdown(result: dict, meta: dict) -> str:
         ]
         for name, row in rows["strategies"].items():
             if "tokens_ratio" not in row:
-                lines.append(f"| {name} | {row['seconds_per_update']:.4f} | not measured | — | |")
+                why = "not reached within the budgets" if row.get("unreached") else "not measured"
+                lines.append(f"| {name} | {row['seconds_per_update']:.4f} | {why} | — | |")
                 continue
             per_seed = ", ".join(f"{x:.2f}" for x in row["sooner_per_seed"])
             label = f"{name} (tokens as {row['tokens_as']})" if "tokens_as" in row else name
@@ -206,10 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(pair.count("=") != 1 for pair in pairs):
         parser.error(f"--same-update takes A=B pairs separated by commas, got {args.same_update!r}")
     aliases = dict(pair.split("=") for pair in pairs)
-    missing = sorted(b for b in aliases.values() if b not in ratios)
+    missing = sorted(b for b in aliases.values() if b not in tokens[lr])
     if missing:
         parser.error(f"--same-update names {', '.join(missing)}, whose tokens {args.tokens} does not hold")
-    ratios |= {a: ratios[b] for a, b in aliases.items()}
+    ratios |= {a: ratios[b] for a, b in aliases.items() if b in ratios}  # (a seed that never reached: no ratio)
     result = combine(settings, ratios)
     by_level = {}
     for n, (level_ratios, level_bounds) in levels.items():
@@ -224,10 +225,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows["strategies"][a]["tokens_as"] = b
         for name in rows["strategies"]:
             rows["strategies"][name]["bound"] = aliases.get(name, name) in bounds
+            rows["strategies"][name]["unreached"] = aliases.get(name, name) in set(tokens[lr]) - set(ratios)
     command = "python -m benchmarks.time_to_target " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "tokens": args.tokens,
             "speed": args.speed, "lr": lr, "command": command, "out": args.out}  # fmt: skip
-    targets = {n: statistics.fmean(rows[DDP]["budgets"][n]) if "budgets" in rows[DDP] else None
+    targets = {n: next(row["target"] for name, row in rows.items() if name != DDP)
                for n, rows in at_levels(tokens[lr]).items()}  # fmt: skip
     data = {"meta": meta, "settings": result, "levels": by_level, "targets": targets}
     write_report(out, args.name, data, markdown(result, meta) + levels_markdown(by_level, targets),

@@ -366,6 +366,9 @@ def main(argv: list[str] | None = None) -> None:
     budgets = sorted({round(args.updates * m) for m in multiples} | {args.updates})
     levels = sorted({round(args.updates * m) for m in budget_multiples(parser, args.levels, "--levels")}
                     | {args.updates})  # fmt: skip
+    if len(levels) > 1 and len(budgets) == 1:
+        parser.error("--levels needs --budgets: a variant's tokens to each level are interpolated between its budgets "
+                     "(e.g. --budgets 0.75,1,1.25 --levels 0.75,1)")  # fmt: skip
     lrs = [float(x) for x in args.lrs.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
     variants = [DDP, *(v for v in args.variants.split(",") if v != DDP)]

@@ -81,6 +81,7 @@ def test_time_to_target_names_a_mistake_in_one_line(tmp_path, capsys, extra, mes
     [
         (["--budgets", "1,x"], "comma-separated multiples"),
         (["--budgets", "1,0"], "positive multiples"),
+        (["--levels", "0.75,1"], "--levels needs --budgets"),
         (["--levels", "0.75,nan"], "--levels must be positive multiples"),
         (["--flavor", "huge"], "invalid choice: 'huge'"),
     ],
@@ -267,19 +268,28 @@ def test_each_ddp_budget_is_a_target_level_and_every_variant_is_interpolated_to_
 
 
 def test_time_to_target_at_several_levels_pairs_each_level_with_the_measured_speed(tmp_path):
-    levels = {"500": {"tokens_to_target_ratio": [1.5, 1.3], "ratio_is_upper_bound": [False, False]},
-              "1000": {"tokens_to_target_ratio": [1.25, 1.1], "ratio_is_upper_bound": [False, False]}}  # fmt: skip
-    tokens = {
-        "0.003": {
-            "ddp": {"val_loss": [4.0, 4.1], "budgets": {"500": [4.2, 4.3], "1000": [4.0, 4.1]}},
-            "acco": {"val_loss": [4.1, 4.15], "tokens_to_target_ratio": [1.25, 1.1], "levels": levels},
+    # as benchmarks.token_efficiency --levels 0.5,1 writes them: the targets are in the variants' level rows
+    levels = {"500": {"tokens_to_target_ratio": [1.5, 1.3], "ratio_is_upper_bound": [False, False], "target": 4.25},
+              "1000": {"tokens_to_target_ratio": [1.25, 1.1], "ratio_is_upper_bound": [False, False],
+                       "target": 4.05}}  # fmt: skip
+    tokens = {"0.003": {"ddp": {"val_loss": [4.0, 4.1]},
+                        "acco": {"val_loss": [4.1, 4.15], "tokens_to_target_ratio": [1.25, 1.1], "levels": levels},
+                        "dpu": {"val_loss": [4.5, 4.6], "tokens_to_target_ratio": [None, 1.2]}}}  # fmt: skip
+    speed = {
+        "a": {
+            "plan": "2 nodes",
+            "strategies": {
+                "ddp": {"mean": 0.3},
+                "zero1": {"mean": 0.2},
+                "acco": {"mean": 0.1},
+                "dpu_balanced": {"mean": 0.05},
+            },
         }
     }
-    speed = {"a": {"plan": "2 nodes", "strategies": {"ddp": {"mean": 0.3}, "zero1": {"mean": 0.2},
-                                                      "acco": {"mean": 0.1}}}}  # fmt: skip
     (tmp_path / "tok.json").write_text(json.dumps({"summary": tokens}))
     (tmp_path / "spd.json").write_text(json.dumps({"settings": speed}))
-    args = ["--tokens", "tok", "--speed", "spd", "--out", str(tmp_path), "--name", "ttt", "--same-update", "zero1=ddp"]
+    args = ["--tokens", "tok", "--speed", "spd", "--out", str(tmp_path), "--name", "ttt",
+            "--same-update", "zero1=ddp,dpu_balanced=dpu"]  # fmt: skip
     assert ttt.main(args) == 0
     data = json.loads((tmp_path / "ttt.json").read_text())
     assert data["targets"] == {"500": pytest.approx(4.25), "1000": pytest.approx(4.05)}
@@ -291,6 +301,8 @@ def test_time_to_target_at_several_levels_pairs_each_level_with_the_measured_spe
     report = (tmp_path / "ttt.md").read_text()
     assert "| setting | strategy | 500 updates (4.2500) | 1000 updates (4.0500) |" in report
     assert "| a | zero1 | **1.00× ± 0.00** | **1.00× ± 0.00** |" in report
+    # a variant one seed of which never reached DDP's loss has no time to target, and says so; the rest stands
+    assert "| dpu_balanced | 0.0500 | not reached within the budgets | — | |" in report
 
 
 def test_a_resumed_speed_run_is_kept_only_with_the_same_arguments_on_the_same_plan(monkeypatch, tmp_path):
@@ -354,14 +366,78 @@ def test_the_time_to_target_benchmark_runs_its_parts_in_turn_and_resumes(monkeyp
         ({"strategies": "zero1,acco"}, "keep ddp in --strategies"),
         ({"variants": "streaming_h10_avg"}, "--strategies acco computes acco's update, which --variants does not"),
         ({"strategies": "ddp,acco,diloco_h50_balanced"}, "diloco_h50_balanced's loss per token depends on the run's"),
+        ({"strategies": "ddp,streaming_h10_avg_acco"}, "streaming_h10_avg_acco: no token-efficiency variant computes"),
+        ({"settings": "a,z"}, "--settings 'a,z': choose from a, b, a2, b2, c"),
+        (
+            {"strategies": "ddp,streaming_h10_avg", "variants": "streaming_h10_avg", "speed_updates": 60},
+            "use at least 61",
+        ),
+        ({"seeds": "0,x"}, "--seeds takes integers"),
+        ({"validate": "c:acco"}, "--validate c:acco: give setting:strategy with a setting of --settings"),
+        ({"validate": "a:zero1"}, None),  # DDP's update: DDP's tokens, so a prediction to check
     ],
 )
-def test_the_time_to_target_benchmark_names_a_mistake_in_one_line(change, message):
+def test_the_time_to_target_benchmark_names_a_mistake_in_one_line_before_any_run(change, message):
     from types import SimpleNamespace
 
     from benchmarks.sweeps import decomposition
     from torchacco.errors import UserError
 
-    args = SimpleNamespace(**{"variants": "acco", "strategies": "ddp,zero1,acco", **change})
+    defaults = {"variants": "acco", "strategies": "ddp,zero1,acco", "settings": "a,b", "speed_updates": 110,
+                "seeds": "0,1", "lr": "3e-3", "validate": ""}  # fmt: skip
+    args = SimpleNamespace(**{**defaults, **change})
+    if message is None:
+        assert decomposition.check(args) == (["acco"], ["ddp", "zero1", "acco"])
+        return
     with pytest.raises(UserError, match=message):
         decomposition.check(args)
+
+
+def test_each_timed_strategy_takes_the_tokens_of_the_update_it_computes():
+    from benchmarks.sweeps.decomposition import token_variant
+
+    assert [token_variant(s) for s in ("zero1", "fsdp", "ddp_one_bucket", "zero1_balanced")] == ["ddp"] * 4
+    assert token_variant("acco_balanced") == "acco"  # the split changes who computes what, not the update
+    assert token_variant("streaming_h10_avg_zero1") == "streaming_h10_avg"  # ZeRO-1 inside: DDP's inner update
+    assert token_variant("streaming_h10_avg_acco") == "streaming_h10_avg_acco"  # ACCO inside: not measured
+    assert token_variant("diloco_h50_balanced") == "diloco_h50_balanced"  # mixed replicas: their own update
+
+
+def test_a_whole_run_on_the_cluster_is_kept_only_for_the_same_arguments_on_the_same_plan(monkeypatch, tmp_path):
+    from benchmarks import end_to_end
+    from benchmarks.cluster import ClusterError
+
+    (tmp_path / "cal.json").write_text(json.dumps({"calibration": {"balance_bps": 3e8}}))
+    ran = []
+
+    def fake_run(plan, args, folder, timeout_s):
+        ran.append(plan.rate_bps)
+        folder.mkdir(parents=True, exist_ok=True)
+        record = {"step": 10, "val_loss": 4.0, "tokens_per_update": 2048, "tokens_per_s": 2048.0}
+        return {"records": [record] * 10, "wall_s": 12.0}
+
+    monkeypatch.setattr(end_to_end, "run_training", fake_run)
+    first = end_to_end.train_on_cluster("a", "ddp", 0, 10, 3e-3, tmp_path, calibration="cal")
+    assert first == {"loss": 4.0, "seconds": pytest.approx(10.0), "wall_s": 12.0, "updates": 10}
+    assert end_to_end.train_on_cluster("a", "ddp", 0, 10, 3e-3, tmp_path, calibration="cal") == first
+    assert ran == [3e8]  # kept
+    (tmp_path / "cal.json").write_text(json.dumps({"calibration": {"balance_bps": 1e8}}))  # another machine's rate
+    end_to_end.train_on_cluster("a", "ddp", 0, 10, 3e-3, tmp_path, calibration="cal")
+    assert ran == [3e8, 1e8]
+    end_to_end.train_on_cluster("a", "ddp", 0, 10, 1.5e-3, tmp_path, calibration="cal")  # another lr
+    assert len(ran) == 3
+    with pytest.raises(ClusterError, match="no calibration in"):
+        end_to_end.train_on_cluster("a", "ddp", 0, 10, 3e-3, tmp_path, calibration="missing")
+
+
+def test_a_time_to_loss_sweep_names_an_unknown_strategy_in_one_line(tmp_path):
+    from types import SimpleNamespace
+
+    from benchmarks.sweeps.time_to_loss import time_to_loss
+    from torchacco.errors import UserError
+
+    args = SimpleNamespace(settings="a", strategies="ddp,nope", out=str(tmp_path))
+    with pytest.raises(UserError, match="unknown strategy or setting 'nope'"):
+        time_to_loss(args)
+    with pytest.raises(UserError, match="keep ddp in --strategies"):
+        time_to_loss(SimpleNamespace(settings="a", strategies="zero1", out=str(tmp_path)))

@@ -31,8 +31,8 @@ from benchmarks.names import DDP, FSDP, HSDP, ZERO1
 from benchmarks.sweeps.time_to_loss import calibrate, model_args
 from torchacco.errors import UserError
 
-SAME_AS_DDP = (ZERO1, FSDP, HSDP)  # the same update as DDP's: its tokens (their floor is measured apart)
-QUICK = dict(updates=60, seeds="0,1", budgets="1,1.5", levels="0.5,1", variants="acco", settings="a",
+SAME_AS_DDP = (ZERO1, FSDP, HSDP, f"{DDP}_one_bucket")  # DDP's update: its tokens (their floor is measured apart)
+QUICK = dict(updates=60, seeds="0,1", budgets="0.5,1,1.5", levels="0.5,1", variants="acco", settings="a",
              strategies="ddp,acco", speed_updates=30, repeats=1, validate="")  # fmt: skip
 
 
@@ -42,18 +42,26 @@ def timing_dependent(strategy: str) -> bool:
 
 
 def token_variant(strategy: str) -> str:
-    """The token-efficiency variant whose update a speed strategy computes (balanced batches do not change it)."""
+    """The token-efficiency variant whose update a speed strategy computes: balanced batches do not change it, nor
+    ZeRO-1 in place of DDP (inside DiLoCo's replicas too)."""
     if timing_dependent(strategy):
         return strategy
     plain = strategy.removesuffix("_balanced")
-    return DDP if plain in SAME_AS_DDP else plain
+    if plain in SAME_AS_DDP:
+        return DDP
+    inner = plain.removesuffix(f"_{ZERO1}")
+    return inner if inner != plain and inner in token_efficiency.VARIANTS else plain
 
 
 def ensure_calibration(path: Path, resume: bool, timeout: float) -> None:
     """The settings' link rates follow ZeRO-1's compute on this machine (setting a: its job as long as its compute):
     measured anew unless `resume` finds it, so that a resumed call keeps the settings its runs were timed on."""
-    if resume and path.exists() and "calibration" in json.loads(path.read_text()):
-        return
+    if resume:
+        try:
+            if "balance_bps" in json.loads(path.read_text())["calibration"]:
+                return
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # none, or damaged: measured again
     args = SimpleNamespace(
         out=str(path.parent), timeout=timeout, updates=160, seq_len=128, local_batch=4, eval_every=16
     )
@@ -63,7 +71,7 @@ def ensure_calibration(path: Path, resume: bool, timeout: float) -> None:
 
 
 def check(args) -> tuple[list[str], list[str]]:
-    """The token variants and speed strategies, or one line naming what is wrong."""
+    """The token variants and speed strategies, or one line naming what is wrong (before any run)."""
     variants = [v for v in args.variants.split(",") if v and v != DDP]
     strategies = [s for s in args.strategies.split(",") if s]
     unknown = [v for v in variants if v not in token_efficiency.VARIANTS]
@@ -77,10 +85,32 @@ def check(args) -> tuple[list[str], list[str]]:
     if timed:
         raise UserError(f"{timed[0]}'s loss per token depends on the run's timing, so loopback cannot measure it: "
                         "leave it out of --strategies; run it whole with python -m benchmarks.end_to_end")  # fmt: skip
-    unmeasured = [s for s in strategies if token_variant(s) not in (DDP, *variants)]
-    if unmeasured:
-        raise UserError(f"--strategies {unmeasured[0]} computes {token_variant(unmeasured[0])}'s update, which "
-                        f"--variants does not measure; add it to --variants")  # fmt: skip
+    for s in strategies:
+        update = token_variant(s)
+        if update not in token_efficiency.VARIANTS:
+            raise UserError(f"--strategies {s}: no token-efficiency variant computes its update; leave it out")
+        if update not in (DDP, *variants):
+            raise UserError(f"--strategies {s} computes {update}'s update, which --variants does not measure; "
+                            "add it to --variants")  # fmt: skip
+    settings = [s for s in args.settings.split(",") if s]
+    wrong = [s for s in settings if s not in speed.PER_SETTING]
+    if wrong or not settings:
+        raise UserError(f"--settings {args.settings!r}: choose from {', '.join(speed.PER_SETTING)}")
+    short = [s for s in strategies if args.speed_updates <= speed.warmup_of(s)]
+    if short:
+        warmup = speed.warmup_of(short[0])
+        raise UserError(f"--speed-updates {args.speed_updates} leaves no timed update for {short[0]} (its first "
+                        f"{warmup} are warm-up); use at least {warmup + 1}")  # fmt: skip
+    try:
+        [int(x) for x in args.seeds.split(",")], float(args.lr)
+    except ValueError:
+        raise UserError(f"--seeds takes integers separated by commas and --lr one number; got {args.seeds!r} and "
+                        f"{args.lr!r}") from None  # fmt: skip
+    for pair in (p for p in args.validate.split(",") if p):
+        setting, _, name = pair.partition(":")
+        if setting not in settings or name not in strategies or token_variant(name) not in (name, DDP):
+            raise UserError(f"--validate {pair}: give setting:strategy with a setting of --settings and a strategy of "
+                            "--strategies that computes its own update or DDP's")  # fmt: skip
     return variants, strategies
 
 

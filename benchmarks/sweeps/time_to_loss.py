@@ -139,14 +139,14 @@ def setting_plans(args, calibration: dict) -> dict[str, tuple[ClusterPlan, int]]
 
 def time_to_loss(args) -> dict:
     args.settings = [s.strip() for s in args.settings.split(",") if s.strip()]
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    chosen = [s.strip() for s in args.strategies.split(",") if s.strip()]
     known = [*strategies(), *LONGER_BUDGET]
-    unknown = [s for s in strategies if s not in known] + [s for s in args.settings if s not in "abc"]
+    unknown = [s for s in chosen if s not in known] + [s for s in args.settings if s not in "abc"]
     if unknown:
         raise UserError(
             f"unknown strategy or setting {unknown[0]!r}; strategies: {', '.join(known)}; settings: a, b, c"
         )
-    if DDP not in strategies:
+    if DDP not in chosen:
         raise UserError("the target loss is DDP's: keep ddp in --strategies")
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
@@ -155,11 +155,11 @@ def time_to_loss(args) -> dict:
     calibration = previous.get("calibration") or calibrate(args, model_args(args, 2, args.local_batch))
     print(f"[time-to-loss] ZeRO-1 computes {calibration['compute_per_update_s']:.3f} s per update; balance rate "
           f"{format_rate(calibration['balance_bps'])}", flush=True)  # fmt: skip
-    ran = [*previous.get("strategies", []), *(s for s in strategies if s not in previous.get("strategies", []))]
+    ran = [*previous.get("strategies", []), *(s for s in chosen if s not in previous.get("strategies", []))]
     results = {"calibration": calibration, "settings": previous["settings"], "strategies": ran, "seeds": seeds}
     for name, (plan, local_batch) in setting_plans(args, calibration).items():
         setting = results["settings"].get(name)
-        todo = [s for s in strategies if setting is None or s not in setting["curves"]]
+        todo = [s for s in chosen if setting is None or s not in setting["curves"]]
         if not todo:
             print(f"[time-to-loss] setting {name}: kept from {out / 'time_to_loss.json'}", flush=True)
             continue
