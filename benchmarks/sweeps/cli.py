@@ -8,10 +8,9 @@ import time
 
 from benchmarks import sweeps
 from benchmarks.cluster import preflight
+from benchmarks.sweeps import decomposition
 from benchmarks.sweeps.common import load
 from benchmarks.sweeps.convergence import convergence
-from benchmarks.sweeps.decomposition import QUICK as TTT_QUICK
-from benchmarks.sweeps.decomposition import time_to_target_sweep
 from benchmarks.sweeps.heterogeneous import heterogeneous
 from benchmarks.sweeps.memory import memory
 from benchmarks.sweeps.throughput import throughput
@@ -98,14 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", default="3e-3", help="the peak learning rate of every run (DDP's best at 1,000 updates)")
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument(
-        "--variants", default="acco", help="the token side's variants besides DDP (benchmarks.token_efficiency)"
+        "--variants",
+        default=decomposition.VARIANTS,
+        help="the token side's variants besides DDP (benchmarks.token_efficiency)",
     )
     p.add_argument("--budgets", default="0.75,1,1.25", help="multiples of --updates each variant runs")
     p.add_argument(
         "--levels", default="0.75,1", help="multiples of --updates DDP runs: its final losses are the targets"
     )
     p.add_argument("--settings", default="a,b")
-    p.add_argument("--strategies", default="ddp,zero1,acco", help="timed on the cluster (benchmarks.speed)")
+    p.add_argument("--strategies", default=decomposition.STRATEGIES, help="timed on the cluster (benchmarks.speed)")
     p.add_argument("--speed-updates", type=int, default=110, help="updates per speed run (the first 10 are warm-up)")
     p.add_argument("--repeats", type=int, default=2, help="speed runs per strategy and setting")
     p.add_argument(
@@ -129,7 +130,7 @@ QUICK = {
     "time-to-loss": dict(
         strategies="ddp,zero1,acco,acco_balanced", seeds="0", updates=30, eval_every=10, settings="a,c"
     ),
-    "time-to-target": TTT_QUICK,
+    "time-to-target": decomposition.QUICK,
 }
 SWEEPS = {
     "throughput": throughput,
@@ -137,7 +138,7 @@ SWEEPS = {
     "convergence": convergence,
     "memory": memory,
     "time-to-loss": time_to_loss,
-    "time-to-target": time_to_target_sweep,
+    "time-to-target": decomposition.time_to_target_sweep,
 }
 
 

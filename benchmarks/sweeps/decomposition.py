@@ -27,13 +27,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from benchmarks import end_to_end, speed, time_to_target, token_efficiency
-from benchmarks.names import DDP, FSDP, HSDP, ZERO1
+from benchmarks.names import ACCO, DDP, FSDP, HSDP, ZERO1
 from benchmarks.sweeps.time_to_loss import calibrate, model_args
 from torchacco.errors import UserError
 
 SAME_AS_DDP = (ZERO1, FSDP, HSDP, f"{DDP}_one_bucket")  # DDP's update: its tokens (their floor is measured apart)
-QUICK = dict(updates=60, seeds="0,1", budgets="0.5,1,1.5", levels="0.5,1", variants="acco", settings="a",
-             strategies="ddp,acco", speed_updates=30, repeats=1, validate="")  # fmt: skip
+VARIANTS = ACCO  # the default token side besides DDP, and the strategies timed: what fits 90 minutes on 2 cores
+STRATEGIES = ",".join((DDP, ZERO1, ACCO))
+QUICK = dict(updates=60, seeds="0,1", budgets="0.5,1,1.5", levels="0.5,1", variants=ACCO, settings="a",
+             strategies=f"{DDP},{ACCO}", speed_updates=30, repeats=1, validate="")  # fmt: skip
 
 
 def timing_dependent(strategy: str) -> bool:
