@@ -156,6 +156,7 @@ def reshard(run_dir: Path, checkpoint: Path, out: Path, nproc: int) -> Path:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("kind", ["zero1", "fsdp"])
+@pytest.mark.slow
 def test_checkpoint_reshards_from_2_ranks_to_1_and_back(tiny_corpus, cache_dir, tmp_path, kind, request):
     if kind == "zero1":
         run = request.getfixturevalue("zero1_run")

@@ -192,6 +192,7 @@ def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
 
 @pytest.mark.integration
 @pytest.mark.exact
+@pytest.mark.slow
 def test_sharded_outer_step_equals_the_unsharded_one(tmp_path):
     """Two replicas of two ranks: zero1 inside (θ_global and momentum sharded, the all-reduce between
     shard holders) against ddp inside (every rank holds all of θ_global), and both against the reference."""
@@ -205,6 +206,7 @@ def test_sharded_outer_step_equals_the_unsharded_one(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.exact
+@pytest.mark.slow
 def test_ddp_inside_replicas_of_two_ranks_with_the_transfer_beside_compute_equals_its_equations(tmp_path):
     """Δ split over a replica's two ddp ranks, its mean all-gathered on the transfer's thread while
     ddp all-reduces gradients on the compute thread (each on a group of its own)."""
@@ -226,6 +228,7 @@ def diloco_memory(tmp_path, kind: str, **diloco) -> list[dict]:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_memory_over_the_inner_strategy_is_the_backup_and_momentum_of_this_ranks_part_of_theta(tmp_path):
     """2 replicas of 2 ranks, every live tensor counted: DiLoCo adds θ_global and the momentum in fp32 (8 bytes
     per element) of the θ the rank holds: half of θ with zero1 inside, all of it with ddp; eager adds θ̂ of the
@@ -328,6 +331,7 @@ def _split_mean_rank(rank: int, store_path: str, out: str) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
     """A replicated inner strategy's ranks each send 1/dp of Δ and all-gather the rest: the same mean,
     element for element, as every rank sending all of it (int8's rows stay whole)."""

@@ -18,6 +18,7 @@ NODE = ["--hsdp.shard_degree", "2"]  # 2 nodes of 2 ranks
 
 @pytest.mark.integration
 @pytest.mark.exact
+@pytest.mark.slow  # 4 ranks on 2 cores: the slow pass
 def test_hsdp_trains_as_ddp_and_resumes_bit_for_bit(tiny_corpus, cache_dir, tmp_path):
     runs = {}
     for kind in ("ddp", "hsdp"):
@@ -39,6 +40,7 @@ def test_hsdp_trains_as_ddp_and_resumes_bit_for_bit(tiny_corpus, cache_dir, tmp_
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_each_rank_stores_its_shard_of_a_node():
     worker = ROOT / "tests" / "workers" / "memory_per_rank.py"
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", str(worker)]

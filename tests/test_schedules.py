@@ -316,6 +316,7 @@ def test_acco_memory_over_zero1_is_one_bf16_parameter_copy():
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_acco_validation_loss_close_to_zero1_on_the_embedded_corpus(tmp_path, embedded_cache):
     from conftest import read_metrics, run_train
 
@@ -500,6 +501,7 @@ def test_fp32_reduce_writes_the_parameters_clear_of_the_shard_the_optimizer_read
 
 @pytest.mark.integration
 @pytest.mark.parametrize("kind", ["zero1", "acco"])
+@pytest.mark.slow
 def test_bf16_compute_sums_gradients_in_fp32_by_default(tmp_path, kind):
     """3 ranks in bf16 (rank 0 receives its parameters in C's second half, the others in its first):
     the default fp32 reduce tracks the fp32 equations within bf16 compute's own error (about 7% of the

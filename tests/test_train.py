@@ -68,6 +68,7 @@ def test_profiling_writes_a_trace_per_rank_with_the_loop_and_job_phases(six_step
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_bf16_strategies_agree_within_bf16_tolerance(tiny_corpus, cache_dir, tmp_path):
     losses = {}
     for dp in ("ddp", "zero1", "fsdp"):
