@@ -209,16 +209,28 @@ def level_rows(by_budget: dict, ddp_by_budget: dict[int, list[float]], levels: l
     return out
 
 
-def summarize(finals: dict, curves: dict, train_tails: dict, lrs: list[float], variants: list[str]) -> dict:
-    """Per lr and variant: final val losses by seed, the paired gaps to DDP (%), their mean and spread, the
-    mean paired gap along the run (at each evaluation), and the paired gaps of the last tenth's training loss."""
+def along_run(curves: list[list[float]], tokens: list[int], per_update: float) -> dict:
+    """The validation loss at each evaluation of the base budget's runs: its tokens, and the mean and standard
+    deviation over the seeds (the band of the loss-against-tokens plot)."""
+    columns = list(zip(*curves))
+    return {"tokens": tokens, "tokens_per_update": per_update, "mean": [statistics.fmean(c) for c in columns],
+            "sd": [statistics.stdev(c) if len(c) > 1 else 0.0 for c in columns]}  # fmt: skip
+
+
+def summarize(
+    finals: dict, curves: dict, train_tails: dict, lrs: list[float], variants: list[str], eval_tokens: dict
+) -> dict:  # fmt: skip
+    """Per lr and variant: final val losses by seed, the paired gaps to DDP (%), their mean and spread, the val
+    loss along the run with its spread over the seeds, the mean paired gap along the run (at each evaluation), and
+    the paired gaps of the last tenth's training loss."""
     out = {}
     for lr in lrs:
         ddp = finals[(lr, DDP)]
         rows = {}
         for v in variants:
             vals = finals[(lr, v)]
-            row = {"val_loss": vals, "mean_val_loss": statistics.fmean(vals)}
+            row = {"val_loss": vals, "mean_val_loss": statistics.fmean(vals),
+                   "val_loss_along_run": along_run(curves[(lr, v)], *eval_tokens[(lr, v)])}  # fmt: skip
             if v != DDP:
                 gaps = [gap(x, y) for x, y in zip(vals, ddp)]
                 row |= {"gap_pct": gaps, "mean_gap_pct": statistics.fmean(gaps)}
@@ -318,17 +330,46 @@ def markdown(summary: dict, meta: dict) -> str:
 
 
 def plot(summary: dict, out: Path) -> None:
-    drawn = panels(len(summary))
+    """Per lr: the validation loss against tokens, mean over the seeds with a ±1 sd band, the finished runs of
+    every budget as points (the ones the tokens to target are interpolated between); then the paired gap to DDP
+    along the run."""
+    drawn = panels(2 * len(summary))
     if drawn is None:
         return
     fig, axes = drawn
-    for ax, (lr, rows) in zip(axes, summary.items()):
+    for ax, (lr, rows) in zip(axes[::2], summary.items()):
+        for v, row in rows.items():
+            along = row["val_loss_along_run"]
+            low = [m - d for m, d in zip(along["mean"], along["sd"])]
+            high = [m + d for m, d in zip(along["mean"], along["sd"])]
+            (line,) = ax.plot(along["tokens"], along["mean"], label=v)
+            ax.fill_between(along["tokens"], low, high, color=line.get_color(), alpha=0.2)
+            per_update = along["tokens_per_update"]
+            finals = row.get("budgets") or row.get("levels_val_loss") or {}
+            for n, vals in finals.items():
+                spread = statistics.stdev(vals) if len(vals) > 1 else 0.0
+                ax.errorbar(int(n) * per_update, statistics.fmean(vals), yerr=spread, fmt="o", ms=3,
+                            color=line.get_color())  # fmt: skip
+        # the last 60% of the run, where the strategies' gaps are small against the loss itself
+        start = len(along["tokens"]) * 2 // 5
+        tops = [r["val_loss_along_run"]["mean"][start] for r in rows.values()]
+        bottoms = [min(r["val_loss_along_run"]["mean"]) for r in rows.values()]
+        bottoms += [min(vals) for r in rows.values() for vals in (r.get("budgets") or {}).values()]
+        ax.set_ylim(min(bottoms) - 0.1, max(tops) + 0.05)
+        ax.set(title=f"lr {lr}: loss against tokens (mean ± sd over seeds)", xlabel="tokens",
+               ylabel="validation loss")  # fmt: skip
+        ax.legend(fontsize=7)
+    for ax, (lr, rows) in zip(axes[1::2], summary.items()):
         for v, row in rows.items():
             if v != DDP:
                 curve = row["mean_gap_along_run_pct"]
                 ax.plot([(i + 1) / len(curve) for i in range(len(curve))], curve, marker="o", label=v)
         ax.axhline(0, color="grey", lw=0.5)
-        ax.set(title=f"lr {lr}", xlabel="share of the run", ylabel="val loss gap vs ddp (%)")
+        ax.set(
+            title=f"lr {lr}: paired gap to DDP along the run",
+            xlabel="share of the run",
+            ylabel="val loss gap vs ddp (%)",
+        )
         if ax.get_legend_handles_labels()[0]:  # (an lr sweep of DDP alone has no gap to draw)
             ax.legend(fontsize=7)
     save_figure(fig, out)
@@ -378,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     out = ROOT / args.out
     name = args.name or ("token_efficiency" if args.flavor == "debug" else f"{args.flavor}_token_efficiency")
     prefix = "" if args.flavor == "debug" else f"{args.flavor}_"  # the debug model's runs keep their names
-    finals, curves, train_tails, by_budget = {}, {}, {}, {}
+    finals, curves, train_tails, by_budget, eval_tokens = {}, {}, {}, {}, {}
     for lr in lrs:
         for v in variants:
             for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
@@ -394,13 +435,17 @@ def main(argv: list[str] | None = None) -> None:
                 last = recs[-max(1, len(recs) // 10) :]
                 train_tails.setdefault((lr, v), []).append(statistics.fmean(r["loss"] for r in last))
                 curves.setdefault((lr, v), []).append([r["val_loss"] for r in recs if "val_loss" in r])
-    summary = summarize(finals, curves, train_tails, lrs, variants)
+                per_update = recs[-1]["tokens"] / recs[-1]["step"]  # (the same for every seed)
+                eval_tokens[(lr, v)] = [r["tokens"] for r in recs if "val_loss" in r], per_update
+    summary = summarize(finals, curves, train_tails, lrs, variants, eval_tokens)
     if len(budgets) > 1:
         for lr in lrs:
             for v in variants[1:]:
                 summary[f"{lr:g}"][v] |= budget_rows(by_budget[(lr, v)], finals[(lr, DDP)], args.updates)
                 if len(levels) > 1:
                     summary[f"{lr:g}"][v]["levels"] = level_rows(by_budget[(lr, v)], by_budget[(lr, DDP)], levels)
+            if len(levels) > 1:
+                summary[f"{lr:g}"][DDP]["levels_val_loss"] = {str(n): by_budget[(lr, DDP)][n] for n in levels}
     meta = {
         "date": datetime.date.today().isoformat(),
         "machine": machine(),

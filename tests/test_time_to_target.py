@@ -102,7 +102,9 @@ def test_another_flavor_trains_that_model_in_runs_of_its_own(monkeypatch, tmp_pa
     def fake_train(variant, lr, seed, updates, folder, fresh, flavor):
         trained.append((folder.name, te.recipe(updates, lr, seed, flavor=flavor)))
         folder.mkdir(parents=True)
-        (folder / "metrics.jsonl").write_text(json.dumps({"step": updates, "loss": 5.0, "val_loss": 5.0}) + "\n")
+        (folder / "metrics.jsonl").write_text(
+            json.dumps({"step": updates, "tokens": 64 * updates, "loss": 5.0, "val_loss": 5.0}) + "\n"
+        )
         return te.records(folder)
 
     monkeypatch.setattr(te, "train", fake_train)
@@ -127,7 +129,7 @@ def test_the_token_efficiency_report_gives_the_mean_gaps_95_percent_interval(mon
 
     def fake_train(variant, lr, seed, updates, folder, fresh, flavor):
         folder.mkdir(parents=True)
-        record = {"step": updates, "loss": 5.0, "val_loss": losses[(variant, seed)]}
+        record = {"step": updates, "tokens": 64 * updates, "loss": 5.0, "val_loss": losses[(variant, seed)]}
         (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
         return te.records(folder)
 
@@ -244,14 +246,20 @@ def test_each_ddp_budget_is_a_target_level_and_every_variant_is_interpolated_to_
 
     def fake_train(variant, lr, seed, updates, folder, fresh, flavor):
         folder.mkdir(parents=True)
-        record = {"step": updates, "loss": 5.0, "val_loss": finals[(variant, updates)][seed]}
+        record = {"step": updates, "tokens": 64 * updates, "loss": 5.0, "val_loss": finals[(variant, updates)][seed]}
         (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
         return te.records(folder)
 
     monkeypatch.setattr(te, "train", fake_train)
     te.main(["--updates", "1000", "--seeds", "0,1", "--variants", "ddp,acco", "--budgets", "0.5,1,1.5",
              "--levels", "0.5,1", "--out", str(tmp_path), "--name", "t"])  # fmt: skip
-    row = json.loads((tmp_path / "t.json").read_text())["summary"]["0.003"]["acco"]
+    summary = json.loads((tmp_path / "t.json").read_text())["summary"]["0.003"]
+    row = summary["acco"]
+    # the loss-against-tokens plot's data: the base budget's curve over the seeds, and every finished run
+    assert row["val_loss_along_run"]["tokens"] == [64_000] and row["val_loss_along_run"]["tokens_per_update"] == 64
+    assert row["val_loss_along_run"]["mean"] == [pytest.approx(4.125)]
+    assert row["val_loss_along_run"]["sd"] == [pytest.approx(0.05 / 2**0.5)]
+    assert summary["ddp"]["levels_val_loss"] == {"500": [4.2, 4.3], "1000": [4.0, 4.1]}
     # DDP's 500-update losses (4.2, 4.3): acco reaches them between its 500 and 1,000 updates
     at_500 = [(500 + 500 * (4.3 - 4.2) / (4.3 - 4.1)) / 500, (500 + 500 * (4.4 - 4.3) / (4.4 - 4.15)) / 500]
     # DDP's 1,000-update losses (4.0, 4.1): between acco's 1,000 and 1,500
