@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from torchacco import hf_io
+from torchacco import hf_io, materialize
 from torchacco.config import Data, Model, Tokenizer
 from torchacco.device import Device
 from torchacco.errors import UserError
@@ -52,8 +52,12 @@ def model_args(spec: ModelSpec, model: Model, vocab_size: int = 0):
     return spec.args(model.flavor, vocab_size=model.vocab_size or vocab_size or None)
 
 
-def build_model(spec: ModelSpec, model_cfg: Model, vocab_size: int, seed: int, device: Device) -> nn.Module:
-    """Built on the meta device, materialised on `device`, initialised from `seed` (or loaded)."""
+def build_model(
+    spec: ModelSpec, model_cfg: Model, vocab_size: int, seed: int, device: Device, deferred: bool = False
+) -> nn.Module:
+    """Built on the meta device, initialised from `seed` (or loaded from [model] init_from) on
+    `device`. `deferred`: left on meta until `materialize(model)`, so that parallelism applied in
+    between makes each rank allocate its own shards only (torchacco/materialize.py)."""
     args = model_args(spec, model_cfg, vocab_size)
     if vocab_size > args.vocab_size:
         raise UserError(
@@ -62,13 +66,16 @@ def build_model(spec: ModelSpec, model_cfg: Model, vocab_size: int, seed: int, d
         )
     with torch.device("meta"):
         model = spec.model_cls(args)
-    model.to_empty(device=device.torch)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        model.init_weights()  # also the buffers (RoPE tables) that no checkpoint holds
+    load = None
     if model_cfg.init_from:
-        _, _, weights = hf_io.load_hf(model_cfg.init_from, model_cfg.name)
-        hf_io.load_into(model, weights)
+
+        def load(full: nn.Module) -> None:
+            _, _, weights = hf_io.load_hf(model_cfg.init_from, model_cfg.name, lazy=True)
+            hf_io.load_into(full, weights)
+
+    materialize.defer(model, device.torch, seed, load)
+    if not deferred:
+        materialize.materialize(model)
     return model
 
 

@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 
 from torchacco.errors import UserError
+from torchacco.materialize import copy_shard
 from torchacco.spec import ModelSpec, get_model_spec
 
 CONFIG = "config.json"
@@ -187,8 +189,23 @@ def _tokenizer_config(tokenizer_json: Path, eos_id: int | None) -> dict:
 # --- reading ---
 
 
-def load_hf(folder, model_name: str | None = None) -> tuple[str, Any, dict[str, torch.Tensor]]:
-    """Read a Hugging Face folder: (model name, args, fp32 state dict in torchacco names)."""
+class OnDisk:
+    """A safetensors tensor not read yet: its shape now, its fp32 values on `load()`, so that a rank
+    filling its shard of a large model holds one whole tensor at a time, never the model."""
+
+    def __init__(self, path: Path, name: str, shape: tuple[int, ...]):
+        self.path, self.name, self.shape = path, name, torch.Size(shape)
+
+    def load(self) -> torch.Tensor:
+        from safetensors import safe_open
+
+        with safe_open(self.path, framework="pt") as f:
+            return f.get_tensor(self.name).to(torch.float32)
+
+
+def load_hf(folder, model_name: str | None = None, lazy: bool = False) -> tuple[str, Any, dict[str, torch.Tensor]]:
+    """Read a Hugging Face folder: (model name, args, fp32 state dict in torchacco names). `lazy`:
+    its values are `OnDisk` tensors, read one by one as `load_into` fills the model."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise UserError(f"Hugging Face model folder not found: {folder}")
@@ -217,14 +234,19 @@ def load_hf(folder, model_name: str | None = None) -> tuple[str, Any, dict[str, 
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{config_path} cannot be read as a {name} config ({type(e).__name__}: {e})") from None
 
-    hf_sd = _read_safetensors(folder)
+    hf_sd = _read_safetensors(folder, lazy)
     sd = spec.hf.from_hf(hf_sd, args)
     order = _check_against_args(spec, args, sd, folder)
-    return name, args, {k: sd[k].to(torch.float32) for k in order}
+    return name, args, {k: sd[k] if lazy else sd[k].to(torch.float32) for k in order}
 
 
-def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+def _read_safetensors(folder: Path, lazy: bool = False) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
     from safetensors.torch import load_file
+
+    def on_disk(path: Path) -> dict[str, OnDisk]:
+        with safe_open(path, framework="pt") as f:
+            return {k: OnDisk(path, k, tuple(f.get_slice(k).get_shape())) for k in f.keys()}
 
     index_path = folder / INDEX
     if index_path.is_file():
@@ -252,7 +274,7 @@ def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     sd = {}
     for f in files:
         try:
-            tensors = load_file(folder / f)
+            tensors = on_disk(folder / f) if lazy else load_file(folder / f)
         except Exception as e:  # SafetensorError, OSError: a truncated or foreign file
             raise UserError(
                 f"cannot read {folder / f} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
@@ -289,8 +311,9 @@ def _check_against_args(spec: ModelSpec, args, sd: dict[str, torch.Tensor], fold
 
 
 def load_into(model: nn.Module, state_dict: dict) -> None:
-    """`model.load_state_dict(state_dict)` (strict), with errors that name the tensor and the fix."""
-    expected = model.state_dict()
+    """`model.load_state_dict(state_dict)` (strict), with errors that name the tensor and the fix;
+    into a sharded model (tensor parallel, FSDP, pipeline stages) each rank writes its own part."""
+    expected = model.state_dict(keep_vars=True)
     for k, t in expected.items():  # in the model's order: the first mismatch is the earliest tensor
         if k in state_dict and tuple(state_dict[k].shape) != tuple(t.shape):
             raise UserError(
@@ -307,4 +330,12 @@ def load_into(model: nn.Module, state_dict: dict) -> None:
             f"the weights have tensor '{unexpected[0]}' ({len(unexpected)} unexpected) that the "
             f"configured model lacks; check [model] name / flavor / n_layers"
         )
-    model.load_state_dict(state_dict, strict=True)
+    with torch.no_grad():
+        for k, t in expected.items():
+            if t.is_meta:  # a layer another pipeline stage holds
+                continue
+            value = state_dict[k].load() if isinstance(state_dict[k], OnDisk) else state_dict[k]
+            if isinstance(t, DTensor):
+                copy_shard(t, value)  # this rank's part of a tensor-parallel or FSDP shard
+            else:
+                t.copy_(value)

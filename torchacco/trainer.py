@@ -31,6 +31,7 @@ from torchacco.export import export_hf
 from torchacco.faults import from_env
 from torchacco.loss import TokenLoss, value
 from torchacco.lr import TokenSchedule
+from torchacco.materialize import materialize
 from torchacco.metrics import MetricsLogger, Throughput
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.model_parallel import apply_model_parallel, check_hardware_queues, model_parallel_label
@@ -42,7 +43,7 @@ from torchacco.parallel.process_groups import (
     nccl_flight_recorder,
     on_one_rank,
 )
-from torchacco.parallel.registry import build_strategy
+from torchacco.parallel.registry import build_strategy, strategy_class
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan
 from torchacco.profiling import Profiler
 from torchacco.spec import get_model_spec
@@ -131,12 +132,11 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     model = _model(cfg, spec, device, kind, model, vocab)
     n_params = sum(p.numel() for p in model.parameters())
     loss_fn = TokenLoss(t.loss_chunks, dims.tp_enabled and not dims.pp_enabled and cfg.parallelism.loss_parallel)
-    model, pipeline = _parallelize(cfg, spec, dims, device, model, loss_fn)
-    flops_per_token = kind.flops_per_token(model, t.seq_len)  # before the strategy wraps or shards the model
+    flops_per_token = kind.flops_per_token(model, t.seq_len)  # of the whole model, before any parallelism
     on_one_rank(dims, lambda: run_folder.check_space(folder, n_params, cfg.checkpoint.enable), on=dims.is_main)
     dtype = compute_dtype(t.mixed_precision, device)
     plan = update_plan(cfg, dims.dp_size, dtype, dims.replicas)
-    strategy = build_strategy(model, cfg, dims, plan, device)
+    strategy, pipeline = parallelize(cfg, spec, dims, device, model, loss_fn, plan)
     run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline)
     run.log.info(
         f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | "
@@ -186,7 +186,7 @@ def _datasets(cfg: Config, dims: ParallelDims, datasets, tokenizer):
 def _model(cfg: Config, spec, device: Device, kind: ModelKind, model, vocab: int) -> nn.Module:
     """The configured model, built; or the one passed to train(), checked."""
     if model is None:
-        return build_model(spec, cfg.model, vocab, cfg.training.seed, device)
+        return build_model(spec, cfg.model, vocab, cfg.training.seed, device, deferred=True)
     on = next(model.parameters()).device
     if on.type != device.type or (device.type == "cuda" and on.index not in (None, device.index)):
         raise UserError(f"the model passed to train() is on {on}, the run on {device.torch}; move it there first "
@@ -196,7 +196,19 @@ def _model(cfg: Config, spec, device: Device, kind: ModelKind, model, vocab: int
     return model
 
 
-def _parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss):
+def parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss, plan):
+    """Model parallelism, then the data-parallel strategy: (the strategy, the pipeline or None). A
+    model built on meta (build_model(deferred=True)) is allocated and initialised in between, after
+    tensor and pipeline parallelism (or, for FSDP, after sharding): each rank holds only its part."""
+    model, pipeline = _model_parallel(cfg, spec, dims, device, model, loss_fn)
+    if not strategy_class(cfg.parallelism.data_parallel).shards_module:
+        materialize(model)
+    strategy = build_strategy(model, cfg, dims, plan, device)
+    materialize(model)  # (a no-op once done)
+    return strategy, pipeline
+
+
+def _model_parallel(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss):
     """In torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile (the
     data-parallel strategy comes last). (This rank's part of the model, its pipeline or None.)"""
     t = cfg.training

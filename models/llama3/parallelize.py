@@ -71,7 +71,9 @@ class LlamaStage(nn.Module):
         self.tok_embeddings = model.tok_embeddings if first else None
         self.blocks = nn.ModuleList(model.layers[str(i)] for i in layer_ids)
         self.norm, self.output = (model.norm, model.output) if last else (None, None)
-        self.rope = model.rope  # a plain attribute: the model owns the buffer
+        # The model owns the RoPE buffer, and may allocate it after the stage is built (a model
+        # built on meta): read it through the model, which a tuple keeps from becoming a submodule.
+        self.owner = (model,)
         self.seq_shards = seq_shards  # sequence parallelism: activations between stages hold T / tp tokens
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -80,7 +82,7 @@ class LlamaStage(nn.Module):
             x = self.tok_embeddings(x)
         else:
             T = x.shape[1] * self.seq_shards
-        rope = self.rope[:T]
+        rope = self.owner[0].rope[:T]
         for block in self.blocks:
             x = block(x, rope)
         if self.output is not None:

@@ -9,6 +9,7 @@ import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from torchacco.blocks import blocks_of
+from torchacco.materialize import materialize
 from torchacco.parallel.ddp import DDP
 from torchacco.parallel.replicated import Replicated
 
@@ -22,6 +23,7 @@ class FSDP(Replicated):
     name = "fsdp"
     communication = "per_micro_batch"
     shards_theta = True
+    shards_module = True
     update_of = DDP.name  # DDP's update, with parameters, gradients and optimizer state sharded
     balances = False  # its all-gathers and reduce-scatters run inside every rank's forward and backward
 
@@ -42,6 +44,7 @@ class FSDP(Replicated):
         self.roots = getattr(model, "stage_modules", None) or [model]
         for root in self.roots:
             fully_shard(root, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        materialize(model)  # a model built on meta: only now does each rank allocate, its shards alone
         super().__init__(model, dims, plan, optimizer)
 
     @classmethod

@@ -117,6 +117,9 @@ class Strategy(abc.ABC):
     replicas_refused_because: ClassVar[str] = "its parameters between updates are not θ"  # (when it does not)
     balances: ClassVar[bool] = True  # runs [parallelism] balance_batches (ranks may run unequal micro-batches)
     shards_theta: ClassVar[bool] = False  # theta_pieces() are this rank's shard of θ (not all of it)
+    # Its constructor shards the module's parameters (FSDP2) and then calls materialize(model): a
+    # model built on meta reaches it unallocated (torchacco/materialize.py); others get it allocated.
+    shards_module: ClassVar[bool] = False
     # per_micro_batch inside a node only, and one all-reduce of each shard across nodes per update (HSDP)
     shards_within_node: ClassVar[bool] = False
     # Its options: a dataclass of `config.key`s, read as the TOML section `options_section` (two

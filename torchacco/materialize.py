@@ -1,0 +1,113 @@
+"""Building a model sharded from the start: construct on the meta device, parallelise there, then
+allocate and initialise only this rank's shard.
+
+torchtitan's order, with one addition: the values are the same as those of a model initialised
+whole on one device from the same seed, on every layout. `init_weights()` runs over the full
+model's module tree; each random initialiser that meets a sharded parameter (a DTensor, from
+tensor parallelism or FSDP) draws the whole tensor from the seeded generator, as the unsharded
+model would, keeps this rank's slice and frees the rest; one that meets a parameter another
+pipeline stage owns (still on meta) draws it too and throws it away, so the generator advances
+exactly as it does for the whole model. The transient is one parameter, never the model.
+
+A model built here waits for `materialize(model)`: the trainer calls it after tensor and pipeline
+parallelism, and a strategy that shards θ itself (FSDP) calls it after sharding, before it builds
+its optimizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.overrides import TorchFunctionMode
+
+# Initialisers whose result does not depend on the tensor's contents: drawing the whole tensor
+# and slicing equals initialising the slice of the whole. Other in-place ops (mul_, clamp_, ...)
+# act elementwise, which DTensor applies to the local shard itself.
+_FRESH_METHODS = {
+    "normal_", "uniform_", "random_", "bernoulli_", "exponential_", "geometric_", "log_normal_", "cauchy_",
+}  # fmt: skip
+_FRESH_INIT = {
+    name for name in dir(nn.init) if name.endswith("_") and not name.startswith("_") and name != "calculate_gain"
+}
+
+_pending: weakref.WeakKeyDictionary[nn.Module, Callable[[], None]] = weakref.WeakKeyDictionary()
+
+
+def defer(model: nn.Module, device: torch.device, seed: int, load: Callable[[nn.Module], None] | None = None) -> None:
+    """Record how to materialise `model` (on meta): allocate on `device`, initialise from `seed`
+    over the full module tree as it is now (before pipeline stages prune it), then `load(full)`."""
+    full = _shadow(model)
+
+    def run() -> None:
+        model.to_empty(device=device)
+        torch.manual_seed(seed)
+        with torch.no_grad(), ShardedInit(device):
+            full.init_weights()  # also the buffers (RoPE tables) that no checkpoint holds
+        if load is not None:
+            load(full)
+
+    _pending[model] = run
+
+
+def _shadow(module: nn.Module) -> nn.Module:
+    """The module tree as it is now, sharing its parameters and buffers: what parallelism later
+    prunes, replaces or wraps (pipeline stages, checkpoint wrappers) stays in the shadow."""
+    shadow = copy.copy(module)
+    shadow._modules = {name: None if m is None else _shadow(m) for name, m in module._modules.items()}
+    return shadow
+
+
+def materialize(model: nn.Module) -> None:
+    """Allocate and initialise a model that `defer` recorded (this rank's shards only); a model
+    built otherwise is left as it is."""
+    run = _pending.pop(model, None)
+    if run is not None:
+        run()
+
+
+def is_deferred(model: nn.Module) -> bool:
+    return model in _pending
+
+
+class ShardedInit(TorchFunctionMode):
+    """Random initialisers of sharded or absent (meta) tensors draw the whole tensor on `device`,
+    then keep this rank's part: the seeded generator advances as for the unsharded model."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = device
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        name = getattr(func, "__name__", "")
+        if not args and "tensor" in kwargs:  # torch.nn.init passes its tensor by keyword
+            args = (kwargs.pop("tensor"),)
+        target = args[0] if args else None
+        sharded = isinstance(target, DTensor)
+        if (sharded or getattr(target, "is_meta", False)) and _is_fresh(func, name):
+            whole = torch.empty(target.shape, dtype=target.dtype, device=self.device)
+            func(whole, *args[1:], **kwargs)
+            if sharded:
+                copy_shard(target, whole)
+            return target
+        if sharded and name == "copy_" and not isinstance(args[1], DTensor):
+            copy_shard(target, args[1].expand(target.shape))
+            return target
+        return func(*args, **kwargs)
+
+
+def _is_fresh(func, name: str) -> bool:
+    if getattr(func, "__module__", None) == "torch.nn.init":
+        return name in _FRESH_INIT
+    return name in _FRESH_METHODS
+
+
+def copy_shard(target: DTensor, whole: torch.Tensor) -> None:
+    """Write this rank's part of `whole` (every rank holds all of it) into `target`; no communication."""
+    part = distribute_tensor(whole.to(target.dtype), target.device_mesh, target.placements, src_data_rank=None)
+    target.to_local().copy_(part.to_local())
