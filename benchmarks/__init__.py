@@ -5,6 +5,7 @@ the installed package. Run them from the repository's root:
     sudo .venv/bin/python -m benchmarks.cluster ... -- <torchacco.train arguments>
     .venv/bin/python -m benchmarks.compare ...   # variants side by side on one machine
     .venv/bin/python -m benchmarks.gpu mfu|overlap
+    python3 -m benchmarks gpu-check [--dry-run]   # the CUDA paths in one short GPU session (gpu_check.py)
 
   cluster/   the emulated multi-node cluster (network namespaces, shaped links, slow nodes)
   sweeps/    the sweeps on it and their reports

@@ -119,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench_results")
     p.add_argument("--quick", action="store_true")
     sub.add_parser("predict", help="the cost model for a real cluster: the same as python -m torchacco.predict")
+    sub.add_parser("gpu-check", help="the CUDA paths in one short GPU lease (benchmarks/gpu_check.py)", add_help=False)
     return parser
 
 
@@ -146,6 +147,10 @@ def run(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["predict"]:
         return predict.main(argv[1:])
+    if argv[:1] == ["gpu-check"]:
+        from benchmarks.gpu_check import main
+
+        return main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     preflight(need_cgroup=args.sweep in ("heterogeneous", "all", "time-to-loss", "time-to-target"))

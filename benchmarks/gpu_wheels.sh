@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Wheels for `python3 -m benchmarks gpu-check` on a GPU machine without network, into .whl-gpu/
+# (git-ignored, carried to the machine; the check's env step installs them offline into its work
+# folder's site/ and puts that first on PYTHONPATH):
+#   benchmarks/gpu_wheels.sh          torchacco's needs the machine lacks (torchdata)
+#   benchmarks/gpu_wheels.sh titan    also torchtitan 0.3.0, the needs of it the machine lacks, and
+#                                     its test assets (tokenizer, c4_test) from its git tag
+# The machine must already have: Python $PYVER with a CUDA build of torch >= 2.9 (NCCL comes with
+# it; a CUDA torch wheel is far over what can be carried), tokenizers, safetensors, tensorboard,
+# pytest and setuptools (torchacco's offline editable install), and for torchtitan einops, pyarrow,
+# pandas, fsspec, huggingface-hub, xxhash and pillow. The env step's probe lists what is missing.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="$ROOT/.whl-gpu"
+PYVER="${PYVER:-3.12}"
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
+WHEELS=("torchdata==0.11.0")
+if [ "${1:-}" = "titan" ]; then
+  # torchtitan's own pins where it has them (spmd_types, datasets); one version of each, or the
+  # offline install stops
+  WHEELS+=("torchtitan==0.3.0" "spmd-types==0.2.3" "torch-checkpointing==0.1.1" "datasets>=3.6,<4.8"
+           "dill" "multiprocess" "tyro==1.0.16" "docstring-parser" "typeguard" "shtab")
+elif [ -n "${1:-}" ]; then
+  echo "torchacco: error: unknown argument '$1'; run with no argument or with 'titan'" >&2
+  exit 2
+fi
+mkdir -p "$OUT"
+for spec in "${WHEELS[@]}"; do
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$OUT" "$spec"
+done
+if [ "${1:-}" = "titan" ] && [ ! -d "$OUT/titan/tests/assets/c4_test" ]; then
+  git clone -q --depth 1 --branch v0.3.0 https://github.com/pytorch/torchtitan "$OUT/titan-src"
+  mkdir -p "$OUT/titan/tests/assets"
+  cp -r "$OUT/titan-src/tests/assets/tokenizer" "$OUT/titan-src/tests/assets/c4_test" "$OUT/titan/tests/assets/"
+  rm -rf "$OUT/titan-src"
+fi
+size=$(du -sm "$OUT" | cut -f1)
+ls "$OUT"
+echo "$OUT: $size MiB (the device tool carries 64 MiB with the working tree)"
+[ "$size" -lt 60 ] || { echo "torchacco: error: $OUT is $size MiB, too large to carry" >&2; exit 1; }

@@ -1,0 +1,87 @@
+"""benchmarks/gpu_check.py, the prepared GPU check, on a machine without a GPU: its plan and dry run,
+its CLI errors, and its parent's bookkeeping (a step cut at its limit, the next step still run)."""
+
+import json
+import re
+import subprocess
+import sys
+import time
+from argparse import Namespace
+
+import pytest
+from conftest import ROOT
+
+from benchmarks import gpu_check, gpu_check_steps
+
+PLAN_LINE = re.compile(r"^(\d)\. (\S+) \((\d+) s\)")
+
+
+def planned(out: str) -> list[tuple[str, int]]:
+    return [(m[2], int(m[3])) for m in map(PLAN_LINE.match, out.splitlines()) if m]
+
+
+def test_the_dry_run_plans_the_six_steps_in_order_within_the_budget(capsys):
+    assert gpu_check.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    steps = planned(out)
+    assert [name for name, _ in steps] == ["env", "cuda-tests", "parity", "throughput", "stall", "torchtitan"]
+    assert sum(limit for _, limit in steps) <= 780
+    assert "tests/test_cuda.py" in out and "TORCHACCO_FAULT='stall@rank0:step3'" in out
+    # a subset keeps the order above; a smaller budget shrinks every limit to fit
+    assert gpu_check.main(["--dry-run", "--steps", "stall,env", "--budget-s", "60"]) == 0
+    steps = planned(capsys.readouterr().out)
+    assert [name for name, _ in steps] == ["env", "stall"] and sum(limit for _, limit in steps) <= 60
+
+
+def test_the_dry_run_fails_on_a_command_that_would_not_start(monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "ACCO", ("--parallelism.data_parallel", "acc0"))
+    assert gpu_check.main(["--dry-run", "--steps", "parity"]) == 1
+    errors = capsys.readouterr().err.splitlines()
+    assert errors and all(line.startswith("torchacco: error: parity/") and "acc0" in line for line in errors)
+
+
+def test_an_unknown_step_is_one_error_line_and_exit_code_2():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "gpu-check", "--steps", "env,nope", "--dry-run"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "torchacco: error: --steps: unknown step 'nope'; the steps are env, cuda-tests, parity, throughput, "
+        "stall, torchtitan"
+    ]
+
+
+def test_a_step_past_its_limit_is_recorded_and_the_next_step_runs(monkeypatch, tmp_path):
+    hang = "print('PART ' + '{\"check\": \"before the hang\"}', flush=True); import time; time.sleep(60)"
+    steps = [
+        gpu_check.Step("hang", 1, "prints a part, then hangs", child=[sys.executable, "-c", hang]),
+        gpu_check.Step("crash", 5, "exits without a result", child=[sys.executable, "-c", "raise SystemExit(3)"]),
+        gpu_check.Step("after", 5, "passes", child=[sys.executable, "-c", 'print(\'RESULT {"status": "passed"}\')']),
+    ]
+    monkeypatch.setattr(gpu_check, "STEPS", steps)
+    out = tmp_path / "summary.json"
+    started = time.monotonic()
+    assert gpu_check.main(["--out", str(out), "--work", str(tmp_path / "work"), "--budget-s", "100"]) == 0
+    assert time.monotonic() - started < 15
+    summary = json.loads(out.read_text())
+    assert summary["date"] and summary["machine"] and "gpu-check" in summary["command"]
+    hung, crashed, after = summary["steps"]
+    assert hung["status"] == "timed out after 1 s" and hung["parts"] == [{"check": "before the hang"}]
+    assert crashed["status"] == "failed: exit code 3, no result"
+    assert after["status"] == "passed" and after["step"] == "after"
+    assert summary["result"] == "1 passed, 1 failed, 1 timed out, 0 skipped"
+
+
+def test_steps_whose_needs_are_absent_are_skipped_with_the_reason(tmp_path):
+    ctx = Namespace(work=tmp_path, wheels=tmp_path / "none", titan_assets=tmp_path / "no-assets")
+    titan = gpu_check_steps.titan_step(ctx)
+    assert titan["status"].startswith("skipped: torchtitan cannot run here: missing ")
+    assert str(tmp_path / "no-assets" / "tests/assets/c4_test") in titan["status"]
+    # the suite hides the GPUs from itself (conftest.py)
+    assert gpu_check_steps.stall_step(ctx) == {"status": "skipped: no GPU"}
+
+
+def test_the_throughput_reference_is_the_measured_8_layer_case():
+    rows = json.loads((ROOT / "bench_results" / "gpu_mfu.json").read_text())
+    assert next(r["mfu"] for r in rows if r["name"] == gpu_check.CASE["name"]) == pytest.approx(0.467, abs=5e-4)
+    assert gpu_check_steps.rel_gap([5.0, 4.0], [5.0, 4.04]) == pytest.approx(0.04 / 4.04)
+    assert gpu_check_steps.rel_gap([5.0], [5.0, 4.0]) == float("inf")  # a run cut short never passes
