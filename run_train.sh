@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Train with torchacco:  ./run_train.sh --config train_configs/default.toml [--section.key VALUE ...]
+# Check a config for a cluster first:  ./run_train.sh --config FILE --dry-run 4x8  (nodes x GPUs per node)
 #
 # Environment:
 #   NGPU / NPROC     processes on this node (default: all GPUs with CUDA, else 2 CPU processes)
@@ -23,6 +24,13 @@ if ! "$PY" -c "$CHECK" 2>/dev/null; then
     PY="$ROOT/.venv/bin/python"
   fi
 fi
+
+# --dry-run NODESxGPUS (torchacco/dry_run.py) checks the config for that cluster and starts no worker.
+for arg in "$@"; do
+  if [ "$arg" = "--dry-run" ] || [[ "$arg" == --dry-run=* ]]; then
+    exec "$PY" -m torchacco.dry_run "$@"
+  fi
+done
 
 NNODES="${NNODES:-1}"
 for var in NNODES NPROC NGPU NODE_RANK MAX_RESTARTS RDZV_TIMEOUT MASTER_PORT; do

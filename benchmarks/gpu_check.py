@@ -43,8 +43,18 @@ ROOT = Path(__file__).resolve().parents[1]
 # bf16 against fp32 differed by 4e-4 (2026-11-26); the rest is room for two devices' kernels.
 BF16_REL = 0.01
 KEPT = 0.95  # a throughput figure passes at 95% of its 2026-11-22 value (run-to-run spread is a few %)
-CASE = dict(name="8B×8 fsdp compiled, selective AC, batch 2", model="llama3", flavor="8B", seq=8192, layers=8,
-            strategy="fsdp", batch=2, compile=True, ac="selective", chunks=8)  # fmt: skip
+CASE = dict(
+    name="8B×8 fsdp compiled, selective AC, batch 2",
+    model="llama3",
+    flavor="8B",
+    seq=8192,
+    layers=8,
+    strategy=None,
+    batch=2,
+    compile=True,
+    ac="selective",
+    chunks=8,
+)  # fmt: skip  (strategy: FSDP's name)
 TITAN_NEEDS = ("torchtitan", "torchdata", "torch_checkpointing", "datasets", "tyro", "einops", "spmd_types")
 NEEDS = ("torch", "torchdata", "tokenizers", "safetensors", "tensorboard", "torchacco.models", "pytest")
 
@@ -91,7 +101,21 @@ def train(ctx, out: str, *extra: str, device: str = "cuda") -> list[str]:
 
 CPU = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "4"}
 SAVE = ("--checkpoint.enable", "true", "--checkpoint.every", "3", "--checkpoint.keep", "0")
-ACCO = ("--parallelism.data_parallel", "acco")
+
+
+def compared() -> tuple[str, str, str]:
+    """ACCO's, ZeRO-1's and FSDP's names, asked of their classes when a plan is made."""
+    from torchacco.parallel.acco import ACCO
+    from torchacco.parallel.fsdp import FSDP
+    from torchacco.parallel.zero1 import ZeRO1
+
+    return ACCO.name, ZeRO1.name, FSDP.name
+
+
+def case() -> dict:
+    return {**CASE, "strategy": compared()[2]}
+
+
 BF16 = ("--training.mixed_precision", "bf16")  # auto would be fp32 on the CPU
 PROBE = (
     "import importlib.util as u, json, torch; c = torch.cuda.is_available(); print(json.dumps({"
@@ -109,6 +133,7 @@ def cuda_test_files() -> list[str]:
 def plan(name: str, ctx) -> list[tuple[str, list[str], dict]]:
     """A step's commands: (label, argv, extra environment). The dry run prints and checks them."""
     py, hf = sys.executable, str(ctx.work / "start" / "hf")
+    acco = ("--parallelism.data_parallel", compared()[0])
     if name == "env":
         pip = [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
         wheels = sorted(str(w) for w in Path(ctx.wheels).glob("*.whl"))
@@ -120,25 +145,25 @@ def plan(name: str, ctx) -> list[tuple[str, list[str], dict]]:
     if name == "cuda-tests":
         return [("pytest", [py, "-m", "pytest", "-x", "-q", "-m", "not faults", *cuda_test_files()], {})]
     if name == "parity":
-        start = train(ctx, "start", *ACCO, "--training.steps", "1", "--checkpoint.export_hf", "true")
+        start = train(ctx, "start", *acco, "--training.steps", "1", "--checkpoint.export_hf", "true")
         runs = [
             (f"{k}_{d}", train(ctx, f"{k}_{d}", "--parallelism.data_parallel", k, "--model.init_from", hf, *BF16,
-                               *SAVE * (k == "acco" and d == "cuda"), device=d), CPU if d == "cpu" else {})
-            for k in ("acco", "zero1", "fsdp") for d in ("cuda", "cpu")
+                               *SAVE * (k == acco[1] and d == "cuda"), device=d), CPU if d == "cpu" else {})
+            for k in compared() for d in ("cuda", "cpu")
         ]  # fmt: skip
         step3 = str(ctx.work / "acco_cuda" / "checkpoint" / "step-00000003")
         resumed = train(
-            ctx, "acco_resumed", *ACCO, "--model.init_from", hf, *BF16, *SAVE, "--checkpoint.load_path", step3
+            ctx, "acco_resumed", *acco, "--model.init_from", hf, *BF16, *SAVE, "--checkpoint.load_path", step3
         )
         return [("start", start, {}), *runs, ("resumed", resumed, {})]
     if name == "throughput":
         gpu = [py, "-m", "benchmarks.gpu"]
         return [
-            ("mfu", [*gpu, "case", json.dumps(CASE, ensure_ascii=False), "--steps", "12"], {}),
+            ("mfu", [*gpu, "case", json.dumps(case(), ensure_ascii=False), "--steps", "12"], {}),
             ("overlap", [*gpu, "overlap", "--steps", "8", "--out", str(ctx.work)], {}),
         ]
     if name == "stall":
-        extra = (*ACCO, "--training.steps", "40", "--training.collective_timeout_s", "30")
+        extra = (*acco, "--training.steps", "40", "--training.collective_timeout_s", "30")
         return [("stall", train(ctx, "stall", *extra), {"TORCHACCO_FAULT": "stall@rank0:step3"})]
     if name == "torchtitan":
         titan = [py, "-m", "benchmarks.gpu_check", "_titan", "--work", str(ctx.work)]

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.gpu_check import BF16_REL, CASE, KEPT, ROOT, TITAN_NEEDS, plan
+from benchmarks.gpu_check import BF16_REL, CASE, KEPT, ROOT, TITAN_NEEDS, compared, plan
 
 WORDS = (
     "the king and queen of a land far away went to see the sea with their horse dog cat bird "
@@ -125,7 +125,7 @@ def parity_step(ctx) -> dict:
     if not part(check="export", ok="config.json" in exported and any(p.endswith(".safetensors") for p in exported),
                 files=exported)["ok"]:  # fmt: skip
         problems.append(f"the export holds {exported}: no config.json with safetensors")
-    for kind in ("acco", "zero1", "fsdp"):
+    for kind in compared():
         gpu, cpu = losses(ctx.work / f"{kind}_cuda"), losses(ctx.work / f"{kind}_cpu")
         gap = rel_gap(gpu, cpu)
         if not part(check=f"{kind} cuda vs cpu", ok=gap <= BF16_REL, gap=gap, cuda=gpu, cpu=cpu)["ok"]:

@@ -34,7 +34,8 @@ def test_the_dry_run_plans_the_six_steps_in_order_within_the_budget(capsys):
 
 
 def test_the_dry_run_fails_on_a_command_that_would_not_start(monkeypatch, capsys):
-    monkeypatch.setattr(gpu_check, "ACCO", ("--parallelism.data_parallel", "acc0"))
+    names = gpu_check.compared()
+    monkeypatch.setattr(gpu_check, "compared", lambda: ("acc0", *names[1:]))
     assert gpu_check.main(["--dry-run", "--steps", "parity"]) == 1
     errors = capsys.readouterr().err.splitlines()
     assert errors and all(line.startswith("torchacco: error: parity/") and "acc0" in line for line in errors)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torchacco.config import Config, key, load_config, reference_markdown
 from torchacco.parallel import registry
 from torchacco.parallel.accounting import gather_counts
-from torchacco.parallel.strategy import Counts, Strategy, UpdateResult
+from torchacco.parallel.strategy import Counts, MemoryParts, Strategy, UpdateResult
 from torchacco.trainer import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +44,8 @@ class AllReduceSGD(Strategy):
         return cls(model, dims, plan, cfg.optimizer.lr, getattr(cfg, cls.options_section).momentum)
 
     @classmethod
-    def persistent_bytes_per_param(cls, world, compute_bytes):
-        return 4 + 4 + 4  # weights, gradients, velocity
+    def memory(cls, numel, dp_size, param_dtype, reduce_dtype, options=None):
+        return MemoryParts(weights=4 * numel, gradients=4 * numel, buffers=4 * numel)  # the velocity
 
     def micro_batches(self):
         for _ in range(self.plan.micro_batches):

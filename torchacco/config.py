@@ -51,6 +51,11 @@ class Job:
     dump_folder: str = key("outputs/run", "every output of the run goes here")
     description: str = key("", "free text, kept in config.toml")
     overwrite: bool = key(False, "replace a different run's outputs in dump_folder (the same run always resumes)")
+    cluster: str = key(
+        "",
+        "the cluster the config is written for, NODESxGPUS per node (e.g. 4x8): what `--dry-run` checks when given "
+        "no size (docs/performance.md)",
+    )
 
 
 @dataclass

@@ -351,11 +351,14 @@ def model_fragment_params(model: str, flavor: str, fragments: int, vocab_size: i
 
 def diloco_memory_bytes(work: Workload, hw: Hardware, inner: str, offload: bool = False) -> float:
     """The inner strategy's persistent bytes over a node's ranks, plus θ_global and the outer momentum
-    (fp32) of this rank's part of θ, unless offloaded to CPU memory."""
+    (fp32) of this rank's part of θ, unless offloaded to CPU memory (`DiLoCo.outer_memory`)."""
+    from torchacco.config import DiLoCo as DiLoCoConfig
+    from torchacco.parallel.diloco import DiLoCo
+
     cls, _ = variants()[inner]
     node = dataclasses.replace(hw, nodes=1)
-    outer = 0.0 if offload else 8.0 * work.params / (hw.ranks_per_node if cls.shards_theta else 1)
-    return memory_bytes(work, node, inner) + outer
+    outer = DiLoCo.outer_memory(work.params, cls, hw.ranks_per_node, DiLoCoConfig(offload=offload))
+    return memory_bytes(work, node, inner) + outer.total
 
 
 TOKEN_EFFICIENCY = Path(__file__).with_name("token_efficiency.json")
@@ -445,10 +448,13 @@ def predict_all(work: Workload, hw: Hardware, strategies=None) -> dict[str, dict
 
 def memory_bytes(work: Workload, hw: Hardware, strategy: str, compute_bytes: float = 2.0) -> float:
     """Persistent bytes per rank: parameters, gradients, optimizer state and buffers, as the
-    strategy class counts them."""
+    strategy class counts them (`Strategy.memory`, with its default options and an fp32 reduction)."""
+    import torch
+
     cls, _ = variants()[strategy]
     sharded_over = hw.ranks_per_node if cls.shards_within_node else hw.world
-    return work.params * cls.persistent_bytes_per_param(sharded_over, compute_bytes)
+    dtype = {2: torch.bfloat16, 4: torch.float32}[compute_bytes]
+    return cls.memory(work.params, sharded_over, dtype, torch.float32).total
 
 
 def balance_bandwidth(work: Workload, hw: Hardware) -> float:
@@ -497,8 +503,46 @@ def model_workload(
 def activation_bytes(args, tokens: int, checkpoint: str = "selective", loss_chunks: int = 8) -> float:
     """Peak activation bytes of one micro-batch of `tokens` (bf16 compute): the blocks' saved tensors
     (`ACTIVATION_BYTES` per token, block and width) plus one loss chunk's fp32 logits and their gradient."""
-    blocks = ACTIVATION_BYTES[checkpoint] * tokens * args.dim * args.n_layers
-    return blocks + 2 * 4 * tokens * args.vocab_size / max(loss_chunks, 1)
+    return block_activation_bytes(args, tokens, checkpoint) + loss_activation_bytes(args, tokens, loss_chunks)
+
+
+def block_activation_bytes(args, tokens: float, checkpoint: str, selective: str = "op", blocks=None, tp=1) -> float:
+    """What `blocks` blocks (all the model's: None) keep for backward over `tokens` tokens, 1/tp of it on each
+    tensor-parallel rank (sequence parallelism splits what the attention and MLP heads do not). [training]
+    selective_checkpoint = k recomputes every k-th block whole and keeps all of the others'."""
+    per_block = ACTIVATION_BYTES[checkpoint]
+    if checkpoint == "selective" and selective != "op":
+        k = int(selective)
+        per_block = (ACTIVATION_BYTES["full"] + (k - 1) * ACTIVATION_BYTES["none"]) / k
+    return per_block * tokens * args.dim * (args.n_layers if blocks is None else blocks) / tp
+
+
+def loss_activation_bytes(args, tokens: float, loss_chunks: int, vocab_split: int = 1) -> float:
+    """One loss chunk's fp32 logits and their gradient (split by vocabulary `vocab_split` ways)."""
+    return 2 * 4 * tokens * args.vocab_size / max(loss_chunks, 1) / vocab_split
+
+
+def model_parallel_layout(
+    work: Workload, hw: Hardware, tp: int, pp: int, local_params: float, pieces: int = 1, stages_per_rank: int = 1
+) -> tuple[Workload, Hardware]:
+    """The data-parallel problem of a run with tensor and pipeline parallelism, for `predict`: each (pp, tp)
+    coordinate's ranks run the strategy over `local_params` (a rank's part of the model) on a ring of the dp ranks
+    holding that part; a rank computes 1/(tp·pp) of the FLOPs, plus the pipeline's bubble over `pieces`
+    micro-batches per step ((pp − 1) / (pieces · stages_per_rank) more). The dp ranks of a coordinate sit tp
+    ranks apart, G/tp to a node; the tp·pp coordinates of a node share its link. The tensor- and
+    pipeline-parallel traffic itself is not modelled (inside a node: NVLink)."""
+    if tp * pp == 1:
+        return work, hw
+    g, dp = hw.ranks_per_node, hw.world // (tp * pp)
+    per_node = max(1, min(dp, g // tp)) if g % tp == 0 else 1
+    c = hw.compute_s if hw.compute_s is not None else work.flops_per_token * work.tokens_per_micro_batch / hw.flops
+    bubble = 1 + (pp - 1) / (pieces * stages_per_rank) if pp > 1 else 1.0
+    sharing = max(1, g // per_node)  # rings through one node's link at once
+    ring = dataclasses.replace(
+        hw, nodes=-(-dp // per_node), ranks_per_node=per_node, compute_s=c / (tp * pp) * bubble,
+        bandwidth_bps=hw.bandwidth_bps / sharing if hw.bandwidth_bps else hw.bandwidth_bps,
+    )  # fmt: skip
+    return dataclasses.replace(work, params=local_params), ring
 
 
 def relative_error(predicted: float, measured: float) -> float:

@@ -1,12 +1,16 @@
 """`python -m torchacco.predict`: which strategy reaches my loss soonest on a given cluster.
 
     python -m torchacco.predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 --bandwidth 100gbit
+    python -m torchacco.predict --config train_configs/llama3_8b_acco.toml --nodes 4 --gpus-per-node 8
 
-Prints, per strategy, the cost model's time per update, tokens/s, exposed communication, memory per
-GPU and time to a target loss (`torchacco/cost_model.py` holds the model and its assumptions). The time
-to loss needs the strategy's loss per token, measured in `torchacco/token_efficiency.json`; where no
-measurement covers a strategy it says "not measured" and never advises it. It needs no GPU, no root
-and no data: only the model's shape and the cluster's numbers.
+With --config, the model, batch, activation checkpointing and loss chunks are the config's, and a first row
+evaluates the config's own layout (its strategy with its tensor and pipeline parallelism or replicas; memory
+from the dry run, `torchacco/dry_run.py`) beside the pure data-parallel alternatives, which run the same
+global batch over every rank. Prints, per strategy, the cost model's time per update, tokens/s, exposed
+communication, memory per GPU and time to a target loss (`torchacco/cost_model.py` holds the model and its
+assumptions). The time to loss needs the strategy's loss per token, measured in
+`torchacco/token_efficiency.json`; where no measurement covers a strategy it says "not measured" and never
+advises it. It needs no GPU, no root and no data: only the model's shape and the cluster's numbers.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m torchacco.predict", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    p.add_argument("--config", default="", help="a training config: its model and layout (see above)")
     p.add_argument("--model", default="llama3")
     p.add_argument("--flavor", default="8B")
     p.add_argument("--nodes", type=int, default=4)
@@ -34,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="H100", help=f"one of {', '.join(cm.DEVICES)}")
     p.add_argument("--mfu", type=float, default=0.4)
     p.add_argument("--flops", type=float, default=None, help="achieved FLOP/s per GPU (overrides device × MFU)")
+    p.add_argument("--vocab-size", type=int, default=0, help="0: the flavor's")
     p.add_argument("--seq-len", type=int, default=8192)
     p.add_argument("--local-batch", type=int, default=1)
     p.add_argument("--micro-batches", type=int, default=2, help="per GPU and update (ZeRO-1's accumulation)")
@@ -68,8 +74,8 @@ def workload_and_hardware(args) -> tuple[cm.Workload, cm.Hardware]:
         raise UserError(f"unknown --device {args.device!r}; one of {', '.join(cm.DEVICES)} (or give --flops)")
     try:
         work = cm.model_workload(
-            args.model, args.flavor, args.seq_len, args.local_batch, args.micro_batches, comm_bytes=args.comm_bytes,
-            activation_checkpoint=args.activation_checkpoint, loss_chunks=args.loss_chunks,
+            args.model, args.flavor, args.seq_len, args.local_batch, args.micro_batches, args.vocab_size or None,
+            comm_bytes=args.comm_bytes, activation_checkpoint=args.activation_checkpoint, loss_chunks=args.loss_chunks,
         )  # fmt: skip
         if not (math.isfinite(args.bucket_cap_mb) and args.bucket_cap_mb >= 0):
             raise ValueError(f"--bucket-cap-mb must be 0 (torch's default) or positive, got {args.bucket_cap_mb:g}")
@@ -123,20 +129,70 @@ def rows(args, work: cm.Workload, hw: cm.Hardware) -> tuple[dict, dict, dict]:
     return preds, mem, sources
 
 
+def from_config(args):
+    """With --config: the dry run of the config on the cluster (its validation: one line for a mistake), and
+    `args` set from the config (the model, micro-batch, activation checkpointing, loss chunks)."""
+    from torchacco import dry_run
+    from torchacco.config import load_config
+
+    if not args.config:
+        return None
+    cfg = load_config(["--config", args.config])
+    run = dry_run.plan(cfg, dry_run.Cluster(args.nodes, args.gpus_per_node))
+    t, p = run.cfg.training, run.cfg.parallelism
+    args.model, args.flavor, args.vocab_size = cfg.model.name, cfg.model.flavor, run.args.vocab_size
+    # the alternatives run the config's global batch with every rank data-parallel
+    per_update = run.micro_batches * t.local_batch_size * run.dp * run.replicas
+    args.seq_len, args.local_batch = t.seq_len, t.local_batch_size
+    args.micro_batches = max(1, per_update // (t.local_batch_size * args.nodes * args.gpus_per_node))
+    args.activation_checkpoint, args.loss_chunks, args.bucket_cap_mb = (
+        t.activation_checkpoint, t.loss_chunks, p.bucket_cap_mb
+    )  # fmt: skip
+    return run
+
+
+def config_row(run, work: cm.Workload, hw: cm.Hardware) -> tuple[str, dict]:
+    """The config's own layout as a row (its label names the layout) and its prediction."""
+    from torchacco import dry_run
+
+    label = dry_run.strategy_label(run.cfg)
+    layout = (
+        [f"tp {run.tp}"] * (run.tp > 1)
+        + [f"pp {run.pp}"] * (run.pp > 1)
+        + [f"{run.replicas} replicas"] * (run.replicas > 1)
+    )
+    row = f"{label}, {' × '.join(layout) or 'dp only'} (the config's)"
+    work = dataclasses.replace(work, micro_batches=max(1, run.micro_batches))  # per rank of its dp ranks
+    return row, {**dry_run.layout_prediction(run, work, hw), "strategy": row}
+
+
 def predict(args) -> dict:
     """Print the table and the verdict; returns the workload, hardware and predictions."""
+    run = from_config(args)
     work, hw = workload_and_hardware(args)
     from torchacco.parallel.acco import ACCO
     from torchacco.parallel.ddp import DDP
     from torchacco.parallel.zero1 import ZeRO1
 
     preds, mem, sources = rows(args, work, hw)
+    capacity = (args.memory_gib or cm.DEVICES[args.device]["memory_gib"]) * 2**30
+    fits = {s: mem[s] + work.activation_bytes <= capacity for s in preds}
+    if run is not None:
+        from torchacco import dry_run
+
+        row, prediction = config_row(run, work, hw)
+        preds = {row: prediction, **preds}
+        mem = {row: run.worst.memory.total, **mem}
+        fits = {row: run.worst.peak <= capacity, **fits}
+        inner = dry_run.strategy_label(run.cfg)
+        source = (
+            cm.diloco_token_source(inner, run.replicas, run.cfg.diloco) if run.replicas > 1 else cm.token_source(inner)
+        )
+        sources = {row: source, **sources}
     ratios = {s: None if src is None else cm.measured_entry(src).get("mean") for s, src in sources.items()}
     notes = {s: cm.not_reached_note(src) for s, src in sources.items()}
     recipe = preds[DDP.name]["tokens_per_update"]
     ttl = cm.time_to_loss(preds, args.updates_to_target * recipe, ratios)
-    capacity = (args.memory_gib or cm.DEVICES[args.device]["memory_gib"]) * 2**30
-    fits = {s: mem[s] + work.activation_bytes <= capacity for s in preds}
     z = preds[ZeRO1.name]
     print(
         f"{args.model} {args.flavor}: {work.params / 1e9:.2f}B params, {work.flops_per_token / 1e9:.1f} GFLOP/token; "

@@ -18,10 +18,16 @@ from torchacco.errors import UserError, run_cli
 
 
 def validate(
-    cfg: Config, world_size: int, local_world_size: int | None = None, model=None, own_data: bool = False
+    cfg: Config,
+    world_size: int,
+    local_world_size: int | None = None,
+    model=None,
+    own_data: bool = False,
+    here: bool = True,
 ) -> None:
     """`model` and `own_data`: a model or datasets passed to train() replace the configured ones,
-    whose checks are then skipped (the model's own are made instead)."""
+    whose checks are then skipped (the model's own are made instead). `here` = False skips what
+    depends on this machine (the files the run reads, its devices): a dry run for a cluster."""
     from torchacco import user_model
     from torchacco.build import ModelKind
 
@@ -29,15 +35,16 @@ def validate(
     if foreign:
         user_model.check(cfg, model)  # first: tp/pp is the model's limit, whatever the degrees and strategy
     dp_size = check_parallelism(cfg.parallelism, world_size)
-    _check_folders_and_paths(cfg)
+    _check_folders_and_paths(cfg, here)
     _check_training(cfg, dp_size)
     if not foreign:
         _check_model(cfg, model)
-    _check_data(cfg, own_data)
-    _check_devices(cfg.training, local_world_size)
+    if here:
+        _check_data(cfg, own_data)
+        _check_devices(cfg.training, local_world_size)
 
 
-def _check_folders_and_paths(cfg: Config) -> None:
+def _check_folders_and_paths(cfg: Config, here: bool = True) -> None:
     from torchacco.preemption import check_config as check_preemption
 
     for section, name in (("checkpoint", cfg.checkpoint.folder), ("profiling", cfg.profiling.folder)):
@@ -47,8 +54,11 @@ def _check_folders_and_paths(cfg: Config) -> None:
                 f'[{section}] folder = {name!r} must name a folder inside the dump folder (e.g. "{section}"); to '
                 f"keep it elsewhere, choose --job.dump_folder there"
             )
-    _check_profiling(cfg.profiling, cfg.training.device)
+    if here:
+        _check_profiling(cfg.profiling, cfg.training.device)
     check_preemption(cfg.preemption)
+    if not here:
+        return
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
     if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():

@@ -5,7 +5,8 @@ loaded) whole.
 
 For Llama 3 debug under tp 2, pp 2 and FSDP over 2 ranks: seeded initialisation, then [model]
 init_from a Hugging Face folder (FOLDER, written here from a whole model of another seed). Prints
-"SAME <layout> <init|load>" for each check that holds, and the first differing tensor otherwise.
+"SAME <layout> <init|load>" for each check that holds on each rank (all printed by rank 0), and the first
+differing tensor otherwise.
 """
 
 import sys
@@ -49,7 +50,7 @@ if dist.get_rank() == 0:
 dist.barrier()
 loaded = loaded.state_dict()
 
-dims = None
+dims, results = None, []
 for layout in LAYOUTS:
     for what, reference, extra in (("init", whole, ()), ("load", loaded, ("--model.init_from", str(folder)))):
         cfg = config(layout, *extra)
@@ -63,6 +64,10 @@ for layout in LAYOUTS:
             for name, t in model.state_dict().items()
             if not torch.equal(t.full_tensor() if isinstance(t, DTensor) else t, reference[name])
         ]
-        print(f"SAME {layout} {what}" if not differs else f"DIFFERS {layout} {what} {differs[0]}", flush=True)
+        results.append(f"SAME {layout} {what}" if not differs else f"DIFFERS {layout} {what} {differs[0]}")
         strategy.close()
+gathered = [None] * dist.get_world_size()
+dist.all_gather_object(gathered, results)
+if dist.get_rank() == 0:  # one writer: two ranks' lines would interleave
+    print("\n".join(line for lines in gathered for line in lines), flush=True)
 dist.destroy_process_group()

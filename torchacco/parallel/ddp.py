@@ -8,6 +8,7 @@ import contextlib
 from torch.nn.parallel import DistributedDataParallel
 
 from torchacco.parallel.replicated import Replicated
+from torchacco.parallel.strategy import MemoryParts
 
 
 class DDP(Replicated):
@@ -29,8 +30,9 @@ class DDP(Replicated):
         super().__init__(wrapped, dims, plan, optimizer, balance)
 
     @classmethod
-    def persistent_bytes_per_param(cls, world, compute_bytes):
-        return 4 + 4 + 8  # fp32 replica (autocast keeps fp32 weights), gradients, m and v
+    def memory(cls, numel, dp_size, param_dtype, reduce_dtype, options=None):
+        # autocast keeps fp32 weights; the gradients are views of the fp32 buckets (gradient_as_bucket_view)
+        return MemoryParts(weights=4 * numel, gradients=4 * numel, optimizer=8 * numel)
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):

@@ -48,7 +48,7 @@ from torchacco.device import Device
 from torchacco.errors import UserError
 from torchacco.parallel.dims import group_per_row
 from torchacco.parallel.pseudo_gradient import ROW, WIRE_BYTES, split_token_weighted_mean, token_weighted_mean
-from torchacco.parallel.strategy import Counts, Strategy, UpdateResult
+from torchacco.parallel.strategy import Counts, MemoryParts, Strategy, UpdateResult
 from torchacco.runners import stall_deadline_s
 
 
@@ -189,6 +189,17 @@ class DiLoCo(Strategy):
         self.stamp = time.perf_counter()
         self.nominal = 0.0  # this replica's input tokens per inner update (its share of the recipe's)
         self.last_seen = (0.0, 0.0)  # the loss and gradient norm its idle slots report: its last update's
+
+    @staticmethod
+    def outer_memory(
+        numel: float, inner: type[Strategy], dp_size: int, options: DiLoCoConfig, largest_fragment: float = 1.0
+    ) -> MemoryParts:
+        """θ_global and the outer momentum (fp32) of the θ this rank holds (its shard under a sharded inner
+        strategy), on the device unless offloaded, and eager's θ̂ of the largest fragment (`largest_fragment`: its
+        share of the parameters)."""
+        held = numel / dp_size if inner.shards_theta else numel
+        outer = 0.0 if options.offload else 2 * 4 * held
+        return MemoryParts(buffers=outer + (4 * held * largest_fragment if options.eager else 0.0))
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):

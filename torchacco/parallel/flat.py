@@ -28,6 +28,11 @@ from torch.distributed.tensor import DTensor
 from torchacco.optim import no_weight_decay_ids
 
 
+def padded_numel(numel: int, world: int) -> int:
+    """The flat buffers' length: `numel` padded to a multiple of the world size (every rank an equal slice)."""
+    return -(-numel // world) * world
+
+
 class FlatParams:
     def __init__(
         self,
@@ -51,8 +56,8 @@ class FlatParams:
         self.params = [p for _, p in named]
         local = [_local(p) for p in self.params]
         *self.offsets, self.numel = itertools.accumulate((t.numel() for t in local), initial=0)
-        self.shard_numel = -(-self.numel // self.world)
-        self.padded_numel = self.shard_numel * self.world
+        self.padded_numel = padded_numel(self.numel, self.world)
+        self.shard_numel = self.padded_numel // self.world
         self.params_buffer = torch.zeros(self.padded_numel, dtype=dtype, device=local[0].device)
         self.initial_master = self._shard_ranges(model, local)
         self._place_parameters(model, local)

@@ -12,6 +12,7 @@ from torchacco.blocks import blocks_of
 from torchacco.materialize import materialize
 from torchacco.parallel.ddp import DDP
 from torchacco.parallel.replicated import Replicated
+from torchacco.parallel.strategy import MemoryParts
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -48,8 +49,18 @@ class FSDP(Replicated):
         super().__init__(model, dims, plan, optimizer)
 
     @classmethod
-    def persistent_bytes_per_param(cls, world, compute_bytes):
-        return (4 + 4 + 8) / world  # fp32 parameters, gradients, m and v, all sharded
+    def memory(cls, numel, dp_size, param_dtype, reduce_dtype, options=None):
+        # fp32 parameters, gradients, m and v, all sharded (the compute dtype's gathered copies are transient)
+        shard = numel / dp_size
+        return MemoryParts(weights=4 * shard, gradients=4 * shard, optimizer=8 * shard)
+
+    @classmethod
+    def gathered_memory(cls, parallelism, block_numel, root_numel, blocks, param_dtype):
+        # The root's parameters stay gathered from forward to backward; a block's while it runs and the next's,
+        # prefetched (all of them after forward without reshard_after_forward), and one block's unsharded
+        # gradient before its reduce-scatter.
+        gathered = root_numel + (2 if parallelism.reshard_after_forward else blocks) * block_numel
+        return gathered * param_dtype.itemsize + block_numel * DTYPES[parallelism.reduce_dtype].itemsize
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):

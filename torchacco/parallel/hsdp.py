@@ -61,6 +61,10 @@ class HSDP(FSDP):
         shard_degree(cfg.hsdp, dp_size, int(os.environ.get("LOCAL_WORLD_SIZE", dp_size)), 1, 1)
 
     @classmethod
+    def memory_group(cls, options, dp_size, local_world_size, tp, pp):
+        return shard_degree(options, dp_size, local_world_size, tp, pp)
+
+    @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
         p = cfg.parallelism
         shard = shard_degree(cfg.hsdp, dims.dp_size, dims.local_world_size, dims.tp_size, dims.pp_size)

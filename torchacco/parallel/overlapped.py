@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ from torchacco.config import key
 from torchacco.device import Device
 from torchacco.errors import UserError
 from torchacco.parallel.balance import SpeedSplit
+from torchacco.parallel.flat import padded_numel
 from torchacco.parallel.sharded_job import ESTIMATE
 from torchacco.parallel.sharded_state import ShardedOptimizerState
 from torchacco.parallel.strategy import Counts, Strategy, UpdateResult
@@ -125,11 +127,11 @@ class Overlapped(Strategy):
         self.sharded = ShardedOptimizerState(model, dims, plan.param_dtype, optimizer, grad_dtype)
         self.flat = self.sharded.flat  # P, A and the layout, which every round reads
         params = self.flat.params_buffer
-        # C: the job's private buffer, gradients in and parameters out. In the compute dtype, unless the
-        # gradients of bf16 compute are to be summed in fp32: then C is fp32 and the parameters come out
-        # in a bf16 half of it (`_fp32_reduce_out`).
-        wide = reduce_dtype == torch.float32 and params.dtype != torch.float32 and self.flat.world > 1
-        self.comm = torch.zeros(params.numel(), dtype=torch.float32 if wide else params.dtype, device=params.device)
+        # C: the job's private buffer, gradients in and parameters out; fp32 when it sums the gradients of
+        # bf16 compute in fp32, the parameters then coming out in a bf16 half of it (`_fp32_reduce_out`).
+        comm_dtype = job_buffer_dtype(params.dtype, reduce_dtype, self.flat.world)
+        wide = comm_dtype != params.dtype
+        self.comm = torch.zeros(params.numel(), dtype=comm_dtype, device=params.device)
         self.reduce_out = _fp32_reduce_out(self.comm, params.dtype, self.flat.rank) if wide else None
         self.job_buffer = self.reduce_out if wide else self.comm  # where the job's parameters land: P ← it
         self.runner = device.runner()
@@ -399,10 +401,12 @@ class Overlapped(Strategy):
         return sharded_checkpoint_key(dims)
 
     @classmethod
-    def persistent_bytes_per_param(cls, world, compute_bytes):
-        # ZeRO-1's flat parameters, fp32 accumulator and sharded master, m and v, and the job's buffer C
-        # (fp32 under the default fp32 reduce of bf16 gradients)
-        return compute_bytes + 4 + 12 / world + (4 if world > 1 else compute_bytes)
+    def memory(cls, numel, dp_size, param_dtype, reduce_dtype, options=None):
+        """ZeRO-1's state with the [acco] accumulator's dtype, and the job's buffer C."""
+        grad_dtype = ACCUMULATOR_DTYPES[(options or cls.options()).accumulator_dtype]
+        state = ShardedOptimizerState.memory(numel, dp_size, param_dtype, grad_dtype)
+        job = padded_numel(math.ceil(numel), dp_size) * job_buffer_dtype(param_dtype, reduce_dtype, dp_size).itemsize
+        return replace(state, buffers=job)
 
     def master_shard(self) -> torch.Tensor:
         return self.sharded.master
@@ -424,6 +428,13 @@ class Overlapped(Strategy):
 
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def job_buffer_dtype(param_dtype: torch.dtype, reduce_dtype: torch.dtype, world: int) -> torch.dtype:
+    """C's dtype: the compute dtype, or fp32 where the job sums lower-precision gradients over several ranks in
+    fp32."""
+    wide = reduce_dtype == torch.float32 and param_dtype != torch.float32 and world > 1
+    return torch.float32 if wide else param_dtype
 
 
 def _fp32_reduce_out(comm: torch.Tensor, dtype: torch.dtype, rank: int) -> torch.Tensor:

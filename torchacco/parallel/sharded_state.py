@@ -6,6 +6,8 @@ schedules (`overlapped.py`) run it beside the next compute period."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
@@ -14,9 +16,11 @@ from torchacco.config import Optimizer as OptimizerConfig
 from torchacco.errors import UserError
 from torchacco.optim import ShardedAdamW
 from torchacco.parallel.dims import ParallelDims
-from torchacco.parallel.flat import FlatParams
+from torchacco.parallel.flat import FlatParams, padded_numel
 from torchacco.parallel.sharded_job import all_gather, gather_master, reduce_update_gather
-from torchacco.parallel.strategy import Counts, UpdateResult
+from torchacco.parallel.strategy import Counts, MemoryParts, UpdateResult
+
+GRAD_DTYPE = torch.float32  # the flat accumulator's, unless a strategy asks for another
 
 
 class ShardedOptimizerState:
@@ -26,7 +30,7 @@ class ShardedOptimizerState:
         dims: ParallelDims,
         param_dtype: torch.dtype,
         optimizer: OptimizerConfig,
-        grad_dtype: torch.dtype = torch.float32,
+        grad_dtype: torch.dtype = GRAD_DTYPE,
     ):
         self.dims = dims
         self.flat = FlatParams(
@@ -41,6 +45,17 @@ class ShardedOptimizerState:
         if dims.mp_group is not None:
             self.flat.layout()  # a collective: now, while every rank is here
         self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, optimizer)
+
+    @staticmethod
+    def memory(numel: float, dp_size: int, param_dtype: torch.dtype, grad_dtype: torch.dtype = GRAD_DTYPE):
+        """What the constructor allocates: the flat parameters and accumulator (padded), this rank's fp32
+        master slice, and AdamW's two fp32 moments of it."""
+        full = padded_numel(math.ceil(numel), dp_size)
+        shard = full // dp_size
+        return MemoryParts(
+            weights=full * param_dtype.itemsize, gradients=full * grad_dtype.itemsize, master=4 * shard,
+            optimizer=8 * shard,  # exp_avg and exp_avg_sq
+        )  # fmt: skip
 
     @property
     def params(self) -> torch.Tensor:

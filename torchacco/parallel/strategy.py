@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import ClassVar, Literal
 
 import torch
@@ -84,6 +84,24 @@ class UpdateResult:
     nonfinite_ranks: list[int] = field(default_factory=list)  # ranks whose own loss was non-finite
     outer: dict = field(default_factory=dict)  # an outer step's metrics, after the update it followed (DiLoCo)
     advice: str | None = None  # one line for the user, from what the run measured (logged once)
+
+
+@dataclass(frozen=True)
+class MemoryParts:
+    """Bytes one rank keeps between updates, by part (`Strategy.memory`)."""
+
+    weights: float = 0.0  # the parameters forward and backward read
+    gradients: float = 0.0  # where backward accumulates
+    master: float = 0.0  # an fp32 copy of θ beside the weights (a sharded optimizer's)
+    optimizer: float = 0.0  # AdamW's moments
+    buffers: float = 0.0  # the strategy's own: an overlapped job's buffer, DiLoCo's outer state
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.master + self.optimizer + self.buffers
+
+    def __add__(self, other: MemoryParts) -> MemoryParts:
+        return MemoryParts(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
 
 @dataclass(frozen=True)
@@ -167,10 +185,24 @@ class Strategy(abc.ABC):
         return {cls.name: ((), "deterministic"), **cls.variants}
 
     @classmethod
-    def persistent_bytes_per_param(cls, world: int, compute_bytes: float) -> float:
-        """Bytes per parameter that a rank keeps between updates (weights, gradients, optimizer
-        state, buffers), over `world` data-parallel ranks; the cost model's memory figure."""
-        raise NotImplementedError
+    def memory(
+        cls, numel: float, dp_size: int, param_dtype: torch.dtype, reduce_dtype: torch.dtype, options=None
+    ) -> MemoryParts:
+        """The bytes a rank keeps from its first update on, by part, for `numel` parameter elements stored on
+        it (its tensor/pipeline-parallel part of the model) over `dp_size` data-parallel ranks; `options` is
+        the strategy's options section (its defaults when None). The cost model's and the dry run's figure."""
+        raise NotImplementedError(f"{cls.name} does not count its memory (Strategy.memory)")
+
+    @classmethod
+    def gathered_memory(cls, parallelism, block_numel: float, root_numel: float, blocks: int, param_dtype) -> float:
+        """Bytes a rank allocates only while computing, beside the activations, for blocks of `block_numel`
+        stored elements each and `root_numel` outside them ([parallelism] read from `parallelism`): none."""
+        return 0.0
+
+    @classmethod
+    def memory_group(cls, options, dp_size: int, local_world_size: int, tp: int, pp: int) -> int:
+        """The data-parallel ranks a rank's state is divided over (`memory`'s dp_size): all of them."""
+        return dp_size
 
     @classmethod
     def autocast_dtype(cls, param_dtype: torch.dtype) -> torch.dtype | None:

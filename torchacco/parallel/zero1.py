@@ -50,8 +50,8 @@ class ZeRO1(Strategy):
         return sharded_checkpoint_key(dims)
 
     @classmethod
-    def persistent_bytes_per_param(cls, world, compute_bytes):
-        return compute_bytes + 4 + 12 / world  # flat parameters, fp32 accumulator, sharded master, m and v
+    def memory(cls, numel, dp_size, param_dtype, reduce_dtype, options=None):
+        return ShardedOptimizerState.memory(numel, dp_size, param_dtype)
 
     def micro_batches(self):
         for _ in range(self.balance.count() if self.balance else self.accumulation):

@@ -1,0 +1,132 @@
+"""The dry run (`./run_train.sh --config FILE --dry-run 4x8`) and `predict --config`: a config checked and its
+memory counted for the cluster it is written for, without a GPU or data."""
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchacco import cost_model as cm
+from torchacco import dry_run, predict
+from torchacco.config import load_config
+from torchacco.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = sorted((ROOT / "train_configs").glob("*.toml"))
+
+
+def dry(capsys, *argv: str) -> str:
+    assert dry_run.main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def peak_gib(out: str) -> tuple[str, float]:
+    m = re.search(r"^fits in 80 GiB: (yes|no) \(peak ([0-9.]+) GiB on rank \d+\)$", out, re.M)
+    assert m, out
+    return m.group(1), float(m.group(2))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_every_recipe_dry_runs_at_the_cluster_it_declares(config, capsys):
+    assert re.fullmatch(r"\d+x\d+", load_config(["--config", str(config)]).job.cluster), "[job] cluster"
+    out = dry(capsys, "--config", str(config), "--dry-run")
+    _, peak = peak_gib(out)
+    assert peak > 0
+    assert re.search(r"^time per update: [0-9.e+]+ s", out, re.M), out
+
+
+def test_the_flagship_layouts_are_counted_per_rank_of_the_sharded_model(capsys):
+    out = dry(capsys, "--config", "train_configs/llama3_8b_acco.toml", "--dry-run", "4x8")
+    assert "layout: dp 4 × tp 8 × pp 1 × replicas 1; acco;" in out
+    assert "| every rank (rank 0, 32 ranks) | 1.00B |" in out  # 8.03B / tp 8, embeddings and head included
+    assert peak_gib(out)[0] == "yes"
+    for name in ("llama3_70b_acco", "llama3_70b_fsdp"):
+        assert peak_gib(dry(capsys, "--config", f"train_configs/{name}.toml", "--dry-run"))[0] == "yes", name
+    out = dry(capsys, "--config", "train_configs/llama3_70b_acco.toml", "--dry-run", "16x8")
+    stages = [float(m) for m in re.findall(r"^\| pp stage \d .*? \| ([0-9.]+)B \|", out, re.M)]
+    assert len(stages) == 4 and stages[0] > stages[1] and stages[3] > stages[2], out  # embeddings, head
+    # replicated fp32 weights and AdamW state: 16 bytes per parameter do not fit
+    assert peak_gib(dry(capsys, "--config", "train_configs/llama3_8b_ddp.toml", "--dry-run", "4x8"))[0] == "no"
+    out = dry(capsys, "--config", "train_configs/llama3_8b_ddp.toml", "--dry-run", "4x8", "--dry-run-gpu-gib", "200")
+    assert "fits in 200 GiB: yes" in out
+    # FSDP shards its fp32 state over all 32 ranks, HSDP over a node's 8: 16 bytes × 8.03B / 8 = 14.9 GiB
+    for name, state in (("fsdp", 3.7), ("hsdp", 14.9)):
+        argv = ["--config", "train_configs/llama3_8b_fsdp.toml", "--dry-run", "4x8", "--parallelism.data_parallel"]
+        row = next(line for line in dry(capsys, *argv, name).splitlines() if line.startswith("| every rank"))
+        cells = [float(x) for x in row.split("|")[3:8]]
+        assert sum(cells) == pytest.approx(state, abs=0.3), (name, row)
+
+
+def test_a_cluster_that_the_config_cannot_run_on_is_the_launchers_one_line():
+    with pytest.raises(UserError, match=r"global_batch_size = 256 is not divisible by .* 1 × 3 = 3"):
+        dry_run.plan(load_config(["--config", "train_configs/llama3_8b_acco.toml"]), dry_run.Cluster(3, 8))
+    with pytest.raises(UserError, match=r"--dry-run '4by8' is not NODESxGPUS; .* e\.g\. 4x8"):
+        dry_run.main(["--config", "train_configs/llama3_8b_acco.toml", "--dry-run", "4by8"])
+
+
+@pytest.mark.integration
+def test_run_train_sh_dry_run_starts_no_worker_and_exits_1_on_a_mistake():
+    env = {**os.environ, "PYTHON": sys.executable}
+    ok = subprocess.run(
+        ["./run_train.sh", "--config", "train_configs/llama3_8b_acco.toml", "--dry-run", "4x8"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert ok.returncode == 0 and "fits in 80 GiB: yes" in ok.stdout, ok.stderr
+    bad = subprocess.run(
+        ["./run_train.sh", "--config", "train_configs/llama3_8b_acco.toml", "--dry-run=3x8"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr.startswith("torchacco: error: [training] global_batch_size") and bad.stderr.count("\n") == 1
+
+
+def test_predict_evaluates_the_configs_own_layout_beside_the_alternatives(capsys):
+    assert predict.main(["--config", "train_configs/llama3_8b_acco.toml", "--nodes", "4", "--gpus-per-node", "8"]) == 0
+    out = capsys.readouterr().out
+    own = next(line for line in out.splitlines() if line.startswith("| acco, tp 8 (the config's) |"))
+    plain = next(line for line in out.splitlines() if line.startswith("| acco |"))
+    assert "does not fit" not in own and "does not fit" in plain
+    assert own.split("|")[3] == plain.split("|")[3]  # the same global batch: 256 × 8192 tokens per update
+
+
+def test_tensor_parallelism_across_a_node_moves_the_same_bytes_over_its_link():
+    """tp = G: each of a node's G rings carries 1/G of the model, and the G rings share the node's link."""
+    work = cm.Workload(params=8e9, flops_per_token=5e10, tokens_per_micro_batch=8192, micro_batches=8)
+    hw = cm.Hardware(nodes=4, ranks_per_node=8, flops=4e14, bandwidth_bps=1e11)
+    local, ring = cm.model_parallel_layout(work, hw, tp=8, pp=1, local_params=1e9)
+    assert (ring.nodes, ring.ranks_per_node, ring.world) == (4, 1, 4)
+    per_node = dataclasses.replace(hw, ranks_per_node=1)
+    assert cm.collective_s(local.params * 2, ring) == pytest.approx(cm.collective_s(work.params * 2, per_node))
+    assert ring.compute_s == pytest.approx(5e10 * 8192 / 4e14 / 8)
+
+
+@pytest.mark.integration
+def test_the_memory_estimate_is_what_the_strategies_allocate(monkeypatch):
+    """Within 10% of the tensor bytes a 2-rank run keeps once its gradients are complete (bf16 compute: ACCO's
+    fp32 job buffer, 4 of its 16 bytes per parameter, counts)."""
+    from torchacco.models.llama3 import ModelArgs
+    from torchacco.spec import get_model_spec
+
+    flavor = ModelArgs(vocab_size=4096, max_seq_len=64, dim=256, n_layers=4, n_heads=4, n_kv_heads=4)
+    monkeypatch.setitem(get_model_spec("llama3").flavors, "memcheck", flavor)  # the worker registers the same
+    overrides = ["--model.name", "llama3", "--model.flavor", "memcheck", "--model.vocab_size", "4096",
+                 "--training.mixed_precision", "bf16", "--training.seq_len", "64", "--training.local_batch_size", "2",
+                 "--training.global_batch_size", "8"]  # fmt: skip
+    strategies = ["zero1", "acco", "fsdp"]
+    worker = ROOT / "tests" / "workers" / "strategy_memory.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker),
+         *strategies, "--", *overrides],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = {r["strategy"]: r["bytes"] for r in (json.loads(x) for x in proc.stdout.splitlines() if x[:1] == "{")}
+    for name in strategies:
+        cfg = load_config([*overrides, "--parallelism.data_parallel", name])
+        estimate = dry_run.plan(cfg, dry_run.Cluster(1, 2)).kinds[0].memory.total
+        assert measured[name] == pytest.approx(estimate, rel=0.10), (name, measured[name], estimate)

@@ -1,0 +1,436 @@
+"""`./run_train.sh --config FILE --dry-run 4x8`: a run checked on the cluster it is for, before launching it.
+
+    ./run_train.sh --config train_configs/llama3_8b_acco.toml --dry-run 4x8 [--dry-run-gpu-gib 80]
+    python -m torchacco.dry_run --config FILE --dry-run NODESxGPUS [--section.key VALUE ...]
+
+For NODES nodes of GPUS GPUs each, with no GPU, no data and no process started, it validates the config
+for that world size (the launcher's checks, one line for a mistake: exit 1), builds the model on the meta
+device and applies tensor and pipeline parallelism over a fake process group of the real world size, then
+prints per rank (per pipeline stage when there are several) the parameters it stores and its memory by
+part: the strategy's own byte count (`Strategy.memory`: what its constructor allocates), DiLoCo's outer
+state, and one micro-batch's activations (`cost_model.block_activation_bytes`), their sum the peak. Then
+whether that peak fits `--dry-run-gpu-gib` and the cost model's time per update for the layout. `--dry-run`
+with no size takes [job] cluster. The vocabulary is [model] vocab_size, the tokenizer's when its file is
+here, else the flavor's (said so). Exit 0 whether or not it fits: a dry run reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from torchacco import cost_model as cm
+from torchacco.config import Config, load_config, parse_overrides
+from torchacco.errors import UserError, run_cli
+from torchacco.parallel.strategy import MemoryParts
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def __str__(self) -> str:
+        return f"{self.nodes}x{self.gpus_per_node}"
+
+
+def parse_cluster(text: str, where: str = "--dry-run") -> Cluster:
+    """'4x8' -> 4 nodes of 8 GPUs."""
+    m = re.fullmatch(r"\s*(\d+)\s*[x×]\s*(\d+)\s*", text or "")
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise UserError(f"{where} {text!r} is not NODESxGPUS; write the nodes and the GPUs per node, e.g. 4x8")
+    return Cluster(int(m.group(1)), int(m.group(2)))
+
+
+@dataclass
+class RankMemory:
+    """One kind of rank (a pipeline stage; every rank without pp): what it stores and its memory."""
+
+    label: str
+    rank: int  # the lowest rank of this kind
+    ranks: int  # how many ranks are of this kind
+    params: int  # parameter elements stored (local shards)
+    memory: MemoryParts
+    gathered: float  # what the strategy allocates only while computing (FSDP's gathered parameters)
+    activations: float
+
+    @property
+    def peak(self) -> float:
+        return self.memory.total + self.gathered + self.activations
+
+
+@dataclass
+class DryRun:
+    cfg: Config
+    cluster: Cluster
+    dp: int
+    tp: int
+    pp: int
+    replicas: int
+    args: object  # the model's ModelArgs
+    params: int  # the whole model's
+    param_dtype: torch.dtype
+    micro_batches: int  # per rank and update
+    kinds: list[RankMemory]
+    notes: list[str]
+
+    @property
+    def worst(self) -> RankMemory:
+        return max(self.kinds, key=lambda k: k.peak)
+
+
+def vocabulary(cfg: Config) -> tuple[int, str]:
+    """The vocabulary a run would build the model with (0: the flavor's), and where it comes from."""
+    if cfg.model.vocab_size:
+        return cfg.model.vocab_size, "[model] vocab_size"
+    if cfg.model.init_from:
+        return 0, "the init_from folder's"
+    if not cfg.tokenizer.path:
+        return cfg.tokenizer.vocab_size, "the BPE trained on the data, [tokenizer] vocab_size"
+    if Path(cfg.tokenizer.path).is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            size = Tokenizer.from_file(cfg.tokenizer.path).get_vocab_size()
+        except Exception as e:  # the tokenizers library raises its own kinds
+            raise UserError(
+                f"[tokenizer] path = {cfg.tokenizer.path} is not a tokenizer.json the tokenizers library reads "
+                f"({type(e).__name__}); point it at a Hugging Face tokenizer.json"
+            ) from None
+        return size, f"the tokenizer's, {cfg.tokenizer.path}"
+    return 0, f"the flavor's: a run takes its tokenizer's, {cfg.tokenizer.path}, which is not here"
+
+
+def compute_dtype(training) -> torch.dtype:
+    """[training] mixed_precision on the cluster's GPUs (auto: bf16; a CPU run's auto is fp32)."""
+    if training.mixed_precision == "auto":
+        return torch.float32 if training.device == "cpu" else torch.bfloat16
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[training.mixed_precision]
+
+
+@contextlib.contextmanager
+def fake_world(rank: int, world: int, shape: tuple[int, ...]):
+    """A process group of `world` ranks that moves no data (torch's fake backend), seen from `rank`, and the
+    run's mesh over it."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from torchacco.parallel.dims import clear_dtensor_sharding_cache
+
+    if dist.is_initialized():
+        raise RuntimeError("a dry run builds its own fake process group: none may be initialised")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        clear_dtensor_sharding_cache()
+        yield init_device_mesh("cpu", shape, mesh_dim_names=("replica", "pp", "dp", "tp"))
+    finally:
+        dist.destroy_process_group()
+
+
+def stage_params(cfg: Config, spec, args, cluster: Cluster) -> list[tuple[int, int, int]]:
+    """Per pipeline stage, the parameter elements a rank of it stores, those of them in its transformer blocks,
+    and its blocks: read from the model built on the meta device with tensor and pipeline parallelism applied
+    (as the trainer does) for the cluster's world size."""
+    from torchacco.device import Device
+    from torchacco.loss import TokenLoss
+    from torchacco.parallel.dims import ParallelDims
+    from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
+
+    p = cfg.parallelism
+    tp, pp, replicas = p.tensor_parallel_degree, p.pipeline_parallel_degree, p.replicas
+    dp = cluster.world // (replicas * tp * pp)
+    if tp * pp == 1:
+        with torch.device("meta"):
+            return [_counts(spec.model_cls(args))]
+    counts = []
+    for stage in range(pp):
+        rank = stage * dp * tp  # replica 0, dp 0, tp 0 of the stage: tensor-parallel ranks hold equal shards
+        with fake_world(rank, cluster.world, (replicas, pp, dp, tp)) as mesh:
+            dims = ParallelDims(cluster.world, rank, rank % cluster.gpus_per_node, cluster.gpus_per_node, mesh)
+            with torch.device("meta"):
+                model = spec.model_cls(args)
+            loss = TokenLoss(cfg.training.loss_chunks, tp > 1 and pp == 1 and p.loss_parallel)
+            model, _ = apply_model_parallel(model, spec, cfg, dims, Device("cpu"), loss)
+            counts.append(_counts(model, local_numel))
+    return counts
+
+
+def _counts(model, numel=None) -> tuple[int, int, int]:
+    from torchacco.blocks import blocks_of
+
+    numel = numel or (lambda m: sum(t.numel() for t in m.parameters()))
+    blocks = blocks_of(model) or []
+    blocks = list(blocks.values()) if isinstance(blocks, torch.nn.ModuleDict) else list(blocks)
+    return numel(model), sum(numel(b) for b in blocks), len(blocks)
+
+
+def activations(cfg: Config, args, stage: int) -> float:
+    """One rank's activations at the peak of a micro-batch (`cost_model`'s estimate): its blocks' saved
+    tensors for the micro-batches in flight on its stage (1F1B: pp − stage of the pieces; GPipe: all; interleaved
+    counted as 1F1B), 1/tp of them on each tensor-parallel rank, and on the last stage one loss chunk's logits."""
+    from torchacco.parallel.pipeline import layer_split, microbatches, stages_per_rank
+
+    t, p = cfg.training, cfg.parallelism
+    tp, pp = p.tensor_parallel_degree, p.pipeline_parallel_degree
+    tokens = t.local_batch_size * t.seq_len
+    if pp == 1:
+        kept = cm.block_activation_bytes(args, tokens, t.activation_checkpoint, t.selective_checkpoint, tp=tp)
+        split = tp if tp > 1 and p.loss_parallel else 1
+        return kept + cm.loss_activation_bytes(args, tokens, t.loss_chunks, split)
+    pieces, v = microbatches(cfg), stages_per_rank(cfg)
+    ranges = layer_split(args.n_layers, pp * v)
+    blocks = sum(len(ranges[stage + k * pp]) for k in range(v))
+    in_flight = pieces if p.pipeline_schedule == "gpipe" else min(pieces, pp - stage)
+    piece = tokens / pieces
+    kept = cm.block_activation_bytes(
+        args, piece * in_flight, t.activation_checkpoint, t.selective_checkpoint, blocks=blocks, tp=tp
+    )
+    last = stage + (v - 1) * pp == pp * v - 1
+    return kept + (cm.loss_activation_bytes(args, piece, t.loss_chunks) if last else 0.0)
+
+
+def plan(cfg: Config, cluster: Cluster) -> DryRun:
+    """Validate `cfg` for the cluster (a UserError for a mistake) and count each kind of rank's memory."""
+    from torchacco.build import model_args
+    from torchacco.parallel.diloco import DiLoCo, fragment_of
+    from torchacco.parallel.registry import strategy_class
+    from torchacco.parallel.zero1 import REDUCE_DTYPES
+    from torchacco.spec import get_model_spec
+    from torchacco.validate import validate
+
+    notes = []
+    if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
+        notes.append(
+            f"architecture: flavor {cfg.model.flavor}'s ([model] init_from = {cfg.model.init_from} is not here; "
+            "a run takes the folder's)"
+        )
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_from=""))
+    vocab, source = vocabulary(cfg)
+    if vocab and not cfg.model.vocab_size:  # the run's model takes this vocabulary: validate that one
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
+    with _local_world(cluster.gpus_per_node):
+        validate(cfg, cluster.world, cluster.gpus_per_node, here=False)
+    spec = get_model_spec(cfg.model.name)
+    args = model_args(spec, cfg.model)
+    notes.insert(0, f"vocabulary {args.vocab_size:,}: {source}")
+    p, t = cfg.parallelism, cfg.training
+    tp, pp, replicas = p.tensor_parallel_degree, p.pipeline_parallel_degree, p.replicas
+    dp = cluster.world // (replicas * tp * pp)
+    cls = strategy_class(p.data_parallel)
+    options = getattr(cfg, cls.options_section) if cls.options else None
+    group = cls.memory_group(options, dp, cluster.gpus_per_node, tp, pp)
+    dtype = compute_dtype(t)
+    with torch.device("meta"):
+        whole = spec.model_cls(args)
+    total = sum(x.numel() for x in whole.parameters())
+    largest = 1.0
+    if replicas > 1:
+        names = [n for n, _ in whole.named_parameters()]
+        sizes = [0.0] * cfg.diloco.fragments
+        for (_, x), f in zip(whole.named_parameters(), fragment_of(whole, names, cfg.diloco.fragments)):
+            sizes[f] += x.numel()
+        largest = max(sizes) / total
+    kinds = []
+    per_stage = stage_params(cfg, spec, args, cluster)
+    for stage, (numel, in_blocks, blocks) in enumerate(per_stage):
+        memory = cls.memory(numel, group, dtype, REDUCE_DTYPES[p.reduce_dtype], options)
+        if replicas > 1:
+            memory = memory + DiLoCo.outer_memory(numel, cls, group, cfg.diloco, largest)
+        gathered = cls.gathered_memory(p, in_blocks / max(blocks, 1), numel - in_blocks, blocks, dtype)
+        label = f"pp stage {stage}" if pp > 1 else "every rank"
+        ranks = cluster.world // pp
+        kinds.append(RankMemory(label, stage * dp * tp, ranks, numel, memory, gathered, activations(cfg, args, stage)))
+    per_update = t.global_batch_size or t.local_batch_size * dp * replicas
+    micro = per_update // (t.local_batch_size * dp * replicas)
+    return DryRun(cfg, cluster, dp, tp, pp, replicas, args, total, dtype, micro, kinds, notes)
+
+
+@contextlib.contextmanager
+def _local_world(gpus: int):
+    """LOCAL_WORLD_SIZE as the cluster's for the checks that read it (a launched rank's environment)."""
+    before = os.environ.get("LOCAL_WORLD_SIZE")
+    os.environ["LOCAL_WORLD_SIZE"] = str(gpus)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("LOCAL_WORLD_SIZE", None)
+        else:
+            os.environ["LOCAL_WORLD_SIZE"] = before
+
+
+def strategy_label(cfg: Config) -> str:
+    """The cost model's row for the configured strategy: its variant whose options the config sets, else its
+    plain self."""
+    from torchacco.parallel.registry import strategy_class
+
+    cls = strategy_class(cfg.parallelism.data_parallel)
+    chosen, matched = cls.name, 0
+    for label, (extra, _) in cls.benchmark_variants().items():
+        pairs = list(zip(extra[::2], extra[1::2]))
+        if len(pairs) > matched and all(_setting(cfg, name) == value for name, value in pairs):
+            chosen, matched = label, len(pairs)
+    return chosen
+
+
+def _setting(cfg: Config, option: str) -> str:
+    section, _, name = option.removeprefix("--").partition(".")
+    value = getattr(getattr(cfg, section), name)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass
+class Link:
+    """The cost model's cluster: achieved FLOP/s of a GPU and the links."""
+
+    device: str = "H100"
+    mfu: float = 0.4
+    bandwidth: str = "100gbit"
+    latency_ms: float = 0.01
+
+
+def time_per_update(run: DryRun, link: Link) -> dict:
+    """The cost model's prediction for the run's layout on `link`'s cluster."""
+    dev = cm.DEVICES.get(link.device)
+    if dev is None:
+        raise UserError(f"unknown --device {link.device!r}; one of {', '.join(cm.DEVICES)}")
+    p = run.cfg.parallelism
+    # gradients are reduced in [parallelism] reduce_dtype and parameters gathered in the compute dtype
+    work = workload(run, (run.param_dtype.itemsize + (4 if p.reduce_dtype == "fp32" else 2)) / 2)
+    hw = cm.Hardware(
+        nodes=run.cluster.nodes, ranks_per_node=run.cluster.gpus_per_node, flops=dev["flops"] * link.mfu,
+        bandwidth_bps=cm.parse_rate(link.bandwidth), latency_s=link.latency_ms / 1000, intra_bps=dev["intra_bps"],
+        opt_rate=dev["opt_rate"],
+    )  # fmt: skip
+    return layout_prediction(run, work, hw)
+
+
+def workload(run: DryRun, comm_bytes: float) -> cm.Workload:
+    """The cost model's workload of the whole model at the config's micro-batch (the activations: the worst
+    rank's)."""
+    t, p = run.cfg.training, run.cfg.parallelism
+    return cm.Workload(
+        params=float(run.params), flops_per_token=float(run.args.flops_per_token(t.seq_len)),
+        tokens_per_micro_batch=float(t.local_batch_size * t.seq_len), micro_batches=max(1, run.micro_batches),
+        comm_bytes=comm_bytes, activation_bytes=run.worst.activations, **cm.ddp_buckets(p.bucket_cap_mb),
+    )  # fmt: skip
+
+
+def layout_prediction(run: DryRun, work: cm.Workload, hw: cm.Hardware) -> dict:
+    """The cost model's row for the run's own layout on `hw` (`predict`'s with tensor and pipeline parallelism,
+    or `predict_diloco`'s with replicas)."""
+    cfg = run.cfg
+    label = strategy_label(cfg)
+    if run.replicas > 1:
+        d = cfg.diloco
+        sizes = cm.model_fragment_params(cfg.model.name, cfg.model.flavor, d.fragments, run.args.vocab_size)
+        replicas = dataclasses.replace(hw, nodes=run.replicas, ranks_per_node=run.cluster.world // run.replicas)
+        return cm.predict_diloco(
+            work, replicas, label, d.sync_every, d.fragments, d.overlap_steps, d.outer_dtype, sizes
+        )
+    from torchacco.parallel.pipeline import microbatches, stages_per_rank
+
+    local = max(k.params for k in run.kinds)  # the slowest coordinate's ring carries the largest part
+    pieces = microbatches(cfg) if run.pp > 1 else 1
+    work, hw = cm.model_parallel_layout(work, hw, run.tp, run.pp, local, pieces, stages_per_rank(cfg))
+    return cm.predict(work, hw, label)
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def report(run: DryRun, gpu_gib: float, prediction: dict, link: Link, config: str) -> str:
+    cfg, t, p = run.cfg, run.cfg.training, run.cfg.parallelism
+    c = run.cluster
+    dtype = "bf16" if run.param_dtype == torch.bfloat16 else "fp32"
+    label = strategy_label(cfg)
+    strategy = p.data_parallel + (f" (the cost model's {label})" if label != p.data_parallel else "")
+    if run.replicas > 1:
+        strategy += f" inside each replica, DiLoCo's outer step across them{' (offloaded)' * cfg.diloco.offload}"
+    lines = [
+        f"torchacco dry run: {config} on {c.nodes} node(s) × {c.gpus_per_node} GPUs = {c.world} ranks "
+        "(meta device: no GPU, no data)",
+        f"model {cfg.model.name} {cfg.model.flavor}: {_count(run.params)} parameters; " + "; ".join(run.notes),
+        f"layout: dp {run.dp} × tp {run.tp} × pp {run.pp} × replicas {run.replicas}; {strategy}; "
+        f"{run.micro_batches} micro-batches of {t.local_batch_size} × {t.seq_len} tokens per rank and update; "
+        f"{dtype} compute, {p.reduce_dtype} reduction; activation_checkpoint {t.activation_checkpoint}, "
+        f"loss_chunks {t.loss_chunks}",
+        "",
+        "| ranks | params (its tp/pp part) | weights | gradients | master | optimizer | buffers | gathered "
+        "| activations | peak (GiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for k in run.kinds:
+        m = k.memory
+        cells = [m.weights, m.gradients, m.master, m.optimizer, m.buffers, k.gathered, k.activations, k.peak]
+        lines.append(
+            f"| {k.label} (rank {k.rank}, {k.ranks} ranks) | {_count(k.params)} | "
+            + " | ".join(f"{x / GIB:.1f}" for x in cells)
+            + " |"
+        )
+    worst = run.worst
+    fits = worst.peak <= gpu_gib * GIB
+    lines += [
+        "",
+        f"fits in {gpu_gib:g} GiB: {'yes' if fits else 'no'} (peak {worst.peak / GIB:.1f} GiB on rank {worst.rank})",
+        f"time per update: {prediction['step_time_s']:.3g} s, {prediction['tokens_per_s']:,.0f} tokens/s, "
+        f"{prediction['exposed_comm_s']:.3g} s of it exposed communication (cost model: {link.device} at "
+        f"{link.mfu:.0%} MFU, {link.bandwidth} per node between nodes, {link.latency_ms:g} ms; tensor- and "
+        "pipeline-parallel traffic not modelled)",
+        "Memory: the strategy's own byte count of what it allocates (Strategy.memory) and one micro-batch's "
+        "activations estimated from the model's shape; gathered: parameters (and a block's gradient) a strategy "
+        "unshards while computing (Strategy.gathered_memory); not counted: the CUDA context, the allocator's "
+        "slack, compile workspaces.",
+    ]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="./run_train.sh --config FILE --dry-run NODESxGPUS",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    p.add_argument("--dry-run", nargs="?", const="", default="", metavar="NODESxGPUS")
+    p.add_argument("--dry-run-gpu-gib", type=float, default=80.0, help="memory per GPU to fit in (GiB)")
+    p.add_argument("--device", default=Link.device, help=f"the cost model's GPU: one of {', '.join(cm.DEVICES)}")
+    p.add_argument("--mfu", type=float, default=Link.mfu)
+    p.add_argument("--bandwidth", default=Link.bandwidth, help="inter-node link per node and direction")
+    p.add_argument("--latency-ms", type=float, default=Link.latency_ms)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    cfg = load_config(rest)
+    if not args.dry_run and not cfg.job.cluster:
+        raise UserError("--dry-run needs the cluster's size, e.g. --dry-run 4x8 (nodes × GPUs per node)")
+    cluster = parse_cluster(args.dry_run) if args.dry_run else parse_cluster(cfg.job.cluster, "[job] cluster =")
+    if not args.dry_run_gpu_gib > 0:
+        raise UserError(f"--dry-run-gpu-gib {args.dry_run_gpu_gib:g} must be positive (e.g. 80)")
+    link = Link(args.device, args.mfu, args.bandwidth, args.latency_ms)
+    run = plan(cfg, cluster)
+    prediction = time_per_update(run, link)
+    print(report(run, args.dry_run_gpu_gib, prediction, link, parse_overrides(rest)[0] or "the default config"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
