@@ -1,17 +1,17 @@
 """Benchmarks: they print and save their numbers (JSON + markdown); they are not tests, and not part of
-the installed package. Run them from the repository's root:
+the installed package. One command line, run from the repository's root (`--help` lists the commands):
 
-    sudo .venv/bin/python -m benchmarks throughput|heterogeneous|convergence|memory|all|time-to-loss
-    sudo .venv/bin/python -m benchmarks.cluster ... -- <torchacco.train arguments>
-    .venv/bin/python -m benchmarks.compare ...   # variants side by side on one machine
-    .venv/bin/python -m benchmarks.gpu mfu|overlap
-    python3 -m benchmarks gpu-check [--dry-run]   # the CUDA paths in one short GPU session (gpu_check.py)
+    sudo .venv/bin/python -m benchmarks <command> ...   # see benchmarks/cli.py
 
-  cluster/   the emulated multi-node cluster (network namespaces, shaped links, slow nodes)
-  sweeps/    the sweeps on it and their reports
-  workers/   the programs each rank runs under torchrun (training with a report, a collective probe,
-             training with an artificial communication delay)
-  compare.py, gpu.py, trace.py   side-by-side runs, the GPU benchmarks, reading profiler traces
+  time_to_target.py   the yardstick: time to a target loss (token_efficiency.py × speed.py; end_to_end.py checks
+                      the product, efficiency_table.py writes the table `python -m torchacco.predict` reads)
+  cost_model_check.py the cost model's time per update against the measured speed (its probes: cost_model_probes.py)
+  cluster/            the emulated multi-node cluster (network namespaces, shaped links, slow nodes)
+  sweeps/             the sweeps on it (throughput, heterogeneous, convergence, memory)
+  workers/            the programs each rank runs under torchrun (training with a report, a collective probe,
+                      training with an artificial communication delay)
+  compare.py, gpu.py, trace.py, acco_reference.py   side-by-side runs, the GPU benchmarks, reading profiler
+                      traces, ACCO's equations in one process
 
 The cost model they are checked against is part of torchacco (`torchacco.cost_model`,
 `python -m torchacco.predict`).

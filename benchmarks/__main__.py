@@ -1,14 +1,8 @@
-"""`python -m benchmarks throughput|heterogeneous|convergence|memory|all|time-to-loss|gpu-check ...` (see sweeps/)."""
+"""`python -m benchmarks <command>`: the benchmarks' one command line (benchmarks/cli.py; `--help` lists them)."""
 
 import sys
 
-from torchacco.errors import run_cli
+from benchmarks.cli import main
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["gpu-check"]:  # before the sweeps' imports: its parent process needs no torch
-        from benchmarks.gpu_check import main
-
-        sys.exit(run_cli(lambda: main(sys.argv[2:])))
-    from benchmarks.sweeps.cli import run
-
-    sys.exit(run_cli(lambda: run(sys.argv[1:])))
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """A single-process reference of DDP and ACCO on torchacco's own model, data and recipe.
 
-    .venv/bin/python -m benchmarks.acco_reference --schedule acco --updates 640 --seed 2 --out FILE.jsonl
+    .venv/bin/python -m benchmarks acco-reference --schedule acco --updates 640 --seed 2 --out FILE.jsonl
 
 The equations of /work/shared/ACCO.md written out plainly, independently of torchacco's buffers, threads and
 collectives: θ, m and v as flat fp32 vectors, AdamW by hand (torch's formula: decoupled decay on the same groups,
@@ -31,7 +31,7 @@ from torchacco.spec import get_model_spec
 
 
 def recipe(updates: int, lr: float, seed: int, extra: list[str] = (), flavor: str = "debug") -> list[str]:
-    """The time-to-loss sweep's recipe (benchmarks/sweeps/time_to_loss.py) on 2 ranks, as trainer arguments
+    """The time-to-target recipe (benchmarks/time_to_target.py) on 2 ranks, as trainer arguments
     (GPT-Neo `flavor`: the sweep's debug, or tiny to check a finding on a larger model)."""
     return [
         "--config", "train_configs/default.toml",
@@ -186,7 +186,7 @@ def run(args) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks acco-reference", description=__doc__.splitlines()[0])
     parser.add_argument("--schedule", choices=[DDP, ACCO], required=True)
     parser.add_argument("--updates", type=int, default=640)
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -198,7 +198,3 @@ def main(argv: list[str] | None = None) -> None:
     records = run(args)
     with open(args.out, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
-
-
-if __name__ == "__main__":
-    main()

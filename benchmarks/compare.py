@@ -1,6 +1,6 @@
 """Run training variants side by side and compare throughput as ratios.
 
-    python -m benchmarks.compare --config train_configs/default.toml --steps 30 \\
+    python -m benchmarks compare --config train_configs/default.toml --steps 30 \\
         --variant zero1 "--parallelism.data_parallel zero1" \\
         --variant acco  "--parallelism.data_parallel acco" \\
         --comm-delay-ms 100 --out bench_results/zero1_vs_acco
@@ -16,11 +16,12 @@ import argparse
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.cluster.launch import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,25 +68,10 @@ def run_variant(config: str, overrides: list[str], steps: int, folder: Path, npr
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
-def summarize(records: list[dict], warmup: int) -> dict:
-    kept = records[warmup:] if len(records) > warmup else records
-    # metrics.jsonl gives each step's tokens and throughput; their ratio is the step's wall time.
-    step_times = [r["tokens_per_update"] / r["tokens_per_s"] for r in kept]
-    # Exposed communication: what the compute side waited for (overlapped schedules measure it;
-    # for synchronous ones it is all of the time after the last micro-batch).
-    exposed = [r.get("exposed_comm_s", r["share_sync"] * t) for r, t in zip(kept, step_times)]
-    return {
-        "steps": len(kept),
-        "tokens_per_s": sum(r["tokens_per_update"] for r in kept) / sum(step_times),
-        "step_time_s": statistics.mean(step_times),
-        "exposed_comm_s": statistics.mean(exposed),
-        "overlap": statistics.mean(r.get("overlap", 0.0) for r in kept),
-        "final_loss": kept[-1]["loss"],
-    }
-
-
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", default="train_configs/default.toml")
     parser.add_argument("--variant", nargs=2, action="append", metavar=("NAME", "OVERRIDES"), required=True)
     parser.add_argument("--steps", type=int, default=30)
@@ -151,7 +137,3 @@ def main(argv=None) -> int:
         )
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

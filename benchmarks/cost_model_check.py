@@ -1,19 +1,19 @@
 """The cost model's time per update against the emulated cluster's measured speed, per setting and strategy.
 
-    sudo .venv/bin/python -m benchmarks.cost_model_check --speed speed,speed_streaming,speed_ranks_per_node --probe
-    .venv/bin/python -m benchmarks.cost_model_check --speed speed,speed_streaming,speed_ranks_per_node
+    sudo .venv/bin/python -m benchmarks cost-model-check --speed speed,speed_streaming,speed_ranks_per_node --probe
+    .venv/bin/python -m benchmarks cost-model-check --speed speed,speed_streaming,speed_ranks_per_node
 
 The bar: `predict`'s time-per-update error within 15% on every strategy in every setting. The model is
 not fitted to the times it is checked against; its inputs are
-  - compute: the time-to-loss sweep's calibration (`bench_results/time_to_loss.json`): ZeRO-1's data, forward and
-    backward per update on 2 unshaped one-rank nodes (2 micro-batches of 4 × 128 tokens per rank), as seconds per
-    token on one core, scaled by the cores a rank gets in each setting (its node's CPU quota, the machine's cores
-    shared by all ranks); `--probe` measures it again beside the links (the same ZeRO-1 run, 30 updates), so that
-    compute and links come from the machine as it is that day, and the report uses that probe when it has one;
-    it also runs that ZeRO-1 probe under each CPU quota a one-rank node of the settings gets, and a rank at such a
-    quota computes at the probed speed; `--compute same-session` scales it, per setting, to the speed that
-    setting's ZeRO-1 run computed at (the machine's speed drifts between the probe and the runs: a diagnostic
-    that separates that drift from the model's error);
+  - compute: the calibration in `bench_results/time_to_loss.json` (time_to_target.calibrate's): ZeRO-1's data,
+    forward and backward per update on 2 unshaped one-rank nodes (2 micro-batches of 4 × 128 tokens per rank), as
+    seconds per token on one core, scaled by the cores a rank gets in each setting (its node's CPU quota, the
+    machine's cores shared by all ranks); `--probe` measures it again beside the links (the same ZeRO-1 run, 30
+    updates), so that compute and links come from the machine as it is that day, and the report uses that probe when
+    it has one; it also runs that ZeRO-1 probe under each CPU quota a one-rank node of the settings gets, and a rank
+    at such a quota computes at the probed speed; `--compute same-session` scales it, per setting, to the speed that
+    setting's ZeRO-1 run computed at (the machine's speed drifts between the probe and the runs: a diagnostic that
+    separates that drift from the model's error);
   - a rank's CPU budget: ZeRO-1's CPU seconds per update beyond its compute (probed), per job of an update, plus
     its micro-batches' compute, over its share of a core, bounds its time per update (the CPU emulation's bound);
   - the collectives: each gloo collective's probed time over the model's ring ideal on a buffer of the model's
@@ -52,7 +52,7 @@ from benchmarks.cost_model_probes import (
     trainer_config,
 )
 from benchmarks.names import ZERO1
-from benchmarks.speed import STRATEGIES, plans, seconds_per_update, warmup_of
+from benchmarks.speed import STRATEGIES, TOKENS_PER_UPDATE, compute_s, plans, seconds_per_update, warmup_of
 from benchmarks.sweeps.common import panels, save_figure, write_report
 from benchmarks.token_efficiency import machine, records
 from torchacco import cost_model as cm
@@ -252,8 +252,6 @@ def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed:
     links = link(plan, probed)
     factors = collective_factors(links, probed["collectives"])
     rows, skipped = {}, {}
-    recipe_cfg = trainer_config([])
-    recipe_tokens = recipe_cfg.training.global_batch_size * recipe_cfg.training.seq_len
     for label, measured in strategies.items():
         if label not in STRATEGIES:
             skipped[label] = "its trainer arguments are not in benchmarks.speed.STRATEGIES"
@@ -270,7 +268,7 @@ def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed:
                     "step_time_s": budget,
                     "tokens_per_s": prediction["tokens_per_update"] / budget,
                 }
-            rows[label] = verdict(prediction, measured["mean"], recipe_tokens)
+            rows[label] = verdict(prediction, measured["mean"], TOKENS_PER_UPDATE)
             rows[label]["cpu_budget_s"] = budget
             rows[label]["communicates_in_micro_batches"] = communicates_in_micro_batches(cfg, plan.world_size)
         except NotModelled as e:
@@ -295,7 +293,7 @@ def measured_compute(kept: list[dict]) -> float | None:
     """Rank 0's seconds per update before the sync (data, forward, backward); None without records."""
     if not kept or not all("share_sync" in r for r in kept):
         return None
-    return statistics.fmean(r["tokens_per_update"] / r["tokens_per_s"] * (1 - r["share_sync"]) for r in kept)
+    return statistics.fmean(compute_s(r) for r in kept)
 
 
 def measured_outer_wait(kept: list[dict]) -> float | None:
@@ -355,8 +353,7 @@ def same_session_scale(plan: ClusterPlan, inputs: dict, zero1_compute_s: float |
     labels) over the probe's for rank 0's cores: the machine's speed at the time of the runs. None without it."""
     if zero1_compute_s is None:
         return None
-    recipe_cfg = trainer_config([])
-    tokens = recipe_cfg.training.global_batch_size * recipe_cfg.training.seq_len / plan.world_size
+    tokens = TOKENS_PER_UPDATE / plan.world_size
     return zero1_compute_s / (seconds_per_token_at(cores_per_rank(plan, inputs["cores"])[0], inputs) * tokens)
 
 
@@ -421,7 +418,7 @@ def markdown(result: dict, meta: dict) -> str:
         f"{meta['date']}, {meta['machine']}. Command: `{meta['command']}`. Probes: {meta['probes']}.",
         "",
         f"Inputs, none of them the times checked: compute {inputs['seconds_per_token'] * 1e6:.1f} µs per token on "
-        f"one core ({'probed with the links' if inputs.get('compute_probed') else 'the time-to-loss calibration'}: "
+        f"one core ({'probed with the links' if inputs.get('compute_probed') else 'the calibration'}: "
         f"ZeRO-1, {inputs['compute_per_update_s']:.4f} s per update on 2 unshaped nodes), scaled by each rank's "
         f"cores{at_cores(inputs)}{cpu_budget_text(inputs)}; AdamW {inputs['adamw_elements_per_s']:.3g} elements/s on "
         f"one core; {inputs['params']:,.0f} parameters in fp32; each setting's gloo collectives probed alone. "
@@ -510,11 +507,11 @@ def read_tables(out: Path, names: list[str], parser) -> dict[str, dict]:
 
 
 def command(argv: list[str] | None) -> str:
-    return "python -m benchmarks.cost_model_check " + " ".join(sys.argv[1:] if argv is None else argv)
+    return "python -m benchmarks cost-model-check " + " ".join(sys.argv[1:] if argv is None else argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.cost_model_check", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks cost-model-check", description=__doc__)
     parser.add_argument("--speed", required=True, help="comma-separated speed table names (benchmarks.speed --name)")
     parser.add_argument("--probe", action="store_true", help=f"measure the collectives and AdamW anew into {PROBES}")
     parser.add_argument("--out", default="bench_results")
@@ -535,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         inputs = calibration(out)
         settings = plans(out)
     except (OSError, KeyError, ValueError) as e:
-        parser.error(f"cannot read the time-to-loss calibration in {out / 'time_to_loss.json'} ({e})")
+        parser.error(f"cannot read the calibration in {out / 'time_to_loss.json'} ({e})")
     wanted = sorted({s for t in tables.values() for s in t["settings"] if s in settings})
     try:
         cached = probes_for(out, settings, wanted, inputs["params"], args.probe, command(argv))
@@ -562,7 +559,3 @@ def main(argv: list[str] | None = None) -> int:
     data = {"meta": meta, "tables": result}
     write_report(out, args.name, data, markdown(result, meta), lambda path: plot(result, path))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

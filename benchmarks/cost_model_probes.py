@@ -1,5 +1,5 @@
 """The cost model check's inputs, probed on the machine as it is: compute, CPU per update, the optimizer's speed and
-each setting's collectives (root and a quiet machine: `python -m benchmarks.cost_model_check --probe`), cached in
+each setting's collectives (root and a quiet machine: `python -m benchmarks cost-model-check --probe`), cached in
 bench_results/cost_model_probes.json and checked against the settings' plans when read."""
 
 from __future__ import annotations
@@ -14,27 +14,27 @@ from pathlib import Path
 from benchmarks.acco_reference import recipe
 from benchmarks.cluster import ClusterPlan, preflight, probe_collectives, run_training
 from benchmarks.names import ZERO1
-from benchmarks.speed import STRATEGIES
+from benchmarks.speed import STRATEGIES, TOKENS_PER_UPDATE, compute_s
 from benchmarks.token_efficiency import QUIET, machine
 from torchacco.config import load_config
 from torchacco.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-CALIBRATION_RANKS = 2  # time_to_loss.calibrate runs ZeRO-1 on 2 unshaped nodes of one rank
+CALIBRATION_RANKS = 2  # time_to_target.calibrate runs ZeRO-1 on 2 unshaped nodes of one rank
 THREADS = 1  # run_training's default: one compute thread per rank, so a rank uses at most one core
 PROBES = "cost_model_probes.json"
 
 
 def calibration(out: Path) -> dict:
-    """Seconds per token of one rank on one core, and the model's parameters, from the time-to-loss calibration."""
+    """Seconds per token of one rank on one core, and the model's parameters, from the calibration in
+    bench_results/time_to_loss.json (measured by the former time-to-loss sweep, as time_to_target.calibrate does)."""
     calib = json.loads((out / "time_to_loss.json").read_text())["calibration"]
     return compute_inputs(calib["compute_per_update_s"], calib["params"])
 
 
 def compute_inputs(compute_per_update_s: float, params: float) -> dict:
     """ZeRO-1's compute per update on CALIBRATION_RANKS one-rank nodes as the model's seconds per token."""
-    recipe_cfg = trainer_config([])
-    tokens_per_rank = recipe_cfg.training.global_batch_size * recipe_cfg.training.seq_len / CALIBRATION_RANKS
+    tokens_per_rank = TOKENS_PER_UPDATE / CALIBRATION_RANKS
     return {"seconds_per_token": compute_per_update_s / tokens_per_rank, "params": params,
             "compute_per_update_s": compute_per_update_s}  # fmt: skip
 
@@ -63,17 +63,22 @@ def adamw_elements_per_s(numel: int, steps: int = 30) -> float:
     return numel / statistics.median(times)
 
 
+def zero1_run(folder: Path, updates: int, cores: float | None = None) -> dict:
+    """ZeRO-1 on CALIBRATION_RANKS unshaped one-rank nodes (`cores`: each under that CPU quota) for `updates`
+    updates, no evaluation, as benchmarks.speed trains: its records and per-rank reports."""
+    train = [*recipe(updates, 1.5e-3, 0), *QUIET, *STRATEGIES[ZERO1], "--eval.every", "0"]
+    train += ["--training.max_tokens", "0", "--training.steps", str(updates)]
+    return run_training(ClusterPlan(nodes=CALIBRATION_RANKS, rate_bps=None, cpu_per_node=cores), train, folder)
+
+
 def probe_compute(folder: Path, updates: int = 30, cores: float | None = None) -> float:
     """The calibration measured again: ZeRO-1's data, forward and backward per update (median, past 5 updates)
     on 2 unshaped one-rank nodes, so that compute and links are measured on the machine as it is today; `cores`:
     both nodes under that CPU quota."""
-    train = [*recipe(updates, 1.5e-3, 0), *QUIET, *STRATEGIES[ZERO1], "--eval.every", "0"]
-    train += ["--training.max_tokens", "0", "--training.steps", str(updates)]  # as benchmarks.speed
-    plan = ClusterPlan(nodes=CALIBRATION_RANKS, rate_bps=None, cpu_per_node=cores)
-    records = run_training(plan, train, folder)["records"][5:]
+    records = zero1_run(folder, updates, cores)["records"][5:]
     if not records:
         raise UserError(f"the compute probe logged no update past the fifth; see {folder}")
-    return statistics.median(r["tokens_per_update"] / r["tokens_per_s"] * (1 - r["share_sync"]) for r in records)
+    return statistics.median(compute_s(r) for r in records)
 
 
 def probe_cpu_per_update(folder: Path, short: int = 8, long: int = 38) -> float:
@@ -82,9 +87,7 @@ def probe_cpu_per_update(folder: Path, short: int = 8, long: int = 38) -> float:
     one's (start-up cancels), over the updates between."""
     cpu = []
     for updates in (short, long):
-        train = [*recipe(updates, 1.5e-3, 0), *QUIET, *STRATEGIES[ZERO1], "--eval.every", "0"]
-        train += ["--training.max_tokens", "0", "--training.steps", str(updates)]
-        ranks = run_training(ClusterPlan(nodes=CALIBRATION_RANKS, rate_bps=None), train, folder / str(updates))["ranks"]
+        ranks = zero1_run(folder / str(updates), updates)["ranks"]
         if len(ranks) != CALIBRATION_RANKS:
             raise UserError(f"the CPU probe read {len(ranks)} of {CALIBRATION_RANKS} ranks' reports; see {folder}")
         cpu.append(statistics.mean(r["cpu_user_s"] + r["cpu_sys_s"] for r in ranks))
@@ -148,12 +151,8 @@ def probes_for(out: Path, settings: dict, wanted: list[str], params: float, prob
     if probe_now:
         fresh = probe({s: settings[s][0] for s in wanted}, params, out)
         meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command}
-        cached = {"meta": meta, "settings": {**cached["settings"], **fresh["settings"]},
-                  "adamw_elements_per_s": fresh["adamw_elements_per_s"],
-                  "compute_per_update_s": fresh["compute_per_update_s"],
-                  "compute_per_update_s_at_cores": {**cached.get("compute_per_update_s_at_cores", {}),
-                                                    **fresh["compute_per_update_s_at_cores"]},
-                  "cpu_per_update_s": fresh["cpu_per_update_s"]}  # fmt: skip
+        merged = {key: {**cached.get(key, {}), **fresh[key]} for key in ("settings", "compute_per_update_s_at_cores")}
+        cached = {"meta": meta, **fresh, **merged}  # a setting or quota not probed now: the cache's
         path.write_text(json.dumps(cached, indent=1))
     missing = [s for s in wanted if s not in cached["settings"]]
     if missing or "adamw_elements_per_s" not in cached:

@@ -1,7 +1,7 @@
 """The token-efficiency table `python -m torchacco.predict` reads its time to target from: per measured variant, the
 tokens it needs for DDP's final validation loss (same seed) as a multiple of DDP's.
 
-    .venv/bin/python -m benchmarks.efficiency_table --tokens diloco_budgets_lr3e-3 --tokens acco_budgets_lr3e-3
+    .venv/bin/python -m benchmarks efficiency-table --tokens diloco_budgets_lr3e-3 --tokens acco_budgets_lr3e-3
 
 Reads bench_results/<--tokens>.json, written by `benchmarks/token_efficiency.py --budgets ...` (one learning rate
 and one run length, the same in every file), and writes torchacco/token_efficiency.json, shipped with the package,
@@ -173,18 +173,14 @@ def table(out: Path, names: list[str], lr: str, command: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.efficiency_table", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks efficiency-table", description=__doc__)
     parser.add_argument("--tokens", action="append", required=True, help="a token-efficiency result run with --budgets")
     parser.add_argument("--lr", default="", help="the learning rate to read (default: each file's only one)")
     parser.add_argument("--out", default="bench_results", help="where the result files are")
     parser.add_argument("--to", default=str(TOKEN_EFFICIENCY), help="the table to write")
     args = parser.parse_args(argv)
-    command = "python -m benchmarks.efficiency_table " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks efficiency-table " + " ".join(sys.argv[1:] if argv is None else argv)
     result = table(ROOT / args.out, args.tokens, args.lr, command)
     Path(args.to).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print(json.dumps(result, indent=1, ensure_ascii=False))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

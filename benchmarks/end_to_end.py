@@ -1,7 +1,7 @@
 """End-to-end check of the time-to-target decomposition: whole runs on the emulated cluster against the prediction
 (tokens needed, from loopback, × time per update, from short runs).
 
-    .venv/bin/python -m benchmarks.end_to_end --pairs a:ddp,a:streaming_h10_avg,b:ddp,b:streaming_h10_avg \\
+    .venv/bin/python -m benchmarks end-to-end --pairs a:ddp,a:streaming_h10_avg,b:ddp,b:streaming_h10_avg \\
         --seeds 0 --tokens diloco_budgets_lr3e-3 --speed speed_streaming
 
 Each (setting, strategy, seed) trains the token-efficiency recipe (the lr and budgets of the --tokens table) on
@@ -32,7 +32,6 @@ from benchmarks.names import DDP
 from benchmarks.speed import BASELINES, CALIBRATION_HELP, STRATEGIES, plans
 from benchmarks.sweeps.common import panels, save_figure, write_report
 from benchmarks.token_efficiency import QUIET, budget_multiples, machine, updates_to_target
-from torchacco.errors import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.10  # the decomposition's target: predicted time to target within 10% of measured
@@ -194,7 +193,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.end_to_end", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks end-to-end", description=__doc__)
     parser.add_argument("--pairs", required=True, help="setting:strategy,... (e.g. b:ddp,b:streaming_h10_avg)")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--tokens", required=True, help="a token-efficiency result name run with --budgets")
@@ -242,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         for s, n in pairs
     ]  # a cluster that cannot be built or a run that fails is one line (ClusterError, through run_cli)
     against_runs(results)
-    command = "python -m benchmarks.end_to_end " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks end-to-end " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "tokens": args.tokens,
             "speed": args.speed, "lr": f"{lr:g}", "command": command,
             "mean_abs_error": statistics.fmean(abs(r["error"]) for r in results if r["error"] is not None)
@@ -250,7 +249,3 @@ def main(argv: list[str] | None = None) -> int:
     data = {"meta": meta, "results": results}
     write_report(out, args.name, data, markdown(results, meta), lambda path: plot(results, path))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

@@ -1,7 +1,7 @@
 """GPU benchmarks: throughput and MFU per strategy, memory, and ACCO's overlap seen in a trace.
 
-    python -m benchmarks.gpu mfu [--quick] [--out bench_results]
-    python -m benchmarks.gpu overlap [--delay-ms 40] [--out bench_results]
+    python -m benchmarks gpu mfu [--quick] [--out bench_results]
+    python -m benchmarks gpu overlap [--delay-ms 40] [--out bench_results]
 
 `mfu` trains each case in a process of its own through torchacco's trainer on one GPU (a world
 of 1), on random tokens: Llama 3 8B-shaped layers (as many as fit) at seq 8192, and GPT-Neo 125M.
@@ -215,7 +215,7 @@ def overlap_table(found: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("mfu")
@@ -249,5 +249,5 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m benchmarks.gpu case ...`: gpu_check.py runs each case so
     sys.exit(main())

@@ -1,10 +1,10 @@
 """Speed on the emulated cluster: time per update of each strategy per setting, from short runs after
 warm-up, with repeats; with the loopback token-efficiency tables, the loss at equal tokens beside it.
 
-    .venv/bin/python -m benchmarks.speed [--updates 110] [--repeats 2] [--settings a,b,c]
+    .venv/bin/python -m benchmarks speed [--updates 110] [--repeats 2] [--settings a,b,c]
 
 The token-efficiency benchmark's recipe (GPT-Neo debug, 1k vocabulary, seq 128, 16 sequences per
-update), on the time-to-loss sweep's settings: (a) 2 nodes of one rank at the link rate where
+update), on the time-to-target settings: (a) 2 nodes of one rank at the link rate where
 ZeRO-1's exposed communication equals its compute, (b) a third of that rate, (c) 4 nodes at 1 Gbit/s
 with 0.45 cores each, one at a quarter of that (micro-batches of one sequence, so a balanced split
 has 4 per rank to move). DiLoCo runs one replica per node in (a) and (b). Speed does not depend on
@@ -80,6 +80,11 @@ def seconds_per_update(records: list[dict], warmup: int = WARMUP) -> float:
     return sum(r["tokens_per_update"] / r["tokens_per_s"] for r in kept) / len(kept)
 
 
+def compute_s(record: dict) -> float:
+    """A logged update's seconds before its sync: data, forward and backward (`share_sync` is the rest)."""
+    return record["tokens_per_update"] / record["tokens_per_s"] * (1 - record["share_sync"])
+
+
 def warmup_of(name: str) -> int:
     """The updates of a label's run left out of its timing: DiLoCo's from the second period on (mixed replicas run
     the first one unmeasured, as fixed H)."""
@@ -104,13 +109,13 @@ CALIBRATION_HELP = "the file under --out whose 'calibration' sets the link rates
 
 def plans(out: Path, calibration: str = "time_to_loss") -> dict[str, tuple[ClusterPlan, list[str]]]:
     """The settings: setting -> (the cluster, the trainer arguments it adds). The link rates of a and b follow the
-    calibration's balance rate (ZeRO-1's job as long as its compute), measured on the machine by the time-to-loss
-    sweep or the time-to-target benchmark."""
+    calibration's balance rate (ZeRO-1's job as long as its compute), measured on the machine by the time-to-target
+    benchmark (`time_to_loss`: the one saved by the former time-to-loss sweep)."""
     path = out / f"{calibration}.json"
     try:
         balance = json.loads(path.read_text())["calibration"]["balance_bps"]
     except (OSError, ValueError, KeyError, TypeError):
-        raise ClusterError(f"no calibration in {path}: run `python -m benchmarks time-to-target` (or time-to-loss) "
+        raise ClusterError(f"no calibration in {path}: run `python -m benchmarks time-to-target` "
                            "first, which measures it") from None  # fmt: skip
     return {
         "a": (ClusterPlan(nodes=2, rate_bps=balance), []),
@@ -126,7 +131,7 @@ def plans(out: Path, calibration: str = "time_to_loss") -> dict[str, tuple[Clust
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.speed", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks speed", description=__doc__)
     parser.add_argument("--updates", type=int, default=110)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--settings", default="a,b")
@@ -205,7 +210,7 @@ def main(argv=None) -> int:
             # Balanced batches do not change the update; mixed replicas do (its gap is not measured yet)
             row["gap_pct"] = gaps.get(name if name.startswith("diloco") else plain)
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(),
-            "command": "python -m benchmarks.speed " + " ".join(argv or sys.argv[1:])}  # fmt: skip
+            "command": "python -m benchmarks speed " + " ".join(sys.argv[1:] if argv is None else argv)}  # fmt: skip
     data = {"meta": meta, "settings": results}
     write_report(out, args.name, data, markdown(results, meta), lambda path: plot(results, path))
     return 0
@@ -254,7 +259,3 @@ def plot(results: dict, path: Path) -> None:
         ax.axvline(1.0, color="grey", lw=0.5)
         ax.set(title=f"setting {setting}", xlabel="updates per second vs the best baseline")
     save_figure(fig, path)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,15 +1,27 @@
-"""Time to target: the tokens a strategy needs for DDP's final loss (loopback) times its measured time per token
-(the emulated cluster), against the best synchronous baseline, per setting.
+"""Time to target, the yardstick: the tokens a strategy needs for DDP's loss (loopback) times its measured time per
+token (the emulated cluster), against the best synchronous baseline, per setting and loss level; and (--validate)
+whole runs on the cluster against that product.
 
-    .venv/bin/python -m benchmarks.time_to_target --tokens diloco_budgets_lr3e-3 --speed speed_streaming \\
-        --same-update zero1=ddp
+    sudo .venv/bin/python -m benchmarks time-to-target [--quick] [--resume] [--variants acco,streaming_h10_avg] \\
+        [--settings a,b] [--strategies ddp,zero1,acco,streaming_h10_avg] [--validate a:acco]
+    .venv/bin/python -m benchmarks time-to-target-table --tokens diloco_budgets_lr3e-3 --speed speed_streaming \\
+        --same-update zero1=ddp   # the product alone, from saved token and speed results
 
-The two parts are measured where each is cheap and precise: loss against tokens does not depend on the link
-(`benchmarks/token_efficiency.py --budgets ...`: the tokens to DDP's final loss of the same seed, interpolated
-between finished runs of several budgets), speed does not depend on the loss (`benchmarks/speed.py`: seconds per
-update's tokens after warm-up). DDP needs 1× its tokens by definition. A strategy whose token side is not in the
-table is shown with its speed only, unless --same-update says whose update it computes.
-Writes bench_results/<--name>.{json,md,png}.
+1. Tokens (`benchmarks/token_efficiency.py`, loopback, 2 ranks): DDP at --levels, every variant at --budgets, each
+   run with its own cosine; each DDP final loss is a target, and a variant's tokens to it are interpolated between
+   its finished runs (loss against tokens does not depend on the link).
+2. Speed (`benchmarks/speed.py`, the cluster): seconds per update of --strategies after warm-up, --repeats each
+   (speed does not depend on the loss).
+3. Their product (`main`, the time-to-target-table command): per setting, level and seed, how many times sooner than
+   the best synchronous baseline each strategy reaches the target. DDP needs 1× its tokens by definition. A baseline
+   that computes DDP's update (zero1, fsdp, hsdp, balanced or not) takes DDP's tokens; a balanced strategy its
+   unbalanced self's (--same-update); a strategy whose token side is not in the table is shown with its speed only.
+4. --validate setting:strategy,...: whole runs to DDP's loss on the cluster (`benchmarks/end_to_end.py`).
+
+The settings' link rates follow this machine's compute (<out>/<name>_calibration.json, measured first). Without
+--resume every run is done again; with it, the calibration and finished runs with the same arguments are kept, so a
+call with more seeds, variants or strategies runs only what it adds. Writes <out>/<name>_{tokens,speed,end_to_end}.* and
+<out>/<name>.{json,md,png}. Needs root and a quiet machine for the speed and validation parts.
 """
 
 from __future__ import annotations
@@ -19,13 +31,19 @@ import datetime
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
-from benchmarks.names import DDP
+from benchmarks import end_to_end, speed, token_efficiency
+from benchmarks.acco_reference import recipe
+from benchmarks.cluster import ClusterPlan, run_training
+from benchmarks.names import ACCO, DDP, FSDP, HSDP, ZERO1
 from benchmarks.speed import BASELINES
 from benchmarks.stats import mean_ci
-from benchmarks.sweeps.common import panels, save_figure, write_report
+from benchmarks.sweeps.common import QUIET, panels, save_figure, write_report
 from benchmarks.token_efficiency import machine
+from torchacco import cost_model as cm
+from torchacco.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -176,9 +194,9 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.time_to_target", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks time-to-target-table", description=__doc__)
     parser.add_argument("--tokens", required=True, help="a token-efficiency result name run with --budgets")
-    parser.add_argument("--speed", required=True, help="a speed result name (benchmarks.speed --name)")
+    parser.add_argument("--speed", required=True, help="a speed result name (benchmarks speed --name)")
     parser.add_argument("--lr", default="", help="the token table's learning rate (default: its only one)")
     parser.add_argument(
         "--same-update",
@@ -226,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in rows["strategies"]:
             rows["strategies"][name]["bound"] = aliases.get(name, name) in bounds
             rows["strategies"][name]["unreached"] = aliases.get(name, name) in set(tokens[lr]) - set(ratios)
-    command = "python -m benchmarks.time_to_target " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks time-to-target-table " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"date": datetime.date.today().isoformat(), "machine": machine(), "tokens": args.tokens,
             "speed": args.speed, "lr": lr, "command": command, "out": args.out}  # fmt: skip
     targets = {n: next(row["target"] for name, row in rows.items() if name != DDP)
@@ -237,5 +255,132 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+# the whole benchmark: the parts in turn ----------------------------------------------------------
+
+SAME_AS_DDP = (ZERO1, FSDP, HSDP, f"{DDP}_one_bucket")  # DDP's update: its tokens (their floor is measured apart)
+VARIANTS = ACCO  # the default token side besides DDP, and the strategies timed: what fits 90 minutes on 2 cores
+STRATEGIES = ",".join((DDP, ZERO1, ACCO))
+QUICK = dict(updates=60, seeds="0,1", budgets="0.5,1,1.5", levels="0.5,1", variants=ACCO, settings="a",
+             strategies=f"{DDP},{ACCO}", speed_updates=30, repeats=1, validate="")  # fmt: skip
+
+
+def timing_dependent(strategy: str) -> bool:
+    """Mixed replicas: how many inner updates a replica runs depends on its speed, so its loss per token does too."""
+    return "--diloco.balance_replicas" in speed.STRATEGIES.get(strategy, [])
+
+
+def token_variant(strategy: str) -> str:
+    """The token-efficiency variant whose update a speed strategy computes: balanced batches do not change it, nor
+    ZeRO-1 in place of DDP (inside DiLoCo's replicas too)."""
+    if timing_dependent(strategy):
+        return strategy
+    plain = strategy.removesuffix("_balanced")
+    if plain in SAME_AS_DDP:
+        return DDP
+    inner = plain.removesuffix(f"_{ZERO1}")
+    return inner if inner != plain and inner in token_efficiency.VARIANTS else plain
+
+
+def calibrate(folder: Path, timeout: float) -> dict:
+    """Compute per update of ZeRO-1 on 2 unshaped nodes of one rank (the recipe, 30 updates, the first 5 left out),
+    and the link rate at which its job takes as long."""
+    train = recipe(160, 3e-3, 0, [*QUIET, "--training.max_tokens", "0", "--training.steps", "30", "--eval.every", "0",
+                                  "--parallelism.data_parallel", ZERO1])  # fmt: skip
+    kept = run_training(ClusterPlan(nodes=2, rate_bps=None), train, folder, timeout_s=timeout)["records"][5:]
+    compute = sorted(speed.compute_s(r) for r in kept)
+    c = compute[len(compute) // 2]
+    params = cm.model_workload("gpt_neo", "debug", 128, 4, 2, vocab_size=1024).params
+    # ZeRO-1's job moves (W-1)/W of the fp32 buffer per rank twice (reduce-scatter, all-gather) per update.
+    bits = 2 * 0.5 * 8 * 4 * params
+    return {"compute_per_update_s": c, "params": params, "balance_bps": bits / c}
+
+
+def ensure_calibration(path: Path, resume: bool, timeout: float) -> None:
+    """The settings' link rates follow ZeRO-1's compute on this machine (setting a: its job as long as its compute):
+    measured anew unless `resume` finds it, so that a resumed call keeps the settings its runs were timed on."""
+    if resume:
+        try:
+            if "balance_bps" in json.loads(path.read_text())["calibration"]:
+                return
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # none, or damaged: measured again
+    calibration = calibrate(path.parent / "runs" / "calibrate", timeout)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"calibration": calibration}, indent=1))
+
+
+def check(args) -> tuple[list[str], list[str]]:
+    """The token variants and speed strategies, or one line naming what is wrong (before any run)."""
+    variants = [v for v in args.variants.split(",") if v and v != DDP]
+    strategies = [s for s in args.strategies.split(",") if s]
+    unknown = [v for v in variants if v not in token_efficiency.VARIANTS]
+    unknown += [s for s in strategies if s not in speed.STRATEGIES]
+    if unknown:
+        raise UserError(f"unknown variant or strategy {unknown[0]!r}; variants: {', '.join(token_efficiency.VARIANTS)}"
+                        f"; strategies: {', '.join(speed.STRATEGIES)}")  # fmt: skip
+    if DDP not in strategies:
+        raise UserError("the targets are DDP's losses: keep ddp in --strategies")
+    timed = [s for s in strategies if timing_dependent(s)]
+    if timed:
+        raise UserError(f"{timed[0]}'s loss per token depends on the run's timing, so loopback cannot measure it: "
+                        "leave it out of --strategies; run it whole with python -m benchmarks end-to-end")  # fmt: skip
+    for s in strategies:
+        update = token_variant(s)
+        if update not in token_efficiency.VARIANTS:
+            raise UserError(f"--strategies {s}: no token-efficiency variant computes its update; leave it out")
+        if update not in (DDP, *variants):
+            raise UserError(f"--strategies {s} computes {update}'s update, which --variants does not measure; "
+                            "add it to --variants")  # fmt: skip
+    settings = [s for s in args.settings.split(",") if s]
+    wrong = [s for s in settings if s not in speed.PER_SETTING]
+    if wrong or not settings:
+        raise UserError(f"--settings {args.settings!r}: choose from {', '.join(speed.PER_SETTING)}")
+    short = [s for s in strategies if args.speed_updates <= speed.warmup_of(s)]
+    if short:
+        warmup = speed.warmup_of(short[0])
+        raise UserError(f"--speed-updates {args.speed_updates} leaves no timed update for {short[0]} (its first "
+                        f"{warmup} are warm-up); use at least {warmup + 1}")  # fmt: skip
+    try:
+        [int(x) for x in args.seeds.split(",")], float(args.lr)
+    except ValueError:
+        raise UserError(f"--seeds takes integers separated by commas and --lr one number; got {args.seeds!r} and "
+                        f"{args.lr!r}") from None  # fmt: skip
+    for pair in (p for p in args.validate.split(",") if p):
+        setting, _, name = pair.partition(":")
+        if setting not in settings or name not in strategies or token_variant(name) not in (name, DDP):
+            raise UserError(f"--validate {pair}: give setting:strategy with a setting of --settings and a strategy of "
+                            "--strategies that computes its own update or DDP's")  # fmt: skip
+    return variants, strategies
+
+
+def time_to_target_sweep(args) -> dict:
+    """The four parts in turn (--quick: the command line has put QUICK's values in `args`)."""
+    variants, strategies = check(args)
+    out, name, started = Path(args.out), args.name, time.perf_counter()
+    fresh = [] if args.resume else ["--fresh"]
+    ensure_calibration(token_efficiency.ROOT / out / f"{name}_calibration.json", args.resume, args.timeout)
+    token_efficiency.main([
+        "--updates", str(args.updates), "--lrs", args.lr, "--seeds", args.seeds,
+        "--variants", ",".join([DDP, *variants]), "--budgets", args.budgets, "--levels", args.levels,
+        "--out", args.out, "--name", f"{name}_tokens", "--runs", f"{name}_runs", *fresh,
+    ])  # fmt: skip
+    tokens_done = time.perf_counter()
+    speed.main([
+        "--updates", str(args.speed_updates), "--repeats", str(args.repeats), "--settings", args.settings,
+        "--strategies", ",".join(strategies), "--out", args.out, "--name", f"{name}_speed",
+        "--calibration", f"{name}_calibration", *(["--resume"] if args.resume else []),
+    ])  # fmt: skip
+    same = ",".join(f"{s}={token_variant(s)}" for s in strategies if token_variant(s) != s)
+    main([
+        "--tokens", f"{name}_tokens", "--speed", f"{name}_speed", "--out", args.out, "--name", name,
+        *(["--same-update", same] if same else []),
+    ])  # fmt: skip
+    if args.validate:
+        end_to_end.main([
+            "--pairs", args.validate, "--seeds", args.seeds.split(",")[0], "--tokens", f"{name}_tokens",
+            "--speed", f"{name}_speed", "--out", args.out, "--name", f"{name}_end_to_end",
+            "--calibration", f"{name}_calibration", *fresh,
+        ])  # fmt: skip
+    minutes = {"tokens": (tokens_done - started) / 60, "total": (time.perf_counter() - started) / 60}
+    print(f"[time-to-target] done in {minutes['total']:.1f} min (the token side {minutes['tokens']:.1f} min)")
+    return minutes

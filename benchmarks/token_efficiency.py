@@ -1,9 +1,9 @@
 """Token efficiency: validation loss at equal tokens, ACCO (and variants) against DDP, paired by seed.
 
-    .venv/bin/python -m benchmarks.token_efficiency --updates 1000 --lrs 1.5e-3,3e-3,6e-3 --seeds 0,1,2,3,4 \\
+    .venv/bin/python -m benchmarks token-efficiency --updates 1000 --lrs 1.5e-3,3e-3,6e-3 --seeds 0,1,2,3,4 \\
         --variants ddp,zero1,acco,acco_w05
 
-One 2-rank gloo training run at a time (run_train.sh, NPROC=2, one thread per rank) on the time-to-loss sweep's
+One 2-rank gloo training run at a time (run_train.sh, NPROC=2, one thread per rank) on the time-to-target
 recipe: GPT-Neo debug, 1k BPE vocabulary, seq 128, 16 sequences per update, AdamW β 0.9/0.95, wd 0.1, clipping
 1.0, 5% warm-up then cosine, evaluation on 4 batches per rank every tenth of the run. For every (lr, variant, seed)
 the final validation loss, and its gap to DDP's with the same seed and lr (the seeds fix initialisation and data
@@ -77,7 +77,7 @@ VARIANTS = {
         "commit",
     ],
     # the commit counts each token computed at θ̃ 1.86 times: 65% of its weight on the half at θ̃ (a weaker feedback of
-    # the estimate's error, in the linear model with noise of benchmarks/acco_stability.py)
+    # the estimate's error, in the linear model with noise of benchmarks/acco_stability.py, in git history)
     "acco_tw65": ["--parallelism.data_parallel", ACCO, "--acco.estimate_token_weight", "1.857"],
     "acco_w0": ["--parallelism.data_parallel", ACCO, "--acco.estimate_grad_weight", "0"],
     "acco_damped05": ["--parallelism.data_parallel", ACCO, "--acco.estimate_damping", "0.5"],
@@ -376,7 +376,7 @@ def plot(summary: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks token-efficiency", description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=1000)
     parser.add_argument("--lrs", default="3e-3", help="comma-separated peak learning rates")
     parser.add_argument("--seeds", default="0,1,2,3,4")
@@ -454,12 +454,8 @@ def main(argv: list[str] | None = None) -> None:
         "seeds": seeds,
         "budgets": budgets,
         "levels": levels,
-        "command": "python -m benchmarks.token_efficiency " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m benchmarks token-efficiency " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     out.mkdir(parents=True, exist_ok=True)
     data = {"meta": meta, "summary": summary}
     write_report(out, name, data, markdown(summary, meta), lambda path: plot(summary, path))
-
-
-if __name__ == "__main__":
-    main()

@@ -21,11 +21,14 @@ Every cache entry appears atomically (written aside, then renamed), so a killed 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +54,79 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 2  # bump when the token files or the tokenizer training change meaning
+PROGRESS_S = 60.0  # how often a long preparation, or a wait for another process's, prints a line
+
+
+class Progress:
+    """Counts documents, and prints on stderr every PROGRESS_S how many: a real corpus takes hours
+    to tokenize, and the console must show it is moving (in a training run too, where logging is
+    not set up)."""
+
+    def __init__(self, what: str):
+        self.what, self.documents, self.chars = what, 0, 0
+        self.start = self.last = time.monotonic()
+
+    def add(self, doc) -> None:
+        self.documents += 1
+        self.chars += sum(map(len, doc)) if isinstance(doc, tuple) else len(doc)  # (prompt, response) or text
+        if time.monotonic() - self.last >= PROGRESS_S:
+            self.last = time.monotonic()
+            say(
+                f"data: {self.what}: {self.documents:,} documents ({self.chars / 1e6:,.1f}M characters) "
+                f"in {self.last - self.start:.0f} s"
+            )
+
+    def over(self, docs):
+        for doc in docs:
+            self.add(doc)
+            yield doc
+
+
+def say(line: str) -> None:
+    print(f"torchacco: {line}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """Held while one process prepares the data that `path` names; another waits, printing every
+    PROGRESS_S what for. Where the file system has no locks (some network file systems) or the cache
+    is read-only (prepared ahead), nothing is held: two processes may then both prepare, and the
+    atomic renames still keep each entry whole."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        file = open(path, "a")
+    except OSError:
+        file = None
+    if file is None:
+        yield
+        return
+    with file:
+        held = _lock(file, path)
+        try:
+            yield
+        finally:
+            if held:
+                fcntl.flock(file, fcntl.LOCK_UN)
+
+
+def _lock(file, path: Path) -> bool:
+    """Wait for the lock on `file`; False when this file system has none."""
+    start = last = time.monotonic()
+    while True:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        except OSError:  # ENOLCK, EOPNOTSUPP
+            return False
+        time.sleep(0.5)
+        if time.monotonic() - last >= PROGRESS_S:
+            last = time.monotonic()
+            say(
+                f"data: waiting for another process (on this node, or a node sharing {path.parent.parent}) to "
+                f"finish preparing the same data ({last - start:.0f} s so far; lock {path})"
+            )
 
 
 def cache_root(data_cfg) -> Path:
@@ -58,9 +134,17 @@ def cache_root(data_cfg) -> Path:
 
 
 def prepare(data_cfg, tok_cfg, seq_len: int) -> None:
-    """Fetch the corpus, train or load the tokenizer, tokenize both splits into the cache. Idempotent."""
-    start = time.perf_counter()
+    """Fetch the corpus, train or load the tokenizer, tokenize both splits into the cache. Idempotent.
+    Processes sharing the cache folder (a job's nodes on a shared file system) prepare the same data
+    one at a time, so the later ones find it ready instead of doing it again. A long preparation
+    says where it is every PROGRESS_S."""
     identity = _identity(data_cfg)
+    with _exclusive(cache_root(data_cfg) / "locks" / f"{_key(identity, tok_cfg.vocab_size, tok_cfg.path)}.lock"):
+        _prepare(data_cfg, tok_cfg, seq_len, identity)
+
+
+def _prepare(data_cfg, tok_cfg, seq_len: int, identity: dict) -> None:
+    start = time.perf_counter()
     tok_path = _tokenizer_path(data_cfg, tok_cfg, identity)
     if tok_path.is_file() or tok_cfg.path:
         tok = Tokenizer(tok_path)
@@ -75,14 +159,17 @@ def prepare(data_cfg, tok_cfg, seq_len: int) -> None:
     splits = _documents(data_cfg)
     if not tok_path.is_file():
         log.info("data: training a %d-token byte-level BPE on the training documents", tok_cfg.vocab_size)
-        train_bpe((p for d in splits.train() for p in pieces("".join(d))), tok_cfg.vocab_size, tok_path)
+        docs = Progress("training the tokenizer").over(splits.train())
+        train_bpe((p for d in docs for p in pieces("".join(d))), tok_cfg.vocab_size, tok_path)
     tok = Tokenizer(tok_path)
     folder = _tokens_folder(data_cfg, tok, identity)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
         with SplitWriter(tmp, "train", tok) as train, SplitWriter(tmp, "val", tok) as val:
+            progress = Progress("tokenizing")
             for doc, held_out in splits:  # tokenized as read: one batch of text in memory
+                progress.add(doc)
                 (val if held_out else train).add(doc)
             meta = {
                 "dataset": data_cfg.dataset,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -67,7 +68,7 @@ class Tokenizer:
         """Write tokenizer.json into `folder` (atomically) and return its path."""
         path = Path(folder) / "tokenizer.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".tokenizer.json.{os.getpid()}.tmp")
+        tmp = path.with_name(f".tokenizer.json.{uuid.uuid4().hex}.tmp")  # not the pid: two nodes can have the same
         tmp.write_bytes(self.path.read_bytes() if self.path else self._tok.to_str().encode())
         os.replace(tmp, path)
         return path
@@ -137,7 +138,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: Path) -> Tokenizer:
     )
     tok.train_from_iterator(texts, trainer=trainer)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # not the pid: two nodes can have the same
     tok.save(str(tmp))
     os.replace(tmp, path)
     return Tokenizer(path)

@@ -2,6 +2,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,28 @@ def run_train(args: list[str], nproc: int = 2, timeout: int = 300, env: dict | N
 
 def read_metrics(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def two_nodes(workdirs, *args: str) -> list[subprocess.CompletedProcess]:
+    """The same command on both nodes, each started in its own working directory: a relative
+    --job.dump_folder is then a folder of each node's own, as a path on node-local disks is."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = []
+    for node_rank, workdir in enumerate(workdirs):
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "NNODES": "2", "NODE_RANK": str(node_rank), "NPROC": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "RDZV_ID": f"folders-{port}", "PYTHON": sys.executable}  # fmt: skip
+        nodes.append(
+            subprocess.Popen(
+                [str(ROOT / "run_train.sh"), *args],
+                env=env,
+                cwd=workdir,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    return [subprocess.CompletedProcess(n.args, n.returncode, out, err) for n, (out, err) in zip(nodes, outputs)]

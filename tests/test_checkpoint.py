@@ -1,5 +1,6 @@
 """Checkpoints: exact resume, resharding across world sizes, atomic saves, clear errors."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FSDP_ASYNC, ROOT, read_metrics, run_train, six_step_args
+from conftest import FSDP_ASYNC, ROOT, read_metrics, run_train, six_step_args, tiny_args
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from torchacco.checkpoint import step_dirs
@@ -277,3 +278,41 @@ def test_corrupted_checkpoint_is_a_clear_error_naming_an_earlier_one(tiny_corpus
     proc = run_train(args(tiny_corpus, cache_dir, out, "zero1", 4, "--checkpoint.load_path", str(first)))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "at step 2" in proc.stdout
+
+
+def test_an_asynchronous_save_stages_a_host_copy_that_training_cannot_change():
+    from torchacco.checkpoint import HostStaging
+
+    class Counter:  # a Stateful, as the data loader is
+        position = 7
+
+        def state_dict(self):
+            return {"position": self.position}
+
+        def load_state_dict(self, state):
+            pass
+
+    weights = torch.arange(6.0)
+    state = {"model": {"w": weights, "steps": [torch.tensor(3)]}, "loader": Counter()}
+    staging = HostStaging()
+    staged = staging(state)
+    weights += 100  # training goes on while the save is written
+    assert torch.equal(staged["model"]["w"], torch.arange(6.0)) and staged["loader"] == {"position": 7}
+    assert staged["model"]["steps"][0].item() == 3
+    state["loader"].position = 8
+    again = staging(state)
+    assert again["model"]["w"] is staged["model"]["w"]  # the host buffers are reused
+    assert torch.equal(again["model"]["w"], torch.arange(6.0) + 100) and again["loader"] == {"position": 8}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["ddp", "acco"])
+def test_the_free_space_check_expects_the_bytes_a_checkpoint_writes(tiny_corpus, cache_dir, tmp_path, kind):
+    """From the strategy's own state: ACCO's checkpoint is twice DDP's, which a bytes-per-parameter rule misses."""
+    out = tmp_path / kind
+    args = tiny_args(tiny_corpus, cache_dir, out, "--checkpoint.enable", "true", "--training.steps", "1")
+    proc = run_train([*args, "--parallelism.data_parallel", kind, "--training.global_batch_size", "16"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = float(re.search(r"a checkpoint takes about ([\d,.]+) MiB", proc.stdout + proc.stderr)[1].replace(",", ""))
+    written = sum(f.stat().st_size for f in (out / "checkpoint").rglob("*") if f.is_file()) / 2**20
+    assert abs(said - written) <= 0.1 * written, (said, written)  # (the rest: DCP's metadata, RNG states)

@@ -3,6 +3,7 @@ traceback, no hang. Config mistakes are caught by the launcher before any worker
 here in-process, the launcher's own function, plus once through the script); data, tokenizer and
 dump-folder mistakes inside the 2 workers, where rank 0 alone reports (~10 s)."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -411,4 +412,35 @@ def test_a_hung_communication_job_is_diagnosed_before_the_collective_timeout(tin
     for line in errors:  # the timed wait's words, not gloo's own timeout ("a collective failed")
         assert "the communication job made no progress for 24 s" in line, line
         assert "with its communication job" in line and "(step 3)" in line, line  # where the other rank is
+        assert re.search(r"rank 1 has not entered the (reduce-scatter|all-gather) that rank 0 is in", line), line
     assert elapsed < 120, elapsed
+
+
+@pytest.mark.faults
+def test_a_rank_hung_inside_a_collective_is_diagnosed_and_every_rank_keeps_its_flight_recorder(
+    tiny_corpus, cache_dir, tmp_path
+):
+    """Rank 1 waits inside the communication library (a receive no peer answers) from step 3, and
+    rank 0 inside its all-gather: both end with the diagnosis before the collective timeout, each
+    having written its flight recorder first."""
+    import time
+
+    from conftest import run_train, tiny_args
+
+    extra = ["--parallelism.data_parallel", "acco", "--training.global_batch_size", "16"]
+    extra += ["--training.steps", "40", "--eval.every", "0", "--training.collective_timeout_s", "20"]
+    started = time.monotonic()
+    env = {"TORCHACCO_FAULT": "hang@rank1:step3", "TORCH_FR_BUFFER_SIZE": "2000"}
+    proc = run_train(tiny_args(tiny_corpus, cache_dir, tmp_path / "out", *extra), env=env, timeout=240)
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
+    assert len(errors) == 2, proc.stderr[-3000:]
+    for line in errors:  # both ranks name rank 1, which never entered the collective rank 0 waits in
+        assert "made no progress for 16 s" in line and "(step 3)" in line, line
+        assert re.search(r"rank 1 has not entered the (reduce-scatter|all-gather) that rank 0 is in", line), line
+    assert elapsed < 100, elapsed  # before gloo's own timeout would have ended both (20 s, after the 16)
+    assert "terminate called" not in proc.stderr  # no abort beside the thread left in gloo
+    recorded = sorted(p.name for p in (tmp_path / "out" / "flight_recorder").iterdir())
+    assert recorded == ["rank_0", "rank_1"] and all((tmp_path / "out" / "flight_recorder" / r).stat().st_size
+                                                  for r in recorded)  # fmt: skip

@@ -206,7 +206,7 @@ def test_result_parsing(tmp_path):
 
 
 def test_summaries_and_curves():
-    from benchmarks.compare import summarize
+    from benchmarks.cluster import summarize
     from benchmarks.sweeps.common import mean_lists
     from benchmarks.sweeps.convergence import val_curve
 
@@ -319,12 +319,3 @@ def test_collective_probe_times_the_chosen_rings_after_a_gap_of_compute(tmp_path
     bad = subprocess.run([sys.executable, "-m", "benchmarks.workers.collective_probe", "--ops", "ring_all_gathr"],
                          env=env, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "unknown collective 'ring_all_gathr'" in bad.stderr.splitlines()[-1]
-
-
-def test_collective_gap_refuses_a_setting_it_cannot_probe_in_one_line(capsys):
-    from benchmarks import collective_gap
-
-    with pytest.raises(SystemExit) as exit:
-        collective_gap.main(["--settings", "a2"])
-    assert exit.value.code == 2
-    assert "--settings: 'a2' is not a setting of one-rank nodes on shaped links" in capsys.readouterr().err

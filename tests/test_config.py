@@ -128,3 +128,14 @@ def test_every_key_has_a_line_of_help_and_a_literal_for_fixed_choices():
     for name, section in _sections().items():  # the strategies' sections ([acco]) included
         for f in dataclasses.fields(section):
             assert f.metadata.get("help"), f"[{name}] {f.name} has no help"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_multi_gpu_recipe_checkpoints_at_an_interval_and_keeps_a_few(path):
+    """A cluster job restarts from its latest checkpoint (MAX_RESTARTS): one that never saves starts over."""
+    cfg = load_config(["--config", str(path)])
+    nodes, gpus = map(int, cfg.job.cluster.split("x"))
+    if nodes * gpus <= 2:
+        return  # the CPU defaults: minutes long
+    c = cfg.checkpoint
+    assert c.enable and 0 < c.every <= cfg.training.steps // 10 and c.keep > 0, (c.enable, c.every, c.keep)

@@ -154,7 +154,7 @@ def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys)
     row = json.loads((tmp_path / "cmc.json").read_text())["tables"]["spd"]["a"]["rows"]["ddp"]
     assert row["error"] == pytest.approx(row["predicted_s"] / 0.5 - 1) and not row["within"]
     assert "**1 of 1 predictions miss the 15% bar.**" in (tmp_path / "cmc.md").read_text()
-    # a compute probed beside the links replaces the time-to-loss calibration: twice the compute, as twice the tokens
+    # a compute probed beside the links replaces the calibration: twice the compute, as twice the tokens
     (tmp_path / "cost_model_probes.json").write_text(json.dumps({**probes, "compute_per_update_s": 0.1}))
     assert check.main(["--speed", "spd", "--out", str(tmp_path), "--name", "cmc"]) == 0
     probed = json.loads((tmp_path / "cmc.json").read_text())
@@ -252,50 +252,3 @@ def test_where_the_cpu_budget_binds_it_is_the_prediction():
     row = bound["rows"]["zero1"]
     assert row["cpu_budget_s"] == pytest.approx((4 * 128 * 5e-5 + 0.5) / 0.1125) and free["cpu_budget_s"] == 0.0
     assert row["predicted_s"] == pytest.approx(row["cpu_budget_s"]) and row["predicted_s"] > free["predicted_s"]
-
-
-def test_a_ranks_cpu_per_update_is_two_runs_differenced_and_set_against_its_probed_compute(
-    monkeypatch, tmp_path, capsys
-):
-    from benchmarks import cpu_per_update
-
-    calibration = {"compute_per_update_s": 0.05, "params": 600_000, "balance_bps": 3e8}
-    (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": calibration}))
-    # one core: 0.064 s per update of 2 × 512 tokens per rank, 62.5 µs per token; at 0.1125 cores 500 µs per token
-    probes = {"compute_per_update_s": 0.064, "compute_per_update_s_at_cores": {"0.1125": 0.512}}
-    (tmp_path / "cost_model_probes.json").write_text(json.dumps(probes))
-
-    def fake_run(plan, train, folder):
-        updates = int([v for k, v in zip(train, train[1:]) if k == "--training.steps"][-1])  # the last one wins
-        ranks = [{"rank": r, "node": r, "cpu_user_s": 3.0 + updates * (0.03 if r == 3 else 0.02), "cpu_sys_s": 1.0,
-                  "wall_s": 20.0 + updates * 0.4} for r in range(plan.world_size)]  # fmt: skip
-        return {"records": [{"micro_batches_per_rank": counts}] * 2, "ranks": ranks}
-
-    counts = [4, 4, 4, 4]
-
-    monkeypatch.setattr(cpu_per_update, "run_training", fake_run)
-    argv = ["--settings", "c", "--strategies", "zero1", "--out", str(tmp_path), "--name", "cpu"]
-    assert cpu_per_update.main(argv) == 0
-    rows = json.loads((tmp_path / "cpu.json").read_text())["results"]["c"]["zero1"]
-    slow, fast = rows[3], rows[0]
-    assert (slow["cpu_s"], fast["cpu_s"], slow["wall_s"]) == (
-        pytest.approx(0.03),
-        pytest.approx(0.02),
-        pytest.approx(0.4),
-    )
-    # 4 micro-batches of 128 tokens at 0.1125 cores: 4 · 128 · 500 µs of wall, × 0.1125 cores of CPU
-    assert slow["compute_cpu_s"] == pytest.approx(4 * 128 * 500e-6 * 0.1125)
-    assert slow["beyond_compute_s"] == pytest.approx(0.03 - 4 * 128 * 500e-6 * 0.1125)
-    assert "| 3 | 0.1125 | 4 | 30.0 |" in (tmp_path / "cpu.md").read_text()
-    # a DiLoCo replica's records count only its own ranks: no compute to set against
-    counts = [8, 8]
-    assert cpu_per_update.main(argv) == 0
-    rows = json.loads((tmp_path / "cpu.json").read_text())["results"]["c"]["zero1"]
-    assert rows[3]["compute_cpu_s"] is None and rows[3]["cpu_s"] == pytest.approx(0.03)
-    with pytest.raises(SystemExit):
-        cpu_per_update.main([*argv, "--short", "40"])
-    assert "need 0 < short < long" in capsys.readouterr().err
-    (tmp_path / "cost_model_probes.json").write_text("{}")
-    with pytest.raises(SystemExit):
-        cpu_per_update.main(argv)
-    assert "cannot read the compute probes" in capsys.readouterr().err

@@ -5,6 +5,8 @@ import json
 import logging
 import os
 import random
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -224,6 +226,43 @@ def test_second_prepare_reuses_the_cache_and_a_changed_file_does_not(tmp_path):
     os.utime(docs / "doc000.txt", ns=(stamp + 10**9, stamp + 10**9))
     data.prepare(data_cfg, tok_cfg, 16)
     assert len(list((tmp_path / "cache" / "tokens").iterdir())) == 2
+
+
+def test_a_second_preparation_of_the_same_data_waits_for_the_first_then_finds_it_ready(tmp_path, monkeypatch, capfd):
+    """Nodes sharing the cache folder prepare it once: the others wait on a file lock, saying so."""
+    data_cfg, tok_cfg = configs(tmp_path, write_docs(tmp_path / "docs"))
+    monkeypatch.setattr(data, "PROGRESS_S", 0.0)  # a progress line for every document, a waiting line every poll
+    release, entered, failed = threading.Event(), [], []
+    real = data._prepare
+
+    def first_one_held(*args):
+        entered.append(threading.current_thread().name)
+        if len(entered) == 1:
+            release.wait(20)
+        real(*args)
+
+    def prepare():
+        try:
+            data.prepare(data_cfg, tok_cfg, 16)
+        except Exception as e:
+            failed.append(e)
+
+    monkeypatch.setattr(data, "_prepare", first_one_held)
+    first, second = (threading.Thread(target=prepare, name=name) for name in ("first", "second"))
+    first.start()
+    while not entered:
+        time.sleep(0.01)
+    second.start()
+    time.sleep(1.2)
+    assert entered == ["first"]  # the second is held at the lock, not preparing beside the first
+    assert "waiting for another process" in capfd.readouterr().err
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert not failed and entered == ["first", "second"]
+    err = capfd.readouterr().err
+    assert err.count("data: training the tokenizer:") > 0 and err.count("data: tokenizing:") == 60  # once, not twice
+    assert len(list((tmp_path / "cache" / "tokens").iterdir())) == 1
 
 
 def test_separate_validation_source_is_used_whole(tmp_path):

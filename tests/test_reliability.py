@@ -582,3 +582,68 @@ def test_a_reported_failure_is_printed_at_once_and_a_blocked_teardown_cannot_kee
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert proc.stderr == "torchacco: error: x y\n"
     assert proc.returncode == (0 if tears_down else 1)
+
+
+def test_waiting_for_the_jobs_kernels_has_a_deadline():
+    from torchacco.errors import Stalled
+    from torchacco.runners import wait_for_event
+
+    class Event:  # as torch.cuda.Event: query() says whether the recorded kernels have finished
+        def __init__(self, after: int):
+            self.polls, self.after = 0, after
+
+        def query(self) -> bool:
+            self.polls += 1
+            return self.polls > self.after
+
+    wait_for_event(Event(after=5), timeout_s=5.0)
+    with pytest.raises(Stalled, match="made no progress for 0 s"):
+        wait_for_event(Event(after=10**9), timeout_s=0.05)
+
+
+def test_the_flight_recorder_is_written_where_nccls_timeout_dump_goes(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from torchacco.parallel.process_groups import dump_flight_recorder
+
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+    monkeypatch.delenv("TORCH_FR_DUMP_TEMP_FILE", raising=False)
+    assert dump_flight_recorder(tmp_path, 3, dump=lambda: b"trace") is None  # the recorder is off
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
+    path = dump_flight_recorder(tmp_path / "run", 3, dump=lambda: b"trace")
+    assert path == tmp_path / "run" / "flight_recorder" / "rank_3" and path.read_bytes() == b"trace"
+
+    def failing():
+        raise RuntimeError("the recorder is gone")
+
+    assert dump_flight_recorder(tmp_path / "run", 4, dump=failing) is None
+    never = threading.Event()  # a dump blocked on a lock held beside the hang: the diagnosis goes on
+    start = time.monotonic()
+    assert dump_flight_recorder(tmp_path / "run", 5, dump=never.wait, timeout_s=0.2) is None
+    assert time.monotonic() - start < 2
+
+
+def test_the_diagnosis_names_the_rank_that_has_not_entered_the_collective_the_others_are_in():
+    from torchacco.health import behind
+
+    def beat(where, **groups):
+        return {"beat": 5, "where": where, "collectives": {g: list(c) for g, c in groups.items()}}
+
+    in_job = "wait for the communication job (step 3)"
+    beats = {
+        0: beat(in_job, dp=(12, "reduce_scatter"), tp=(4, "all_gather")),
+        1: beat("compute (step 3)", dp=(11, "all_gather"), tp=(4, "all_gather")),
+        2: beat(in_job, dp=(12, "reduce_scatter")),  # (not in the tp group)
+    }
+    said = behind(beats)
+    assert said == (
+        "rank 1 has not entered the reduce-scatter that ranks 0, 2 are in (their reduce-scatter or all-gather #12; "
+        "rank 1 entered 11): rank 1 is alive, in compute (step 3)"
+    )
+    beats[1]["collectives"]["dp"][0] = 12  # every rank inside the same collective: nobody lags
+    assert behind(beats) is None
+    # Counted per group: DiLoCo's replicas step apart, and each replica's group is compared alone.
+    assert behind({0: beat(in_job, a=(40, "all_gather")), 1: beat(in_job, b=(30, "all_gather"))}) is None
+    assert behind({0: beat(in_job), 1: {"beat": 3, "where": in_job}}) is None  # nothing entered yet

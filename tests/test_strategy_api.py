@@ -111,8 +111,8 @@ def test_the_config_and_its_reference_follow_the_registered_strategies(toy_regis
     assert "heavy-ball momentum of the toy strategy" in reference
 
 
-def test_the_cost_model_and_the_time_to_loss_benchmark_list_a_registered_strategy(toy_registered):
-    from benchmarks.sweeps.ttl_strategies import strategies
+def test_the_cost_model_and_the_benchmarks_list_a_registered_strategy(toy_registered):
+    from benchmarks.sweeps.common import strategy_variants
     from torchacco import cost_model as cm
 
     assert {"toy_sgd", "toy_sgd_momentum"} <= set(cm.variants())
@@ -121,7 +121,8 @@ def test_the_cost_model_and_the_time_to_loss_benchmark_list_a_registered_strateg
     predicted = cm.predict_all(work, hw)
     assert predicted["toy_sgd"]["step_time_s"] == predicted["ddp"]["step_time_s"]  # the same traits, the same time
     assert cm.memory_bytes(work, hw, "toy_sgd") == 12 * 1e6
-    assert strategies()["toy_sgd_momentum"] == ["--parallelism.data_parallel", "toy_sgd", "--toy_sgd.momentum", "0.9"]
+    expected = ["--parallelism.data_parallel", "toy_sgd", "--toy_sgd.momentum", "0.9"]
+    assert strategy_variants()["toy_sgd_momentum"] == expected
 
 
 def test_an_unknown_strategy_is_one_line_listing_the_registered_ones():

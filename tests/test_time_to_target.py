@@ -342,16 +342,16 @@ def test_the_time_to_target_benchmark_runs_its_parts_in_turn_and_resumes(monkeyp
     from types import SimpleNamespace
 
     from benchmarks import end_to_end, speed, time_to_target, token_efficiency
-    from benchmarks.sweeps import decomposition
 
     calls, calibrations = [], []
     for module in (token_efficiency, speed, time_to_target, end_to_end):
         monkeypatch.setattr(module, "main", lambda argv, m=module.__name__: calls.append((m.split(".")[-1], argv)))
-    monkeypatch.setattr(decomposition, "calibrate", lambda args, base: calibrations.append(1) or {"balance_bps": 1e8})
+    fake_calibrate = lambda folder, timeout: calibrations.append(1) or {"balance_bps": 1e8}  # noqa: E731
+    monkeypatch.setattr(time_to_target, "calibrate", fake_calibrate)
     args = SimpleNamespace(out=str(tmp_path), name="ttt", updates=1000, lr="3e-3", seeds="3,4", variants="acco",
                            budgets="0.75,1,1.25", levels="0.75,1", settings="a,b", strategies="ddp,zero1_balanced,acco",
                            speed_updates=110, repeats=2, validate="a:acco", timeout=60, resume=False)  # fmt: skip
-    decomposition.time_to_target_sweep(args)
+    time_to_target.time_to_target_sweep(args)
     parts = dict(calls)
     assert [name for name, _ in calls] == ["token_efficiency", "speed", "time_to_target", "end_to_end"]
     assert parts["token_efficiency"][parts["token_efficiency"].index("--variants") + 1] == "ddp,acco"
@@ -361,7 +361,7 @@ def test_the_time_to_target_benchmark_runs_its_parts_in_turn_and_resumes(monkeyp
     assert parts["speed"][parts["speed"].index("--calibration") + 1] == "ttt_calibration"
     assert json.loads((tmp_path / "ttt_calibration.json").read_text())["calibration"] == {"balance_bps": 1e8}
     calls.clear()
-    decomposition.time_to_target_sweep(SimpleNamespace(**{**vars(args), "resume": True}))
+    time_to_target.time_to_target_sweep(SimpleNamespace(**{**vars(args), "resume": True}))
     parts = dict(calls)
     assert calibrations == [1]  # kept: the resumed runs' settings are the ones they were timed on
     assert "--fresh" not in parts["token_efficiency"] and "--resume" in parts["speed"]
@@ -388,27 +388,25 @@ def test_the_time_to_target_benchmark_runs_its_parts_in_turn_and_resumes(monkeyp
 def test_the_time_to_target_benchmark_names_a_mistake_in_one_line_before_any_run(change, message):
     from types import SimpleNamespace
 
-    from benchmarks.sweeps import decomposition
     from torchacco.errors import UserError
 
     defaults = {"variants": "acco", "strategies": "ddp,zero1,acco", "settings": "a,b", "speed_updates": 110,
                 "seeds": "0,1", "lr": "3e-3", "validate": ""}  # fmt: skip
     args = SimpleNamespace(**{**defaults, **change})
     if message is None:
-        assert decomposition.check(args) == (["acco"], ["ddp", "zero1", "acco"])
+        assert ttt.check(args) == (["acco"], ["ddp", "zero1", "acco"])
         return
     with pytest.raises(UserError, match=message):
-        decomposition.check(args)
+        ttt.check(args)
 
 
 def test_each_timed_strategy_takes_the_tokens_of_the_update_it_computes():
-    from benchmarks.sweeps.decomposition import token_variant
 
-    assert [token_variant(s) for s in ("zero1", "fsdp", "ddp_one_bucket", "zero1_balanced")] == ["ddp"] * 4
-    assert token_variant("acco_balanced") == "acco"  # the split changes who computes what, not the update
-    assert token_variant("streaming_h10_avg_zero1") == "streaming_h10_avg"  # ZeRO-1 inside: DDP's inner update
-    assert token_variant("streaming_h10_avg_acco") == "streaming_h10_avg_acco"  # ACCO inside: not measured
-    assert token_variant("diloco_h50_balanced") == "diloco_h50_balanced"  # mixed replicas: their own update
+    assert [ttt.token_variant(s) for s in ("zero1", "fsdp", "ddp_one_bucket", "zero1_balanced")] == ["ddp"] * 4
+    assert ttt.token_variant("acco_balanced") == "acco"  # the split changes who computes what, not the update
+    assert ttt.token_variant("streaming_h10_avg_zero1") == "streaming_h10_avg"  # ZeRO-1 inside: DDP's inner update
+    assert ttt.token_variant("streaming_h10_avg_acco") == "streaming_h10_avg_acco"  # ACCO inside: not measured
+    assert ttt.token_variant("diloco_h50_balanced") == "diloco_h50_balanced"  # mixed replicas: their own update
 
 
 def test_a_whole_run_on_the_cluster_is_kept_only_for_the_same_arguments_on_the_same_plan(monkeypatch, tmp_path):
@@ -438,14 +436,14 @@ def test_a_whole_run_on_the_cluster_is_kept_only_for_the_same_arguments_on_the_s
         end_to_end.train_on_cluster("a", "ddp", 0, 10, 3e-3, tmp_path, calibration="missing")
 
 
-def test_a_time_to_loss_sweep_names_an_unknown_strategy_in_one_line(tmp_path):
-    from types import SimpleNamespace
+def test_one_command_line_runs_every_benchmark_and_calls_nothing_superseded_the_headline(monkeypatch, capsys):
+    from benchmarks import cli, speed
 
-    from benchmarks.sweeps.time_to_loss import time_to_loss
-    from torchacco.errors import UserError
-
-    args = SimpleNamespace(settings="a", strategies="ddp,nope", out=str(tmp_path))
-    with pytest.raises(UserError, match="unknown strategy or setting 'nope'"):
-        time_to_loss(args)
-    with pytest.raises(UserError, match="keep ddp in --strategies"):
-        time_to_loss(SimpleNamespace(settings="a", strategies="zero1", out=str(tmp_path)))
+    monkeypatch.setattr(speed, "main", lambda argv: seen.append(argv) or 0)
+    seen = []
+    assert cli.run(["speed", "--settings", "c"]) == 0 and seen == [["--settings", "c"]]
+    commands = cli.build_parser()._subparsers._group_actions[0].choices
+    assert set(cli.MODULES) | {"time-to-target", "throughput", "all"} <= set(commands)
+    assert "time-to-loss" not in commands and "headline" not in (cli.__doc__ + capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        cli.run(["time-to-loss"])

@@ -209,52 +209,13 @@ def test_a_model_on_another_device_is_one_clear_error(tmp_path):
 @pytest.mark.integration
 def test_multi_node_launch_through_c10d_rendezvous(tiny_corpus, cache_dir, tmp_path):
     """Two 'nodes' of one process each on this machine, as run_train.sh's multi-node path runs them."""
-    import os
-    import socket
-    import subprocess
+    from conftest import ROOT, two_nodes
 
-    from conftest import ROOT
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    nodes = []
-    for node_rank in (0, 1):
-        env = {
-            **os.environ,
-            "NNODES": "2",
-            "NODE_RANK": str(node_rank),
-            "NPROC": "1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RDZV_ID": f"test-{port}",
-            "PYTHON": sys.executable,
-        }
-        nodes.append(
-            subprocess.Popen(
-                [
-                    str(ROOT / "run_train.sh"),
-                    *tiny_args(
-                        tiny_corpus,
-                        cache_dir,
-                        tmp_path,
-                        "--parallelism.data_parallel",
-                        "acco",
-                        "--training.global_batch_size",
-                        "16",
-                    ),
-                ],
-                env=env,
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    outputs = [node.communicate(timeout=300) for node in nodes]
-    for node, (_, err) in zip(nodes, outputs):
-        assert node.returncode == 0, err[-3000:]
-    assert "acco × 2" in outputs[0][0]  # one data-parallel group over both nodes
+    args = tiny_args(tiny_corpus, cache_dir, tmp_path, "--parallelism.data_parallel", "acco")
+    nodes = two_nodes([ROOT, ROOT], *args, "--training.global_batch_size", "16")
+    for node in nodes:
+        assert node.returncode == 0, node.stderr[-3000:]
+    assert "acco × 2" in nodes[0].stdout  # one data-parallel group over both nodes
     assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 7))
 
 

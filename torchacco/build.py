@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from torchacco import hf_io, materialize
+from torchacco import faults, hf_io, materialize
 from torchacco.config import Data, Model, Tokenizer
 from torchacco.device import Device
 from torchacco.errors import UserError
@@ -84,7 +85,11 @@ def build_data(data_cfg: Data, tokenizer_cfg: Tokenizer, seq_len: int, seed: int
     fetches and tokenizes first; the others read its cache."""
     from torchacco import data
 
-    on_one_rank(dims, lambda: data.prepare(data_cfg, tokenizer_cfg, seq_len))
+    def prepare() -> None:
+        time.sleep(faults.data_delay(dims.rank))  # an injected slow corpus (TORCHACCO_FAULT=slow_data@...)
+        data.prepare(data_cfg, tokenizer_cfg, seq_len)
+
+    on_one_rank(dims, prepare, what="prepare the data (fetch, train the tokenizer, tokenize)")
     tokenizer = data.load_tokenizer(data_cfg, tokenizer_cfg)
     train_set, val_set = data.build_datasets(data_cfg, tokenizer_cfg, seq_len, dims.data_rank, dims.data_size, seed)
     return tokenizer, train_set, val_set

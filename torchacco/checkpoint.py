@@ -19,12 +19,16 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
+import socket
+import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
@@ -83,24 +87,113 @@ def step_dirs(folder: Path) -> list[tuple[int, Path]]:
     return sorted((int(m.group(1)), p) for m, p in found if m)
 
 
-def _snapshot(value):
-    """A copy of a state dict that training can no longer change (for asynchronous saves)."""
+def _state_dicts(value):
+    """`value` with every Stateful replaced by its state dict (what DCP would save of it)."""
     if isinstance(value, Stateful):
         value = value.state_dict()
     if isinstance(value, dict):
-        return {k: _snapshot(v) for k, v in value.items()}
-    if isinstance(value, DTensor):
-        return DTensor.from_local(
-            value.to_local().detach().clone(),
-            value.device_mesh,
-            value.placements,
-            run_check=False,
-            shape=value.shape,
-            stride=value.stride(),
-        )
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return {k: _state_dicts(v) for k, v in value.items()}
     return value
+
+
+class HostStaging:
+    """A copy of the state in host memory that training can no longer change (asynchronous saves):
+    pinned on CUDA, so the GPU copies into it directly and keeps no second copy of the state. The
+    buffers are allocated at the first save and reused while the state keeps its shapes."""
+
+    def __init__(self):
+        self.staged = None
+
+    def __call__(self, state: dict) -> dict:
+        plain = _state_dicts(state)
+        pin = any(t.is_cuda for t in _tensors(plain))  # (a CPU run has nothing to pin)
+        if self.staged is None or not _same_shapes(plain, self.staged):
+            self.staged = _create_cpu_state_dict(plain, pin_memory=pin)
+        staged = _copy_state_dict(plain, self.staged, non_blocking=pin)  # (with this save's ints and strings)
+        if pin:
+            torch.cuda.synchronize()  # the copies are complete before training changes the state
+        return staged
+
+
+SHARED_CHECK = ".torchacco-shared-check"
+SHARED_CHECK_TRIES = 6  # 0.5 s apart
+
+
+def check_shared(folder: Path, dims) -> None:
+    """Refuse, before training, a checkpoint folder that some node does not see (a disk of each
+    node's own): every rank writes its part of a checkpoint into one folder, which rank 0 then
+    publishes, so on node-local disks the first save would fail or leave parts behind."""
+    from torchacco.parallel.process_groups import on_one_rank
+
+    if dims.world_size == dims.local_world_size:
+        return  # one node
+    store = dist.distributed_c10d._get_default_store()
+    key = "torchacco/shared-check"
+
+    def write() -> None:
+        token = uuid.uuid4().hex
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / SHARED_CHECK).write_text(token)
+        store.set(key, token)
+
+    def read() -> None:
+        marker, token = folder / SHARED_CHECK, store.get(key).decode()
+        for _ in range(SHARED_CHECK_TRIES):  # a network filesystem may show another node's new file late
+            if marker.is_file() and marker.read_text() == token:
+                return
+            time.sleep(0.5)
+        node = dims.rank // dims.local_world_size
+        named = folder if folder.is_absolute() else f"{folder} ({folder.absolute()} on node {node})"
+        raise UserError(
+            f"the checkpoint folder {named} is not shared: node {node} "
+            f"({socket.gethostname()}) does not see what rank 0 wrote there. Every rank writes its part of a "
+            "checkpoint into one folder: put --job.dump_folder (which holds the checkpoint folder) on a "
+            "filesystem every node mounts, at the same path on each, or set [checkpoint] enable = false"
+        )
+
+    on_one_rank(dims, write, main_only=True, what="check that the checkpoint folder is shared")
+    on_one_rank(dims, read, what="check that the checkpoint folder is shared")
+    on_one_rank(dims, lambda: (folder / SHARED_CHECK).unlink(missing_ok=True), main_only=True, what="clean up")
+
+
+def checkpoint_bytes(state: dict, n_params: int) -> int:
+    """The bytes a checkpoint of `state` writes over all ranks, read from the state itself: each tensor
+    at its global size (a sharded one once, as DCP writes it), plus AdamW's two fp32 moments per
+    parameter where the optimizer creates them only at its first step (torch's AdamW, before training)."""
+    total = optimizer = 0
+    stack = [("", _state_dicts(state))]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{path}/{k}", v) for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            stack.extend((path, v) for v in value)
+        elif isinstance(value, torch.Tensor):
+            size = value.numel() * value.element_size()  # a DTensor's numel() is its global one
+            total += size
+            optimizer += size if "optim" in path else 0
+    return total + max(0, 8 * n_params - optimizer)
+
+
+def _tensors(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _tensors(v)
+    elif isinstance(value, torch.Tensor):
+        yield value.to_local() if isinstance(value, DTensor) else value
+
+
+def _same_shapes(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_shapes(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return isinstance(b, list | tuple) and len(a) == len(b) and all(map(_same_shapes, a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+    return True
 
 
 class Checkpointer:
@@ -113,6 +206,7 @@ class Checkpointer:
         # interleaves with the training collectives.
         self.group = dist.new_group(backend="gloo", timeout=timeout)
         self.in_flight: tuple | None = None
+        self.staging = HostStaging()
 
     def latest(self) -> Path | None:
         dirs = step_dirs(self.folder)
@@ -126,7 +220,7 @@ class Checkpointer:
         with self._write_errors(final):
             if self.async_save:
                 self.in_flight = (
-                    dcp.async_save(_snapshot(state), checkpoint_id=tmp, process_group=self.group),
+                    dcp.async_save(self.staging(state), checkpoint_id=tmp, process_group=self.group),
                     tmp,
                     final,
                 )

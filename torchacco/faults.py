@@ -8,6 +8,11 @@ Comma-separated faults, each `WHAT@rankR:stepS[:periodP]`:
 - `stall`: from step S on, the rank's next reduce-scatter or all-gather never starts, as a hung NCCL
   collective: nothing raises, the process lives on (the overlapped schedules' timed wait is what
   notices).
+- `hang`: from step S on, the rank's next reduce-scatter or all-gather is replaced by a receive
+  that no peer sends: the rank waits inside the communication library, as in a hung NCCL kernel,
+  and so do the peers in their collective;
+- `slow_data`: `slow_data@rankR:Ns` adds N seconds to the rank's data preparation (a corpus slow
+  to fetch or tokenize), which the other ranks wait out without a collective deadline.
 A fault fires the first time its rank reaches its step in a launch, on whichever attempt that
 is, and never again in that launch: the launcher's store (which outlives torchrun's restarts)
 records it. So a run restarted after a fault goes on as if nothing happened, and a later fault
@@ -25,7 +30,8 @@ import torch.distributed as dist
 
 from torchacco.errors import UserError
 
-FAULT = re.compile(r"^(kill|nan|stall)@rank(\d+):step(\d+)(?::period(\d+))?$")
+FAULT = re.compile(r"^(kill|nan|stall|hang)@rank(\d+):step(\d+)(?::period(\d+))?$")
+SLOW_DATA = re.compile(r"^slow_data@rank(\d+):(\d+(?:\.\d+)?)s$")
 FIRED_KEY = "torchacco/fault-fired/"
 
 
@@ -33,10 +39,13 @@ class Faults:
     def __init__(self, spec: str, rank: int, store: dist.Store | None = None):
         self.faults = []
         for item in filter(None, (s.strip() for s in spec.split(","))):
+            if SLOW_DATA.match(item):
+                continue  # (data_delay's)
             m = FAULT.match(item)
             if not m:
                 raise UserError(
-                    f"TORCHACCO_FAULT: cannot parse {item!r}; expected e.g. kill@rank1:step5 or nan@rank0:step3:period1"
+                    f"TORCHACCO_FAULT: cannot parse {item!r}; expected e.g. kill@rank1:step5, "
+                    "nan@rank0:step3:period1 or slow_data@rank0:30s"
                 )
             what, r, step, period = m.groups()
             if int(r) == rank:
@@ -56,10 +65,11 @@ class Faults:
 
                     health.current().flush()  # so the survivors can tell where this rank died
                     os.kill(os.getpid(), signal.SIGKILL)
-                if what == "stall":
+                if what in ("stall", "hang"):
                     from torchacco.parallel.collectives import set_collective_hook
 
-                    set_collective_hook(lambda name, never=threading.Event(): never.wait())
+                    stuck = _receive_forever if what == "hang" else lambda name, never=threading.Event(): never.wait()
+                    set_collective_hook(stuck)
                     continue
                 poison = True
         return poison
@@ -69,6 +79,15 @@ class Faults:
         spans its step's periods: each is marked on its own (a kill ends the process at the first)."""
         period = f"/period{self._period}" if what == "nan" else ""
         return self.store.add(f"{FIRED_KEY}{item}{period}", 1) == 1
+
+
+def _receive_forever(name: str) -> None:
+    """Inside the communication library until the group's timeout: a receive no peer answers."""
+    import torch
+
+    peer = (dist.get_rank() + 1) % dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    dist.recv(torch.zeros(1, device=device), src=peer, tag=7_777)  # (a tag no other message uses)
 
 
 def launch_store() -> dist.Store | None:
@@ -84,3 +103,10 @@ def launch_store() -> dist.Store | None:
 
 def from_env(rank: int) -> Faults:
     return Faults(os.environ.get("TORCHACCO_FAULT", ""), rank, launch_store())
+
+
+def data_delay(rank: int, spec: str | None = None) -> float:
+    """Seconds that `slow_data` faults add to this rank's data preparation."""
+    spec = os.environ.get("TORCHACCO_FAULT", "") if spec is None else spec
+    found = (SLOW_DATA.match(item.strip()) for item in spec.split(","))
+    return sum(float(m.group(2)) for m in found if m and int(m.group(1)) == rank)

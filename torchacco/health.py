@@ -11,8 +11,10 @@ When a collective fails (a peer's connection closed, or the collective timed out
 reads every rank's heartbeat twice a few seconds apart: a rank whose counter did not move is dead
 or frozen, and its last published phase (at most a second old) says where it stopped. A rank whose
 counter moves is alive, just elsewhere (e.g. still computing, when it is much slower than the
-others). Its store reads have a deadline of their own (`READ_TIMEOUT_S`): an unreachable store must
-not hold the diagnosis past torchrun's 30 s between SIGTERM and SIGKILL.
+others); when every rank is alive, a rank that entered fewer of its group's reduce-scatters and
+all-gathers (each beat carries the counts) is the one the others wait for. Its store reads have
+a deadline of their own (`READ_TIMEOUT_S`): an unreachable store must not hold the diagnosis past
+torchrun's 30 s between SIGTERM and SIGKILL.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Heartbeat:
         self.store, self.rank, self.world, self.interval_s = store, rank, world, interval_s
         self.phase = "startup"  # the training loop's
         self.comm = ""  # the communication job's, while one is in flight
+        self.collectives: dict[str, list] = {}  # per group: [reduce-scatters and all-gathers entered, the last one]
         self._beats = 0
         self._cond = threading.Condition()
         self._flushes_asked = self._flushes_done = 0
@@ -52,6 +55,14 @@ class Heartbeat:
 
     def comm_phase(self, phase: str) -> None:
         self.comm = phase
+
+    def entered(self, op: str, group: str) -> None:
+        """A reduce-scatter or all-gather of `group` (a short name the group's ranks agree on) starts.
+        A group's ranks enter the same sequence of them, so one that entered fewer than the others is
+        the one they wait for. (Counted per group: DiLoCo's replicas take different numbers of steps.)"""
+        count = self.collectives.setdefault(group, [0, op])
+        count[0] += 1
+        count[1] = op
 
     def flush(self, timeout_s: float = 2.0) -> None:
         """Publish the current phase now, and wait until it is."""
@@ -74,7 +85,7 @@ class Heartbeat:
                 serving = self._flushes_asked  # the phase read below is at least as new as these
             self._beats += 1
             try:
-                self.store.set(f"{BEAT_KEY}{self.rank}", json.dumps({"beat": self._beats, "where": self.where()}))
+                self.store.set(f"{BEAT_KEY}{self.rank}", json.dumps(self._beat()))
             except Exception:  # the store's host is gone: diagnose() reports it
                 return
             with self._cond:
@@ -82,6 +93,9 @@ class Heartbeat:
                 self._cond.notify_all()
                 if self._flushes_asked == serving and not self._stop:
                     self._cond.wait(self.interval_s)  # until the next beat, or a flush or close
+
+    def _beat(self) -> dict:
+        return {"beat": self._beats, "where": self.where(), "collectives": dict(self.collectives)}
 
     def close(self) -> None:
         with self._cond:
@@ -133,6 +147,9 @@ class Heartbeat:
                 else f"rank {r} never reported (it died or stalled while starting)"
                 for r in silent
             )
+        late = behind({**second, self.rank: self._beat()})
+        if late:
+            return late
         busy = [f"rank {r} is alive, in {second[r]['where']}" for r in sorted(second)]
         return (
             "no rank stopped: "
@@ -141,6 +158,32 @@ class Heartbeat:
             "hung in the communication library (with NCCL, <dump_folder>/flight_recorder holds each rank's last "
             "collectives)"
         )
+
+
+def behind(beats: dict[int, dict], named: int = 4) -> str | None:
+    """Every rank alive (`beats`: each rank's last heartbeat): the ranks that have not entered the
+    reduce-scatter or all-gather the others of their group are in, and where they are instead; None
+    when none lags. (A rank that never entered one of a group's collectives is not compared.)"""
+    said, late_ranks = [], set()
+    groups = {g for b in beats.values() for g in b.get("collectives", {})}
+    for group in sorted(groups):
+        entered = {r: b["collectives"][group] for r, b in beats.items() if group in b.get("collectives", {})}
+        most = max(n for n, _ in entered.values())
+        late = sorted(r for r, (n, _) in entered.items() if n < most and r not in late_ranks)
+        ahead = sorted(r for r, (n, _) in entered.items() if n == most)
+        op = entered[ahead[0]][1].replace("_", "-")
+        waiting = f"rank {ahead[0]} is" if len(ahead) == 1 else f"ranks {', '.join(map(str, ahead[:named]))}"
+        waiting += "" if len(ahead) == 1 else (" are" if len(ahead) <= named else f" and {len(ahead) - named} more are")
+        for r in late:
+            late_ranks.add(r)
+            said.append(
+                f"rank {r} has not entered the {op} that {waiting} in (their reduce-scatter or all-gather #{most}; "
+                f"rank {r} entered {entered[r][0]}): rank {r} is alive, in {beats[r]['where']}"
+            )
+    if not said:
+        return None
+    more = f"; and {len(said) - named} more ranks behind" if len(said) > named else ""
+    return "; ".join(said[:named]) + more
 
 
 _current: Heartbeat | None = None

@@ -33,7 +33,6 @@ MAY_CHANGE = {
 }
 MAY_CHANGE_SECTIONS = {"metrics", "eval", "checkpoint", "profiling", "preemption"}
 OUTPUTS = ("config.toml", "metrics.jsonl", "tb", "hf")  # and the checkpoint folder
-BYTES_PER_PARAM = 16  # a checkpoint: fp32 weights or master, AdamW's two moments, an accumulator or slack
 
 
 def _flat(cfg: Config) -> dict[str, object]:
@@ -108,15 +107,12 @@ def _remove_outputs(folder: Path, checkpoint_folder: str, cfg: Config) -> None:
             path.unlink()
 
 
-def check_space(folder: Path, n_params: int, checkpoints: bool) -> None:
-    """Fail before training, not at the first checkpoint, when the disk cannot hold one."""
-    if not checkpoints:
-        return
-    need = BYTES_PER_PARAM * n_params
+def check_space(folder: Path, need: int, n_params: int) -> None:
+    """Fail before training, not at the first checkpoint, when the disk cannot hold one of `need` bytes."""
     free = shutil.disk_usage(folder).free
     if free < need:
         raise UserError(
             f"dump folder {folder} has {free / 2**30:.2f} GiB free but a checkpoint of this "
-            f"{n_params / 1e6:.1f}M-parameter model needs about {need / 2**30:.2f} GiB; free some space, "
+            f"{n_params / 1e6:.1f}M-parameter run needs about {need / 2**30:.2f} GiB; free some space, "
             "choose another --job.dump_folder, or set [checkpoint] enable = false"
         )

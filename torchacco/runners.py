@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -16,6 +17,14 @@ from typing import Any
 import torch
 
 from torchacco.errors import Stalled
+
+_stuck = threading.Event()  # a job was given up unfinished: its thread or kernels may sit in the comm library
+
+
+def left_stuck() -> bool:
+    """Was a job abandoned while its thread still ran? Then the interpreter's finalization can abort
+    ("terminate called without an active exception") when that thread wakes: end with os._exit."""
+    return _stuck.is_set()
 
 
 def stall_deadline_s(collective_timeout: timedelta) -> float:
@@ -69,12 +78,15 @@ class ThreadRunner:
         try:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
+            _stuck.set()
             raise Stalled(
                 f"the communication job made no progress for {timeout_s:.0f} s (Timed out waiting for it)"
             ) from None
 
     def abandon(self) -> None:
         """Forget the job in flight (while another error ends the run): nothing waits for it."""
+        if self._future is not None and not self._future.done():
+            _stuck.set()
         self._future = None
 
     def close(self) -> None:
@@ -118,8 +130,27 @@ class StreamRunner(ThreadRunner):
         self._done_event = None
 
     def wait(self, timeout_s=None):
+        start = time.monotonic()
         result = super().wait(timeout_s)
         if self._done_event is not None:
-            torch.cuda.current_stream().wait_event(self._done_event)
-            self._done_event = None
+            done, self._done_event = self._done_event, None
+            # The thread has issued the job; its kernels (the last all-gather) may still hang on the
+            # GPU, where a blocking wait would end only in NCCL's watchdog: poll within the deadline.
+            waited = time.monotonic() - start
+            wait_for_event(done, None if timeout_s is None else timeout_s - waited, waited)
+            torch.cuda.current_stream().wait_event(done)
         return result
+
+
+def wait_for_event(event, timeout_s: float | None, waited_s: float = 0.0, poll_s: float = 0.0002) -> None:
+    """Wait until `event.query()`, raising `Stalled` past `timeout_s` (None: no deadline; `waited_s`:
+    how long the job had been waited for already, for the message)."""
+    deadline = None if timeout_s is None else time.monotonic() + max(timeout_s, 0.0)
+    while not event.query():
+        if deadline is not None and time.monotonic() > deadline:
+            _stuck.set()  # kernels still queued behind the hung collective
+            raise Stalled(
+                f"the communication job's kernels made no progress for {waited_s + timeout_s:.0f} s "
+                "(Timed out waiting for it)"
+            )
+        time.sleep(poll_s)

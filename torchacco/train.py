@@ -25,4 +25,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    from torchacco.runners import left_stuck
+
+    if left_stuck():  # a communication thread still inside gloo or NCCL: finalizing beside it can abort
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

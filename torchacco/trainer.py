@@ -22,7 +22,14 @@ from torchacco import health, preemption, run_folder, user_model
 from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.blocks import blocks_of, compile_units
 from torchacco.build import ModelKind, build_data, build_model
-from torchacco.checkpoint import Checkpointer, TrainState, checkpoint_state, resume
+from torchacco.checkpoint import (
+    Checkpointer,
+    TrainState,
+    check_shared,
+    checkpoint_bytes,
+    checkpoint_state,
+    resume,
+)
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
 from torchacco.errors import PeerFailure, Preempted, Stalled, Terminated, UserError
@@ -38,6 +45,7 @@ from torchacco.parallel.model_parallel import apply_model_parallel, check_hardwa
 from torchacco.parallel.process_groups import (
     FLIGHT_RECORDER,
     destroy,
+    dump_flight_recorder,
     init_distributed,
     launch_env,
     nccl_flight_recorder,
@@ -88,6 +96,8 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
         # torchrun stops the survivors of a dead worker: find out who died before exiting.
         sigterm.defer()
         preempt.defer()
+        if not isinstance(e, Terminated):  # the evidence first: the collectives each rank entered
+            dump_flight_recorder(Path(cfg.job.dump_folder), dims.rank)
         diagnosis = heartbeat.diagnose()
         if isinstance(e, Terminated):
             cause = "stopped by SIGTERM"
@@ -122,9 +132,11 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     """Build the run's parts, resume, run the loop, export."""
     t = cfg.training
     folder = Path(cfg.job.dump_folder)
-    on_one_rank(dims, lambda: run_folder.prepare(cfg, folder), on=dims.is_main)
-    if device.type == "cuda":  # where NCCL's flight recorder writes on a hang
-        (folder / FLIGHT_RECORDER).mkdir(exist_ok=True)
+    on_one_rank(dims, lambda: run_folder.prepare(cfg, folder), main_only=True, what="check the dump folder")
+    if device.type == "cuda":  # where NCCL's flight recorder writes on a hang: on this node's disk too
+        (folder / FLIGHT_RECORDER).mkdir(parents=True, exist_ok=True)
+    if cfg.checkpoint.enable:
+        check_shared(folder / cfg.checkpoint.folder, dims)
     torch.manual_seed(t.seed)
     tokenizer, train_set, val_set = _datasets(cfg, dims, datasets, tokenizer)
     vocab = tokenizer.vocab_size if tokenizer else 0
@@ -133,11 +145,10 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     n_params = sum(p.numel() for p in model.parameters())
     loss_fn = TokenLoss(t.loss_chunks, dims.tp_enabled and not dims.pp_enabled and cfg.parallelism.loss_parallel)
     flops_per_token = kind.flops_per_token(model, t.seq_len)  # of the whole model, before any parallelism
-    on_one_rank(dims, lambda: run_folder.check_space(folder, n_params, cfg.checkpoint.enable), on=dims.is_main)
     dtype = compute_dtype(t.mixed_precision, device)
     plan = update_plan(cfg, dims.dp_size, dtype, dims.replicas)
     strategy, pipeline = parallelize(cfg, spec, dims, device, model, loss_fn, plan)
-    run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline)
+    run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline, n_params)
     run.log.info(
         f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | "
         f"{strategy.name} × {dims.dp_size}{model_parallel_label(dims, strategy.model)}{_replicas(cfg, dims)} on "
@@ -246,13 +257,19 @@ def _replicas(cfg: Config, dims: ParallelDims) -> str:
     return f" × {dims.replicas} replicas (DiLoCo, H {d.sync_every}{streaming}, outer {d.outer_dtype})"
 
 
-def _start(cfg: Config, dims: ParallelDims, device: Device, strategy: Strategy, sets, loss_fn, pipeline) -> Run:
+def _start(
+    cfg: Config, dims: ParallelDims, device: Device, strategy: Strategy, sets, loss_fn, pipeline, n_params: int
+) -> Run:
     """The loaders, a resume from the latest checkpoint (or load_path), the metrics log."""
     from torchacco import data
 
     t, folder = cfg.training, Path(cfg.job.dump_folder)
     train_loader, val_loader = (data.build_dataloader(s, t.local_batch_size) for s in sets)
     state = TrainState(dims.data_size)
+    if cfg.checkpoint.enable:  # before anything is written: the bytes this run's checkpoints take
+        need = checkpoint_bytes(checkpoint_state(strategy, state, train_loader, dims), n_params)
+        space = lambda: run_folder.check_space(folder, need, n_params)  # noqa: E731
+        on_one_rank(dims, space, main_only=True, what="check the free space")
     health.current().enter("checkpoint load")
     timeout = timedelta(seconds=t.collective_timeout_s)
     checkpointer, resumed = resume(cfg.checkpoint, folder, dims, strategy, state, train_loader, timeout)
@@ -260,6 +277,8 @@ def _start(cfg: Config, dims: ParallelDims, device: Device, strategy: Strategy, 
     log = MetricsLogger(
         folder, dims.is_main, m.tensorboard, m.progress_bar, t.steps, state.step, max_tokens=t.max_tokens
     )
+    if cfg.checkpoint.enable:
+        log.info(f"torchacco: a checkpoint takes about {need / 2**20:,.1f} MiB ({folder / cfg.checkpoint.folder})")
     if resumed:
         log.info(f"torchacco: {resumed}")
     profiler = Profiler(cfg.profiling, folder, dims.rank, device, state.step)

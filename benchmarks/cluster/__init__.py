@@ -19,11 +19,19 @@ One module per concern:
   namespaces.py  `Cluster`: runs a plan's commands, launches into a node, always tears down
   launch.py      training on the cluster: one torchrun agent per node, records and per-rank reports
   probe.py       the gloo collectives' times and one link's goodput
-  __main__.py    the command line
+  __main__.py    the command line (also `python -m benchmarks cluster`)
 """
 
 from benchmarks.cluster.host import preflight
-from benchmarks.cluster.launch import node_env, read_rank_reports, read_records, run_nodes, run_training, train_argv
+from benchmarks.cluster.launch import (
+    node_env,
+    read_rank_reports,
+    read_records,
+    run_nodes,
+    run_training,
+    summarize,
+    train_argv,
+)
 from benchmarks.cluster.namespaces import Cluster
 from benchmarks.cluster.plan import ClusterError, ClusterPlan, format_rate, parse_rate
 from benchmarks.cluster.probe import measure_link, probe_collectives
@@ -42,5 +50,6 @@ __all__ = [
     "read_records",
     "run_nodes",
     "run_training",
+    "summarize",
     "train_argv",
 ]

@@ -1,4 +1,5 @@
-"""`python -m benchmarks.cluster`: one training run on the emulated cluster (or `--dry-run`: its commands)."""
+"""`python -m benchmarks cluster` (or `python -m benchmarks.cluster`): one training run on the emulated cluster
+(or `--dry-run`: its commands)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 import benchmarks.cluster
-from benchmarks.cluster.launch import run_training
+from benchmarks.cluster.launch import run_training, summarize
 from benchmarks.cluster.plan import CFS_PERIOD_US, CPU_PERIOD_HELP, ClusterError, ClusterPlan, parse_rate, period_us
 from torchacco.errors import run_cli
 
@@ -69,8 +70,6 @@ def run(args) -> int:
         raise ClusterError("give the training arguments after `--`, e.g. -- --config train_configs/default.toml")
     print(f"cluster: {plan.describe()}", flush=True)
     result = run_training(plan, train_args, Path(args.out), args.timeout, args.port, args.threads, args.verbose)
-    from benchmarks.compare import summarize
-
     summary = summarize(result["records"], min(2, len(result["records"]) - 1))
     report = {"plan": plan.describe(), "wall_s": round(result["wall_s"], 1), **summary, "ranks": result["ranks"]}
     print(json.dumps(report, indent=2))

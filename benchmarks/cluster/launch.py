@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -183,3 +184,21 @@ def read_rank_reports(folder: Path) -> list[dict]:
         except (OSError, ValueError):
             pass
     return reports
+
+
+def summarize(records: list[dict], warmup: int) -> dict:
+    """A run's records after `warmup`: tokens/s, step time, exposed communication, overlap and final loss."""
+    kept = records[warmup:] if len(records) > warmup else records
+    # metrics.jsonl gives each step's tokens and throughput; their ratio is the step's wall time.
+    step_times = [r["tokens_per_update"] / r["tokens_per_s"] for r in kept]
+    # Exposed communication: what the compute side waited for (overlapped schedules measure it;
+    # for synchronous ones it is all of the time after the last micro-batch).
+    exposed = [r.get("exposed_comm_s", r["share_sync"] * t) for r, t in zip(kept, step_times)]
+    return {
+        "steps": len(kept),
+        "tokens_per_s": sum(r["tokens_per_update"] for r in kept) / sum(step_times),
+        "step_time_s": statistics.mean(step_times),
+        "exposed_comm_s": statistics.mean(exposed),
+        "overlap": statistics.mean(r.get("overlap", 0.0) for r in kept),
+        "final_loss": kept[-1]["loss"],
+    }

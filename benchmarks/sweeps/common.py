@@ -8,8 +8,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.cluster import ClusterPlan, format_rate, probe_collectives, run_training
-from benchmarks.compare import summarize
+from benchmarks.cluster import ClusterPlan, format_rate, probe_collectives, run_training, summarize
 from torchacco import cost_model as cm
 from torchacco.errors import UserError
 from torchacco.parallel.registry import STRATEGIES

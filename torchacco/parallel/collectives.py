@@ -9,10 +9,13 @@ on a flat buffer whose length is a multiple of the group size, rank r's shard be
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+
+from torchacco import health
 
 # torch 2.13 renamed the single-tensor collectives; keep working on older releases.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -32,6 +35,16 @@ def set_collective_hook(hook: Callable[[str], None] | None) -> None:
     _before_collective = hook
 
 
+def _name(group) -> str:
+    """A short name of `group` that its ranks agree on: a checksum of its members (for the heartbeat).
+    Not cached: a cache holding the group would keep it alive past destroy_process_group(), and gloo's
+    threads would then be torn down at interpreter exit ("terminate called without an active exception")."""
+    if not dist.is_initialized():
+        return "-"
+    members = ",".join(map(str, dist.get_process_group_ranks(group or dist.group.WORLD)))
+    return f"{zlib.crc32(members.encode()):08x}"
+
+
 def _use_ring(tensor: torch.Tensor, group) -> bool:
     return dist.get_backend(group) == "gloo" and dist.get_world_size(group) > 1 and tensor.numel() >= RING_MIN_NUMEL
 
@@ -40,6 +53,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None) -> Non
     """`output` ← this rank's chunk of the sum of every rank's `input` (output may be that chunk of input)."""
     if _before_collective is not None:
         _before_collective("reduce_scatter")
+    health.current().entered("reduce_scatter", _name(group))  # (after the hook: a stall there never enters)
     if not _use_ring(input, group):
         _reduce_scatter(output, input, group=group)
         return
@@ -63,6 +77,7 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
     """`output` ← every rank's `input`, in rank order (input may be this rank's chunk of output)."""
     if _before_collective is not None:
         _before_collective("all_gather")
+    health.current().entered("all_gather", _name(group))
     if not _use_ring(output, group):
         _all_gather(output, input, group=group)
         return

@@ -384,7 +384,7 @@ class DiLoCo(Strategy):
             if sys.exc_info()[0] is not None:
                 self.runner.abandon()
             else:
-                self.runner.wait()
+                self.runner.wait(self.stall_s)  # the last transfer can hang too
                 self.runner.close()
         self.inner.close()
 

@@ -334,7 +334,7 @@ class Overlapped(Strategy):
             self.runner.abandon()
             return
         if self.runner.in_flight():
-            self.runner.wait()
+            self.runner.wait(self.stall_s)  # the last job's all-gather can hang too
         self.runner.close()
 
     def state_dict(self) -> dict:

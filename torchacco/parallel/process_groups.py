@@ -7,11 +7,13 @@ import contextlib
 import ipaddress
 import os
 import socket
+import threading
 import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from torchacco import health
@@ -51,6 +53,39 @@ def nccl_flight_recorder(dump_folder: Path) -> None:
     }
     for name, value in defaults.items():
         os.environ.setdefault(name, value)
+
+
+def dump_flight_recorder(dump_folder: Path, rank: int, dump=None, timeout_s: float = 5.0) -> Path | None:
+    """Write this rank's flight recorder (its last collectives) where NCCL's own timeout dump goes,
+    now: a hang is diagnosed before the collective timeout, and the process exits before NCCL would
+    dump. None when the recorder is off (TORCH_FR_BUFFER_SIZE unset or 0), this torch has none, or
+    the dump failed or took over `timeout_s`."""
+    if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or 0) <= 0:
+        return None
+    if dump is None:
+        c10d = torch._C._distributed_c10d
+        dump = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
+        if dump is None:
+            return None
+    env = os.environ
+    prefix = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    path = Path(f"{prefix or dump_folder / FLIGHT_RECORDER / 'rank_'}{rank}")
+    written = []
+
+    def write() -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # on this node's disk too
+            path.write_bytes(dump())
+            written.append(path)
+        except (OSError, RuntimeError):
+            pass  # the diagnosis matters more than its evidence
+
+    # On a thread, with a deadline: the recorder's lock may be held by a watchdog stuck beside the
+    # hang, and the diagnosis must still be printed before torchrun's SIGKILL.
+    writer = threading.Thread(target=write, name="torchacco-flight-recorder", daemon=True)
+    writer.start()
+    writer.join(timeout_s)
+    return written[0] if written else None
 
 
 def init_distributed(
@@ -169,18 +204,49 @@ def attempt_store(store: dist.Store, rank: int, world: int, timeout_s: float) ->
     return dist.PrefixStore(f"{prefix}{attempt}/", store)
 
 
-def on_one_rank(dims: ParallelDims, fn, on: bool | None = None) -> None:
-    """Run `fn` on local rank 0 (or where `on`) while the others wait; a UserError there fails
-    every rank, so no rank is left waiting in a collective for one that has given up."""
-    error = None
-    if (dims.local_rank == 0) if on is None else on:
+WAIT_LOG_S = 60.0  # how often a waiting rank says what it waits for
+_calls = 0  # on_one_rank's calls so far: the same on every rank, so each call has keys of its own
+
+
+def on_one_rank(dims: ParallelDims, fn, main_only: bool = False, what: str = "prepare") -> None:
+    """Run `fn` on each node's local rank 0 (or on rank 0 alone: `main_only`) while the others wait;
+    a UserError there fails every rank, so no rank is left waiting for one that has given up.
+
+    The others wait on the launcher's store, not in a collective: a data preparation that takes
+    hours outlasts no collective timeout. A waiting rank says every WAIT_LOG_S what it waits for."""
+    global _calls
+    if not dist.is_initialized():
+        fn()
+        return
+    _calls += 1
+    nodes = max(1, dims.world_size // dims.local_world_size)
+    runners = [0] if main_only else [node * dims.local_world_size for node in range(nodes)]
+    store = dist.distributed_c10d._get_default_store()
+    key = f"torchacco/once/{_calls}/"
+    if dims.rank in runners:
+        health.current().enter(what)
         try:
             fn()
         except UserError as e:
-            error = str(e)
-    errors = [None] * dims.world_size
-    dist.all_gather_object(errors, error)
-    message = next((e for e in errors if e), None)
+            store.set(f"{key}{dims.rank}", f"error:{e}")
+            raise
+        except Exception as e:  # a bug, not a mistake: this rank's traceback says more; the others stop too
+            store.set(f"{key}{dims.rank}", f"error:rank {dims.rank} failed to {what} ({type(e).__name__}: {e})")
+            raise
+        store.set(f"{key}{dims.rank}", "ok")
+    start = last_log = time.monotonic()
+    health.current().enter(f"waiting for rank(s) {', '.join(map(str, runners))} to {what}")
+    pending = [f"{key}{r}" for r in runners]
+    while not store.check(pending):
+        time.sleep(0.5 if time.monotonic() - start < 60 else 5.0)  # a long wait asks the store less often
+        if time.monotonic() - last_log >= WAIT_LOG_S:
+            last_log = time.monotonic()
+            print(
+                f"torchacco: rank {dims.rank}: waiting for rank(s) {', '.join(map(str, runners))} to {what} "
+                f"({last_log - start:.0f} s so far; no timeout applies)",
+                flush=True,
+            )
+    message = next((v[6:] for v in (store.get(k).decode() for k in pending) if v.startswith("error:")), None)
     if message:
         raise UserError(message)
 

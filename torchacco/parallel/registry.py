@@ -52,3 +52,38 @@ def build_strategy(model, cfg, dims, plan: UpdatePlan, device) -> Strategy:
 
         return DiLoCo.from_config(model, cfg, dims, plan, device)
     return strategy_class(cfg.parallelism.data_parallel).from_config(model, cfg, dims, plan, device)
+
+
+# docs/parallelism.md's trait table, generated from the classes (tests/test_docs.py checks the page) ---------
+
+TRAITS_BEGIN, TRAITS_END = "<!-- traits:begin -->", "<!-- traits:end -->"
+
+
+def traits_table(strategies: dict[str, type[Strategy]] | None = None) -> str:
+    """A markdown table of each strategy's declared traits: the built-in ones unless given others."""
+    if strategies is None:
+        strategies = {n: c for n, c in STRATEGIES.items() if c.__module__.startswith("torchacco.parallel.")}
+    yes = {True: "yes", False: "no"}
+    columns = {
+        "communication": lambda c: f"`{c.communication}`",
+        "overlapped": lambda c: yes[c.overlapped],
+        "periods per update": lambda c: str(c.periods_per_update),
+        "tp / pp": lambda c: yes[c.supports_model_parallel],
+        "shards θ": lambda c: yes[c.shards_theta],
+        "flat buffers": lambda c: yes[c.flat_buffers],
+        "`balance_batches`": lambda c: yes[c.balances],
+        "inside DiLoCo replicas": lambda c: yes[c.supports_replicas],
+        "resume on another dp size": lambda c: yes[not c.resume_needs_same_ranks],
+        "forward/backward": lambda c: "fp32 weights, autocast" if c.autocast_compute else "compute dtype",
+        "update of": lambda c: f"`{c.update_of}`" if c.update_of else "its own",
+        "options": lambda c: f"`[{c.options_section}]`" if c.options_section else "—",
+    }
+    lines = ["| `data_parallel` | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for name, cls in strategies.items():
+        cells = [f"`{name}`" + (" (default)" if cls.default else "")] + [cell(cls) for cell in columns.values()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m torchacco.parallel.registry: the table to put between the markers
+    print(f"{TRAITS_BEGIN}\n{traits_table()}{TRAITS_END}")

@@ -124,7 +124,10 @@ class Replicated(Strategy):
             ]
 
     def state_dict(self) -> dict:
+        fresh = not self.optimizer.state
         model, optimizer = get_state_dict(self.model, self.optimizer)
+        if fresh:  # DCP made the state by stepping AdamW at lr 0, which counts a step: forget it (a size estimate)
+            self.optimizer.state.clear()
         balance = {"balance": self.balance.state_dict()} if self.balance else {}
         return {"model": model, "optimizer": optimizer, "consumed": self.consumed, **balance}
 
