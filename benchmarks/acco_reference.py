@@ -198,3 +198,9 @@ def main(argv: list[str] | None = None) -> None:
     records = run(args)
     with open(args.out, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+if __name__ == "__main__":  # the old form: one line naming `python -m benchmarks <command>`
+    from benchmarks.cli import moved
+
+    raise SystemExit(moved(__spec__.name))

@@ -53,6 +53,13 @@ MODULES = {
 }
 
 
+def moved(module: str) -> int:
+    """`python -m benchmarks.<module>`, a form these commands no longer take: one line naming the new one."""
+    command = next((c for c, (m, _) in MODULES.items() if m == module), "--help")
+    print(f"torchacco: error: run it as python -m benchmarks {command} (not python -m {module})", file=sys.stderr)
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",

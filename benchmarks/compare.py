@@ -137,3 +137,9 @@ def main(argv=None) -> int:
         )
     )
     return 0
+
+
+if __name__ == "__main__":  # the old form: one line naming `python -m benchmarks <command>`
+    from benchmarks.cli import moved
+
+    raise SystemExit(moved(__spec__.name))

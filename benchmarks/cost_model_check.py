@@ -559,3 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     data = {"meta": meta, "tables": result}
     write_report(out, args.name, data, markdown(result, meta), lambda path: plot(result, path))
     return 0
+
+
+if __name__ == "__main__":  # the old form: one line naming `python -m benchmarks <command>`
+    from benchmarks.cli import moved
+
+    raise SystemExit(moved(__spec__.name))

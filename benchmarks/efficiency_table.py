@@ -184,3 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.to).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print(json.dumps(result, indent=1, ensure_ascii=False))
     return 0
+
+
+if __name__ == "__main__":  # the old form: one line naming `python -m benchmarks <command>`
+    from benchmarks.cli import moved
+
+    raise SystemExit(moved(__spec__.name))

@@ -249,3 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     data = {"meta": meta, "results": results}
     write_report(out, args.name, data, markdown(results, meta), lambda path: plot(results, path))
     return 0
+
+
+if __name__ == "__main__":  # the old form: one line naming `python -m benchmarks <command>`
+    from benchmarks.cli import moved
+
+    raise SystemExit(moved(__spec__.name))

@@ -259,3 +259,9 @@ def plot(results: dict, path: Path) -> None:
         ax.axvline(1.0, color="grey", lw=0.5)
         ax.set(title=f"setting {setting}", xlabel="updates per second vs the best baseline")
     save_figure(fig, path)
+
+
+if __name__ == "__main__":  # the old form: one line naming `python -m benchmarks <command>`
+    from benchmarks.cli import moved
+
+    raise SystemExit(moved(__spec__.name))

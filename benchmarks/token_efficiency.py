@@ -459,3 +459,9 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     data = {"meta": meta, "summary": summary}
     write_report(out, name, data, markdown(summary, meta), lambda path: plot(summary, path))
+
+
+if __name__ == "__main__":  # the old form: one line naming `python -m benchmarks <command>`
+    from benchmarks.cli import moved
+
+    raise SystemExit(moved(__spec__.name))

@@ -447,3 +447,17 @@ def test_one_command_line_runs_every_benchmark_and_calls_nothing_superseded_the_
     assert "time-to-loss" not in commands and "headline" not in (cli.__doc__ + capsys.readouterr().out)
     with pytest.raises(SystemExit):
         cli.run(["time-to-loss"])
+
+
+def test_the_old_module_form_names_the_command_in_one_line():
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--updates", "1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "torchacco: error: run it as python -m benchmarks speed (not python -m benchmarks.speed)"
+    ]
