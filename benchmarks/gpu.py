@@ -3,17 +3,10 @@
     python -m benchmarks gpu mfu [--quick] [--out bench_results]
     python -m benchmarks gpu overlap [--delay-ms 40] [--out bench_results]
 
-`mfu` trains each case in a process of its own through torchacco's trainer on one GPU (a world
-of 1), on random tokens: Llama 3 8B-shaped layers (as many as fit) at seq 8192, and GPT-Neo 125M.
-Tokens/s and MFU are the means of the logged steps after the first three; MFU counts
-6·N + 12·layers·dim·seq FLOPs per token (the PaLM convention torchtitan uses) against the GPU's
-dense bf16 peak. Writes gpu_mfu.{json,md}.
-
-`overlap` runs ACCO on one GPU with the profiler on and, for the benchmark only, a GPU-side
-delay of --delay-ms enqueued inside each communication job (a world of 1 has no peers, so its
-collectives take no time; the delay stands in for a slow network). It reads the trace: the job's
-kernels (launched by the communication thread) against the compute kernels, and the share of the
-job's kernel time that ran while compute kernels ran too. Writes gpu_overlap.{json,md,png}.
+`mfu`: each case in a process of its own, one GPU, random tokens (Llama 3 8B-shaped layers at seq 8192, GPT-Neo
+125M); MFU counts 6·N + 12·layers·dim·seq FLOPs per token against the GPU's dense bf16 peak. `overlap`: ACCO traced,
+with a benchmark-only GPU delay of --delay-ms in each communication job (a world of 1 has no peers); the share of the
+job's kernel time that ran beside compute kernels. Writes gpu_mfu.{json,md}, gpu_overlap.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -29,12 +22,11 @@ from pathlib import Path
 import torch
 from torch.utils.data import IterableDataset
 
-from benchmarks.names import ACCO, DDP, FSDP, ZERO1
+from benchmarks.common import ACCO, DDP, FSDP, ROOT, ZERO1, write_report
 from torchacco.parallel.registry import strategy_class
 
 LLAMA_8B = dict(model="llama3", flavor="8B", seq=8192)
 NEO_125M = dict(model="gpt_neo", flavor="125M", seq=2048)
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def cases(quick: bool) -> list[dict]:
@@ -95,7 +87,7 @@ def run_case(case: dict, out: Path, steps: int) -> dict:
     t = cfg.training
     t.seq_len, t.local_batch_size, t.steps = case["seq"], case["batch"], steps
     t.mixed_precision, t.device = "bf16", device
-    t.global_batch_size = case["batch"] * strategy_class(case["strategy"]).periods_per_update
+    t.global_batch_size = case["batch"] * strategy_class(case["strategy"]).traits.periods_per_update
     t.activation_checkpoint, t.loss_chunks = case["ac"], case.get("chunks", 1)
     cfg.parallelism.data_parallel = case["strategy"]
     cfg.eval.every = 0
@@ -109,17 +101,10 @@ def run_case(case: dict, out: Path, steps: int) -> dict:
     steady = rows[3:]
     mean = lambda key: sum(r.get(key, 0.0) for r in steady) / len(steady)
     params = sum(p.numel() for p in model.parameters())
-    return {
-        **case,
-        "params": params,
-        "tokens_per_s": mean("tokens_per_s"),
-        "mfu": mean("mfu"),
-        "tflops": mean("tflops"),
-        "peak_memory_gib": max(r["memory_gib"] for r in rows),
-        "updates": len(rows),
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "torch": torch.__version__,
-    }
+    return {**case, "params": params, "tokens_per_s": mean("tokens_per_s"), "mfu": mean("mfu"),
+            "tflops": mean("tflops"), "peak_memory_gib": max(r["memory_gib"] for r in rows), "updates": len(rows),
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "torch": torch.__version__}  # fmt: skip
 
 
 def mfu(args) -> list[dict]:
@@ -127,7 +112,7 @@ def mfu(args) -> list[dict]:
     for case in cases(args.quick):
         start = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.gpu", "case", json.dumps(case), "--steps", str(args.steps)],
+            [sys.executable, "-m", "benchmarks.gpu", "case", case["name"], "--steps", str(args.steps)],
             capture_output=True, text=True, timeout=args.timeout, cwd=ROOT,
         )  # fmt: skip
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -149,22 +134,18 @@ def mfu(args) -> list[dict]:
 
 def mfu_table(results: list[dict]) -> str:
     device = next((r["device"] for r in results if "device" in r), "?")
-    lines = [
-        f"One {device}, a world of 1, bf16, random tokens; measured {time.strftime('%Y-%m-%d')}.",
-        "",
-        "| case | params | seq × batch | tokens/s | tokens/s × layers | MFU | peak memory (GiB) |",
-        "|---|---:|---|---:|---:|---:|---:|",
-    ]
+    lines = [f"One {device}, a world of 1, bf16, random tokens; measured {time.strftime('%Y-%m-%d')}.", "",
+             "| case | params | seq × batch | tokens/s | tokens/s × layers | MFU | peak memory (GiB) |",
+             "|---|---:|---|---:|---:|---:|---:|"]  # fmt: skip
     for r in results:
         if "error" in r:
             lines.append(f"| {r['name']} | | | failed: {r['error']} | | | |")
             continue
         layers = r.get("layers", "")
         per_layer = f"{r['tokens_per_s'] * layers:,.0f}" if layers else ""
-        lines.append(
-            f"| {r['name']} | {r['params'] / 1e9:.2f}B | {r['seq']} × {r['batch']} | {r['tokens_per_s']:,.0f} | "
-            f"{per_layer} | {r['mfu']:.1%} | {r['peak_memory_gib']:.1f} |"
-        )
+        lines.append(f"| {r['name']} | {r['params'] / 1e9:.2f}B | {r['seq']} × {r['batch']} | "
+                     f"{r['tokens_per_s']:,.0f} | {per_layer} | {r['mfu']:.1%} | "
+                     f"{r['peak_memory_gib']:.1f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -224,7 +205,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=400)
     p.add_argument("--quick", action="store_true")
     p = sub.add_parser("case")
-    p.add_argument("case")
+    p.add_argument("case", help="a case's name (cases() below)")
     p.add_argument("--steps", type=int, default=12)
     p = sub.add_parser("overlap")
     p.add_argument("--out", default="bench_results")
@@ -237,15 +218,14 @@ def main(argv=None) -> int:
     if args.command == "mfu":
         mfu(args)
     elif args.command == "case":
-        case = json.loads(args.case)
+        case = next((c for c in cases(quick=False) if c["name"] == args.case), None)
+        if case is None:
+            parser.error(f"no case named {args.case!r}")
         result = run_case(case, Path("/tmp/torchacco-gpu-bench") / case["name"].replace(" ", "_"), args.steps)
         print("RESULT " + json.dumps(result), flush=True)
     else:
-        found = overlap_run(args)
-        out = Path(args.out)
-        (out / "gpu_overlap.json").write_text(json.dumps(found, indent=1))
-        (out / "gpu_overlap.md").write_text(overlap_table(found))
-        print(overlap_table(found))
+        found = overlap_run(args)  # (its PNG is the trace's timeline, drawn beside)
+        write_report(Path(args.out), "gpu_overlap", found, overlap_table(found))
     return 0
 
 

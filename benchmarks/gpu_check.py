@@ -1,24 +1,10 @@
 """`python -m benchmarks gpu-check`: the CUDA paths checked in one short GPU lease (about 13 minutes).
 
-    python3 -m benchmarks gpu-check [--dry-run] [--steps env,parity,...] [--budget-s 780] [--out FILE]
-                                    [--wheels DIR] [--titan-assets DIR] [--work DIR]
-
-Six steps, in this order, each a process group of its own with its own time limit (a hang costs
-that step's limit, not the lease); one JSON summary (bench_results/gpu_check_<date>.json) is
-rewritten after each step, so a cut run keeps the steps it finished:
-1. env: the carried wheels (--wheels, made by benchmarks/gpu_wheels.sh) and torchacco installed
-   without the network, then the torch build (+cu), the GPU's name and NCCL's version;
-2. cuda-tests: the suite's CUDA tests (the test files that skip on `not HAS_CUDA`), stopping at
-   the first failure;
-3. parity: ACCO, ZeRO-1 and FSDP on the GPU against the same runs on the CPU, bf16, from one model
-   exported on the GPU through safetensors; ACCO resumed from its step-3 checkpoint saved on the GPU;
-4. throughput: benchmarks.gpu's 8B×8 compiled case and ACCO's overlap in a trace, against the
-   figures in bench_results/gpu_mfu.json and gpu_overlap.json (2026-11-22);
-5. stall: ACCO's collectives stalled (TORCHACCO_FAULT): the one-line diagnosis, the flight recorder;
-6. torchtitan: torchtitan 0.3.0 on step 4's 8B×8 case: tokens/s and peak memory as ratios.
-A step whose needs are absent (no GPU, no torchtitan) is recorded as "skipped: <reason>"; the
-rest go on. `--dry-run` prints the plan and checks, without a GPU, that every command would start:
-its programs, modules and files exist, and its training overrides parse.
+Six steps (STEPS; --dry-run prints them and checks, without a GPU, that every command would start), each a process
+group of its own with its own time limit (a hang costs that step's limit, not the lease); the JSON summary
+(bench_results/gpu_check_<date>.json) is rewritten after each step. The env step installs the wheels in --wheels
+(benchmarks/gpu_wheels.sh) without the network; throughput compares against bench_results/gpu_{mfu,overlap}.json. A
+step whose needs are absent (no GPU, no torchtitan) is "skipped: <reason>" and the rest go on.
 """
 
 from __future__ import annotations
@@ -29,11 +15,14 @@ import importlib.util
 import json
 import os
 import platform
+import random
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from torchacco.errors import error_line
@@ -43,18 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # bf16 against fp32 differed by 4e-4 (2026-11-26); the rest is room for two devices' kernels.
 BF16_REL = 0.01
 KEPT = 0.95  # a throughput figure passes at 95% of its 2026-11-22 value (run-to-run spread is a few %)
-CASE = dict(
-    name="8B×8 fsdp compiled, selective AC, batch 2",
-    model="llama3",
-    flavor="8B",
-    seq=8192,
-    layers=8,
-    strategy=None,
-    batch=2,
-    compile=True,
-    ac="selective",
-    chunks=8,
-)  # fmt: skip  (strategy: FSDP's name)
+CASE = "8B×8 fsdp compiled, selective AC, batch 2"  # benchmarks/gpu.py's case that throughput and torchtitan run
 TITAN_NEEDS = ("torchtitan", "torchdata", "torch_checkpointing", "datasets", "tyro", "einops", "spmd_types")
 NEEDS = ("torch", "torchdata", "tokenizers", "safetensors", "tensorboard", "torchacco.models", "pytest")
 
@@ -70,7 +48,7 @@ class Step:
 STEPS = [
     Step("env", 40, "carried wheels and torchacco installed offline; torch +cu, GPU name, NCCL version"),
     Step("cuda-tests", 210, "the suite's CUDA tests, -x"),
-    Step("parity", 140, "acco/zero1/fsdp on CUDA vs CPU in bf16; resume from a CUDA checkpoint; safetensors"),
+    Step("parity", 140, "acco/zero1/fsdp, CUDA vs CPU, bf16, one safetensors export; resume from a CUDA checkpoint"),
     Step("throughput", 200, "8B×8 compiled MFU and ACCO's overlap against 2026-11-22"),
     Step("stall", 75, "a stalled collective: the one-line diagnosis and flight_recorder/"),
     Step("torchtitan", 115, "torchtitan 0.3.0 on the 8B×8 case: tokens/s and peak memory ratios"),
@@ -110,10 +88,6 @@ def compared() -> tuple[str, str, str]:
     from torchacco.parallel.zero1 import ZeRO1
 
     return ACCO.name, ZeRO1.name, FSDP.name
-
-
-def case() -> dict:
-    return {**CASE, "strategy": compared()[2]}
 
 
 BF16 = ("--training.mixed_precision", "bf16")  # auto would be fp32 on the CPU
@@ -159,7 +133,7 @@ def plan(name: str, ctx) -> list[tuple[str, list[str], dict]]:
     if name == "throughput":
         gpu = [py, "-m", "benchmarks.gpu"]
         return [
-            ("mfu", [*gpu, "case", json.dumps(case(), ensure_ascii=False), "--steps", "12"], {}),
+            ("mfu", [*gpu, "case", CASE, "--steps", "12"], {}),
             ("overlap", [*gpu, "overlap", "--steps", "8", "--out", str(ctx.work)], {}),
         ]
     if name == "stall":
@@ -173,11 +147,8 @@ def plan(name: str, ctx) -> list[tuple[str, list[str], dict]]:
 
 def shown(cmd: list[str], env: dict, ctx) -> str:
     """A command as printed: the debug run's shared arguments as <debug run>, the probe's code elided."""
-    text = (
-        " ".join(f"{k}={v!r}" for k, v in env.items())
-        + " "
-        + " ".join("'<probe: torch build, GPU, NCCL, modules>'" if a == PROBE else a for a in cmd)
-    )
+    text = " ".join([*(f"{k}={v!r}" for k, v in env.items()),
+                     *("'<probe: torch build, GPU, NCCL, modules>'" if a == PROBE else a for a in cmd)])  # fmt: skip
     return text.strip().replace(" ".join(debug_run(ctx)), "<debug run>")
 
 
@@ -201,8 +172,8 @@ def validate(argv: list[str]) -> list[str]:
     if argv[2:4] == ["benchmarks.gpu", "case"]:
         from benchmarks.gpu import cases
 
-        if json.loads(argv[4]) not in cases(quick=False):
-            problems.append(f"benchmarks.gpu has no case {CASE['name']!r} as gpu_check.CASE states it")
+        if argv[4] not in (c["name"] for c in cases(quick=False)):
+            problems.append(f"benchmarks.gpu has no case {argv[4]!r}")
     return problems
 
 
@@ -303,9 +274,258 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__" and sys.argv[1:2] in (["_step"], ["_titan"]):
-    from benchmarks.gpu_check_steps import child
+# The steps, each in a process of its own (`python -m benchmarks.gpu_check _step NAME --work DIR`): a step prints
+# `PART {json}` as each of its checks ends (a step cut at its limit keeps them), then `RESULT {json}` with its status.
 
-    sys.exit(child(sys.argv[1:]))
-elif __name__ == "__main__":
-    sys.exit(main())
+WORDS = (
+    "the king and queen of a land far away went to see the sea with their horse dog cat bird "
+    "under sun moon and then they sang of old times while rain fell on green hills"
+).split()
+
+
+def part(**found) -> dict:
+    print("PART " + json.dumps(found), flush=True)
+    return found
+
+
+def sh(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    full = {**os.environ, "NPROC": "1", "PYTHON": sys.executable, **(env or {})}
+    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=full)
+
+
+def tail(proc: subprocess.CompletedProcess, lines: int = 3) -> str:
+    return " | ".join((proc.stderr.strip() or proc.stdout.strip()).splitlines()[-lines:])[-600:]
+
+
+def has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def corpus(work: Path) -> None:
+    """The suite's word salad (tests/conftest.py): a 400-token BPE and many 64-token windows, offline."""
+    folder = work / "corpus"
+    if folder.exists():
+        return
+    folder.mkdir(parents=True)
+    rng = random.Random(0)
+    for f in range(8):
+        paragraphs = (" ".join(rng.choice(WORDS) for _ in range(60)) + "." for _ in range(60))
+        (folder / f"doc{f}.txt").write_text("\n\n".join(paragraphs))
+
+
+def fresh(work: Path, *runs: str) -> None:
+    """No earlier run's folders: a run finds its own checkpoints there and resumes from them."""
+    for run in runs:
+        shutil.rmtree(work / run, ignore_errors=True)
+
+
+def losses(folder: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def rel_gap(a: list[float], b: list[float]) -> float:
+    if len(a) != len(b) or not a:
+        return float("inf")
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def env_step(ctx) -> dict:
+    cmds = {label: (cmd, env) for label, cmd, env in plan("env", ctx)}
+    for label in ("wheels", "install"):
+        if label == "install" and importlib.util.find_spec("torchacco.models") is not None:
+            continue  # an install (editable or not) is already there
+        if label in cmds:
+            proc = sh(*cmds[label])
+            if part(check=label, ok=proc.returncode == 0, output=tail(proc))["ok"] is False:
+                return {"status": f"failed: {label}: {tail(proc, 1)}"}
+    proc = sh(*cmds["probe"])
+    if proc.returncode != 0:
+        return {"status": f"failed: probe: {tail(proc, 1)}"}
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    problems = [f"torch {info['torch']} is not a CUDA build (install a +cu torch there)"] * (not info["cuda_build"])
+    problems += ["no GPU visible to torch"] * (not info["gpu"])
+    problems += [f"missing modules: {', '.join(info['missing'])} (carry them: gpu_wheels.sh)"] * bool(info["missing"])
+    return {"status": "failed: " + "; ".join(problems) if problems else "passed", **info}
+
+
+def cuda_tests_step(ctx) -> dict:
+    if not has_gpu():
+        return {"status": "skipped: no GPU"}
+    (label, cmd, env), = plan("cuda-tests", ctx)  # fmt: skip
+    proc = sh(cmd, env)
+    summary = (proc.stdout.strip().splitlines() or [""])[-1]
+    failed = [x for x in proc.stdout.splitlines() if x.startswith(("FAILED", "ERROR"))]
+    return {"status": "passed" if proc.returncode == 0 else f"failed: {summary}", "summary": summary,
+            "files": cmd[7:], "failures": failed[:5]}  # fmt: skip
+
+
+def parity_step(ctx) -> dict:
+    if not has_gpu():
+        return {"status": "skipped: no GPU"}
+    corpus(ctx.work)
+    runs = plan("parity", ctx)
+    fresh(ctx.work, "start", *(label for label, _, _ in runs[1:-1]), "acco_resumed")
+    problems = []
+    # the start run first (it also trains the tokenizer every run shares), the pairs side by side
+    for batch in (runs[:1], runs[1:-1], runs[-1:]):
+        with ThreadPoolExecutor(len(batch)) as pool:
+            procs = list(pool.map(lambda r: sh(r[1], r[2]), batch))
+        for (label, _, _), proc in zip(batch, procs):
+            if proc.returncode != 0:
+                problems.append(f"{label}: exit {proc.returncode}: {tail(proc, 1)}")
+                part(check=label, ok=False, output=tail(proc))
+        if problems:
+            return {"status": "failed: " + "; ".join(problems)}
+    hf = ctx.work / "start" / "hf"
+    exported = sorted(p.name for p in hf.iterdir())
+    if not part(check="export", ok="config.json" in exported and any(p.endswith(".safetensors") for p in exported),
+                files=exported)["ok"]:  # fmt: skip
+        problems.append(f"the export holds {exported}: no config.json with safetensors")
+    for kind in compared():
+        gpu, cpu = losses(ctx.work / f"{kind}_cuda"), losses(ctx.work / f"{kind}_cpu")
+        gap = rel_gap(gpu, cpu)
+        if not part(check=f"{kind} cuda vs cpu", ok=gap <= BF16_REL, gap=gap, cuda=gpu, cpu=cpu)["ok"]:
+            problems.append(f"{kind}: the CUDA losses are {gap:.3g} from the CPU's (allowed {BF16_REL})")
+    full, resumed = losses(ctx.work / "acco_cuda")[3:], losses(ctx.work / "acco_resumed")
+    gap = rel_gap(resumed, full)
+    if not part(check="resume from a CUDA checkpoint", ok=gap <= BF16_REL, gap=gap, full=full, resumed=resumed)["ok"]:
+        problems.append(f"resume: steps 4-6 are {gap:.3g} from the uninterrupted run's")
+    return {"status": "failed: " + "; ".join(problems) if problems else "passed", "tolerance": BF16_REL}
+
+
+def throughput_step(ctx) -> dict:
+    if not has_gpu():
+        return {"status": "skipped: no GPU"}
+    (_, mfu_cmd, _), (_, overlap_cmd, _) = plan("throughput", ctx)
+    ref_mfu = next(r["mfu"] for r in json.loads((ROOT / "bench_results/gpu_mfu.json").read_text())
+                   if r["name"] == CASE)  # fmt: skip
+    ref_overlap = json.loads((ROOT / "bench_results/gpu_overlap.json").read_text())["overlap"]
+    problems = []
+    proc = sh(mfu_cmd)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        problems.append(f"{CASE}: {tail(proc, 1)}")
+    else:
+        got = json.loads(line[7:])
+        (ctx.work / "throughput.json").write_text(json.dumps(got))  # step 6 compares against it
+        ok = got["mfu"] >= KEPT * ref_mfu
+        part(check="mfu", ok=ok, mfu=got["mfu"], reference=ref_mfu, tokens_per_s=got["tokens_per_s"],
+             peak_memory_gib=got["peak_memory_gib"], device=got["device"], torch=got["torch"])  # fmt: skip
+        problems += [] if ok else [f"MFU {got['mfu']:.1%} under {KEPT:.0%} of {ref_mfu:.1%}"]
+    proc = sh(overlap_cmd)
+    if proc.returncode != 0:
+        problems.append(f"overlap: {tail(proc, 1)}")
+    else:
+        got = json.loads((ctx.work / "gpu_overlap.json").read_text())
+        ok = got["overlap"] >= KEPT * ref_overlap
+        part(check="overlap", ok=ok, overlap=got["overlap"], reference=ref_overlap)
+        problems += [] if ok else [f"overlap {got['overlap']:.1%} under {KEPT:.0%} of {ref_overlap:.1%}"]
+    return {"status": "failed: " + "; ".join(problems) if problems else "passed"}
+
+
+def stall_step(ctx) -> dict:
+    if not has_gpu():
+        return {"status": "skipped: no GPU"}
+    corpus(ctx.work)
+    fresh(ctx.work, "stall")
+    (_, cmd, env), = plan("stall", ctx)  # fmt: skip
+    started = time.monotonic()
+    proc = sh(cmd, env)
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("torchacco: error:")]
+    recorder = ctx.work / "stall" / "flight_recorder"
+    dumps = sorted(p.name for p in recorder.iterdir()) if recorder.is_dir() else []
+    diagnosed = proc.returncode != 0 and len(errors) == 1 and "made no progress" in errors[0]
+    part(check="diagnosis", ok=diagnosed, lines=errors, traceback="Traceback" in proc.stderr,
+         seconds=round(time.monotonic() - started, 1))  # fmt: skip
+    part(check="flight recorder", ok=bool(dumps), files=dumps)
+    problems = [] if diagnosed else [f"no one-line diagnosis (exit {proc.returncode}: {tail(proc, 1)})"]
+    problems += [] if dumps else [f"nothing in {recorder}"]
+    return {"status": "failed: " + "; ".join(problems) if problems else "passed"}
+
+
+def titan_step(ctx) -> dict:
+    missing = [m for m in TITAN_NEEDS if importlib.util.find_spec(m) is None]
+    assets = [str(ctx.titan_assets / "tests/assets" / a) for a in ("tokenizer", "c4_test")]
+    missing += [a for a in assets if not Path(a).is_dir()]
+    if missing:
+        return {"status": f"skipped: torchtitan cannot run here: missing {', '.join(missing)}"}
+    if not has_gpu():
+        return {"status": "skipped: no GPU"}
+    from importlib.metadata import version
+
+    if version("torchtitan") != "0.3.0":
+        return {"status": f"skipped: torchtitan {version('torchtitan')} is installed; the comparison is for 0.3.0"}
+    (_, cmd, _), = plan("torchtitan", ctx)  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)  # torchtitan colours its log
+    tps = [float(t.replace(",", "")) for t in re.findall(r"tps: ([\d,]+)", text)]
+    peak = re.search(r"^TITAN_PEAK_GIB ([\d.]+)$", proc.stdout, re.M)
+    if proc.returncode != 0 or len(tps) < 5 or not peak:
+        return {"status": f"failed: torchtitan: {tail(proc, 1)}"}
+    found = {"titan_tokens_per_s": sum(tps[3:]) / len(tps[3:]), "titan_peak_memory_gib": float(peak[1])}
+    ours = ctx.work / "throughput.json"  # step throughput's measurement of the same case
+    if not ours.exists():
+        return {"status": "passed: torchtitan measured; no torchacco figure (run step throughput)", **found}
+    mine = json.loads(ours.read_text())
+    found["tokens_per_s_ratio"] = mine["tokens_per_s"] / found["titan_tokens_per_s"]  # torchacco / torchtitan
+    found["peak_memory_ratio"] = mine["peak_memory_gib"] / found["titan_peak_memory_gib"]
+    return {"status": "passed", **found}
+
+
+def titan_run(ctx) -> int:
+    """torchtitan 0.3.0 on CASE in this process (a world of 1): its Llama 3 8B config cut to 8 layers,
+    seq 8192 × 2, selective AC, compiled, bf16 compute with fp32 parameters, as torchacco's case.
+    Its own test assets hold the tokenizer and the data (the machine has no network)."""
+    from torchtitan.config import CompileConfig
+    from torchtitan.models.llama3.config_registry import llama3_8b
+
+    from benchmarks.gpu import cases
+
+    case = next(c for c in cases(quick=False) if c["name"] == CASE)
+
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", "29537")
+    os.chdir(ctx.titan_assets)  # its configs name ./tests/assets/... relative to the working directory
+    cfg = llama3_8b()
+    cfg.model_spec.model.layers = cfg.model_spec.model.layers[: case["layers"]]
+    cfg.hf_assets_path, cfg.dataloader.dataset = "./tests/assets/tokenizer", "c4_test"
+    cfg.training.seq_len, cfg.training.local_batch_size, cfg.training.steps = case["seq"], case["batch"], 12
+    cfg.compile = CompileConfig(enable=case["compile"])
+    cfg.profiler.enable_profiling, cfg.metrics.enable_tensorboard, cfg.metrics.log_freq = False, False, 1
+    cfg.checkpoint.enable, cfg.validator.enable, cfg.dump_folder = False, False, str(ctx.work / "titan")
+    import torch
+
+    # torchtitan resets the peak at each log line; kept, the peak is the whole run's, as torchacco's
+    # memory_gib (the most allocated, not reserved)
+    torch.cuda.reset_peak_memory_stats = lambda *args, **kwargs: None
+    trainer = cfg.build()
+    trainer.train()
+    trainer.close()
+    print(f"TITAN_PEAK_GIB {torch.cuda.max_memory_allocated() / 2**30:.3f}", flush=True)
+    return 0
+
+
+RUNS = {"env": env_step, "cuda-tests": cuda_tests_step, "parity": parity_step, "throughput": throughput_step,
+         "stall": stall_step, "torchtitan": titan_step}  # fmt: skip
+
+
+def child(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=("_step", "_titan"))
+    parser.add_argument("name", nargs="?")
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--wheels", type=Path, default=ROOT / ".whl-gpu")
+    parser.add_argument("--titan-assets", type=Path, default=ROOT / ".whl-gpu" / "titan")
+    ctx = parser.parse_args(argv)
+    if ctx.what == "_titan":
+        return titan_run(ctx)
+    result = RUNS[ctx.name](ctx)
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child(sys.argv[1:]) if sys.argv[1:2] in (["_step"], ["_titan"]) else main())

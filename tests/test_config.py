@@ -102,13 +102,18 @@ def test_every_shipped_config_loads_and_builds_on_meta(path):
     assert len(model.layers) == args.n_layers
 
 
-def test_data_parallel_choices_are_the_registered_strategies():
+def test_data_parallel_choices_are_the_registered_strategies_whose_lines_match_their_classes():
     from torchacco.config import choices
-    from torchacco.parallel.registry import STRATEGIES
+    from torchacco.parallel.registry import BUILT_IN, strategies
 
-    assert set(choices("parallelism", "data_parallel")) == set(STRATEGIES)
-    for name, cls in STRATEGIES.items():
-        assert cls.name == name and cls.communication in ("all_reduce_in_backward", "per_micro_batch", "sharded_job")
+    assert set(choices("parallelism", "data_parallel")) == set(strategies())
+    for name, cls in strategies().items():
+        assert cls.name == name and cls.traits.communication in (
+            "all_reduce_in_backward",
+            "per_micro_batch",
+            "sharded_job",
+        )
+        assert cls.traits.options is BUILT_IN[name][1]  # the config reads a strategy's section before its class
 
 
 def test_configuration_reference_is_the_one_generated_from_the_config():

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from benchmarks import cost_model_check as check
-from benchmarks import cost_model_probes as probes
+from benchmarks import cost_model_check as probes
 from benchmarks.cluster import ClusterPlan
-from benchmarks.speed import STRATEGIES, plans
+from benchmarks.yardstick.speed import STRATEGIES, plans
 from torchacco import cost_model as cm
 
 
@@ -80,69 +80,11 @@ def test_a_setting_is_predicted_from_the_probes_and_each_error_is_judged_against
     assert "mixed replicas" in result["skipped"]["diloco_h50_balanced"]
 
 
-def test_the_measured_compute_comes_only_from_the_runs_that_made_the_table(tmp_path):
-    folder = tmp_path / "a_zero1_0"
-    folder.mkdir()
-    # 20 updates of 0.2 s, a quarter of each after the last micro-batch
-    record = {"tokens_per_update": 2048, "tokens_per_s": 2048 / 0.2, "share_sync": 0.25}
-    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(record) for _ in range(20)))
-    kept = check.kept_records(tmp_path, "a", "zero1", {"seconds_per_update": [0.2]})
-    assert check.measured_compute(kept) == pytest.approx(0.15) and check.measured_outer_wait(kept) is None
-    assert check.kept_records(tmp_path, "a", "zero1", {"seconds_per_update": [0.3]}) == []  # overwritten
-    assert check.kept_records(tmp_path, "b", "zero1", {"seconds_per_update": [0.2]}) == []  # gone
-    assert check.measured_compute([]) is None
-
-
-def test_a_diloco_rows_time_after_the_sync_is_split_into_the_outer_wait_and_the_inner_sync():
-    # Every 5th update an outer step waits 0.1 s: 0.02 s per update, of the 0.05 s after the sync.
-    kept = [{"tokens_per_update": 2048, "tokens_per_s": 2048 / 0.2, "share_sync": 0.25}] * 20
-    kept = [dict(r, outer_exposed_s=0.1) if i % 5 == 4 else r for i, r in enumerate(kept)]
-    assert check.measured_outer_wait(kept) == pytest.approx(0.02)
-    row = {"predicted_s": 0.16, "measured_s": 0.2, "error": -0.2, "predicted_compute_s": 0.15,
-           "predicted_exposed_s": 0.01, "predicted_outer_wait_s": 0.004, "measured_compute_s": 0.15,
-           "measured_outer_wait_s": 0.02, "communicates_in_micro_batches": False}  # fmt: skip
-    text = check.cause("streaming", row)
-    assert (
-        "the outer step's wait 0.020 s against the model's 0.004 s, the inner update's sync and step 0.030 s "
-        "against 0.006 s" in text
-    )
-
-
-def test_same_session_compute_scales_every_rank_to_the_speed_the_settings_zero1_run_computed_at(tmp_path):
-    plan = ClusterPlan(nodes=4, cpu_per_node=0.45, slow_node=3, slow_factor=4.0)
-    inputs = {"cores": 2, "seconds_per_token": 1e-4, "params": 1e6, "adamw_elements_per_s": 1e8,
-              "seconds_per_token_at_cores": {"0.1125": 1.5e-3}}  # fmt: skip
-    # rank 0 at 0.45 cores, 16 × 128 / 4 tokens: 0.1138 s at the probed speed; the run computed 1.25× that
-    probed_s = 512 * 1e-4 / 0.45
-    assert check.same_session_scale(plan, inputs, 1.25 * probed_s) == pytest.approx(1.25)
-    assert check.same_session_scale(plan, inputs, None) is None
-    scaled = check.with_compute_scaled(inputs, 1.25)
-    assert check.seconds_per_token_at(0.1125, scaled) == pytest.approx(1.25 * 1.5e-3)  # the quota probes alike
-    # through the check: the setting's ZeRO-1 run left its records, at twice the probed compute on 2 one-rank nodes
-    two = ClusterPlan(nodes=2, rate_bps=8e6)
-    folder = tmp_path / "a_zero1_0"
-    folder.mkdir()
-    compute = 2 * 1024 * 1e-4
-    record = {"tokens_per_update": 2048, "tokens_per_s": 2048 / (2 * compute), "share_sync": 0.5}
-    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(record) for _ in range(40)))
-    table = {"meta": {"machine": "2-core test"}, "settings": {"a": {"plan": two.describe(), "strategies": {
-        "zero1": {"mean": 2 * compute, "seconds_per_update": [2 * compute]}, "ddp": {"mean": 1.0}}}}}  # fmt: skip
-    probed = {"a": {"collectives": _collectives(4e6, 4.0, 3.0, 6.0, 2.2, 2.4)}}
-    settings = {"a": (two, [])}
-    inputs = {**inputs, "seconds_per_token_at_cores": {}}
-    plain = check.check({"t": table}, settings, probed, inputs, tmp_path)["t"]["a"]
-    same = check.check({"t": table}, settings, probed, inputs, tmp_path, same_session=True)["t"]["a"]
-    assert (plain["compute_scale"], same["compute_scale"]) == (None, pytest.approx(2.0))
-    for label in ("zero1", "ddp"):
-        assert same["rows"][label]["predicted_compute_s"] > plain["rows"][label]["predicted_compute_s"]
-        assert same["rows"][label]["measured_compute_s"] == plain["rows"][label]["measured_compute_s"]
-    assert same["rows"]["zero1"]["predicted_compute_s"] == pytest.approx(compute)
-
-
 def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys):
     calibration = {"compute_per_update_s": 0.05, "params": 600_000, "balance_bps": 3e8}
     (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": calibration}))
     plan = plans(tmp_path)["a"][0]
+    assert plans(tmp_path, rates="50mbit")["r50mbit"][0].rate_bps == 50e6  # speed --rates: a setting per link rate
     ideal = 0.5 * 8 * 2.4e6 / plan.rate_bps
     collectives = _collectives(2.4e6, ideal, ideal, ideal, ideal, ideal)
     probes = {"settings": {"a": {"plan": plan.describe(), "collectives": collectives}}, "adamw_elements_per_s": 1e8}
@@ -162,10 +104,6 @@ def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys)
         2 * row["predicted_compute_s"]
     )
     assert probed["meta"]["inputs"]["compute_probed"] and "probed with the links" in (tmp_path / "cmc.md").read_text()
-    # the machine's speed at the time of the runs needs a ZeRO-1 run with its records: one line without
-    with pytest.raises(SystemExit):
-        check.main(["--speed", "spd", "--out", str(tmp_path), "--name", "cmc", "--compute", "same-session"])
-    assert "no setting has its ZeRO-1 run's records" in capsys.readouterr().err
     # a probe of another plan is refused with one line
     probes["settings"]["a"]["plan"] = "2 nodes at another rate"
     (tmp_path / "cost_model_probes.json").write_text(json.dumps(probes))
@@ -186,7 +124,7 @@ def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys)
     ],
 )
 def test_the_speed_benchmark_refuses_what_it_cannot_time_with_one_line_before_any_run(argv, words, tmp_path, capsys):
-    from benchmarks import speed
+    from benchmarks.yardstick import speed
 
     calibration = {"compute_per_update_s": 0.05, "params": 600_000, "balance_bps": 3e8}
     (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": calibration}))  # the settings' rates
@@ -239,7 +177,7 @@ def test_a_label_that_changes_only_what_the_workload_reads_is_predicted_as_its_s
 def test_a_table_measured_on_another_plan_is_not_checked_against_these_probes():
     settings = plans(check.ROOT / "bench_results")
     table = {"t": {"settings": {"c": {"plan": "4 nodes ..., node3 0.1125 cores per 10 ms", "strategies": {}}}}}
-    result = check.check(table, settings, {}, {"cores": 2}, check.ROOT / "none")
+    result = check.check(table, settings, {}, {"cores": 2})
     assert "measured on another plan" in result["t"]["c"]["not_checked"]
 
 

@@ -376,7 +376,7 @@ def test_impossible_settings_are_one_line_errors(overrides, message):
     cfg.training.local_batch_size = 4
     for key, value in overrides.items():
         section, name = key.split(".")
-        setattr(getattr(cfg, section), name, value)
+        setattr(cfg.section(section), name, value)
     with pytest.raises(UserError) as e:
         validate(cfg, world_size=4)
     assert message in str(e.value) and "\n" not in str(e.value)

@@ -11,7 +11,7 @@ from argparse import Namespace
 import pytest
 from conftest import ROOT
 
-from benchmarks import gpu_check, gpu_check_steps
+from benchmarks import gpu_check
 
 PLAN_LINE = re.compile(r"^(\d)\. (\S+) \((\d+) s\)")
 
@@ -74,15 +74,15 @@ def test_a_step_past_its_limit_is_recorded_and_the_next_step_runs(monkeypatch, t
 
 def test_steps_whose_needs_are_absent_are_skipped_with_the_reason(tmp_path):
     ctx = Namespace(work=tmp_path, wheels=tmp_path / "none", titan_assets=tmp_path / "no-assets")
-    titan = gpu_check_steps.titan_step(ctx)
+    titan = gpu_check.titan_step(ctx)
     assert titan["status"].startswith("skipped: torchtitan cannot run here: missing ")
     assert str(tmp_path / "no-assets" / "tests/assets/c4_test") in titan["status"]
     # the suite hides the GPUs from itself (conftest.py)
-    assert gpu_check_steps.stall_step(ctx) == {"status": "skipped: no GPU"}
+    assert gpu_check.stall_step(ctx) == {"status": "skipped: no GPU"}
 
 
 def test_the_throughput_reference_is_the_measured_8_layer_case():
     rows = json.loads((ROOT / "bench_results" / "gpu_mfu.json").read_text())
-    assert next(r["mfu"] for r in rows if r["name"] == gpu_check.CASE["name"]) == pytest.approx(0.467, abs=5e-4)
-    assert gpu_check_steps.rel_gap([5.0, 4.0], [5.0, 4.04]) == pytest.approx(0.04 / 4.04)
-    assert gpu_check_steps.rel_gap([5.0], [5.0, 4.0]) == float("inf")  # a run cut short never passes
+    assert next(r["mfu"] for r in rows if r["name"] == gpu_check.CASE) == pytest.approx(0.467, abs=5e-4)
+    assert gpu_check.rel_gap([5.0, 4.0], [5.0, 4.04]) == pytest.approx(0.04 / 4.04)
+    assert gpu_check.rel_gap([5.0], [5.0, 4.0]) == float("inf")  # a run cut short never passes

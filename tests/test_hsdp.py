@@ -61,6 +61,6 @@ def test_each_rank_stores_its_shard_of_a_node():
 def test_a_shard_degree_that_cannot_shard_the_ranks_is_one_line(degree, message):
     cfg = Config()
     cfg.parallelism.data_parallel = "hsdp"
-    cfg.hsdp.shard_degree = degree
+    cfg.strategy_options["hsdp"].shard_degree = degree
     with pytest.raises(UserError, match=message):
         HSDP.check_config(cfg, dp_size=4, model_parallel="")

@@ -532,7 +532,7 @@ def test_one_hardware_queue_with_an_overlapped_job_beside_model_parallel_traffic
     cfg = Config()
     for key, value in overrides.items():
         section, name = key.split(".")
-        setattr(getattr(cfg, section), name, value)
+        setattr(cfg.section(section), name, value)
     if refused:
         with pytest.raises(UserError, match="CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor or pipeline parallelism"):
             check_hardware_queues(cfg, device, {"CUDA_DEVICE_MAX_CONNECTIONS": env})

@@ -180,7 +180,7 @@ def test_a_folder_holding_another_run_is_refused_unless_told(tmp_path):
     ):
         run_folder.prepare(other, out)
     another_mode = Config()  # a strategy's own section counts too
-    another_mode.acco.mode = "balanced"
+    another_mode.strategy_options["acco"].mode = "balanced"
     with pytest.raises(UserError, match=r"holds a different run \(differs in acco.mode\)"):
         run_folder.prepare(another_mode, out)
     other.job.overwrite = True  # deletes that run's outputs: nothing of it is resumed

@@ -507,7 +507,7 @@ def test_bf16_compute_sums_gradients_in_fp32_by_default(tmp_path, kind):
     the default fp32 reduce tracks the fp32 equations within bf16 compute's own error (about 7% of the
     update on this model; a misplaced buffer is O(1)), and the bf16 reduce is a different result.
     On 8 ranks, 4 updates: θ with a bf16 reduce differs from the fp32 reduce's by 4.7% (zero1) and
-    4.3% (acco) of the update (docs/reliability.md)."""
+    4.3% (acco) of the update (docs/performance.md)."""
     bf16 = {"TORCHACCO_TEST_DTYPE": "bf16"}
     (tmp_path / "fp32").mkdir()
     (tmp_path / "bf16").mkdir()

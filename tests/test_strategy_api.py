@@ -6,34 +6,33 @@ import contextlib
 import dataclasses
 import re
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from torchacco.config import Config, key, load_config, reference_markdown
+from torchacco import cost_model as cm
+from torchacco.config import Config, load_config, reference_markdown
+from torchacco.options import Options, key
 from torchacco.parallel import registry
 from torchacco.parallel.accounting import gather_counts
-from torchacco.parallel.strategy import Counts, MemoryParts, Strategy, UpdateResult
+from torchacco.parallel.strategy import Counts, MemoryParts, Strategy, Traits, UpdateResult
 from torchacco.trainer import train
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclasses.dataclass
-class ToyOptions:
+class ToyOptions(Options):
+    section: ClassVar[str] = "toy_sgd"
     momentum: float = key(0.0, "heavy-ball momentum of the toy strategy")
 
 
 class AllReduceSGD(Strategy):
     """Plain SGD on replicated parameters: sum the gradients with one all-reduce after the period."""
 
-    name = "toy_sgd"
-    communication = "all_reduce_in_backward"
-    sync_phase = "gradient all-reduce"
-    options = ToyOptions
-    options_section = "toy_sgd"
-    variants = {"toy_sgd_momentum": (("--toy_sgd.momentum", "0.9"), "deterministic")}
+    traits = Traits("toy_sgd", "all_reduce_in_backward", "gradient all-reduce", options=ToyOptions)
 
     def __init__(self, model, dims, plan, lr: float, momentum: float):
         self.model, self.dims, self.plan, self.lr, self.momentum = model, dims, plan, lr, momentum
@@ -41,7 +40,7 @@ class AllReduceSGD(Strategy):
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
-        return cls(model, dims, plan, cfg.optimizer.lr, getattr(cfg, cls.options_section).momentum)
+        return cls(model, dims, plan, cfg.optimizer.lr, cfg.options(ToyOptions).momentum)
 
     @classmethod
     def memory(cls, numel, dp_size, param_dtype, reduce_dtype, options=None):
@@ -70,10 +69,11 @@ class AllReduceSGD(Strategy):
 
 
 @pytest.fixture
-def toy_registered():
+def toy_registered(monkeypatch):
+    monkeypatch.setitem(cm.VARIANTS, "toy_sgd_momentum", (("--toy_sgd.momentum", "0.9"), "deterministic"))
     registry.register(AllReduceSGD)
     yield AllReduceSGD
-    registry.STRATEGIES.pop(AllReduceSGD.name)
+    registry.REGISTERED.pop(AllReduceSGD.name)
 
 
 class Counting(torch.utils.data.IterableDataset):
@@ -102,9 +102,18 @@ def test_a_strategy_defined_outside_torchacco_trains_through_train(toy_registere
     assert "momentum = 0.5" in (tmp_path / "config.toml").read_text()
 
 
+def test_a_config_built_before_register_gets_the_new_section_with_its_defaults():
+    early = Config()
+    registry.register(AllReduceSGD)
+    try:
+        assert early.options(ToyOptions) == ToyOptions() and "[toy_sgd]" in early.to_toml()
+    finally:
+        registry.REGISTERED.pop(AllReduceSGD.name)
+
+
 def test_the_config_and_its_reference_follow_the_registered_strategies(toy_registered):
     cfg = Config()
-    assert cfg.toy_sgd.momentum == 0.0
+    assert cfg.strategy_options["toy_sgd"].momentum == 0.0
     assert "[toy_sgd]" in cfg.to_toml()
     reference = reference_markdown()
     assert "## [toy_sgd]" in reference and "`toy_sgd`" in reference
@@ -112,8 +121,7 @@ def test_the_config_and_its_reference_follow_the_registered_strategies(toy_regis
 
 
 def test_the_cost_model_and_the_benchmarks_list_a_registered_strategy(toy_registered):
-    from benchmarks.sweeps.common import strategy_variants
-    from torchacco import cost_model as cm
+    from benchmarks.common import strategy_variants
 
     assert {"toy_sgd", "toy_sgd_momentum"} <= set(cm.variants())
     work = cm.Workload(params=1e6, flops_per_token=6e6, tokens_per_micro_batch=1e3, micro_batches=2)
@@ -137,19 +145,24 @@ def test_a_second_strategy_with_a_taken_name_or_section_is_refused(toy_registere
     clash = type("Clash", (AllReduceSGD,), {})
     with pytest.raises(ValueError, match="registered already"):
         registry.register(clash)
-    other = type("Other", (AllReduceSGD,), {"name": "toy_other", "options": type("O", (), {})})
+    options = type("O", (Options,), {"section": "toy_sgd"})
+    other = type(
+        "Other",
+        (AllReduceSGD,),
+        {"traits": dataclasses.replace(AllReduceSGD.traits, name="toy_other", options=options)},
+    )
     with pytest.raises(ValueError, match=r"\[toy_sgd\] holds another strategy's options"):
         registry.register(other)
 
 
 def test_no_strategy_name_is_spelled_outside_its_own_modules():
     """A strategy's name, as a string literal, appears only in the modules of its class and its
-    bases: everything else asks the class (traits) or the registry."""
+    bases, its registry line and its options section: everything else asks the class (traits) or the registry."""
     sources = [p for folder in ("torchacco", "benchmarks") for p in (ROOT / folder).rglob("*.py")]
-    for name, cls in registry.STRATEGIES.items():
+    for name, cls in registry.strategies().items():
         own = {
             Path(c.__module__.replace(".", "/") + ".py") for c in cls.__mro__ if c.__module__.startswith("torchacco")
-        }
+        } | {Path("torchacco/parallel/registry.py"), Path("torchacco/options.py")}
         spelled = re.compile(rf"""["']{re.escape(name)}["']""")
         offenders = [
             str(p.relative_to(ROOT))

@@ -7,8 +7,9 @@ import statistics
 
 import pytest
 
-from benchmarks import time_to_target as ttt
-from benchmarks.token_efficiency import budget_rows, updates_to_target
+from benchmarks import yardstick
+from benchmarks.yardstick import table as ttt
+from benchmarks.yardstick.tokens import budget_rows, updates_to_target
 
 
 def test_the_budget_for_a_target_is_interpolated_between_the_finished_runs_that_bracket_it():
@@ -87,7 +88,7 @@ def test_time_to_target_names_a_mistake_in_one_line(tmp_path, capsys, extra, mes
     ],
 )
 def test_token_efficiency_arguments_it_cannot_run_are_one_line(args, message, capsys):
-    from benchmarks.token_efficiency import main as token_efficiency
+    from benchmarks.yardstick.tokens import main as token_efficiency
 
     with pytest.raises(SystemExit) as exit_:
         token_efficiency(args)
@@ -95,7 +96,7 @@ def test_token_efficiency_arguments_it_cannot_run_are_one_line(args, message, ca
 
 
 def test_another_flavor_trains_that_model_in_runs_of_its_own(monkeypatch, tmp_path):
-    from benchmarks import token_efficiency as te
+    from benchmarks.yardstick import tokens as te
 
     trained = []
 
@@ -114,7 +115,7 @@ def test_another_flavor_trains_that_model_in_runs_of_its_own(monkeypatch, tmp_pa
     assert args[args.index("--model.flavor") + 1] == "tiny"
     assert "GPT-Neo tiny" in (tmp_path / "tiny_token_efficiency.md").read_text()  # beside the debug model's report
     # the table `predict` reads holds the debug model's runs only
-    from benchmarks import efficiency_table
+    from benchmarks.yardstick import efficiency as efficiency_table
 
     with pytest.raises(SystemExit, match="tiny_token_efficiency measured GPT-Neo tiny"):
         efficiency_table.main(
@@ -123,7 +124,7 @@ def test_another_flavor_trains_that_model_in_runs_of_its_own(monkeypatch, tmp_pa
 
 
 def test_the_token_efficiency_report_gives_the_mean_gaps_95_percent_interval(monkeypatch, tmp_path):
-    from benchmarks import token_efficiency as te
+    from benchmarks.yardstick import tokens as te
 
     losses = {("ddp", 0): 4.0, ("ddp", 1): 4.0, ("ddp", 2): 5.0, ("acco", 0): 4.04, ("acco", 1): 4.0, ("acco", 2): 5.1}
 
@@ -145,7 +146,7 @@ def test_the_token_efficiency_report_gives_the_mean_gaps_95_percent_interval(mon
 def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_time_against_the_prediction(
     monkeypatch, tmp_path
 ):
-    from benchmarks import end_to_end
+    from benchmarks.yardstick import end_to_end
 
     tokens = {
         "meta": {"seeds": [0, 1], "updates": 1000},
@@ -187,7 +188,7 @@ def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_
 
 
 def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_diloco_runs_settings(tmp_path, capsys):
-    from benchmarks import efficiency_table
+    from benchmarks.yardstick import efficiency as efficiency_table
     from torchacco import cost_model as cm
 
     def result(name, rows, seeds=(0, 1)):
@@ -239,7 +240,7 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
 
 
 def test_each_ddp_budget_is_a_target_level_and_every_variant_is_interpolated_to_each(monkeypatch, tmp_path):
-    from benchmarks import token_efficiency as te
+    from benchmarks.yardstick import tokens as te
 
     finals = {("ddp", 500): [4.2, 4.3], ("ddp", 1000): [4.0, 4.1],
               ("acco", 500): [4.3, 4.4], ("acco", 1000): [4.1, 4.15], ("acco", 1500): [3.9, 4.0]}  # fmt: skip
@@ -276,7 +277,7 @@ def test_each_ddp_budget_is_a_target_level_and_every_variant_is_interpolated_to_
 
 
 def test_time_to_target_at_several_levels_pairs_each_level_with_the_measured_speed(tmp_path):
-    # as benchmarks.token_efficiency --levels 0.5,1 writes them: the targets are in the variants' level rows
+    # as token-efficiency --levels 0.5,1 writes them: the targets are in the variants' level rows
     levels = {"500": {"tokens_to_target_ratio": [1.5, 1.3], "ratio_is_upper_bound": [False, False], "target": 4.25},
               "1000": {"tokens_to_target_ratio": [1.25, 1.1], "ratio_is_upper_bound": [False, False],
                        "target": 4.05}}  # fmt: skip
@@ -316,55 +317,56 @@ def test_time_to_target_at_several_levels_pairs_each_level_with_the_measured_spe
 def test_a_resumed_speed_run_is_kept_only_with_the_same_arguments_on_the_same_plan(monkeypatch, tmp_path):
     import dataclasses
 
-    from benchmarks import speed
     from benchmarks.cluster import ClusterPlan
+    from benchmarks.yardstick import speed
 
     ran = []
 
-    def fake_run(plan, train, folder):
+    def fake_run(plan, train, folder, env=None):
         ran.append(train)
         folder.mkdir(parents=True, exist_ok=True)
         return {"records": [{"step": len(ran)}]}
 
     monkeypatch.setattr(speed, "run_training", fake_run)
     plan = ClusterPlan(nodes=2, rate_bps=3e8)
-    assert speed.timed_run(plan, ["--a"], tmp_path / "r", resume=False) == [{"step": 1}]
+    steps = lambda plan, args, resume: speed.timed_run(plan, args, tmp_path / "r", resume)["records"]  # noqa: E731
+    assert steps(plan, ["--a"], resume=False) == [{"step": 1}]
     again = dataclasses.replace(plan, prefix="other")  # a later call's names for the same cluster
-    assert speed.timed_run(again, ["--a"], tmp_path / "r", resume=True) == [{"step": 1}]
-    assert speed.timed_run(plan, ["--a"], tmp_path / "r", resume=False) == [{"step": 2}]  # not resumed: run again
-    assert speed.timed_run(plan, ["--b"], tmp_path / "r", resume=True) == [{"step": 3}]  # other arguments
+    assert steps(again, ["--a"], resume=True) == [{"step": 1}]
+    assert steps(plan, ["--a"], resume=False) == [{"step": 2}]  # not resumed: run again
+    assert steps(plan, ["--b"], resume=True) == [{"step": 3}]  # other arguments
     slower = dataclasses.replace(plan, rate_bps=1e8)
-    assert speed.timed_run(slower, ["--b"], tmp_path / "r", resume=True) == [{"step": 4}]  # another link
+    assert steps(slower, ["--b"], resume=True) == [{"step": 4}]  # another link
     assert len(ran) == 4
 
 
 def test_the_time_to_target_benchmark_runs_its_parts_in_turn_and_resumes(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from benchmarks import end_to_end, speed, time_to_target, token_efficiency
+    from benchmarks.yardstick import end_to_end, speed, table, tokens
 
     calls, calibrations = [], []
-    for module in (token_efficiency, speed, time_to_target, end_to_end):
+    for module in (tokens, speed, table, end_to_end):
         monkeypatch.setattr(module, "main", lambda argv, m=module.__name__: calls.append((m.split(".")[-1], argv)))
     fake_calibrate = lambda folder, timeout: calibrations.append(1) or {"balance_bps": 1e8}  # noqa: E731
-    monkeypatch.setattr(time_to_target, "calibrate", fake_calibrate)
+    monkeypatch.setattr(yardstick, "calibrate", fake_calibrate)
     args = SimpleNamespace(out=str(tmp_path), name="ttt", updates=1000, lr="3e-3", seeds="3,4", variants="acco",
                            budgets="0.75,1,1.25", levels="0.75,1", settings="a,b", strategies="ddp,zero1_balanced,acco",
                            speed_updates=110, repeats=2, validate="a:acco", timeout=60, resume=False)  # fmt: skip
-    time_to_target.time_to_target_sweep(args)
+    yardstick.time_to_target(args)
     parts = dict(calls)
-    assert [name for name, _ in calls] == ["token_efficiency", "speed", "time_to_target", "end_to_end"]
-    assert parts["token_efficiency"][parts["token_efficiency"].index("--variants") + 1] == "ddp,acco"
-    assert "--fresh" in parts["token_efficiency"] and "--resume" not in parts["speed"]
-    assert parts["time_to_target"][-2:] == ["--same-update", "zero1_balanced=ddp"]  # DDP's update: DDP's tokens
+    assert [name for name, _ in calls] == ["tokens", "speed", "table", "end_to_end"]
+    assert parts["tokens"][parts["tokens"].index("--variants") + 1] == "ddp,acco"
+    assert "--fresh" in parts["tokens"] and "--resume" not in parts["speed"]
+    assert parts["table"][-2:] == ["--same-update", "zero1_balanced=ddp"]  # DDP's update: DDP's tokens
     assert parts["end_to_end"][parts["end_to_end"].index("--seeds") + 1] == "3"
     assert parts["speed"][parts["speed"].index("--calibration") + 1] == "ttt_calibration"
     assert json.loads((tmp_path / "ttt_calibration.json").read_text())["calibration"] == {"balance_bps": 1e8}
     calls.clear()
-    time_to_target.time_to_target_sweep(SimpleNamespace(**{**vars(args), "resume": True}))
+    yardstick.time_to_target(SimpleNamespace(**{**vars(args), "resume": True}))
     parts = dict(calls)
     assert calibrations == [1]  # kept: the resumed runs' settings are the ones they were timed on
-    assert "--fresh" not in parts["token_efficiency"] and "--resume" in parts["speed"]
+    assert "--fresh" not in parts["tokens"] and "--resume" in parts["speed"]
 
 
 @pytest.mark.parametrize(
@@ -394,24 +396,24 @@ def test_the_time_to_target_benchmark_names_a_mistake_in_one_line_before_any_run
                 "seeds": "0,1", "lr": "3e-3", "validate": ""}  # fmt: skip
     args = SimpleNamespace(**{**defaults, **change})
     if message is None:
-        assert ttt.check(args) == (["acco"], ["ddp", "zero1", "acco"])
+        assert yardstick.check(args) == (["acco"], ["ddp", "zero1", "acco"])
         return
     with pytest.raises(UserError, match=message):
-        ttt.check(args)
+        yardstick.check(args)
 
 
 def test_each_timed_strategy_takes_the_tokens_of_the_update_it_computes():
 
-    assert [ttt.token_variant(s) for s in ("zero1", "fsdp", "ddp_one_bucket", "zero1_balanced")] == ["ddp"] * 4
-    assert ttt.token_variant("acco_balanced") == "acco"  # the split changes who computes what, not the update
-    assert ttt.token_variant("streaming_h10_avg_zero1") == "streaming_h10_avg"  # ZeRO-1 inside: DDP's inner update
-    assert ttt.token_variant("streaming_h10_avg_acco") == "streaming_h10_avg_acco"  # ACCO inside: not measured
-    assert ttt.token_variant("diloco_h50_balanced") == "diloco_h50_balanced"  # mixed replicas: their own update
+    assert [yardstick.token_variant(s) for s in ("zero1", "fsdp", "ddp_one_bucket", "zero1_balanced")] == ["ddp"] * 4
+    assert yardstick.token_variant("acco_balanced") == "acco"  # the split changes who computes what, not the update
+    assert yardstick.token_variant("streaming_h10_avg_zero1") == "streaming_h10_avg"  # ZeRO-1 inside: DDP's update
+    assert yardstick.token_variant("streaming_h10_avg_acco") == "streaming_h10_avg_acco"  # ACCO inside: not measured
+    assert yardstick.token_variant("diloco_h50_balanced") == "diloco_h50_balanced"  # mixed replicas: their own update
 
 
 def test_a_whole_run_on_the_cluster_is_kept_only_for_the_same_arguments_on_the_same_plan(monkeypatch, tmp_path):
-    from benchmarks import end_to_end
     from benchmarks.cluster import ClusterError
+    from benchmarks.yardstick import end_to_end
 
     (tmp_path / "cal.json").write_text(json.dumps({"calibration": {"balance_bps": 3e8}}))
     ran = []
@@ -419,12 +421,16 @@ def test_a_whole_run_on_the_cluster_is_kept_only_for_the_same_arguments_on_the_s
     def fake_run(plan, args, folder, timeout_s):
         ran.append(plan.rate_bps)
         folder.mkdir(parents=True, exist_ok=True)
-        record = {"step": 10, "val_loss": 4.0, "tokens_per_update": 2048, "tokens_per_s": 2048.0}
-        return {"records": [record] * 10, "wall_s": 12.0}
+        records = [{"step": i, "tokens": 2048 * i, "tokens_per_update": 2048, "tokens_per_s": 2048.0} for i in (1, 2)]
+        records = [*records, {"step": 3, "tokens": 3 * 2048, "val_loss": 4.0, "tokens_per_update": 2048,
+                              "tokens_per_s": 1024.0}]  # fmt: skip
+        return {"records": records, "wall_s": 12.0}
 
     monkeypatch.setattr(end_to_end, "run_training", fake_run)
     first = end_to_end.train_on_cluster("a", "ddp", 0, 10, 3e-3, tmp_path, calibration="cal")
-    assert first == {"loss": 4.0, "seconds": pytest.approx(10.0), "wall_s": 12.0, "updates": 10}
+    # the run's validation loss against tokens and training wall-clock is kept with it
+    curve = [{"step": 3, "tokens": 6144, "wall_s": pytest.approx(4.0), "val_loss": 4.0}]
+    assert first == {"loss": 4.0, "seconds": pytest.approx(4.0), "wall_s": 12.0, "updates": 3, "curve": curve}
     assert end_to_end.train_on_cluster("a", "ddp", 0, 10, 3e-3, tmp_path, calibration="cal") == first
     assert ran == [3e8]  # kept
     (tmp_path / "cal.json").write_text(json.dumps({"calibration": {"balance_bps": 1e8}}))  # another machine's rate
@@ -436,17 +442,26 @@ def test_a_whole_run_on_the_cluster_is_kept_only_for_the_same_arguments_on_the_s
         end_to_end.train_on_cluster("a", "ddp", 0, 10, 3e-3, tmp_path, calibration="missing")
 
 
-def test_one_command_line_runs_every_benchmark_and_calls_nothing_superseded_the_headline(monkeypatch, capsys):
-    from benchmarks import cli, speed
+def test_one_command_line_runs_every_benchmark_and_says_what_replaced_a_removed_one(monkeypatch, capsys):
+    from benchmarks import cli
+    from benchmarks.yardstick import speed
 
     monkeypatch.setattr(speed, "main", lambda argv: seen.append(argv) or 0)
     seen = []
     assert cli.run(["speed", "--settings", "c"]) == 0 and seen == [["--settings", "c"]]
-    commands = cli.build_parser()._subparsers._group_actions[0].choices
-    assert set(cli.MODULES) | {"time-to-target", "throughput", "all"} <= set(commands)
-    assert "time-to-loss" not in commands and "headline" not in (cli.__doc__ + capsys.readouterr().out)
+    for removed in ("throughput", "memory", "all"):
+        assert cli.run([removed, "--quick"]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"torchacco: error: {removed} is gone; use python -m benchmarks ")
+    assert cli.run(["acco-reference"]) == 2
+    assert capsys.readouterr().err.startswith("torchacco: error: acco-reference is gone; tests/test_schedules.py")
+    with pytest.raises(SystemExit):
+        cli.run(["--help"])
+    listed = capsys.readouterr().out
+    assert all(command in listed for command in cli.MODULES) and "headline" not in listed
     with pytest.raises(SystemExit):
         cli.run(["time-to-loss"])
+    assert "invalid choice: 'time-to-loss'" in capsys.readouterr().err
 
 
 def test_the_old_module_form_names_the_command_in_one_line():
@@ -461,3 +476,35 @@ def test_the_old_module_form_names_the_command_in_one_line():
     assert proc.stderr.splitlines() == [
         "torchacco: error: run it as python -m benchmarks speed (not python -m benchmarks.speed)"
     ]
+
+
+def test_speed_times_any_registered_variant_at_given_link_rates_with_each_ranks_peak_memory(monkeypatch, tmp_path):
+    from benchmarks.yardstick import speed
+
+    (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": {"balance_bps": 3e8}}))
+    runs = []
+
+    def fake_run(plan, train, folder, env=None):
+        runs.append((plan, train, env))
+        record = {"tokens_per_update": 2048, "tokens_per_s": 2048 / (0.1 * len(runs))}
+        return {"records": [record] * 12, "ranks": [{"peak_rss_gib": 0.5}, {"peak_rss_gib": 0.75}], "wall_s": 1.0}
+
+    monkeypatch.setattr(speed, "run_training", fake_run)
+    monkeypatch.setattr(speed, "slowdown", lambda plan, folder: 3.9)  # a busy loop in every node of setting c
+    argv = ["--updates", "12", "--repeats", "1", "--settings", "c", "--rates", "50mbit", "--strategies",
+            "zero1,acco_adaptive", "--malloc-mmap", "--train-args", "--training.mixed_precision bf16", "--out",
+            str(tmp_path), "--name", "s"]  # fmt: skip
+    assert speed.main(argv) == 0
+    settings = json.loads((tmp_path / "s.json").read_text())["settings"]
+    assert list(settings) == ["c", "r50mbit"] and settings["c"]["measured_slowdown"] == 3.9
+    assert "measured_slowdown" not in settings["r50mbit"]  # no slow node there
+    plan, train, env = runs[3]
+    assert (plan.nodes, plan.rate_bps, plan.slow_node) == (2, 50e6, None) and env == speed.MMAP
+    assert train[-2:] == ["--training.mixed_precision", "bf16"]
+    # acco_adaptive is a registered strategy's variant: an adaptive run that steps end needs a token budget it misses
+    assert ["--acco.mode", "adaptive", "--training.max_tokens", "1000000000000"] == speed.STRATEGIES["acco_adaptive"][
+        2:
+    ]
+    zero1 = settings["r50mbit"]["strategies"]["zero1"]
+    assert zero1["peak_rss_gib_per_rank"] == [[0.5, 0.75]] and zero1["mean"] == pytest.approx(0.3)
+    assert "| zero1 | 0.3000 (0.3000) | 1.00× |  | — | 512, 768 |" in (tmp_path / "s.md").read_text()

@@ -255,3 +255,35 @@ def test_a_node_that_never_joins_fails_the_rendezvous_with_one_line(tiny_corpus,
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
     assert len(errors) == 1 and "did not all join the rendezvous" in errors[0] and "RDZV_TIMEOUT" in errors[0]
+
+
+@pytest.mark.parametrize("argv", [[], ["--parallelism.data_parallel", "acco", "--training.global_batch_size", "16"]])
+def test_the_config_of_a_run_is_read_in_at_most_15_modules(argv, tmp_path):
+    """Functions take the sections they read: following `cfg` from train() through a 2-step run, the modules
+    that read one of its sections are few (the config module's own methods among them)."""
+    import dataclasses
+
+    from torchacco.config import load_config
+    from torchacco.models.llama3 import spec
+
+    readers: dict[str, set[str]] = {}
+
+    class Recording(Config):
+        def __getattribute__(self, name):
+            if not name.startswith("_"):
+                module = sys._getframe(1).f_globals.get("__name__", "")
+                readers.setdefault(module, set()).add(name)
+            return super().__getattribute__(name)
+
+    cfg = load_config(argv)
+    cfg = Recording(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)})
+    cfg.job.dump_folder, cfg.eval.every, cfg.metrics.tensorboard = str(tmp_path), 0, False
+    cfg.training.steps, cfg.training.seq_len, cfg.training.local_batch_size = 2, 32, 8
+    readers.clear()
+    model = spec.model_cls(spec.args("debug", vocab_size=64, n_layers=2))
+    with torch.no_grad():
+        model.init_weights()
+    train(cfg, model=model, datasets=(Counting(), None))
+    modules = sorted(m for m in readers if m.startswith("torchacco"))
+    assert {"torchacco.trainer", "torchacco.validate"} <= set(modules)  # the recording sees the reads
+    assert len(modules) <= 15, modules

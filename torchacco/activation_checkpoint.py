@@ -16,7 +16,7 @@ import functools
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, noop_context_fn
 
 from torchacco.errors import UserError
 
@@ -61,14 +61,12 @@ def apply_activation_checkpoint(blocks, mode: str, selective: str = "op") -> int
 
 def _checkpoint_forward(block: nn.Module, by_op: bool) -> None:
     forward = block.forward
-    context = functools.partial(create_selective_checkpoint_contexts, _keep_matmuls) if by_op else None
+    context = functools.partial(create_selective_checkpoint_contexts, _keep_matmuls) if by_op else noop_context_fn
 
     @functools.wraps(forward)
     def checkpointed(*args, **kwargs):
         if not torch.is_grad_enabled():  # evaluation: nothing to save
             return forward(*args, **kwargs)
-        if context is None:
-            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **kwargs)
 
     block.forward = checkpointed

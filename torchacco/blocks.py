@@ -6,6 +6,12 @@ from __future__ import annotations
 import torch.nn as nn
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside torch's DistributedDataParallel wrapper (whose parameter names it prefixes), or the
+    model itself."""
+    return getattr(model, "module", model)
+
+
 def blocks_of(model: nn.Module) -> nn.Module | None:
     """The transformer blocks: `model.layers` (torchacco's contract), else a foreign model's
     ModuleList of its `_no_split_modules` classes, else its largest ModuleList of one class."""

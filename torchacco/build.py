@@ -1,7 +1,8 @@
-"""Building a run's parts from their config sections: the model and the data."""
+"""Building a run's parts from their config sections: the model, the data and the data-parallel strategy."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -10,12 +11,15 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from torchacco import faults, hf_io, materialize
-from torchacco.config import Data, Model, Tokenizer
+from torchacco import data, faults, hf_io, materialize, user_model
+from torchacco.config import Config, Data, Model, Tokenizer
 from torchacco.device import Device
 from torchacco.errors import UserError
+from torchacco.parallel.diloco import Clock, DiLoCo
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.process_groups import on_one_rank
+from torchacco.parallel.registry import strategy_class
+from torchacco.parallel.strategy import Strategy, UpdatePlan
 from torchacco.spec import ModelSpec
 
 
@@ -35,7 +39,6 @@ class ModelKind:
         return ModelKind(False, f"{model_cfg.name}/{model_cfg.flavor}")
 
     def flops_per_token(self, model: nn.Module, seq_len: int) -> float:
-        from torchacco import user_model
 
         return user_model.flops_per_token(model, seq_len) if self.foreign else model.args.flops_per_token(seq_len)
 
@@ -83,7 +86,6 @@ def build_model(
 def build_data(data_cfg: Data, tokenizer_cfg: Tokenizer, seq_len: int, seed: int, dims: ParallelDims):
     """(tokenizer, train set, validation set) of this rank's data-parallel shard. Local rank 0
     fetches and tokenizes first; the others read its cache."""
-    from torchacco import data
 
     def prepare() -> None:
         time.sleep(faults.data_delay(dims.rank))  # an injected slow corpus (TORCHACCO_FAULT=slow_data@...)
@@ -93,3 +95,16 @@ def build_data(data_cfg: Data, tokenizer_cfg: Tokenizer, seq_len: int, seed: int
     tokenizer = data.load_tokenizer(data_cfg, tokenizer_cfg)
     train_set, val_set = data.build_datasets(data_cfg, tokenizer_cfg, seq_len, dims.data_rank, dims.data_size, seed)
     return tokenizer, train_set, val_set
+
+
+def build_strategy(model: nn.Module, cfg: Config, dims: ParallelDims, plan: UpdatePlan, device: Device) -> Strategy:
+    """The configured strategy over `model` (this rank's part of it, after tensor/pipeline parallelism),
+    inside DiLoCo's outer step when the run has several replicas (`plan` is then one replica's)."""
+    cls = strategy_class(cfg.parallelism.data_parallel)
+    if dims.replicas == 1:
+        return cls.from_config(model, cfg, dims, plan, device)
+    clock = Clock(plan.schedule) if cfg.diloco.balance_replicas else None
+    inner = cls.from_config(
+        model, cfg, dims, plan if clock is None else dataclasses.replace(plan, schedule=clock), device
+    )
+    return DiLoCo(inner, dims, cfg.diloco, device, clock)

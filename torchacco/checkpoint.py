@@ -1,17 +1,14 @@
 """Training checkpoints with torch.distributed.checkpoint (DCP).
 
-A checkpoint is taken between two updates and holds everything needed to continue exactly:
-the strategy's state (weights, sharded optimizer state, schedule position and, for the
-overlapped schedules, the compute parameters, accumulators and round parity), the train
-state (step, tokens), and each rank's data-loader position and RNG state.
+A checkpoint is taken between two updates and holds everything needed to continue exactly, under the keys of
+`checkpoint_state()`, the one schema the trainer and `torchacco.export` share: `train` (step, tokens, dp size),
+`<strategy key>` (weights, sharded optimizer state, schedule position and, for the overlapped schedules, the
+compute parameters, accumulators and round parity; "dp", or one key per (pp, tp) coordinate or per stage, as the
+strategy class says) and `rank<r>` (data-loader position, RNG state).
 
-Layout: `<dump_folder>/<checkpoint.folder>/step-00000100/` (DCP files), with the keys of
-`checkpoint_state()` — the one schema the trainer and `torchacco.export` share:
-`train` (step, tokens, dp size), `<strategy key>` (the strategy's state: "dp", or one key per
-(pp, tp) coordinate or per stage, as the strategy class says), `rank<r>` (data position, RNG). A save writes
-`step-N.tmp/` and rank 0 renames it to `step-N/` once every rank has finished, so a folder
-named `step-N` is always complete; a crash mid-save leaves only a `.tmp` that the next save
-removes. The folder must be shared by all nodes (a network filesystem on clusters).
+A save writes `<dump_folder>/<checkpoint.folder>/step-00000100.tmp/` and rank 0 renames it to `step-00000100/`
+once every rank has finished, so a `step-N` folder is always complete; a crash mid-save leaves only a `.tmp` that
+the next save removes. The folder must be shared by all nodes (a network filesystem on clusters).
 """
 
 from __future__ import annotations
@@ -48,17 +45,11 @@ class TrainState(Stateful):
         self.skips_in_a_row = 0
 
     def state_dict(self) -> dict:
-        return {
-            "step": self.step,
-            "tokens": self.tokens,
-            "dp_size": self.dp_size,
-            "skipped": self.skipped,
-            "skips_in_a_row": self.skips_in_a_row,
-        }
+        return dict(vars(self))
 
     def load_state_dict(self, state: dict) -> None:
-        self.step, self.tokens, self.dp_size = state["step"], state["tokens"], state["dp_size"]
-        self.skipped, self.skips_in_a_row = state["skipped"], state["skips_in_a_row"]
+        for key in vars(self):
+            setattr(self, key, state[key])
 
 
 class RankState(Stateful):
@@ -106,7 +97,7 @@ class HostStaging:
 
     def __call__(self, state: dict) -> dict:
         plain = _state_dicts(state)
-        pin = any(t.is_cuda for t in _tensors(plain))  # (a CPU run has nothing to pin)
+        pin = any(t.is_cuda for _, t in _leaves(plain))  # (a CPU run has nothing to pin)
         if self.staged is None or not _same_shapes(plain, self.staged):
             self.staged = _create_cpu_state_dict(plain, pin_memory=pin)
         staged = _copy_state_dict(plain, self.staged, non_blocking=pin)  # (with this save's ints and strings)
@@ -161,29 +152,23 @@ def checkpoint_bytes(state: dict, n_params: int) -> int:
     at its global size (a sharded one once, as DCP writes it), plus AdamW's two fp32 moments per
     parameter where the optimizer creates them only at its first step (torch's AdamW, before training)."""
     total = optimizer = 0
-    stack = [("", _state_dicts(state))]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, dict):
-            stack.extend((f"{path}/{k}", v) for k, v in value.items())
-        elif isinstance(value, list | tuple):
-            stack.extend((path, v) for v in value)
-        elif isinstance(value, torch.Tensor):
-            size = value.numel() * value.element_size()  # a DTensor's numel() is its global one
-            total += size
-            optimizer += size if "optim" in path else 0
+    for path, t in _leaves(_state_dicts(state), local=False):
+        size = t.numel() * t.element_size()  # a DTensor's numel() is its global one
+        total += size
+        optimizer += size if "optim" in path else 0
     return total + max(0, 8 * n_params - optimizer)
 
 
-def _tensors(value):
+def _leaves(value, path: str = "", local: bool = True):
+    """(path, tensor) of every tensor in nested dicts, lists and tuples; `local`: a DTensor's local part."""
     if isinstance(value, dict):
-        for v in value.values():
-            yield from _tensors(v)
+        for k, v in value.items():
+            yield from _leaves(v, f"{path}/{k}", local)
     elif isinstance(value, list | tuple):
         for v in value:
-            yield from _tensors(v)
+            yield from _leaves(v, path, local)
     elif isinstance(value, torch.Tensor):
-        yield value.to_local() if isinstance(value, DTensor) else value
+        yield path, value.to_local() if local and isinstance(value, DTensor) else value
 
 
 def _same_shapes(a, b) -> bool:
@@ -198,10 +183,7 @@ def _same_shapes(a, b) -> bool:
 
 class Checkpointer:
     def __init__(self, folder: Path, rank: int, keep: int, async_save: bool, timeout: timedelta | None = None):
-        self.folder = folder
-        self.rank = rank
-        self.keep = keep
-        self.async_save = async_save
+        self.folder, self.rank, self.keep, self.async_save = folder, rank, keep, async_save
         # Checkpoint collectives run on their own group, so an asynchronous save never
         # interleaves with the training collectives.
         self.group = dist.new_group(backend="gloo", timeout=timeout)
@@ -338,7 +320,7 @@ def resume(
         return checkpointer, None
     checkpointer.load(path, {"train": state})
     same_ranks = state.dp_size == dims.data_size
-    if not same_ranks and strategy.resume_needs_same_ranks:
+    if not same_ranks and strategy.traits.resume_needs_same_ranks:
         raise UserError(
             f"{path} holds {strategy.name}'s per-rank state (in-flight accumulators, or a replica's shard) of "
             f"{state.dp_size} data-parallel ranks; resume it on {state.dp_size} ranks (this run has "

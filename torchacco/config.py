@@ -21,28 +21,8 @@ from pathlib import Path
 from typing import Literal
 
 from torchacco.errors import UserError
-
-
-def key(default, help: str, choices=None):
-    """A config key: its default and the one line the configuration reference shows. `choices`, a
-    function returning the accepted values, is for a set that is known only at run time (the
-    registered strategies); `default` may then be such a function too."""
-    metadata = {"help": help, "choices": choices}
-    if callable(default):
-        return field(default_factory=default, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def _strategy_names() -> tuple[str, ...]:
-    from torchacco.parallel.registry import STRATEGIES
-
-    return tuple(STRATEGIES)
-
-
-def _default_strategy() -> str:
-    from torchacco.parallel.registry import default_strategy
-
-    return default_strategy().name
+from torchacco.options import Options, key
+from torchacco.parallel import registry
 
 
 @dataclass
@@ -151,7 +131,7 @@ class LRSchedule:
 @dataclass
 class Parallelism:
     data_parallel: str = key(
-        _default_strategy, "the data-parallel strategy (docs/parallelism.md)", choices=_strategy_names
+        registry.default_name, "the data-parallel strategy (docs/parallelism.md)", choices=registry.names
     )
     reshard_after_forward: bool = key(True, "fsdp: free gathered parameters after forward")
     bucket_cap_mb: float = key(
@@ -302,19 +282,23 @@ class Config:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     preemption: Preemption = field(default_factory=Preemption)
     profiling: Profiling = field(default_factory=Profiling)
+    # The registered strategies' own sections ([acco], [hsdp], ...) by name, listed after [parallelism].
+    strategy_options: dict[str, Options] = field(
+        default_factory=lambda: {name: cls() for name, cls in registry.option_sections().items()}
+    )
 
-    def __post_init__(self):
-        # The sections of the registered strategies' options ([acco], ...), after the fixed ones.
-        self._strategy_sections = {name: cls() for name, cls in _strategy_sections().items()}
+    def section(self, name: str):
+        """A section by its TOML name, a strategy's included (one registered after this config was built gets
+        its defaults)."""
+        strategy = registry.option_sections().get(name)
+        return getattr(self, name) if strategy is None else self.strategy_options.setdefault(name, strategy())
 
-    def __getattr__(self, name: str):
-        sections = self.__dict__.get("_strategy_sections", {})
-        if name in sections:
-            return sections[name]
-        raise AttributeError(f"{type(self).__name__} has no section {name!r}")
+    def options(self, options: type[Options] | None) -> Options | None:
+        """The section a strategy's options dataclass is read from (None for a strategy without one)."""
+        return None if options is None else self.section(options.section)
 
     def to_dict(self) -> dict:
-        return {name: dataclasses.asdict(getattr(self, name)) for name in _sections()}
+        return {name: dataclasses.asdict(self.section(name)) for name in _sections()}
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Config) and self.to_dict() == other.to_dict()
@@ -332,19 +316,12 @@ class Config:
         return "\n".join(lines)
 
 
-def _strategy_sections() -> dict[str, type]:
-    """[section] -> options dataclass of the registered strategies (a section two strategies share once)."""
-    from torchacco.parallel.registry import STRATEGIES
-
-    return {cls.options_section: cls.options for cls in STRATEGIES.values() if cls.options is not None}
-
-
 def _sections() -> dict[str, type]:
     """Every section in the reference's order: the fixed ones, with the strategies' after [parallelism]."""
     hints = typing.get_type_hints(Config)
-    fixed = [(f.name, hints[f.name]) for f in dataclasses.fields(Config)]
+    fixed = [(f.name, hints[f.name]) for f in dataclasses.fields(Config) if f.name != "strategy_options"]
     at = next(i for i, (name, _) in enumerate(fixed) if name == "parallelism") + 1
-    return dict(fixed[:at] + list(_strategy_sections().items()) + fixed[at:])
+    return dict(fixed[:at] + list(registry.option_sections().items()) + fixed[at:])
 
 
 def _key_types(section_cls: type) -> dict[str, type]:
@@ -410,7 +387,7 @@ def _set(cfg: Config, section: str, key: str, value, origin: str, from_cli: bool
         raise UserError(f"{origin}: [{section}] {key} = {value!r} is not one of: {', '.join(allowed)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{origin}: [{section}] {key} = {value} is not a finite number; give a finite value")
-    setattr(getattr(cfg, section), key, value)
+    setattr(cfg.section(section), key, value)
 
 
 def config_from_dict(data: dict, origin: str = "config") -> Config:
@@ -418,8 +395,8 @@ def config_from_dict(data: dict, origin: str = "config") -> Config:
     for section, values in data.items():
         if not isinstance(values, dict):
             raise UserError(f"{origin}: '{section}' must be a [section] table, not a plain value")
-        for key, value in values.items():
-            _set(cfg, section, key, value, origin)
+        for name, value in values.items():
+            _set(cfg, section, name, value, origin)
     return cfg
 
 
@@ -462,8 +439,8 @@ def parse_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str, s
 def load_config(argv: list[str]) -> Config:
     config_file, overrides = parse_overrides(argv)
     cfg = config_from_dict(load_toml(config_file), str(config_file)) if config_file else Config()
-    for section, key, value in overrides:
-        _set(cfg, section, key, value, f"--{section}.{key}", from_cli=True)
+    for section, name, value in overrides:
+        _set(cfg, section, name, value, f"--{section}.{name}", from_cli=True)
     return cfg
 
 

@@ -18,28 +18,10 @@ one gradient (or parameter) buffer on the wire, and W = N·G ranks:
                                     torchacco's gloo rings; gloo's own reduce-scatter is ~2)
   the sharded job                   M = V_rs + P/W / opt_rate + V_ag
 
-The formula follows what the strategy class declares (`communication`, `overlapped`,
-`periods_per_update`), so a new strategy is modelled by the traits it shares:
-  all_reduce_in_backward (ddp)  k·c + E + P / opt_rate, E the all-reduce's end past the last backward (⅔c):
-                                DDP's buckets (torch's default: 1 MiB, then 25 MiB each) fill at an even rate
-                                through that backward, each all-reduced once full and once the one before is done:
-                                many small buckets give about max(0, V_ar − ⅔c) (each bucket's all-reduce pays its
-                                latency too), a model in one bucket E = V_ar
-  per_micro_batch (fsdp)        (k−1)·max(c, 2V_ag) + max(c, 2V_ag + V_rs) + P/W / opt_rate
-                                (prefetched all-gathers; the reduce-scatter only on the last micro-batch);
-                                without streams (CPU), where FSDP2 waits for each collective where it issues it,
-                                k·(c + 2V_ag) + V_rs + P/W / opt_rate (HSDP likewise, its all-reduce A added whole)
-    inside a node (hsdp)        the same over the node's G ranks (v: the node's ring), plus the shards'
-                                all-reduce across nodes, A = 2·(N−1)/N · 8S/B (a gradient per node):
-                                (k−1)·max(c, 2v_ag) + max(c, 2v_ag + v_rs) + max(0, A − ⅔c) + P/G / opt_rate
-  sharded_job, synchronous      k·c + M                                    (zero1)
-  sharded_job, overlapped       p rounds of max(k/p·c, M)                   (acco: p = 2; dpu, wp: p = 1)
-                                acco at estimate_share s: max(s·k·c, M) + max((1 − s)·k·c, M)
-ACCO's modes: balanced splits each round's k/2·W micro-batches by speed (rounds of max(makespan, M));
-adaptive keeps every rank computing during the job, up to max_growth × k/2 micro-batches per round
-(the batch grows); a bf16 estimate halves the estimate round's bytes. Synchronous strategies run at the
-slowest rank's pace, or balanced ([parallelism] balance_batches: ddp, zero1) at the makespan of the update's
-k·W micro-batches split by speed.
+The formula follows what the strategy class declares (its traits: `communication`, `overlapped`,
+`periods_per_update`), one function per communication kind (`FORMULAS`), so a new strategy is modelled
+by the traits it shares. Synchronous strategies run at the slowest rank's pace, or balanced ([parallelism]
+balance_batches: ddp, zero1) at the makespan of the update's k·W micro-batches split by speed.
 
 DiLoCo (docs/diloco.md; one replica per node, the inner strategy over the node's G ranks): the inner
 update's time t_in from the formula above on one node, plus the outer step's exposed transfer averaged
@@ -51,14 +33,14 @@ int8 are all-gathered, (N-1) · 8D_f/B, each at its probed factor; τ inner upda
   diloco  t_in + Σ_f max(0, T_f − τ·t_in) / H
 
 Time to a target loss = the tokens a strategy needs for it / its tokens per second. The tokens are DDP's times the
-strategy's measured ratio in `torchacco/token_efficiency.json` (written by `benchmarks/efficiency_table.py` from
-`benchmarks/token_efficiency.py --budgets` runs, with their date, model and machine): the tokens it needed to reach
-DDP's final validation loss, as a multiple of DDP's. A strategy without an entry of its own takes that of the one
-whose update it computes in another floating-point order (its `update_of`; a balanced mode its plain strategy's); DDP
-is 1 by definition; a DiLoCo row takes an entry only with the same replicas, inner update and outer step. Where no
-measurement covers a strategy its time to loss is not measured (None); an entry can also say that the strategy did not
-reach DDP's loss within a multiple of DDP's tokens (`not_reached_within`), and it is never advised. The ratios were
-measured on a small model over a thousand updates: at another scale they are an extrapolation, which `predict` states.
+strategy's measured ratio in `torchacco/token_efficiency.json` (written by `python -m benchmarks efficiency-table`
+from `token-efficiency --budgets` runs, with their date, model and machine): the tokens it needed to reach DDP's final
+validation loss, as a multiple of DDP's. A strategy without an entry of its own takes that of the one whose update it
+computes in another floating-point order (its `update_of`; a balanced mode its plain strategy's); DDP is 1 by
+definition; a DiLoCo row takes an entry only with the same replicas, inner update and outer step. Where no measurement
+covers a strategy its time to loss is not measured (None); an entry can also say that the strategy did not reach DDP's
+loss within a multiple of DDP's tokens (`not_reached_within`), and it is never advised. The ratios were measured on a
+small model over a thousand updates: at another scale they are an extrapolation, which `predict` states.
 This is a bandwidth/latency model: it ignores CPU contention between the communication thread and compute, congestion,
 and kernels' own time.
 """
@@ -70,15 +52,52 @@ import math
 import re
 from pathlib import Path
 
+import torch
+
+from torchacco.config import DiLoCo as DiLoCoConfig
 from torchacco.errors import UserError
+from torchacco.parallel import registry
+from torchacco.parallel.balance import split_by_speed
+from torchacco.parallel.ddp import DDP
+from torchacco.parallel.diloco import DiLoCo, fragment_of
+from torchacco.parallel.pseudo_gradient import WIRE_BYTES
+from torchacco.parallel.strategy import Traits
+from torchacco.spec import get_model_spec
+
+# The variants modelled beside each strategy's plain self, which the benchmarks run too: label (its strategy's name
+# first) -> (the extra `--section.key VALUE` arguments that select it, the cost model's mode).
+VARIANTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "ddp_balanced": (("--parallelism.balance_batches", "true"), "balanced"),
+    "zero1_balanced": (("--parallelism.balance_batches", "true"), "balanced"),
+    "acco_bf16_estimate": (("--acco.estimate_comm", "bf16"), "bf16_estimate"),
+    "acco_balanced": (("--acco.mode", "balanced"), "balanced"),
+    "acco_adaptive": (("--acco.mode", "adaptive"), "adaptive"),  # capped at max_growth (default 2)
+    "acco_adaptive_uncapped": (("--acco.mode", "adaptive", "--acco.max_growth", "0"), "adaptive_uncapped"),
+    # 7 of every 8 micro-batches at θ̃: level with DDP per token at its best lr (docs/acco.md); needs 8 per rank
+    "acco_share875": (("--acco.estimate_share", "0.875"), "share875"),
+}
+ESTIMATE_SHARES = {"share875": 0.875}  # an estimating strategy's mode -> the share of an update computed at θ̃
 
 
 def variants() -> dict[str, tuple[type, str]]:
-    """The modelled strategies: label -> (registered strategy class, mode), every registered
-    strategy's benchmark variants (its plain self first)."""
-    from torchacco.parallel.registry import STRATEGIES
+    """The modelled strategies: label -> (registered strategy class, mode), each registered strategy's plain self
+    (mode 'deterministic') followed by its `VARIANTS`."""
+    out = {}
+    for name, cls in registry.strategies().items():
+        out[name] = (cls, "deterministic")
+        out |= {label: (cls, mode) for label, (_, mode) in VARIANTS.items() if _strategy_of(label) == name}
+    return out
 
-    return {label: (cls, mode) for cls in STRATEGIES.values() for label, (_, mode) in cls.benchmark_variants().items()}
+
+def variant_arguments(label: str) -> list[str]:
+    """The trainer arguments that select a modelled strategy (`variants()`'s label)."""
+    name = label if label in registry.names() else _strategy_of(label)
+    return ["--parallelism.data_parallel", name, *(VARIANTS[label][0] if label in VARIANTS else ())]
+
+
+def _strategy_of(label: str) -> str | None:
+    """The registered strategy a variant's label starts with (the longest name that fits)."""
+    return max((n for n in registry.names() if label.startswith(n + "_")), key=len, default=None)
 
 
 # Dense bf16 peak FLOP/s per device, intra-node bandwidth (bits/s per GPU per direction), memory (GiB).
@@ -142,9 +161,33 @@ class Hardware:
     def world(self) -> int:
         return self.nodes * self.ranks_per_node
 
+    def micro_batch_s(self, work: Workload) -> float:
+        if self.compute_s is not None:
+            return self.compute_s
+        return work.flops_per_token * work.tokens_per_micro_batch / self.flops
+
     def compute_times(self, c: float) -> list[float]:
         """Each rank's compute time per micro-batch (rank 0 is the slow one)."""
         return [c * self.slow_factor] + [c] * (self.world - 1)
+
+
+def hardware(device: str, nodes: int, gpus_per_node: int, mfu: float, bandwidth: str, latency_ms: float, **more):
+    """A Hardware of `nodes` × `gpus_per_node` of a `DEVICES` entry at `mfu` (one line for an unknown device)."""
+    dev = DEVICES.get(device)
+    if dev is None:
+        raise UserError(f"unknown --device {device!r}; one of {', '.join(DEVICES)}")
+    return Hardware(
+        nodes=nodes, ranks_per_node=gpus_per_node, flops=dev["flops"] * mfu, bandwidth_bps=parse_rate(bandwidth),
+        latency_s=latency_ms / 1000, intra_bps=dev["intra_bps"], opt_rate=dev["opt_rate"], **more,
+    )  # fmt: skip
+
+
+def add_cluster_arguments(parser) -> None:
+    """The command-line options of `hardware` that predict and the dry run share."""
+    parser.add_argument("--device", default="H100", help=f"the cost model's GPU: one of {', '.join(DEVICES)}")
+    parser.add_argument("--mfu", type=float, default=0.4)
+    parser.add_argument("--bandwidth", default="100gbit", help="inter-node link per node and direction")
+    parser.add_argument("--latency-ms", type=float, default=0.01)
 
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -218,33 +261,45 @@ def bucketed_all_reduce_exposed_s(work: Workload, hw: Hardware, backward_s: floa
     return max(0.0, done - backward_s)
 
 
-def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
-    """Predicted time per update, tokens/s, exposed communication and overlap for one strategy."""
-    known = variants()
-    if strategy not in known:
-        raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(known)}")
-    from torchacco.parallel.balance import split_by_speed
+@dataclasses.dataclass(frozen=True)
+class _Update:
+    """What every formula reads: the workload, the cluster, the strategy's traits and mode, and the
+    quantities of the module's docstring."""
 
-    cls, mode = known[strategy]
-    W, P, k = hw.world, work.params, work.micro_batches
-    c = hw.compute_s if hw.compute_s is not None else work.flops_per_token * work.tokens_per_micro_batch / hw.flops
-    times = hw.compute_times(c)
-    c_slow = max(times)
-    V = collective_s(P * work.comm_bytes, hw)
-    V_rs, V_ag, V_ar = hw.rs_factor * V, hw.ag_factor * V, hw.ar_factor * 2 * V
-    opt_shard = P / W / hw.opt_rate
-    M = V_rs + opt_shard + V_ag  # reduce-scatter, sharded AdamW, all-gather
-    tokens = W * k * work.tokens_per_micro_batch
-    # the compute of an update: k micro-batches at the slowest rank's pace, or balanced, the makespan of
-    # the k·W micro-batches split by speed (DDP keeps one on every rank)
-    minimum = 1 if cls.communication == "all_reduce_in_backward" else 0
-    period = k * c_slow
-    if mode == "balanced" and not cls.overlapped:
-        period = max(n * t for n, t in zip(split_by_speed(k * W, times, minimum), times))
-    if cls.communication == "all_reduce_in_backward":
-        comm = bucketed_all_reduce_exposed_s(work, hw, 2 / 3 * c_slow) + P / hw.opt_rate
-        step, job = period + comm, V_ar
-    elif cls.communication == "per_micro_batch" and cls.shards_within_node:  # HSDP
+    work: Workload
+    hw: Hardware
+    traits: Traits
+    mode: str
+    times: list[float]  # each rank's seconds per micro-batch
+    period: float  # the update's compute: k·c_slow, or balanced, the makespan of its k·W micro-batches
+    V: float
+    M: float  # the sharded job
+    opt_shard: float  # P/W / opt_rate
+    tokens: float  # per update
+
+    @property
+    def c_slow(self) -> float:
+        return max(self.times)
+
+
+def _all_reduce_in_backward(u: _Update) -> tuple[float, float, float, float]:
+    """ddp: k·c + E + P / opt_rate, E the all-reduce's end past the last backward (⅔c): DDP's buckets (torch's
+    default: 1 MiB, then 25 MiB each) fill at an even rate through that backward, each all-reduced once full and
+    once the one before is done: many small buckets give about max(0, V_ar − ⅔c) (each bucket's all-reduce pays
+    its latency too), a model in one bucket E = V_ar."""
+    comm = bucketed_all_reduce_exposed_s(u.work, u.hw, 2 / 3 * u.c_slow) + u.work.params / u.hw.opt_rate
+    return u.period + comm, comm, u.hw.ar_factor * 2 * u.V, u.tokens
+
+
+def _per_micro_batch(u: _Update) -> tuple[float, float, float, float]:
+    """fsdp: (k−1)·max(c, 2V_ag) + max(c, 2V_ag + V_rs) + P/W / opt_rate (prefetched all-gathers; the
+    reduce-scatter only on the last micro-batch); without streams (CPU), where FSDP2 waits for each collective where
+    it issues it, k·(c + 2V_ag) + V_rs + P/W / opt_rate.
+    hsdp (inside a node): the same over the node's G ranks (v: the node's ring), plus the shards' all-reduce across
+    nodes, A = 2·(N−1)/N · 8S/B (a gradient per node): (k−1)·max(c, 2v_ag) + max(c, 2v_ag + v_rs) + max(0, A − ⅔c)
+    + P/G / opt_rate (without streams, A added whole)."""
+    work, hw, k, c_slow, P = u.work, u.hw, u.work.micro_batches, u.c_slow, u.work.params
+    if u.traits.shards_within_node:
         node = collective_s(P * work.comm_bytes, dataclasses.replace(hw, nodes=1))  # the node's ring
         inter = hw.ar_factor * 2 * collective_s(P * work.comm_bytes, dataclasses.replace(hw, ranks_per_node=1))
         ag, rs = hw.ag_factor * node, hw.rs_factor * node
@@ -253,37 +308,77 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
         else:
             step = k * (c_slow + 2 * ag) + rs + inter
         step += P / hw.ranks_per_node / hw.opt_rate
-        comm, job = step - k * c_slow, k * 2 * ag + rs + inter
-    elif cls.communication == "per_micro_batch":
-        if hw.streams:
-            step = (k - 1) * max(c_slow, 2 * V_ag) + max(c_slow, 2 * V_ag + V_rs) + opt_shard
-        else:
-            step = k * (c_slow + 2 * V_ag) + V_rs + opt_shard
-        comm, job = step - k * c_slow, k * 2 * V_ag + V_rs
-    elif not cls.overlapped:
-        step, comm, job = period + M, M, M
+        return step, step - k * c_slow, k * 2 * ag + rs + inter, u.tokens
+    V_rs, V_ag = hw.rs_factor * u.V, hw.ag_factor * u.V
+    if hw.streams:
+        step = (k - 1) * max(c_slow, 2 * V_ag) + max(c_slow, 2 * V_ag + V_rs) + u.opt_shard
     else:
-        periods = cls.periods_per_update
-        per_round = max(1, k // periods)
-        jobs = [M] * periods
-        share = getattr(cls, "estimate_shares", {}).get(mode)  # ACCO's estimate_share: unequal rounds
-        if mode == "bf16_estimate" and work.comm_bytes > 2:  # the estimate round's bytes halve
-            jobs[0] = (V_rs + V_ag) * 2 / work.comm_bytes + opt_shard
-        if mode == "balanced":
-            split = split_by_speed(per_round * W, times)
-            compute = max(n * t for n, t in zip(split, times))
-        else:
-            compute = per_round * c_slow
-        computes = [share * k * c_slow, (1 - share) * k * c_slow] if share else [compute] * periods
-        rounds = [max(work_s, m) for work_s, m in zip(computes, jobs)]
-        step, job = sum(rounds), sum(jobs)
-        comm = sum(r - work_s for r, work_s in zip(rounds, computes))
-        if mode.startswith("adaptive"):  # everyone computes while the job runs, up to the cap
-            capped = hw.max_growth and mode != "adaptive_uncapped"
-            cap = hw.max_growth * per_round if capped else math.inf
-            done = [sum(min(cap, max(per_round, r / t)) for r in rounds) for t in times]
-            tokens = sum(done) * work.tokens_per_micro_batch
-            comm = sum(max(0.0, r - cap * min(times)) for r in rounds)  # a capped fast rank waits
+        step = k * (c_slow + 2 * V_ag) + V_rs + u.opt_shard
+    return step, step - k * c_slow, k * 2 * V_ag + V_rs, u.tokens
+
+
+def _sharded_job(u: _Update) -> tuple[float, float, float, float]:
+    """zero1 (synchronous): k·c + M. Overlapped: p rounds of max(k/p·c, M) (acco: p = 2; dpu, wp: p = 1); acco at
+    estimate_share s: max(s·k·c, M) + max((1 − s)·k·c, M). Their modes: balanced splits each round's k/p·W
+    micro-batches by speed (rounds of max(makespan, M)); adaptive keeps every rank computing during the job, up to
+    max_growth × k/p micro-batches per round (the batch grows); a bf16 estimate halves the estimate round's bytes."""
+    work, hw, mode, traits, times, M = u.work, u.hw, u.mode, u.traits, u.times, u.M
+    if not traits.overlapped:
+        return u.period + M, M, M, u.tokens
+    k, c_slow, tokens = work.micro_batches, u.c_slow, u.tokens
+    periods = traits.periods_per_update
+    per_round = max(1, k // periods)
+    jobs = [M] * periods
+    share = ESTIMATE_SHARES.get(mode) if traits.estimates else None  # estimate_share: unequal rounds
+    if mode == "bf16_estimate" and work.comm_bytes > 2:  # the estimate round's bytes halve
+        jobs[0] = (hw.rs_factor * u.V + hw.ag_factor * u.V) * 2 / work.comm_bytes + u.opt_shard
+    if mode == "balanced":
+        split = split_by_speed(per_round * hw.world, times)
+        compute = max(n * t for n, t in zip(split, times))
+    else:
+        compute = per_round * c_slow
+    computes = [share * k * c_slow, (1 - share) * k * c_slow] if share else [compute] * periods
+    rounds = [max(work_s, m) for work_s, m in zip(computes, jobs)]
+    step, job = sum(rounds), sum(jobs)
+    comm = sum(r - work_s for r, work_s in zip(rounds, computes))
+    if mode.startswith("adaptive"):  # everyone computes while the job runs, up to the cap
+        capped = hw.max_growth and mode != "adaptive_uncapped"
+        cap = hw.max_growth * per_round if capped else math.inf
+        done = [sum(min(cap, max(per_round, r / t)) for r in rounds) for t in times]
+        tokens = sum(done) * work.tokens_per_micro_batch
+        comm = sum(max(0.0, r - cap * min(times)) for r in rounds)  # a capped fast rank waits
+    return step, comm, job, tokens
+
+
+# A strategy's time per update by its `communication` trait: (step, exposed communication, job, tokens per update)
+FORMULAS = {
+    "all_reduce_in_backward": _all_reduce_in_backward,
+    "per_micro_batch": _per_micro_batch,
+    "sharded_job": _sharded_job,
+}
+
+
+def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
+    """Predicted time per update, tokens/s, exposed communication and overlap for one strategy."""
+    known = variants()
+    if strategy not in known:
+        raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(known)}")
+    cls, mode = known[strategy]
+    traits = cls.traits
+    W, P, k = hw.world, work.params, work.micro_batches
+    c = hw.micro_batch_s(work)
+    times = hw.compute_times(c)
+    V = collective_s(P * work.comm_bytes, hw)
+    opt_shard = P / W / hw.opt_rate
+    M = hw.rs_factor * V + opt_shard + hw.ag_factor * V  # reduce-scatter, sharded AdamW, all-gather
+    # the compute of an update: k micro-batches at the slowest rank's pace, or balanced, the makespan of
+    # the k·W micro-batches split by speed (DDP keeps one on every rank)
+    minimum = 1 if traits.communication == "all_reduce_in_backward" else 0
+    period = k * max(times)
+    if mode == "balanced" and not traits.overlapped:
+        period = max(n * t for n, t in zip(split_by_speed(k * W, times, minimum), times))
+    update = _Update(work, hw, traits, mode, times, period, V, M, opt_shard, W * k * work.tokens_per_micro_batch)
+    step, comm, job, tokens = FORMULAS[traits.communication](update)
     overlap = 1.0 - comm / job if job > 0 else 1.0
     return {"strategy": strategy, "step_time_s": step, "tokens_per_update": tokens, "tokens_per_s": tokens / step,
             "exposed_comm_s": comm, "overlap": min(1.0, max(0.0, overlap)), "compute_s": c, "job_s": M,
@@ -297,11 +392,10 @@ def predict_diloco(
     """Time per update of DiLoCo with one replica per node and `inner` over each node's ranks.
     `fragment_params`: each fragment's parameters (`model_fragment_params`; the first holds the embedding), else
     an even split. The transfer takes the probed factor of its collective (fp32: all-reduce; else all-gather)."""
-    from torchacco.parallel.pseudo_gradient import WIRE_BYTES
-
     cls, _ = variants()[inner]
     node = dataclasses.replace(hw, nodes=1)
-    t_in = predict(work, node, inner)["step_time_s"]
+    inside = predict(work, node, inner)
+    t_in = inside["step_time_s"]
     sizes = list(fragment_params) if fragment_params is not None else [work.params / fragments] * fragments
     if len(sizes) != fragments:
         raise ValueError(f"fragment_params has {len(sizes)} sizes for {fragments} fragments")
@@ -314,7 +408,7 @@ def predict_diloco(
         if n == 1:
             return 0.0
         link = factor * hops * 8 * params * WIRE_BYTES[outer_dtype] / hw.bandwidth_bps if hw.bandwidth_bps else 0.0
-        gather = 0.0 if cls.shards_theta else hw.ag_factor * collective_s(4.0 * params, node)
+        gather = 0.0 if cls.traits.shards_theta else hw.ag_factor * collective_s(4.0 * params, node)
         return link + 2 * (n - 1) * hw.latency_s + gather
 
     transfers = [transfer_s(p) for p in sizes]
@@ -322,7 +416,7 @@ def predict_diloco(
     step = t_in + exposed
     tokens = hw.world * work.micro_batches * work.tokens_per_micro_batch
     return {"strategy": f"diloco_h{sync_every} ({inner} inside)", "step_time_s": step, "tokens_per_update": tokens,
-            "tokens_per_s": tokens / step, "exposed_comm_s": step - t_in + predict(work, node, inner)["exposed_comm_s"],
+            "tokens_per_s": tokens / step, "exposed_comm_s": step - t_in + inside["exposed_comm_s"],
             "overlap": max(0.0, 1.0 - exposed * sync_every / sum(transfers)) if sum(transfers) else 1.0,
             "compute_s": t_in, "job_s": max(transfers), "collective_s": max(transfers),
             "outer_exposed_s": exposed}  # fmt: skip
@@ -331,17 +425,21 @@ def predict_diloco(
 def model_fragment_params(model: str, flavor: str, fragments: int, vocab_size: int | None = None) -> list[float]:
     """The parameters of each of DiLoCo's fragments of a model folder's flavor, as the trainer splits it
     (`diloco.fragment_of`, on the meta device: nothing is allocated)."""
-    import torch
-
-    from torchacco.parallel.diloco import fragment_of
-    from torchacco.spec import get_model_spec
-
-    spec = get_model_spec(model)
-    args = spec.flavors[flavor]
-    if vocab_size:
-        args = dataclasses.replace(args, vocab_size=vocab_size)
+    spec, args = flavor_args(model, flavor, vocab_size)
     with torch.device("meta"):
-        module = spec.model_cls(args)
+        return fragment_sizes(spec.model_cls(args), fragments)
+
+
+def flavor_args(model: str, flavor: str, vocab_size: int | None = None):
+    """A model folder's spec and its flavor's ModelArgs, with `vocab_size` when given."""
+    spec = get_model_spec(model)
+    if flavor not in spec.flavors:
+        raise ValueError(f"model {model!r} has no flavor {flavor!r}; one of {', '.join(spec.flavors)}")
+    args = spec.flavors[flavor]
+    return spec, dataclasses.replace(args, vocab_size=vocab_size) if vocab_size else args
+
+
+def fragment_sizes(module: torch.nn.Module, fragments: int) -> list[float]:
     named = list(module.named_parameters())
     sizes = [0.0] * fragments
     for (_, p), f in zip(named, fragment_of(module, [name for name, _ in named], fragments)):
@@ -349,16 +447,20 @@ def model_fragment_params(model: str, flavor: str, fragments: int, vocab_size: i
     return sizes
 
 
+def layout_memory(cls, params: float, group: int, dtype, reduce_dtype, options=None, outer=None, largest=1.0):
+    """A rank's persistent `MemoryParts` for `params` elements stored on it over `group` data-parallel ranks: the
+    strategy's own count (`Strategy.memory`), plus DiLoCo's outer state when `outer` (a [diloco] section) is given
+    (`DiLoCo.outer_memory`; `largest`: the largest fragment's share). The one count predict and the dry run use."""
+    memory = cls.memory(params, group, dtype, reduce_dtype, options)
+    return memory if outer is None else memory + DiLoCo.outer_memory(params, cls, group, outer, largest)
+
+
 def diloco_memory_bytes(work: Workload, hw: Hardware, inner: str, offload: bool = False) -> float:
     """The inner strategy's persistent bytes over a node's ranks, plus θ_global and the outer momentum
     (fp32) of this rank's part of θ, unless offloaded to CPU memory (`DiLoCo.outer_memory`)."""
-    from torchacco.config import DiLoCo as DiLoCoConfig
-    from torchacco.parallel.diloco import DiLoCo
-
     cls, _ = variants()[inner]
-    node = dataclasses.replace(hw, nodes=1)
-    outer = DiLoCo.outer_memory(work.params, cls, hw.ranks_per_node, DiLoCoConfig(offload=offload))
-    return memory_bytes(work, node, inner) + outer.total
+    outer = DiLoCoConfig(offload=offload)
+    return layout_memory(cls, work.params, hw.ranks_per_node, torch.bfloat16, torch.float32, outer=outer).total
 
 
 TOKEN_EFFICIENCY = Path(__file__).with_name("token_efficiency.json")
@@ -370,7 +472,7 @@ _NOT_MATCHED = ("replicas", "inner", "ranks_per_replica")  # a DiLoCo entry's ke
 
 @functools.cache
 def token_table(path: Path = TOKEN_EFFICIENCY) -> dict:
-    """The measured token-efficiency table shipped with torchacco (`benchmarks/efficiency_table.py` writes it)."""
+    """The measured token-efficiency table shipped with torchacco (`benchmarks efficiency-table` writes it)."""
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -384,17 +486,15 @@ def _update(label: str) -> str:
     if label not in variants():
         return label
     cls, mode = variants()[label]
-    return (cls.update_of or cls.name) if mode in PLAIN_UPDATE else label
+    return (cls.traits.update_of or cls.name) if mode in PLAIN_UPDATE else label
 
 
 def token_source(label: str, table: dict | None = None) -> str | None:
     """The measured entry whose tokens `label` needs: its own, else (a plain-update mode) its strategy's, else that
     of the strategy whose update it computes; DDP, the reference, is its own. None: no measurement covers it."""
-    from torchacco.parallel.ddp import DDP
-
     measured = {name for name, entry in _entries(table).items() if "diloco" not in entry} | {DDP.name}
     cls, mode = variants()[label]
-    plain = (cls.name, cls.update_of) if mode in PLAIN_UPDATE else ()
+    plain = (cls.name, cls.traits.update_of) if mode in PLAIN_UPDATE else ()
     return next((name for name in (label, *plain) if name in measured), None)
 
 
@@ -414,8 +514,6 @@ def diloco_token_source(inner: str, replicas: int, outer, table: dict | None = N
 
 def measured_entry(source: str, table: dict | None = None) -> dict:
     """A measured entry (`token_source`'s answer): mean, ci95, seeds and source; DDP's is 1 by definition."""
-    from torchacco.parallel.ddp import DDP
-
     if source == DDP.name:
         return {"mean": 1.0, "ci95": 0.0, "seeds": None, "source": "the reference"}
     return _entries(table)[source]
@@ -449,17 +547,15 @@ def predict_all(work: Workload, hw: Hardware, strategies=None) -> dict[str, dict
 def memory_bytes(work: Workload, hw: Hardware, strategy: str, compute_bytes: float = 2.0) -> float:
     """Persistent bytes per rank: parameters, gradients, optimizer state and buffers, as the
     strategy class counts them (`Strategy.memory`, with its default options and an fp32 reduction)."""
-    import torch
-
     cls, _ = variants()[strategy]
-    sharded_over = hw.ranks_per_node if cls.shards_within_node else hw.world
+    sharded_over = hw.ranks_per_node if cls.traits.shards_within_node else hw.world
     dtype = {2: torch.bfloat16, 4: torch.float32}[compute_bytes]
-    return cls.memory(work.params, sharded_over, dtype, torch.float32).total
+    return layout_memory(cls, work.params, sharded_over, dtype, torch.float32).total
 
 
 def balance_bandwidth(work: Workload, hw: Hardware) -> float:
     """The link rate (bits/s) at which ZeRO-1's exposed communication equals its compute."""
-    c = hw.compute_s if hw.compute_s is not None else work.flops_per_token * work.tokens_per_micro_batch / hw.flops
+    c = hw.micro_batch_s(work)
     compute = work.micro_batches * c * hw.slow_factor - work.params / hw.world / hw.opt_rate
     if compute <= 0 or hw.nodes < 2:
         raise ValueError("no balance point: the optimizer step alone outlasts the compute, or one node")
@@ -471,39 +567,21 @@ def balance_bandwidth(work: Workload, hw: Hardware) -> float:
 
 
 def model_workload(
-    model: str,
-    flavor: str,
-    seq_len: int,
-    local_batch: int,
-    micro_batches: int,
-    vocab_size: int | None = None,
-    comm_bytes: float = 2.0,
-    activation_checkpoint: str = "selective",
-    loss_chunks: int = 8,
-) -> Workload:
+    model: str, flavor: str, seq_len: int, local_batch: int, micro_batches: int, vocab_size: int | None = None,
+    comm_bytes: float = 2.0, activation_checkpoint: str = "selective", loss_chunks: int = 8,
+) -> Workload:  # fmt: skip
     """A Workload from a model folder's flavor (parameters, FLOPs per token and activations from its ModelArgs)."""
-    from torchacco.spec import get_model_spec
-
-    spec = get_model_spec(model)
-    if flavor not in spec.flavors:
-        raise ValueError(f"model {model!r} has no flavor {flavor!r}; one of {', '.join(spec.flavors)}")
-    args = spec.flavors[flavor]
-    if vocab_size:
-        args = dataclasses.replace(args, vocab_size=vocab_size)
+    _, args = flavor_args(model, flavor, vocab_size)
     return Workload(
         params=float(args.num_params()),
         flops_per_token=float(args.flops_per_token(seq_len)),
         tokens_per_micro_batch=float(seq_len * local_batch),
         micro_batches=micro_batches,
         comm_bytes=comm_bytes,
-        activation_bytes=activation_bytes(args, seq_len * local_batch, activation_checkpoint, loss_chunks),
+        # the blocks' saved tensors plus one loss chunk's fp32 logits and their gradient
+        activation_bytes=block_activation_bytes(args, seq_len * local_batch, activation_checkpoint)
+        + loss_activation_bytes(args, seq_len * local_batch, loss_chunks),
     )
-
-
-def activation_bytes(args, tokens: int, checkpoint: str = "selective", loss_chunks: int = 8) -> float:
-    """Peak activation bytes of one micro-batch of `tokens` (bf16 compute): the blocks' saved tensors
-    (`ACTIVATION_BYTES` per token, block and width) plus one loss chunk's fp32 logits and their gradient."""
-    return block_activation_bytes(args, tokens, checkpoint) + loss_activation_bytes(args, tokens, loss_chunks)
 
 
 def block_activation_bytes(args, tokens: float, checkpoint: str, selective: str = "op", blocks=None, tp=1) -> float:
@@ -535,7 +613,7 @@ def model_parallel_layout(
         return work, hw
     g, dp = hw.ranks_per_node, hw.world // (tp * pp)
     per_node = max(1, min(dp, g // tp)) if g % tp == 0 else 1
-    c = hw.compute_s if hw.compute_s is not None else work.flops_per_token * work.tokens_per_micro_batch / hw.flops
+    c = hw.micro_batch_s(work)
     bubble = 1 + (pp - 1) / (pieces * stages_per_rank) if pp > 1 else 1.0
     sharing = max(1, g // per_node)  # rings through one node's link at once
     ring = dataclasses.replace(
@@ -560,28 +638,29 @@ def format_table(
     memory per rank and time to the target loss relative to the soonest measured strategy that fits (`fits`:
     strategy -> whether its memory fits the device; one that does not says so instead; a time of None: its loss
     per token is not measured)."""
-    head = "| strategy | time per update (s) | tokens/update | tokens/s | exposed comm (s) | overlap |"
-    sep = "|---|---:|---:|---:|---:|---:|"
+    columns = ["strategy", "time per update (s)", "tokens/update", "tokens/s", "exposed comm (s)", "overlap"]
     if ttl:
-        head += " time to loss (s) | vs soonest |"
-        sep += "---:|---:|"
+        columns += ["time to loss (s)", "vs soonest"]
         soonest = min((t for name, t in ttl.items() if t is not None and (not fits or fits[name])), default=None)
     if memory:
-        head += " memory/rank (GiB) |"
-        sep += "---:|"
-    rows = [head, sep]
+        columns.append("memory/rank (GiB)")
+    rows = []
     for name, p in preds.items():
-        row = (
-            f"| {name} | {p['step_time_s']:.4g} | {p['tokens_per_update']:,.0f} | {p['tokens_per_s']:,.0f} | "
-            f"{p['exposed_comm_s']:.4g} | {p['overlap']:.0%} |"
-        )
+        cells = [name, f"{p['step_time_s']:.4g}", f"{p['tokens_per_update']:,.0f}", f"{p['tokens_per_s']:,.0f}",
+                 f"{p['exposed_comm_s']:.4g}", f"{p['overlap']:.0%}"]  # fmt: skip
         if ttl:
             note = (notes or {}).get(name) or "not measured"
-            row += f" {_time_versus(ttl[name], soonest, not fits or fits[name], note)} |"
+            cells.append(_time_versus(ttl[name], soonest, not fits or fits[name], note))
         if memory:
-            row += f" {memory[name] / 2**30:.1f} |"
-        rows.append(row)
-    return "\n".join(rows) + "\n"
+            cells.append(f"{memory[name] / 2**30:.1f}")
+        rows.append(cells)
+    return markdown_table(columns, rows) + "\n"
+
+
+def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
+    """The first column left-aligned, the others (numbers) right-aligned."""
+    lines = ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def _time_versus(seconds: float | None, soonest: float | None, fits: bool, note: str = "not measured") -> str:

@@ -17,13 +17,7 @@ import torch
 from torchacco.errors import UserError
 
 # Dense bf16 peak FLOP/s of common accelerators, for MFU. Unknown devices report no MFU.
-PEAK_BF16_FLOPS = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10G": 70e12,
-}
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
 
 
 @dataclass(frozen=True)
@@ -41,9 +35,7 @@ class Device:
 
     @property
     def name(self) -> str:
-        if self.type == "cuda":
-            return torch.cuda.get_device_name(self.index)
-        return "cpu"
+        return torch.cuda.get_device_name(self.index) if self.type == "cuda" else "cpu"
 
     def peak_flops(self, dtype: torch.dtype) -> float | None:
         if self.type != "cuda" or dtype != torch.bfloat16:
@@ -141,11 +133,14 @@ def select_device(requested: str, local_rank: int) -> Device:
     return Device("cpu")
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # a config's dtype names
+
+
 def compute_dtype(setting: str, device: Device) -> torch.dtype:
     """`auto` is bf16 on CUDA and fp32 on CPU, where bf16 matmuls are far slower."""
     if setting == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bf16": torch.bfloat16, "fp32": torch.float32}[setting]
+    return DTYPES[setting]
 
 
 def set_cpu_threads(requested: int, local_world_size: int) -> int:

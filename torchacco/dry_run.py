@@ -24,13 +24,28 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from torchacco import cost_model as cm
+from torchacco.blocks import blocks_of
+from torchacco.build import model_args
 from torchacco.config import Config, load_config, parse_overrides
+from torchacco.device import DTYPES, Device
 from torchacco.errors import UserError, run_cli
+from torchacco.loss import TokenLoss
+from torchacco.parallel.dims import ParallelDims, clear_dtensor_sharding_cache
+from torchacco.parallel.hsdp import shard_degree
+from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
+from torchacco.parallel.pipeline import layer_split, microbatches, stages_per_rank
+from torchacco.parallel.registry import strategy_class
 from torchacco.parallel.strategy import MemoryParts
+from torchacco.spec import get_model_spec
+from torchacco.validate import validate
 
 GIB = 2**30
 
@@ -119,19 +134,13 @@ def compute_dtype(training) -> torch.dtype:
     """[training] mixed_precision on the cluster's GPUs (auto: bf16; a CPU run's auto is fp32)."""
     if training.mixed_precision == "auto":
         return torch.float32 if training.device == "cpu" else torch.bfloat16
-    return {"bf16": torch.bfloat16, "fp32": torch.float32}[training.mixed_precision]
+    return DTYPES[training.mixed_precision]
 
 
 @contextlib.contextmanager
 def fake_world(rank: int, world: int, shape: tuple[int, ...]):
     """A process group of `world` ranks that moves no data (torch's fake backend), seen from `rank`, and the
     run's mesh over it."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from torchacco.parallel.dims import clear_dtensor_sharding_cache
-
     if dist.is_initialized():
         raise RuntimeError("a dry run builds its own fake process group: none may be initialised")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
@@ -146,11 +155,6 @@ def stage_params(cfg: Config, spec, args, cluster: Cluster) -> list[tuple[int, i
     """Per pipeline stage, the parameter elements a rank of it stores, those of them in its transformer blocks,
     and its blocks: read from the model built on the meta device with tensor and pipeline parallelism applied
     (as the trainer does) for the cluster's world size."""
-    from torchacco.device import Device
-    from torchacco.loss import TokenLoss
-    from torchacco.parallel.dims import ParallelDims
-    from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
-
     p = cfg.parallelism
     tp, pp, replicas = p.tensor_parallel_degree, p.pipeline_parallel_degree, p.replicas
     dp = cluster.world // (replicas * tp * pp)
@@ -171,8 +175,6 @@ def stage_params(cfg: Config, spec, args, cluster: Cluster) -> list[tuple[int, i
 
 
 def _counts(model, numel=None) -> tuple[int, int, int]:
-    from torchacco.blocks import blocks_of
-
     numel = numel or (lambda m: sum(t.numel() for t in m.parameters()))
     blocks = blocks_of(model) or []
     blocks = list(blocks.values()) if isinstance(blocks, torch.nn.ModuleDict) else list(blocks)
@@ -183,8 +185,6 @@ def activations(cfg: Config, args, stage: int) -> float:
     """One rank's activations at the peak of a micro-batch (`cost_model`'s estimate): its blocks' saved
     tensors for the micro-batches in flight on its stage (1F1B: pp − stage of the pieces; GPipe: all; interleaved
     counted as 1F1B), 1/tp of them on each tensor-parallel rank, and on the last stage one loss chunk's logits."""
-    from torchacco.parallel.pipeline import layer_split, microbatches, stages_per_rank
-
     t, p = cfg.training, cfg.parallelism
     tp, pp = p.tensor_parallel_degree, p.pipeline_parallel_degree
     tokens = t.local_batch_size * t.seq_len
@@ -206,13 +206,6 @@ def activations(cfg: Config, args, stage: int) -> float:
 
 def plan(cfg: Config, cluster: Cluster) -> DryRun:
     """Validate `cfg` for the cluster (a UserError for a mistake) and count each kind of rank's memory."""
-    from torchacco.build import model_args
-    from torchacco.parallel.diloco import DiLoCo, fragment_of
-    from torchacco.parallel.registry import strategy_class
-    from torchacco.parallel.zero1 import REDUCE_DTYPES
-    from torchacco.spec import get_model_spec
-    from torchacco.validate import validate
-
     notes = []
     if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
         notes.append(
@@ -223,7 +216,8 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
     vocab, source = vocabulary(cfg)
     if vocab and not cfg.model.vocab_size:  # the run's model takes this vocabulary: validate that one
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
-    with _local_world(cluster.gpus_per_node):
+    # the checks that read LOCAL_WORLD_SIZE see a launched rank's environment
+    with mock.patch.dict(os.environ, {"LOCAL_WORLD_SIZE": str(cluster.gpus_per_node)}):
         validate(cfg, cluster.world, cluster.gpus_per_node, here=False)
     spec = get_model_spec(cfg.model.name)
     args = model_args(spec, cfg.model)
@@ -232,56 +226,35 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
     tp, pp, replicas = p.tensor_parallel_degree, p.pipeline_parallel_degree, p.replicas
     dp = cluster.world // (replicas * tp * pp)
     cls = strategy_class(p.data_parallel)
-    options = getattr(cfg, cls.options_section) if cls.options else None
-    group = cls.memory_group(options, dp, cluster.gpus_per_node, tp, pp)
+    options = cfg.options(cls.traits.options)
+    # the ranks a rank's state is divided over: a node's shard group, or all the data-parallel ranks
+    group = shard_degree(options, dp, cluster.gpus_per_node, tp, pp) if cls.traits.shards_within_node else dp
     dtype = compute_dtype(t)
     with torch.device("meta"):
         whole = spec.model_cls(args)
     total = sum(x.numel() for x in whole.parameters())
-    largest = 1.0
-    if replicas > 1:
-        names = [n for n, _ in whole.named_parameters()]
-        sizes = [0.0] * cfg.diloco.fragments
-        for (_, x), f in zip(whole.named_parameters(), fragment_of(whole, names, cfg.diloco.fragments)):
-            sizes[f] += x.numel()
-        largest = max(sizes) / total
+    largest = max(cm.fragment_sizes(whole, cfg.diloco.fragments)) / total if replicas > 1 else 1.0
+    outer = cfg.diloco if replicas > 1 else None
     kinds = []
-    per_stage = stage_params(cfg, spec, args, cluster)
-    for stage, (numel, in_blocks, blocks) in enumerate(per_stage):
-        memory = cls.memory(numel, group, dtype, REDUCE_DTYPES[p.reduce_dtype], options)
-        if replicas > 1:
-            memory = memory + DiLoCo.outer_memory(numel, cls, group, cfg.diloco, largest)
+    for stage, (numel, in_blocks, blocks) in enumerate(stage_params(cfg, spec, args, cluster)):
+        memory = cm.layout_memory(cls, numel, group, dtype, DTYPES[p.reduce_dtype], options, outer, largest)
         gathered = cls.gathered_memory(p, in_blocks / max(blocks, 1), numel - in_blocks, blocks, dtype)
         label = f"pp stage {stage}" if pp > 1 else "every rank"
-        ranks = cluster.world // pp
-        kinds.append(RankMemory(label, stage * dp * tp, ranks, numel, memory, gathered, activations(cfg, args, stage)))
+        kinds.append(RankMemory(label, stage * dp * tp, cluster.world // pp, numel, memory, gathered,
+                                activations(cfg, args, stage)))  # fmt: skip
     per_update = t.global_batch_size or t.local_batch_size * dp * replicas
     micro = per_update // (t.local_batch_size * dp * replicas)
     return DryRun(cfg, cluster, dp, tp, pp, replicas, args, total, dtype, micro, kinds, notes)
 
 
-@contextlib.contextmanager
-def _local_world(gpus: int):
-    """LOCAL_WORLD_SIZE as the cluster's for the checks that read it (a launched rank's environment)."""
-    before = os.environ.get("LOCAL_WORLD_SIZE")
-    os.environ["LOCAL_WORLD_SIZE"] = str(gpus)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("LOCAL_WORLD_SIZE", None)
-        else:
-            os.environ["LOCAL_WORLD_SIZE"] = before
-
-
 def strategy_label(cfg: Config) -> str:
     """The cost model's row for the configured strategy: its variant whose options the config sets, else its
     plain self."""
-    from torchacco.parallel.registry import strategy_class
-
-    cls = strategy_class(cfg.parallelism.data_parallel)
-    chosen, matched = cls.name, 0
-    for label, (extra, _) in cls.benchmark_variants().items():
+    chosen, matched = cfg.parallelism.data_parallel, 0
+    for label, (cls, _) in cm.variants().items():
+        extra = cm.VARIANTS[label][0] if label in cm.VARIANTS else ()
+        if cls.name != cfg.parallelism.data_parallel:
+            continue
         pairs = list(zip(extra[::2], extra[1::2]))
         if len(pairs) > matched and all(_setting(cfg, name) == value for name, value in pairs):
             chosen, matched = label, len(pairs)
@@ -290,45 +263,23 @@ def strategy_label(cfg: Config) -> str:
 
 def _setting(cfg: Config, option: str) -> str:
     section, _, name = option.removeprefix("--").partition(".")
-    value = getattr(getattr(cfg, section), name)
+    value = getattr(cfg.section(section), name)
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-@dataclass
-class Link:
-    """The cost model's cluster: achieved FLOP/s of a GPU and the links."""
-
-    device: str = "H100"
-    mfu: float = 0.4
-    bandwidth: str = "100gbit"
-    latency_ms: float = 0.01
-
-
-def time_per_update(run: DryRun, link: Link) -> dict:
-    """The cost model's prediction for the run's layout on `link`'s cluster."""
-    dev = cm.DEVICES.get(link.device)
-    if dev is None:
-        raise UserError(f"unknown --device {link.device!r}; one of {', '.join(cm.DEVICES)}")
-    p = run.cfg.parallelism
-    # gradients are reduced in [parallelism] reduce_dtype and parameters gathered in the compute dtype
-    work = workload(run, (run.param_dtype.itemsize + (4 if p.reduce_dtype == "fp32" else 2)) / 2)
-    hw = cm.Hardware(
-        nodes=run.cluster.nodes, ranks_per_node=run.cluster.gpus_per_node, flops=dev["flops"] * link.mfu,
-        bandwidth_bps=cm.parse_rate(link.bandwidth), latency_s=link.latency_ms / 1000, intra_bps=dev["intra_bps"],
-        opt_rate=dev["opt_rate"],
-    )  # fmt: skip
-    return layout_prediction(run, work, hw)
-
-
-def workload(run: DryRun, comm_bytes: float) -> cm.Workload:
-    """The cost model's workload of the whole model at the config's micro-batch (the activations: the worst
-    rank's)."""
-    t, p = run.cfg.training, run.cfg.parallelism
-    return cm.Workload(
+def time_per_update(run: DryRun, link) -> dict:
+    """The cost model's prediction for the run's layout on the cluster of `link` (`cm.add_cluster_arguments`), the
+    whole model at the config's micro-batch with the worst rank's activations."""
+    t, p, c = run.cfg.training, run.cfg.parallelism, run.cluster
+    work = cm.Workload(
         params=float(run.params), flops_per_token=float(run.args.flops_per_token(t.seq_len)),
         tokens_per_micro_batch=float(t.local_batch_size * t.seq_len), micro_batches=max(1, run.micro_batches),
-        comm_bytes=comm_bytes, activation_bytes=run.worst.activations, **cm.ddp_buckets(p.bucket_cap_mb),
+        # gradients are reduced in [parallelism] reduce_dtype and parameters gathered in the compute dtype
+        comm_bytes=(run.param_dtype.itemsize + (4 if p.reduce_dtype == "fp32" else 2)) / 2,
+        activation_bytes=run.worst.activations, **cm.ddp_buckets(p.bucket_cap_mb),
     )  # fmt: skip
+    hw = cm.hardware(link.device, c.nodes, c.gpus_per_node, link.mfu, link.bandwidth, link.latency_ms)
+    return layout_prediction(run, work, hw)
 
 
 def layout_prediction(run: DryRun, work: cm.Workload, hw: cm.Hardware) -> dict:
@@ -343,7 +294,6 @@ def layout_prediction(run: DryRun, work: cm.Workload, hw: cm.Hardware) -> dict:
         return cm.predict_diloco(
             work, replicas, label, d.sync_every, d.fragments, d.overlap_steps, d.outer_dtype, sizes
         )
-    from torchacco.parallel.pipeline import microbatches, stages_per_rank
 
     local = max(k.params for k in run.kinds)  # the slowest coordinate's ring carries the largest part
     pieces = microbatches(cfg) if run.pp > 1 else 1
@@ -355,7 +305,7 @@ def _count(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
-def report(run: DryRun, gpu_gib: float, prediction: dict, link: Link, config: str) -> str:
+def report(run: DryRun, gpu_gib: float, prediction: dict, link, config: str) -> str:
     cfg, t, p = run.cfg, run.cfg.training, run.cfg.parallelism
     c = run.cluster
     dtype = "bf16" if run.param_dtype == torch.bfloat16 else "fp32"
@@ -371,19 +321,16 @@ def report(run: DryRun, gpu_gib: float, prediction: dict, link: Link, config: st
         f"{run.micro_batches} micro-batches of {t.local_batch_size} × {t.seq_len} tokens per rank and update; "
         f"{dtype} compute, {p.reduce_dtype} reduction; activation_checkpoint {t.activation_checkpoint}, "
         f"loss_chunks {t.loss_chunks}",
-        "",
-        "| ranks | params (its tp/pp part) | weights | gradients | master | optimizer | buffers | gathered "
-        "| activations | peak (GiB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    columns = ["ranks", "params (its tp/pp part)", "weights", "gradients", "master", "optimizer", "buffers", "gathered",
+               "activations", "peak (GiB)"]  # fmt: skip
+    rows = []
     for k in run.kinds:
         m = k.memory
         cells = [m.weights, m.gradients, m.master, m.optimizer, m.buffers, k.gathered, k.activations, k.peak]
-        lines.append(
-            f"| {k.label} (rank {k.rank}, {k.ranks} ranks) | {_count(k.params)} | "
-            + " | ".join(f"{x / GIB:.1f}" for x in cells)
-            + " |"
-        )
+        row = [f"{k.label} (rank {k.rank}, {k.ranks} ranks)", _count(k.params)]
+        rows.append(row + [f"{x / GIB:.1f}" for x in cells])
+    lines += ["", cm.markdown_table(columns, rows)]
     worst = run.worst
     fits = worst.peak <= gpu_gib * GIB
     lines += [
@@ -410,10 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", nargs="?", const="", default="", metavar="NODESxGPUS")
     p.add_argument("--dry-run-gpu-gib", type=float, default=80.0, help="memory per GPU to fit in (GiB)")
-    p.add_argument("--device", default=Link.device, help=f"the cost model's GPU: one of {', '.join(cm.DEVICES)}")
-    p.add_argument("--mfu", type=float, default=Link.mfu)
-    p.add_argument("--bandwidth", default=Link.bandwidth, help="inter-node link per node and direction")
-    p.add_argument("--latency-ms", type=float, default=Link.latency_ms)
+    cm.add_cluster_arguments(p)
     return p
 
 
@@ -425,10 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     cluster = parse_cluster(args.dry_run) if args.dry_run else parse_cluster(cfg.job.cluster, "[job] cluster =")
     if not args.dry_run_gpu_gib > 0:
         raise UserError(f"--dry-run-gpu-gib {args.dry_run_gpu_gib:g} must be positive (e.g. 80)")
-    link = Link(args.device, args.mfu, args.bandwidth, args.latency_ms)
     run = plan(cfg, cluster)
-    prediction = time_per_update(run, link)
-    print(report(run, args.dry_run_gpu_gib, prediction, link, parse_overrides(rest)[0] or "the default config"))
+    prediction = time_per_update(run, args)
+    print(report(run, args.dry_run_gpu_gib, prediction, args, parse_overrides(rest)[0] or "the default config"))
     return 0
 
 

@@ -1,5 +1,7 @@
 """The one exception type that reaches the user as a single clear line."""
 
+import sys
+
 
 class UserError(Exception):
     """A mistake the user can fix (config, path, shape, world size).
@@ -45,8 +47,6 @@ class Preempted(Exception):
 
 def run_cli(main, print_errors: bool = True) -> int:
     """Run an entry point: a `UserError` becomes one `torchacco: error:` line and exit code 1."""
-    import sys
-
     try:
         return main() or 0
     except UserError as e:

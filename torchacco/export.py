@@ -25,16 +25,17 @@ from torchacco.errors import UserError, run_cli
 def export_hf(model_name: str, kind, strategy, dims, folder: Path, dtype: str, tokenizer) -> Path | None:
     """θ (fp32 from the strategy's committed state) as a Hugging Face folder; rank 0 writes.
     A collective: every rank takes part. `kind`: the run's build.ModelKind."""
-    import torch
 
     from torchacco import hf_io, user_model
+    from torchacco.blocks import unwrap
+    from torchacco.device import DTYPES
     from torchacco.parallel.model_parallel import gather_stages
 
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    weights = gather_stages(strategy.full_state_dict(), dims)
+    torch_dtype = DTYPES[dtype]
+    weights = gather_stages(strategy.theta.full_state_dict(), dims)
     if not dims.is_main:
         return None
-    unwrapped = getattr(strategy.model, "module", strategy.model)
+    unwrapped = unwrap(strategy.model)
     if kind.foreign:  # a Hugging Face model passed to train(): its own save_pretrained
         return user_model.export(unwrapped, weights, folder, torch_dtype, tokenizer)
     return hf_io.save_hf(
@@ -59,13 +60,12 @@ def _run_config(run_dir: Path, dtype: str):
 def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str) -> Path | None:
     import torch
 
-    from torchacco.build import ModelKind, build_data, build_model
+    from torchacco.build import ModelKind, build_data, build_model, build_strategy
     from torchacco.checkpoint import Checkpointer
     from torchacco.device import Device
     from torchacco.lr import TokenSchedule
     from torchacco.parallel.model_parallel import apply_model_parallel
     from torchacco.parallel.process_groups import destroy, init_distributed
-    from torchacco.parallel.registry import build_strategy
     from torchacco.parallel.strategy import UpdatePlan
     from torchacco.spec import get_model_spec
 
@@ -86,7 +86,7 @@ def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str)
         model, _ = apply_model_parallel(model, spec, cfg, dims, device)
         plan = UpdatePlan(2, TokenSchedule(0.0, 0, 1), 0.0, torch.float32)  # 2: every strategy accepts it
         strategy = build_strategy(model, cfg, dims, plan, device)
-        checkpointer.load(checkpoint, {strategy.checkpoint_key(dims): strategy.weights_state_dict()})
+        checkpointer.load(checkpoint, {strategy.checkpoint_key(dims): strategy.theta.weights_state_dict()})
         checkpointer.close()
         path = export_hf(
             cfg.model.name, ModelKind.of(None, cfg.model), strategy, dims, out or run_dir / "hf", dtype, tokenizer
@@ -95,24 +95,6 @@ def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str)
         return path
     finally:
         destroy(barrier=False)
-
-
-def _export_on_model_parallel_ranks(argv: list[str], ranks: int) -> None:
-    """Run this command again on `ranks` CPU processes (one per tensor × pipeline coordinate)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(ranks),
-        "-m",
-        "torchacco.export",
-        *argv,
-    ]
-    if subprocess.run(command, env=env).returncode:
-        raise UserError(f"the export on {ranks} processes failed; see the messages above")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,8 +116,11 @@ def main(argv: list[str] | None = None) -> int:
                 "the run itself exports θ_global at its end with [checkpoint] export_hf = true (docs/diloco.md)"
             )
         ranks = p.tensor_parallel_degree * p.pipeline_parallel_degree
-        if ranks > 1 and "RANK" not in os.environ:
-            _export_on_model_parallel_ranks(argv, ranks)
+        if ranks > 1 and "RANK" not in os.environ:  # again, on one CPU process per (pp, tp) coordinate
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+            command += ["-m", "torchacco.export", *argv]
+            if subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode:
+                raise UserError(f"the export on {ranks} processes failed; see the messages above")
             print(f"torchacco: exported {opts.out or opts.run_dir / 'hf'}")
             return
         path = export(opts.run_dir, opts.checkpoint, opts.out, opts.dtype)

@@ -90,19 +90,12 @@ def _receive_forever(name: str) -> None:
     dist.recv(torch.zeros(1, device=device), src=peer, tag=7_777)  # (a tag no other message uses)
 
 
-def launch_store() -> dist.Store | None:
-    """The launcher's key-value store, under the per-attempt prefixes (a plain process's own store;
-    None without a process group)."""
-    if not dist.is_initialized():
-        return None
-    store = dist.distributed_c10d._get_default_store()
+def from_env(rank: int) -> Faults:
+    """This rank's faults; fired ones are marked in the launcher's store beneath torchrun's per-attempt prefixes."""
+    store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
-    return store
-
-
-def from_env(rank: int) -> Faults:
-    return Faults(os.environ.get("TORCHACCO_FAULT", ""), rank, launch_store())
+    return Faults(os.environ.get("TORCHACCO_FAULT", ""), rank, store)
 
 
 def data_delay(rank: int, spec: str | None = None) -> float:

@@ -8,6 +8,7 @@ this is a tool for looking at what a run learned, not a server.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -33,8 +34,6 @@ def generate(
     all), and sample with `generator` (a CPU generator; sampling happens on the CPU). The context
     fed to the model is the last `model.args.max_seq_len` tokens.
     """
-    if not token_ids:
-        raise UserError("generation needs at least one prompt token")
     if temperature < 0:
         raise UserError(f"--temperature must be >= 0 (0 is greedy), got {temperature}")
     model.eval()
@@ -59,18 +58,6 @@ def generate(
     return new
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m torchacco.generate", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="Hugging Face folder written by the export (with tokenizer.json)")
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-tokens", type=int, default=100)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
-    p.add_argument("--top-k", type=int, default=50, help="0 keeps the whole vocabulary")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    return p.parse_args(argv)
-
-
 def _device(choice: str) -> torch.device:
     if choice == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for, but no CUDA GPU is available; use --device cpu")
@@ -92,8 +79,6 @@ def _eos_id(tokenizer, config_eos) -> int | None:
 
 
 def run(opts: argparse.Namespace) -> str:
-    import json
-
     import tokenizers
 
     from torchacco.hf_io import load_hf, load_into
@@ -138,7 +123,15 @@ def run(opts: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = _parse(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="python -m torchacco.generate", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="Hugging Face folder written by the export (with tokenizer.json)")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
+    p.add_argument("--top-k", type=int, default=50, help="0 keeps the whole vocabulary")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    opts = p.parse_args(sys.argv[1:] if argv is None else argv)
     return run_cli(lambda: print(run(opts), flush=True))
 
 

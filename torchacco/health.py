@@ -1,20 +1,15 @@
 """Where each rank is, so a failed collective can name the rank that stopped and what it was doing.
 
-Every rank publishes a heartbeat — a counter and its current phases (the training loop's, and
-the communication job's for the overlapped schedules) — to the launcher's key-value store, from a
-daemon thread, once a second: one write per rank and second however short the steps are (phases
-change several times a step), so the store's load does not grow with the step rate. The training
-loop only sets two strings, so the heartbeat costs it nothing; `flush()` publishes at once (an
-injected kill does, so its phase is exact).
+Every rank publishes a heartbeat (a counter, the training loop's phase, the communication job's, and how many
+reduce-scatters and all-gathers it entered per group) to the launcher's store from a daemon thread, once a second
+however short the steps are, so the store's load does not grow with the step rate and the loop only sets strings.
+`flush()` publishes at once (an injected kill does, so its phase is exact).
 
-When a collective fails (a peer's connection closed, or the collective timed out), `diagnose()`
-reads every rank's heartbeat twice a few seconds apart: a rank whose counter did not move is dead
-or frozen, and its last published phase (at most a second old) says where it stopped. A rank whose
-counter moves is alive, just elsewhere (e.g. still computing, when it is much slower than the
-others); when every rank is alive, a rank that entered fewer of its group's reduce-scatters and
-all-gathers (each beat carries the counts) is the one the others wait for. Its store reads have
-a deadline of their own (`READ_TIMEOUT_S`): an unreachable store must not hold the diagnosis past
-torchrun's 30 s between SIGTERM and SIGKILL.
+When a collective fails, `diagnose()` reads every heartbeat twice a few seconds apart: a rank whose counter did
+not move is dead or frozen, and its last phase (at most a second old) says where it stopped. When every rank is
+alive, one that entered fewer of its group's collectives is the one the others wait for. Store reads have a
+deadline (`READ_TIMEOUT_S`): an unreachable store must not hold the diagnosis past torchrun's 30 s between
+SIGTERM and SIGKILL.
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ import time
 
 import torch.distributed as dist
 
-from torchacco.errors import Terminated, error_line
+from torchacco.errors import Stalled, Terminated, error_line
 
 BEAT_KEY = "torchacco/heartbeat/"
 READ_TIMEOUT_S = 8.0  # per read of every heartbeat; diagnose() reads twice, 2.5 s apart: ~19 s at most
@@ -102,17 +97,14 @@ class Heartbeat:
             self._stop = True
             self._cond.notify_all()
 
-    def read(self, timeout_s: float | None = None) -> dict[int, dict] | None:
-        """The other ranks' heartbeats; None when the store does not answer within `timeout_s`."""
+    def read(self) -> dict[int, dict] | None:
+        """The other ranks' heartbeats; None when the store does not answer within READ_TIMEOUT_S."""
         found, done = {}, threading.Event()
 
         def read_all() -> None:
             try:
-                beats = {}
-                for rank in range(self.world):
-                    if rank != self.rank and self.store.check([f"{BEAT_KEY}{rank}"]):
-                        beats[rank] = json.loads(self.store.get(f"{BEAT_KEY}{rank}"))
-                found["beats"] = beats
+                keys = {r: f"{BEAT_KEY}{r}" for r in range(self.world) if r != self.rank}
+                found["beats"] = {r: json.loads(self.store.get(k)) for r, k in keys.items() if self.store.check([k])}
             except Exception:  # the store's host is gone
                 pass
             finally:
@@ -121,7 +113,7 @@ class Heartbeat:
         # On a thread: a store whose host hangs blocks a read for the store's own timeout (the
         # collective timeout, 30 minutes by default), and no timeout bounds a read in progress.
         threading.Thread(target=read_all, name="torchacco-heartbeat-read", daemon=True).start()
-        done.wait(READ_TIMEOUT_S if timeout_s is None else timeout_s)
+        done.wait(READ_TIMEOUT_S)
         return found.get("beats")
 
     def diagnose(self, watch_s: float | None = None) -> str:
@@ -147,16 +139,11 @@ class Heartbeat:
                 else f"rank {r} never reported (it died or stalled while starting)"
                 for r in silent
             )
-        late = behind({**second, self.rank: self._beat()})
-        if late:
-            return late
-        busy = [f"rank {r} is alive, in {second[r]['where']}" for r in sorted(second)]
-        return (
-            "no rank stopped: "
-            + "; ".join(busy)
-            + " — a rank much slower than the others, ranks that disagree on the work to do, or a collective "
-            "hung in the communication library (with NCCL, <dump_folder>/flight_recorder holds each rank's last "
-            "collectives)"
+        busy = "; ".join(f"rank {r} is alive, in {second[r]['where']}" for r in sorted(second))
+        return behind({**second, self.rank: self._beat()}) or (
+            f"no rank stopped: {busy} — a rank much slower than the others, ranks that disagree on the work to do, "
+            "or a collective hung in the communication library (with NCCL, <dump_folder>/flight_recorder holds each "
+            "rank's last collectives)"
         )
 
 
@@ -266,10 +253,7 @@ class SigtermGuard:
 
 def is_peer_failure(error: BaseException) -> bool:
     """Does this error from a collective mean a peer died or stalled?"""
-    from torchacco.errors import Stalled
-
-    text = str(error)
-    return isinstance(error, dist.DistBackendError | Stalled) or any(marker in text for marker in PEER_FAILURES)
+    return isinstance(error, dist.DistBackendError | Stalled) or any(marker in str(error) for marker in PEER_FAILURES)
 
 
 # What gloo raises, as a plain RuntimeError from inside DDP's backward hooks, when a peer dies or stalls

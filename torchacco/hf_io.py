@@ -57,9 +57,9 @@ def save_hf(
     """
     spec = _adapter_spec(model_name)
     folder = Path(folder).expanduser()
-    dtype_name = _dtype_name(dtype)
-    if max_shard_bytes <= 0:
-        raise UserError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+    dtype_name = next((name for name, d in _DTYPES.items() if d == dtype), None)
+    if dtype_name is None:
+        raise UserError(f"cannot export in {dtype}; choose one of: {', '.join(_DTYPES)}")
     if tokenizer_path is not None and not Path(tokenizer_path).expanduser().is_file():
         raise UserError(f"tokenizer not found: {tokenizer_path}; pass the tokenizer.json the model was trained with")
     _check_replaceable(folder)
@@ -110,13 +110,6 @@ def _adapter_spec(model_name: str) -> ModelSpec:
             f"model {model_name} has no Hugging Face adapter (models/{model_name}/hf.py); export is unavailable"
         )
     return spec
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    for name, d in _DTYPES.items():
-        if d == dtype:
-            return name
-    raise UserError(f"cannot export in {dtype}; choose one of: {', '.join(_DTYPES)}")
 
 
 def _check_replaceable(folder: Path) -> None:
@@ -240,7 +233,7 @@ def load_hf(folder, model_name: str | None = None, lazy: bool = False) -> tuple[
     return name, args, {k: sd[k] if lazy else sd[k].to(torch.float32) for k in order}
 
 
-def _read_safetensors(folder: Path, lazy: bool = False) -> dict[str, torch.Tensor]:
+def _read_safetensors(folder: Path, lazy: bool) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
     from safetensors.torch import load_file
 

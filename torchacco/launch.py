@@ -1,14 +1,14 @@
-"""torchrun, minus its tracebacks: a failed worker already printed why, and a rendezvous that
-times out gets one line saying what to check. A `-m torchacco.train` launch first checks its
-config here, in the launcher's process, so a mistake is one line before any worker starts.
+"""torchrun, minus its tracebacks: a failed worker already printed why, and a rendezvous that times out gets one
+line saying what to check. A `-m torchacco.train` launch first checks its config here, in the launcher's
+process, so a mistake is one line before any worker starts.
 
-Preemption ([preemption], torchacco/preemption.py): torchrun forwards the configured signals to the
-workers (SIGUSR1 only when asked to: `--signals-to-handle`), then waits `--shutdown-timeout`
-seconds before it SIGKILLs them; the launcher sets both from the config and exits with the
-requeue code."""
+Preemption ([preemption], torchacco/preemption.py): torchrun forwards the configured signals to the workers
+(SIGUSR1 only when asked to: `--signals-to-handle`), then waits `--shutdown-timeout` seconds before it SIGKILLs
+them; the launcher sets both from the config and exits with the requeue code."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -35,28 +35,21 @@ def describe(exitcode: int) -> str:
     return f"exit code {exitcode}"
 
 
+def _train_args(argv: list[str]):
+    """torchrun's parsed `argv` when it launches `-m torchacco.train`; None for another program."""
+    args = get_args_parser().parse_args(argv)
+    return args if args.module and args.training_script == "torchacco.train" else None
+
+
 def check_training_config(argv: list[str]) -> int:
     """Validate `-m torchacco.train ARGS` for the world the launch will start; 0 if fine."""
-    args = get_args_parser().parse_args(argv)
-    if not (args.module and args.training_script == "torchacco.train"):
+    if (args := _train_args(argv)) is None:
         return 0
     try:
         nodes, per_node = int(str(args.nnodes).rpartition(":")[2]), int(args.nproc_per_node)
     except ValueError:
         return 0  # "auto" or "gpu" process counts: the workers check once they know
     return validate(args.training_script_args, world_size=nodes * per_node, local_world_size=per_node)
-
-
-def training_config(argv: list[str]) -> Config | None:
-    """The config of a `-m torchacco.train ARGS` launch (None for another program, or a config the
-    workers will reject)."""
-    args = get_args_parser().parse_args(argv)
-    if not (args.module and args.training_script == "torchacco.train"):
-        return None
-    try:
-        return load_config(args.training_script_args)
-    except UserError:
-        return None
 
 
 def forward_preemption_signals(argv: list[str], cfg: Config) -> list[str]:
@@ -75,28 +68,24 @@ def main() -> int:
     argv = sys.argv[1:]
     if check_training_config(argv):
         return 1
-    cfg = training_config(argv)
-    preempt = cfg if cfg is not None and cfg.preemption.enable else None
-    if preempt is not None:
-        argv = forward_preemption_signals(argv, preempt)
+    args, requeue = _train_args(argv), {}
+    with contextlib.suppress(UserError):  # a config the workers will reject: they say why
+        cfg = load_config(args.training_script_args) if args else None
+        if cfg is not None and cfg.preemption.enable:
+            argv = forward_preemption_signals(argv, cfg)
+            signals = parse_signals(cfg.preemption.signals)
+            requeue = {s: exit_code(cfg.preemption, cfg.checkpoint.enable, s) for s in signals}  # a stop's exit code
     try:
         torchrun(argv)
     except SignalException as e:
         # torchrun forwarded the signal and waited for the workers; rank 0 said where they stopped.
-        if preempt is not None and e.sigval in parse_signals(preempt.preemption.signals):
-            return exit_code(preempt.preemption, preempt.checkpoint.enable, e.sigval)
-        return 128 + e.sigval
+        return requeue.get(e.sigval, 128 + e.sigval)
     except ChildFailedError as e:
         failures = e.failures
-        if preempt is not None:
-            # The workers got the signal without the launcher (or before it) and stopped on their own.
-            codes = {
-                exit_code(preempt.preemption, preempt.checkpoint.enable, s)
-                for s in parse_signals(preempt.preemption.signals)
-            }
-            stopped = [f.exitcode for f in failures.values() if f.exitcode in codes]
-            if stopped:
-                return stopped[0]
+        # The workers got a preemption signal without the launcher (or before it) and stopped on their own.
+        stopped = [f.exitcode for f in failures.values() if f.exitcode in requeue.values()]
+        if stopped:
+            return stopped[0]
         rank, failure = min(failures.items())
         print(
             f"torchacco: {len(failures)} worker(s) failed (first: rank {rank}, {describe(failure.exitcode)}); "

@@ -1,17 +1,15 @@
-"""Building a model sharded from the start: construct on the meta device, parallelise there, then
-allocate and initialise only this rank's shard.
+"""Building a model sharded from the start: construct on the meta device, parallelise there, then allocate and
+initialise only this rank's shard.
 
-torchtitan's order, with one addition: the values are the same as those of a model initialised
-whole on one device from the same seed, on every layout. `init_weights()` runs over the full
-model's module tree; each random initialiser that meets a sharded parameter (a DTensor, from
-tensor parallelism or FSDP) draws the whole tensor from the seeded generator, as the unsharded
-model would, keeps this rank's slice and frees the rest; one that meets a parameter another
-pipeline stage owns (still on meta) draws it too and throws it away, so the generator advances
-exactly as it does for the whole model. The transient is one parameter, never the model.
+torchtitan's order, with one addition: the values are the same as those of a model initialised whole on one
+device from the same seed, on every layout. `init_weights()` runs over the full model's module tree; each random
+initialiser that meets a sharded parameter (a DTensor, from tensor parallelism or FSDP) draws the whole tensor
+from the seeded generator, as the unsharded model would, keeps this rank's slice and frees the rest; one that
+meets a parameter another pipeline stage owns (still on meta) draws it too and throws it away, so the generator
+advances exactly as it does for the whole model. The transient is one parameter, never the model.
 
-A model built here waits for `materialize(model)`: the trainer calls it after tensor and pipeline
-parallelism, and a strategy that shards θ itself (FSDP) calls it after sharding, before it builds
-its optimizer.
+A model built here waits for `materialize(model)`: the trainer calls it after tensor and pipeline parallelism,
+and a strategy that shards θ itself (FSDP) calls it after sharding, before it builds its optimizer.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -49,8 +48,7 @@ class MetricsLogger:
         self.max_tokens = max_tokens  # a run that stops on tokens: its progress is theirs
         self.progress_bar = progress_bar and enabled
         self.start = time.perf_counter()
-        self.jsonl = None
-        self.writer = None
+        self.jsonl = self.writer = None
         if not enabled:
             return
         path = folder / "metrics.jsonl"
@@ -117,29 +115,13 @@ class MetricsLogger:
 
     def info(self, message: str) -> None:
         if self.enabled:
-            print(message, file=sys.stdout, flush=True)
+            print(message, flush=True)
 
     def close(self) -> None:
         if self.jsonl:
             self.jsonl.close()
         if self.writer:
             self.writer.close()
-
-
-def overlap_metrics(result) -> dict:
-    """Exposed communication and overlap of an overlapped schedule's update (none for sync ones)."""
-    if not result.seconds:
-        return {}
-    # On CUDA both times are the communication thread's and the compute thread's host time: the job's
-    # last kernels may still run on the side stream (the profiler's trace shows the GPU's side).
-    metrics = {
-        "job_s": result.seconds,
-        "exposed_comm_s": result.exposed_s,
-        "overlap": max(0.0, 1.0 - result.exposed_s / max(result.jobs_s or result.seconds, 1e-9)),
-    }
-    if result.drift is not None:
-        metrics["estimate_drift"] = result.drift
-    return metrics
 
 
 class Throughput:
@@ -171,14 +153,18 @@ class Throughput:
             "grad_norm": result.grad_norm,
             "tflops": achieved / 1e12,
             "memory_gib": self.device.peak_memory_gib(),
-            "share_data": self.times["data"] / busy,
-            "share_compute": self.times["compute"] / busy,
-            "share_sync": self.times["sync"] / busy,
+            **{f"share_{phase}": seconds / busy for phase, seconds in self.times.items()},
             "tokens_per_update": result.consumed,
             "loss_tokens_per_update": result.tokens,
             "micro_batches_per_rank": result.micro_batches,
-            **overlap_metrics(result),
         }
+        if result.seconds:  # an overlapped schedule's job: how much of it the compute did not hide
+            # On CUDA both times are the communication thread's and the compute thread's host time: the job's
+            # last kernels may still run on the side stream (the profiler's trace shows the GPU's side).
+            record["job_s"], record["exposed_comm_s"] = result.seconds, result.exposed_s
+            record["overlap"] = max(0.0, 1.0 - result.exposed_s / max(result.jobs_s or result.seconds, 1e-9))
+            if result.drift is not None:
+                record["estimate_drift"] = result.drift
         if self.peak is not None:
             record["mfu"] = achieved / self.peak
         return record

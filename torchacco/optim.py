@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
-from torchacco.config import Optimizer as OptimizerConfig
+if TYPE_CHECKING:
+    from torchacco.config import Optimizer as OptimizerConfig
 
 
 def no_weight_decay_ids(model: nn.Module) -> set[int]:

@@ -21,8 +21,14 @@ import math
 import sys
 
 from torchacco import cost_model as cm
-from torchacco.config import Config, DiLoCo, Parallelism
+from torchacco import dry_run
+from torchacco.config import Config, DiLoCo, Parallelism, load_config
 from torchacco.errors import UserError, run_cli
+from torchacco.parallel.acco import ACCO
+from torchacco.parallel.ddp import DDP
+from torchacco.parallel.registry import strategy_class
+from torchacco.parallel.zero1 import ZeRO1
+from torchacco.validate import check_diloco
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,22 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flavor", default="8B")
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--bandwidth", default="100gbit", help="inter-node link per node and direction")
-    p.add_argument("--latency-ms", type=float, default=0.01)
-    p.add_argument("--device", default="H100", help=f"one of {', '.join(cm.DEVICES)}")
-    p.add_argument("--mfu", type=float, default=0.4)
+    cm.add_cluster_arguments(p)
     p.add_argument("--flops", type=float, default=None, help="achieved FLOP/s per GPU (overrides device × MFU)")
     p.add_argument("--vocab-size", type=int, default=0, help="0: the flavor's")
     p.add_argument("--seq-len", type=int, default=8192)
     p.add_argument("--local-batch", type=int, default=1)
     p.add_argument("--micro-batches", type=int, default=2, help="per GPU and update (ZeRO-1's accumulation)")
     p.add_argument("--comm-bytes", type=float, default=2.0, help="bytes per element on the wire (bf16: 2)")
-    p.add_argument(
-        "--bucket-cap-mb",
-        type=float,
-        default=Parallelism().bucket_cap_mb,
-        help="the gradient buckets of ddp, in MiB; 0: torch's",
-    )
+    p.add_argument("--bucket-cap-mb", type=float, default=Parallelism().bucket_cap_mb,
+                   help="the gradient buckets of ddp, in MiB; 0: torch's")  # fmt: skip
     p.add_argument("--memory-gib", type=float, default=None, help="memory per GPU (default: the device's)")
     p.add_argument("--activation-checkpoint", default="selective", choices=tuple(cm.ACTIVATION_BYTES))
     p.add_argument("--loss-chunks", type=int, default=8, help="[training] loss_chunks (fp32 logits per chunk)")
@@ -69,9 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def workload_and_hardware(args) -> tuple[cm.Workload, cm.Hardware]:
     """The cost model's inputs from the command line (one-line errors for unknown names and rates)."""
-    dev = cm.DEVICES.get(args.device)
-    if dev is None:
-        raise UserError(f"unknown --device {args.device!r}; one of {', '.join(cm.DEVICES)} (or give --flops)")
     try:
         work = cm.model_workload(
             args.model, args.flavor, args.seq_len, args.local_batch, args.micro_batches, args.vocab_size or None,
@@ -82,30 +78,21 @@ def workload_and_hardware(args) -> tuple[cm.Workload, cm.Hardware]:
         work = dataclasses.replace(work, **cm.ddp_buckets(args.bucket_cap_mb))
     except ValueError as e:
         raise UserError(str(e)) from None
-    hw = cm.Hardware(
-        nodes=args.nodes,
-        ranks_per_node=args.gpus_per_node,
-        flops=args.flops or dev["flops"] * args.mfu,
-        bandwidth_bps=cm.parse_rate(args.bandwidth),
-        latency_s=args.latency_ms / 1000,
-        intra_bps=dev["intra_bps"],
-        opt_rate=dev["opt_rate"],
-        slow_factor=args.slow_factor,
-    )
-    hw.max_growth = args.max_growth
+    hw = cm.hardware(args.device, args.nodes, args.gpus_per_node, args.mfu, args.bandwidth, args.latency_ms,
+                     slow_factor=args.slow_factor, max_growth=args.max_growth)  # fmt: skip
+    if args.flops:
+        hw.flops = args.flops
     return work, hw
 
 
 def outer_step(args) -> DiLoCo:
     """The DiLoCo rows' [diloco] settings, checked as a run with one replica per node would be."""
-    from torchacco.parallel.diloco import check_config
-
     outer = DiLoCo(sync_every=args.sync_every, fragments=args.fragments, overlap_steps=args.overlap_steps,
                    outer_dtype=args.outer_dtype, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
                    eager=args.eager)  # fmt: skip
     cfg = Config(diloco=outer)
     cfg.parallelism.replicas = args.nodes
-    check_config(cfg)
+    check_diloco(cfg, strategy_class(cfg.parallelism.data_parallel))
     return outer
 
 
@@ -120,7 +107,7 @@ def rows(args, work: cm.Workload, hw: cm.Hardware) -> tuple[dict, dict, dict]:
         outer = outer_step(args)
         sizes = cm.model_fragment_params(args.model, args.flavor, outer.fragments)
         for label, (cls, _) in cm.variants().items():
-            if label == cls.name and not cls.overlapped and cls.supports_replicas:
+            if label == cls.name and not cls.traits.overlapped and not cls.traits.replicas_refused:
                 row = cm.predict_diloco(work, hw, label, outer.sync_every, outer.fragments, outer.overlap_steps,
                                         outer.outer_dtype, sizes)  # fmt: skip
                 preds[row["strategy"]] = row
@@ -132,9 +119,6 @@ def rows(args, work: cm.Workload, hw: cm.Hardware) -> tuple[dict, dict, dict]:
 def from_config(args):
     """With --config: the dry run of the config on the cluster (its validation: one line for a mistake), and
     `args` set from the config (the model, micro-batch, activation checkpointing, loss chunks)."""
-    from torchacco import dry_run
-    from torchacco.config import load_config
-
     if not args.config:
         return None
     cfg = load_config(["--config", args.config])
@@ -151,10 +135,8 @@ def from_config(args):
     return run
 
 
-def config_row(run, work: cm.Workload, hw: cm.Hardware) -> tuple[str, dict]:
-    """The config's own layout as a row (its label names the layout) and its prediction."""
-    from torchacco import dry_run
-
+def config_row(run, work: cm.Workload, hw: cm.Hardware) -> tuple[str, dict, str | None]:
+    """The config's own layout as a row (its label names the layout), its prediction and its measured entry."""
     label = dry_run.strategy_label(run.cfg)
     layout = (
         [f"tp {run.tp}"] * (run.tp > 1)
@@ -163,32 +145,22 @@ def config_row(run, work: cm.Workload, hw: cm.Hardware) -> tuple[str, dict]:
     )
     row = f"{label}, {' × '.join(layout) or 'dp only'} (the config's)"
     work = dataclasses.replace(work, micro_batches=max(1, run.micro_batches))  # per rank of its dp ranks
-    return row, {**dry_run.layout_prediction(run, work, hw), "strategy": row}
+    source = cm.diloco_token_source(label, run.replicas, run.cfg.diloco) if run.replicas > 1 else cm.token_source(label)
+    return row, {**dry_run.layout_prediction(run, work, hw), "strategy": row}, source
 
 
 def predict(args) -> dict:
     """Print the table and the verdict; returns the workload, hardware and predictions."""
     run = from_config(args)
     work, hw = workload_and_hardware(args)
-    from torchacco.parallel.acco import ACCO
-    from torchacco.parallel.ddp import DDP
-    from torchacco.parallel.zero1 import ZeRO1
-
     preds, mem, sources = rows(args, work, hw)
     capacity = (args.memory_gib or cm.DEVICES[args.device]["memory_gib"]) * 2**30
     fits = {s: mem[s] + work.activation_bytes <= capacity for s in preds}
     if run is not None:
-        from torchacco import dry_run
-
-        row, prediction = config_row(run, work, hw)
-        preds = {row: prediction, **preds}
+        row, prediction, source = config_row(run, work, hw)
+        preds, sources = {row: prediction, **preds}, {row: source, **sources}
         mem = {row: run.worst.memory.total, **mem}
         fits = {row: run.worst.peak <= capacity, **fits}
-        inner = dry_run.strategy_label(run.cfg)
-        source = (
-            cm.diloco_token_source(inner, run.replicas, run.cfg.diloco) if run.replicas > 1 else cm.token_source(inner)
-        )
-        sources = {row: source, **sources}
     ratios = {s: None if src is None else cm.measured_entry(src).get("mean") for s, src in sources.items()}
     notes = {s: cm.not_reached_note(src) for s, src in sources.items()}
     recipe = preds[DDP.name]["tokens_per_update"]
@@ -232,7 +204,9 @@ def verdict(preds: dict, ttl: dict, fits: dict) -> str:
     if not advisable:
         return "none"
     soonest = min(advisable, key=ttl.get)
-    synchronous = [label for label, (cls, mode) in cm.variants().items() if label == cls.name and not cls.overlapped]
+    synchronous = [
+        label for label, (cls, mode) in cm.variants().items() if label == cls.name and not cls.traits.overlapped
+    ]
     baseline = min((s for s in synchronous if s in advisable), key=ttl.get, default=None)
     if baseline is None:
         return f"{soonest} (no synchronous baseline fits)"

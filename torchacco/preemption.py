@@ -1,19 +1,18 @@
 """Preemption: a scheduler's stop signal ends the run at an update, with a checkpoint to resume from.
 
-SLURM sends SIGUSR1 ahead of the time limit (`--signal=USR1@120`) and SIGTERM on preemption;
-`torchacco.launch` forwards both to the workers. A worker's handler only records the signal. At
-each update boundary — for the overlapped schedules a committed update, between rounds, when no
-job is in flight and a checkpoint may be taken — the ranks agree with a one-number all-reduce
-on a gloo group of their own (no GPU sync, no group shared with the communication thread), so
-every rank stops at the same step even when the signal reaches them at different times. They
-save a checkpoint there (unless one was just saved) and exit with `[preemption] exit_code`, the
-code to requeue on; the same command then resumes from that checkpoint.
+SLURM sends SIGUSR1 ahead of the time limit (`--signal=USR1@120`) and SIGTERM on preemption; `torchacco.launch`
+forwards both to the workers, whose handler only records the signal. At each update boundary (for the overlapped
+schedules a committed update, between rounds, when no job is in flight and a checkpoint may be taken) the ranks
+agree with a one-number all-reduce on a gloo group of their own (no GPU sync, no group shared with the
+communication thread), so every rank stops at the same step even when the signal reaches them at different times.
+They save a checkpoint there (unless one was just saved) and exit with `[preemption] exit_code`, the code to
+requeue on; the same command then resumes from that checkpoint.
 
-A watchdog bounds the whole stop at `[preemption] grace_s` from the signal: past it the rank
-exits with the same code, without the checkpoint (saves are atomic, the previous one stays).
-torchrun stops the survivors of a dead worker with the same SIGTERM and SIGKILLs them 30 s later,
-so a rank that has not reached a boundary PEER_CHECK_S after the signal reads the heartbeats
-(torchacco/health.py): if a peer stopped beating, it prints the diagnosis and exits at once.
+A watchdog bounds the whole stop at `[preemption] grace_s` from the signal: past it the rank exits with the same
+code, without the checkpoint (saves are atomic, the previous one stays). torchrun stops the survivors of a dead
+worker with the same SIGTERM and SIGKILLs them 30 s later, so a rank that has not reached a boundary PEER_CHECK_S
+after the signal reads the heartbeats (torchacco/health.py): if a peer stopped beating, it prints the diagnosis
+and exits at once.
 """
 
 from __future__ import annotations
@@ -86,8 +85,7 @@ class Preemption:
         self._previous: dict[signal.Signals, object] = {}
         self._signalled = threading.Event()
         self._stand_down = threading.Event()  # the watchdog gives up: handled, deferred or closed
-        self._saved = False
-        self._deferred = False
+        self._saved = self._deferred = False
         self._agreed = False  # every rank saw the stop signal: the stop is a preemption, not a failure
         if not self.enabled:
             return

@@ -50,33 +50,31 @@ def prepare(cfg: Config, folder: Path) -> None:
     recorded = folder / "config.toml"
     if folder.is_file():
         raise UserError(f"--job.dump_folder {folder} is a file; choose a folder")
-    if folder.is_dir() and any(folder.iterdir()):
-        if not recorded.is_file():
-            if not cfg.job.overwrite:
-                raise UserError(
-                    f"dump folder {folder} is not empty and holds no torchacco run; choose another "
-                    "--job.dump_folder (or pass --job.overwrite true to write into it anyway)"
-                )
-        else:
-            try:
-                old = config_from_dict(tomllib.loads(recorded.read_text()), str(recorded))
-            except (UserError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-                # Not knowing what the folder holds, never delete it, even when told to overwrite.
-                raise UserError(
-                    f"dump folder {folder} holds a run whose config.toml cannot be read "
-                    f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); torchacco will not "
-                    "delete it: choose another --job.dump_folder, or remove that folder yourself"
-                ) from None
-            changed = differences(old, cfg)
-            if changed and not cfg.job.overwrite:
-                shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
-                raise UserError(
-                    f"dump folder {folder} holds a different run (differs in {shown}); resuming it would "
-                    "mix the two. Choose another --job.dump_folder, or pass --job.overwrite true to "
-                    "delete that run's outputs"
-                )
-            if changed:
-                _remove_outputs(folder, old.checkpoint.folder, cfg)
+    if recorded.is_file():
+        try:
+            old = config_from_dict(tomllib.loads(recorded.read_text()), str(recorded))
+        except (UserError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            # Not knowing what the folder holds, never delete it, even when told to overwrite.
+            raise UserError(
+                f"dump folder {folder} holds a run whose config.toml cannot be read "
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); torchacco will not "
+                "delete it: choose another --job.dump_folder, or remove that folder yourself"
+            ) from None
+        changed = differences(old, cfg)
+        if changed and not cfg.job.overwrite:
+            shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+            raise UserError(
+                f"dump folder {folder} holds a different run (differs in {shown}); resuming it would "
+                "mix the two. Choose another --job.dump_folder, or pass --job.overwrite true to "
+                "delete that run's outputs"
+            )
+        if changed:
+            _remove_outputs(folder, old.checkpoint.folder, cfg)
+    elif folder.is_dir() and any(folder.iterdir()) and not cfg.job.overwrite:
+        raise UserError(
+            f"dump folder {folder} is not empty and holds no torchacco run; choose another "
+            "--job.dump_folder (or pass --job.overwrite true to write into it anyway)"
+        )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         recorded.write_text(cfg.to_toml())

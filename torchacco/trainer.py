@@ -18,10 +18,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
-from torchacco import health, preemption, run_folder, user_model
+from torchacco import data, health, preemption, run_folder, user_model
 from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.blocks import blocks_of, compile_units
-from torchacco.build import ModelKind, build_data, build_model
+from torchacco.build import ModelKind, build_data, build_model, build_strategy
 from torchacco.checkpoint import (
     Checkpointer,
     TrainState,
@@ -37,7 +37,6 @@ from torchacco.evaluate import evaluate
 from torchacco.export import export_hf
 from torchacco.faults import from_env
 from torchacco.loss import TokenLoss, value
-from torchacco.lr import TokenSchedule
 from torchacco.materialize import materialize
 from torchacco.metrics import MetricsLogger, Throughput
 from torchacco.parallel.dims import ParallelDims
@@ -51,7 +50,7 @@ from torchacco.parallel.process_groups import (
     nccl_flight_recorder,
     on_one_rank,
 )
-from torchacco.parallel.registry import build_strategy, strategy_class
+from torchacco.parallel.registry import strategy_class
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan
 from torchacco.profiling import Profiler
 from torchacco.spec import get_model_spec
@@ -63,8 +62,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     causal LM) and `datasets` ((train, val): torch datasets of {"input_ids", "labels"} windows, or
     texts that `tokenizer` turns into them; see data/texts.py) replace the configured ones when given."""
     _, world, local_rank, local_world = launch_env()
-    kind = ModelKind.of(model, cfg.model)
-    validate(cfg, world, model=model, own_data=datasets is not None)
+    kind = validate(cfg, world, model=model, own_data=datasets is not None)
     device = select_device(cfg.training.device, local_rank)
     check_hardware_queues(cfg, device.type)
     if device.type == "cpu":
@@ -146,7 +144,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     loss_fn = TokenLoss(t.loss_chunks, dims.tp_enabled and not dims.pp_enabled and cfg.parallelism.loss_parallel)
     flops_per_token = kind.flops_per_token(model, t.seq_len)  # of the whole model, before any parallelism
     dtype = compute_dtype(t.mixed_precision, device)
-    plan = update_plan(cfg, dims.dp_size, dtype, dims.replicas)
+    plan = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dims.dp_size, dtype, dims.replicas)
     strategy, pipeline = parallelize(cfg, spec, dims, device, model, loss_fn, plan)
     run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline, n_params)
     run.log.info(
@@ -178,8 +176,6 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
 def _datasets(cfg: Config, dims: ParallelDims, datasets, tokenizer):
     """(tokenizer, train set, validation set) of this rank: the configured data, or the datasets
     passed to train()."""
-    from torchacco import data
-
     t = cfg.training
     if datasets is None:
         tokenizer, train_set, val_set = build_data(cfg.data, cfg.tokenizer, t.seq_len, t.seed, dims)
@@ -212,7 +208,7 @@ def parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn
     model built on meta (build_model(deferred=True)) is allocated and initialised in between, after
     tensor and pipeline parallelism (or, for FSDP, after sharding): each rank holds only its part."""
     model, pipeline = _model_parallel(cfg, spec, dims, device, model, loss_fn)
-    if not strategy_class(cfg.parallelism.data_parallel).shards_module:
+    if not strategy_class(cfg.parallelism.data_parallel).traits.shards_module:
         materialize(model)
     strategy = build_strategy(model, cfg, dims, plan, device)
     materialize(model)  # (a no-op once done)
@@ -232,23 +228,6 @@ def _model_parallel(cfg: Config, spec, dims: ParallelDims, device: Device, model
     return model, pipeline
 
 
-def update_plan(cfg: Config, dp_size: int, dtype: torch.dtype, replicas: int = 1) -> UpdatePlan:
-    """How gradients become an update: micro-batches per rank, the token-indexed lr schedule. With
-    several replicas, one replica's: its share of the global batch, its schedule over its tokens."""
-    t = cfg.training
-    global_batch = t.global_batch_size or t.local_batch_size * dp_size * replicas
-    tokens_per_step = global_batch * t.seq_len / replicas
-    schedule = TokenSchedule(
-        peak_lr=cfg.optimizer.lr,
-        warmup_tokens=cfg.lr_schedule.warmup_steps * tokens_per_step,
-        total_tokens=(t.max_tokens / replicas if t.max_tokens else t.steps * tokens_per_step),
-        decay=cfg.lr_schedule.decay,
-        min_lr_ratio=cfg.lr_schedule.min_lr_ratio,
-    )
-    micro_batches = global_batch // (t.local_batch_size * dp_size * replicas)
-    return UpdatePlan(micro_batches, schedule, t.max_norm, dtype, tokens_per_step)
-
-
 def _replicas(cfg: Config, dims: ParallelDims) -> str:
     if dims.replicas == 1:
         return ""
@@ -261,8 +240,6 @@ def _start(
     cfg: Config, dims: ParallelDims, device: Device, strategy: Strategy, sets, loss_fn, pipeline, n_params: int
 ) -> Run:
     """The loaders, a resume from the latest checkpoint (or load_path), the metrics log."""
-    from torchacco import data
-
     t, folder = cfg.training, Path(cfg.job.dump_folder)
     train_loader, val_loader = (data.build_dataloader(s, t.local_batch_size) for s in sets)
     state = TrainState(dims.data_size)
@@ -305,7 +282,8 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
     strategy, state, throughput, loss_fn, pipeline = run.strategy, run.state, run.throughput, run.loss_fn, run.pipeline
     t = cfg.training
     batches = iter(run.train_loader)  # after a resume: continues where the checkpoint left off
-    autocast = strategy.autocast_dtype(compute_dtype(t.mixed_precision, device))
+    dtype = compute_dtype(t.mixed_precision, device)
+    autocast = dtype if strategy.traits.autocast_compute and dtype != torch.float32 else None
     summary = {}
     device.reset_peak_memory()
     throughput.restart(state.tokens)
@@ -316,7 +294,7 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
         heartbeat.enter(f"compute (step {state.step + 1})")
         poison = faults.before_period(state.step + 1)
         counts = compute_period(strategy, loss_fn, batches, device, autocast, throughput.times, pipeline, poison)
-        heartbeat.enter(f"{strategy.sync_phase} (step {state.step + 1})")
+        heartbeat.enter(f"{strategy.traits.sync_phase} (step {state.step + 1})")
         with throughput.timing("sync"):
             result = strategy.step(counts)
         if result is None or not result.committed:
@@ -362,8 +340,9 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
         if done:
             break
         # A stop signal on any rank: every rank stops here, after a checkpoint. Asked where the ranks
-        # meet (DiLoCo: at outer steps), so that it never paces one replica by another.
-        if strategy.ranks_meet() and preempt.agreed(wait=cfg.parallelism.replicas > 1):
+        # meet (DiLoCo's replicas: at outer steps), so that it never paces one replica by another.
+        ranks_met = cfg.parallelism.replicas == 1 or bool(result.outer)
+        if ranks_met and preempt.agreed(wait=cfg.parallelism.replicas > 1):
             state_now = None if saved else lambda: checkpoint_state(strategy, state, run.train_loader, dims)
             preempt.stop(step, run.checkpointer, state_now)
     summary["steps"] = state.step

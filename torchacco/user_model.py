@@ -1,19 +1,17 @@
-"""A model passed to `train(cfg, model=...)` that is not one of torchacco's (it has no `.args`):
-a Hugging Face `PreTrainedModel` such as an `AutoModelForCausalLM`, or any module mapping token
-ids [B, T] to logits [B, T, vocab] (or to an object holding them as `.logits`, or a tuple whose
-first element they are).
+"""A model passed to `train(cfg, model=...)` that is not one of torchacco's (it has no `.args`): a Hugging Face
+`PreTrainedModel` such as an `AutoModelForCausalLM`, or any module mapping token ids [B, T] to logits
+[B, T, vocab] (or to an object holding them as `.logits`, or a tuple whose first element they are).
 
-Such a model trains under the data-parallel strategies (DDP, ZeRO-1, FSDP, ACCO, DPU, WP). It
-is adapted from outside, so its parameter names, and with them checkpoints and exports, stay its
-own: a forward hook hands the loss the logits; HF's `use_cache` is turned off for the call (a
-KV cache is dead weight in training); the hooks are removed when train() returns.
+Such a model trains under the data-parallel strategies (DDP, ZeRO-1, FSDP, ACCO, DPU, WP). It is adapted from
+outside, so its parameter names, and with them checkpoints and exports, stay its own: a forward hook hands the
+loss the logits; HF's `use_cache` is turned off for the call (a KV cache is dead weight in training); the hooks
+are removed when train() returns.
 
-Its blocks — the unit of FSDP sharding, activation checkpointing and `[model] compile` — are
-found without knowing the architecture: the `nn.ModuleList` of the classes the model declares
-unsplittable (`_no_split_modules`, which HF models list), else the largest ModuleList of
-modules of one class. Without blocks, FSDP shards the model as one unit, compile compiles the
-whole model, and activation checkpointing is refused. Tensor and pipeline parallelism need a
-plan that only a torchacco model folder provides (models/<name>/, see torchacco/spec.py).
+Its blocks (the unit of FSDP sharding, activation checkpointing and `[model] compile`) are found without knowing
+the architecture: the `nn.ModuleList` of the classes the model declares unsplittable (`_no_split_modules`, which
+HF models list), else the largest ModuleList of modules of one class. Without blocks, FSDP shards the model as
+one unit, compile compiles the whole model, and activation checkpointing is refused. Tensor and pipeline
+parallelism need a plan that only a torchacco model folder provides (models/<name>/, see torchacco/spec.py).
 """
 
 from __future__ import annotations

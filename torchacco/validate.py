@@ -8,13 +8,24 @@ rank; WORLD_SIZE is the number of processes to check for when run alone.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import sys
 from pathlib import Path
 
-from torchacco.config import Config, load_config
+import torch
+
+from torchacco import user_model
+from torchacco.activation_checkpoint import check_activation_checkpoint
+from torchacco.build import ModelKind, model_args
+from torchacco.config import Config, DiLoCo, load_config
 from torchacco.errors import UserError, run_cli
+from torchacco.parallel.model_parallel import check_model_parallel
+from torchacco.parallel.registry import strategies, strategy_class
+from torchacco.parallel.strategy import Strategy, UpdatePlan
+from torchacco.preemption import check_config as check_preemption
+from torchacco.spec import get_model_spec
 
 
 def validate(
@@ -24,14 +35,13 @@ def validate(
     model=None,
     own_data: bool = False,
     here: bool = True,
-) -> None:
+) -> ModelKind:
     """`model` and `own_data`: a model or datasets passed to train() replace the configured ones,
     whose checks are then skipped (the model's own are made instead). `here` = False skips what
-    depends on this machine (the files the run reads, its devices): a dry run for a cluster."""
-    from torchacco import user_model
-    from torchacco.build import ModelKind
-
-    foreign = ModelKind.of(model, cfg.model).foreign
+    depends on this machine (the files the run reads, its devices): a dry run for a cluster.
+    Returns whose model the run trains (decided here, where the model enters)."""
+    kind = ModelKind.of(model, cfg.model)
+    foreign = kind.foreign
     if foreign:
         user_model.check(cfg, model)  # first: tp/pp is the model's limit, whatever the degrees and strategy
     dp_size = check_parallelism(cfg.parallelism, world_size)
@@ -42,10 +52,10 @@ def validate(
     if here:
         _check_data(cfg, own_data)
         _check_devices(cfg.training, local_world_size)
+    return kind
 
 
 def _check_folders_and_paths(cfg: Config, here: bool = True) -> None:
-    from torchacco.preemption import check_config as check_preemption
 
     for section, name in (("checkpoint", cfg.checkpoint.folder), ("profiling", cfg.profiling.folder)):
         folder = Path(name)
@@ -69,9 +79,6 @@ def _check_folders_and_paths(cfg: Config, here: bool = True) -> None:
 
 
 def _check_training(cfg: Config, dp_size: int) -> None:
-    from torchacco.activation_checkpoint import check_activation_checkpoint
-    from torchacco.parallel.registry import strategy_class
-
     t = cfg.training
     if cfg.metrics.log_every < 1:
         raise UserError(f"[metrics] log_every must be at least 1, got {cfg.metrics.log_every}")
@@ -80,29 +87,109 @@ def _check_training(cfg: Config, dp_size: int) -> None:
     for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s", "max_skips_in_a_row", "loss_chunks"):
         if getattr(t, key) <= 0:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
-    replicas = cfg.parallelism.replicas
-    per_step = t.local_batch_size * dp_size * replicas
-    if t.global_batch_size and t.global_batch_size % per_step:
-        ranks = f"data-parallel ranks = {t.local_batch_size} × {dp_size}"
-        if replicas > 1:
-            ranks = f"data-parallel ranks × replicas = {t.local_batch_size} × {dp_size} × {replicas}"
-        raise UserError(
-            f"[training] global_batch_size = {t.global_batch_size} is not divisible by local_batch_size × "
-            f"{ranks} = {per_step}; use a multiple of {per_step}"
-        )
+    UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp_size, replicas=cfg.parallelism.replicas)
     check_activation_checkpoint(t.activation_checkpoint, t.selective_checkpoint)
-    strategy_class(cfg.parallelism.data_parallel).check_config(cfg, dp_size, model_parallel_label(cfg.parallelism))
-    from torchacco.parallel.diloco import check_config as check_diloco
+    _check_strategy(cfg, dp_size)
 
-    check_diloco(cfg)
+
+def _check_strategy(cfg: Config, dp_size: int) -> None:
+    """The data-parallel strategy's traits against the config, then its own checks; a refusal lists the
+    strategies that can."""
+    p = cfg.parallelism
+    cls, model_parallel = strategy_class(p.data_parallel), model_parallel_label(p)
+    name = cls.name
+    if model_parallel and not cls.traits.model_parallel:
+        able = _able(lambda t: t.model_parallel)
+        raise UserError(f"data_parallel = '{name}' with {model_parallel} is not supported; use one of {able}")
+    if p.balance_batches and not cls.traits.balances:
+        raise UserError(
+            f"[parallelism] balance_batches = true with data_parallel = '{name}': its ranks must run the "
+            f"same micro-batches (collectives inside forward and backward); use one of {_able(lambda t: t.balances)}, "
+            "or balance_batches = false"
+        )
+    if p.balance_batches and model_parallel:
+        raise UserError(
+            f"[parallelism] balance_batches = true with {model_parallel} is not supported: tensor- and "
+            "pipeline-parallel peers must run the same micro-batches; set balance_batches = false"
+        )
+    if reason := cls.check_config(cfg, dp_size, model_parallel):
+        raise UserError(reason)
+    check_diloco(cfg, cls)
+
+
+def _able(test) -> str:
+    """The registered strategies whose traits pass `test`, quoted."""
+    return ", ".join(f"'{name}'" for name, cls in strategies().items() if test(cls.traits))
+
+
+def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
+    """The [diloco] and replica settings that cannot run, each as one line."""
+    d, replicas = cfg.diloco, cfg.parallelism.replicas
+    if replicas == 1:
+        changed = [f.name for f in dataclasses.fields(d) if getattr(d, f.name) != getattr(DiLoCo(), f.name)]
+        if changed:
+            raise UserError(
+                f"[diloco] {', '.join(changed)} set, but [parallelism] replicas = 1 has no outer step; set replicas "
+                "to 2 or more, or remove them"
+            )
+        return
+    if inner.traits.replicas_refused:
+        raise UserError(
+            f"data_parallel = '{inner.name}' cannot run inside DiLoCo's replicas "
+            f"({inner.traits.replicas_refused}); use one of {_able(lambda t: not t.replicas_refused)}"
+        )
+    mode = getattr(cfg.options(inner.traits.options), "mode", "deterministic")
+    if mode == "adaptive":
+        raise UserError(
+            "[acco] mode = 'adaptive' inside DiLoCo's replicas is not supported: each replica's batch would grow on "
+            "its own, and the outer step's schedule counts equal updates; use mode = 'deterministic' or 'balanced'"
+        )
+    for name in ("sync_every", "fragments"):
+        if getattr(d, name) < 1:
+            raise UserError(f"[diloco] {name} must be at least 1, got {getattr(d, name)}")
+    if d.sync_every % d.fragments:
+        raise UserError(
+            f"[diloco] sync_every = {d.sync_every} is not a multiple of fragments = {d.fragments} (one fragment "
+            "syncs every sync_every / fragments updates); change either"
+        )
+    interval = d.sync_every // d.fragments
+    if not 0 <= d.overlap_steps < interval:
+        raise UserError(
+            f"[diloco] overlap_steps = {d.overlap_steps} must be at least 0 and below sync_every / fragments = "
+            f"{interval} (a fragment's all-reduce must arrive before the next one starts)"
+        )
+    if not 0.0 <= d.mixing <= 1.0:
+        raise UserError(f"[diloco] mixing = {d.mixing:g} must be between 0 and 1")
+    if d.eager and (not d.overlap_steps or d.mixing):
+        raise UserError(
+            "[diloco] eager continues from an estimated outer step while the all-reduce runs beside overlap_steps "
+            "inner updates and keeps all of them (mixing does not apply): set overlap_steps >= 1 and mixing = 0"
+        )
+    if d.mixing and not d.overlap_steps:
+        raise UserError(
+            "[diloco] mixing mixes in the local updates made during overlap_steps, and overlap_steps = 0; "
+            "set overlap_steps >= 1 or mixing = 0"
+        )
+    if d.balance_replicas and (d.fragments > 1 or d.overlap_steps or inner.traits.overlapped):
+        synchronous = _able(lambda t: not t.replicas_refused and not t.overlapped)
+        raise UserError(
+            f"[diloco] balance_replicas runs the whole model's outer step with a synchronous strategy inside; got "
+            f"fragments = {d.fragments}, overlap_steps = {d.overlap_steps}, data_parallel = '{inner.name}': set "
+            f"fragments = 1 and overlap_steps = 0 and use one of {synchronous}, or balance_replicas = false"
+        )
+    if d.balance_replicas and not cfg.training.max_tokens:
+        raise UserError(
+            "[diloco] balance_replicas needs [training] max_tokens: the replicas' inner updates differ, so the run and "
+            "its learning-rate schedule are measured in tokens; set it (e.g. --training.max_tokens 1000000000)"
+        )
+    if d.outer_lr <= 0 or not 0.0 <= d.outer_momentum < 1.0:
+        raise UserError(
+            f"[diloco] outer_lr = {d.outer_lr:g} must be positive and outer_momentum = {d.outer_momentum:g} in [0, 1)"
+        )
 
 
 def _check_model(cfg: Config, model) -> None:
     """One of torchacco's models: the configured one, or `model` (built from models/)."""
-    from torchacco.build import model_args
-    from torchacco.parallel.model_parallel import check_model_parallel
-    from torchacco.spec import get_model_spec
-
     spec = get_model_spec(cfg.model.name)
     args = model.args if model is not None else model_args(spec, cfg.model)
     check_model_parallel(spec, cfg, args)
@@ -135,7 +222,6 @@ def _check_data(cfg: Config, own_data: bool) -> None:
 
 
 def _check_devices(t, local_world_size: int | None) -> None:
-    import torch
 
     if t.device == "cuda" and not torch.cuda.is_available():
         raise UserError("[training] device = 'cuda' but CUDA is not available; use --training.device cpu (or auto)")
@@ -179,7 +265,6 @@ def model_parallel_label(p) -> str:
 
 
 def _check_profiling(p, device: str) -> None:
-    import torch
 
     if not p.enable:
         return
@@ -201,7 +286,7 @@ def _check_profiling(p, device: str) -> None:
 def main(argv: list[str] | None = None, world_size: int | None = None, local_world_size: int | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     world_size = world_size or int(os.environ.get("WORLD_SIZE", 1))
-    return run_cli(lambda: validate(load_config(argv), world_size, local_world_size))
+    return run_cli(lambda: validate(load_config(argv), world_size, local_world_size) and None)
 
 
 if __name__ == "__main__":

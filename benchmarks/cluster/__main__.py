@@ -15,25 +15,15 @@ from torchacco.errors import run_cli
 
 
 def plan_from_args(args) -> ClusterPlan:
-    return ClusterPlan(
-        nodes=args.nodes,
-        ranks_per_node=args.ranks_per_node,
-        rate_bps=parse_rate(args.rate),
-        latency_ms=args.latency_ms,
-        slow_node=args.slow_node,
-        slow_factor=args.slow_factor,
-        cpu_per_node=args.cpu_per_node,
-        tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
-        cpu_period_us=period_us(args.cpu_period_ms),
-    )
+    return ClusterPlan(nodes=args.nodes, ranks_per_node=args.ranks_per_node, rate_bps=parse_rate(args.rate),
+                       latency_ms=args.latency_ms, slow_node=args.slow_node, slow_factor=args.slow_factor,
+                       cpu_per_node=args.cpu_per_node, tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
+                       cpu_period_us=period_us(args.cpu_period_ms))  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.cluster",
-        description=benchmarks.cluster.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmarks cluster", description=benchmarks.cluster.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks on each node (their traffic unshaped)")
     parser.add_argument("--rate", default="unshaped", help="per-link rate each way, e.g. 200mbit, 1gbit, unshaped")
@@ -42,11 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slow-factor", type=float, default=4.0)
     parser.add_argument("--cpu-per-node", type=float, default=None, help="CPU quota of every node, in cores")
     parser.add_argument("--out", default="bench_results/runs/cluster")
-    parser.add_argument(
-        "--no-slow-start-after-idle",
-        action="store_true",
-        help="set net.ipv4.tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)",
-    )
+    parser.add_argument("--no-slow-start-after-idle", action="store_true", help="set net.ipv4."
+                        "tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)")  # fmt: skip
     parser.add_argument("--cpu-period-ms", type=float, default=CFS_PERIOD_US / 1000, help=CPU_PERIOD_HELP)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per node")
     parser.add_argument("--port", type=int, default=29400)

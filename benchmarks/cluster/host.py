@@ -30,43 +30,32 @@ def preflight(need_cgroup: bool = False, need_netem: bool = False) -> str | None
     if sys.platform != "linux":
         raise ClusterError("the emulated cluster needs Linux (network namespaces, tc, cgroups)")
     if os.geteuid() != 0:
-        raise ClusterError(
-            "the emulated cluster needs root (network namespaces, tc and cgroups); "
-            "run it with sudo, e.g. sudo .venv/bin/python -m benchmarks ..."
-        )
+        raise ClusterError("the emulated cluster needs root (network namespaces, tc and cgroups); run it with sudo, "
+                           "e.g. sudo .venv/bin/python -m benchmarks ...")  # fmt: skip
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             raise ClusterError(f"`{tool}` not found; install iproute2")
     _probe_kernel(need_netem)
     kind = detect_cgroup()
     if need_cgroup and kind is None:
-        raise ClusterError(
-            "no cgroup cpu controller (v1 /sys/fs/cgroup/cpu or v2 with 'cpu' in cgroup.controllers); "
-            "a slow worker / CPU quota cannot be emulated"
-        )
+        raise ClusterError("no cgroup cpu controller (v1 /sys/fs/cgroup/cpu or v2 with 'cpu' in cgroup.controllers); "
+                           "a slow worker / CPU quota cannot be emulated")  # fmt: skip
     return kind
 
 
 def _probe_kernel(need_netem: bool) -> None:
     """Build a throwaway namespace with a veth pair and the qdiscs the cluster uses, then remove it."""
     probe = f"taccprobe{os.getpid() % 100000}"
-    in_probe = ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev"]
+    qdisc = f"ip netns exec {probe} tc qdisc add dev"
     try:
         run(["ip", "netns", "add", probe], "network namespaces are not available (ip netns add failed)")
-        run(
-            ["ip", "-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "b0"],
-            "veth pairs are not available in this kernel",
-        )
-        run(
-            [*in_probe, "a0", "root", "tbf", "rate", "1mbit", "burst", "32000", "limit", "100000"],
-            "tc tbf (the sch_tbf qdisc) is not available in this kernel",
-        )
+        run(f"ip -n {probe} link add a0 type veth peer name b0".split(), "veth pairs are not available in this kernel")
+        run(f"{qdisc} a0 root tbf rate 1mbit burst 32000 limit 100000".split(),
+            "tc tbf (the sch_tbf qdisc) is not available in this kernel")  # fmt: skip
         if need_netem:
-            run(
-                [*in_probe, "b0", "root", "netem", "delay", "1ms"],
-                "tc netem (sch_netem) is not available in this kernel, so link latency cannot be emulated; "
-                "drop --latency-ms (the cost model, `python -m torchacco.predict`, models latency)",
-            )
+            run(f"{qdisc} b0 root netem delay 1ms".split(), "tc netem (sch_netem) is not available in this kernel, so "
+                "link latency cannot be emulated; drop --latency-ms (the cost model, `python -m torchacco.predict`, "
+                "models latency)")  # fmt: skip
     finally:
         subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 

@@ -20,89 +20,35 @@ from benchmarks.cluster.plan import ClusterError, ClusterPlan
 NODE_TRAIN = "benchmarks.workers.node_train"
 
 
-def train_argv(
-    plan: ClusterPlan,
-    i: int,
-    train_args: list[str],
-    port: int,
-    module: str = NODE_TRAIN,
-    python: str = sys.executable,
-    run_id: str = "tacc",
-) -> list[str]:
+def train_argv(plan: ClusterPlan, i: int, train_args: list[str], port: int, module: str = NODE_TRAIN,
+               python: str = sys.executable, run_id: str = "tacc") -> list[str]:  # fmt: skip
     """The per-node torchrun command: `ranks_per_node` processes, c10d rendezvous at node 0."""
-    return [
-        python,
-        "-m",
-        "torchacco.launch",
-        "--nnodes",
-        str(plan.nodes),
-        "--node_rank",
-        str(i),
-        "--nproc_per_node",
-        str(plan.ranks_per_node),
-        "--rdzv_backend",
-        "c10d",
-        "--rdzv_endpoint",
-        f"{plan.address(0)}:{port}",
-        "--rdzv_id",
-        run_id,
-        "--rdzv_conf",
-        f"is_host={int(i == 0)}",
-        "--local_addr",
-        plan.address(i),
-        "--max_restarts",
-        "0",
-        "--monitor_interval",
-        "0.5",
-        "-m",
-        module,
-        *train_args,
-    ]
+    return [python, "-m", "torchacco.launch", "--nnodes", str(plan.nodes), "--node_rank", str(i), "--nproc_per_node",
+            str(plan.ranks_per_node), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{plan.address(0)}:{port}",
+            "--rdzv_id", run_id, "--rdzv_conf", f"is_host={int(i == 0)}", "--local_addr", plan.address(i),
+            "--max_restarts", "0", "--monitor_interval", "0.5", "-m", module, *train_args]  # fmt: skip
 
 
 def node_env(threads: int = 1, extra: dict | None = None) -> dict:
-    env = {
-        **os.environ,
-        "GLOO_SOCKET_IFNAME": "eth0",
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": str(threads),
+           "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}  # fmt: skip
     for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_ERROR_FILE"):
         env.pop(key, None)
     return {**env, **(extra or {})}
 
 
-def run_training(
-    plan: ClusterPlan,
-    train_args: list[str],
-    folder: Path,
-    timeout_s: float = 900,
-    port: int = 29400,
-    threads: int = 1,
-    verbose: bool = False,
-    env: dict | None = None,
-) -> dict:
+def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout_s: float = 900, port: int = 29400,
+                 threads: int = 1, verbose: bool = False, env: dict | None = None) -> dict:  # fmt: skip
     """Train on the emulated cluster; returns {'records': metrics.jsonl, 'ranks': per-rank reports, 'wall_s'}.
 
     Raises ClusterError (one line, the tail of the failing node's log) when a node fails or times out."""
     folder.mkdir(parents=True, exist_ok=True)
-    args = [
-        *train_args,
-        "--job.dump_folder",
-        str(folder),
-        "--job.overwrite",
-        "true",  # it holds the node logs
-        "--training.num_threads",
-        str(threads),
-    ]
-    validate = subprocess.run(
-        [sys.executable, "-m", "torchacco.validate", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "WORLD_SIZE": str(plan.world_size), "LOCAL_WORLD_SIZE": str(plan.ranks_per_node)},
-    )
+    # (overwrite: the folder holds the node logs)
+    args = [*train_args, "--job.dump_folder", str(folder), "--job.overwrite", "true", "--training.num_threads",
+            str(threads)]  # fmt: skip
+    validate = subprocess.run([sys.executable, "-m", "torchacco.validate", *args], cwd=ROOT, capture_output=True,
+                              text=True, env={**os.environ, "WORLD_SIZE": str(plan.world_size),
+                                              "LOCAL_WORLD_SIZE": str(plan.ranks_per_node)})  # fmt: skip
     if validate.returncode:
         last = validate.stderr.strip().splitlines()[-1] if validate.stderr.strip() else "invalid config"
         raise ClusterError(last.removeprefix("torchacco: error: "))
@@ -110,51 +56,31 @@ def run_training(
     return {"records": read_records(folder), "ranks": read_rank_reports(folder), "wall_s": wall}
 
 
-def run_nodes(
-    plan: ClusterPlan,
-    module: str,
-    args: list[str],
-    folder: Path,
-    timeout_s: float = 900,
-    port: int = 29400,
-    threads: int = 1,
-    verbose: bool = False,
-    extra_env: dict | None = None,
-) -> float:
+def run_nodes(plan: ClusterPlan, module: str, args: list[str], folder: Path, timeout_s: float = 900, port: int = 29400,
+              threads: int = 1, verbose: bool = False, extra_env: dict | None = None) -> float:  # fmt: skip
     """Build the cluster, run `module args` under one torchrun agent per node, tear down. Returns wall seconds.
 
     Raises ClusterError (one line: the failing node's last error) when a node fails or the run times out."""
     folder.mkdir(parents=True, exist_ok=True)
     env = node_env(threads, {"TORCHACCO_NODE_REPORT_DIR": str(folder), **(extra_env or {})})
-    started = time.perf_counter()
+    started, logs = time.perf_counter(), f"{folder}/node*.log"
     with Cluster(plan, verbose=verbose) as cluster:
-        procs = [
-            cluster.launch(
-                i,
-                train_argv(plan, i, args, port, module=module, run_id=plan.prefix),
-                {**env, "TORCHACCO_NODE_ADDR": plan.address(i), "TORCHACCO_NODE_INDEX": str(i)},
-                folder / f"node{i}.log",
-            )
-            for i in range(plan.nodes)
-        ]
-        deadline = time.monotonic() + timeout_s
-        failed = None
+        procs = [cluster.launch(i, train_argv(plan, i, args, port, module=module, run_id=plan.prefix),
+                                {**env, "TORCHACCO_NODE_ADDR": plan.address(i), "TORCHACCO_NODE_INDEX": str(i)},
+                                folder / f"node{i}.log") for i in range(plan.nodes)]  # fmt: skip
+        deadline, failed = time.monotonic() + timeout_s, None
         while any(p.poll() is None for p in procs):
             bad = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
             if bad:
                 failed = bad[0]
                 break
             if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"the cluster run did not finish within {timeout_s:.0f} s (logs: {folder}/node*.log)"
-                )
+                raise ClusterError(f"the cluster run did not finish within {timeout_s:.0f} s (logs: {logs})")
             time.sleep(0.2)
         if failed is None:
             failed = next((i for i, p in enumerate(procs) if p.returncode), None)
         if failed is not None:
-            raise ClusterError(
-                f"node {failed} failed: {_last_error(folder / f'node{failed}.log')} (logs: {folder}/node*.log)"
-            )
+            raise ClusterError(f"node {failed} failed: {_last_error(folder / f'node{failed}.log')} (logs: {logs})")
     return time.perf_counter() - started
 
 
@@ -194,11 +120,7 @@ def summarize(records: list[dict], warmup: int) -> dict:
     # Exposed communication: what the compute side waited for (overlapped schedules measure it;
     # for synchronous ones it is all of the time after the last micro-batch).
     exposed = [r.get("exposed_comm_s", r["share_sync"] * t) for r, t in zip(kept, step_times)]
-    return {
-        "steps": len(kept),
-        "tokens_per_s": sum(r["tokens_per_update"] for r in kept) / sum(step_times),
-        "step_time_s": statistics.mean(step_times),
-        "exposed_comm_s": statistics.mean(exposed),
-        "overlap": statistics.mean(r.get("overlap", 0.0) for r in kept),
-        "final_loss": kept[-1]["loss"],
-    }
+    return {"steps": len(kept), "tokens_per_s": sum(r["tokens_per_update"] for r in kept) / sum(step_times),
+            "step_time_s": statistics.mean(step_times), "exposed_comm_s": statistics.mean(exposed),
+            "overlap": statistics.mean(r.get("overlap", 0.0) for r in kept),
+            "final_loss": kept[-1]["loss"]}  # fmt: skip

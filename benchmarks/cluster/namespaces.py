@@ -27,10 +27,8 @@ class Cluster:
         self._old_handlers = {}
 
     def __enter__(self) -> Cluster:
-        kind = host.preflight(
-            need_cgroup=any(self.plan.cores(i) is not None for i in range(self.plan.nodes)),
-            need_netem=bool(self.plan.latency_ms),
-        )
+        quotas = any(self.plan.cores(i) is not None for i in range(self.plan.nodes))
+        kind = host.preflight(need_cgroup=quotas, need_netem=bool(self.plan.latency_ms))
         if kind:
             self.plan.cgroup = kind
         for name in host.stale_namespaces():
@@ -68,15 +66,9 @@ class Cluster:
 
         out = open(log, "w") if log else subprocess.DEVNULL
         try:
-            proc = subprocess.Popen(
-                self.plan.node_command(i, argv),
-                env=env,
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=enter_cgroup,
-            )
+            proc = subprocess.Popen(self.plan.node_command(i, argv), env=env, cwd=ROOT, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=enter_cgroup)  # fmt: skip
         finally:
             if log:
                 out.close()

@@ -129,40 +129,26 @@ class ClusterPlan:
 
     def setup_commands(self) -> list[list[str]]:
         sw = self.switch
-        cmds = [
-            ["ip", "netns", "add", sw],
-            ["ip", "-n", sw, "link", "add", "br0", "type", "bridge"],
-            ["ip", "-n", sw, "link", "set", "br0", "up"],
-            ["ip", "-n", sw, "link", "set", "lo", "up"],
-        ]
+        lines = [f"ip netns add {sw}", f"ip -n {sw} link add br0 type bridge", f"ip -n {sw} link set br0 up",
+                 f"ip -n {sw} link set lo up"]  # fmt: skip
+        cmds = [line.split() for line in lines]
         for i in range(self.nodes):
             ns = self.namespace(i)
-            cmds += [
-                ["ip", "netns", "add", ns],
-                ["ip", "-n", sw, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0", "netns", ns],
-                ["ip", "-n", sw, "link", "set", f"p{i}", "master", "br0"],
-                ["ip", "-n", sw, "link", "set", f"p{i}", "up"],
-                ["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", "eth0"],
-                ["ip", "-n", ns, "link", "set", "eth0", "up"],
-                ["ip", "-n", ns, "link", "set", "lo", "up"],
-            ]
+            lines = [f"ip netns add {ns}", f"ip -n {sw} link add p{i} type veth peer name eth0 netns {ns}",
+                     f"ip -n {sw} link set p{i} master br0", f"ip -n {sw} link set p{i} up",
+                     f"ip -n {ns} addr add {self.address(i)}/24 dev eth0", f"ip -n {ns} link set eth0 up",
+                     f"ip -n {ns} link set lo up"]  # fmt: skip
+            cmds += [line.split() for line in lines]
             if not self.tcp_slow_start_after_idle:
                 cmds.append(self.node_command(i, ["sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0"]))
             # node -> switch (the node's upload) and switch -> node (its download)
-            cmds += self.shaping_commands(ns, "eth0")
-            cmds += self.shaping_commands(sw, f"p{i}")
-        for i in range(self.nodes):
-            cores = self.cores(i)
-            if cores is None:
-                continue
-            quota, period = round(cores * self.cpu_period_us), self.cpu_period_us
-            d = self.cgroup_dir(i)
+            cmds += self.shaping_commands(ns, "eth0") + self.shaping_commands(sw, f"p{i}")
+        for i in (i for i in range(self.nodes) if self.cores(i) is not None):
+            quota, period, d = round(self.cores(i) * self.cpu_period_us), self.cpu_period_us, self.cgroup_dir(i)
             cmds.append(["mkdir", "-p", str(d)])
             if self.cgroup == "v1":
-                cmds += [
-                    ["write", str(d / "cpu.cfs_period_us"), str(period)],
-                    ["write", str(d / "cpu.cfs_quota_us"), str(quota)],
-                ]
+                cmds += [["write", str(d / "cpu.cfs_period_us"), str(period)],
+                         ["write", str(d / "cpu.cfs_quota_us"), str(quota)]]  # fmt: skip
             else:
                 cmds.append(["write", str(d / "cpu.max"), f"{quota} {period}"])
         return cmds

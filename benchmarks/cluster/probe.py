@@ -13,9 +13,8 @@ from benchmarks.cluster.namespaces import Cluster
 from benchmarks.cluster.plan import ClusterError, ClusterPlan
 
 
-def probe_collectives(
-    plan: ClusterPlan, folder: Path, numel: int, port: int = 29400, timeout_s: float = 600, extra: list[str] = ()
-) -> dict:
+def probe_collectives(plan: ClusterPlan, folder: Path, numel: int, port: int = 29400, timeout_s: float = 600,
+                      extra: list[str] = ()) -> dict:  # fmt: skip
     """Seconds (the median of the repeats, or as `extra` says) of each collective of `numel` fp32 over the cluster
     (`extra`: more benchmarks/workers/collective_probe.py options)."""
     run_nodes(plan, "benchmarks.workers.collective_probe", ["--numel", str(numel), *extra], folder, timeout_s, port)
@@ -46,24 +45,15 @@ c.shutdown(socket.SHUT_WR); c.recv(1); print(sent * 8 / (time.perf_counter() - t
 def measure_link(cluster: Cluster, src: int = 1, dst: int = 0, megabytes: float = 8, port: int = 29399) -> float:
     """Bits per second of one TCP stream from node src to node dst (checks the shaping)."""
     plan = cluster.plan
-    sink = subprocess.Popen(
-        plan.node_command(dst, [sys.executable, "-c", _SINK, plan.address(dst), str(port)]),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    sink = subprocess.Popen(plan.node_command(dst, [sys.executable, "-c", _SINK, plan.address(dst), str(port)]),
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         sink.stdout.readline()
-        out = subprocess.run(
-            plan.node_command(src, [sys.executable, "-c", _SOURCE, plan.address(dst), str(port), str(megabytes)]),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        source = [sys.executable, "-c", _SOURCE, plan.address(dst), str(port), str(megabytes)]
+        out = subprocess.run(plan.node_command(src, source), capture_output=True, text=True, timeout=300)
         if out.returncode:
-            raise ClusterError(
-                f"node {src} cannot reach node {dst} at {plan.address(dst)}:{port}: "
-                f"{(out.stderr.strip().splitlines() or ['?'])[-1]}"
-            )
+            raise ClusterError(f"node {src} cannot reach node {dst} at {plan.address(dst)}:{port}: "
+                               f"{(out.stderr.strip().splitlines() or ['?'])[-1]}")  # fmt: skip
         return float(out.stdout.strip())
     finally:
         sink.kill()

@@ -27,10 +27,6 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--numel", type=int, default=5_850_000)
     parser.add_argument("--repeats", type=int, default=3)
-    # what each rank does between the barrier and the timed collective, as a training step does before its job:
-    # nothing (back to back), sleep (an idle link), or compute (matmuls: busy cores and caches)
-    parser.add_argument("--gap", choices=("none", "sleep", "compute"), default="none")
-    parser.add_argument("--gap-s", type=float, default=0.065)
     parser.add_argument("--ops", default="", help="comma-separated names of the collectives to time; default: all")
     # a rank's collective returns once its own part is done: its sends may still be on the wire, and the next
     # collective waits for them. "all": the time until every rank is done (a barrier inside the timing)
@@ -58,24 +54,13 @@ def main() -> int:
     }
     if args.ops:
         ops = {name: ops[name] for name in args.ops.split(",") if name}
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
-
-    def gap() -> None:
-        if args.gap == "sleep":
-            time.sleep(args.gap_s)
-        elif args.gap == "compute":
-            end = time.perf_counter() + args.gap_s
-            while time.perf_counter() < end:
-                a @ b
-
-    result = {"numel": numel, "bytes": numel * 4, "world": world, "gap": args.gap, "gap_s": args.gap_s}
+    result = {"numel": numel, "bytes": numel * 4, "world": world}
     result["until"], result["stat"], result["repeats"] = args.until, args.stat, args.repeats
     stat = getattr(statistics, args.stat)
     for name, op in ops.items():
         times, cpu = [], []
         for _ in range(args.repeats):
             dist.barrier()
-            gap()
             t, c = time.perf_counter(), time.process_time()
             op()
             if args.until == "all":

@@ -14,9 +14,10 @@ import sys
 import overlap_worker as worker
 import torch.distributed as dist
 
+from torchacco.build import build_strategy
 from torchacco.device import Device
 from torchacco.parallel.process_groups import init_distributed
-from torchacco.parallel.registry import build_strategy, strategy_class
+from torchacco.parallel.registry import strategy_class
 
 
 def added_bytes(build) -> tuple[int, object]:

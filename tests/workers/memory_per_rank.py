@@ -13,13 +13,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-from torchacco.build import build_model
+from torchacco.build import build_model, build_strategy
 from torchacco.config import load_config
 from torchacco.device import select_device
 from torchacco.lr import TokenSchedule
 from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
 from torchacco.parallel.process_groups import init_distributed
-from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import UpdatePlan
 from torchacco.spec import get_model_spec
 

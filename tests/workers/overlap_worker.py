@@ -21,12 +21,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from torchacco.build import build_strategy
 from torchacco.config import Config
 from torchacco.device import Device, Stopwatch
 from torchacco.loss import token_loss_sum
 from torchacco.lr import TokenSchedule
 from torchacco.parallel.process_groups import init_distributed
-from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import Counts, UpdatePlan
 
 VOCAB, SEQ, BATCH = 64, 16, 2
@@ -97,18 +97,20 @@ def schedule() -> TokenSchedule:
 def config(kind: str, mode: str) -> Config:
     cfg = Config()
     cfg.parallelism.data_parallel = kind
-    cfg.acco.mode = mode
-    cfg.acco.dpu_warmup_steps = 1 if kind == "dpu" else 0
-    cfg.acco.max_growth = 3.0  # bounds the fast rank's adaptive periods: 3 × 2 micro-batches
-    cfg.acco.estimate_comm = os.environ.get("TORCHACCO_TEST_ESTIMATE_COMM", "full")
-    cfg.acco.estimate_share = float(os.environ.get("TORCHACCO_TEST_ESTIMATE_SHARE", "0.5"))
-    cfg.acco.estimate_clip = os.environ.get("TORCHACCO_TEST_ESTIMATE_CLIP", "own")
-    cfg.acco.estimate_token_weight = float(os.environ.get("TORCHACCO_TEST_ESTIMATE_TOKEN_WEIGHT", "1"))
+    cfg.strategy_options["acco"].mode = mode
+    cfg.strategy_options["acco"].dpu_warmup_steps = 1 if kind == "dpu" else 0
+    cfg.strategy_options["acco"].max_growth = 3.0  # bounds the fast rank's adaptive periods: 3 × 2 micro-batches
+    cfg.strategy_options["acco"].estimate_comm = os.environ.get("TORCHACCO_TEST_ESTIMATE_COMM", "full")
+    cfg.strategy_options["acco"].estimate_share = float(os.environ.get("TORCHACCO_TEST_ESTIMATE_SHARE", "0.5"))
+    cfg.strategy_options["acco"].estimate_clip = os.environ.get("TORCHACCO_TEST_ESTIMATE_CLIP", "own")
+    cfg.strategy_options["acco"].estimate_token_weight = float(
+        os.environ.get("TORCHACCO_TEST_ESTIMATE_TOKEN_WEIGHT", "1")
+    )
     cfg.training.max_norm = 0.5  # low enough that clipping is active
     cfg.parallelism.replicas = REPLICAS
     cfg.parallelism.reduce_dtype = os.environ.get("TORCHACCO_TEST_REDUCE", "fp32")
     cfg.parallelism.balance_batches = mode == "balanced" and kind in ("ddp", "zero1")  # (acco: its own mode)
-    cfg.acco.mode = "deterministic" if cfg.parallelism.balance_batches else mode
+    cfg.strategy_options["acco"].mode = "deterministic" if cfg.parallelism.balance_batches else mode
     for name, text in DILOCO.items():
         kind_of = type(getattr(cfg.diloco, name))
         setattr(cfg.diloco, name, text == "1" if kind_of is bool else kind_of(text))

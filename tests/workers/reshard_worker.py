@@ -8,13 +8,12 @@ from pathlib import Path
 
 import torch
 
-from torchacco.build import build_data, build_model
+from torchacco.build import build_data, build_model, build_strategy
 from torchacco.checkpoint import Checkpointer, TrainState
 from torchacco.config import load_config
 from torchacco.device import Device
 from torchacco.lr import TokenSchedule
 from torchacco.parallel.process_groups import destroy, init_distributed
-from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import UpdatePlan
 from torchacco.spec import get_model_spec
 

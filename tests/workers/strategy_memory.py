@@ -17,14 +17,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from torchacco.build import build_model
+from torchacco.build import build_model, build_strategy
 from torchacco.config import load_config
 from torchacco.device import compute_dtype, select_device
 from torchacco.loss import TokenLoss
 from torchacco.lr import TokenSchedule
 from torchacco.models.llama3 import ModelArgs
 from torchacco.parallel.process_groups import init_distributed
-from torchacco.parallel.registry import build_strategy
 from torchacco.parallel.strategy import Counts, UpdatePlan
 from torchacco.spec import get_model_spec
 

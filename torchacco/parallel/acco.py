@@ -3,14 +3,15 @@ job of the previous period runs beside them (docs/acco.md; the rounds in overlap
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 import torch
 
-from torchacco.device import Device
-from torchacco.errors import UserError
-from torchacco.parallel.overlapped import Overlapped, OverlappedOptions
+from torchacco.options import OverlappedOptions
+from torchacco.parallel.overlapped import OVERLAPPED, Overlapped, Planner
 from torchacco.parallel.sharded_job import COMMIT, ESTIMATE
+from torchacco.parallel.strategy import UpdatePlan
 
 ADVICE_AT_COMMIT = 20  # past compilation and the first, slower updates
 
@@ -54,7 +55,7 @@ def relative_distance(estimate: torch.Tensor, truth: torch.Tensor, chunk: int = 
     return (diff_sq / max(truth_sq, 1e-30)) ** 0.5
 
 
-class ACCO(Overlapped):
+class AccoPlanner(Planner):
     """Rounds alternate, as in docs/acco.md's table:
 
     | round      | compute side                               | job                                      |
@@ -64,47 +65,87 @@ class ACCO(Overlapped):
     The first period computes at θ_0 (θ̃_0 = θ_0); the first job is an ESTIMATE.
     """
 
-    name = "acco"
-    periods_per_update = 2  # one at θ̃, one at θ
-    estimates = True
-    variants = {
-        "acco_bf16_estimate": (("--acco.estimate_comm", "bf16"), "bf16_estimate"),
-        "acco_balanced": (("--acco.mode", "balanced"), "balanced"),
-        "acco_adaptive": (("--acco.mode", "adaptive"), "adaptive"),  # capped at max_growth (default 2)
-        "acco_adaptive_uncapped": (("--acco.mode", "adaptive", "--acco.max_growth", "0"), "adaptive_uncapped"),
-        # 7 of every 8 micro-batches at θ̃: level with DDP per token at its best lr (docs/acco.md); needs 8 per rank
-        "acco_share875": (("--acco.estimate_share", "0.875"), "share875"),
-    }
-    estimate_shares = {"share875": 0.875}  # the cost model's mode -> the share of an update computed at θ̃
-
-    def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device, reduce_dtype=None):
-        super().__init__(model, dims, plan, optimizer, acco, device, reduce_dtype or torch.float32)
-        self.drift_every = acco.drift_every
-        self.estimate = (acco.estimate_grad_weight, acco.estimate_damping)
+    def __init__(self, acco: OverlappedOptions, micro_batches: int):
+        super().__init__(ESTIMATE)
+        self.weight_damping = (acco.estimate_grad_weight, acco.estimate_damping)
         self.clip_by_commit = acco.estimate_clip == "commit"
-        self.estimate_token_weight = acco.estimate_token_weight
-        self.estimate_share = acco.estimate_share
+        self.commit_norm: float | None = None  # then: the last commit's gradient norm
+        self.token_weight, self.share = acco.estimate_token_weight, acco.estimate_share
+        self.drift_every = acco.drift_every
         # Deterministic periods of unequal length: the one at θ̃ (hiding the commit) and the one at θ (the estimate).
-        self.at_estimate = round(acco.estimate_share * plan.micro_batches)
-        self.at_theta = plan.micro_batches - self.at_estimate
+        self.at_estimate = round(acco.estimate_share * micro_batches)
+        self.at_theta = micro_batches - self.at_estimate
+
+    @property
+    def estimate(self) -> tuple[float, float, float | None]:
+        return (*self.weight_damping, self.commit_norm)  # None: clipped by its own norm
+
+    def plan(self, finished):
+        if finished is None or finished.committed:
+            return ESTIMATE, True  # keep g̃_t in A: the next period adds g_t to it
+        return COMMIT, False  # A = g̃_t + g_t goes to the commit; g̃_{t+1} starts from zero
+
+    def period(self, s: Overlapped) -> int | None:
+        if self.share == 0.5 or s.split:
+            return None
+        # The first period (θ̃_0 = θ_0) and every period beside a commit compute g̃ at θ̃.
+        at_estimate = s.planned is None or s.planned[0] == COMMIT
+        return self.at_estimate if at_estimate else self.at_theta
+
+    def finished(self, s: Overlapped, finished):
+        if finished is not None and finished.committed and s.commits == ADVICE_AT_COMMIT:
+            if s.mode == "deterministic" and not s.balanced and finished.compute_s and not finished.skipped:
+                finished.advice = share_advice(
+                    self.share, max(finished.compute_s), finished.jobs_s / 2, self.at_estimate + self.at_theta
+                )
+        return finished
+
+    def before_swap(self, s: Overlapped, finished) -> None:
+        # P still holds θ̃_{t+1}, C now holds θ_{t+1}: measure the estimation error.
+        if finished.committed and self.drift_every and (s.commits + 1) % self.drift_every == 0:
+            finished.drift = relative_distance(s.flat.params_buffer, s.job_buffer)
+
+    def committed(self, finished) -> None:
+        if self.clip_by_commit and not finished.skipped:
+            self.commit_norm = finished.grad_norm
+
+    def state_dict(self) -> dict:
+        """The last commit's norm, which clips the next estimate (`[acco] estimate_clip = 'commit'`; -1: none yet).
+        Only then: checkpoints of every other configuration keep their keys."""
+        if not self.clip_by_commit:
+            return {}
+        return {"commit_norm": -1.0 if self.commit_norm is None else self.commit_norm}
+
+    def load_state_dict(self, schedule: dict) -> None:
+        if self.clip_by_commit:
+            self.commit_norm = None if schedule["commit_norm"] < 0 else schedule["commit_norm"]
+
+
+class ACCO(Overlapped):
+    """ACCO: each update over two periods, at the estimate θ̃ and at θ (`AccoPlanner`)."""
+
+    traits = dataclasses.replace(OVERLAPPED, name="acco", periods_per_update=2, estimates=True)  # one at θ̃, one at θ
 
     @classmethod
-    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
-        super().check_config(cfg, dp_size, model_parallel)
-        a = getattr(cfg, cls.options_section)
+    def planner_for(cls, options, plan) -> Planner:
+        return AccoPlanner(options, plan.micro_batches)
+
+    @classmethod
+    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> str | None:
+        if reason := super().check_config(cfg, dp_size, model_parallel):
+            return reason
+        a = cfg.options(OverlappedOptions)
         if not 0 <= a.estimate_grad_weight <= 1:
-            raise UserError(f"[acco] estimate_grad_weight = {a.estimate_grad_weight:g} must be in [0, 1]")
+            return f"[acco] estimate_grad_weight = {a.estimate_grad_weight:g} must be in [0, 1]"
         if not 0 < a.estimate_damping <= 1:
-            raise UserError(f"[acco] estimate_damping = {a.estimate_damping:g} must be in (0, 1]")
+            return f"[acco] estimate_damping = {a.estimate_damping:g} must be in (0, 1]"
         if not a.estimate_token_weight > 0:
-            raise UserError(
-                f"[acco] estimate_token_weight = {a.estimate_token_weight:g} must be > 0 (1: the plain one)"
-            )
+            return f"[acco] estimate_token_weight = {a.estimate_token_weight:g} must be > 0 (1: the plain one)"
         if not 0 < a.estimate_share < 1:
-            raise UserError(f"[acco] estimate_share = {a.estimate_share:g} must be between 0 and 1 (0.5: the paper)")
+            return f"[acco] estimate_share = {a.estimate_share:g} must be between 0 and 1 (0.5: the paper)"
         t = cfg.training
-        global_batch = t.global_batch_size or t.local_batch_size * dp_size
-        micro_batches = global_batch // (t.local_batch_size * dp_size)
+        micro_batches = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp_size).micro_batches
+        global_batch = micro_batches * t.local_batch_size * dp_size
         share = a.estimate_share * micro_batches
         if a.estimate_share != 0.5 and (a.mode != "deterministic" or abs(share - round(share)) > 1e-9
                                         or not 1 <= round(share) < micro_batches):  # fmt: skip
@@ -113,40 +154,15 @@ class ACCO(Overlapped):
             local = global_batch // (needed * dp_size)
             how = (f"[training] local_batch_size = {local}" if local >= 1 and local * needed * dp_size == global_batch
                    else f"[training] global_batch_size = {needed} × local_batch_size × {dp_size} ranks")  # fmt: skip
-            raise UserError(
+            return (
                 f"[acco] estimate_share = {a.estimate_share:g} needs mode = 'deterministic' and a whole number of the "
                 f"{micro_batches} micro-batches per update and rank in each period (at least one in each): use a "
                 f"multiple of {needed} micro-batches per rank, e.g. {how}"
             )
         if micro_batches % 2 and a.estimate_share == 0.5:
-            raise UserError(
+            return (
                 f"acco computes each update over two periods (at θ̃ and at θ), so it needs an even number of "
                 f"micro-batches per update and rank; got {micro_batches}: set [training] global_batch_size to a "
                 f"multiple of 2 × local_batch_size × ranks = {2 * t.local_batch_size * dp_size}"
             )
-
-    def _period_micro_batches(self) -> int:
-        if self.estimate_share == 0.5 or self.split:
-            return super()._period_micro_batches()
-        # The first period (θ̃_0 = θ_0) and every period beside a commit compute g̃ at θ̃.
-        at_estimate = self.planned is None or self.planned[0] == COMMIT
-        return self.at_estimate if at_estimate else self.at_theta
-
-    def _plan(self, finished):
-        if finished is None or finished.committed:
-            return ESTIMATE, True  # keep g̃_t in A: the next period adds g_t to it
-        return COMMIT, False  # A = g̃_t + g_t goes to the commit; g̃_{t+1} starts from zero
-
-    def step(self, counts):
-        finished = super().step(counts)
-        if finished is not None and finished.committed and self.commits == ADVICE_AT_COMMIT:
-            if self.mode == "deterministic" and not self.balanced and finished.compute_s and not finished.skipped:
-                finished.advice = share_advice(
-                    self.estimate_share, max(finished.compute_s), finished.jobs_s / 2, self.at_estimate + self.at_theta
-                )
-        return finished
-
-    def _before_swap(self, finished):
-        # P still holds θ̃_{t+1}, C now holds θ_{t+1}: measure the estimation error.
-        if finished.committed and self.drift_every and (self.commits + 1) % self.drift_every == 0:
-            finished.drift = relative_distance(self.flat.params_buffer, self.job_buffer)
+        return None

@@ -7,20 +7,21 @@ import contextlib
 
 from torch.nn.parallel import DistributedDataParallel
 
+from torchacco.blocks import unwrap
 from torchacco.parallel.replicated import Replicated
-from torchacco.parallel.strategy import MemoryParts
+from torchacco.parallel.strategy import MemoryParts, Traits
 
 
 class DDP(Replicated):
     """torch DDP: replicated parameters, bucketed all-reduce overlapped with backward."""
 
-    name = "ddp"
-    default = True
-    communication = "all_reduce_in_backward"
-    # torch DDP cannot broadcast or bucket DTensor parameters, nor wrap pipeline stages.
-    supports_model_parallel = False
-    autocast_compute = True
-    variants = {"ddp_balanced": (("--parallelism.balance_batches", "true"), "balanced")}
+    traits = Traits(
+        "ddp",
+        "all_reduce_in_backward",
+        "gradient all-reduce and optimizer step",
+        model_parallel=False,  # torch DDP cannot broadcast or bucket DTensor parameters, nor wrap pipeline stages
+        autocast_compute=True,
+    )
 
     def __init__(self, model, dims, plan, optimizer, bucket_cap_mb: float = 0.0, balance: bool = False):
         # an unset cap (None) is what gets torch's small first bucket; a given one makes every bucket that size
@@ -44,4 +45,4 @@ class DDP(Replicated):
 
     @contextlib.contextmanager
     def evaluation(self):
-        yield self.model.module
+        yield unwrap(self.model)

@@ -27,7 +27,7 @@ learning-rate clock is that clock over R (so `[training] max_tokens` is required
 merge gives a replica that ran fewer updates its share.
 
 The outer state covers the pieces of θ the inner strategy keeps on this rank
-(`Strategy.theta_pieces`): with a sharded inner strategy (zero1, acco, fsdp) θ_global and m are
+(`Strategy.theta`): with a sharded inner strategy (zero1, acco, fsdp) θ_global and m are
 this rank's shard, and the all-reduce runs between the ranks holding that shard in each replica
 (`dims.replica_group`). Evaluation and export read θ_global.
 """
@@ -38,12 +38,12 @@ import contextlib
 import dataclasses
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from torchacco.blocks import blocks_of
-from torchacco.config import DiLoCo as DiLoCoConfig
+from torchacco.blocks import blocks_of, unwrap
 from torchacco.device import Device
 from torchacco.errors import UserError
 from torchacco.parallel.dims import group_per_row
@@ -51,75 +51,8 @@ from torchacco.parallel.pseudo_gradient import ROW, WIRE_BYTES, split_token_weig
 from torchacco.parallel.strategy import Counts, MemoryParts, Strategy, UpdateResult
 from torchacco.runners import stall_deadline_s
 
-
-def check_config(cfg) -> None:
-    """The [diloco] and replica settings that cannot run, each as one line."""
-    from torchacco.parallel.registry import STRATEGIES, strategy_class
-
-    d, replicas = cfg.diloco, cfg.parallelism.replicas
-    if replicas == 1:
-        changed = [f.name for f in dataclasses.fields(d) if getattr(d, f.name) != getattr(DiLoCoConfig(), f.name)]
-        if changed:
-            raise UserError(
-                f"[diloco] {', '.join(changed)} set, but [parallelism] replicas = 1 has no outer step; set replicas "
-                "to 2 or more, or remove them"
-            )
-        return
-    inner = strategy_class(cfg.parallelism.data_parallel)
-    if not inner.supports_replicas:
-        able = ", ".join(f"'{n}'" for n, c in STRATEGIES.items() if c.supports_replicas)
-        raise UserError(
-            f"data_parallel = '{inner.name}' cannot run inside DiLoCo's replicas ({inner.replicas_refused_because}); "
-            f"use one of {able}"
-        )
-    mode = getattr(getattr(cfg, inner.options_section or "", None), "mode", "deterministic")
-    if mode == "adaptive":
-        raise UserError(
-            "[acco] mode = 'adaptive' inside DiLoCo's replicas is not supported: each replica's batch would grow on "
-            "its own, and the outer step's schedule counts equal updates; use mode = 'deterministic' or 'balanced'"
-        )
-    for name in ("sync_every", "fragments"):
-        if getattr(d, name) < 1:
-            raise UserError(f"[diloco] {name} must be at least 1, got {getattr(d, name)}")
-    if d.sync_every % d.fragments:
-        raise UserError(
-            f"[diloco] sync_every = {d.sync_every} is not a multiple of fragments = {d.fragments} (one fragment "
-            "syncs every sync_every / fragments updates); change either"
-        )
-    interval = d.sync_every // d.fragments
-    if not 0 <= d.overlap_steps < interval:
-        raise UserError(
-            f"[diloco] overlap_steps = {d.overlap_steps} must be at least 0 and below sync_every / fragments = "
-            f"{interval} (a fragment's all-reduce must arrive before the next one starts)"
-        )
-    if not 0.0 <= d.mixing <= 1.0:
-        raise UserError(f"[diloco] mixing = {d.mixing:g} must be between 0 and 1")
-    if d.eager and (not d.overlap_steps or d.mixing):
-        raise UserError(
-            "[diloco] eager continues from an estimated outer step while the all-reduce runs beside overlap_steps "
-            "inner updates and keeps all of them (mixing does not apply): set overlap_steps >= 1 and mixing = 0"
-        )
-    if d.mixing and not d.overlap_steps:
-        raise UserError(
-            "[diloco] mixing mixes in the local updates made during overlap_steps, and overlap_steps = 0; "
-            "set overlap_steps >= 1 or mixing = 0"
-        )
-    if d.balance_replicas and (d.fragments > 1 or d.overlap_steps or inner.overlapped):
-        synchronous = ", ".join(f"'{n}'" for n, c in STRATEGIES.items() if c.supports_replicas and not c.overlapped)
-        raise UserError(
-            f"[diloco] balance_replicas runs the whole model's outer step with a synchronous strategy inside; got "
-            f"fragments = {d.fragments}, overlap_steps = {d.overlap_steps}, data_parallel = '{inner.name}': set "
-            f"fragments = 1 and overlap_steps = 0 and use one of {synchronous}, or balance_replicas = false"
-        )
-    if d.balance_replicas and not cfg.training.max_tokens:
-        raise UserError(
-            "[diloco] balance_replicas needs [training] max_tokens: the replicas' inner updates differ, so the run and "
-            "its learning-rate schedule are measured in tokens; set it (e.g. --training.max_tokens 1000000000)"
-        )
-    if d.outer_lr <= 0 or not 0.0 <= d.outer_momentum < 1.0:
-        raise UserError(
-            f"[diloco] outer_lr = {d.outer_lr:g} must be positive and outer_momentum = {d.outer_momentum:g} in [0, 1)"
-        )
+if TYPE_CHECKING:
+    from torchacco.config import DiLoCo as DiLoCoConfig
 
 
 def fragment_of(module: torch.nn.Module, names: list[str], fragments: int) -> list[int]:
@@ -147,13 +80,15 @@ def fragment_of(module: torch.nn.Module, names: list[str], fragments: int) -> li
 
 
 class DiLoCo(Strategy):
-    """The outer step over an inner strategy (built by `registry.build_strategy` when replicas > 1)."""
+    """The outer step over an inner strategy (`build.build_strategy` wraps one in it when replicas > 1)."""
 
-    resume_needs_same_ranks = True  # each rank holds its own shard of θ_global and of the momentum
-
-    def __init__(self, inner: Strategy, dims, options: DiLoCoConfig, device: Device):
-        self.inner, self.dims, self.device = inner, dims, device
-        self.name, self.sync_phase, self.autocast_dtype = inner.name, inner.sync_phase, inner.autocast_dtype
+    def __init__(self, inner: Strategy, dims, options: DiLoCoConfig, device: Device, clock: Clock | None = None):
+        """`clock`: with balance_replicas, the schedule the inner strategy was built with (`build_strategy`)."""
+        self.inner, self.dims, self.device, self.clock = inner, dims, device, clock
+        self.theta = GlobalTheta(self)
+        # each rank holds its own shard of θ_global and of the momentum
+        self.traits = dataclasses.replace(inner.traits, resume_needs_same_ranks=True)
+        self.name = inner.name
         self.options = options
         self.interval = options.sync_every // options.fragments  # inner updates between two outer steps
         self.tau, self.alpha, self.wire = options.overlap_steps, options.mixing, options.outer_dtype
@@ -161,11 +96,10 @@ class DiLoCo(Strategy):
         # other replicas and the replica's ranks all-gather the rest, on a dp group of its own (the transfer
         # may run on a thread beside compute, whose gradient all-reduces use dims.dp_group).
         self.split_group = None
-        if not inner.shards_theta and dims.dp_size > 1:
+        if not inner.traits.shards_theta and dims.dp_size > 1:
             self.split_group = group_per_row(dims.mesh, "dp", dims.timeout)
-        named = inner.theta_pieces()
-        module = getattr(inner.model, "module", inner.model)
-        which = fragment_of(module, [n for n, _ in named], options.fragments)
+        named = inner.theta.pieces()
+        which = fragment_of(unwrap(inner.model), [n for n, _ in named], options.fragments)
         self.pieces = [[p for (_, p), f in zip(named, which) if f == frag] for frag in range(options.fragments)]
         home = torch.device("cpu") if options.offload else device.torch
         pin = options.offload and device.type == "cuda"
@@ -197,16 +131,9 @@ class DiLoCo(Strategy):
         """θ_global and the outer momentum (fp32) of the θ this rank holds (its shard under a sharded inner
         strategy), on the device unless offloaded, and eager's θ̂ of the largest fragment (`largest_fragment`: its
         share of the parameters)."""
-        held = numel / dp_size if inner.shards_theta else numel
+        held = numel / dp_size if inner.traits.shards_theta else numel
         outer = 0.0 if options.offload else 2 * 4 * held
         return MemoryParts(buffers=outer + (4 * held * largest_fragment if options.eager else 0.0))
-
-    @classmethod
-    def from_config(cls, model, cfg, dims, plan, device):
-        from torchacco.parallel.registry import strategy_class
-
-        inner = strategy_class(cfg.parallelism.data_parallel).from_config(model, cfg, dims, plan, device)
-        return cls(inner, dims, cfg.diloco, device)
 
     # θ's pieces, one flat fp32 tensor per fragment -------------------------------------------------
 
@@ -227,7 +154,7 @@ class DiLoCo(Strategy):
     def _write_all(self, flats: list[torch.Tensor]) -> None:
         for f, flat in enumerate(flats):
             self._scatter(f, flat.to(self.device.torch))
-        self.inner.theta_written()
+        self.inner.theta.written()
 
     # The loop's interface -------------------------------------------------------------------------
 
@@ -253,8 +180,10 @@ class DiLoCo(Strategy):
             self.durations.append(now - self.stamp)
             self.stamp, self.nominal, self.last_seen = now, result.consumed, (result.loss, result.grad_norm)
         computing = sum(h > self.slot for h in self.active)  # replicas that computed this slot
-        if self.options.balance_replicas:  # every replica's lr clock: the run's tokens over the replicas
-            self.inner.consumed += self.nominal * computing / self.dims.replicas - (0.0 if idle else self.nominal)
+        if self.clock is not None:  # every replica's lr clock: the run's tokens over the replicas
+            own = 0.0 if idle else self.nominal  # the tokens the inner strategy committed, then the correction
+            self.clock.tokens += own
+            self.clock.tokens += self.nominal * computing / self.dims.replicas - own
         self.updates += 1
         self.slot += 1
         self.tokens = [n + result.tokens for n in self.tokens]
@@ -266,15 +195,10 @@ class DiLoCo(Strategy):
         # Every replica consumes the same input tokens per inner update: the run's clock counts those that ran.
         return dataclasses.replace(result, consumed=self.nominal * computing, outer=outer)
 
-    def ranks_meet(self) -> bool:
-        # Replicas meet at outer steps only: a world-wide agreement at every inner update would hold
-        # every replica to the slowest one's pace, update by update.
-        return self.updates % self.interval == 0
-
     def _idle_step(self) -> UpdateResult:
         """A slot this replica sits out: θ and the optimizer state stay as they are."""
         loss, norm = self.last_seen
-        lr = self.inner.schedule(self.inner.consumed, self.nominal)
+        lr = self.clock(self.clock.tokens, self.nominal)
         return UpdateResult(tokens=0.0, loss=loss, grad_norm=norm, lr=lr, committed=True, consumed=self.nominal)
 
     def _agree_on_periods(self) -> list[int]:
@@ -305,7 +229,7 @@ class DiLoCo(Strategy):
             guess = self.backup[f].to(delta.device) - lr * (delta + mu * (mu * momentum + delta))
             self.eager[: guess.numel()] = guess
             self._scatter(f, guess)
-            self.inner.theta_written()
+            self.inner.theta.written()
 
     def _mean(self, delta: torch.Tensor, tokens: float) -> torch.Tensor:
         """The replicas' token-weighted mean of Δ."""
@@ -332,7 +256,7 @@ class DiLoCo(Strategy):
         if self.eager is not None:  # the τ local updates since θ̂, moved onto the true outer step
             theta = theta + (self._gather(f) - self.eager[: theta.numel()])
         self._scatter(f, theta)
-        self.inner.theta_written()
+        self.inner.theta.written()
         self.outer_steps += 1
         finished, self.slot = self.active, 0
         if self.options.balance_replicas:
@@ -357,7 +281,7 @@ class DiLoCo(Strategy):
     def _norm(self, mean: torch.Tensor) -> float:
         """‖Δ̄‖ of the fragment over this rank's tensor- and pipeline-parallel part of the model."""
         sq = (mean.double() ** 2).sum().to(self.device.torch)  # (a rank's placeholder is 0)
-        if self.inner.shards_theta and self.dims.dp_size > 1:
+        if self.inner.traits.shards_theta and self.dims.dp_size > 1:
             dist.all_reduce(sq, group=self.dims.dp_group)
         return sq.sqrt().item()
 
@@ -371,13 +295,6 @@ class DiLoCo(Strategy):
                 yield model
         finally:
             self._write_all(local)
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        with self.evaluation():
-            return self.inner.full_state_dict()
-
-    def master_shard(self):
-        return self.inner.master_shard()
 
     def close(self) -> None:
         if self.runner is not None:
@@ -410,6 +327,7 @@ class DiLoCo(Strategy):
             "slot": self.slot,
             "nominal": self.nominal,
             "last_seen": list(self.last_seen),
+            **({"clock": self.clock.tokens} if self.clock is not None else {}),
             "arrived": self._arrived_buffer,
             **({"eager": self.eager} if self.eager is not None else {}),
             **{f"backup{f}": b for f, b in enumerate(self.backup)},
@@ -425,9 +343,33 @@ class DiLoCo(Strategy):
         self.in_flight = None if outer["in_flight"] < 0 else outer["in_flight"]
         self.active, self.slot, self.nominal = list(outer["active"]), outer["slot"], outer["nominal"]
         self.last_seen = tuple(outer["last_seen"])
+        if self.clock is not None:
+            self.clock.tokens = outer["clock"]
         self.durations, self.stamp = [], time.perf_counter()  # timing starts again with the resumed run
         if self.in_flight is not None:
             self.arrived = self._arrived_buffer[: self.backup[self.in_flight].numel()].clone()
 
+
+class GlobalTheta:
+    """θ_global (`strategy.Theta` for the export): the committed parameters every replica evaluates."""
+
+    def __init__(self, diloco: DiLoCo):
+        self.diloco = diloco
+
     def weights_state_dict(self) -> dict:
-        return self.state_dict()
+        return self.diloco.state_dict()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        with self.diloco.evaluation():
+            return self.diloco.inner.theta.full_state_dict()
+
+
+class Clock:
+    """`balance_replicas`: the learning-rate clock of every replica (the run's tokens over the replicas), read in
+    place of the inner strategy's own count of its committed tokens (a `TokenSchedule`'s start)."""
+
+    def __init__(self, schedule):
+        self.schedule, self.tokens = schedule, 0.0
+
+    def __call__(self, start: float, consumed: float) -> float:
+        return self.schedule(self.tokens, consumed)

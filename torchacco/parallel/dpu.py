@@ -3,31 +3,33 @@ step stale, while the next period computes (the rounds in overlapped.py)."""
 
 from __future__ import annotations
 
-import torch
+import dataclasses
 
-from torchacco.device import Device
-from torchacco.parallel.overlapped import Overlapped, OverlappedOptions
-from torchacco.parallel.sharded_job import COMMIT
+from torchacco.parallel.overlapped import OVERLAPPED, Overlapped, Planner
+
+
+class DPUPlanner(Planner):
+    """A commit every round; the first `warmup` updates land before the next period (no staleness)."""
+
+    def __init__(self, warmup: int):
+        super().__init__()
+        self.warmup = warmup
+
+    def finished(self, s: Overlapped, finished):
+        if s.commits < self.warmup:  # synchronous: the update lands before the next period
+            s._launch(*s.planned)
+            s.planned = None
+            finished = s._finish()
+        return finished
 
 
 class DPU(Overlapped):
     """Delayed parameter update: θ_{t+1} = Opt(θ_t, g(θ_{t-1})), one step stale, overlapped.
     The first `[acco] dpu_warmup_steps` updates are synchronous (no staleness)."""
 
-    name = "dpu"
-    supports_replicas = False  # not yet tested under DiLoCo's outer step
+    # (not yet tested under DiLoCo's outer step)
+    traits = dataclasses.replace(OVERLAPPED, name="dpu", replicas_refused="its parameters between updates are not θ")
 
-    def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device, reduce_dtype=None):
-        super().__init__(model, dims, plan, optimizer, acco, device, reduce_dtype or torch.float32)
-        self.warmup = acco.dpu_warmup_steps
-
-    def _plan(self, finished):
-        return COMMIT, False
-
-    def step(self, counts):
-        finished = super().step(counts)
-        if self.commits < self.warmup:  # synchronous: the update lands before the next period
-            self._launch(*self.planned)
-            self.planned = None
-            finished = self._finish()
-        return finished
+    @classmethod
+    def planner_for(cls, options, plan) -> Planner:
+        return DPUPlanner(options.dpu_warmup_steps)

@@ -9,24 +9,26 @@ import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from torchacco.blocks import blocks_of
+from torchacco.device import DTYPES
 from torchacco.materialize import materialize
 from torchacco.parallel.ddp import DDP
 from torchacco.parallel.replicated import Replicated
-from torchacco.parallel.strategy import MemoryParts
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+from torchacco.parallel.strategy import MemoryParts, Traits
 
 
 class FSDP(Replicated):
     """FSDP2 (ZeRO-3): `fully_shard` per block, then the root — under pipeline parallelism, each
     of this rank's stage modules is a root (the schedule calls them, not the model)."""
 
-    name = "fsdp"
-    communication = "per_micro_batch"
-    shards_theta = True
-    shards_module = True
-    update_of = DDP.name  # DDP's update, with parameters, gradients and optimizer state sharded
-    balances = False  # its all-gathers and reduce-scatters run inside every rank's forward and backward
+    traits = Traits(
+        "fsdp",
+        "per_micro_batch",
+        "gradient all-reduce and optimizer step",
+        balances=False,  # its all-gathers and reduce-scatters run inside every rank's forward and backward
+        shards_theta=True,
+        shards_module=True,
+        update_of=DDP.name,  # DDP's update, with parameters, gradients and optimizer state sharded
+    )
 
     def __init__(
         self,

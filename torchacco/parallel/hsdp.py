@@ -10,24 +10,16 @@ node's fast links.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass
 
 import torch
 
-from torchacco.config import key
+from torchacco.device import DTYPES
 from torchacco.errors import UserError
+from torchacco.options import HSDPOptions
 from torchacco.parallel.dims import group_options
-from torchacco.parallel.fsdp import DTYPES, FSDP
-
-
-@dataclass
-class HSDPOptions:
-    shard_degree: int = key(
-        0,
-        "hsdp: the data-parallel ranks each parameter is sharded over, one node's (the rest replicate it); 0: the "
-        "ranks a node has per tensor- and pipeline-parallel group, LOCAL_WORLD_SIZE / (tp × pp)",
-    )
+from torchacco.parallel.fsdp import FSDP
 
 
 def shard_degree(options: HSDPOptions, dp_size: int, local_world_size: int, tp: int, pp: int) -> int:
@@ -47,27 +39,24 @@ def shard_degree(options: HSDPOptions, dp_size: int, local_world_size: int, tp: 
 
 
 class HSDP(FSDP):
-    name = "hsdp"
-    options = HSDPOptions
-    options_section = "hsdp"
-    shards_within_node = True  # the cost model's HSDP: shards over a node's ranks, all-reduces across nodes
-    supports_model_parallel = False  # the 2-D data-parallel mesh is not a submesh of the tp/pp mesh
-    supports_replicas = False
-    replicas_refused_because = "it replicates across nodes itself; DiLoCo's replicas would nest a second copy"
+    traits = dataclasses.replace(
+        FSDP.traits,
+        name="hsdp",
+        model_parallel=False,  # the 2-D data-parallel mesh is not a submesh of the tp/pp mesh
+        replicas_refused="it replicates across nodes itself; DiLoCo's replicas would nest a second copy",
+        shards_within_node=True,  # the cost model's HSDP: shards over a node's ranks, all-reduces across nodes
+        options=HSDPOptions,
+    )
 
     @classmethod
-    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
-        super().check_config(cfg, dp_size, model_parallel)
-        shard_degree(cfg.hsdp, dp_size, int(os.environ.get("LOCAL_WORLD_SIZE", dp_size)), 1, 1)
-
-    @classmethod
-    def memory_group(cls, options, dp_size, local_world_size, tp, pp):
-        return shard_degree(options, dp_size, local_world_size, tp, pp)
+    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> str | None:
+        shard_degree(cfg.options(HSDPOptions), dp_size, int(os.environ.get("LOCAL_WORLD_SIZE", dp_size)), 1, 1)
+        return None
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
         p = cfg.parallelism
-        shard = shard_degree(cfg.hsdp, dims.dp_size, dims.local_world_size, dims.tp_size, dims.pp_size)
+        shard = shard_degree(cfg.options(HSDPOptions), dims.dp_size, dims.local_world_size, dims.tp_size, dims.pp_size)
         if not hasattr(dims.dp_mesh, "_unflatten"):
             raise UserError(
                 f"hsdp needs torch's DeviceMesh._unflatten, which torch {torch.__version__} lacks; install a newer "

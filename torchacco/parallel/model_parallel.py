@@ -15,6 +15,8 @@ from torch.distributed.tensor import DTensor
 
 from torchacco.errors import UserError
 from torchacco.parallel.dims import ParallelDims
+from torchacco.parallel.pipeline import check_pipeline, split_stages
+from torchacco.parallel.registry import strategy_class
 from torchacco.parallel.tensor import apply_tensor_parallel, check_tensor_parallel
 from torchacco.spec import ModelSpec
 
@@ -28,8 +30,6 @@ def check_model_parallel(spec: ModelSpec, cfg, args) -> None:
             spec.tensor_parallel, args, p.tensor_parallel_degree, cfg.training.seq_len, where, spec.name
         )
     if p.pipeline_parallel_degree > 1:
-        from torchacco.parallel.pipeline import check_pipeline
-
         check_pipeline(spec.pipeline, cfg, args, where)
 
 
@@ -37,10 +37,8 @@ def check_hardware_queues(cfg, device_type: str, env=os.environ) -> None:
     """With tp or pp, an overlapped job's collectives (side stream) and tp/pp's (compute stream) run on
     separate communicators at once; CUDA_DEVICE_MAX_CONNECTIONS=1 puts both streams on one hardware
     queue, where the two can be ordered differently on different ranks and hang."""
-    from torchacco.parallel.registry import strategy_class
-
     p = cfg.parallelism
-    overlapped = strategy_class(p.data_parallel).overlapped or (p.replicas > 1 and cfg.diloco.overlap_steps > 0)
+    overlapped = strategy_class(p.data_parallel).traits.overlapped or (p.replicas > 1 and cfg.diloco.overlap_steps > 0)
     model_parallel = p.tensor_parallel_degree * p.pipeline_parallel_degree > 1
     if device_type == "cuda" and overlapped and model_parallel and env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
         raise UserError(
@@ -59,8 +57,6 @@ def apply_model_parallel(model: nn.Module, spec: ModelSpec, cfg, dims: ParallelD
     check_model_parallel(spec, cfg, model.args)  # the vocabulary may come from the tokenizer: check again
     pipeline = None
     if dims.pp_enabled:
-        from torchacco.parallel.pipeline import split_stages
-
         model, pipeline = split_stages(model, spec.pipeline, cfg, dims, device, loss)
     if dims.tp_enabled:
         apply_tensor_parallel(model, dims.tp_mesh, spec.tensor_parallel, loss is not None and loss.vocab_parallel)

@@ -1,5 +1,5 @@
 """The overlapped schedules' shared machinery: the sharded optimizer state's job run beside the
-next compute period, one round behind (acco.py, dpu.py and wp.py plan the rounds).
+next compute period, one round behind; a `Planner` (acco.py, dpu.py, wp.py) plans the rounds.
 
 Buffers (docs/acco.md): the compute side owns the parameter buffer P (what forward and
 backward read) and the gradient accumulator A; the job owns the communication buffer C —
@@ -14,7 +14,8 @@ At every round boundary (`step()`) the compute side
      accumulator over (C ← A), launches the job on the runner and zeroes A or keeps adding.
 Launching at the start of a period means that between rounds — where the loop logs,
 evaluates and stops — no job is in flight and the master shards hold exactly θ.
-The schedules differ only in `_plan()`: which job, and whether A is zeroed.
+The schedules differ in their planner: which job, and whether A is zeroed (ACCO's also shapes
+its periods and its estimate jobs).
 """
 
 from __future__ import annotations
@@ -24,107 +25,97 @@ import contextlib
 import math
 import sys
 import time
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import replace
 
 import torch
 from torch.distributed.tensor import DTensor, Shard
 from torch.profiler import record_function
 
 from torchacco import health
-from torchacco.config import key
-from torchacco.device import Device
+from torchacco.device import DTYPES, Device
 from torchacco.errors import UserError
+from torchacco.options import OverlappedOptions
 from torchacco.parallel.balance import SpeedSplit
 from torchacco.parallel.flat import padded_numel
-from torchacco.parallel.sharded_job import ESTIMATE
+from torchacco.parallel.sharded_job import COMMIT, ESTIMATE
 from torchacco.parallel.sharded_state import ShardedOptimizerState
-from torchacco.parallel.strategy import Counts, Strategy, UpdateResult
+from torchacco.parallel.strategy import Counts, Strategy, Traits, UpdateResult
 from torchacco.parallel.zero1 import sharded_checkpoint_key
 from torchacco.runners import stall_deadline_s
 
-ACCUMULATOR_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# The traits the overlapped schedules share; each names itself (and ACCO its estimate rounds).
+OVERLAPPED = Traits(
+    "",
+    "sharded_job",
+    "wait for the communication job",
+    overlapped=True,
+    resume_needs_same_ranks=True,  # checkpoints hold each rank's accumulator
+    shards_theta=True,
+    options=OverlappedOptions,
+)
 
 
-@dataclass
-class OverlappedOptions:
-    """The overlapped schedules (acco, dpu and wp): their [acco] section."""
+class Planner:
+    """A schedule's rounds (`Overlapped(planner=...)`): this base commits every round with A zeroed (WP
+    predicting as it commits); DPU's and ACCO's planners add to it."""
 
-    mode: Literal["deterministic", "adaptive", "balanced"] = key(
-        "deterministic",
-        "deterministic: a fixed number of micro-batches per period, then wait for the job; adaptive: keep "
-        "accumulating until the job is done (the batch grows); balanced: the global batch stays fixed and is "
-        "split between the ranks by their measured speed",
-    )
-    accumulator_dtype: Literal["fp32", "bf16"] = key("fp32", "gradient accumulator dtype (bf16 is the paper's)")
-    max_growth: float = key(2.0, "adaptive: a rank runs at most this multiple of its period's micro-batches; 0: no cap")
-    lr_batch_scaling: float = key(
-        0.5,
-        "adaptive: the lr is scaled by (update's tokens / nominal tokens)^this; 0.5 is Adam's square-root rule, "
-        "0 turns it off",
-    )
-    estimate_comm: Literal["full", "bf16"] = key(
-        "full",
-        "acco: with an fp32 compute dtype, the estimate round's gradients and parameters travel in bf16 "
-        "(half the bytes; the estimate is approximate by nature)",
-    )
-    dpu_warmup_steps: int = key(0, "dpu: synchronous updates before the one-step delay starts")
-    drift_every: int = key(10, "acco: log ‖θ̃ − θ‖ / ‖θ‖ every this many commits; 0 disables")
-    # The estimate θ̃ = Opt(θ, g̃) steps with half the update's batch. Variants (docs/acco.md, "The estimate"):
-    # blend g̃ with the smoothed past gradients, or take only part of the step. 1 and 1: the paper's estimate.
-    estimate_grad_weight: float = key(
-        1.0,
-        "acco: the estimate steps with w·g̃ + (1 − w)·m̂ (g̃ the half-batch gradient, m̂ Adam's bias-corrected first "
-        "moment); 1: g̃ alone (the paper), 0: the moments alone",
-    )
-    estimate_damping: float = key(1.0, "acco: θ̃ = θ + γ·(Opt(θ, g̃) − θ), only this share γ of the estimate's step")
-    # The commit's gradient at θ̃ carries h·e, the estimate's error through the curvature; counting those tokens more
-    # weakens e's feedback (e' ∝ (1 − weight share at θ̃)·e) at the price of a less even mean (docs/acco.md).
-    estimate_token_weight: float = key(
-        1.0,
-        "acco: each token computed at the estimate θ̃ counts this many times in the commit's weighted token mean "
-        "(1: the plain mean, the paper)",
-    )
-    # A half batch's gradient norm carries twice the noise of the commit's, so clipping by it scales the estimate's
-    # gradient below the commit's: in the linear model that lowers the largest stable lr·h (docs/acco.md).
-    estimate_clip: Literal["own", "commit"] = key(
-        "own",
-        "acco: the gradient norm that decides the estimate's clipping: 'own' (the half batch's, the paper) or "
-        "'commit' (the last commit's, so the estimate is clipped as its commit will likely be)",
-    )
-    # The estimate's error e = θ̃ − θ feeds back as e' ≈ −lr·(1 − β1)·h·(1 − share)·e along a curvature h (docs/acco.md):
-    # a larger share of the batch at θ̃ raises the largest stable lr·h toward DDP's, but leaves a shorter period at θ to
-    # hide the estimate's communication behind.
-    estimate_share: float = key(
-        0.5,
-        "acco, deterministic: share of each update's micro-batches computed at the estimate θ̃ (the rest at θ); 0.5 "
-        "is the paper's halves",
-    )
+    # An estimate job's variant: (gradient weight, damping, the norm that clips it; None: its own)
+    estimate: tuple[float, float, float | None] = (1.0, 1.0, None)
+    token_weight = 1.0  # how many times a token computed at θ̃ counts in the commit's mean
+    share = 0.5  # of an update's micro-batches computed at θ̃
+
+    def __init__(self, kind: str = COMMIT):
+        self.kind = kind
+
+    def plan(self, finished: UpdateResult | None) -> tuple[str, bool]:
+        """(the next job's kind, whether A keeps accumulating after handing it over)."""
+        return self.kind, False
+
+    def period(self, schedule: Overlapped) -> int | None:
+        """This rank's micro-batches in the period about to start where the planner decides them (None: the
+        balancer's count)."""
+        return None
+
+    def finished(self, schedule: Overlapped, finished: UpdateResult | None) -> UpdateResult | None:
+        """After a round: what the loop gets (the update it finished, or a later one)."""
+        return finished
+
+    def before_swap(self, schedule: Overlapped, finished: UpdateResult) -> None:
+        """The job's parameters are in C, P still holds the period's: the last look at both."""
+
+    def committed(self, finished: UpdateResult) -> None:
+        """A commit landed."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, schedule: dict) -> None:
+        pass
 
 
 class Overlapped(Strategy):
-    """The sharded optimizer state's job, run on a communication runner one round behind. A
-    schedule is a subclass that plans each round (`_plan`): which job, and whether A is zeroed."""
-
-    communication = "sharded_job"
-    flat_buffers = True
-    overlapped = True
-    shards_theta = True
-    resume_needs_same_ranks = True  # checkpoints hold each rank's accumulator
-    sync_phase = "wait for the communication job"
-    estimates: bool = False  # some rounds run an ESTIMATE job (ACCO's θ̃)
-    options = OverlappedOptions
-    options_section = "acco"  # the paper's name for the family; dpu and wp read it too
+    """The sharded optimizer state's job, run on a communication runner one round behind; `planner`
+    plans each round. A schedule's class declares its traits and builds its planner (`planner_for`)."""
 
     def __init__(
-        self, model, dims, plan, optimizer, acco: OverlappedOptions, device: Device, reduce_dtype=torch.float32
+        self,
+        model,
+        dims,
+        plan,
+        optimizer,
+        acco: OverlappedOptions,
+        device: Device,
+        reduce_dtype=torch.float32,
+        planner: Planner | None = None,
     ):
         self.model, self.dims = model, dims
-        self.accumulation = plan.micro_batches // self.periods_per_update  # per period
+        self.planner = Planner() if planner is None else planner
+        self.accumulation = plan.micro_batches // self.traits.periods_per_update  # per period
         self.schedule, self.max_norm = plan.schedule, plan.max_norm
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
-        grad_dtype = ACCUMULATOR_DTYPES[acco.accumulator_dtype]
-        self.sharded = ShardedOptimizerState(model, dims, plan.param_dtype, optimizer, grad_dtype)
+        grad_dtype = DTYPES[acco.accumulator_dtype]
+        # θ is read and written between rounds only (no job in flight): the loop's and DiLoCo's outer step's turn
+        self.sharded = self.theta = ShardedOptimizerState(model, dims, plan.param_dtype, optimizer, grad_dtype)
         self.flat = self.sharded.flat  # P, A and the layout, which every round reads
         params = self.flat.params_buffer
         # C: the job's private buffer, gradients in and parameters out; fp32 when it sums the gradients of
@@ -149,61 +140,56 @@ class Overlapped(Strategy):
         self.exposed = 0.0  # seconds the compute side waited on jobs since the last commit
         self.job_seconds = 0.0  # seconds the jobs since the last commit took
         self.commits = 0  # committed updates (ACCO's drift cadence, DPU's warm-up)
-        self.estimate = (1.0, 1.0)  # ACCO's estimate variant: (gradient weight, damping); a plain step elsewhere
-        self.clip_by_commit = False  # ACCO's [acco] estimate_clip = 'commit'
-        self.estimate_token_weight = 1.0  # ACCO's [acco] estimate_token_weight
-        self.commit_norm: float | None = None  # then: the last commit's gradient norm
-        self.estimate_share = 0.5  # ACCO: the share of an update's micro-batches computed at θ̃
+
+    @classmethod
+    def planner_for(cls, options: OverlappedOptions, plan) -> Planner:
+        return Planner()
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
-        options, reduce_dtype = getattr(cfg, cls.options_section), REDUCE_DTYPES[cfg.parallelism.reduce_dtype]
-        strategy = cls(model, dims, plan, cfg.optimizer, options, device, reduce_dtype)
+        options, reduce_dtype = cfg.options(OverlappedOptions), DTYPES[cfg.parallelism.reduce_dtype]
+        planner = cls.planner_for(options, plan)
+        strategy = cls(model, dims, plan, cfg.optimizer, options, device, reduce_dtype, planner)
         strategy.balanced = strategy.balanced or cfg.parallelism.balance_batches
         return strategy
 
     @classmethod
-    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
-        super().check_config(cfg, dp_size, model_parallel)
-        a = getattr(cfg, cls.options_section)
+    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> str | None:
+        a, estimates = cfg.options(OverlappedOptions), cls.traits.estimates
         if a.mode != "deterministic" and model_parallel:
-            raise UserError(
+            return (
                 f"[acco] mode = '{a.mode}' with {model_parallel} is not supported: each rank picks its "
                 "own number of micro-batches, but tensor- and pipeline-parallel peers must run the same "
                 "ones; use mode = 'deterministic'"
             )
         if a.max_growth < 0 or 0 < a.max_growth < 1:
-            raise UserError(f"[acco] max_growth = {a.max_growth:g} must be 0 (no cap) or at least 1")
+            return f"[acco] max_growth = {a.max_growth:g} must be 0 (no cap) or at least 1"
         if a.lr_batch_scaling < 0:
-            raise UserError(f"[acco] lr_batch_scaling = {a.lr_batch_scaling:g} must be >= 0 (0.5: square root)")
-        from torchacco.parallel.registry import STRATEGIES
-
-        estimating = " and ".join(name for name, other in STRATEGIES.items() if getattr(other, "estimates", False))
-        if a.estimate_comm == "bf16" and (not cls.estimates or cfg.training.mixed_precision == "bf16"):
-            reason = (
-                f"only {estimating} has an estimate round" if not cls.estimates else "the compute dtype is bf16 already"
-            )
-            raise UserError(f"[acco] estimate_comm = 'bf16' does nothing here ({reason}); set it to 'full'")
+            return f"[acco] lr_batch_scaling = {a.lr_batch_scaling:g} must be >= 0 (0.5: square root)"
+        if a.estimate_comm == "bf16" and (not estimates or cfg.training.mixed_precision == "bf16"):
+            reason = "only acco has an estimate round" if not estimates else "the compute dtype is bf16 already"
+            return f"[acco] estimate_comm = 'bf16' does nothing here ({reason}); set it to 'full'"
         defaults = OverlappedOptions()
-        estimate_options = ("share", "grad_weight", "damping", "clip", "token_weight")
-        for option in (f"estimate_{name}" for name in estimate_options):
+        for option in ("estimate_share", "estimate_grad_weight", "estimate_damping", "estimate_clip",
+                       "estimate_token_weight"):  # fmt: skip
             value, default = getattr(a, option), getattr(defaults, option)
-            if not cls.estimates and value != default:
-                raise UserError(
-                    f"[acco] {option} = {value!r} does nothing here (only {estimating} has an estimate round); "
+            if not estimates and value != default:
+                return (
+                    f"[acco] {option} = {value!r} does nothing here (only acco has an estimate round); "
                     f"remove it or set it to {default!r}"
                 )
         if a.estimate_clip == "commit" and not cfg.training.max_norm:
-            raise UserError(
+            return (
                 "[acco] estimate_clip = 'commit' does nothing without clipping ([training] max_norm = 0); "
                 "remove it or set max_norm"
             )
         if a.mode == "adaptive" and not cfg.training.max_tokens:
-            raise UserError(
+            return (
                 "[acco] mode = 'adaptive' lets each update's batch grow while communication runs, so a step count "
                 "does not fix the learning-rate schedule or the data seen: set [training] max_tokens (the token "
                 "budget)"
             )
+        return None
 
     def micro_batches(self):
         target = self._period_micro_batches()
@@ -223,7 +209,8 @@ class Overlapped(Strategy):
 
     def _period_micro_batches(self) -> int:
         """This rank's micro-batches in the period about to start (before its job is launched)."""
-        return self.balance.count()
+        n = self.planner.period(self)
+        return self.balance.count() if n is None else n
 
     def _job_running(self) -> bool:
         return self.runner.in_flight() and not self.runner.done()
@@ -243,13 +230,12 @@ class Overlapped(Strategy):
         send = self.comm.view(torch.bfloat16)[: self.comm.numel()] if bf16 else self.comm
         self.job_buffer = send if self.reduce_out is None else self.reduce_out
         send.copy_(self.flat.grads)
-        sharded, comm, out, local, estimate = self.sharded, send, self.job_buffer, self.pending, self.estimate
-        estimate = (*estimate, self.commit_norm)  # None: clipped by its own norm
+        sharded, comm, out, local, estimate = self.sharded, send, self.job_buffer, self.pending, self.planner.estimate
         lr_for = self.lr_for()
         if kind == ESTIMATE:
             # The estimate uses the commit's lr: the commit will span this period and the next,
             # about 1 / estimate_share (twice) the tokens (it matters during warm-up, where lr grows with tokens).
-            commit_lr, share = lr_for, self.estimate_share
+            commit_lr, share = lr_for, self.planner.share
             lr_for = lambda consumed: commit_lr(consumed / share)  # noqa: E731
 
         heartbeat = health.current()
@@ -264,8 +250,8 @@ class Overlapped(Strategy):
             return result
 
         self.runner.launch(job)
-        if kind == ESTIMATE and self.estimate_token_weight != 1.0:  # the commit's tokens at θ̃ count k times
-            k = self.estimate_token_weight
+        if kind == ESTIMATE and self.planner.token_weight != 1.0:  # the commit's tokens at θ̃ count k times
+            k = self.planner.token_weight
             self.flat.grads.mul_(k)
             self.pending = replace(
                 self.pending, loss_tokens=self.pending.loss_tokens * k, loss_sum=self.pending.loss_sum * k
@@ -283,12 +269,11 @@ class Overlapped(Strategy):
             finished = self.runner.wait(self.stall_s)
         self.exposed += time.perf_counter() - start
         self.job_seconds += finished.seconds
-        self._before_swap(finished)
+        self.planner.before_swap(self, finished)
         self.flat.params_buffer.copy_(self.job_buffer)  # P ← C
         if finished.committed:
             self.commits += 1
-            if self.clip_by_commit and not finished.skipped:
-                self.commit_norm = finished.grad_norm
+            self.planner.committed(finished)
             self.consumed += finished.consumed
             finished.exposed_s, finished.jobs_s = self.exposed, self.job_seconds
             self.exposed = self.job_seconds = 0.0
@@ -297,22 +282,15 @@ class Overlapped(Strategy):
     def step(self, counts: Counts) -> UpdateResult | None:
         self.pending = self.pending + counts
         finished = self._finish()
-        self.planned = self._plan(finished)
+        self.planned = self.planner.plan(finished)
         if self.balanced and finished is not None:
             self.balance.observe(finished.micro_batches, finished.compute_s)
-        return finished
+        return self.planner.finished(self, finished)
 
     @property
     def split(self) -> list[int] | None:
         """Balanced: micro-batches per data-parallel rank in a period (None until every rank is measured)."""
         return self.balance.split
-
-    def _plan(self, finished: UpdateResult | None) -> tuple[str, bool]:
-        """(the next job's kind, whether A keeps accumulating after handing it over)."""
-        raise NotImplementedError
-
-    def _before_swap(self, finished: UpdateResult) -> None:
-        pass
 
     @contextlib.contextmanager
     def evaluation(self):
@@ -354,7 +332,7 @@ class Overlapped(Strategy):
                 "name": self.name,
                 "world": world,
                 "commits": self.commits,
-                **self._commit_norm_state(),
+                **self.planner.state_dict(),
                 **self.balance.state_dict(),  # balanced mode's plan and measurements (the same on every rank)
                 "planned": "" if self.planned is None else f"{self.planned[0]}:{int(self.planned[1])}",
                 "params": self.flat.params_buffer,
@@ -369,13 +347,6 @@ class Overlapped(Strategy):
                 ),
             },
         }
-
-    def _commit_norm_state(self) -> dict:
-        """The last commit's norm, which clips the next estimate (`[acco] estimate_clip = 'commit'`; -1: none yet).
-        Only then: checkpoints of every other configuration keep their keys."""
-        if not self.clip_by_commit:
-            return {}
-        return {"commit_norm": -1.0 if self.commit_norm is None else self.commit_norm}
 
     def load_state_dict(self, state: dict) -> None:
         schedule = state["schedule"]
@@ -392,8 +363,7 @@ class Overlapped(Strategy):
         kind, _, keep = schedule["planned"].partition(":")
         self.planned = (kind, bool(int(keep))) if kind else None
         self.commits = schedule["commits"]
-        if self.clip_by_commit:
-            self.commit_norm = None if schedule["commit_norm"] < 0 else schedule["commit_norm"]
+        self.planner.load_state_dict(schedule)
         self.balance.load_state_dict(schedule)
 
     @classmethod
@@ -403,31 +373,10 @@ class Overlapped(Strategy):
     @classmethod
     def memory(cls, numel, dp_size, param_dtype, reduce_dtype, options=None):
         """ZeRO-1's state with the [acco] accumulator's dtype, and the job's buffer C."""
-        grad_dtype = ACCUMULATOR_DTYPES[(options or cls.options()).accumulator_dtype]
+        grad_dtype = DTYPES[(options or OverlappedOptions()).accumulator_dtype]
         state = ShardedOptimizerState.memory(numel, dp_size, param_dtype, grad_dtype)
         job = padded_numel(math.ceil(numel), dp_size) * job_buffer_dtype(param_dtype, reduce_dtype, dp_size).itemsize
         return replace(state, buffers=job)
-
-    def master_shard(self) -> torch.Tensor:
-        return self.sharded.master
-
-    def theta_pieces(self):
-        assert not self.runner.in_flight(), "between rounds"
-        return self.sharded.theta_pieces()
-
-    def theta_written(self) -> None:
-        # After a commit the compute parameters are θ (the next round's estimate starts from it).
-        assert not self.runner.in_flight(), "between rounds"
-        self.sharded.gather_master(self.flat.params_buffer)
-
-    def weights_state_dict(self) -> dict:
-        return self.sharded.weights_state_dict()
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.sharded.full_state_dict()
-
-
-REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def job_buffer_dtype(param_dtype: torch.dtype, reduce_dtype: torch.dtype, world: int) -> torch.dtype:

@@ -1,57 +1,69 @@
 """The data-parallel strategies by name: `[parallelism] data_parallel` picks one.
 
-A strategy is one class (a module of this package, or a user's own, passed to `register`): its
-name, options, traits, cost-model figures and benchmark variants are read from it, so the config's
-choices and sections, the configuration reference, the cost model and the benchmarks' strategy
-lists follow the registered classes.
+A built-in strategy is one line of `BUILT_IN`: its name, its class and its options section. The
+class is imported when first asked for, so building a config imports no strategy (nor torch). A
+user's class joins with `register`. The config's choices and sections, the configuration
+reference, the cost model and the benchmarks' strategy lists follow these.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from torchacco.errors import UserError
-from torchacco.parallel.acco import ACCO
-from torchacco.parallel.ddp import DDP
-from torchacco.parallel.dpu import DPU
-from torchacco.parallel.fsdp import FSDP
-from torchacco.parallel.hsdp import HSDP
-from torchacco.parallel.strategy import Strategy, UpdatePlan
-from torchacco.parallel.wp import WP
-from torchacco.parallel.zero1 import ZeRO1
+from torchacco.options import HSDPOptions, Options, OverlappedOptions
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, ZeRO1, FSDP, HSDP, ACCO, DPU, WP)}
+# name -> ("module:Class", its options section or None); the first is the default.
+BUILT_IN: dict[str, tuple[str, type[Options] | None]] = {
+    "ddp": ("torchacco.parallel.ddp:DDP", None),
+    "zero1": ("torchacco.parallel.zero1:ZeRO1", None),
+    "fsdp": ("torchacco.parallel.fsdp:FSDP", None),
+    "hsdp": ("torchacco.parallel.hsdp:HSDP", HSDPOptions),
+    "acco": ("torchacco.parallel.acco:ACCO", OverlappedOptions),
+    "dpu": ("torchacco.parallel.dpu:DPU", OverlappedOptions),
+    "wp": ("torchacco.parallel.wp:WP", OverlappedOptions),
+}
+REGISTERED: dict[str, type] = {}  # the classes `register` added
 
 
-def register(cls: type[Strategy]) -> type[Strategy]:
+def names() -> tuple[str, ...]:
+    return (*BUILT_IN, *REGISTERED)
+
+
+def default_name() -> str:
+    return next(iter(BUILT_IN))
+
+
+def option_sections() -> dict[str, type[Options]]:
+    """[section] -> options dataclass of the strategies (a section two strategies share once)."""
+    options = [o for _, o in BUILT_IN.values()] + [c.traits.options for c in REGISTERED.values()]
+    return {o.section: o for o in options if o is not None}
+
+
+def register(cls: type) -> type:
     """Add a strategy class (usable as a decorator); its name must be new, its options section
-    new or the very dataclass another strategy already reads there. Register before building the
-    config (`load_config`, `Config()`): a config has the sections of the strategies registered then."""
-    if cls.name in STRATEGIES and STRATEGIES[cls.name] is not cls:
-        raise ValueError(f"a strategy named {cls.name!r} is registered already ({STRATEGIES[cls.name].__qualname__})")
-    shared = {c.options_section: c.options for c in STRATEGIES.values() if c.options is not None}
-    if cls.options is not None and shared.get(cls.options_section, cls.options) is not cls.options:
-        raise ValueError(f"[{cls.options_section}] holds another strategy's options; give {cls.name} its own section")
-    STRATEGIES[cls.name] = cls
+    new or the very dataclass another strategy already reads there."""
+    name, options = cls.name, cls.traits.options
+    if name in names() and REGISTERED.get(name) is not cls:
+        raise ValueError(f"a strategy named {name!r} is registered already ({strategy_class(name).__qualname__})")
+    if options is not None and option_sections().get(options.section, options) is not options:
+        raise ValueError(f"[{options.section}] holds another strategy's options; give {name} its own section")
+    REGISTERED[name] = cls
     return cls
 
 
-def strategy_class(name: str) -> type[Strategy]:
-    if name not in STRATEGIES:
-        raise UserError(f"unknown data-parallel strategy {name!r}; registered: {', '.join(STRATEGIES)}")
-    return STRATEGIES[name]
+def strategy_class(name: str) -> type:
+    if name in REGISTERED:
+        return REGISTERED[name]
+    if name not in BUILT_IN:
+        raise UserError(f"unknown data-parallel strategy {name!r}; registered: {', '.join(names())}")
+    module, _, cls = BUILT_IN[name][0].partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
-def default_strategy() -> type[Strategy]:
-    return next(cls for cls in STRATEGIES.values() if cls.default)
-
-
-def build_strategy(model, cfg, dims, plan: UpdatePlan, device) -> Strategy:
-    """The configured strategy over `model` (this rank's part of it, after tensor/pipeline parallelism),
-    inside DiLoCo's outer step when the run has several replicas (`plan` is then one replica's)."""
-    if dims.replicas > 1:
-        from torchacco.parallel.diloco import DiLoCo
-
-        return DiLoCo.from_config(model, cfg, dims, plan, device)
-    return strategy_class(cfg.parallelism.data_parallel).from_config(model, cfg, dims, plan, device)
+def strategies() -> dict[str, type]:
+    """Every registered strategy's class by name (imports them all)."""
+    return {name: strategy_class(name) for name in names()}
 
 
 # docs/parallelism.md's trait table, generated from the classes (tests/test_docs.py checks the page) ---------
@@ -59,29 +71,28 @@ def build_strategy(model, cfg, dims, plan: UpdatePlan, device) -> Strategy:
 TRAITS_BEGIN, TRAITS_END = "<!-- traits:begin -->", "<!-- traits:end -->"
 
 
-def traits_table(strategies: dict[str, type[Strategy]] | None = None) -> str:
-    """A markdown table of each strategy's declared traits: the built-in ones unless given others."""
-    if strategies is None:
-        strategies = {n: c for n, c in STRATEGIES.items() if c.__module__.startswith("torchacco.parallel.")}
+def traits_table(traits: list | None = None) -> str:
+    """A markdown table of strategies' `Traits`: the built-in ones' unless given others."""
+    if traits is None:
+        traits = [strategy_class(name).traits for name in BUILT_IN]
     yes = {True: "yes", False: "no"}
     columns = {
-        "communication": lambda c: f"`{c.communication}`",
-        "overlapped": lambda c: yes[c.overlapped],
-        "periods per update": lambda c: str(c.periods_per_update),
-        "tp / pp": lambda c: yes[c.supports_model_parallel],
-        "shards θ": lambda c: yes[c.shards_theta],
-        "flat buffers": lambda c: yes[c.flat_buffers],
-        "`balance_batches`": lambda c: yes[c.balances],
-        "inside DiLoCo replicas": lambda c: yes[c.supports_replicas],
-        "resume on another dp size": lambda c: yes[not c.resume_needs_same_ranks],
-        "forward/backward": lambda c: "fp32 weights, autocast" if c.autocast_compute else "compute dtype",
-        "update of": lambda c: f"`{c.update_of}`" if c.update_of else "its own",
-        "options": lambda c: f"`[{c.options_section}]`" if c.options_section else "—",
+        "communication": lambda t: f"`{t.communication}`",
+        "overlapped": lambda t: yes[t.overlapped],
+        "periods per update": lambda t: str(t.periods_per_update),
+        "tp / pp": lambda t: yes[t.model_parallel],
+        "shards θ": lambda t: yes[t.shards_theta],
+        "`balance_batches`": lambda t: yes[t.balances],
+        "inside DiLoCo replicas": lambda t: yes[not t.replicas_refused],
+        "resume on another dp size": lambda t: yes[not t.resume_needs_same_ranks],
+        "forward/backward": lambda t: "fp32 weights, autocast" if t.autocast_compute else "compute dtype",
+        "update of": lambda t: f"`{t.update_of}`" if t.update_of else "its own",
+        "options": lambda t: f"`[{t.options.section}]`" if t.options else "—",
     }
     lines = ["| `data_parallel` | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for name, cls in strategies.items():
-        cells = [f"`{name}`" + (" (default)" if cls.default else "")] + [cell(cls) for cell in columns.values()]
-        lines.append("| " + " | ".join(cells) + " |")
+    for t in traits:
+        cells = [f"`{t.name}`" + (" (default)" if t.name == default_name() else "")]
+        lines.append("| " + " | ".join(cells + [cell(t) for cell in columns.values()]) + " |")
     return "\n".join(lines) + "\n"
 
 

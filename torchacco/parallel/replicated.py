@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -20,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 
-from torchacco.config import Optimizer as OptimizerConfig
+from torchacco.blocks import unwrap
 from torchacco.device import Stopwatch
 from torchacco.optim import build_adamw
 from torchacco.parallel.accounting import gather_counts
@@ -28,12 +29,13 @@ from torchacco.parallel.balance import SpeedSplit
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan, UpdateResult
 
+if TYPE_CHECKING:
+    from torchacco.config import Optimizer as OptimizerConfig
+
 
 class Replicated(Strategy):
     """The base of DDP and FSDP: a torch wrapper reduces the gradients inside backward (`_sync`
     says when), then torch's AdamW steps over the module's own parameters."""
-
-    sync_phase = "gradient all-reduce and optimizer step"
 
     def __init__(
         self, model: nn.Module, dims: ParallelDims, plan: UpdatePlan, optimizer: OptimizerConfig, balance=False
@@ -47,6 +49,7 @@ class Replicated(Strategy):
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
         self.max_norm = plan.max_norm
         self.optimizer = build_adamw(model, optimizer)
+        self.theta = ModuleTheta(model, dims)
 
     def _sync(self, last: bool):
         raise NotImplementedError
@@ -114,15 +117,6 @@ class Replicated(Strategy):
             torch._foreach_mul_([p.grad for p in params], self.max_norm / (norm.item() + 1e-6))
         return norm, loss_sum
 
-    def theta_pieces(self) -> list[tuple[str, torch.Tensor]]:
-        module = getattr(self.model, "module", self.model)  # DDP's wrapper prefixes the names
-        with torch.no_grad():  # a DTensor's (FSDP's shard's) local tensor is its storage
-            return [
-                (name, p.to_local() if isinstance(p, DTensor) else p.data)
-                for name, p in module.named_parameters()
-                if p.requires_grad
-            ]
-
     def state_dict(self) -> dict:
         fresh = not self.optimizer.state
         model, optimizer = get_state_dict(self.model, self.optimizer)
@@ -136,6 +130,25 @@ class Replicated(Strategy):
         self.consumed = state["consumed"]
         if self.balance:
             self.balance.load_state_dict(state["balance"])
+
+
+class ModuleTheta:
+    """θ of DDP and FSDP (`strategy.Theta`): the module's own parameters (FSDP's: this rank's shards)."""
+
+    def __init__(self, model: nn.Module, dims: ParallelDims):
+        self.model, self.dims = model, dims
+
+    def pieces(self) -> list[tuple[str, torch.Tensor]]:
+        module = unwrap(self.model)  # DDP's wrapper prefixes the names
+        with torch.no_grad():  # a DTensor's (FSDP's shard's) local tensor is its storage
+            return [
+                (name, p.to_local() if isinstance(p, DTensor) else p.data)
+                for name, p in module.named_parameters()
+                if p.requires_grad
+            ]
+
+    def written(self) -> None:
+        pass  # the compute parameters are θ itself
 
     def weights_state_dict(self) -> dict:
         return {"model": get_model_state_dict(self.model)}

@@ -7,12 +7,12 @@ schedules (`overlapped.py`) run it beside the next compute period."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
 
-from torchacco.config import Optimizer as OptimizerConfig
 from torchacco.errors import UserError
 from torchacco.optim import ShardedAdamW
 from torchacco.parallel.dims import ParallelDims
@@ -20,10 +20,15 @@ from torchacco.parallel.flat import FlatParams, padded_numel
 from torchacco.parallel.sharded_job import all_gather, gather_master, reduce_update_gather
 from torchacco.parallel.strategy import Counts, MemoryParts, UpdateResult
 
+if TYPE_CHECKING:
+    from torchacco.config import Optimizer as OptimizerConfig
+
 GRAD_DTYPE = torch.float32  # the flat accumulator's, unless a strategy asks for another
 
 
 class ShardedOptimizerState:
+    """ZeRO-1's state and job, and the `Theta` of the strategies that keep it (zero1, acco, dpu, wp)."""
+
     def __init__(
         self,
         model: nn.Module,
@@ -72,9 +77,15 @@ class ShardedOptimizerState:
         """This rank's fp32 slice of θ (padding included): what an outer step would work on."""
         return self.optimizer.state.master
 
-    def theta_pieces(self) -> list[tuple[str, torch.Tensor]]:
+    # θ (`strategy.Theta`): the master shards ------------------------------------------------------
+
+    def pieces(self) -> list[tuple[str, torch.Tensor]]:
         """The master shard's piece of each parameter (the outer step's view of θ)."""
         return self.flat.shard_pieces(self.master)
+
+    def written(self) -> None:
+        """After a commit the compute parameters are θ (an estimate round starts from it)."""
+        self.gather_master(self.params)
 
     def run_job(
         self, grads, counts: Counts, lr_for, kind: str, out: torch.Tensor, max_norm: float, estimate=(1.0, 1.0, None)

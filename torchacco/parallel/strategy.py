@@ -9,8 +9,8 @@ all-reduced token count:
   or None (an overlapped schedule's round that commits nothing);
 - `evaluation()` gives the module holding the committed parameters θ; `close()` drains;
 - `state_dict()` / `load_state_dict()` (DCP `Stateful`) hold everything needed to resume
-  exactly between two updates; `weights_state_dict()` is the part that holds θ, and
-  `full_state_dict()` gathers θ as full fp32 tensors by parameter name (for export).
+  exactly between two updates; its `theta` is where θ lives (`Theta`: for DiLoCo's outer step
+  and the export).
 
 What the rest of torchacco needs to know about a strategy — whether its communication runs
 beside compute, whether it composes with tensor/pipeline parallelism, how many compute periods
@@ -24,13 +24,17 @@ import abc
 import contextlib
 from collections.abc import Iterator
 from dataclasses import astuple, dataclass, field
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 import torch
 
 from torchacco.device import Stopwatch
 from torchacco.errors import UserError
 from torchacco.lr import TokenSchedule
+from torchacco.options import Options
+
+if TYPE_CHECKING:
+    from torchacco.config import Config, LRSchedule, Optimizer, Training
 
 
 @dataclass
@@ -114,75 +118,93 @@ class UpdatePlan:
     param_dtype: torch.dtype  # the compute dtype
     tokens_per_update: float = 0.0  # the recipe's: global batch × seq_len
 
+    @classmethod
+    def from_config(
+        cls,
+        training: Training,
+        optimizer: Optimizer,
+        lr_schedule: LRSchedule,
+        dp_size: int,
+        param_dtype: torch.dtype = torch.float32,
+        replicas: int = 1,
+    ) -> UpdatePlan:
+        """The plan of a run over `dp_size` data-parallel ranks per replica; with several replicas, one
+        replica's: its share of the global batch, its schedule over its tokens. One line for a global batch
+        the ranks cannot split."""
+        t = training
+        per_step = t.local_batch_size * dp_size * replicas
+        if t.global_batch_size % per_step:
+            ranks = f"data-parallel ranks = {t.local_batch_size} × {dp_size}"
+            if replicas > 1:
+                ranks = f"data-parallel ranks × replicas = {t.local_batch_size} × {dp_size} × {replicas}"
+            raise UserError(
+                f"[training] global_batch_size = {t.global_batch_size} is not divisible by local_batch_size × "
+                f"{ranks} = {per_step}; use a multiple of {per_step}"
+            )
+        global_batch = t.global_batch_size or per_step
+        tokens_per_step = global_batch * t.seq_len / replicas
+        schedule = TokenSchedule(
+            peak_lr=optimizer.lr,
+            warmup_tokens=lr_schedule.warmup_steps * tokens_per_step,
+            total_tokens=(t.max_tokens / replicas if t.max_tokens else t.steps * tokens_per_step),
+            decay=lr_schedule.decay,
+            min_lr_ratio=lr_schedule.min_lr_ratio,
+        )
+        return cls(global_batch // per_step, schedule, t.max_norm, param_dtype, tokens_per_step)
 
-class Strategy(abc.ABC):
-    name: ClassVar[str]
+
+@dataclass(frozen=True)
+class Traits:
+    """What the rest of torchacco needs to know about a strategy class, before anything is built."""
+
+    name: str
     # Where its communication sits, for the cost model and the logs:
     #   all_reduce_in_backward: bucketed all-reduce hidden under the last micro-batch's backward (DDP)
     #   per_micro_batch: parameter all-gathers and gradient reduce-scatters inside forward/backward (FSDP)
     #   sharded_job: reduce-scatter, sharded AdamW, all-gather after the period (ZeRO-1 and the overlapped)
-    communication: ClassVar[Literal["all_reduce_in_backward", "per_micro_batch", "sharded_job"]]
-    overlapped: ClassVar[bool] = False  # the sharded job runs beside the next compute period
-    periods_per_update: ClassVar[int] = 1  # compute periods (and jobs) per committed update
-    supports_model_parallel: ClassVar[bool] = True  # composes with tensor and pipeline parallelism
-    flat_buffers: ClassVar[bool] = False  # parameters as views of one flat buffer per (pp, tp) coordinate
-    resume_needs_same_ranks: ClassVar[bool] = False  # its checkpoints hold per-rank state
-    autocast_compute: ClassVar[bool] = False  # fp32 weights, forward/backward autocast to the compute dtype
-    sync_phase: ClassVar[str]  # what the loop waits for after a period (heartbeat, diagnoses)
-    default: ClassVar[bool] = False  # the strategy `[parallelism] data_parallel` names by default
-    # DiLoCo's replicas (docs/diloco.md) can run it inside: between updates its `theta_pieces()` are θ.
-    supports_replicas: ClassVar[bool] = True
-    replicas_refused_because: ClassVar[str] = "its parameters between updates are not θ"  # (when it does not)
-    balances: ClassVar[bool] = True  # runs [parallelism] balance_batches (ranks may run unequal micro-batches)
-    shards_theta: ClassVar[bool] = False  # theta_pieces() are this rank's shard of θ (not all of it)
+    communication: Literal["all_reduce_in_backward", "per_micro_batch", "sharded_job"]
+    sync_phase: str  # what the loop waits for after a period (heartbeat, diagnoses)
+    overlapped: bool = False  # the sharded job runs beside the next compute period
+    estimates: bool = False  # some rounds run an ESTIMATE job (ACCO's θ̃)
+    periods_per_update: int = 1  # compute periods (and jobs) per committed update
+    model_parallel: bool = True  # composes with tensor and pipeline parallelism
+    balances: bool = True  # runs [parallelism] balance_batches (ranks may run unequal micro-batches)
+    # Why DiLoCo's replicas (docs/diloco.md) cannot run it inside; "": they can (between updates its
+    # `theta.pieces()` are θ).
+    replicas_refused: str = ""
+    resume_needs_same_ranks: bool = False  # its checkpoints hold per-rank state
+    autocast_compute: bool = False  # fp32 weights, forward/backward autocast to the compute dtype
+    shards_theta: bool = False  # theta.pieces() are this rank's shard of θ (not all of it)
     # Its constructor shards the module's parameters (FSDP2) and then calls materialize(model): a
     # model built on meta reaches it unallocated (torchacco/materialize.py); others get it allocated.
-    shards_module: ClassVar[bool] = False
+    shards_module: bool = False
     # per_micro_batch inside a node only, and one all-reduce of each shard across nodes per update (HSDP)
-    shards_within_node: ClassVar[bool] = False
-    # Its options: a dataclass of `config.key`s, read as the TOML section `options_section` (two
-    # strategies that truly share options name the same dataclass and section).
-    options: ClassVar[type | None] = None
-    options_section: ClassVar[str | None] = None
+    shards_within_node: bool = False
+    options: type[Options] | None = None  # its own config section (`cfg.strategy_options[options.section]`)
     # The strategy whose update this one computes in another floating-point order: its loss per token is that
     # one's, so the cost model reads that one's measured token efficiency (None: its own, or none measured).
-    update_of: ClassVar[str | None] = None
-    # The variants benchmarks run: a label -> its extra `--section.key VALUE` arguments and the cost
-    # model's mode for it. The strategy's own name, with no arguments, is the plain variant.
-    variants: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {}
+    update_of: str | None = None
+
+
+class Strategy(abc.ABC):
+    traits: ClassVar[Traits]
+    name: ClassVar[str]  # traits.name, what `[parallelism] data_parallel` calls it
 
     model: torch.nn.Module
+    theta: Theta  # θ between updates (for DiLoCo's outer step and the export)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "traits" in cls.__dict__:
+            cls.name = cls.traits.name
 
     # What the class says about a run, before anything is built ------------------------------
 
     @classmethod
-    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> None:
-        """Raise a UserError for a config this strategy cannot run; `model_parallel` names the
-        tp/pp degrees in use ('' when none)."""
-        if model_parallel and not cls.supports_model_parallel:
-            from torchacco.parallel.registry import STRATEGIES
-
-            able = ", ".join(f"'{name}'" for name, other in STRATEGIES.items() if other.supports_model_parallel)
-            raise UserError(f"data_parallel = '{cls.name}' with {model_parallel} is not supported; use one of {able}")
-        if cfg.parallelism.balance_batches and not cls.balances:
-            from torchacco.parallel.registry import STRATEGIES
-
-            able = ", ".join(f"'{name}'" for name, other in STRATEGIES.items() if other.balances)
-            raise UserError(
-                f"[parallelism] balance_batches = true with data_parallel = '{cls.name}': its ranks must run the "
-                f"same micro-batches (collectives inside forward and backward); use one of {able}, or "
-                "balance_batches = false"
-            )
-        if cfg.parallelism.balance_batches and model_parallel:
-            raise UserError(
-                f"[parallelism] balance_batches = true with {model_parallel} is not supported: tensor- and "
-                "pipeline-parallel peers must run the same micro-batches; set balance_batches = false"
-            )
-
-    @classmethod
-    def benchmark_variants(cls) -> dict[str, tuple[tuple[str, ...], str]]:
-        """label -> (extra CLI arguments, cost-model mode), the plain strategy first."""
-        return {cls.name: ((), "deterministic"), **cls.variants}
+    def check_config(cls, cfg: Config, dp_size: int, model_parallel: str) -> str | None:
+        """Why this strategy cannot run `cfg` (one line), or None; `model_parallel` names the tp/pp
+        degrees in use ('' when none). Validation checks the traits first."""
+        return None
 
     @classmethod
     def memory(
@@ -200,24 +222,15 @@ class Strategy(abc.ABC):
         return 0.0
 
     @classmethod
-    def memory_group(cls, options, dp_size: int, local_world_size: int, tp: int, pp: int) -> int:
-        """The data-parallel ranks a rank's state is divided over (`memory`'s dp_size): all of them."""
-        return dp_size
-
-    @classmethod
-    def autocast_dtype(cls, param_dtype: torch.dtype) -> torch.dtype | None:
-        return param_dtype if cls.autocast_compute and param_dtype != torch.float32 else None
-
-    @classmethod
     def checkpoint_key(cls, dims) -> str:
         """The key of the strategy's state in a checkpoint: one per part of the model that a rank's
         state covers. Without tp/pp the whole model is one part."""
         return "dp"
 
     @classmethod
-    @abc.abstractmethod
-    def from_config(cls, model: torch.nn.Module, cfg, dims, plan: UpdatePlan, device) -> Strategy:
+    def from_config(cls, model: torch.nn.Module, cfg: Config, dims, plan: UpdatePlan, device) -> Strategy:
         """The strategy over `model` (this rank's part of it, after tensor/pipeline parallelism)."""
+        raise NotImplementedError(f"{cls.name} is not built from a config")
 
     # The loop's interface -------------------------------------------------------------------
 
@@ -242,31 +255,24 @@ class Strategy(abc.ABC):
     @abc.abstractmethod
     def load_state_dict(self, state: dict) -> None: ...
 
+
+class Theta(Protocol):
+    """Where a strategy keeps the committed parameters θ between updates (`Strategy.theta`): what
+    DiLoCo's outer step (docs/diloco.md) and the export read and write."""
+
+    def pieces(self) -> list[tuple[str, torch.Tensor]]:
+        """The fp32 tensors this rank keeps θ in (its shard, for a sharded strategy), by parameter
+        name in the model's order. Writing them sets θ; `written()` then refreshes what derives from it."""
+        ...
+
+    def written(self) -> None:
+        """The pieces were written: refresh the compute parameters that are copies of them."""
+        ...
+
     def weights_state_dict(self) -> dict:
-        """The part of `state_dict()` that holds θ (what an export loads)."""
-        return self.state_dict()
+        """The part of the strategy's `state_dict()` that holds θ (what an export loads)."""
+        ...
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """θ as full fp32 tensors by parameter name (a collective)."""
-        raise NotImplementedError(f"{self.name} does not export its parameters")
-
-    def master_shard(self) -> torch.Tensor | None:
-        """This rank's fp32 slice of θ where the strategy shards it (padding included), else None."""
-        return None
-
-    def ranks_meet(self) -> bool:
-        """After the update just returned, has every rank of the run been through a collective with
-        every other (so a world-wide agreement costs no one any waiting)? Data parallelism meets at
-        every update; DiLoCo's replicas only at outer steps."""
-        return True
-
-    # The outer step's access to θ (docs/diloco.md) -----------------------------------------------
-
-    def theta_pieces(self) -> list[tuple[str, torch.Tensor]]:
-        """Between two updates: the fp32 tensors this rank keeps θ in (its shard, for a sharded
-        strategy), by parameter name in the model's order. Writing them sets θ; `theta_written()`
-        then refreshes what derives from it."""
-        raise NotImplementedError(f"{self.name} does not expose θ to an outer step")
-
-    def theta_written(self) -> None:  # noqa: B027 (θ is the compute parameters themselves in most)
-        """The pieces of θ were written: refresh the compute parameters that are copies of them."""
+        ...

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from torchacco.parallel.overlapped import Overlapped
+import dataclasses
+
+from torchacco.parallel.overlapped import OVERLAPPED, Overlapped, Planner
 from torchacco.parallel.sharded_job import COMMIT_AND_PREDICT
 
 
@@ -10,8 +12,9 @@ class WP(Overlapped):
     """Weight prediction: as DPU, but the compute runs at Opt(θ_{t+1}, ḡ_t), the last averaged
     gradient applied once more; θ itself stays in the master shards."""
 
-    name = "wp"
-    supports_replicas = False  # between updates its compute parameters are not θ (untested with an outer step)
+    # between updates its compute parameters are not θ (untested with an outer step)
+    traits = dataclasses.replace(OVERLAPPED, name="wp", replicas_refused="its parameters between updates are not θ")
 
-    def _plan(self, finished):
-        return COMMIT_AND_PREDICT, False
+    @classmethod
+    def planner_for(cls, options, plan) -> Planner:
+        return Planner(COMMIT_AND_PREDICT)

@@ -9,23 +9,24 @@ import contextlib
 import torch
 from torch.profiler import record_function
 
+from torchacco.device import DTYPES
 from torchacco.parallel.balance import SpeedSplit
 from torchacco.parallel.ddp import DDP
 from torchacco.parallel.sharded_job import COMMIT
 from torchacco.parallel.sharded_state import ShardedOptimizerState
-from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan, UpdateResult
+from torchacco.parallel.strategy import Counts, Strategy, Traits, UpdatePlan, UpdateResult
 
 
 class ZeRO1(Strategy):
     """Sharded fp32 optimizer state over flat buffers; the job runs after the last micro-batch."""
 
-    name = "zero1"
-    communication = "sharded_job"
-    flat_buffers = True
-    shards_theta = True
-    update_of = DDP.name  # DDP's AdamW step on the all-reduced gradient, with the state sharded
-    variants = {"zero1_balanced": (("--parallelism.balance_batches", "true"), "balanced")}
-    sync_phase = "reduce-scatter, optimizer step and all-gather"
+    traits = Traits(
+        "zero1",
+        "sharded_job",
+        "reduce-scatter, optimizer step and all-gather",
+        shards_theta=True,
+        update_of=DDP.name,  # DDP's AdamW step on the all-reduced gradient, with the state sharded
+    )
 
     def __init__(
         self, model, dims, plan: UpdatePlan, optimizer, reduce_dtype: torch.dtype = torch.float32, balance=False
@@ -37,13 +38,13 @@ class ZeRO1(Strategy):
         self.schedule = plan.schedule
         self.max_norm = plan.max_norm
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
-        self.sharded = ShardedOptimizerState(model, dims, plan.param_dtype, optimizer)
+        self.sharded = self.theta = ShardedOptimizerState(model, dims, plan.param_dtype, optimizer)
         self.balance = SpeedSplit(plan.micro_batches, dims.dp_size, dims.dp_rank) if balance else None
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
         p = cfg.parallelism
-        return cls(model, dims, plan, cfg.optimizer, REDUCE_DTYPES[p.reduce_dtype], p.balance_batches)
+        return cls(model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.balance_batches)
 
     @classmethod
     def checkpoint_key(cls, dims) -> str:
@@ -74,18 +75,6 @@ class ZeRO1(Strategy):
             self.balance.observe(result.micro_batches, result.compute_s)
         return result
 
-    def master_shard(self) -> torch.Tensor:
-        return self.sharded.master
-
-    def theta_pieces(self):
-        return self.sharded.theta_pieces()
-
-    def theta_written(self) -> None:
-        self.sharded.gather_master(self.sharded.params)
-
-    def weights_state_dict(self) -> dict:
-        return self.sharded.weights_state_dict()
-
     def state_dict(self) -> dict:
         balance = {"balance": self.balance.state_dict()} if self.balance else {}
         return {**self.sharded.state_dict(), "consumed": self.consumed, **balance}
@@ -96,12 +85,6 @@ class ZeRO1(Strategy):
         if self.balance:
             self.balance.load_state_dict(state["balance"])
         self.sharded.gather_master(self.sharded.params)  # the compute parameters follow from θ
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.sharded.full_state_dict()
-
-
-REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def sharded_checkpoint_key(dims) -> str:

@@ -1,16 +1,11 @@
-"""The token-efficiency table `python -m torchacco.predict` reads its time to target from: per measured variant, the
-tokens it needs for DDP's final validation loss (same seed) as a multiple of DDP's.
+"""The token-efficiency table `python -m torchacco.predict` reads: per measured variant, the tokens it needs for DDP's
+final validation loss (same seed) as a multiple of DDP's.
 
     .venv/bin/python -m benchmarks efficiency-table --tokens diloco_budgets_lr3e-3 --tokens acco_budgets_lr3e-3
 
-Reads bench_results/<--tokens>.json, written by `benchmarks/token_efficiency.py --budgets ...` (one learning rate
-and one run length, the same in every file), and writes torchacco/token_efficiency.json, shipped with the package,
-with the measurements' date, machine, recipe and commands. DDP is the reference (1 by definition) and has no entry.
-Files that measure one variant with distinct seeds pool them into one entry. A variant no seed of which reached
-the target at any budget is recorded as not reaching it within the largest budget (the cost model never advises
-it). A variant left out: one with some seeds that reached the target and some that did not, or only a bound (a seed
-reached it at the smallest budget). A DiLoCo variant carries its resolved outer-step
-settings, so that the cost model matches it only to a cluster with the same ones.
+Reads <out>/<--tokens>.json (token-efficiency --budgets, one recipe in every file) and writes
+torchacco/token_efficiency.json. Files with distinct seeds pool; a variant no seed of which reached the target is
+recorded as not reaching it; one with mixed or only bounded seeds is left out; a DiLoCo variant carries its outer step.
 """
 
 from __future__ import annotations
@@ -23,16 +18,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.acco_reference import recipe
-from benchmarks.names import DDP
-from benchmarks.stats import mean_ci
-from benchmarks.time_to_target import token_ratios
-from benchmarks.token_efficiency import VARIANTS
+from benchmarks.common import DDP, ROOT, mean_ci, recipe
+from benchmarks.yardstick.table import token_ratios
+from benchmarks.yardstick.tokens import VARIANTS
 from torchacco.config import load_config
 from torchacco.cost_model import TOKEN_EFFICIENCY
 
-ROOT = Path(__file__).resolve().parents[1]
-RANKS = 2  # token_efficiency.py trains every variant on 2 ranks (NPROC=2)
+RANKS = 2  # token-efficiency trains every variant on 2 ranks (NPROC=2)
 
 
 def resolved(label: str, updates: int, lr: float):
@@ -88,7 +80,7 @@ def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
             out[label] = LEFT_OUT
             continue
         if label not in VARIANTS:
-            raise SystemExit(f"efficiency-table: {name} measures {label!r}, not a variant of token_efficiency.py")
+            raise SystemExit(f"efficiency-table: {name} measures {label!r}, not a variant of token-efficiency")
         diloco = diloco_settings(resolved(label, updates, lr))
         gaps = {"gaps": rows[label]["gap_pct"]} if "gap_pct" in rows[label] else {}  # loss at equal tokens, %
         out[label] = {"values": values, **gaps, "source": f"bench_results/{name}.md"} | (
@@ -184,9 +176,3 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.to).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print(json.dumps(result, indent=1, ensure_ascii=False))
     return 0
-
-
-if __name__ == "__main__":  # the old form: one line naming `python -m benchmarks <command>`
-    from benchmarks.cli import moved
-
-    raise SystemExit(moved(__spec__.name))

@@ -1,0 +1,136 @@
+"""What the benchmarks share: the strategies' names, the yardstick's recipe, one results writer (JSON + markdown +
+PNG) and one interval."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+from torchacco import cost_model as cm
+from torchacco.parallel.acco import ACCO as _ACCO
+from torchacco.parallel.ddp import DDP as _DDP
+from torchacco.parallel.dpu import DPU as _DPU
+from torchacco.parallel.fsdp import FSDP as _FSDP
+from torchacco.parallel.hsdp import HSDP as _HSDP
+from torchacco.parallel.wp import WP as _WP
+from torchacco.parallel.zero1 import ZeRO1 as _ZeRO1
+
+ROOT = Path(__file__).resolve().parents[1]
+# read from the classes, so that a renamed strategy is followed and no name is spelled twice
+DDP, ZERO1, FSDP, HSDP, ACCO, DPU, WP = (cls.name for cls in (_DDP, _ZeRO1, _FSDP, _HSDP, _ACCO, _DPU, _WP))
+QUIET = ["--metrics.log_every", "1", "--metrics.tensorboard", "false", "--metrics.progress_bar", "false",
+         "--checkpoint.enable", "false", "--checkpoint.export_hf", "false", "--acco.drift_every", "1"]  # fmt: skip
+
+
+def strategy_variants() -> dict[str, list[str]]:
+    """label -> training arguments: every registered strategy's benchmark variants (its plain self first). Runs
+    that steps end give an adaptive variant an unreachable token budget (it needs one)."""
+    budget = ["--training.max_tokens", "1000000000000"]
+    return {label: [*cm.variant_arguments(label), *budget * mode.startswith("adaptive")]
+            for label, (_, mode) in cm.variants().items()}  # fmt: skip
+
+
+def recipe(updates: int, lr: float, seed: int, extra: list[str] = (), flavor: str = "debug") -> list[str]:
+    """The yardstick's recipe on 2 ranks, as trainer arguments: GPT-Neo `flavor` (debug; a larger one to check a
+    finding on), 1k BPE vocabulary, seq 128, 16 sequences per update, 5% warm-up then cosine, an evaluation of 4
+    batches per rank every tenth of the run."""
+    return ["--config", "train_configs/default.toml", "--model.flavor", flavor, "--tokenizer.vocab_size", "1024",
+            "--training.seq_len", "128", "--training.local_batch_size", "4", "--training.global_batch_size", "16",
+            "--training.steps", str(10 * updates), "--training.max_tokens", str(updates * 16 * 128),
+            "--lr_schedule.warmup_steps", str(max(1, updates // 20)), "--optimizer.lr", str(lr),
+            "--eval.every", str(max(1, updates // 10)), "--eval.batches", "4", "--training.seed", str(seed),
+            *extra]  # fmt: skip
+
+
+# by degrees of freedom; a dof between two keys takes the smaller key's (wider) value; 1.96 from 30 on
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
+       15: 2.13, 20: 2.09, 25: 2.06}  # fmt: skip
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """The mean and the half-width of its two-sided 95% Student's t-interval (nan for one value)."""
+    mean, n = statistics.fmean(values), len(values)
+    if n < 2:
+        return mean, float("nan")
+    t = T95[max(d for d in T95 if d <= n - 1)] if n - 1 < 30 else 1.96
+    return mean, t * statistics.stdev(values) / n**0.5
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line), "?")
+    return f"{os.cpu_count()}-core {model}, CPU, {platform.system()}"
+
+
+def parser(command: str, doc: str, name: str | None = None, **name_help) -> argparse.ArgumentParser:
+    """A command's parser: `doc` as its help, --out (the results' folder) and --name (their file names' stem)."""
+    p = argparse.ArgumentParser(prog=f"python -m benchmarks {command}", description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--out", default="bench_results")
+    p.add_argument("--name", default=name, help=name_help.get("help", "the results' file names' stem"))
+    return p
+
+
+def command(name: str, argv: list[str] | None) -> str:
+    return f"python -m benchmarks {name} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def records(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def write_report(out: Path, name: str, data: dict, table: str, draw=None) -> None:
+    """A benchmark's outputs: <name>.json (the data), .md (the table, also printed) and .png (`draw(path)`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1, default=float))
+    (out / f"{name}.md").write_text(table)
+    if draw is not None:
+        draw(out / f"{name}.png")
+    print(table, flush=True)
+
+
+def panels(count: int, height: float = 3.5):
+    """A figure of `count` panels side by side, 5 wide each: (figure, axes), or None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("torchacco: note: matplotlib is not installed, so no PNG plots were drawn (JSON and markdown were "
+              "written); install it with: .venv/bin/pip install -e '.[bench]'", file=sys.stderr)  # fmt: skip
+        return None
+    fig, axes = plt.subplots(1, count, figsize=(5 * count, height), squeeze=False)
+    return fig, axes[0]
+
+
+def save_figure(fig, path: Path) -> None:
+    """Write `fig` as a PNG (`path`'s suffix becomes .png) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=110)
+    plt.close(fig)
+
+
+def bars(
+    path: Path, panels_data: dict[str, list[tuple[str, float, float]]], xlabel: str, line: float = 1.0, bar: float = 0.0
+):
+    """One horizontal bar chart per panel title: (label, value, error bar) rows, a reference line at `line` and, given
+    a `bar`, dotted lines at line ± bar (a value past them misses)."""
+    drawn = panels(len(panels_data), height=3.2)
+    if drawn is None:
+        return
+    fig, axes = drawn
+    for ax, (title, rows) in zip(axes, panels_data.items()):
+        ax.barh([r[0] for r in rows], [r[1] for r in rows], xerr=[r[2] for r in rows])
+        ax.axvline(line, color="grey", lw=0.5)
+        for x in (line - bar, line + bar) if bar else ():
+            ax.axvline(x, color="grey", lw=0.7, ls=":")
+        ax.set(title=title, xlabel=xlabel)
+    save_figure(fig, path)

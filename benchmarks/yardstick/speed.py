@@ -1,0 +1,252 @@
+"""Speed on the emulated cluster: time per update of each strategy per setting, from short runs after warm-up.
+
+    sudo .venv/bin/python -m benchmarks speed [--updates 110] [--repeats 2] [--settings a,b,c] [--rates 50mbit]
+
+Settings (plans() below): a, b at the calibrated link rate and a third of it, c with four nodes one of them slow,
+a2/b2 with 2 ranks per node, r<rate> per --rates. Each row also holds every rank's peak RSS (--malloc-mmap: RSS
+follows live memory) and, with a slow node, its measured slowdown. Needs root and a quiet machine. Writes
+<out>/<--name>.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks import common
+from benchmarks.cluster import Cluster, ClusterPlan, parse_rate, run_training
+from benchmarks.cluster.plan import CFS_PERIOD_US, CPU_PERIOD_HELP, ClusterError, period_us
+from benchmarks.common import ACCO, DDP, FSDP, HSDP, QUIET, ROOT, ZERO1, recipe
+from benchmarks.yardstick.tokens import VARIANTS
+
+BASELINES = (DDP, ZERO1, FSDP, HSDP)
+STREAMING = "streaming_h10_avg"  # the DiLoCo variant with the least time to DDP's loss
+STRATEGIES = {  # every registered strategy's variants (balanced batches among them), then the yardstick's own
+    **common.strategy_variants(),
+    **{name: VARIANTS[name] for name in ("diloco_h10", "diloco_h50", "streaming_h50", "diloco_h10_avg", STREAMING)},
+    # Streaming DiLoCo across nodes with ZeRO-1 or ACCO over each node's ranks (settings a2, b2)
+    **{f"{STREAMING}_{inner}": [*VARIANTS[STREAMING], "--parallelism.data_parallel", inner] for inner in (ZERO1, ACCO)},
+    # mixed replicas: a replica runs as many of a period's H inner updates as fit in the fastest one's time
+    **{f"{v}_balanced": [*VARIANTS[v], "--diloco.balance_replicas", "true"] for v in ("diloco_h50", "diloco_h10_avg")},
+    # every gradient bucket 25 MiB (a set cap): this model's gradients in one bucket, all-reduced after the backward
+    f"{DDP}_one_bucket": ["--parallelism.data_parallel", DDP, "--parallelism.bucket_cap_mb", "25"],
+}
+_ONE = [DDP, ZERO1, FSDP, ACCO, "diloco_h10_avg", STREAMING]
+_TWO = [DDP, ZERO1, HSDP, ACCO, STREAMING, f"{STREAMING}_{ZERO1}", f"{STREAMING}_{ACCO}"]
+PER_SETTING = {  # the strategies each setting runs by default
+    "a": _ONE, "b": _ONE, "a2": _TWO, "b2": _TWO,
+    "c": [DDP, f"{DDP}_balanced", ZERO1, f"{ZERO1}_balanced", ACCO, f"{ACCO}_balanced", "diloco_h50",
+          "diloco_h50_balanced"],
+}  # fmt: skip
+WARMUP = 10  # updates left out of the timing
+TOKENS_PER_UPDATE = 16 * 128  # the recipe's global batch: an update of every strategy but mixed replicas
+CALIBRATION_HELP = "the file under --out whose 'calibration' sets the link rates of settings a and b (without .json)"
+MMAP = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}  # freed buffers over 64 KiB go back at once
+
+
+def seconds_per_token(records: list[dict], warmup: int = WARMUP) -> float:
+    kept = records[warmup:]
+    return sum(r["tokens_per_update"] / r["tokens_per_s"] for r in kept) / sum(r["tokens_per_update"] for r in kept)
+
+
+def seconds_per_update(records: list[dict], warmup: int = WARMUP) -> float:
+    """Mean time of the updates after warm-up (each record's tokens over its rate: its own time, as the trainer
+    restarts its clock after every logged update)."""
+    kept = records[warmup:]
+    return sum(r["tokens_per_update"] / r["tokens_per_s"] for r in kept) / len(kept)
+
+
+def compute_s(record: dict) -> float:
+    """A logged update's seconds before its sync: data, forward and backward (`share_sync` is the rest)."""
+    return record["tokens_per_update"] / record["tokens_per_s"] * (1 - record["share_sync"])
+
+
+def warmup_of(name: str) -> int:
+    """The updates of a label's run left out of its timing: DiLoCo's from the second period on (mixed replicas run
+    the first one unmeasured, as fixed H)."""
+    return WARMUP + 50 if name.startswith(("diloco", "streaming")) else WARMUP
+
+
+def kept_run(plan: ClusterPlan, args: list[str], folder: Path, name: str, resume: bool, run):
+    """`run()`'s result, kept in folder/name; with `resume`, a kept one of the same arguments on the same plan."""
+    shape = {k: v for k, v in dataclasses.asdict(plan).items() if k not in ("prefix", "subnet")}  # names, per call
+    kept, key = folder / name, json.dumps({"args": args, "plan": shape}, sort_keys=True)
+    if resume and kept.exists():
+        saved = json.loads(kept.read_text())
+        if saved.pop("key", None) == key:
+            return saved["result"]
+    result = run()
+    folder.mkdir(parents=True, exist_ok=True)
+    kept.write_text(json.dumps({"key": key, "result": result}))
+    return result
+
+
+def timed_run(plan: ClusterPlan, train: list[str], folder: Path, resume: bool, env: dict | None = None) -> dict:
+    """One speed run's records and per-rank reports; with `resume`, those of a finished run with the same arguments
+    on the same plan."""
+    return kept_run(plan, train, folder, "speed_run.json", resume, lambda: run_training(plan, train, folder, env=env))
+
+
+def plans(out: Path, calibration: str = "time_to_loss", rates: str = "") -> dict[str, tuple[ClusterPlan, list[str]]]:
+    """The settings: setting -> (the cluster, the trainer arguments it adds). The link rates of a and b follow the
+    calibration's balance rate (ZeRO-1's job as long as its compute), measured by `time-to-target`."""
+    path = out / f"{calibration}.json"
+    try:
+        balance = json.loads(path.read_text())["calibration"]["balance_bps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ClusterError(f"no calibration in {path}: run `python -m benchmarks time-to-target` "
+                           "first, which measures it") from None  # fmt: skip
+    two = ["--training.local_batch_size", "2"]  # so that ACCO's two periods fit 16 sequences on 4 ranks
+    return {
+        "a": (ClusterPlan(nodes=2, rate_bps=balance), []), "b": (ClusterPlan(nodes=2, rate_bps=balance / 3), []),
+        # micro-batches of one sequence; 8 evaluation batches per rank read the recipe's 32 validation windows
+        "c": (ClusterPlan(nodes=4, rate_bps=1e9, slow_node=3, slow_factor=4.0, cpu_per_node=0.45),
+              ["--training.local_batch_size", "1", "--eval.batches", "8"]),
+        # the inner strategy's traffic stays on the node, the outer sync crosses the shaped link
+        "a2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance), two),
+        "b2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance / 3), two),
+        **{f"r{r}": (ClusterPlan(nodes=2, rate_bps=parse_rate(r)), []) for r in rates.split(",") if r},
+    }  # fmt: skip
+
+
+SPIN = "import time\nt=time.perf_counter(); n=0\nwhile time.perf_counter()-t<{s}: n+=1\nprint(n)"
+
+
+def slowdown(plan: ClusterPlan, folder: Path, seconds: float = 2.0) -> float:
+    """The slow node's measured slowdown: busy-loop iterations per second in every node at once (inside its CPU
+    cgroup), the others' mean over the slow one's (a quota alone is not exact on a shared machine)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    logs = [folder / f"spin{i}.txt" for i in range(plan.nodes)]
+    with Cluster(plan) as cluster:
+        procs = [
+            cluster.launch(i, [sys.executable, "-c", SPIN.format(s=seconds)], log=logs[i]) for i in range(plan.nodes)
+        ]
+        for p in procs:
+            p.wait()
+    rates = [float(log.read_text().split()[-1]) for log in logs]
+    return statistics.fmean(r for i, r in enumerate(rates) if i != plan.slow_node) / rates[plan.slow_node]
+
+
+def main(argv=None) -> int:
+    parser = common.parser("speed", __doc__, "speed")
+    parser.add_argument("--updates", type=int, default=110)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--settings", default="a,b")
+    parser.add_argument("--rates", default="", help="link rates (e.g. 50mbit,1gbit) of 2-node settings r<rate>")
+    parser.add_argument("--strategies", default="", help=f"from {', '.join(STRATEGIES)}; default: per setting")
+    parser.add_argument("--train-args", default="", help="more trainer arguments for every run, e.g. "
+                        "'--training.mixed_precision bf16'")  # fmt: skip
+    parser.add_argument("--malloc-mmap", action="store_true", help="RSS follows live memory (glibc mmap threshold)")
+    parser.add_argument("--no-slow-start-after-idle", action="store_true", help="set net.ipv4."
+                        "tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)")  # fmt: skip
+    parser.add_argument("--cpu-period-ms", type=float, default=CFS_PERIOD_US / 1000, help=CPU_PERIOD_HELP)
+    parser.add_argument("--resume", action="store_true", help="keep the runs a previous call finished with the same "
+                        "arguments on the same cluster plan; run the rest")  # fmt: skip
+    parser.add_argument("--calibration", default="time_to_loss", help=CALIBRATION_HELP)
+    args = parser.parse_args(argv)
+    out = ROOT / args.out
+    try:
+        plan_of = plans(out, args.calibration, args.rates)
+    except ClusterError as e:
+        parser.error(str(e))
+    names = lambda setting: args.strategies.split(",") if args.strategies else PER_SETTING.get(setting, [])  # noqa: E731
+    settings = [s for s in args.settings.split(",") if s] + [f"r{r}" for r in args.rates.split(",") if r]
+    for setting in settings:
+        if setting not in plan_of:
+            parser.error(f"--settings: unknown setting {setting!r}; one of {', '.join(plan_of)}")
+        plan, extra = plan_of[setting]
+        try:
+            plan = dataclasses.replace(plan, tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
+                                       cpu_period_us=period_us(args.cpu_period_ms))  # fmt: skip
+        except ClusterError as e:
+            parser.error(f"setting {setting}: {e}")
+        plan_of[setting] = plan, extra
+        for name in names(setting):
+            if name not in STRATEGIES:
+                parser.error(f"--strategies: unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
+            if args.updates <= warmup_of(name):
+                parser.error(f"--updates {args.updates} leaves no timed update for {name} (its first "
+                             f"{warmup_of(name)} are warm-up); use at least {warmup_of(name) + 1}")  # fmt: skip
+        if not names(setting):
+            parser.error(f"--settings {setting}: give its --strategies")
+    gaps = {}  # variant -> (gap %, lr): at DDP's best lr (3e-3) where measured over 5 seeds, else at 1.5e-3
+    for lr_wanted in ("0.0015", "0.003"):
+        for table in sorted(out.glob("*token_efficiency*.json")) + sorted(out.glob("diloco_budgets*.json")):
+            data = json.loads(table.read_text())
+            meta = data.get("meta", {})
+            if meta.get("updates", 0) < 1000 or len(meta.get("seeds", [])) < 5:  # shorter runs, screens
+                continue
+            if meta.get("model", "GPT-Neo debug") != "GPT-Neo debug":  # the speed runs train the debug model
+                continue
+            rows = data.get("summary", {}).get(lr_wanted, {})
+            gaps |= {name: (row["mean_gap_pct"], lr_wanted) for name, row in rows.items() if "mean_gap_pct" in row}
+    results, env = {}, MMAP if args.malloc_mmap else None
+    for setting in settings:
+        plan, extra = plan_of[setting]
+        rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
+        if plan.slow_node is not None:
+            rows["measured_slowdown"] = slowdown(plan, out / "runs" / "speed" / f"{setting}_slowdown")
+        for name in names(setting):
+            times, token_times, rss = [], [], []
+            for repeat in range(args.repeats):
+                train = [*recipe(args.updates, 1.5e-3, repeat), *QUIET, *STRATEGIES[name], "--eval.every", "0"]
+                train += ["--training.max_tokens", "0", "--training.steps", str(args.updates), *extra]
+                if "--diloco.balance_replicas" in STRATEGIES[name]:  # its clock is in tokens: the recipe's
+                    train += ["--training.max_tokens", str(args.updates * TOKENS_PER_UPDATE)]
+                train += args.train_args.split()
+                folder = out / "runs" / "speed" / f"{setting}_{name}_{repeat}"
+                run = timed_run(plan, train, folder, args.resume, env)
+                warmup = warmup_of(name)
+                times.append(seconds_per_update(run["records"], warmup))
+                token_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
+                rss.append([round(r["peak_rss_gib"], 4) for r in run.get("ranks", [])])
+                print(f"[speed] {setting} {name} #{repeat}: {times[-1]:.4f} s per update", flush=True)
+            # "mean": seconds per recipe update's tokens (16 × 128), the time per update of all but mixed replicas
+            rows["strategies"][name] = {"seconds_per_update": times, "seconds_per_recipe_update": token_times,
+                                        "mean": statistics.fmean(token_times),
+                                        "peak_rss_gib_per_rank": rss}  # fmt: skip
+        ran = rows["strategies"]
+        synchronous = [n for n in ran if n.removesuffix("_balanced") in BASELINES] or list(ran)
+        best = rows["best_baseline"] = min(synchronous, key=lambda n: ran[n]["mean"])
+        for name, row in ran.items():
+            row["speedup_vs_best_baseline"] = ran[best]["mean"] / row["mean"]
+            plain = name.removesuffix("_balanced")
+            row["speedup_vs_unbalanced"] = ran[plain]["mean"] / row["mean"] if plain != name and plain in ran else None
+            # Balanced batches do not change the update; mixed replicas do (its gap is not measured yet)
+            row["gap_pct"] = gaps.get(name if name.startswith("diloco") else plain)
+    meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(),
+            "command": common.command("speed", argv)}  # fmt: skip
+    bars = {f"setting {s}": [(n, r["speedup_vs_best_baseline"], 0) for n, r in rows["strategies"].items()]
+            for s, rows in results.items()}  # fmt: skip
+    common.write_report(out, args.name, {"meta": meta, "settings": results}, markdown(results, meta),
+                        lambda path: common.bars(path, bars, "updates per second vs the best baseline"))  # fmt: skip
+    return 0
+
+
+def markdown(results: dict, meta: dict) -> str:
+    lines = ["# Speed on the emulated cluster: time per update, and the loss at equal tokens", "",
+             f"{meta['date']}, {meta['machine']}; network namespaces, `tc tbf`, CPU quotas; one rank per node unless "
+             "the setting says more.",
+             f"Command: `{meta['command']}`. Loss gaps at equal tokens: `bench_results/*token_efficiency*.md` "
+             "(loopback, 1,000 updates, 5 seeds, paired with DDP at the lr named, 3e-3 where measured (DDP's best), "
+             "else 1.5e-3; a balanced variant computes its strategy's update).", ""]  # fmt: skip
+    for setting, rows in results.items():
+        slow = f" Slow node measured {rows['measured_slowdown']:.2f}× slower." if "measured_slowdown" in rows else ""
+        lines += [f"## Setting {setting}: {rows['plan']}", "",
+                  f"Best synchronous baseline (balanced ones included): {rows['best_baseline']}.{slow}", "",
+                  "| strategy | s per update's tokens (repeats) | speed vs best baseline | vs its unbalanced self "
+                  "| val loss vs ddp at equal tokens (%) | peak RSS per rank (MiB) |",
+                  "|---|---|---:|---:|---:|---|"]  # fmt: skip
+        for name, row in rows["strategies"].items():
+            each = ", ".join(f"{t:.4f}" for t in row.get("seconds_per_recipe_update", row["seconds_per_update"]))
+            gap = "—" if row["gap_pct"] is None else f"{row['gap_pct'][0]:+.2f} (lr {float(row['gap_pct'][1]):g})"
+            self_ = "" if row["speedup_vs_unbalanced"] is None else f"{row['speedup_vs_unbalanced']:.2f}×"
+            rss = ", ".join(f"{x * 1024:.0f}" for x in max(row.get("peak_rss_gib_per_rank", []), default=[]))
+            lines.append(f"| {name} | {row['mean']:.4f} ({each}) | {row['speedup_vs_best_baseline']:.2f}× | {self_} | "
+                         f"{gap} | {rss} |")  # fmt: skip
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,276 @@
+"""Token efficiency: validation loss at equal tokens against DDP, paired by seed (loopback, no root).
+
+    .venv/bin/python -m benchmarks token-efficiency --updates 1000 --lrs 3e-3 --seeds 0,1,2,3,4 --variants ddp,acco
+
+One 2-rank gloo run at a time on the yardstick's recipe (common.recipe); each variant's final loss against DDP's with
+the same seed and lr; zero1 − ddp is the noise floor. --budgets: every variant but DDP also runs those multiples of
+--updates and its tokens to DDP's final loss are interpolated between them; --levels: DDP runs those multiples too, each
+a target. Runs are kept under <out>/<--runs>/ and reused when complete (--fresh reruns them). Writes
+<out>/<--name>.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import common
+from benchmarks.common import ACCO, DDP, DPU, FSDP, QUIET, ROOT, WP, ZERO1, mean_ci, recipe, records
+
+
+def _dp(name: str, more: str = "") -> list[str]:
+    return ["--parallelism.data_parallel", name, *more.split()]
+
+
+# Evaluation counts micro-batches, so micro-batches of 2 (1) evaluate 8 (16) to keep the recipe's validation sequences
+LB2, LB1 = "--training.local_batch_size 2 --eval.batches 8", "--training.local_batch_size 1 --eval.batches 16"
+DILOCO = "--parallelism.replicas 2 --diloco.sync_every"  # 2 replicas of one rank, an outer step every H updates
+AVG = "--diloco.outer_lr 1 --diloco.outer_momentum 0"  # plain averaging
+VARIANTS = {
+    DDP: _dp(DDP), ZERO1: _dp(ZERO1), FSDP: _dp(FSDP),  # FSDP: DDP's update with everything sharded, another floor
+    # DDP in other floating-point orders (4 or 8 micro-batches per rank): the noise floor at acco_share's batches
+    "ddp_lb2": _dp(DDP, LB2), "ddp_lb1": _dp(DDP, LB1), ACCO: _dp(ACCO),
+    "acco_w05": _dp(ACCO, "--acco.estimate_grad_weight 0.5"),  # the estimate steps with ½ g̃ + ½ m̂
+    "acco_share75": _dp(ACCO, f"{LB2} --acco.estimate_share 0.75"),  # 3 of 4 micro-batches per rank at θ̃
+    DPU: _dp(DPU), WP: _dp(WP),  # one-update-stale gradients
+    "acco_clip_commit": _dp(ACCO, "--acco.estimate_clip commit"),  # the estimate clipped by the last commit's norm
+    "acco_share875": _dp(ACCO, f"{LB1} --acco.estimate_share 0.875"),
+    "acco_share75_clip_commit": _dp(ACCO, f"{LB2} --acco.estimate_share 0.75 --acco.estimate_clip commit"),
+    "acco_tw65": _dp(ACCO, "--acco.estimate_token_weight 1.857"),  # 65% of the commit's weight on the half at θ̃
+    "acco_w0": _dp(ACCO, "--acco.estimate_grad_weight 0"),
+    "acco_damped05": _dp(ACCO, "--acco.estimate_damping 0.5"),
+    **{f"diloco_h{h}": _dp(DDP, f"{DILOCO} {h}") for h in (10, 50, 100)},
+    **{f"diloco_h{h}_avg": _dp(DDP, f"{DILOCO} {h} {AVG}") for h in (1, 10, 20, 50)},
+    # Nesterov whose steady-state step is 1.4× the replicas' mean displacement (outer lr / (1 − momentum)), not 7×
+    "diloco_h10_n07m05": _dp(DDP, f"{DILOCO} 10 --diloco.outer_lr 0.7 --diloco.outer_momentum 0.5"),
+    # Streaming DiLoCo: 2 fragments, each all-reduced in bf16 beside 1 inner update; eager: the replica goes on from
+    # its own θ and moves that update onto the mean when it arrives
+    "streaming_h10_avg": _dp(DDP, f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true "
+                                  f"{AVG} --diloco.outer_dtype bf16"),
+    "streaming_h50": _dp(DDP, f"{DILOCO} 50 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.outer_dtype bf16"),
+}  # fmt: skip
+CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
+
+
+def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh: bool, flavor: str) -> list[dict]:
+    done = records(folder)
+    if done and not fresh and done[-1].get("step") == updates and "val_loss" in done[-1]:
+        return done
+    args = [*recipe(updates, lr, seed, flavor=flavor), *QUIET, *VARIANTS[variant], "--training.num_threads", "1"]
+    args += ["--job.dump_folder", str(folder), "--job.overwrite", "true"]
+    started, log = time.perf_counter(), folder.parent / f"{folder.name}.log"  # (with_suffix cuts at the lr's dot)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.run(["./run_train.sh", *args], cwd=ROOT, env={**os.environ, "NPROC": "2"}, stdout=out,
+                              stderr=subprocess.STDOUT)  # fmt: skip
+    if proc.returncode:
+        sys.exit(f"token-efficiency: {variant} lr {lr:g} seed {seed} failed; see {log}")
+    print(f"[token-efficiency] {variant} lr {lr:g} seed {seed}: val {records(folder)[-1]['val_loss']:.4f} "
+          f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
+    return records(folder)
+
+
+def gap(a: float, b: float) -> float:
+    return 100.0 * (a / b - 1.0)
+
+
+def updates_to_target(target: float, finals: dict[int, float]) -> tuple[float | None, bool]:
+    """The updates a variant needs to reach `target`, from its final losses at several budgets (updates -> loss, each
+    run with its own cosine): linear between the first two budgets that bracket the target. Returns (updates,
+    is_upper_bound): the smallest budget and True when it already reaches it, (None, False) when no budget does."""
+    points = sorted(finals.items())
+    if points[0][1] <= target:
+        return float(points[0][0]), True
+    for (n0, l0), (n1, l1) in zip(points, points[1:]):
+        if l1 <= target < l0:
+            return n0 + (n1 - n0) * (l0 - target) / (l0 - l1), False
+    return None, False
+
+
+def budget_multiples(parser: argparse.ArgumentParser, text: str, flag: str = "--budgets") -> list[float]:
+    """--budgets (or --levels): comma-separated positive multiples of the base run's updates, or one line."""
+    try:
+        multiples = [float(x) for x in text.split(",")]
+    except ValueError:
+        parser.error(f"{flag} takes comma-separated multiples of --updates (e.g. 1,1.25,1.5), got {text!r}")
+    if not all(math.isfinite(m) and m > 0 for m in multiples):
+        parser.error(f"{flag} must be positive multiples of --updates, got {text!r}")
+    return multiples
+
+
+def budget_rows(by_budget: dict, ddp_finals: list[float], updates: int) -> dict:
+    """Per seed: the updates this variant needs for DDP's final loss of the same seed, as a share of DDP's."""
+    found = [updates_to_target(t, {n: vals[i] for n, vals in by_budget.items()}) for i, t in enumerate(ddp_finals)]
+    ratios = [None if needed is None else needed / updates for needed, _ in found]
+    reached = [r for r in ratios if r is not None]
+    every = len(reached) == len(ratios)
+    return {"budgets": {str(n): vals for n, vals in sorted(by_budget.items())}, "tokens_to_target_ratio": ratios,
+            "ratio_is_upper_bound": [bound for _, bound in found],
+            "mean_tokens_to_target_ratio": statistics.fmean(reached) if every else None,
+            "sd_tokens_to_target_ratio": statistics.stdev(reached) if every and len(reached) > 1 else None}  # fmt: skip
+
+
+def level_rows(by_budget: dict, ddp_by_budget: dict[int, list[float]], levels: list[int]) -> dict:
+    """Per target level (DDP's budget): budget_rows against DDP's losses there, the mean target and the ratio's 95%
+    interval where every seed reached it."""
+    out = {}
+    for n in levels:
+        row = budget_rows(by_budget, ddp_by_budget[n], n)
+        reached = row["tokens_to_target_ratio"]
+        half = mean_ci(reached)[1] if all(r is not None for r in reached) else None
+        out[str(n)] = row | {"target": statistics.fmean(ddp_by_budget[n]), "ci95_tokens_to_target_ratio": half}
+    return out
+
+
+def summarize(runs: dict[tuple[float, str], list[list[dict]]]) -> dict:
+    """Per lr and variant, from each seed's records of the base run: final val losses and along the run (mean, sd
+    over seeds), and the paired gaps to DDP (%) with mean, sd and 95% interval."""
+    curves = {key: [[r["val_loss"] for r in recs if "val_loss" in r] for recs in seeds] for key, seeds in runs.items()}
+    out = {}
+    for (lr, v), seeds in runs.items():
+        finals, cols, last = [c[-1] for c in curves[(lr, v)]], list(zip(*curves[(lr, v)])), seeds[0][-1]
+        along = {"tokens": [r["tokens"] for r in seeds[0] if "val_loss" in r],
+                 "tokens_per_update": last["tokens"] / last["step"], "mean": [statistics.fmean(c) for c in cols],
+                 "sd": [statistics.stdev(c) if len(c) > 1 else 0.0 for c in cols]}  # fmt: skip
+        row = out.setdefault(f"{lr:g}", {})[v] = {"val_loss": finals, "mean_val_loss": statistics.fmean(finals),
+                                                  "val_loss_along_run": along}  # fmt: skip
+        if v == DDP:
+            continue
+        gaps = [gap(x, y) for x, y in zip(finals, out[f"{lr:g}"][DDP]["val_loss"])]
+        row |= {"gap_pct": gaps, "mean_gap_pct": statistics.fmean(gaps), "ci95_gap_pct": mean_ci(gaps)[1],
+                "sd_gap_pct": statistics.stdev(gaps) if len(gaps) > 1 else float("nan")}  # fmt: skip
+    return out
+
+
+def markdown(summary: dict, meta: dict) -> str:
+    lines = ["# Token efficiency: validation loss at equal tokens vs DDP, paired by seed", "",
+             f"{meta['date']}, {meta['machine']}; {meta.get('model', 'GPT-Neo debug')}, {meta['updates']} updates, "
+             f"seeds {meta['seeds']}.", f"Command: `{meta['command']}`", "",
+             "| lr | variant | mean val loss | gap vs ddp, mean ± sd (%) | 95% interval of the mean (%) "
+             "| per seed (%) |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for lr, rows in summary.items():
+        for v, r in rows.items():
+            if v == DDP:
+                lines.append(f"| {lr} | ddp | {r['mean_val_loss']:.4f} | | | |")
+                continue
+            m, half = r["mean_gap_pct"], r["ci95_gap_pct"]
+            interval = "" if math.isnan(half) else f"{m - half:+.2f} to {m + half:+.2f}"
+            lines.append(f"| {lr} | {v} | {r['mean_val_loss']:.4f} | {m:+.2f} ± {r['sd_gap_pct']:.2f} | {interval} | "
+                         f"{', '.join(f'{x:+.2f}' for x in r['gap_pct'])} |")  # fmt: skip
+    budgeted = [(lr, v, row) for lr, rows in summary.items() for v, row in rows.items() if "budgets" in row]
+    if budgeted:
+        lines += ["", "## Tokens to DDP's final loss", "",
+                  f"Each variant also ran budgets of {', '.join(map(str, meta['budgets']))} updates, each with its own "
+                  "cosine; the updates it needs for the final validation loss of DDP's run with the same seed are "
+                  "interpolated between the two budgets that bracket it, as a multiple of DDP's (≤: the smallest "
+                  "budget already reaches it; —: no budget does).", "",
+                  "| lr | variant | tokens to target × DDP's, mean ± sd | per seed |", "|---|---|---|---|"]  # fmt: skip
+        for lr, v, row in budgeted:
+            each = ", ".join("—" if r is None else ("≤" if b else "") + f"{r:.3f}"
+                             for r, b in zip(row["tokens_to_target_ratio"], row["ratio_is_upper_bound"]))  # fmt: skip
+            mean = row["mean_tokens_to_target_ratio"]
+            spread = "—" if mean is None else f"{mean:.3f} ± {row['sd_tokens_to_target_ratio'] or 0:.3f}"
+            lines.append(f"| {lr} | {v} | {spread} | {each} |")
+    leveled = [(lr, v, row) for lr, v, row in budgeted if len(row.get("levels", {})) > 1]
+    if leveled:
+        levels = list(leveled[0][2]["levels"])
+        lines += ["", "## Tokens to several loss levels", "",
+                  "Each level is the final validation loss of DDP's run of that many updates (its own cosine; same "
+                  "seed); a variant's tokens to it, as a multiple of that run's, mean and 95% interval over the seeds "
+                  "(≤: a bound; —: a seed not reached within the budgets).", "",
+                  "| lr | variant | " + " | ".join(f"DDP's loss at {n} updates" for n in levels) + " |",
+                  "|---|---|" + "---:|" * len(levels)]  # fmt: skip
+        for lr, v, row in leveled:
+            cells = [(f"{'≤' if any(x['ratio_is_upper_bound']) else ''}{x['mean_tokens_to_target_ratio']:.3f} ± "
+                      f"{x['ci95_tokens_to_target_ratio']:.3f} (target {x['target']:.4f})")
+                     if x["ci95_tokens_to_target_ratio"] is not None else "—"
+                     for x in (row["levels"][n] for n in levels)]  # fmt: skip
+            lines.append(f"| {lr} | {v} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, out: Path) -> None:
+    """Per lr: the validation loss against tokens (mean ± sd over the seeds, every budget's finished runs as
+    points)."""
+    drawn = common.panels(len(summary))
+    if drawn is None:
+        return
+    fig, axes = drawn
+    for ax, (lr, rows) in zip(axes, summary.items()):
+        for v, row in rows.items():
+            along = row["val_loss_along_run"]
+            (line,) = ax.plot(along["tokens"], along["mean"], label=v)
+            low, high = zip(*((m - d, m + d) for m, d in zip(along["mean"], along["sd"])))
+            ax.fill_between(along["tokens"], low, high, color=line.get_color(), alpha=0.2)
+            for n, vals in (row.get("budgets") or row.get("levels_val_loss") or {}).items():
+                ax.errorbar(int(n) * along["tokens_per_update"], statistics.fmean(vals), fmt="o", ms=3,
+                            yerr=statistics.stdev(vals) if len(vals) > 1 else 0.0, color=line.get_color())  # fmt: skip
+        start = len(along["tokens"]) * 2 // 5  # the last 60% of the run, where the gaps are small against the loss
+        bottoms = [min(r["val_loss_along_run"]["mean"]) for r in rows.values()]
+        bottoms += [min(vals) for r in rows.values() for vals in (r.get("budgets") or {}).values()]
+        ax.set_ylim(min(bottoms) - 0.1, max(r["val_loss_along_run"]["mean"][start] for r in rows.values()) + 0.05)
+        ax.set(title=f"lr {lr}: loss against tokens (mean ± sd over seeds)", xlabel="tokens", ylabel="validation loss")
+        ax.legend(fontsize=7)
+    common.save_figure(fig, out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = common.parser(
+        "token-efficiency", __doc__, None, help="the results' file name (token_efficiency; <flavor>_token_efficiency)"
+    )
+    parser.add_argument("--updates", type=int, default=1000)
+    parser.add_argument("--lrs", default="3e-3", help="comma-separated peak learning rates")
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--variants", default="ddp,zero1,acco,acco_w05", help=f"from {', '.join(VARIANTS)}")
+    parser.add_argument("--fresh", action="store_true", help="rerun runs whose results exist")
+    parser.add_argument("--runs", default="token_efficiency_runs", help="the folder under --out that keeps the runs")
+    parser.add_argument("--flavor", default="debug", choices=CPU_FLAVORS, help="the GPT-Neo flavor trained")
+    parser.add_argument("--budgets", default="1", help="multiples of --updates every variant but ddp also runs")
+    parser.add_argument("--levels", default="1", help="multiples of --updates ddp runs: each final loss a target")
+    args = parser.parse_args(argv)
+    scaled = lambda text, flag: sorted({round(args.updates * m) for m in budget_multiples(parser, text, flag)}
+                                       | {args.updates})  # noqa: E731  # fmt: skip
+    budgets, levels = scaled(args.budgets, "--budgets"), scaled(args.levels, "--levels")
+    if len(levels) > 1 and len(budgets) == 1:
+        parser.error("--levels needs --budgets: a variant's tokens to each level are interpolated between its budgets "
+                     "(e.g. --budgets 0.75,1,1.25 --levels 0.75,1)")  # fmt: skip
+    lrs, seeds = [float(x) for x in args.lrs.split(",")], [int(x) for x in args.seeds.split(",")]
+    variants = [DDP, *(v for v in args.variants.split(",") if v != DDP)]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    out = ROOT / args.out
+    name = args.name or ("token_efficiency" if args.flavor == "debug" else f"{args.flavor}_token_efficiency")
+    prefix = "" if args.flavor == "debug" else f"{args.flavor}_"  # the debug model's runs keep their names
+    runs, by_budget = {}, {}  # (lr, variant) -> each seed's records of the base run; -> {budget: final losses}
+    for lr in lrs:
+        for v in variants:  # DDP first: the others are paired with it
+            for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
+                for n in budgets if v != DDP else levels:
+                    folder = out / args.runs / f"{prefix}u{n}_lr{lr:g}_{v}_s{seed}"
+                    final = train(v, lr, seed, n, folder, args.fresh, args.flavor)[-1]["val_loss"]
+                    by_budget.setdefault((lr, v), {}).setdefault(n, []).append(final)
+                base = out / args.runs / f"{prefix}u{args.updates}_lr{lr:g}_{v}_s{seed}"
+                runs.setdefault((lr, v), []).append(records(base))
+    summary = summarize(runs)
+    for lr in lrs if len(budgets) > 1 else ():
+        rows = summary[f"{lr:g}"]
+        for v in variants[1:]:
+            rows[v] |= budget_rows(by_budget[(lr, v)], rows[DDP]["val_loss"], args.updates)
+            if len(levels) > 1:
+                rows[v]["levels"] = level_rows(by_budget[(lr, v)], by_budget[(lr, DDP)], levels)
+        if len(levels) > 1:
+            rows[DDP]["levels_val_loss"] = {str(n): by_budget[(lr, DDP)][n] for n in levels}
+    meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(), "updates": args.updates,
+            "model": f"GPT-Neo {args.flavor}", "seeds": seeds, "budgets": budgets, "levels": levels,
+            "command": common.command("token-efficiency", argv)}  # fmt: skip
+    data = {"meta": meta, "summary": summary}
+    common.write_report(out, name, data, markdown(summary, meta), lambda path: plot(summary, path))

@@ -1,0 +1,97 @@
+"""The leaf every config section is declared with (imports nothing of torchacco but its errors).
+
+`key()` declares one key: its default and the line of help the configuration reference shows.
+`Options` is the base of a strategy's own section: `section` names the TOML table it is read
+from (`[acco]`), and the config holds one instance per section in `Config.strategy_options`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+
+def key(default, help: str, choices=None):
+    """A config key: its default and the one line the configuration reference shows. `choices`, a
+    function returning the accepted values, is for a set that is known only at run time (the
+    registered strategies); `default` may then be such a function too."""
+    metadata = {"help": help, "choices": choices}
+    if callable(default):
+        return field(default_factory=default, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class Options:
+    """A strategy's options: a dataclass of `key`s read from the TOML section `section` (two
+    strategies that truly share options name the same class)."""
+
+    section: ClassVar[str]
+
+
+@dataclass
+class OverlappedOptions(Options):
+    """The overlapped schedules (acco, dpu and wp): their [acco] section."""
+
+    section: ClassVar[str] = "acco"  # the paper's name for the family; dpu and wp read it too
+
+    mode: Literal["deterministic", "adaptive", "balanced"] = key(
+        "deterministic",
+        "deterministic: a fixed number of micro-batches per period, then wait for the job; adaptive: keep "
+        "accumulating until the job is done (the batch grows); balanced: the global batch stays fixed and is "
+        "split between the ranks by their measured speed",
+    )
+    accumulator_dtype: Literal["fp32", "bf16"] = key("fp32", "gradient accumulator dtype (bf16 is the paper's)")
+    max_growth: float = key(2.0, "adaptive: a rank runs at most this multiple of its period's micro-batches; 0: no cap")
+    lr_batch_scaling: float = key(
+        0.5,
+        "adaptive: the lr is scaled by (update's tokens / nominal tokens)^this; 0.5 is Adam's square-root rule, "
+        "0 turns it off",
+    )
+    estimate_comm: Literal["full", "bf16"] = key(
+        "full",
+        "acco: with an fp32 compute dtype, the estimate round's gradients and parameters travel in bf16 "
+        "(half the bytes; the estimate is approximate by nature)",
+    )
+    dpu_warmup_steps: int = key(0, "dpu: synchronous updates before the one-step delay starts")
+    drift_every: int = key(10, "acco: log ‖θ̃ − θ‖ / ‖θ‖ every this many commits; 0 disables")
+    # The estimate θ̃ = Opt(θ, g̃) steps with half the update's batch. Variants (docs/acco.md, "The estimate"):
+    # blend g̃ with the smoothed past gradients, or take only part of the step. 1 and 1: the paper's estimate.
+    estimate_grad_weight: float = key(
+        1.0,
+        "acco: the estimate steps with w·g̃ + (1 − w)·m̂ (g̃ the half-batch gradient, m̂ Adam's bias-corrected first "
+        "moment); 1: g̃ alone (the paper), 0: the moments alone",
+    )
+    estimate_damping: float = key(1.0, "acco: θ̃ = θ + γ·(Opt(θ, g̃) − θ), only this share γ of the estimate's step")
+    # The commit's gradient at θ̃ carries h·e, the estimate's error through the curvature; counting those tokens more
+    # weakens e's feedback (e' ∝ (1 − weight share at θ̃)·e) at the price of a less even mean (docs/acco.md).
+    estimate_token_weight: float = key(
+        1.0,
+        "acco: each token computed at the estimate θ̃ counts this many times in the commit's weighted token mean "
+        "(1: the plain mean, the paper)",
+    )
+    # A half batch's gradient norm carries twice the noise of the commit's, so clipping by it scales the estimate's
+    # gradient below the commit's: in the linear model that lowers the largest stable lr·h (docs/acco.md).
+    estimate_clip: Literal["own", "commit"] = key(
+        "own",
+        "acco: the gradient norm that decides the estimate's clipping: 'own' (the half batch's, the paper) or "
+        "'commit' (the last commit's, so the estimate is clipped as its commit will likely be)",
+    )
+    # The estimate's error e = θ̃ − θ feeds back as e' ≈ −lr·(1 − β1)·h·(1 − share)·e along a curvature h (docs/acco.md):
+    # a larger share of the batch at θ̃ raises the largest stable lr·h toward DDP's, but leaves a shorter period at θ to
+    # hide the estimate's communication behind.
+    estimate_share: float = key(
+        0.5,
+        "acco, deterministic: share of each update's micro-batches computed at the estimate θ̃ (the rest at θ); 0.5 "
+        "is the paper's halves",
+    )
+
+
+@dataclass
+class HSDPOptions(Options):
+    section: ClassVar[str] = "hsdp"
+    shard_degree: int = key(
+        0,
+        "hsdp: the data-parallel ranks each parameter is sharded over, one node's (the rest replicate it); 0: the "
+        "ranks a node has per tensor- and pipeline-parallel group, LOCAL_WORLD_SIZE / (tp × pp)",
+    )
