@@ -344,6 +344,12 @@ class DiLoCo(Strategy):
         self.active, self.slot, self.nominal = list(outer["active"]), outer["slot"], outer["nominal"]
         self.last_seen = tuple(outer["last_seen"])
         if self.clock is not None:
+            if "clock" not in outer:
+                raise UserError(
+                    "this checkpoint holds no balance_replicas learning-rate clock (it was written by an earlier "
+                    "torchacco or without [diloco] balance_replicas): resume it with the torchacco and settings "
+                    "that wrote it, or start the run afresh"
+                )
             self.clock.tokens = outer["clock"]
         self.durations, self.stamp = [], time.perf_counter()  # timing starts again with the resumed run
         if self.in_flight is not None:
