@@ -47,6 +47,8 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
         ("acco", STREAMING),
         ("zero1", [*REPLICAS_2, "--diloco.sync_every", "2", "--diloco.outer_dtype", "int8", "--diloco.offload", "1"]),
         ("ddp", [*STREAMING[:-4], "--diloco.eager", "true"]),  # eager: θ̂ of the fragment in flight is state too
+        # top-k: the residuals are state, and the one of the fragment in flight has taken its transfer's share
+        ("zero1", [*STREAMING[:-4], *"--diloco.topk 0.05 --diloco.outer_dtype int2 --diloco.offload 1".split()]),
     ],
     ids=[
         "ddp",
@@ -59,6 +61,7 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
         "diloco-acco-streaming",
         "diloco-zero1-int8",
         "diloco-ddp-eager",
+        "diloco-zero1-topk-int2",
     ],
 )
 @pytest.mark.exact

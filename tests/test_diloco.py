@@ -16,10 +16,12 @@ from test_schedules import ROOT, run_worker
 
 from torchacco.config import Config
 from torchacco.errors import UserError
+from torchacco.parallel.compression import CHUNK, sparse_token_weighted_mean
 from torchacco.parallel.pseudo_gradient import (
     ROW,
     dequantize_int8,
     quantize_int8,
+    split_across,
     split_token_weighted_mean,
     token_weighted_mean,
 )
@@ -78,11 +80,28 @@ def fragments_of_tiny_model(fragments: int) -> list[list[int]]:
     return [first, [i for i in range(len(names)) if i not in first]]
 
 
+def sparse_reference(e: torch.Tensor, keep: int, bits: int) -> torch.Tensor:
+    """What top-k sends of e, chunk by chunk: the `keep` largest magnitudes of every 4096 elements, each
+    rounded to the nearest multiple of (the chunk's largest kept magnitude) / (2^(bits−1) − 1)."""
+    sent = torch.zeros_like(e)
+    for start in range(0, e.numel(), 4096):
+        chunk = e[start : start + 4096]
+        order = sorted(range(chunk.numel()), key=lambda j: -abs(chunk[j].item()))[:keep]
+        top = torch.tensor(max(abs(chunk[j].item()) for j in order), dtype=torch.float32)
+        step = None if bits is None else top / (2 ** (bits - 1) - 1)
+        for j in order:
+            sent[start + j] = chunk[j] if bits is None else torch.round(chunk[j] / step) * step
+    return sent
+
+
 def diloco_reference(
-    updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9, eager=False, computed=None
-):
+    updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9, eager=False, computed=None,
+    topk=None,
+):  # fmt: skip
     """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco.py).
-    `computed[r][t]`: whether replica r computed slot t (mixed replicas; all of them when None)."""
+    `computed[r][t]`: whether replica r computed slot t (mixed replicas; all of them when None).
+    `topk`: (elements kept per chunk, code bits, error decay β): each replica sends the top-k of its
+    residual e ← β·e + Δ_r and keeps the rest."""
     reps = [Replica([r * dp + d for d in range(dp)]) for r in range(replicas)]
     frags = fragments_of_tiny_model(P)
     # θ_global per fragment, as parameters of torch's Nesterov SGD
@@ -90,6 +109,7 @@ def diloco_reference(
     outer = [torch.optim.SGD(b, lr=lr, momentum=mu, nesterov=mu > 0) for b in backups]
     tokens = [[0.0] * P for _ in reps]
     in_flight, guesses = {}, {}
+    residuals = [[None] * P for _ in reps]
 
     def eager_guess(f):
         """Each replica continues from the outer step taken with its own Δ (torch's momentum buffer untouched)."""
@@ -107,12 +127,26 @@ def diloco_reference(
 
     def pseudo_gradient_mean(f):
         total = sum(tokens[r][f] for r in range(replicas))
+        if topk is not None:
+            return sparse_mean(f, total)
         mean = [torch.zeros_like(b) for b in backups[f]]
         for r, rep in enumerate(reps):
             for m, b, i in zip(mean, backups[f], frags[f]):
                 m += tokens[r][f] / total * (b.detach() - rep.params[i].detach())
             tokens[r][f] = 0.0
         return mean
+
+    def sparse_mean(f, total):
+        keep, bits, decay = topk
+        mean = torch.zeros(sum(b.numel() for b in backups[f]))
+        for r, rep in enumerate(reps):
+            delta = torch.cat([(b.detach() - rep.params[i].detach()).reshape(-1) for b, i in zip(backups[f], frags[f])])
+            e = delta if residuals[r][f] is None else decay * residuals[r][f] + delta
+            sent = sparse_reference(e, keep, bits)
+            residuals[r][f] = e - sent
+            mean += tokens[r][f] / total * sent
+            tokens[r][f] = 0.0
+        return [g.view_as(b) for g, b in zip(mean.split([b.numel() for b in backups[f]]), backups[f])]
 
     interval = H // P
     spread, token_counts = 0.0, set()  # how far the replicas drift apart between outer steps; their tokens
@@ -174,14 +208,18 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, mixing=0.5), 9),
         ("fsdp", dict(sync_every=2, outer_lr=1.0, outer_momentum=0.0, offload=1), 4),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, eager=1), 9),
+        ("ddp", dict(sync_every=4, fragments=2, overlap_steps=1, topk=0.05, outer_dtype="int4", error_decay=0.9), 9),
     ],
-    ids=["ddp", "zero1-streaming", "zero1-overlap-mixing", "fsdp-averaging-offload", "zero1-eager"],
+    ids=["ddp", "zero1-streaming", "zero1-overlap-mixing", "fsdp-averaging-offload", "zero1-eager", "ddp-topk-int4"],
 )
 def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
     run = run_diloco(tmp_path, kind, updates, micro_batches=2, **diloco)
     reference_keys = dict(H=diloco["sync_every"], P=diloco.get("fragments", 1), tau=diloco.get("overlap_steps", 0))
     reference_keys |= dict(alpha=diloco.get("mixing", 0.0), lr=diloco.get("outer_lr", 0.7))
     reference_keys |= dict(mu=diloco.get("outer_momentum", 0.9), eager=bool(diloco.get("eager", 0)))
+    if "topk" in diloco:
+        bits = {"int8": 8, "int4": 4, "int2": 2}[diloco["outer_dtype"]]
+        reference_keys |= dict(topk=(round(diloco["topk"] * 4096), bits, diloco["error_decay"]))
     expected, spread, distinct_tokens = diloco_reference(updates, 2, replicas=2, dp=1, **reference_keys)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
     # The replicas saw different data and drifted apart (so the mean is a mean); the masked labels
@@ -322,10 +360,15 @@ def _split_mean_rank(rank: int, store_path: str, out: str) -> None:
     delta = torch.randn(2 * ROW + 77) * torch.logspace(-3, 2, 2 * ROW + 77)
     tokens = [300.0, 500.0][replica]
     results = {}
-    for wire in ("fp32", "bf16", "int8"):
+    for wire in ("fp32", "bf16", "int8", "int4"):
         whole = token_weighted_mean(delta, tokens, replica_groups[dp], wire)
         split = split_token_weighted_mean(delta, tokens, replica_groups[dp], wire, split_groups[replica])
         results[wire] = (whole, split)
+    # top-k: each rank sends its 1/dp of the chunks; the mean and what was sent are all-gathered
+    e = torch.cat([delta, delta.flip(0), delta[:1000]])  # (past one chunk)
+    exchange = lambda x: sparse_token_weighted_mean(x, tokens, replica_groups[dp], "int2", 40)  # noqa: E731
+    whole, split = exchange(e), split_across(exchange, e, split_groups[replica], CHUNK)
+    results["topk"], results["topk-sent"] = (whole[0], split[0]), (whole[1], split[1])
     torch.save(results, f"{out}.{rank}")
     dist.destroy_process_group()
 
@@ -334,16 +377,17 @@ def _split_mean_rank(rank: int, store_path: str, out: str) -> None:
 @pytest.mark.slow
 def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
     """A replicated inner strategy's ranks each send 1/dp of Δ and all-gather the rest: the same mean,
-    element for element, as every rank sending all of it (int8's rows stay whole)."""
+    element for element, as every rank sending all of it (the codes' rows and top-k's chunks stay whole)."""
     import torch.multiprocessing as mp
 
     out = str(tmp_path / "mean")
     mp.spawn(_split_mean_rank, args=(str(tmp_path / "store"), out), nprocs=4)
     per_rank = [torch.load(f"{out}.{rank}") for rank in range(4)]
-    for wire in ("fp32", "bf16", "int8"):
+    for wire in ("fp32", "bf16", "int8", "int4", "topk"):
         for results in per_rank:
             whole, split = results[wire]
             assert torch.equal(whole, split), wire
+            assert wire != "topk" or torch.equal(*results["topk-sent"])  # the error feedback's share too
         assert all(torch.equal(r[wire][1], per_rank[0][wire][1]) for r in per_rank), wire  # every rank agrees
 
 
@@ -369,6 +413,9 @@ def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
         ({"parallelism.replicas": 2, "parallelism.data_parallel": "acco", "acco.mode": "adaptive",
           "training.global_batch_size": 16, "training.max_tokens": 10**5}, "'adaptive' inside DiLoCo's replicas"),
         ({"parallelism.replicas": 2, "training.global_batch_size": 12}, "× replicas = 4 × 2 × 2 = 16"),
+        ({"parallelism.replicas": 2, "diloco.topk": 1.5}, "use 0 (all) to 1"),
+        ({"parallelism.replicas": 2, "diloco.error_decay": 0.5}, "topk = 0 sends all; set topk"),
+        ({"parallelism.replicas": 2, "diloco.topk": 0.01, "diloco.error_decay": -1}, "between 0 and 1"),
     ],
 )  # fmt: skip
 def test_impossible_settings_are_one_line_errors(overrides, message):

@@ -190,11 +190,17 @@ class DiLoCo:
         "α: after an overlapped outer step, θ ← (1 − α)·θ_global + α·θ_local (0 drops the τ local updates of "
         "that fragment; the Streaming DiLoCo paper's ablation uses 0.5)",
     )
-    outer_dtype: Literal["fp32", "bf16", "int8"] = key(
+    outer_dtype: Literal["fp32", "bf16", "int8", "int4", "int2"] = key(
         "fp32",
-        "the pseudo-gradient on the wire: fp32 (all-reduce), or bf16 / int8 with one scale per row of 256 "
-        "(all-gathered and summed in fp32)",
+        "the pseudo-gradient on the wire: fp32 (all-reduce), or bf16 / int8 / int4 / int2 with one scale per row "
+        "of 256 (per chunk of 4096 with topk), all-gathered and summed in fp32",
     )
+    topk: float = key(
+        0.0,
+        "fraction of every 4096-element chunk of the pseudo-gradient sent (its largest magnitudes, as 12-bit offsets "
+        "and outer_dtype values); what is not sent is fed back into the next outer step's (SparseLoCo). 0 sends all",
+    )
+    error_decay: float = key(0.95, "β with topk: the residual not yet sent is multiplied by β at each outer step")
     offload: bool = key(False, "keep θ_global and the outer momentum in CPU memory (pinned with CUDA)")
     eager: bool = key(
         False,

@@ -28,8 +28,9 @@ update's time t_in from the formula above on one node, plus the outer step's exp
 over H updates. Fragment f's pseudo-gradient crosses the link once per H updates, D_f = P_f elements
 × wire bytes per node, P_f its parameters (the first fragment holds the embedding; P/F without the model)
 (a sharded inner strategy's ranks send their shards; ddp's, whose ranks all hold all of θ, 1/G of it
-each, then all-gather the fp32 mean in the node); fp32 is an all-reduce, 2(N-1)/N · 8D_f/B, bf16 and
-int8 are all-gathered, (N-1) · 8D_f/B, each at its probed factor; τ inner updates hide it:
+each, then all-gather the fp32 mean in the node); fp32 is an all-reduce, 2(N-1)/N · 8D_f/B, bf16, the
+integer codes and top-k messages are all-gathered, (N-1) · 8D_f/B, each at its probed factor; τ inner
+updates hide it:
   diloco  t_in + Σ_f max(0, T_f − τ·t_in) / H
 
 Time to a target loss = the tokens a strategy needs for it / its tokens per second. The tokens are DDP's times the
@@ -58,6 +59,7 @@ from torchacco.config import DiLoCo as DiLoCoConfig
 from torchacco.errors import UserError
 from torchacco.parallel import registry
 from torchacco.parallel.balance import split_by_speed
+from torchacco.parallel.compression import bytes_per_element
 from torchacco.parallel.ddp import DDP
 from torchacco.parallel.diloco import DiLoCo, fragment_of
 from torchacco.parallel.pseudo_gradient import WIRE_BYTES
@@ -387,7 +389,7 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
 
 def predict_diloco(
     work: Workload, hw: Hardware, inner: str, sync_every: int, fragments: int = 1, overlap_steps: int = 0,
-    outer_dtype: str = "fp32", fragment_params: list[float] | None = None,
+    outer_dtype: str = "fp32", fragment_params: list[float] | None = None, topk: float = 0.0,
 ) -> dict:  # fmt: skip
     """Time per update of DiLoCo with one replica per node and `inner` over each node's ranks.
     `fragment_params`: each fragment's parameters (`model_fragment_params`; the first holds the embedding), else
@@ -400,14 +402,16 @@ def predict_diloco(
     if len(sizes) != fragments:
         raise ValueError(f"fragment_params has {len(sizes)} sizes for {fragments} fragments")
     n = hw.nodes
-    hops, factor = (2 * (n - 1) / n, hw.ar_factor) if outer_dtype == "fp32" else (n - 1, hw.ag_factor)
+    all_reduce = outer_dtype == "fp32" and not topk
+    hops, factor = (2 * (n - 1) / n, hw.ar_factor) if all_reduce else (n - 1, hw.ag_factor)
+    wire = bytes_per_element(outer_dtype, topk) if topk else WIRE_BYTES[outer_dtype]
 
     def transfer_s(params: float) -> float:
         # A node's ranks send Δ once between them: a sharded inner strategy's shards, or a replicated one's 1/g
         # each (then all-gathered in fp32 inside the node).
         if n == 1:
             return 0.0
-        link = factor * hops * 8 * params * WIRE_BYTES[outer_dtype] / hw.bandwidth_bps if hw.bandwidth_bps else 0.0
+        link = factor * hops * 8 * params * wire / hw.bandwidth_bps if hw.bandwidth_bps else 0.0
         gather = 0.0 if cls.traits.shards_theta else hw.ag_factor * collective_s(4.0 * params, node)
         return link + 2 * (n - 1) * hw.latency_s + gather
 

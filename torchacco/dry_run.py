@@ -292,7 +292,7 @@ def layout_prediction(run: DryRun, work: cm.Workload, hw: cm.Hardware) -> dict:
         sizes = cm.model_fragment_params(cfg.model.name, cfg.model.flavor, d.fragments, run.args.vocab_size)
         replicas = dataclasses.replace(hw, nodes=run.replicas, ranks_per_node=run.cluster.world // run.replicas)
         return cm.predict_diloco(
-            work, replicas, label, d.sync_every, d.fragments, d.overlap_steps, d.outer_dtype, sizes
+            work, replicas, label, d.sync_every, d.fragments, d.overlap_steps, d.outer_dtype, sizes, d.topk
         )
 
     local = max(k.params for k in run.kinds)  # the slowest coordinate's ring carries the largest part

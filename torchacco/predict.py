@@ -59,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync-every", type=int, default=outer.sync_every, help="DiLoCo rows (one replica per node): H")
     p.add_argument("--fragments", type=int, default=outer.fragments, help="DiLoCo rows: Streaming DiLoCo's fragments")
     p.add_argument("--overlap-steps", type=int, default=outer.overlap_steps, help="DiLoCo rows: τ")
-    p.add_argument("--outer-dtype", default="bf16", choices=("fp32", "bf16", "int8"), help="DiLoCo rows: the wire")
+    p.add_argument("--outer-dtype", default="bf16", choices=tuple(cm.WIRE_BYTES),
+                   help="DiLoCo rows: the wire")  # fmt: skip
+    p.add_argument("--topk", type=float, default=outer.topk, help="DiLoCo rows: [diloco] topk (0: dense)")
     p.add_argument("--outer-lr", type=float, default=outer.outer_lr, help="DiLoCo rows: the outer learning rate")
     p.add_argument("--outer-momentum", type=float, default=outer.outer_momentum, help="DiLoCo rows: its momentum")
     p.add_argument("--eager", action="store_true", help="DiLoCo rows: [diloco] eager (with --overlap-steps)")
@@ -89,7 +91,7 @@ def outer_step(args) -> DiLoCo:
     """The DiLoCo rows' [diloco] settings, checked as a run with one replica per node would be."""
     outer = DiLoCo(sync_every=args.sync_every, fragments=args.fragments, overlap_steps=args.overlap_steps,
                    outer_dtype=args.outer_dtype, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-                   eager=args.eager)  # fmt: skip
+                   eager=args.eager, topk=args.topk)  # fmt: skip
     cfg = Config(diloco=outer)
     cfg.parallelism.replicas = args.nodes
     check_diloco(cfg, strategy_class(cfg.parallelism.data_parallel))
@@ -109,7 +111,7 @@ def rows(args, work: cm.Workload, hw: cm.Hardware) -> tuple[dict, dict, dict]:
         for label, (cls, _) in cm.variants().items():
             if label == cls.name and not cls.traits.overlapped and not cls.traits.replicas_refused:
                 row = cm.predict_diloco(work, hw, label, outer.sync_every, outer.fragments, outer.overlap_steps,
-                                        outer.outer_dtype, sizes)  # fmt: skip
+                                        outer.outer_dtype, sizes, outer.topk)  # fmt: skip
                 preds[row["strategy"]] = row
                 mem[row["strategy"]] = cm.diloco_memory_bytes(work, hw, label)
                 sources[row["strategy"]] = cm.diloco_token_source(label, args.nodes, outer, table)

@@ -165,6 +165,12 @@ def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
             "[diloco] eager continues from an estimated outer step while the all-reduce runs beside overlap_steps "
             "inner updates and keeps all of them (mixing does not apply): set overlap_steps >= 1 and mixing = 0"
         )
+    if not 0.0 <= d.topk <= 1.0:
+        raise UserError(f"[diloco] topk = {d.topk:g} is the fraction of the pseudo-gradient sent: use 0 (all) to 1")
+    if not 0.0 <= d.error_decay <= 1.0:
+        raise UserError(f"[diloco] error_decay = {d.error_decay:g} must be between 0 and 1")
+    if d.error_decay != DiLoCo().error_decay and not d.topk:
+        raise UserError("[diloco] error_decay applies to what topk leaves unsent, and topk = 0 sends all; set topk")
     if d.mixing and not d.overlap_steps:
         raise UserError(
             "[diloco] mixing mixes in the local updates made during overlap_steps, and overlap_steps = 0; "

@@ -46,8 +46,15 @@ import torch.distributed as dist
 from torchacco.blocks import blocks_of, unwrap
 from torchacco.device import Device
 from torchacco.errors import UserError
+from torchacco.parallel.compression import CHUNK, keep_per_chunk, message_bytes, sparse_token_weighted_mean
 from torchacco.parallel.dims import group_per_row
-from torchacco.parallel.pseudo_gradient import ROW, WIRE_BYTES, split_token_weighted_mean, token_weighted_mean
+from torchacco.parallel.pseudo_gradient import (
+    ROW,
+    WIRE_BYTES,
+    split_across,
+    split_token_weighted_mean,
+    token_weighted_mean,
+)
 from torchacco.parallel.strategy import Counts, MemoryParts, Strategy, UpdateResult
 from torchacco.runners import stall_deadline_s
 
@@ -106,6 +113,9 @@ class DiLoCo(Strategy):
         self.backup = [self._gather(f).to(home).pin_memory() if pin else self._gather(f).to(home).clone()
                        for f in range(options.fragments)]  # fmt: skip
         self.momentum = [torch.zeros_like(b) for b in self.backup]
+        # top-k: what this rank has not sent yet, per fragment (compression.py), where the outer state lives
+        self.keep = keep_per_chunk(options.topk) if options.topk else 0
+        self.residual = [torch.zeros_like(b) for b in self.backup] if self.keep else []
         self.tokens = [0.0] * options.fragments  # the replica's loss tokens since each fragment's last Δ
         self.updates = 0  # inner updates committed
         self.outer_steps = 0
@@ -222,7 +232,7 @@ class DiLoCo(Strategy):
     def _start(self, f: int) -> None:
         delta, tokens = self._delta(f)
         self.in_flight = f
-        self.runner.launch(lambda: self._mean(delta, tokens))
+        self.runner.launch(lambda: self._mean(f, delta, tokens))
         if self.eager is not None:  # θ̂: the outer step with this replica's Δ, without touching m
             mu, lr = self.options.outer_momentum, self.options.outer_lr
             momentum = self.momentum[f].to(delta.device)
@@ -231,11 +241,30 @@ class DiLoCo(Strategy):
             self._scatter(f, guess)
             self.inner.theta.written()
 
-    def _mean(self, delta: torch.Tensor, tokens: float) -> torch.Tensor:
-        """The replicas' token-weighted mean of Δ."""
+    def _mean(self, f: int, delta: torch.Tensor, tokens: float) -> torch.Tensor:
+        """The replicas' token-weighted mean of Δ (of what top-k sends of it, error-fed)."""
+        if self.keep:
+            return self._sparse_mean(f, delta, tokens)
         if self.split_group is None:
             return token_weighted_mean(delta, tokens, self.dims.replica_group, self.wire)
         return split_token_weighted_mean(delta, tokens, self.dims.replica_group, self.wire, self.split_group)
+
+    def _sparse_mean(self, f: int, delta: torch.Tensor, tokens: float) -> torch.Tensor:
+        """e ← β·e + Δ; the replicas' token-weighted mean of their top-k of e; e ← e − what was sent.
+        Every rank of a replicated inner strategy holds e alike: each sends its 1/n of the chunks, and
+        they all-gather the mean and what was sent."""
+        residual = self.residual[f]
+        e = residual.to(delta.device).mul_(self.options.error_decay).add_(delta)
+
+        def exchange(x: torch.Tensor):
+            return sparse_token_weighted_mean(x, tokens, self.dims.replica_group, self.wire, self.keep)
+
+        if self.split_group is None:
+            mean, sent = exchange(e)
+        else:
+            mean, sent = split_across(exchange, e, self.split_group, CHUNK)
+        residual.copy_(e.sub_(sent))
+        return mean
 
     def _outer_step(self, f: int) -> dict:
         start = time.perf_counter()
@@ -244,7 +273,7 @@ class DiLoCo(Strategy):
             mean = self.arrived if self.arrived is not None else self.runner.wait(self.stall_s)
             self.in_flight, self.arrived = None, None
         else:
-            mean = self._mean(*self._delta(f))
+            mean = self._mean(f, *self._delta(f))
         exposed = time.perf_counter() - start
         backup, momentum, mu = self.backup[f], self.momentum[f], self.options.outer_momentum
         mean = mean.to(backup.device)
@@ -266,17 +295,20 @@ class DiLoCo(Strategy):
             "outer_step": self.outer_steps,
             "outer_fragment": f,
             "outer_delta_norm": self._norm(mean),
-            "outer_bytes": self._wire_elements(f) * WIRE_BYTES[self.wire],
+            "outer_bytes": self._wire_bytes(f),
             "outer_exposed_s": exposed,
             **({"outer_inner_updates": finished} if self.options.balance_replicas else {}),
         }
 
-    def _wire_elements(self, f: int) -> int:
-        """The elements of fragment f this rank sends to the other replicas."""
+    def _wire_bytes(self, f: int) -> float:
+        """The bytes of fragment f this rank sends to the other replicas."""
         numel = sum(p.numel() for p in self.pieces[f])
-        if self.split_group is None:
-            return numel
-        return -(-numel // (self.dims.dp_size * ROW)) * ROW  # whole int8 rows, as split_token_weighted_mean sends
+        if self.split_group is not None:  # whole rows or chunks, as split_across cuts them
+            align = CHUNK if self.keep else ROW
+            numel = -(-numel // (self.dims.dp_size * align)) * align
+        if self.keep:
+            return float(message_bytes(numel, self.keep, self.wire))
+        return numel * WIRE_BYTES[self.wire]
 
     def _norm(self, mean: torch.Tensor) -> float:
         """‖Δ̄‖ of the fragment over this rank's tensor- and pipeline-parallel part of the model."""
@@ -332,6 +364,7 @@ class DiLoCo(Strategy):
             **({"eager": self.eager} if self.eager is not None else {}),
             **{f"backup{f}": b for f, b in enumerate(self.backup)},
             **{f"momentum{f}": m for f, m in enumerate(self.momentum)},
+            **{f"residual{f}": e for f, e in enumerate(self.residual)},
         }
         # Per rank: its shard of θ_global and m (plain tensors under one name would be taken as replicated).
         return {"inner": self.inner.state_dict(), f"outer_rank{self.dims.rank}": outer}

@@ -1,19 +1,24 @@
 """The outer step's wire: the token-weighted mean of the replicas' pseudo-gradients, and the
 low-precision formats it may travel in (docs/diloco.md).
 
-fp32 is one all-reduce. bf16 and int8 are all-gathered and summed in fp32 on arrival: a sum
-taken in the wire format would round at every hop, and int8 has no sum at all. int8 carries one
-fp32 scale per row of `ROW` elements (its largest magnitude / 127), so an element's error is at
-most half a step of its own row, |x|_max / 254.
+fp32 is one all-reduce. bf16 and the integer codes are all-gathered and summed in fp32 on
+arrival: a sum taken in the wire format would round at every hop, and the codes have no sum at
+all. int8 carries one fp32 scale per row of `ROW` elements (its largest magnitude / 127), so an
+element's error is at most half a step of its own row, |x|_max / 254; int4 and int2
+(`compression.quantize`, the same levels in fewer bits), at most |x|_max / 14 and |x|_max / 2. Top-k messages: `compression.py`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
-ROW = 256  # elements per int8 scale
-WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / ROW}
+from torchacco.parallel.compression import CODE_BITS, as_bytes, dequantize, from_bytes, pack, quantize, unpack
+
+ROW = 256  # elements per scale of the dense integer codes
+WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / ROW, "int4": 0.5 + 4.0 / ROW, "int2": 0.25 + 4.0 / ROW}
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +48,8 @@ def token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: str = "
         gathered = [torch.empty_like(payload) for _ in range(world)]
         dist.all_gather(gathered, payload, group=group)
         return torch.stack([g.float() for g in gathered]).sum(dim=0)
+    if wire != "int8":
+        return _dense_code_mean(delta * share, group, CODE_BITS[wire])
     q, scales = quantize_int8(delta * share)
     qs = [torch.empty_like(q) for _ in range(world)]
     ss = [torch.empty_like(scales) for _ in range(world)]
@@ -51,16 +58,43 @@ def token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: str = "
     return torch.stack([dequantize_int8(a, b, delta.numel()) for a, b in zip(qs, ss)]).sum(dim=0)
 
 
+def _dense_code_mean(x: torch.Tensor, group, bits: int) -> torch.Tensor:
+    """Σ over `group` of x, sent in a `bits`-bit code with one scale per ROW elements."""
+    codes, scales = quantize(torch.nn.functional.pad(x, (0, -x.numel() % ROW)).view(-1, ROW), bits)
+    message = torch.cat([pack(codes, bits), as_bytes(scales)])
+    world = dist.get_world_size(group)
+    messages = torch.empty(world * message.numel(), dtype=torch.uint8, device=x.device)
+    dist.all_gather_into_tensor(messages, message, group=group)
+    messages = messages.view(world, -1)
+    code_bytes = codes.numel() * bits // 8
+    out = torch.zeros(codes.numel(), dtype=torch.float32, device=x.device)
+    for m in messages:  # in rank order: every rank sums alike
+        got = unpack(m[:code_bytes], bits, codes.numel()).view(-1, ROW)
+        out.add_(dequantize(got, from_bytes(m[code_bytes:], torch.float32), bits).view(-1))
+    return out[: x.numel()]
+
+
+def split_across(
+    fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], x: torch.Tensor, split_group, align: int
+) -> tuple[torch.Tensor, ...]:
+    """`fn` of x when every rank of `split_group` holds x alike: each rank applies `fn` to its 1/n of
+    x (pieces of whole `align`s, zero-padded past x's end), and `split_group` all-gathers each result."""
+    n, me = dist.get_world_size(split_group), dist.get_rank(split_group)
+    size = -(-x.numel() // (n * align)) * align
+    piece = x[me * size : (me + 1) * size]
+    outs = []
+    for mine in fn(torch.nn.functional.pad(piece, (0, size - piece.numel()))):
+        out = torch.empty(n * size, dtype=mine.dtype, device=mine.device)
+        dist.all_gather_into_tensor(out, mine.contiguous(), group=split_group)
+        outs.append(out[: x.numel()])
+    return tuple(outs)
+
+
 def split_token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: str, split_group) -> torch.Tensor:
     """`token_weighted_mean` of a Δ that every rank of `split_group` holds alike (a replicated inner
     strategy's ranks in one replica): each rank takes its 1/n of Δ over `group`, and `split_group`
     all-gathers the pieces. The link between replicas carries Δ once per replica instead of once
-    per rank. Pieces are whole int8 rows, so bf16 and int8 give the unsplit mean element for element,
-    and fp32 does up to the order of its sum over more than two replicas."""
-    n, me = dist.get_world_size(split_group), dist.get_rank(split_group)
-    size = -(-delta.numel() // (n * ROW)) * ROW
-    piece = delta[me * size : (me + 1) * size]  # the last pieces run past Δ's end: zeros there
-    mine = token_weighted_mean(torch.nn.functional.pad(piece, (0, size - piece.numel())), tokens, group, wire)
-    out = torch.empty(n * size, dtype=mine.dtype, device=mine.device)
-    dist.all_gather_into_tensor(out, mine.contiguous(), group=split_group)
-    return out[: delta.numel()]
+    per rank. Pieces are whole rows, so bf16 and the integer codes give the unsplit mean element for
+    element, and fp32 does up to the order of its sum over more than two replicas."""
+    (mean,) = split_across(lambda piece: (token_weighted_mean(piece, tokens, group, wire),), delta, split_group, ROW)
+    return mean

@@ -1,0 +1,102 @@
+"""Compressed pseudo-gradients: top-k messages with error feedback, and the 8/4/2-bit codes."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from torchacco.parallel.compression import (
+    CHUNK,
+    compress,
+    decompress,
+    dequantize,
+    keep_per_chunk,
+    message_bytes,
+    pack,
+    pack_offsets,
+    quantize,
+    sparse_token_weighted_mean,
+    unpack,
+    unpack_offsets,
+)
+from torchacco.parallel.pseudo_gradient import WIRE_BYTES
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_diloco import sparse_reference  # noqa: E402
+
+
+def residual_like(numel: int, seed: int = 0) -> torch.Tensor:
+    """Magnitudes over five decades, and runs of equal magnitudes (AdamW's first updates are ±lr)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=g) * torch.logspace(-3, 2, numel)
+    x[100:900] = torch.where(torch.rand(800, generator=g) < 0.5, -1e-2, 1e-2)
+    return x
+
+
+@pytest.mark.parametrize("wire, bits", [("fp32", None), ("bf16", None), ("int8", 8), ("int4", 4), ("int2", 2)])
+def test_top_k_sends_what_a_sequential_reference_picks_and_keeps_the_rest(wire, bits):
+    e = residual_like(2 * CHUNK + 1000)
+    keep = keep_per_chunk(0.05)
+    message, sent = compress(e, keep, wire)
+    expected = sparse_reference(e, keep, bits) if wire != "bf16" else sparse_reference(e, keep, None).bfloat16().float()
+    torch.testing.assert_close(sent, expected, rtol=2e-7, atol=0)  # (the codes' step: fp32 against float64 rounding)
+    assert torch.equal(decompress(message, e.numel(), keep, wire), sent)  # what is sent is what arrives
+    assert message.numel() == message_bytes(e.numel(), keep, wire)
+    residual = e - sent
+    if wire in ("fp32", "bf16"):
+        assert torch.equal(sent + residual, e)  # nothing lost: error feedback carries the rest, exactly
+    else:
+        torch.testing.assert_close(sent + residual, e, rtol=1e-6, atol=0)
+    for c in range(3):  # at most `keep` elements of each chunk were sent
+        assert (sent[c * CHUNK : (c + 1) * CHUNK] != 0).sum() <= keep
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_codes_stay_within_half_a_step_of_their_row(bits):
+    x = residual_like(3000).view(-1, 100)
+    codes, scales = quantize(x, bits)
+    back = dequantize(unpack(pack(codes, bits), bits, codes.numel()).view_as(codes) if bits < 8 else codes, scales, bits)
+    half_step = x.abs().amax(dim=1, keepdim=True) / (2 * ((1 << (bits - 1)) - 1))
+    assert ((back - x).abs() <= half_step * (1 + 1e-6)).all()
+    assert codes.max().item() < (1 << bits) and (quantize(torch.zeros(1, 8), bits)[0] == (1 << (bits - 1)) - 1).all()
+
+
+def test_offsets_and_codes_pack_into_their_bits():
+    offsets = torch.arange(CHUNK).flip(0)[:4095]  # every offset, an odd count
+    assert torch.equal(unpack_offsets(pack_offsets(offsets), offsets.numel()), offsets)
+    assert pack_offsets(offsets).numel() == 3 * 2048
+    for bits in (4, 2):
+        codes = torch.randint(0, 1 << bits, (1001,), dtype=torch.uint8)
+        assert torch.equal(unpack(pack(codes, bits), bits, 1001), codes)
+        assert pack(codes, bits).numel() == -(-1001 * bits // 8)
+
+
+def test_two_bit_top_k_of_one_percent_is_over_100_times_smaller_than_bf16():
+    numel = 1000 * CHUNK
+    assert 2 * numel / message_bytes(numel, keep_per_chunk(0.01), "int2") > 100
+    assert WIRE_BYTES["int2"] < WIRE_BYTES["int4"] < WIRE_BYTES["int8"]
+
+
+def _exchange_rank(rank: int, store_path: str, out: str) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 3), rank=rank, world_size=3)
+    e = residual_like(CHUNK + 300, seed=rank)
+    results = {}
+    for wire in ("fp32", "bf16", "int4", "int2"):
+        results[wire] = sparse_token_weighted_mean(e, [100.0, 300.0, 600.0][rank], dist.group.WORLD, wire, 50)
+    torch.save(results, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_the_sparse_exchange_equals_the_token_weighted_sum_of_what_each_rank_sent(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "mean")
+    mp.spawn(_exchange_rank, args=(str(tmp_path / "store"), out), nprocs=3)
+    per_rank = [torch.load(f"{out}.{rank}") for rank in range(3)]
+    for wire in ("fp32", "bf16", "int4", "int2"):
+        expected = sum(share * r[wire][1] for share, r in zip((0.1, 0.3, 0.6), per_rank))
+        torch.testing.assert_close(per_rank[0][wire][0], expected, rtol=1e-6, atol=1e-9)
+        assert all(torch.equal(r[wire][0], per_rank[0][wire][0]) for r in per_rank), wire  # every rank agrees

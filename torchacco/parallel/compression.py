@@ -1,0 +1,160 @@
+"""Compressed pseudo-gradients (`[diloco] topk`, 4- and 2-bit codes): what the outer step sends
+when the link between replicas is the bottleneck (docs/diloco.md#compression).
+
+Top-k with error feedback, as SparseLoCo (arXiv 2508.15706): each rank keeps a residual e of
+what it has not sent yet. At each outer step of a fragment,
+
+    e ← β·e + Δ_r                       β: [diloco] error_decay
+    c = Q(top-k of e, per chunk)        the k largest magnitudes of every CHUNK elements
+    e ← e − c                           what Q and top-k dropped waits for the next outer step
+
+and the replicas exchange c as (offset, value) pairs (equal magnitudes: the lowest offsets): offsets within a chunk are 12 bits, values
+travel as `outer_dtype` (fp32, bf16, or 8/4/2-bit codes with one fp32 scale per chunk). Every
+rank's message has the same size, so the exchange is one all-gather of bytes; each message is
+decoded and summed in fp32, weighted by its tokens, in rank order (the same result everywhere).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+CHUNK = 4096  # elements per top-k chunk (offsets in 12 bits) and per scale of the sparse codes
+OFFSET_BITS = 12
+CODE_BITS = {"int8": 8, "int4": 4, "int2": 2}
+VALUE_BITS = {"fp32": 32, "bf16": 16, **CODE_BITS}
+
+
+def keep_per_chunk(topk: float) -> int:
+    """Elements kept of every CHUNK: the fraction `topk`, rounded, at least one."""
+    return max(1, min(CHUNK, round(topk * CHUNK)))
+
+
+# Codes: b bits per value, levels symmetric about 0 -------------------------------------------
+
+
+def quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes as uint8, one fp32 scale per row) of a 2-D fp32 tensor: the levels −h..h·scale with
+    h = 2^(b−1) − 1 and scale = max|row| / h, as int8's (so 0 stays 0: an element top-k picks among
+    equal zeros sends nothing), stored as q + h. An element's error is at most half a step,
+    max|row| / 2h."""
+    h = (1 << (bits - 1)) - 1
+    scales = x.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / h
+    codes = torch.round(x / scales[:, None]).clamp_(-h, h) + h
+    return codes.to(torch.uint8), scales
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, bits: int) -> torch.Tensor:
+    return (codes.float() - ((1 << (bits - 1)) - 1)) * scales[:, None]
+
+
+def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 codes of `bits` < 8 bits each, 8 / bits to a byte (the count padded to whole bytes)."""
+    per = 8 // bits
+    flat = torch.nn.functional.pad(codes.reshape(-1), (0, -codes.numel() % per)).view(-1, per).to(torch.int32)
+    shifts = torch.arange(per, dtype=torch.int32, device=codes.device) * bits
+    return (flat << shifts).sum(dim=1).to(torch.uint8)
+
+
+def unpack(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    per = 8 // bits
+    shifts = torch.arange(per, dtype=torch.int32, device=packed.device) * bits
+    return ((packed.to(torch.int32)[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[:count].to(torch.uint8)
+
+
+def pack_offsets(offsets: torch.Tensor) -> torch.Tensor:
+    """12-bit offsets (< 4096), two to three bytes."""
+    a, b = torch.nn.functional.pad(offsets.reshape(-1).to(torch.int32), (0, offsets.numel() % 2)).view(-1, 2).T
+    return torch.stack([a & 0xFF, (a >> 8) | ((b & 0xF) << 4), b >> 4], dim=1).reshape(-1).to(torch.uint8)
+
+
+def unpack_offsets(packed: torch.Tensor, count: int) -> torch.Tensor:
+    x, y, z = packed.to(torch.int64).view(-1, 3).T
+    return torch.stack([x | ((y & 0xF) << 8), (y >> 4) | (z << 4)], dim=1).reshape(-1)[:count]
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8).reshape(-1)
+
+
+def from_bytes(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return b.clone().view(dtype)  # (a copy: a view must start at a multiple of the dtype's size)
+
+
+# Top-k messages -------------------------------------------------------------------------------
+
+
+def message_bytes(numel: int, keep: int, wire: str) -> int:
+    """The size of one rank's message for `numel` elements."""
+    chunks, bits = -(-numel // CHUNK), VALUE_BITS[wire]
+    offsets = 3 * math.ceil(chunks * keep / 2)
+    if wire in CODE_BITS:
+        values = math.ceil(chunks * keep * bits / 8) + 4 * chunks
+    else:
+        values = chunks * keep * bits // 8
+    return offsets + values
+
+
+def bytes_per_element(wire: str, topk: float) -> float:
+    """The mean bytes on the wire per element of a large pseudo-gradient (the cost model's)."""
+    return message_bytes(CHUNK, keep_per_chunk(topk), wire) / CHUNK
+
+
+def compress(e: torch.Tensor, keep: int, wire: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the message: bytes, what it decodes to: dense fp32 like e) of the `keep` largest magnitudes of
+    every chunk of the flat fp32 tensor e."""
+    chunks = torch.nn.functional.pad(e, (0, -e.numel() % CHUNK)).view(-1, CHUNK)
+    # A stable sort, not topk: equal magnitudes (AdamW's first updates are ±lr) go to the lowest offset,
+    # the same on every device.
+    offsets = chunks.abs().sort(dim=1, descending=True, stable=True).indices[:, :keep]
+    values = chunks.gather(1, offsets)
+    if wire in CODE_BITS:
+        bits = CODE_BITS[wire]
+        codes, scales = quantize(values, bits)
+        sent = dequantize(codes, scales, bits)
+        payload = [pack(codes, bits) if bits < 8 else codes.reshape(-1), as_bytes(scales)]
+    else:
+        dtype = torch.float32 if wire == "fp32" else torch.bfloat16
+        sent = values.to(dtype)
+        payload = [as_bytes(sent)]
+        sent = sent.float()
+    dense = torch.zeros_like(chunks).scatter_(1, offsets, sent).view(-1)[: e.numel()]
+    return torch.cat([pack_offsets(offsets), *payload]), dense
+
+
+def decompress(message: torch.Tensor, numel: int, keep: int, wire: str) -> torch.Tensor:
+    """The dense fp32 tensor of `numel` elements that `compress` sent as `message`."""
+    chunks, bits = -(-numel // CHUNK), VALUE_BITS[wire]
+    n = chunks * keep
+    offset_bytes = 3 * math.ceil(n / 2)
+    offsets = unpack_offsets(message[:offset_bytes], n).view(chunks, keep)
+    rest = message[offset_bytes:]
+    if wire in CODE_BITS:
+        code_bytes = math.ceil(n * bits / 8)
+        codes = unpack(rest[:code_bytes], bits, n) if bits < 8 else rest[:code_bytes]
+        scales = from_bytes(rest[code_bytes : code_bytes + 4 * chunks], torch.float32)
+        values = dequantize(codes.view(chunks, keep), scales, bits)
+    else:
+        dtype = torch.float32 if wire == "fp32" else torch.bfloat16
+        values = from_bytes(rest, dtype).float().view(chunks, keep)
+    dense = torch.zeros(chunks, CHUNK, dtype=torch.float32, device=message.device)
+    return dense.scatter_(1, offsets, values).view(-1)[:numel]
+
+
+def sparse_token_weighted_mean(e: torch.Tensor, tokens: float, group, wire: str, keep: int):
+    """(Σ_r (tokens_r / Σ_s tokens_s) · c_r over the ranks of `group`, this rank's c), c_r the top-k
+    message of rank r's `e`. No host sync: it runs on a CUDA side stream as it is."""
+    message, sent = compress(e, keep, wire)
+    world = dist.get_world_size(group)
+    weights = torch.empty(world, dtype=torch.float64, device=e.device)
+    dist.all_gather_into_tensor(weights, torch.tensor([tokens], dtype=torch.float64, device=e.device), group=group)
+    shares = (weights / weights.sum()).to(torch.float32)
+    messages = torch.empty(world * message.numel(), dtype=torch.uint8, device=e.device)
+    dist.all_gather_into_tensor(messages, message, group=group)
+    messages = messages.view(world, -1)
+    mean = torch.zeros_like(e)
+    for r in range(world):  # in rank order: every rank sums alike
+        mean.add_(decompress(messages[r], e.numel(), keep, wire) * shares[r])
+    return mean, sent
