@@ -57,7 +57,8 @@ def test_top_k_sends_what_a_sequential_reference_picks_and_keeps_the_rest(wire, 
 def test_codes_stay_within_half_a_step_of_their_row(bits):
     x = residual_like(3000).view(-1, 100)
     codes, scales = quantize(x, bits)
-    back = dequantize(unpack(pack(codes, bits), bits, codes.numel()).view_as(codes) if bits < 8 else codes, scales, bits)
+    sent = unpack(pack(codes, bits), bits, codes.numel()).view_as(codes) if bits < 8 else codes
+    back = dequantize(sent, scales, bits)
     half_step = x.abs().amax(dim=1, keepdim=True) / (2 * ((1 << (bits - 1)) - 1))
     assert ((back - x).abs() <= half_step * (1 + 1e-6)).all()
     assert codes.max().item() < (1 << bits) and (quantize(torch.zeros(1, 8), bits)[0] == (1 << (bits - 1)) - 1).all()

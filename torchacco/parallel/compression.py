@@ -8,10 +8,11 @@ what it has not sent yet. At each outer step of a fragment,
     c = Q(top-k of e, per chunk)        the k largest magnitudes of every CHUNK elements
     e ← e − c                           what Q and top-k dropped waits for the next outer step
 
-and the replicas exchange c as (offset, value) pairs (equal magnitudes: the lowest offsets): offsets within a chunk are 12 bits, values
-travel as `outer_dtype` (fp32, bf16, or 8/4/2-bit codes with one fp32 scale per chunk). Every
-rank's message has the same size, so the exchange is one all-gather of bytes; each message is
-decoded and summed in fp32, weighted by its tokens, in rank order (the same result everywhere).
+and the replicas exchange c as (offset, value) pairs (of equal magnitudes, the lowest offsets
+go): offsets within a chunk are 12 bits, values travel as `outer_dtype` (fp32, bf16, or 8/4/2-bit
+codes with one fp32 scale per chunk). Every rank's message has the same size, so the exchange is
+one all-gather of bytes; each message is decoded and summed in fp32, weighted by its tokens, in
+rank order (the same result everywhere).
 """
 
 from __future__ import annotations

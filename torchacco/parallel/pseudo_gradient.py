@@ -5,7 +5,8 @@ fp32 is one all-reduce. bf16 and the integer codes are all-gathered and summed i
 arrival: a sum taken in the wire format would round at every hop, and the codes have no sum at
 all. int8 carries one fp32 scale per row of `ROW` elements (its largest magnitude / 127), so an
 element's error is at most half a step of its own row, |x|_max / 254; int4 and int2
-(`compression.quantize`, the same levels in fewer bits), at most |x|_max / 14 and |x|_max / 2. Top-k messages: `compression.py`.
+(`compression.quantize`, the same levels in fewer bits), at most |x|_max / 14 and |x|_max / 2.
+Top-k messages: `compression.py`.
 """
 
 from __future__ import annotations
