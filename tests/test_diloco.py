@@ -326,6 +326,21 @@ def test_mixed_replicas_a_slow_replica_runs_fewer_inner_updates_and_the_merge_eq
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.integration
+@pytest.mark.exact
+def test_mixed_replicas_with_streaming_send_the_same_fragments_at_the_same_outer_steps(tmp_path):
+    """Two fragments, each all-reduced beside one inner update (τ = 1): a period is H / P = 2 slots, the slow
+    replica computes the first of each after the first period, and both send fragment f at the same outer
+    steps; θ_global equals the sequential reference over the same schedule."""
+    diloco = "sync_every=4,fragments=2,overlap_steps=1,balance_replicas=1"
+    run = run_worker(tmp_path, "ddp", 10, 1, delay=0.2,
+                     env={"TORCHACCO_TEST_REPLICAS": "2", "TORCHACCO_TEST_DILOCO": diloco})  # fmt: skip
+    fast, slow = run["periods"]
+    assert fast == [1] * 10 and slow == [1, 1] + [1, 0] * 4, run["periods"]
+    expected, _, _ = diloco_reference(10, 1, replicas=2, dp=1, H=4, P=2, tau=1, computed=run["periods"])
+    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
+
+
 def test_int8_wire_stays_within_half_a_step_of_its_row():
     torch.manual_seed(0)
     x = torch.randn(3 * ROW + 17) * torch.logspace(-3, 2, 3 * ROW + 17)
@@ -400,8 +415,8 @@ def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
         ({"parallelism.replicas": 2, "diloco.balance_replicas": True}, "balance_replicas needs [training] max_tokens"),
         (
             {"parallelism.replicas": 2, "diloco.balance_replicas": True, "training.max_tokens": 10**6,
-             "diloco.sync_every": 10, "diloco.fragments": 2},
-            "set fragments = 1 and overlap_steps = 0",
+             "parallelism.data_parallel": "acco", "training.global_batch_size": 32},
+            "runs its updates overlapped with the next",
         ),
         ({"parallelism.replicas": 2, "diloco.sync_every": 8, "diloco.fragments": 2, "diloco.overlap_steps": 4},
          "below sync_every / fragments = 4"),

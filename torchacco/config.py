@@ -210,9 +210,9 @@ class DiLoCo:
     )
     balance_replicas: bool = key(
         False,
-        "mixed replicas: each replica runs as many of a period's H inner updates as it can in the time the fastest "
-        "takes for H (measured each period, agreed at the outer step) and idles the rest; the merge weighs them by "
-        "tokens. Needs [training] max_tokens, fragments = 1, overlap_steps = 0 and ddp, zero1 or fsdp inside",
+        "mixed replicas: each replica runs as many of a period's H / fragments inner updates as it can in the time "
+        "the fastest takes for them (measured each period, agreed at the outer step) and idles the rest; the merge "
+        "weighs them by tokens. Needs [training] max_tokens and ddp, zero1 or fsdp inside",
     )
 
 

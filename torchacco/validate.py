@@ -176,12 +176,11 @@ def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
             "[diloco] mixing mixes in the local updates made during overlap_steps, and overlap_steps = 0; "
             "set overlap_steps >= 1 or mixing = 0"
         )
-    if d.balance_replicas and (d.fragments > 1 or d.overlap_steps or inner.traits.overlapped):
+    if d.balance_replicas and inner.traits.overlapped:
         synchronous = _able(lambda t: not t.replicas_refused and not t.overlapped)
         raise UserError(
-            f"[diloco] balance_replicas runs the whole model's outer step with a synchronous strategy inside; got "
-            f"fragments = {d.fragments}, overlap_steps = {d.overlap_steps}, data_parallel = '{inner.name}': set "
-            f"fragments = 1 and overlap_steps = 0 and use one of {synchronous}, or balance_replicas = false"
+            f"[diloco] balance_replicas idles a slow replica's slots, and data_parallel = '{inner.name}' runs its "
+            f"updates overlapped with the next; use one of {synchronous}, or balance_replicas = false"
         )
     if d.balance_replicas and not cfg.training.max_tokens:
         raise UserError(

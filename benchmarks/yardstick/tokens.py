@@ -55,6 +55,9 @@ VARIANTS = {
     "streaming_h10_avg": _dp(DDP, f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true "
                                   f"{AVG} --diloco.outer_dtype bf16"),
     "streaming_h50": _dp(DDP, f"{DILOCO} 50 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.outer_dtype bf16"),
+    # the same Streaming DiLoCo sending 1% of each chunk of its pseudo-gradient in 2 bits, with error feedback
+    "streaming_h10_avg_topk1_int2": _dp(DDP, f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 "
+                                             f"--diloco.eager true {AVG} --diloco.outer_dtype int2 --diloco.topk 0.01"),
 }  # fmt: skip
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
 

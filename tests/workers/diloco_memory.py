@@ -57,3 +57,4 @@ def main(kind: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    worker.exit_without_finalizing()

@@ -128,6 +128,16 @@ def build(model, cfg: Config, dims, micro_batches: int, dtype=torch.float32, dev
     return build_strategy(model, cfg, dims, update_plan(cfg, dims, micro_batches, dtype), device)
 
 
+def exit_without_finalizing() -> None:
+    """Exit 0 (the results are saved) skipping the interpreter's teardown: there, a gloo thread that drops
+    the last reference to a finished collective's tensors after the process groups are destroyed aborts
+    the process now and then ("terminate called without an active exception", about 1 run in 60 of the
+    4-rank Streaming DiLoCo test on 2 cores)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main(kind, out, commits, micro_batches, mode, delay):
     dims = init_distributed(Device("cpu"), replicas=REPLICAS)
     rank = dims.rank
@@ -173,3 +183,4 @@ def main(kind, out, commits, micro_batches, mode, delay):
 if __name__ == "__main__":
     kind, out, commits, micro_batches, mode, delay = sys.argv[1:]
     main(kind, out, int(commits), int(micro_batches), mode, float(delay))
+    exit_without_finalizing()

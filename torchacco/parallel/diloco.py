@@ -18,13 +18,13 @@ all-reduced on the side runner (a CUDA stream or a thread) while those updates r
 continues from θ̂ = the outer step with Δ_r in place of Δ̄ (the momentum untouched); when Δ̄
 arrives, the true outer step is taken and θ_r ← θ_global + (θ_r − θ̂) keeps the τ local updates.
 
-Mixed replicas (`balance_replicas`): every period is still H loop iterations on every rank (so
-evaluation, checkpoints and stopping stay in step), but replica r computes only the first H_r of
-them and idles the rest, H_r = max(1, ⌊H · s_min / s_r⌋) with s_r its measured seconds per inner
-update (the slowest of its ranks; all-gathered at each outer step, H for every replica in the first
-period). The run's token clock counts the replicas that computed each slot, and every replica's
-learning-rate clock is that clock over R (so `[training] max_tokens` is required); the token-weighted
-merge gives a replica that ran fewer updates its share.
+Mixed replicas (`balance_replicas`): every period between two outer steps is still K = H / P loop
+iterations on every rank (so evaluation, checkpoints, stopping and each fragment's outer step stay in
+step), but replica r computes only the first K_r of them and idles the rest, K_r = max(1, ⌊K · s_min
+/ s_r⌋) with s_r its measured seconds per inner update (the slowest of its ranks; all-gathered at each
+outer step, K for every replica in the first period). The run's token clock counts the replicas that
+computed each slot, and every replica's learning-rate clock is that clock over R (so `[training]
+max_tokens` is required); the token-weighted merge gives a replica that ran fewer updates its share.
 
 The outer state covers the pieces of θ the inner strategy keeps on this rank
 (`Strategy.theta`): with a sharded inner strategy (zero1, acco, fsdp) θ_global and m are
@@ -126,8 +126,8 @@ class DiLoCo(Strategy):
         # eager: θ̂ of the fragment in flight (the largest fragment's size, on the device)
         size = max(b.numel() for b in self.backup)
         self.eager = torch.zeros(size, dtype=torch.float32, device=device.torch) if options.eager else None
-        # Mixed replicas: each replica's inner updates this period (H_r), the period's slot, and timing
-        self.active = [options.sync_every] * dims.replicas
+        # Mixed replicas: each replica's inner updates this period (K_r), the period's slot, and timing
+        self.active = [self.interval] * dims.replicas
         self.slot = 0
         self.durations: list[float] = []  # this period's wall seconds per inner update
         self.stamp = time.perf_counter()
@@ -212,13 +212,13 @@ class DiLoCo(Strategy):
         return UpdateResult(tokens=0.0, loss=loss, grad_norm=norm, lr=lr, committed=True, consumed=self.nominal)
 
     def _agree_on_periods(self) -> list[int]:
-        """H_r for the next period from every rank's median seconds per inner update (a replica as
-        fast as its slowest rank): as many updates as fit in the fastest replica's H."""
+        """K_r for the next period from every rank's median seconds per inner update (a replica as
+        fast as its slowest rank): as many updates as fit in the fastest replica's K = H / P."""
         mine = sorted(self.durations)[len(self.durations) // 2] if self.durations else 0.0
         seconds = torch.zeros(self.dims.world_size, dtype=torch.float64, device=self.device.torch)
         dist.all_gather_into_tensor(seconds, torch.tensor([mine], dtype=torch.float64, device=self.device.torch))
         per_replica = seconds.view(self.dims.replicas, -1).max(dim=1).values.tolist()
-        fastest, h = min(per_replica), self.options.sync_every
+        fastest, h = min(per_replica), self.interval
         if fastest <= 0:
             return [h] * self.dims.replicas
         return [max(1, min(h, int(h * fastest / s + 1e-9))) for s in per_replica]
