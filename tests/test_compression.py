@@ -12,11 +12,13 @@ from torchacco.parallel.compression import (
     compress,
     decompress,
     dequantize,
+    dequantize_kept,
     keep_per_chunk,
     message_bytes,
     pack,
     pack_offsets,
     quantize,
+    quantize_kept,
     sparse_token_weighted_mean,
     unpack,
     unpack_offsets,
@@ -54,7 +56,17 @@ def test_top_k_sends_what_a_sequential_reference_picks_and_keeps_the_rest(wire, 
 
 
 @pytest.mark.parametrize("bits", [8, 4, 2])
-def test_codes_stay_within_half_a_step_of_their_row(bits):
+def test_top_k_codes_use_every_level_and_stay_within_half_a_step(bits):
+    x = residual_like(3000).view(-1, 100)
+    codes, scales = quantize_kept(x, bits)
+    back = dequantize_kept(codes, scales, bits)
+    assert ((back - x).abs() <= x.abs().amax(dim=1, keepdim=True) / ((1 << bits) - 1) * (1 + 1e-4)).all()
+    assert (back != 0).all()  # no level is 0 (2 bits: ±m/3 and ±m)
+    assert bits == 8 or set(codes.unique().tolist()) == set(range(1 << bits))
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_dense_codes_keep_zero_and_stay_within_half_a_step_of_their_row(bits):
     x = residual_like(3000).view(-1, 100)
     codes, scales = quantize(x, bits)
     sent = unpack(pack(codes, bits), bits, codes.numel()).view_as(codes) if bits < 8 else codes

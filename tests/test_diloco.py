@@ -80,17 +80,23 @@ def fragments_of_tiny_model(fragments: int) -> list[list[int]]:
     return [first, [i for i in range(len(names)) if i not in first]]
 
 
-def sparse_reference(e: torch.Tensor, keep: int, bits: int) -> torch.Tensor:
-    """What top-k sends of e, chunk by chunk: the `keep` largest magnitudes of every 4096 elements, each
-    rounded to the nearest multiple of (the chunk's largest kept magnitude) / (2^(bits−1) − 1)."""
+def sparse_reference(e: torch.Tensor, keep: int, bits: int | None) -> torch.Tensor:
+    """What top-k sends of e, chunk by chunk: the `keep` largest magnitudes of every 4096 elements (of equal
+    ones, the first), each rounded to the nearest of 2^bits levels spread evenly over ±(the chunk's largest
+    kept magnitude); fp32 values as they are when `bits` is None."""
     sent = torch.zeros_like(e)
     for start in range(0, e.numel(), 4096):
         chunk = e[start : start + 4096]
         order = sorted(range(chunk.numel()), key=lambda j: -abs(chunk[j].item()))[:keep]
         top = torch.tensor(max(abs(chunk[j].item()) for j in order), dtype=torch.float32)
-        step = None if bits is None else top / (2 ** (bits - 1) - 1)
+        levels = None if bits is None else 2**bits - 1
         for j in order:
-            sent[start + j] = chunk[j] if bits is None else torch.round(chunk[j] / step) * step
+            if bits is None:
+                sent[start + j] = chunk[j]
+            else:
+                step = top * (2.0 / levels)
+                code = torch.round(chunk[j] / step + levels / 2).clamp(0, levels)
+                sent[start + j] = (code - levels / 2) * step
     return sent
 
 
@@ -269,22 +275,24 @@ def diloco_memory(tmp_path, kind: str, **diloco) -> list[dict]:
 @pytest.mark.slow
 def test_memory_over_the_inner_strategy_is_the_backup_and_momentum_of_this_ranks_part_of_theta(tmp_path):
     """2 replicas of 2 ranks, every live tensor counted: DiLoCo adds θ_global and the momentum in fp32 (8 bytes
-    per element) of the θ the rank holds: half of θ with zero1 inside, all of it with ddp; eager adds θ̂ of the
-    largest fragment (4 bytes per element). The cost model's share of θ per rank is the same (it leaves out
-    eager's θ̂)."""
+    per element) of the θ the rank holds: half of θ with zero1 inside, all of it with ddp; topk's residual 4
+    more; eager adds θ̂ of the largest fragment (4 bytes per element). The cost model's share of θ per rank is
+    the same (it leaves out eager's θ̂)."""
     from torchacco.cost_model import Hardware, Workload, diloco_memory_bytes
 
     work, node = Workload(params=1.0, flops_per_token=1.0, tokens_per_micro_batch=1.0), Hardware(2, 1.0, None, 0, 2)
     for kind, diloco in [
         ("ddp", dict(sync_every=2)),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, eager=1)),
+        ("zero1", dict(sync_every=2, topk=0.05)),  # the residual: 4 more bytes per element
     ]:
         reports = diloco_memory(tmp_path, kind, **diloco)
+        per_element = 12 if diloco.get("topk") else 8
         for r in reports:
             extra = r["diloco_bytes"] - r["inner_bytes"]
             eager = 4 * r["largest_fragment"] if diloco.get("eager") else 0
-            placeholders = 8 * r["empty_fragments"]  # a fragment none of whose θ is on this rank
-            assert extra == 8 * r["theta_elements"] + eager + placeholders, (kind, diloco, r)
+            placeholders = per_element * r["empty_fragments"]  # a fragment none of whose θ is on this rank
+            assert extra == per_element * r["theta_elements"] + eager + placeholders, (kind, diloco, r)
             outer = diloco_memory_bytes(work, node, kind) - diloco_memory_bytes(work, node, kind, offload=True)
             share = outer / 8.0  # the model's share of θ per rank (params = 1)
             assert r["theta_elements"] == pytest.approx(share * r["model_elements"], rel=0.02), (kind, r)

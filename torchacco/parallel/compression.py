@@ -37,10 +37,9 @@ def keep_per_chunk(topk: float) -> int:
 
 
 def quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes as uint8, one fp32 scale per row) of a 2-D fp32 tensor: the levels −h..h·scale with
-    h = 2^(b−1) − 1 and scale = max|row| / h, as int8's (so 0 stays 0: an element top-k picks among
-    equal zeros sends nothing), stored as q + h. An element's error is at most half a step,
-    max|row| / 2h."""
+    """(codes as uint8, one fp32 scale per row) of a 2-D fp32 tensor, for a dense pseudo-gradient: the
+    levels −h..h·scale with h = 2^(b−1) − 1 and scale = max|row| / h, as int8's (0 stays 0), stored as
+    q + h. An element's error is at most half a step, max|row| / 2h."""
     h = (1 << (bits - 1)) - 1
     scales = x.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / h
     codes = torch.round(x / scales[:, None]).clamp_(-h, h) + h
@@ -49,6 +48,20 @@ def quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, bits: int) -> torch.Tensor:
     return (codes.float() - ((1 << (bits - 1)) - 1)) * scales[:, None]
+
+
+def quantize_kept(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize` for the values top-k kept, which are the chunk's largest and never worth sending as 0:
+    all 2^b levels, (q − (2^b − 1)/2)·scale with scale = 2·max|row| / (2^b − 1) (2 bits: ±m/3, ±m). An
+    element's error is at most max|row| / (2^b − 1)."""
+    top = (1 << bits) - 1
+    scales = x.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) * (2.0 / top)
+    codes = torch.round(x / scales[:, None] + top / 2).clamp_(0, top)
+    return codes.to(torch.uint8), scales
+
+
+def dequantize_kept(codes: torch.Tensor, scales: torch.Tensor, bits: int) -> torch.Tensor:
+    return (codes.float() - ((1 << bits) - 1) / 2) * scales[:, None]
 
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -113,8 +126,8 @@ def compress(e: torch.Tensor, keep: int, wire: str) -> tuple[torch.Tensor, torch
     values = chunks.gather(1, offsets)
     if wire in CODE_BITS:
         bits = CODE_BITS[wire]
-        codes, scales = quantize(values, bits)
-        sent = dequantize(codes, scales, bits)
+        codes, scales = quantize_kept(values, bits)
+        sent = dequantize_kept(codes, scales, bits)
         payload = [pack(codes, bits) if bits < 8 else codes.reshape(-1), as_bytes(scales)]
     else:
         dtype = torch.float32 if wire == "fp32" else torch.bfloat16
@@ -136,7 +149,7 @@ def decompress(message: torch.Tensor, numel: int, keep: int, wire: str) -> torch
         code_bytes = math.ceil(n * bits / 8)
         codes = unpack(rest[:code_bytes], bits, n) if bits < 8 else rest[:code_bytes]
         scales = from_bytes(rest[code_bytes : code_bytes + 4 * chunks], torch.float32)
-        values = dequantize(codes.view(chunks, keep), scales, bits)
+        values = dequantize_kept(codes.view(chunks, keep), scales, bits)
     else:
         dtype = torch.float32 if wire == "fp32" else torch.bfloat16
         values = from_bytes(rest, dtype).float().view(chunks, keep)

@@ -138,11 +138,11 @@ class DiLoCo(Strategy):
     def outer_memory(
         numel: float, inner: type[Strategy], dp_size: int, options: DiLoCoConfig, largest_fragment: float = 1.0
     ) -> MemoryParts:
-        """θ_global and the outer momentum (fp32) of the θ this rank holds (its shard under a sharded inner
-        strategy), on the device unless offloaded, and eager's θ̂ of the largest fragment (`largest_fragment`: its
-        share of the parameters)."""
+        """θ_global, the outer momentum and with topk the residual (fp32) of the θ this rank holds (its shard under
+        a sharded inner strategy), on the device unless offloaded, and eager's θ̂ of the largest fragment
+        (`largest_fragment`: its share of the parameters)."""
         held = numel / dp_size if inner.traits.shards_theta else numel
-        outer = 0.0 if options.offload else 2 * 4 * held
+        outer = 0.0 if options.offload else (3 if options.topk else 2) * 4 * held
         return MemoryParts(buffers=outer + (4 * held * largest_fragment if options.eager else 0.0))
 
     # θ's pieces, one flat fp32 tensor per fragment -------------------------------------------------
