@@ -100,7 +100,7 @@ def test_another_flavor_trains_that_model_in_runs_of_its_own(monkeypatch, tmp_pa
 
     trained = []
 
-    def fake_train(variant, lr, seed, updates, folder, fresh, flavor):
+    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=()):
         trained.append((folder.name, te.recipe(updates, lr, seed, flavor=flavor)))
         folder.mkdir(parents=True)
         (folder / "metrics.jsonl").write_text(
@@ -128,7 +128,7 @@ def test_the_token_efficiency_report_gives_the_mean_gaps_95_percent_interval(mon
 
     losses = {("ddp", 0): 4.0, ("ddp", 1): 4.0, ("ddp", 2): 5.0, ("acco", 0): 4.04, ("acco", 1): 4.0, ("acco", 2): 5.1}
 
-    def fake_train(variant, lr, seed, updates, folder, fresh, flavor):
+    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=()):
         folder.mkdir(parents=True)
         record = {"step": updates, "tokens": 64 * updates, "loss": 5.0, "val_loss": losses[(variant, seed)]}
         (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
@@ -141,6 +141,37 @@ def test_the_token_efficiency_report_gives_the_mean_gaps_95_percent_interval(mon
     assert row["gap_pct"] == pytest.approx(gaps)
     assert row["ci95_gap_pct"] == pytest.approx(4.30 / 3**0.5)
     assert "| +1.00 ± 1.00 | -1.48 to +3.48 |" in (tmp_path / "t.md").read_text()
+
+
+def test_tuning_picks_each_variants_best_grid_point_on_its_own_seeds_and_reports_the_others_there(
+    monkeypatch, tmp_path
+):
+    from benchmarks.yardstick import tokens as te
+
+    ran = []
+
+    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=()):
+        ran.append((variant, lr, seed, tuple(extra)))
+        best = 0.006 if variant == "ddp" else 0.0015  # DDP's best at 2× the base lr, DiLoCo's at ½× with outer 1:0
+        loss = 4.0 + abs(lr - best) * 10 + (0.0 if extra[:4] == ("--diloco.outer_lr", "1") else 0.01) + seed * 1e-3
+        folder.mkdir(parents=True, exist_ok=True)
+        record = {"step": updates, "tokens": 64 * updates, "loss": loss, "val_loss": loss}
+        (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        return te.records(folder)
+
+    monkeypatch.setattr(te, "train", fake_train)
+    argv = ["--updates", "10", "--seeds", "0,1", "--tune-seeds", "100,101", "--variants", "ddp,diloco_h10"]
+    te.main([*argv, "--out", str(tmp_path), "--name", "t"])
+    tuned = json.loads((tmp_path / "t.json").read_text())["meta"]["tuned"]["0.003"]
+    assert tuned["ddp"]["lr"] == pytest.approx(0.006) and len(tuned["ddp"]["grid"]) == 3  # lr ×½, ×1, ×2
+    assert tuned["diloco_h10"]["lr"] == pytest.approx(0.0015) and len(tuned["diloco_h10"]["grid"]) == 6
+    assert tuned["diloco_h10"]["extra"] == ["--diloco.outer_lr", "1", "--diloco.outer_momentum", "0"]
+    reported = [r for r in ran if r[2] in (0, 1)]
+    assert {(v, lr) for v, lr, _, _ in reported} == {("ddp", 0.006), ("diloco_h10", 0.0015)}
+    assert len(ran) == (3 + 6) * 2 + len(reported) and len(reported) == 4  # the grids on the tuning seeds only
+    assert "| 0.003 | diloco_h10 | lr×0.5 outer 1:0 |" in (tmp_path / "t.md").read_text()
+    with pytest.raises(SystemExit):  # the same seeds for tuning and for the report: refused
+        te.main(["--updates", "10", "--seeds", "0,1", "--tune-seeds", "1,2", "--out", str(tmp_path)])
 
 
 def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_time_against_the_prediction(
@@ -245,7 +276,7 @@ def test_each_ddp_budget_is_a_target_level_and_every_variant_is_interpolated_to_
     finals = {("ddp", 500): [4.2, 4.3], ("ddp", 1000): [4.0, 4.1],
               ("acco", 500): [4.3, 4.4], ("acco", 1000): [4.1, 4.15], ("acco", 1500): [3.9, 4.0]}  # fmt: skip
 
-    def fake_train(variant, lr, seed, updates, folder, fresh, flavor):
+    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=()):
         folder.mkdir(parents=True)
         record = {"step": updates, "tokens": 64 * updates, "loss": 5.0, "val_loss": finals[(variant, updates)][seed]}
         (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")

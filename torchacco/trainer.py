@@ -233,7 +233,8 @@ def _replicas(cfg: Config, dims: ParallelDims) -> str:
         return ""
     d = cfg.diloco
     streaming = f", {d.fragments} fragments, τ {d.overlap_steps}" if d.fragments > 1 or d.overlap_steps else ""
-    return f" × {dims.replicas} replicas (DiLoCo, H {d.sync_every}{streaming}, outer {d.outer_dtype})"
+    wire = f"top {d.topk:.2%} in {d.outer_dtype}" if d.topk else d.outer_dtype
+    return f" × {dims.replicas} replicas (DiLoCo, H {d.sync_every}{streaming}, outer {wire})"
 
 
 def _start(

@@ -62,11 +62,15 @@ VARIANTS = {
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
 
 
-def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh: bool, flavor: str) -> list[dict]:
+def train(
+    variant: str, lr: float, seed: int, updates: int, folder: Path, fresh: bool, flavor: str, extra: tuple = ()
+) -> list[dict]:
+    """`extra`: more overrides after the variant's (a tuning grid's point)."""
     done = records(folder)
     if done and not fresh and done[-1].get("step") == updates and "val_loss" in done[-1]:
         return done
-    args = [*recipe(updates, lr, seed, flavor=flavor), *QUIET, *VARIANTS[variant], "--training.num_threads", "1"]
+    args = [*recipe(updates, lr, seed, flavor=flavor), *QUIET, *VARIANTS[variant], *extra]
+    args += ["--training.num_threads", "1"]
     args += ["--job.dump_folder", str(folder), "--job.overwrite", "true"]
     started, log = time.perf_counter(), folder.parent / f"{folder.name}.log"  # (with_suffix cuts at the lr's dot)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -78,6 +82,42 @@ def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh:
     print(f"[token-efficiency] {variant} lr {lr:g} seed {seed}: val {records(folder)[-1]['val_loss']:.4f} "
           f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
     return records(folder)
+
+
+def tuning_grid(variant: str, lr: float, lr_multiples: list[float], outer: list[str], clips: list[str]) -> list:
+    """(label, lr, extra overrides) per point of a variant's grid: the peak lr times each multiple; a DiLoCo variant
+    also each outer step ("LR:MOMENTUM") and each clipping norm (--training.max_norm), as given."""
+    diloco = "--parallelism.replicas" in VARIANTS[variant]
+    points = []
+    for m in lr_multiples:
+        for o in outer if diloco and outer else [None]:
+            for c in clips if diloco and clips else [None]:
+                label, extra = f"lr×{m:g}", []
+                if o is not None:
+                    olr, momentum = o.split(":")
+                    label += f" outer {olr}:{momentum}"
+                    extra += ["--diloco.outer_lr", olr, "--diloco.outer_momentum", momentum]
+                if c is not None:
+                    label += f" clip {c}"
+                    extra += ["--training.max_norm", c]
+                points.append((label, lr * m, tuple(extra)))
+    return points
+
+
+def tune(variant: str, lr: float, seeds: list[int], args, runs: Path, prefix: str) -> dict:
+    """The grid point of `variant` with the lowest mean final validation loss over the tuning `seeds`."""
+    scores = []
+    for label, point_lr, extra in tuning_grid(variant, lr, args.tune_lrs, args.tune_outer, args.tune_clip):
+        tag = "".join(f"_{x}" for x in extra[1::2])  # the grid point's values
+        finals = [
+            train(variant, point_lr, seed, args.updates, runs / f"{prefix}tune_u{args.updates}_lr{point_lr:g}_{variant}"
+                  f"{tag}_s{seed}", args.fresh, args.flavor, extra)[-1]["val_loss"]
+            for seed in seeds
+        ]  # fmt: skip
+        scores.append({"label": label, "lr": point_lr, "extra": list(extra), "mean_val_loss": statistics.fmean(finals),
+                       "val_loss": finals})  # fmt: skip
+    best = min(scores, key=lambda s: s["mean_val_loss"])
+    return {**best, "grid": scores}
 
 
 def gap(a: float, b: float) -> float:
@@ -168,6 +208,16 @@ def markdown(summary: dict, meta: dict) -> str:
             interval = "" if math.isnan(half) else f"{m - half:+.2f} to {m + half:+.2f}"
             lines.append(f"| {lr} | {v} | {r['mean_val_loss']:.4f} | {m:+.2f} ± {r['sd_gap_pct']:.2f} | {interval} | "
                          f"{', '.join(f'{x:+.2f}' for x in r['gap_pct'])} |")  # fmt: skip
+    if meta.get("tuned"):
+        lines += ["", "## Tuned settings", "",
+                  f"Each variant (DDP too) ran its grid on seeds {meta['tune_seeds']}, kept apart from the reported "
+                  "ones, and is reported at its point of lowest mean final validation loss there.", "",
+                  "| lr | variant | chosen | mean val loss on the tuning seeds | grid (mean val loss) |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for lr, rows in meta["tuned"].items():
+            for v, t in rows.items():
+                grid = "; ".join(f"{g['label']}: {g['mean_val_loss']:.4f}" for g in t["grid"])
+                lines.append(f"| {lr} | {v} | {t['label']} | {t['mean_val_loss']:.4f} | {grid} |")
     budgeted = [(lr, v, row) for lr, rows in summary.items() for v, row in rows.items() if "budgets" in row]
     if budgeted:
         lines += ["", "## Tokens to DDP's final loss", "",
@@ -238,7 +288,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--flavor", default="debug", choices=CPU_FLAVORS, help="the GPT-Neo flavor trained")
     parser.add_argument("--budgets", default="1", help="multiples of --updates every variant but ddp also runs")
     parser.add_argument("--levels", default="1", help="multiples of --updates ddp runs: each final loss a target")
+    parser.add_argument("--tune-seeds", default="", help="tune every variant (DDP too) on these seeds first, kept "
+                        "apart from --seeds, and report each at its best grid point")  # fmt: skip
+    parser.add_argument("--tune-lrs", default="0.5,1,2", help="the tuning grid: multiples of each --lrs")
+    parser.add_argument(
+        "--tune-outer", default="1:0,0.7:0.9", help="the tuning grid of DiLoCo variants: outer lr:momentum"
+    )
+    parser.add_argument(
+        "--tune-clip", default="", help="the tuning grid of DiLoCo variants: --training.max_norm values"
+    )
     args = parser.parse_args(argv)
+    tune_seeds = [int(x) for x in args.tune_seeds.split(",") if x]
+    args.tune_lrs = budget_multiples(parser, args.tune_lrs, "--tune-lrs")
+    args.tune_outer = [x for x in args.tune_outer.split(",") if x]
+    args.tune_clip = [x for x in args.tune_clip.split(",") if x]
+    if any(x.count(":") != 1 for x in args.tune_outer):
+        parser.error(f"--tune-outer takes comma-separated LR:MOMENTUM pairs (e.g. 1:0,0.7:0.9), got {args.tune_outer}")
     scaled = lambda text, flag: sorted({round(args.updates * m) for m in budget_multiples(parser, text, flag)}
                                        | {args.updates})  # noqa: E731  # fmt: skip
     budgets, levels = scaled(args.budgets, "--budgets"), scaled(args.levels, "--levels")
@@ -246,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--levels needs --budgets: a variant's tokens to each level are interpolated between its budgets "
                      "(e.g. --budgets 0.75,1,1.25 --levels 0.75,1)")  # fmt: skip
     lrs, seeds = [float(x) for x in args.lrs.split(",")], [int(x) for x in args.seeds.split(",")]
+    if set(tune_seeds) & set(seeds):
+        parser.error(f"--tune-seeds and --seeds share {sorted(set(tune_seeds) & set(seeds))}: keep them apart")
     variants = [DDP, *(v for v in args.variants.split(",") if v != DDP)]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -253,15 +320,19 @@ def main(argv: list[str] | None = None) -> None:
     out = ROOT / args.out
     name = args.name or ("token_efficiency" if args.flavor == "debug" else f"{args.flavor}_token_efficiency")
     prefix = "" if args.flavor == "debug" else f"{args.flavor}_"  # the debug model's runs keep their names
-    runs, by_budget = {}, {}  # (lr, variant) -> each seed's records of the base run; -> {budget: final losses}
+    runs, by_budget, tuned = {}, {}, {}  # (lr, variant) -> each seed's records of the base run; -> {budget: finals}
     for lr in lrs:
         for v in variants:  # DDP first: the others are paired with it
+            point = {"lr": lr, "extra": []}
+            if tune_seeds:
+                point = tuned.setdefault(f"{lr:g}", {})[v] = tune(v, lr, tune_seeds, args, out / args.runs, prefix)
+            tag = "" if not tune_seeds else f"_at{point['lr']:g}" + "".join(f"_{x}" for x in point["extra"][1::2])
             for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
                 for n in budgets if v != DDP else levels:
-                    folder = out / args.runs / f"{prefix}u{n}_lr{lr:g}_{v}_s{seed}"
-                    final = train(v, lr, seed, n, folder, args.fresh, args.flavor)[-1]["val_loss"]
-                    by_budget.setdefault((lr, v), {}).setdefault(n, []).append(final)
-                base = out / args.runs / f"{prefix}u{args.updates}_lr{lr:g}_{v}_s{seed}"
+                    folder = out / args.runs / f"{prefix}u{n}_lr{lr:g}_{v}{tag}_s{seed}"
+                    records_ = train(v, point["lr"], seed, n, folder, args.fresh, args.flavor, tuple(point["extra"]))
+                    by_budget.setdefault((lr, v), {}).setdefault(n, []).append(records_[-1]["val_loss"])
+                base = out / args.runs / f"{prefix}u{args.updates}_lr{lr:g}_{v}{tag}_s{seed}"
                 runs.setdefault((lr, v), []).append(records(base))
     summary = summarize(runs)
     for lr in lrs if len(budgets) > 1 else ():
@@ -274,6 +345,7 @@ def main(argv: list[str] | None = None) -> None:
             rows[DDP]["levels_val_loss"] = {str(n): by_budget[(lr, DDP)][n] for n in levels}
     meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(), "updates": args.updates,
             "model": f"GPT-Neo {args.flavor}", "seeds": seeds, "budgets": budgets, "levels": levels,
+            **({"tune_seeds": tune_seeds, "tuned": tuned} if tune_seeds else {}),
             "command": common.command("token-efficiency", argv)}  # fmt: skip
     data = {"meta": meta, "summary": summary}
     common.write_report(out, name, data, markdown(summary, meta), lambda path: plot(summary, path))
