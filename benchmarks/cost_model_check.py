@@ -223,7 +223,7 @@ def diloco_settings(cfg) -> dict | None:
     d = cfg.diloco
     return {"inner": cfg.parallelism.data_parallel, "replicas": cfg.parallelism.replicas,
             "sync_every": d.sync_every, "fragments": d.fragments, "overlap_steps": d.overlap_steps,
-            "outer_dtype": d.outer_dtype, "balance_replicas": d.balance_replicas}  # fmt: skip
+            "outer_dtype": d.outer_dtype, "topk": d.topk, "balance_replicas": d.balance_replicas}  # fmt: skip
 
 
 def traits(cfg):
@@ -256,7 +256,7 @@ def predict_label(label: str, cfg, work: cm.Workload, hw: cm.Hardware) -> dict:
     sizes = cm.model_fragment_params(m.name, m.flavor, d["fragments"], m.vocab_size or cfg.tokenizer.vocab_size)
     sizes = [size * work.params / sum(sizes) for size in sizes]  # the fragments' shares of the probed parameters
     return cm.predict_diloco(work, hw, d["inner"], d["sync_every"], d["fragments"], d["overlap_steps"],
-                             d["outer_dtype"], sizes)  # fmt: skip
+                             d["outer_dtype"], sizes, d["topk"])  # fmt: skip
 
 
 def cpu_budget_s(label: str, cfg, plan: ClusterPlan, inputs: dict, work: cm.Workload) -> float:

@@ -113,3 +113,13 @@ def test_the_sparse_exchange_equals_the_token_weighted_sum_of_what_each_rank_sen
         expected = sum(share * r[wire][1] for share, r in zip((0.1, 0.3, 0.6), per_rank))
         torch.testing.assert_close(per_rank[0][wire][0], expected, rtol=1e-6, atol=1e-9)
         assert all(torch.equal(r[wire][0], per_rank[0][wire][0]) for r in per_rank), wire  # every rank agrees
+
+
+def test_sorting_a_few_chunks_at_a_time_picks_the_same(monkeypatch):
+    from torchacco.parallel import compression
+
+    e = residual_like(3 * CHUNK + 5)
+    whole = compress(e, 40, "int2")
+    monkeypatch.setattr(compression, "SORT_CHUNKS", 1)
+    blocked = compress(e, 40, "int2")
+    assert torch.equal(whole[0], blocked[0]) and torch.equal(whole[1], blocked[1])

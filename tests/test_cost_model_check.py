@@ -19,7 +19,7 @@ def test_a_diloco_label_gives_predict_diloco_its_trainer_arguments_last_one_winn
             "--diloco.sync_every", "10"]  # fmt: skip
     assert check.diloco_settings(check.trainer_config(args)) == {
         "inner": "zero1", "replicas": 2, "sync_every": 10, "fragments": 2, "overlap_steps": 1, "outer_dtype": "bf16",
-        "balance_replicas": False,
+        "topk": 0.0, "balance_replicas": False,
     }  # fmt: skip
     # the speed labels' own arguments: defaults where a label says nothing, mixed replicas flagged
     plain = check.diloco_settings(check.trainer_config(STRATEGIES["diloco_h10_avg"]))
@@ -27,6 +27,7 @@ def test_a_diloco_label_gives_predict_diloco_its_trainer_arguments_last_one_winn
     assert check.diloco_settings(check.trainer_config(STRATEGIES["streaming_h10_avg_acco"]))["inner"] == "acco"
     assert check.diloco_settings(check.trainer_config(STRATEGIES["diloco_h50_balanced"]))["balance_replicas"]
     assert check.diloco_settings(check.trainer_config(STRATEGIES["ddp"])) is None
+    assert check.diloco_settings(check.trainer_config(STRATEGIES["streaming_h10_avg_topk1_int2"]))["topk"] == 0.01
 
 
 def test_a_rank_gets_its_nodes_quota_and_its_share_of_the_machine_but_at_most_one_core():
@@ -172,6 +173,18 @@ def test_a_label_that_changes_only_what_the_workload_reads_is_predicted_as_its_s
     torch_buckets = check.workload(check.trainer_config(STRATEGIES["ddp"]), 2, 6e5)
     one, default = check.predict_label("ddp_one_bucket", one_bucket, work, hw), cm.predict(torch_buckets, hw, "ddp")
     assert one["exposed_comm_s"] > default["exposed_comm_s"]  # nothing starts inside the backward
+
+
+def test_the_internet_and_the_mixed_slow_settings_and_their_strategies(tmp_path):
+    from benchmarks.yardstick import speed
+
+    (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": {"balance_bps": 3e8}}))
+    settings = plans(tmp_path)
+    assert settings["e"][0].rate_bps == pytest.approx(settings["b"][0].rate_bps / 10)  # a tenth of b's link
+    mixed = settings["bm"][0]
+    assert mixed.rate_bps == settings["b"][0].rate_bps and mixed.slow_node == 1 and mixed.slow_factor == 3.0
+    assert all(name in speed.STRATEGIES for names in speed.PER_SETTING.values() for name in names)
+    assert "streaming_h10_avg_balanced" in speed.PER_SETTING["bm"]  # mixed replicas with fragments and τ
 
 
 def test_a_table_measured_on_another_plan_is_not_checked_against_these_probes():

@@ -25,13 +25,18 @@ from benchmarks.yardstick.tokens import VARIANTS
 
 BASELINES = (DDP, ZERO1, FSDP, HSDP)
 STREAMING = "streaming_h10_avg"  # the DiLoCo variant with the least time to DDP's loss
+SPARSE = "streaming_h10_avg_topk1_int2"  # the same, sending 1% of each chunk in 2 bits
 STRATEGIES = {  # every registered strategy's variants (balanced batches among them), then the yardstick's own
     **common.strategy_variants(),
     **{name: VARIANTS[name] for name in ("diloco_h10", "diloco_h50", "streaming_h50", "diloco_h10_avg", STREAMING)},
     # Streaming DiLoCo across nodes with ZeRO-1 or ACCO over each node's ranks (settings a2, b2)
     **{f"{STREAMING}_{inner}": [*VARIANTS[STREAMING], "--parallelism.data_parallel", inner] for inner in (ZERO1, ACCO)},
     # mixed replicas: a replica runs as many of a period's H inner updates as fit in the fastest one's time
-    **{f"{v}_balanced": [*VARIANTS[v], "--diloco.balance_replicas", "true"] for v in ("diloco_h50", "diloco_h10_avg")},
+    **{
+        f"{v}_balanced": [*VARIANTS[v], "--diloco.balance_replicas", "true"]
+        for v in ("diloco_h50", "diloco_h10_avg", STREAMING, SPARSE)
+    },
+    SPARSE: VARIANTS[SPARSE],
     # every gradient bucket 25 MiB (a set cap): this model's gradients in one bucket, all-reduced after the backward
     f"{DDP}_one_bucket": ["--parallelism.data_parallel", DDP, "--parallelism.bucket_cap_mb", "25"],
 }
@@ -41,6 +46,9 @@ PER_SETTING = {  # the strategies each setting runs by default
     "a": _ONE, "b": _ONE, "a2": _TWO, "b2": _TWO,
     "c": [DDP, f"{DDP}_balanced", ZERO1, f"{ZERO1}_balanced", ACCO, f"{ACCO}_balanced", "diloco_h50",
           "diloco_h50_balanced"],
+    "e": [*_ONE, SPARSE],
+    "bm": [DDP, f"{DDP}_balanced", f"{ZERO1}_balanced", "diloco_h10_avg_balanced", f"{STREAMING}_balanced",
+           f"{SPARSE}_balanced"],
 }  # fmt: skip
 WARMUP = 10  # updates left out of the timing
 TOKENS_PER_UPDATE = 16 * 128  # the recipe's global batch: an update of every strategy but mixed replicas
@@ -103,6 +111,9 @@ def plans(out: Path, calibration: str = "time_to_loss", rates: str = "") -> dict
     two = ["--training.local_batch_size", "2"]  # so that ACCO's two periods fit 16 sequences on 4 ranks
     return {
         "a": (ClusterPlan(nodes=2, rate_bps=balance), []), "b": (ClusterPlan(nodes=2, rate_bps=balance / 3), []),
+        "e": (ClusterPlan(nodes=2, rate_bps=balance / 30), []),  # a tenth of b's: an internet link between sites
+        # b's link with node 1 at a third of node 0's core: mixed and slow at once
+        "bm": (ClusterPlan(nodes=2, rate_bps=balance / 3, slow_node=1, slow_factor=3.0, cpu_per_node=1.0), []),
         # micro-batches of one sequence; 8 evaluation batches per rank read the recipe's 32 validation windows
         "c": (ClusterPlan(nodes=4, rate_bps=1e9, slow_node=3, slow_factor=4.0, cpu_per_node=0.45),
               ["--training.local_batch_size", "1", "--eval.batches", "8"]),

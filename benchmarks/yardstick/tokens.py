@@ -55,9 +55,11 @@ VARIANTS = {
     "streaming_h10_avg": _dp(DDP, f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true "
                                   f"{AVG} --diloco.outer_dtype bf16"),
     "streaming_h50": _dp(DDP, f"{DILOCO} 50 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.outer_dtype bf16"),
-    # the same Streaming DiLoCo sending 1% of each chunk of its pseudo-gradient in 2 bits, with error feedback
-    "streaming_h10_avg_topk1_int2": _dp(DDP, f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 "
-                                             f"--diloco.eager true {AVG} --diloco.outer_dtype int2 --diloco.topk 0.01"),
+    # the same Streaming DiLoCo sending 1% (3%, 10%) of each chunk of its pseudo-gradient in 2 (4) bits, error-fed
+    **{f"streaming_h10_avg_topk{round(k * 100)}_{code}": _dp(DDP, f"{DILOCO} 10 --diloco.fragments 2 "
+                                                                  f"--diloco.overlap_steps 1 --diloco.eager true {AVG} "
+                                                                  f"--diloco.outer_dtype {code} --diloco.topk {k}")
+       for k, code in ((0.01, "int2"), (0.03, "int2"), (0.1, "int4"))},
 }  # fmt: skip
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 CHUNK = 4096  # elements per top-k chunk (offsets in 12 bits) and per scale of the sparse codes
-OFFSET_BITS = 12
+SORT_CHUNKS = 1 << 14  # chunks sorted at once (64M elements: about 1 GiB of the sort's temporaries)
 CODE_BITS = {"int8": 8, "int4": 4, "int2": 2}
 VALUE_BITS = {"fp32": 32, "bf16": 16, **CODE_BITS}
 
@@ -121,8 +121,9 @@ def compress(e: torch.Tensor, keep: int, wire: str) -> tuple[torch.Tensor, torch
     every chunk of the flat fp32 tensor e."""
     chunks = torch.nn.functional.pad(e, (0, -e.numel() % CHUNK)).view(-1, CHUNK)
     # A stable sort, not topk: equal magnitudes (AdamW's first updates are ±lr) go to the lowest offset,
-    # the same on every device.
-    offsets = chunks.abs().sort(dim=1, descending=True, stable=True).indices[:, :keep]
+    # the same on every device. SORT_CHUNKS at a time bound its temporary memory.
+    order = [b.abs().sort(dim=1, descending=True, stable=True).indices[:, :keep] for b in chunks.split(SORT_CHUNKS)]
+    offsets = torch.cat(order)
     values = chunks.gather(1, offsets)
     if wire in CODE_BITS:
         bits = CODE_BITS[wire]
