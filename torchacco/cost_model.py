@@ -504,14 +504,16 @@ def token_source(label: str, table: dict | None = None) -> str | None:
 
 def diloco_token_source(inner: str, replicas: int, outer, table: dict | None = None) -> str | None:
     """The measured DiLoCo entry for `replicas` replicas with `inner` inside and the outer step `outer` (a
-    `torchacco.config.DiLoCo`): one with the same replicas, inner update and [diloco] settings, or None. The ranks
-    inside a replica are not matched: they change the inner update's floating-point order, not the update."""
-    settings = dataclasses.asdict(outer)
+    `torchacco.config.DiLoCo`): one with the same replicas, inner update and [diloco] settings but `offload`, or
+    None. The ranks inside a replica are not matched: they change the inner update's floating-point order, not the
+    update."""
+    settings, defaults = dataclasses.asdict(outer), dataclasses.asdict(type(outer)())
     for name, entry in _entries(table).items():
         run = entry.get("diloco")
         if not run or run["replicas"] != replicas or _update(run["inner"]) != _update(inner):
             continue
-        if all(settings.get(key, object()) == value for key, value in run.items() if key not in _NOT_MATCHED):
+        recorded = {**defaults, **run}  # a setting an entry does not record (it predates it) had its default
+        if all(settings[key] == recorded[key] for key in settings if key != "offload"):  # (offload: where, not what)
             return name
     return None
 
