@@ -288,9 +288,15 @@ def test_a_diloco_row_takes_a_measurement_only_with_the_same_replicas_inner_upda
     # ZeRO-1 and FSDP inside compute DDP's update, however many ranks a replica has
     assert source("ddp") == source("zero1") == source("fsdp") == "streaming_h10_avg"
     assert source("ddp", replicas=4) is None
-    for changed in ({"sync_every": 20}, {"fragments": 1, "overlap_steps": 0, "eager": False}, {"eager": False},
-                    {"outer_lr": 0.7}, {"outer_momentum": 0.9}, {"outer_dtype": "fp32"},
-                    {"topk": 0.01}):  # fmt: skip  (an entry recording no topk measured the dense pseudo-gradient)
+    for changed in (
+        {"sync_every": 20},
+        {"fragments": 1, "overlap_steps": 0, "eager": False},
+        {"eager": False},
+        {"outer_lr": 0.7},
+        {"outer_momentum": 0.9},
+        {"outer_dtype": "fp32"},
+        {"topk": 0.01},
+    ):  # fmt: skip  (an entry recording no topk measured the dense pseudo-gradient)
         assert source("ddp", **changed) is None, changed
     assert source("ddp", offload=True) == "streaming_h10_avg"  # where θ_global is kept, not what it is
 
