@@ -102,12 +102,13 @@ def sparse_reference(e: torch.Tensor, keep: int, bits: int | None) -> torch.Tens
 
 def diloco_reference(
     updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9, eager=False, computed=None,
-    topk=None,
+    topk=None, warm=0,
 ):  # fmt: skip
     """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco.py).
     `computed[r][t]`: whether replica r computed slot t (mixed replicas; all of them when None).
     `topk`: (elements kept per chunk, code bits, error decay β): each replica sends the top-k of its
-    residual e ← β·e + Δ_r and keeps the rest."""
+    residual e ← β·e + Δ_r and keeps the rest. `warm`: after each of the first `warm` updates, every
+    replica's θ becomes the token-weighted mean of theirs (the outer optimizer untouched)."""
     reps = [Replica([r * dp + d for d in range(dp)]) for r in range(replicas)]
     frags = fragments_of_tiny_model(P)
     # θ_global per fragment, as parameters of torch's Nesterov SGD
@@ -169,6 +170,17 @@ def diloco_reference(
             for r, rep in enumerate(reps):
                 rep.consumed += nominal * sum(ran) / replicas - (nominal if ran[r] else 0)
         spread = max(spread, (reps[0].params[1] - reps[-1].params[1]).norm().item())
+        if t <= warm:
+            with torch.no_grad():
+                for f in range(P):
+                    total = sum(tokens[r][f] for r in range(replicas))
+                    for b, i in zip(backups[f], frags[f]):
+                        b.copy_(sum(tokens[r][f] / total * rep.params[i] for r, rep in enumerate(reps)))
+                        for rep in reps:
+                            rep.params[i].copy_(b)
+                    for r in range(replicas):
+                        tokens[r][f] = 0.0
+            continue
         if t % interval == 0:
             f = (t // interval - 1) % P
             mean = in_flight.pop(f) if tau else pseudo_gradient_mean(f)
@@ -215,14 +227,24 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         ("fsdp", dict(sync_every=2, outer_lr=1.0, outer_momentum=0.0, offload=1), 4),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, eager=1), 9),
         ("ddp", dict(sync_every=4, fragments=2, overlap_steps=1, topk=0.05, outer_dtype="int4", error_decay=0.9), 9),
+        ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, warm_start=4), 9),
     ],
-    ids=["ddp", "zero1-streaming", "zero1-overlap-mixing", "fsdp-averaging-offload", "zero1-eager", "ddp-topk-int4"],
+    ids=[
+        "ddp",
+        "zero1-streaming",
+        "zero1-overlap-mixing",
+        "fsdp-averaging-offload",
+        "zero1-eager",
+        "ddp-topk-int4",
+        "zero1-warm-start",
+    ],
 )
 def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
     run = run_diloco(tmp_path, kind, updates, micro_batches=2, **diloco)
     reference_keys = dict(H=diloco["sync_every"], P=diloco.get("fragments", 1), tau=diloco.get("overlap_steps", 0))
     reference_keys |= dict(alpha=diloco.get("mixing", 0.0), lr=diloco.get("outer_lr", 0.7))
     reference_keys |= dict(mu=diloco.get("outer_momentum", 0.9), eager=bool(diloco.get("eager", 0)))
+    reference_keys |= dict(warm=diloco.get("warm_start", 0))
     if "topk" in diloco:
         bits = {"int8": 8, "int4": 4, "int2": 2}[diloco["outer_dtype"]]
         reference_keys |= dict(topk=(round(diloco["topk"] * 4096), bits, diloco["error_decay"]))
@@ -437,6 +459,10 @@ def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
           "training.global_batch_size": 16, "training.max_tokens": 10**5}, "'adaptive' inside DiLoCo's replicas"),
         ({"parallelism.replicas": 2, "training.global_batch_size": 12}, "× replicas = 4 × 2 × 2 = 16"),
         ({"parallelism.replicas": 2, "diloco.topk": 1.5}, "use 0 (all) to 1"),
+        ({"parallelism.replicas": 2, "diloco.sync_every": 4, "diloco.fragments": 2, "diloco.warm_start": 3},
+         "must be a multiple of sync_every / fragments = 2"),
+        ({"parallelism.replicas": 2, "diloco.warm_start": 100, "diloco.balance_replicas": True,
+          "training.max_tokens": 10**6}, "use one of them"),
         ({"parallelism.replicas": 2, "diloco.error_decay": 0.5}, "topk = 0 sends all; set topk"),
         ({"parallelism.replicas": 2, "diloco.topk": 0.01, "diloco.error_decay": -1}, "between 0 and 1"),
     ],

@@ -201,6 +201,11 @@ class DiLoCo:
         "and outer_dtype values); what is not sent is fed back into the next outer step's (SparseLoCo). 0 sends all",
     )
     error_decay: float = key(0.95, "β with topk: the residual not yet sent is multiplied by β at each outer step")
+    warm_start: int = key(
+        0,
+        "inner updates at the start after each of which the replicas average θ (fp32, all fragments; post-local "
+        "SGD) before the outer steps begin; a multiple of sync_every / fragments",
+    )
     offload: bool = key(False, "keep θ_global and the outer momentum in CPU memory (pinned with CUDA)")
     eager: bool = key(
         False,

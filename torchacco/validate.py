@@ -171,6 +171,14 @@ def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
         raise UserError(f"[diloco] error_decay = {d.error_decay:g} must be between 0 and 1")
     if d.error_decay != DiLoCo().error_decay and not d.topk:
         raise UserError("[diloco] error_decay applies to what topk leaves unsent, and topk = 0 sends all; set topk")
+    if d.warm_start < 0 or d.warm_start % interval:
+        raise UserError(
+            f"[diloco] warm_start = {d.warm_start} must be a multiple of sync_every / fragments = {interval} (the "
+            "outer steps then begin with a whole period)"
+        )
+    if d.warm_start and d.balance_replicas:
+        raise UserError("[diloco] warm_start averages after every update, and balance_replicas idles a slow "
+                        "replica's slots: use one of them")  # fmt: skip
     if d.mixing and not d.overlap_steps:
         raise UserError(
             "[diloco] mixing mixes in the local updates made during overlap_steps, and overlap_steps = 0; "

@@ -60,6 +60,10 @@ VARIANTS = {
                                                                   f"--diloco.overlap_steps 1 --diloco.eager true {AVG} "
                                                                   f"--diloco.outer_dtype {code} --diloco.topk {k}")
        for k, code in ((0.01, "int2"), (0.03, "int2"), (0.1, "int4"))},
+    # ... after a warm start of 100 updates averaged in fp32
+    "streaming_h10_avg_topk1_int2_warm100": [*_dp(DDP, f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 "
+                                                      f"--diloco.eager true {AVG} --diloco.outer_dtype int2 "
+                                                      "--diloco.topk 0.01 --diloco.warm_start 100")],
 }  # fmt: skip
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
 

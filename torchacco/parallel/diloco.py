@@ -198,9 +198,11 @@ class DiLoCo(Strategy):
         self.slot += 1
         self.tokens = [n + result.tokens for n in self.tokens]
         t, outer = self.updates, {}
-        if t % self.interval == 0:
+        if t <= self.options.warm_start:
+            outer = self._average()
+        elif t % self.interval == 0:
             outer = self._outer_step((t // self.interval - 1) % self.options.fragments)
-        if self.tau and (t + self.tau) % self.interval == 0:
+        if self.tau and t + self.tau > self.options.warm_start and (t + self.tau) % self.interval == 0:
             self._start(((t + self.tau) // self.interval - 1) % self.options.fragments)
         # Every replica consumes the same input tokens per inner update: the run's clock counts those that ran.
         return dataclasses.replace(result, consumed=self.nominal * computing, outer=outer)
@@ -265,6 +267,23 @@ class DiLoCo(Strategy):
             mean, sent = split_across(exchange, e, self.split_group, CHUNK)
         residual.copy_(e.sub_(sent))
         return mean
+
+    def _average(self) -> dict:
+        """Warm start: θ_global ← the replicas' token-weighted mean of θ_r, in fp32, for every fragment, and θ_r ←
+        θ_global; the outer momentum and the residuals are left as they are."""
+        sent = 0
+        for f in range(self.options.fragments):
+            delta, tokens = self._delta(f)
+            if self.split_group is None:
+                mean = token_weighted_mean(delta, tokens, self.dims.replica_group)
+            else:
+                mean = split_token_weighted_mean(delta, tokens, self.dims.replica_group, "fp32", self.split_group)
+            self.backup[f].sub_(mean.to(self.backup[f].device))
+            self._scatter(f, self.backup[f].to(self.device.torch))
+            sent += delta.numel() if self.split_group is None else -(-delta.numel() // self.dims.dp_size)
+        self.inner.theta.written()
+        self.slot = 0  # every update is a period of its own (balance_replicas is refused with a warm start)
+        return {"outer_warm_start": self.updates, "outer_bytes": 4.0 * sent}
 
     def _outer_step(self, f: int) -> dict:
         start = time.perf_counter()
