@@ -102,7 +102,7 @@ def sparse_reference(e: torch.Tensor, keep: int, bits: int | None) -> torch.Tens
 
 def diloco_reference(
     updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9, eager=False, computed=None,
-    topk=None, warm=0,
+    topk=None, warm=0, mu_warmup=0,
 ):  # fmt: skip
     """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco.py).
     `computed[r][t]`: whether replica r computed slot t (mixed replicas; all of them when None).
@@ -117,6 +117,7 @@ def diloco_reference(
     tokens = [[0.0] * P for _ in reps]
     in_flight, guesses = {}, {}
     residuals = [[None] * P for _ in reps]
+    steps = [0] * P  # each fragment's outer steps
 
     def eager_guess(f):
         """Each replica continues from the outer step taken with its own Δ (torch's momentum buffer untouched)."""
@@ -186,6 +187,9 @@ def diloco_reference(
             mean = in_flight.pop(f) if tau else pseudo_gradient_mean(f)
             for b, g in zip(backups[f], mean):
                 b.grad = g
+            if mu_warmup:  # fragment f's k-th outer step: μ·min(1, k / W)
+                steps[f] += 1
+                outer[f].param_groups[0]["momentum"] = mu * min(1.0, steps[f] / mu_warmup)
             outer[f].step()
             with torch.no_grad():
                 for r, rep in enumerate(reps):
@@ -228,6 +232,7 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, eager=1), 9),
         ("ddp", dict(sync_every=4, fragments=2, overlap_steps=1, topk=0.05, outer_dtype="int4", error_decay=0.9), 9),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, warm_start=4), 9),
+        ("ddp", dict(sync_every=2, fragments=2, outer_momentum_warmup=3), 12),
     ],
     ids=[
         "ddp",
@@ -237,6 +242,7 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         "zero1-eager",
         "ddp-topk-int4",
         "zero1-warm-start",
+        "ddp-momentum-warmup",
     ],
 )
 def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
@@ -244,7 +250,7 @@ def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
     reference_keys = dict(H=diloco["sync_every"], P=diloco.get("fragments", 1), tau=diloco.get("overlap_steps", 0))
     reference_keys |= dict(alpha=diloco.get("mixing", 0.0), lr=diloco.get("outer_lr", 0.7))
     reference_keys |= dict(mu=diloco.get("outer_momentum", 0.9), eager=bool(diloco.get("eager", 0)))
-    reference_keys |= dict(warm=diloco.get("warm_start", 0))
+    reference_keys |= dict(warm=diloco.get("warm_start", 0), mu_warmup=diloco.get("outer_momentum_warmup", 0))
     if "topk" in diloco:
         bits = {"int8": 8, "int4": 4, "int2": 2}[diloco["outer_dtype"]]
         reference_keys |= dict(topk=(round(diloco["topk"] * 4096), bits, diloco["error_decay"]))

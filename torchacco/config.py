@@ -177,6 +177,9 @@ class DiLoCo:
     sync_every: int = key(100, "H: inner updates between two outer steps of each fragment")
     outer_lr: float = key(0.7, "the outer Nesterov SGD's learning rate (1 with momentum 0: plain averaging)")
     outer_momentum: float = key(0.9, "the outer Nesterov SGD's momentum")
+    outer_momentum_warmup: int = key(
+        0, "W: the k-th outer step of a fragment uses momentum outer_momentum · min(1, k / W) (Pier); 0: from the first"
+    )
     fragments: int = key(
         1,
         "P: Streaming DiLoCo's fragments (contiguous groups of blocks); one syncs every H / P updates, in turn",

@@ -171,6 +171,8 @@ def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
         raise UserError(f"[diloco] error_decay = {d.error_decay:g} must be between 0 and 1")
     if d.error_decay != DiLoCo().error_decay and not d.topk:
         raise UserError("[diloco] error_decay applies to what topk leaves unsent, and topk = 0 sends all; set topk")
+    if d.outer_momentum_warmup < 0:
+        raise UserError(f"[diloco] outer_momentum_warmup = {d.outer_momentum_warmup} must be 0 (none) or more")
     if d.warm_start < 0 or d.warm_start % interval:
         raise UserError(
             f"[diloco] warm_start = {d.warm_start} must be a multiple of sync_every / fragments = {interval} (the "

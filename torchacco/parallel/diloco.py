@@ -236,7 +236,7 @@ class DiLoCo(Strategy):
         self.in_flight = f
         self.runner.launch(lambda: self._mean(f, delta, tokens))
         if self.eager is not None:  # θ̂: the outer step with this replica's Δ, without touching m
-            mu, lr = self.options.outer_momentum, self.options.outer_lr
+            mu, lr = self._momentum(self.outer_steps + 1), self.options.outer_lr
             momentum = self.momentum[f].to(delta.device)
             guess = self.backup[f].to(delta.device) - lr * (delta + mu * (mu * momentum + delta))
             self.eager[: guess.numel()] = guess
@@ -268,6 +268,11 @@ class DiLoCo(Strategy):
         residual.copy_(e.sub_(sent))
         return mean
 
+    def _momentum(self, n: int) -> float:
+        """μ of the run's n-th outer step: its fragment's k-th, μ·min(1, k / W) over a warm-up of W."""
+        warmup, mu = self.options.outer_momentum_warmup, self.options.outer_momentum
+        return mu if not warmup else mu * min(1.0, ((n - 1) // self.options.fragments + 1) / warmup)
+
     def _average(self) -> dict:
         """Warm start: θ_global ← the replicas' token-weighted mean of θ_r, in fp32, for every fragment, and θ_r ←
         θ_global; the outer momentum and the residuals are left as they are."""
@@ -294,7 +299,7 @@ class DiLoCo(Strategy):
         else:
             mean = self._mean(f, *self._delta(f))
         exposed = time.perf_counter() - start
-        backup, momentum, mu = self.backup[f], self.momentum[f], self.options.outer_momentum
+        backup, momentum, mu = self.backup[f], self.momentum[f], self._momentum(self.outer_steps + 1)
         mean = mean.to(backup.device)
         momentum.mul_(mu).add_(mean)
         backup.sub_(mean.add(momentum, alpha=mu), alpha=self.options.outer_lr)
