@@ -33,6 +33,8 @@ def _dp(name: str, more: str = "") -> list[str]:
 LB2, LB1 = "--training.local_batch_size 2 --eval.batches 8", "--training.local_batch_size 1 --eval.batches 16"
 DILOCO = "--parallelism.replicas 2 --diloco.sync_every"  # 2 replicas of one rank, an outer step every H updates
 AVG = "--diloco.outer_lr 1 --diloco.outer_momentum 0"  # plain averaging
+STREAMING_AVG = f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true {AVG}"
+TOPK1 = "--diloco.outer_dtype int2 --diloco.topk 0.01"
 VARIANTS = {
     DDP: _dp(DDP), ZERO1: _dp(ZERO1), FSDP: _dp(FSDP),  # FSDP: DDP's update with everything sharded, another floor
     # DDP in other floating-point orders (4 or 8 micro-batches per rank): the noise floor at acco_share's batches
@@ -55,15 +57,13 @@ VARIANTS = {
     "streaming_h10_avg": _dp(DDP, f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true "
                                   f"{AVG} --diloco.outer_dtype bf16"),
     "streaming_h50": _dp(DDP, f"{DILOCO} 50 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.outer_dtype bf16"),
-    # the same Streaming DiLoCo sending 1% (3%, 10%) of each chunk of its pseudo-gradient in 2 (4) bits, error-fed
-    **{f"streaming_h10_avg_topk{round(k * 100)}_{code}": _dp(DDP, f"{DILOCO} 10 --diloco.fragments 2 "
-                                                                  f"--diloco.overlap_steps 1 --diloco.eager true {AVG} "
-                                                                  f"--diloco.outer_dtype {code} --diloco.topk {k}")
+    # the same Streaming DiLoCo sending 1% (3%, 10%) of each chunk of its pseudo-gradient in 2 (4) bits, error-fed;
+    # with no decay of the residual (β = 1); after a warm start of 100 updates averaged in fp32
+    **{f"streaming_h10_avg_topk{round(k * 100)}_{code}": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype {code} "
+                                                                  f"--diloco.topk {k}")
        for k, code in ((0.01, "int2"), (0.03, "int2"), (0.1, "int4"))},
-    # ... after a warm start of 100 updates averaged in fp32
-    "streaming_h10_avg_topk1_int2_warm100": [*_dp(DDP, f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 "
-                                                      f"--diloco.eager true {AVG} --diloco.outer_dtype int2 "
-                                                      "--diloco.topk 0.01 --diloco.warm_start 100")],
+    "streaming_h10_avg_topk1_int2_decay1": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.error_decay 1"),
+    "streaming_h10_avg_topk1_int2_warm100": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.warm_start 100"),
 }  # fmt: skip
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
 

@@ -18,6 +18,9 @@ all-reduced on the side runner (a CUDA stream or a thread) while those updates r
 continues from θ̂ = the outer step with Δ_r in place of Δ̄ (the momentum untouched); when Δ̄
 arrives, the true outer step is taken and θ_r ← θ_global + (θ_r − θ̂) keeps the τ local updates.
 
+With `topk`, each rank sends the top-k of its error-fed residual instead of Δ_r (compression.py). A
+warm start (`warm_start`) averages θ after each of the first updates; `outer_momentum_warmup` ramps μ.
+
 Mixed replicas (`balance_replicas`): every period between two outer steps is still K = H / P loop
 iterations on every rank (so evaluation, checkpoints, stopping and each fragment's outer step stay in
 step), but replica r computes only the first K_r of them and idles the rest, K_r = max(1, ⌊K · s_min
