@@ -365,11 +365,12 @@ def test_mixed_replicas_a_slow_replica_runs_fewer_inner_updates_and_the_merge_eq
 @pytest.mark.integration
 @pytest.mark.exact
 def test_mixed_replicas_with_streaming_send_the_same_fragments_at_the_same_outer_steps(tmp_path):
-    """Two fragments, each all-reduced beside one inner update (τ = 1): a period is H / P = 2 slots, the slow
-    replica computes the first of each after the first period, and both send fragment f at the same outer
-    steps; θ_global equals the sequential reference over the same schedule."""
+    """Two fragments, each all-reduced beside one inner update (τ = 1); replica 1 sleeps 500 ms per micro-batch
+    (a wide margin: a period of H / P = 2 slots times only 2 updates). After the first period the slow replica
+    computes the first slot of each, both send fragment f at the same outer steps, and θ_global equals the
+    sequential reference over that schedule."""
     diloco = "sync_every=4,fragments=2,overlap_steps=1,balance_replicas=1"
-    run = run_worker(tmp_path, "ddp", 10, 1, delay=0.2,
+    run = run_worker(tmp_path, "ddp", 10, 1, delay=0.5,
                      env={"TORCHACCO_TEST_REPLICAS": "2", "TORCHACCO_TEST_DILOCO": diloco})  # fmt: skip
     fast, slow = run["periods"]
     assert fast == [1] * 10 and slow == [1, 1] + [1, 0] * 4, run["periods"]
