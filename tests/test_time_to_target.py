@@ -85,6 +85,9 @@ def test_time_to_target_names_a_mistake_in_one_line(tmp_path, capsys, extra, mes
         (["--levels", "0.75,1"], "--levels needs --budgets"),
         (["--levels", "0.75,nan"], "--levels must be positive multiples"),
         (["--flavor", "huge"], "invalid choice: 'huge'"),
+        (["--tune-lrs", "x"], "--tune-lrs takes comma-separated multiples of --lrs"),
+        (["--tune-outer", "0.7"], "--tune-outer takes comma-separated LR:MOMENTUM pairs"),
+        (["--tune-clip", "one"], "--tune-outer and --tune-clip take non-negative numbers"),
     ],
 )
 def test_token_efficiency_arguments_it_cannot_run_are_one_line(args, message, capsys):

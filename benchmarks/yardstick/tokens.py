@@ -15,6 +15,7 @@ import argparse
 import datetime
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -143,14 +144,16 @@ def updates_to_target(target: float, finals: dict[int, float]) -> tuple[float | 
     return None, False
 
 
-def budget_multiples(parser: argparse.ArgumentParser, text: str, flag: str = "--budgets") -> list[float]:
-    """--budgets (or --levels): comma-separated positive multiples of the base run's updates, or one line."""
+def budget_multiples(
+    parser: argparse.ArgumentParser, text: str, flag: str = "--budgets", of: str = "--updates"
+) -> list[float]:
+    """--budgets (or --levels, --tune-lrs): comma-separated positive multiples of `of`, or one line."""
     try:
         multiples = [float(x) for x in text.split(",")]
     except ValueError:
-        parser.error(f"{flag} takes comma-separated multiples of --updates (e.g. 1,1.25,1.5), got {text!r}")
+        parser.error(f"{flag} takes comma-separated multiples of {of} (e.g. 1,1.25,1.5), got {text!r}")
     if not all(math.isfinite(m) and m > 0 for m in multiples):
-        parser.error(f"{flag} must be positive multiples of --updates, got {text!r}")
+        parser.error(f"{flag} must be positive multiples of {of}, got {text!r}")
     return multiples
 
 
@@ -305,11 +308,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     tune_seeds = [int(x) for x in args.tune_seeds.split(",") if x]
-    args.tune_lrs = budget_multiples(parser, args.tune_lrs, "--tune-lrs")
+    args.tune_lrs = budget_multiples(parser, args.tune_lrs, "--tune-lrs", "--lrs")
     args.tune_outer = [x for x in args.tune_outer.split(",") if x]
     args.tune_clip = [x for x in args.tune_clip.split(",") if x]
     if any(x.count(":") != 1 for x in args.tune_outer):
         parser.error(f"--tune-outer takes comma-separated LR:MOMENTUM pairs (e.g. 1:0,0.7:0.9), got {args.tune_outer}")
+    numbers = [x for pair in args.tune_outer for x in pair.split(":")] + args.tune_clip
+    if not all(re.fullmatch(r"[0-9]*\.?[0-9]+(e-?[0-9]+)?", x) for x in numbers):
+        parser.error(f"--tune-outer and --tune-clip take non-negative numbers (e.g. 1:0 and 1,2), got {numbers}")
     scaled = lambda text, flag: sorted({round(args.updates * m) for m in budget_multiples(parser, text, flag)}
                                        | {args.updates})  # noqa: E731  # fmt: skip
     budgets, levels = scaled(args.budgets, "--budgets"), scaled(args.levels, "--levels")
