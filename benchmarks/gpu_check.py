@@ -2,9 +2,11 @@
 
 Six steps (STEPS; --dry-run prints them and checks, without a GPU, that every command would start), each a process
 group of its own with its own time limit (a hang costs that step's limit, not the lease); the JSON summary
-(bench_results/gpu_check_<date>.json) is rewritten after each step. The env step installs the wheels in --wheels
-(benchmarks/gpu_wheels.sh) without the network; throughput compares against bench_results/gpu_{mfu,overlap}.json. A
-step whose needs are absent (no GPU, no torchtitan) is "skipped: <reason>" and the rest go on.
+(bench_results/gpu_check_<date>.json) is rewritten after each step. Where one command may run 10 minutes, run it
+as two: `--steps env,cuda-tests,parity`, then `--steps env,throughput,stall,torchtitan`. The env step installs the
+wheels in --wheels (benchmarks/gpu_wheels.sh) without the network; throughput compares against
+bench_results/gpu_{mfu,overlap}.json. A step whose needs are absent (no GPU, no torchtitan, a torch torchtitan does
+not import with) is "skipped: <reason>" and the rest go on.
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ class Step:
     child: list[str] | None = None  # the step's process; None: this module's `_step NAME`
 
 
+# Limits from the H100 run of 2026-11-27 (bench_results/gpu_check_2026-11-27.json): env 18 s, a CUDA test about
+# 25 s (13 of them), parity 94 s, throughput 67 s, stall 60 s.
 STEPS = [
-    Step("env", 40, "carried wheels and torchacco installed offline; torch +cu, GPU name, NCCL version"),
-    Step("cuda-tests", 210, "the suite's CUDA tests, -x"),
-    Step("parity", 140, "acco/zero1/fsdp, CUDA vs CPU, bf16, one safetensors export; resume from a CUDA checkpoint"),
-    Step("throughput", 200, "8B×8 compiled MFU and ACCO's overlap against 2026-11-22"),
-    Step("stall", 75, "a stalled collective: the one-line diagnosis and flight_recorder/"),
+    Step("env", 25, "carried wheels and torchacco installed offline; torch +cu, GPU name, NCCL version"),
+    Step("cuda-tests", 330, "the suite's CUDA tests, -x"),
+    Step("parity", 110, "acco/zero1/fsdp, CUDA vs CPU, bf16, one safetensors export; resume from a CUDA checkpoint"),
+    Step("throughput", 90, "8B×8 compiled MFU and ACCO's overlap against 2026-11-22"),
+    Step("stall", 70, "a stalled collective: the one-line diagnosis and flight_recorder/"),
     Step("torchtitan", 115, "torchtitan 0.3.0 on the 8B×8 case: tokens/s and peak memory ratios"),
 ]
 
@@ -457,6 +461,10 @@ def titan_step(ctx) -> dict:
 
     if version("torchtitan") != "0.3.0":
         return {"status": f"skipped: torchtitan {version('torchtitan')} is installed; the comparison is for 0.3.0"}
+    probe = subprocess.run([sys.executable, "-c", "import torchtitan.models.llama3.config_registry"],
+                           capture_output=True, text=True)  # fmt: skip
+    if probe.returncode != 0:  # torch 2.11 lacks what 0.3.0 imports (DataParallelMeshDims)
+        return {"status": f"skipped: torchtitan 0.3.0 does not import with torch {version('torch')}: {tail(probe, 1)}"}
     (_, cmd, _), = plan("torchtitan", ctx)  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     text = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)  # torchtitan colours its log

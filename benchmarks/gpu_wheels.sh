@@ -4,7 +4,8 @@
 # folder's site/ and puts that first on PYTHONPATH):
 #   benchmarks/gpu_wheels.sh          torchacco's needs the machine lacks (torchdata)
 #   benchmarks/gpu_wheels.sh titan    also torchtitan 0.3.0, the needs of it the machine lacks, and
-#                                     its test assets (tokenizer, c4_test) from its git tag
+#                                     its test assets from its git tag (tokenizer; without GitHub from
+#                                     TITAN_GIT, a torchtitan git directory; c4_test as a word salad)
 # The machine must already have: Python $PYVER with a CUDA build of torch >= 2.9 (NCCL comes with
 # it; a CUDA torch wheel is far over what can be carried), tokenizers, safetensors, tensorboard,
 # pytest and setuptools (torchacco's offline editable install), and for torchtitan einops, pyarrow,
@@ -30,11 +31,31 @@ for spec in "${WHEELS[@]}"; do
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$OUT" "$spec"
 done
-if [ "${1:-}" = "titan" ] && [ ! -d "$OUT/titan/tests/assets/c4_test" ]; then
-  git clone -q --depth 1 --branch v0.3.0 https://github.com/pytorch/torchtitan "$OUT/titan-src"
-  mkdir -p "$OUT/titan/tests/assets"
-  cp -r "$OUT/titan-src/tests/assets/tokenizer" "$OUT/titan-src/tests/assets/c4_test" "$OUT/titan/tests/assets/"
-  rm -rf "$OUT/titan-src"
+ASSETS="$OUT/titan/tests/assets"
+if [ "${1:-}" = "titan" ] && [ ! -s "$ASSETS/tokenizer/tokenizer.json" ]; then
+  mkdir -p "$ASSETS/tokenizer" "$ASSETS/c4_test"
+  if git clone -q --depth 1 --branch v0.3.0 https://github.com/pytorch/torchtitan "$OUT/titan-src" 2>/dev/null; then
+    cp -r "$OUT/titan-src/tests/assets/tokenizer" "$OUT/titan-src/tests/assets/c4_test" "$ASSETS/"
+    rm -rf "$OUT/titan-src"
+  elif [ -n "${TITAN_GIT:-}" ]; then  # without GitHub: a torchtitan git directory at hand
+    for f in tokenizer.json tokenizer_config.json; do
+      git --git-dir "$TITAN_GIT" show "HEAD:tests/assets/tokenizer/$f" >"$ASSETS/tokenizer/$f"
+    done
+  else
+    echo "torchacco: error: GitHub is out of reach for torchtitan's test tokenizer; set TITAN_GIT to a torchtitan git directory" >&2
+    exit 1
+  fi
+fi
+if [ "${1:-}" = "titan" ] && [ ! -s "$ASSETS/c4_test/data.json" ]; then
+  # throughput does not depend on the text: a word salad in c4_test's JSON-lines shape
+  "$PY" - "$ASSETS/c4_test/data.json" <<'PYEOF'
+import json, random, sys
+words = "the king and queen of a land far away went to see the sea with their horse dog cat bird".split()
+rng = random.Random(0)
+with open(sys.argv[1], "w") as f:
+    for i in range(3000):
+        f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(300))}) + "\n")
+PYEOF
 fi
 size=$(du -sm "$OUT" | cut -f1)
 ls "$OUT"

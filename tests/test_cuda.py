@@ -3,6 +3,7 @@ the same numbers as on CPU, ACCO's job on a stream of its own in the profiler's 
 snapshots. They run where CUDA is present and are skipped, with the reason, elsewhere; each runs
 in processes of its own, with the GPUs visible (conftest hides them from the rest of the suite)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ def test_cuda_check(check):
         capture_output=True,
         text=True,
         timeout=300,
-        env=gpu_env(PYTHONPATH=str(ROOT)),
+        env=gpu_env(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))),
     )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
 

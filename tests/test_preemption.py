@@ -183,3 +183,27 @@ def test_the_launcher_forwards_the_signals_and_waits_out_the_grace_period(tiny_c
     mine = ["--signals-to-handle", "SIGTERM", "--shutdown-timeout", "300", *argv]
     assert forward_preemption_signals(mine, cfg)[:2] == ["--signals-to-handle", "SIGTERM,SIGUSR2"]
     assert forward_preemption_signals(mine, cfg)[2:] == mine  # the user's own timeout stands
+
+
+def test_the_launcher_runs_with_a_torchrun_that_has_no_shutdown_timeout(monkeypatch, capsys):
+    """torch 2.11's torchrun (the GPU image's) has no --shutdown-timeout: the launch goes on without it."""
+    from torchacco import launch
+
+    parser = launch.get_args_parser()
+    parse = parser.parse_args
+
+    def without_the_option(argv):
+        args = parse(argv)
+        del args.shutdown_timeout
+        return args
+
+    monkeypatch.setattr(parser, "parse_args", without_the_option)
+    monkeypatch.setattr(launch, "get_args_parser", lambda: parser)
+    argv = ["--standalone", "--nproc_per_node", "2", "-m", "torchacco.train", "--preemption.grace_s", "100"]
+    cfg = load_config(argv[5:])
+    assert launch.forward_preemption_signals(argv, cfg) == [
+        "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", *argv]  # fmt: skip
+    assert "no --shutdown-timeout" in capsys.readouterr().err
+    cfg.preemption.grace_s = 10
+    launch.forward_preemption_signals(argv, cfg)
+    assert capsys.readouterr().err == ""  # 10 s and the workers' watchdog fit in its 30 s

@@ -59,6 +59,12 @@ def forward_preemption_signals(argv: list[str], cfg: Config) -> list[str]:
     handled = [name.strip() for name in args.signals_to_handle.split(",") if name.strip()]
     handled += [s.name for s in parse_signals(cfg.preemption.signals) if s.name not in handled]
     extra = ["--signals-to-handle", ",".join(handled)]
+    if not hasattr(args, "shutdown_timeout"):  # an older torchrun: a fixed 30 s before its SIGKILL
+        if cfg.preemption.grace_s + 15 > 30:
+            print(f"torchacco: warning: this torch's torchrun has no --shutdown-timeout and kills the workers 30 s "
+                  f"after a preemption signal; [preemption] grace_s = {cfg.preemption.grace_s:g} may be cut short "
+                  "(a newer torch waits it out)", file=sys.stderr)  # fmt: skip
+        return extra + argv
     if args.shutdown_timeout is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
         extra += ["--shutdown-timeout", str(math.ceil(cfg.preemption.grace_s) + 15)]  # past the workers' watchdog
     return extra + argv
