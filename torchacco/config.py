@@ -281,6 +281,21 @@ class Profiling:
 
 
 @dataclass
+class Emulation:
+    """Speed on the emulated cluster as on GPUs (torchacco/emulation.py; the benchmarks' --virtual-compute)."""
+
+    virtual_compute: bool = key(
+        False, "forward, backward and AdamW become timed waits that hold no CPU (speed only: no losses)"
+    )
+    forward_s: float = key(0.0, "one micro-batch's forward, in seconds (`python -m torchacco.emulation` measures it)")
+    backward_s: float = key(0.0, "one micro-batch's backward, in seconds")
+    block_share: float = key(0.5, "the share of forward and backward in the blocks; the rest is embedding, head, loss")
+    optimizer_s_per_param: float = key(0.0, "AdamW's seconds per parameter element")
+    slow_ranks: str = key("", "comma-separated ranks whose waits last slow_factor times as long (a slower GPU)")
+    slow_factor: float = key(1.0, "how much longer the slow ranks' waits last")
+
+
+@dataclass
 class Config:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -296,6 +311,7 @@ class Config:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     preemption: Preemption = field(default_factory=Preemption)
     profiling: Profiling = field(default_factory=Profiling)
+    emulation: Emulation = field(default_factory=Emulation)
     # The registered strategies' own sections ([acco], [hsdp], ...) by name, listed after [parallelism].
     strategy_options: dict[str, Options] = field(
         default_factory=lambda: {name: cls() for name, cls in registry.option_sections().items()}

@@ -82,7 +82,7 @@ class MetricsLogger:
     def _console_line(self, r: dict) -> str:
         parts = [
             f"step {r['step']:>6}",
-            f"loss {r['loss']:.4f}",
+            "loss —" if r["loss"] is None else f"loss {r['loss']:.4f}",
             f"lr {r['lr']:.2e}",
             f"{r['tokens_per_s']:,.0f} tok/s",
         ]

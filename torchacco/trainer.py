@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
-from torchacco import data, health, preemption, run_folder, user_model
+from torchacco import data, emulation, health, preemption, run_folder, user_model
 from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.blocks import blocks_of, compile_units
 from torchacco.build import ModelKind, build_data, build_model, build_strategy
@@ -142,6 +142,8 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     model = _model(cfg, spec, device, kind, model, vocab)
     n_params = sum(p.numel() for p in model.parameters())
     loss_fn = TokenLoss(t.loss_chunks, dims.tp_enabled and not dims.pp_enabled and cfg.parallelism.loss_parallel)
+    if cfg.emulation.virtual_compute:  # waits instead of compute, before the strategy's hooks (speed only)
+        loss_fn = emulation.install(model, cfg.emulation, dims.rank)
     flops_per_token = kind.flops_per_token(model, t.seq_len)  # of the whole model, before any parallelism
     dtype = compute_dtype(t.mixed_precision, device)
     plan = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dims.dp_size, dtype, dims.replicas)
@@ -154,6 +156,9 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
         f"batch {plan.tokens_per_update * dims.replicas // t.seq_len:.0f} × {t.seq_len} "
         f"(accumulation {plan.micro_batches}) | {t.steps} steps | {folder}"
     )
+    if cfg.emulation.virtual_compute:
+        run.log.info("torchacco: virtual compute ([emulation]): forward, backward and AdamW are waits; losses are "
+                     "not computed (logged as null), speed is what this run measures")  # fmt: skip
     run.throughput = Throughput(flops_per_token, dims.world_size, device, dtype)
     try:
         summary = _loop(cfg, dims, device, run)
@@ -314,7 +319,7 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
             record = {
                 "step": step,
                 "tokens": int(tokens_seen),
-                "loss": result.loss,
+                "loss": None if cfg.emulation.virtual_compute else result.loss,
                 "lr": result.lr,
                 **throughput.since_last(tokens_seen, result),
                 **result.outer,

@@ -90,6 +90,31 @@ def _check_training(cfg: Config, dp_size: int) -> None:
     UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp_size, replicas=cfg.parallelism.replicas)
     check_activation_checkpoint(t.activation_checkpoint, t.selective_checkpoint)
     _check_strategy(cfg, dp_size)
+    _check_emulation(cfg)
+
+
+def _check_emulation(cfg: Config) -> None:
+    e, p = cfg.emulation, cfg.parallelism
+    if not e.virtual_compute:
+        return
+    if e.forward_s <= 0 or e.backward_s <= 0 or e.optimizer_s_per_param < 0 or not 0 <= e.block_share <= 1:
+        raise UserError(
+            "[emulation] virtual_compute needs forward_s and backward_s > 0, optimizer_s_per_param >= 0 and "
+            "block_share in [0, 1]; `python -m torchacco.emulation --config FILE` measures them"
+        )
+    if e.slow_factor < 1 or not all(r.strip().isdigit() for r in e.slow_ranks.split(",") if r.strip()):
+        raise UserError(
+            f'[emulation] slow_ranks = {e.slow_ranks!r} must list ranks (e.g. "2,3") and slow_factor = '
+            f"{e.slow_factor:g} be >= 1"
+        )
+    refused = {
+        "an evaluation ([eval] every = 0)": cfg.eval.every,
+        "compile ([model] compile = false)": cfg.model.compile,
+        "tensor or pipeline parallelism (tp = pp = 1)": p.tensor_parallel_degree * p.pipeline_parallel_degree > 1,
+    }
+    for what, set_ in refused.items():
+        if set_:
+            raise UserError(f"[emulation] virtual_compute computes no losses and no model: it runs without {what}")
 
 
 def _check_strategy(cfg: Config, dp_size: int) -> None:

@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per node")
     parser.add_argument("--port", type=int, default=29400)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--virtual-compute", action="store_true", help="forward, backward and AdamW as calibrated "
+                        "waits that hold no CPU, as on GPUs (speed only; torchacco/emulation.py)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the setup and teardown commands only")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then torchacco.train arguments")
@@ -56,9 +58,11 @@ def run(args) -> int:
     if not train_args:
         raise ClusterError("give the training arguments after `--`, e.g. -- --config train_configs/default.toml")
     print(f"cluster: {plan.describe()}", flush=True)
-    result = run_training(plan, train_args, Path(args.out), args.timeout, args.port, args.threads, args.verbose)
+    result = run_training(plan, train_args, Path(args.out), args.timeout, args.port, args.threads, args.verbose,
+                          virtual_compute=args.virtual_compute)  # fmt: skip
     summary = summarize(result["records"], min(2, len(result["records"]) - 1))
     report = {"plan": plan.describe(), "wall_s": round(result["wall_s"], 1), **summary, "ranks": result["ranks"]}
+    report |= {"virtual_compute": result["calibration"]} if args.virtual_compute else {}
     print(json.dumps(report, indent=2))
     return 0
 

@@ -5,6 +5,7 @@ and why."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from benchmarks.cluster.namespaces import ROOT, Cluster
 from benchmarks.cluster.plan import ClusterError, ClusterPlan
+from torchacco.emulation import overrides
 
 NODE_TRAIN = "benchmarks.workers.node_train"
 
@@ -37,15 +39,35 @@ def node_env(threads: int = 1, extra: dict | None = None) -> dict:
     return {**env, **(extra or {})}
 
 
+def calibrate(train_args: list[str], threads: int = 1) -> dict:
+    """Virtual compute's durations for `train_args`' micro-batch, measured here (`python -m torchacco.emulation`):
+    on the quiet host, with the threads a node's rank gets."""
+    proc = subprocess.run([sys.executable, "-m", "torchacco.emulation", "--threads", str(threads), *train_args],
+                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    if proc.returncode:
+        raise ClusterError(f"calibrating virtual compute failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout_s: float = 900, port: int = 29400,
-                 threads: int = 1, verbose: bool = False, env: dict | None = None) -> dict:  # fmt: skip
-    """Train on the emulated cluster; returns {'records': metrics.jsonl, 'ranks': per-rank reports, 'wall_s'}.
+                 threads: int = 1, verbose: bool = False, env: dict | None = None,
+                 virtual_compute: bool = False) -> dict:  # fmt: skip
+    """Train on the emulated cluster; returns {'records': metrics.jsonl, 'ranks': per-rank reports, 'wall_s'} (and
+    'calibration' with `virtual_compute`: waits instead of compute, torchacco/emulation.py; a slow node then
+    keeps its full CPU and waits `slow_factor` times as long, as a slower GPU would).
 
     Raises ClusterError (one line, the tail of the failing node's log) when a node fails or times out."""
     folder.mkdir(parents=True, exist_ok=True)
     # (overwrite: the folder holds the node logs)
     args = [*train_args, "--job.dump_folder", str(folder), "--job.overwrite", "true", "--training.num_threads",
             str(threads)]  # fmt: skip
+    calibration = calibrate(train_args, threads) if virtual_compute else None
+    if calibration:
+        args += [*overrides(calibration), "--eval.every", "0"]
+        if plan.slow_node is not None:  # node_train names its own ranks slow
+            env = {**(env or {}), "TORCHACCO_SLOW_NODE": str(plan.slow_node),
+                   "TORCHACCO_SLOW_FACTOR": str(plan.slow_factor)}  # fmt: skip
+            plan = dataclasses.replace(plan, slow_node=None, slow_factor=1.0)
     validate = subprocess.run([sys.executable, "-m", "torchacco.validate", *args], cwd=ROOT, capture_output=True,
                               text=True, env={**os.environ, "WORLD_SIZE": str(plan.world_size),
                                               "LOCAL_WORLD_SIZE": str(plan.ranks_per_node)})  # fmt: skip
@@ -53,7 +75,8 @@ def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout
         last = validate.stderr.strip().splitlines()[-1] if validate.stderr.strip() else "invalid config"
         raise ClusterError(last.removeprefix("torchacco: error: "))
     wall = run_nodes(plan, NODE_TRAIN, args, folder, timeout_s, port, threads, verbose, env)
-    return {"records": read_records(folder), "ranks": read_rank_reports(folder), "wall_s": wall}
+    result = {"records": read_records(folder), "ranks": read_rank_reports(folder), "wall_s": wall}
+    return result | ({"calibration": calibration} if calibration else {})
 
 
 def run_nodes(plan: ClusterPlan, module: str, args: list[str], folder: Path, timeout_s: float = 900, port: int = 29400,

@@ -42,13 +42,22 @@ def _report(started: float, code: int) -> None:
         pass
 
 
+def slow_rank_args() -> list[str]:
+    """Under virtual compute, the slow node's ranks name themselves slow ([emulation] slow_ranks): which global
+    ranks a node gets is the rendezvous' choice."""
+    if os.environ.get("TORCHACCO_SLOW_NODE") != os.environ.get("TORCHACCO_NODE_INDEX", "-1"):
+        return []
+    factor = os.environ["TORCHACCO_SLOW_FACTOR"]
+    return ["--emulation.slow_ranks", os.environ["RANK"], "--emulation.slow_factor", factor]
+
+
 def main() -> int:
     started = time.perf_counter()
     from torchacco.train import main as train_main
 
     code = 1
     try:
-        code = train_main(sys.argv[1:]) or 0
+        code = train_main(sys.argv[1:] + slow_rank_args()) or 0
     finally:
         _report(started, code)
     return code

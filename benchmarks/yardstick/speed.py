@@ -93,10 +93,13 @@ def kept_run(plan: ClusterPlan, args: list[str], folder: Path, name: str, resume
     return result
 
 
-def timed_run(plan: ClusterPlan, train: list[str], folder: Path, resume: bool, env: dict | None = None) -> dict:
+def timed_run(plan: ClusterPlan, train: list[str], folder: Path, resume: bool, env: dict | None = None,
+              virtual_compute: bool = False) -> dict:  # fmt: skip
     """One speed run's records and per-rank reports; with `resume`, those of a finished run with the same arguments
     on the same plan."""
-    return kept_run(plan, train, folder, "speed_run.json", resume, lambda: run_training(plan, train, folder, env=env))
+    key = [*train, *["--virtual-compute"] * virtual_compute]
+    return kept_run(plan, key, folder, "speed_run.json", resume,
+                    lambda: run_training(plan, train, folder, env=env, virtual_compute=virtual_compute))  # fmt: skip
 
 
 def plans(out: Path, calibration: str = "time_to_loss", rates: str = "") -> dict[str, tuple[ClusterPlan, list[str]]]:
@@ -151,6 +154,9 @@ def main(argv=None) -> int:
     parser.add_argument("--strategies", default="", help=f"from {', '.join(STRATEGIES)}; default: per setting")
     parser.add_argument("--train-args", default="", help="more trainer arguments for every run, e.g. "
                         "'--training.mixed_precision bf16'")  # fmt: skip
+    parser.add_argument("--virtual-compute", choices=("off", "on", "both"), default="off", help="on: forward, "
+                        "backward and AdamW as calibrated waits that hold no CPU, as on GPUs (torchacco/emulation.py); "
+                        "both: each run also so, side by side (its validation)")  # fmt: skip
     parser.add_argument("--malloc-mmap", action="store_true", help="RSS follows live memory (glibc mmap threshold)")
     parser.add_argument("--no-slow-start-after-idle", action="store_true", help="set net.ipv4."
                         "tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)")  # fmt: skip
@@ -201,17 +207,22 @@ def main(argv=None) -> int:
         rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
         if plan.slow_node is not None:
             rows["measured_slowdown"] = slowdown(plan, out / "runs" / "speed" / f"{setting}_slowdown")
+        modes = {"off": [False], "on": [True], "both": [False, True]}[args.virtual_compute]
         for name in names(setting):
-            times, token_times, rss = [], [], []
-            for repeat in range(args.repeats):
+            times, token_times, rss, virtual_times = [], [], [], []
+            for repeat, virtual in ((r, v) for r in range(args.repeats) for v in modes):
                 train = [*recipe(args.updates, 1.5e-3, repeat), *QUIET, *STRATEGIES[name], "--eval.every", "0"]
                 train += ["--training.max_tokens", "0", "--training.steps", str(args.updates), *extra]
                 if "--diloco.balance_replicas" in STRATEGIES[name]:  # its clock is in tokens: the recipe's
                     train += ["--training.max_tokens", str(args.updates * TOKENS_PER_UPDATE)]
                 train += args.train_args.split()
-                folder = out / "runs" / "speed" / f"{setting}_{name}_{repeat}"
-                run = timed_run(plan, train, folder, args.resume, env)
+                folder = out / "runs" / "speed" / f"{setting}_{name}_{repeat}{'_virtual' * virtual}"
+                run = timed_run(plan, train, folder, args.resume, env, virtual)
                 warmup = warmup_of(name)
+                if virtual and len(modes) == 2:  # the side-by-side check: kept apart from the real runs' figures
+                    virtual_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
+                    print(f"[speed] {setting} {name} #{repeat} virtual: {virtual_times[-1]:.4f} s", flush=True)
+                    continue
                 times.append(seconds_per_update(run["records"], warmup))
                 token_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
                 rss.append([round(r["peak_rss_gib"], 4) for r in run.get("ranks", [])])
@@ -220,6 +231,10 @@ def main(argv=None) -> int:
             rows["strategies"][name] = {"seconds_per_update": times, "seconds_per_recipe_update": token_times,
                                         "mean": statistics.fmean(token_times),
                                         "peak_rss_gib_per_rank": rss}  # fmt: skip
+            if virtual_times:
+                rows["strategies"][name] |= {"virtual_seconds": virtual_times,
+                                             "virtual_vs_real": statistics.fmean(virtual_times)
+                                             / statistics.fmean(token_times)}  # fmt: skip
         ran = rows["strategies"]
         synchronous = [n for n in ran if n.removesuffix("_balanced") in BASELINES] or list(ran)
         best = rows["best_baseline"] = min(synchronous, key=lambda n: ran[n]["mean"])
@@ -230,7 +245,7 @@ def main(argv=None) -> int:
             # Balanced batches do not change the update; mixed replicas do (its gap is not measured yet)
             row["gap_pct"] = gaps.get(name if name.startswith("diloco") else plain)
     meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(),
-            "command": common.command("speed", argv)}  # fmt: skip
+            "command": common.command("speed", argv), "virtual_compute": args.virtual_compute}  # fmt: skip
     bars = {f"setting {s}": [(n, r["speedup_vs_best_baseline"], 0) for n, r in rows["strategies"].items()]
             for s, rows in results.items()}  # fmt: skip
     common.write_report(out, args.name, {"meta": meta, "settings": results}, markdown(results, meta),
@@ -241,7 +256,8 @@ def main(argv=None) -> int:
 def markdown(results: dict, meta: dict) -> str:
     lines = ["# Speed on the emulated cluster: time per update, and the loss at equal tokens", "",
              f"{meta['date']}, {meta['machine']}; network namespaces, `tc tbf`, CPU quotas; one rank per node unless "
-             "the setting says more.",
+             "the setting says more." + (" Virtual compute: forward, backward and AdamW are calibrated waits "
+                                         "(torchacco/emulation.py)." if meta.get("virtual_compute") == "on" else ""),
              f"Command: `{meta['command']}`. Loss gaps at equal tokens: `bench_results/*token_efficiency*.md` "
              "(loopback, 1,000 updates, 5 seeds, paired with DDP at the lr named, 3e-3 where measured (DDP's best), "
              "else 1.5e-3; a balanced variant computes its strategy's update).", ""]  # fmt: skip
@@ -252,12 +268,16 @@ def markdown(results: dict, meta: dict) -> str:
                   "| strategy | s per update's tokens (repeats) | speed vs best baseline | vs its unbalanced self "
                   "| val loss vs ddp at equal tokens (%) | peak RSS per rank (MiB) |",
                   "|---|---|---:|---:|---:|---|"]  # fmt: skip
+        if any("virtual_vs_real" in row for row in rows["strategies"].values()):
+            lines[-2] += " virtual / real |"
+            lines[-1] += "---:|"
         for name, row in rows["strategies"].items():
             each = ", ".join(f"{t:.4f}" for t in row.get("seconds_per_recipe_update", row["seconds_per_update"]))
             gap = "—" if row["gap_pct"] is None else f"{row['gap_pct'][0]:+.2f} (lr {float(row['gap_pct'][1]):g})"
             self_ = "" if row["speedup_vs_unbalanced"] is None else f"{row['speedup_vs_unbalanced']:.2f}×"
             rss = ", ".join(f"{x * 1024:.0f}" for x in max(row.get("peak_rss_gib_per_rank", []), default=[]))
+            virtual = f" {row['virtual_vs_real']:.3f} |" if "virtual_vs_real" in row else ""
             lines.append(f"| {name} | {row['mean']:.4f} ({each}) | {row['speedup_vs_best_baseline']:.2f}× | {self_} | "
-                         f"{gap} | {rss} |")  # fmt: skip
+                         f"{gap} | {rss} |{virtual}")  # fmt: skip
         lines.append("")
     return "\n".join(lines)

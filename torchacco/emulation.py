@@ -1,0 +1,185 @@
+"""Virtual compute: on the emulated cluster, ranks wait where a GPU would compute, leaving the CPU to what
+communicates.
+
+With `[emulation] virtual_compute` (the benchmarks' `--virtual-compute` sets it from `calibrate()`):
+- each transformer block's forward and backward, and the rest of the model's (embedding, head and loss, at the
+  end of forward and the start of backward), become sleeps of their calibrated durations, which hold no CPU;
+- AdamW's elementwise work becomes a sleep per element, wherever it runs (the side runner's job included);
+- everything that communicates stays real: parameters and gradients have the model's sizes, and the strategy's
+  hooks, buffers, schedules and collectives run as they do.
+
+Gradients are zeros and nothing is learned: losses are not computed and are logged as null. Speed is what this
+measures. A slow rank (`slow_ranks`) waits `slow_factor` times as long, as a slower GPU would compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+
+from torchacco.blocks import blocks_of
+from torchacco.loss import IGNORE_INDEX
+from torchacco.optim import ShardedAdamW, build_adamw
+
+if TYPE_CHECKING:
+    from torchacco.config import Config, Emulation
+
+
+class _Wait(torch.autograd.Function):
+    """`carrier` through a unit that takes `forward_s` and whose backward takes `backward_s` and gives each of
+    `params` a zero gradient (autograd's hooks on them fire as after a real backward)."""
+
+    @staticmethod
+    def forward(ctx, carrier, forward_s, backward_s, *params):
+        ctx.backward_s = backward_s
+        ctx.shapes = [(p.shape, p.dtype, p.device) for p in params]  # FSDP may free the storage after forward
+        time.sleep(forward_s)
+        return carrier.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.backward_s)
+        return (grad, None, None, *(torch.zeros(s, dtype=d, device=v) for s, d, v in ctx.shapes))
+
+
+def virtualize(model: nn.Module, settings: Emulation, rank: int) -> None:
+    """Replace `model`'s compute with waits (in place, before any parallelism: FSDP's and DDP's hooks stay)."""
+    blocks = blocks_of(model)
+    if blocks is None or getattr(model, "layers", None) is not blocks:
+        raise ValueError("virtual compute needs the model's blocks at model.layers (torchacco's models)")
+    factor = settings.slow_factor if rank in slow_ranks(settings.slow_ranks) else 1.0
+    per_block = settings.block_share / len(blocks)
+    block_f, block_b = (factor * s * per_block for s in (settings.forward_s, settings.backward_s))
+    rest_f, rest_b = (factor * s * (1 - settings.block_share) for s in (settings.forward_s, settings.backward_s))
+    units = list(blocks.values() if isinstance(blocks, nn.ModuleDict) else blocks)
+    for block in units:
+        # the parameters are read at each call: FSDP swaps in the unsharded ones for forward
+        block.forward = lambda x, *args, _block=block, **kwargs: _Wait.apply(x, block_f, block_b, *_block.parameters())
+    others = [m for m in model.children() if m is not blocks]
+
+    def forward(input_ids: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        x = torch.zeros(*input_ids.shape, 1, device=input_ids.device)
+        for block in units:
+            x = block(x)
+        own = [p for p in model._parameters.values() if p is not None]
+        return _Wait.apply(x, rest_f, rest_b, *own, *(p for m in others for p in m.parameters()))
+
+    model.forward = forward
+
+
+def slow_ranks(text: str) -> set[int]:
+    return {int(r) for r in text.split(",") if r.strip()}
+
+
+class VirtualLoss:
+    """The trainer's loss under virtual compute: the model's output summed (zero) and the batch's token count."""
+
+    def of_batch(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = batch["labels"]
+        return model(batch["input_ids"]).sum(), (labels != IGNORE_INDEX).sum()
+
+    def context(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+def install_optimizer_waits(seconds_per_element: float, factor: float = 1.0) -> None:
+    """AdamW's elementwise work as waits in this process: torch's AdamW (replicated and FSDP strategies, and
+    ShardedAdamW's chunks (ZeRO-1 and the overlapped schedules, on their side runner too)."""
+    per = seconds_per_element * factor
+
+    def sharded_update(self, p, m, v, grad, lr, step, offset=0):
+        time.sleep(p.numel() * per)
+
+    def adamw_step(self, closure=None):
+        time.sleep(sum(p.numel() for g in self.param_groups for p in g["params"]) * per)
+
+    ShardedAdamW._update = sharded_update
+    torch.optim.AdamW.step = adamw_step
+
+
+def install(model: nn.Module, settings: Emulation, rank: int) -> VirtualLoss:
+    """Virtual compute for this rank's process: the model's waits, the optimizer's, and the loss to train with."""
+    virtualize(model, settings, rank)
+    factor = settings.slow_factor if rank in slow_ranks(settings.slow_ranks) else 1.0
+    install_optimizer_waits(settings.optimizer_s_per_param, factor)
+    return VirtualLoss()
+
+
+# Calibration: `python -m torchacco.emulation --config FILE [overrides]` prints the [emulation] durations of
+# one micro-batch of the config's shape, measured here with the given threads.
+
+
+def calibrate(cfg: Config, threads: int, repeats: int = 8) -> dict:
+    """The [emulation] durations of one micro-batch of the config's shape on this machine's CPU with `threads`
+    threads (medians over `repeats`): forward (with the loss), backward, the blocks' share, AdamW per element."""
+    from torchacco.build import build_model
+    from torchacco.device import Device
+    from torchacco.loss import TokenLoss
+    from torchacco.spec import get_model_spec
+
+    torch.set_num_threads(threads)
+    t = cfg.training
+    model = build_model(get_model_spec(cfg.model.name), cfg.model, cfg.tokenizer.vocab_size, t.seed, Device("cpu"))
+    vocab = model.get_input_embeddings().num_embeddings if hasattr(model, "get_input_embeddings") else 1000
+    vocab = min(vocab, cfg.tokenizer.vocab_size or vocab)
+    ids = torch.randint(0, vocab, (t.local_batch_size, t.seq_len))
+    batch, loss_fn = {"input_ids": ids, "labels": ids}, TokenLoss(t.loss_chunks)
+    in_blocks = [0.0]
+    starts: dict[int, float] = {}
+    for block in blocks_of(model):
+        block.register_forward_pre_hook(lambda m, a: starts.__setitem__(id(m), time.perf_counter()))
+        block.register_forward_hook(lambda m, a, o: in_blocks.__setitem__(0, in_blocks[0] + time.perf_counter()
+                                                                          - starts[id(m)]))  # fmt: skip
+    forward, backward, share = [], [], []
+    for i in range(repeats + 2):  # two to warm up
+        in_blocks[0] = 0.0
+        t0 = time.perf_counter()
+        loss, _ = loss_fn.of_batch(model, batch)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        if i >= 2:
+            forward.append(t1 - t0)
+            backward.append(t2 - t1)
+            share.append(in_blocks[0] / (t1 - t0))
+    optimizer = build_adamw(model, cfg.optimizer)
+    optimizer.step()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        optimizer.step()
+    n = sum(p.numel() for p in model.parameters())
+    per_param = (time.perf_counter() - t0) / repeats / n
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {"forward_s": median(forward), "backward_s": median(backward), "block_share": median(share),
+            "optimizer_s_per_param": per_param, "threads": threads}  # fmt: skip
+
+
+def overrides(calibration: dict) -> list[str]:
+    """Trainer arguments that run with `calibration`'s virtual compute."""
+    keys = ("forward_s", "backward_s", "block_share", "optimizer_s_per_param")
+    return [
+        "--emulation.virtual_compute",
+        "true",
+        *(a for k in keys for a in (f"--emulation.{k}", repr(calibration[k]))),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torchacco.config import load_config
+    from torchacco.errors import run_cli
+
+    parser = argparse.ArgumentParser(prog="python -m torchacco.emulation", description=calibrate.__doc__)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads the measured forward/backward use")
+    args, rest = parser.parse_known_args(argv)
+    return run_cli(lambda: print(json.dumps(calibrate(load_config(rest), args.threads))))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
