@@ -131,6 +131,22 @@ def test_plan_rejects_mistakes_with_one_line(kwargs, message):
         ClusterPlan(**{"prefix": "t7", **kwargs})
 
 
+def test_32_ranks_as_8_nodes_of_4_with_the_link_inside_a_node_shaped_apart():
+    plan = ClusterPlan(nodes=8, ranks_per_node=4, rate_bps=100e6, node_rate_bps=2e9, prefix="t32")
+    cmds = [" ".join(c) for c in plan.setup_commands()]
+    assert plan.world_size == 32 and plan.describe().startswith("8 nodes of 4 ranks (2gbit inside)")
+    for i in range(8):
+        inside = [c for c in cmds if c.startswith(f"ip netns exec t32n{i} tc qdisc add dev lo root")]
+        assert len(inside) == 1 and "tbf rate 2000000000bit" in inside[0]
+        assert int(inside[0].split(" burst ")[1].split()[0]) >= 65_536  # loopback's packets pass its bucket
+        assert any(c.startswith(f"ip netns exec t32n{i} tc qdisc add dev eth0 root") and "rate 100000000bit" in c
+                   for c in cmds)  # fmt: skip
+        argv = " ".join(launch.train_argv(plan, i, [], 29400, python="py"))
+        assert f"--nnodes 8 --node_rank {i} --nproc_per_node 4" in argv
+    unshaped = ClusterPlan(nodes=2, ranks_per_node=4, rate_bps=100e6, prefix="t33")
+    assert not any("dev lo" in " ".join(c) for c in unshaped.setup_commands())
+
+
 def test_train_argv_rendezvous_at_node0_with_the_plans_ranks_per_node():
     plan = ClusterPlan(nodes=3, prefix="t8")
     argv = launch.train_argv(plan, 2, ["--config", "x.toml"], port=29411, python="py")

@@ -16,6 +16,7 @@ from torchacco.errors import run_cli
 
 def plan_from_args(args) -> ClusterPlan:
     return ClusterPlan(nodes=args.nodes, ranks_per_node=args.ranks_per_node, rate_bps=parse_rate(args.rate),
+                       node_rate_bps=parse_rate(args.node_rate),
                        latency_ms=args.latency_ms, slow_node=args.slow_node, slow_factor=args.slow_factor,
                        cpu_per_node=args.cpu_per_node, tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
                        cpu_period_us=period_us(args.cpu_period_ms))  # fmt: skip
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks on each node (their traffic unshaped)")
     parser.add_argument("--rate", default="unshaped", help="per-link rate each way, e.g. 200mbit, 1gbit, unshaped")
+    parser.add_argument("--node-rate", default="unshaped", help="inside each node: its ranks' traffic together")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="one-way link latency (needs tc netem)")
     parser.add_argument("--slow-node", type=int, default=None, help="index of a node made slow by a CPU quota")
     parser.add_argument("--slow-factor", type=float, default=4.0)

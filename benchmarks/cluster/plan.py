@@ -40,6 +40,9 @@ class ClusterPlan:
     # (the kernel routes between local addresses without the shaped veth), as NVLink/PCIe inside a real node
     ranks_per_node: int = 1
     rate_bps: float | None = None  # per link and direction; None: unshaped veth
+    # inside each node: the ranks' traffic to one another (the node's loopback, both directions together), as
+    # NVLink or PCIe; None: unshaped
+    node_rate_bps: float | None = None
     latency_ms: float = 0.0  # one-way, needs netem
     slow_node: int | None = None  # index of the node made slow
     slow_factor: float = 1.0  # the slow node gets cpu_per_node / slow_factor cores
@@ -108,22 +111,24 @@ class ClusterPlan:
 
     # commands ------------------------------------------------------------------------------
     def shaping_commands(self, ns: str, dev: str) -> list[list[str]]:
-        if self.rate_bps is None and not self.latency_ms:
+        inside = dev == "lo"  # the node's own traffic: its loopback, whose packets are up to 64 KiB
+        rate_bps, latency_ms = (self.node_rate_bps, 0.0) if inside else (self.rate_bps, self.latency_ms)
+        if rate_bps is None and not latency_ms:
             return []
         add_qdisc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev]
         cmds = []
         parent = ["root"]
-        if self.latency_ms:
-            cmds.append([*add_qdisc, "root", "handle", "1:", "netem", "delay", f"{self.latency_ms:g}ms"])
+        if latency_ms:
+            cmds.append([*add_qdisc, "root", "handle", "1:", "netem", "delay", f"{latency_ms:g}ms"])
             parent = ["parent", "1:1"]
-        if self.rate_bps is not None:
-            rate_bytes = self.rate_bps / 8
+        if rate_bps is not None:
+            rate_bytes = rate_bps / 8
             # burst: >= rate / HZ and a few MTUs. Queue: the burst plus ~5 ms of traffic, as a switch's shallow
             # buffer: gloo sends both directions of a pair over one TCP connection, so a deep queue holds each
             # side's ACKs behind its own data and the two directions end up taking turns.
-            burst = int(max(16_000, rate_bytes / 250))
+            burst = int(max(2 * 65_536 if inside else 16_000, rate_bytes / 250))  # tbf drops packets over it
             limit = int(burst + max(16_000, rate_bytes * 0.005))
-            tbf = ["tbf", "rate", f"{int(self.rate_bps)}bit", "burst", str(burst), "limit", str(limit)]
+            tbf = ["tbf", "rate", f"{int(rate_bps)}bit", "burst", str(burst), "limit", str(limit)]
             cmds.append([*add_qdisc, *parent, "handle", "10:", *tbf])
         return cmds
 
@@ -143,6 +148,8 @@ class ClusterPlan:
                 cmds.append(self.node_command(i, ["sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0"]))
             # node -> switch (the node's upload) and switch -> node (its download)
             cmds += self.shaping_commands(ns, "eth0") + self.shaping_commands(sw, f"p{i}")
+            if self.ranks_per_node > 1:
+                cmds += self.shaping_commands(ns, "lo")
         for i in (i for i in range(self.nodes) if self.cores(i) is not None):
             quota, period, d = round(self.cores(i) * self.cpu_period_us), self.cpu_period_us, self.cgroup_dir(i)
             cmds.append(["mkdir", "-p", str(d)])
@@ -167,6 +174,8 @@ class ClusterPlan:
         link = format_rate(self.rate_bps) + (f", +{self.latency_ms:g} ms" if self.latency_ms else "")
         cpu = ", ".join(f"node{i} {self.cores(i):g} cores" for i in range(self.nodes) if self.cores(i) is not None)
         ranks = f" of {self.ranks_per_node} ranks" if self.ranks_per_node > 1 else ""
+        if self.ranks_per_node > 1 and self.node_rate_bps is not None:
+            ranks += f" ({format_rate(self.node_rate_bps)} inside)"
         tcp = "" if self.tcp_slow_start_after_idle else ", no TCP slow start after idle"
         if cpu and self.cpu_period_us != CFS_PERIOD_US:
             cpu += f" per {self.cpu_period_us / 1000:g} ms"
