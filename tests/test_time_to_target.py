@@ -356,7 +356,7 @@ def test_a_resumed_speed_run_is_kept_only_with_the_same_arguments_on_the_same_pl
 
     ran = []
 
-    def fake_run(plan, train, folder, env=None):
+    def fake_run(plan, train, folder, env=None, virtual_compute=False):
         ran.append(train)
         folder.mkdir(parents=True, exist_ok=True)
         return {"records": [{"step": len(ran)}]}
@@ -518,7 +518,7 @@ def test_speed_times_any_registered_variant_at_given_link_rates_with_each_ranks_
     (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": {"balance_bps": 3e8}}))
     runs = []
 
-    def fake_run(plan, train, folder, env=None):
+    def fake_run(plan, train, folder, env=None, virtual_compute=False):
         runs.append((plan, train, env))
         record = {"tokens_per_update": 2048, "tokens_per_s": 2048 / (0.1 * len(runs))}
         return {"records": [record] * 12, "ranks": [{"peak_rss_gib": 0.5}, {"peak_rss_gib": 0.75}], "wall_s": 1.0}
@@ -542,3 +542,53 @@ def test_speed_times_any_registered_variant_at_given_link_rates_with_each_ranks_
     zero1 = settings["r50mbit"]["strategies"]["zero1"]
     assert zero1["peak_rss_gib_per_rank"] == [[0.5, 0.75]] and zero1["mean"] == pytest.approx(0.3)
     assert "| zero1 | 0.3000 (0.3000) | 1.00× |  | — | 512, 768 |" in (tmp_path / "s.md").read_text()
+
+
+def test_speed_runs_each_strategy_on_virtual_compute_beside_real_compute_and_reports_their_ratio(monkeypatch, tmp_path):
+    from benchmarks.yardstick import speed
+
+    (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": {"balance_bps": 3e8}}))
+    runs = []
+
+    def fake_run(plan, train, folder, env=None, virtual_compute=False):
+        runs.append((folder.name, virtual_compute))
+        seconds = 0.2 if virtual_compute else 0.25
+        return {"records": [{"tokens_per_update": 2048, "tokens_per_s": 2048 / seconds}] * 12, "ranks": []}
+
+    monkeypatch.setattr(speed, "run_training", fake_run)
+    argv = ["--updates", "12", "--repeats", "1", "--settings", "b", "--strategies", "ddp", "--virtual-compute", "both",
+            "--out", str(tmp_path), "--name", "v"]  # fmt: skip
+    assert speed.main(argv) == 0
+    assert runs == [("b_ddp_0", False), ("b_ddp_0_virtual", True)]
+    ddp = json.loads((tmp_path / "v.json").read_text())["settings"]["b"]["strategies"]["ddp"]
+    assert ddp["mean"] == pytest.approx(0.25) and ddp["virtual_vs_real"] == pytest.approx(0.8)  # real stays the row
+    assert "| virtual / real |" in (tmp_path / "v.md").read_text() and "| 0.800 |" in (tmp_path / "v.md").read_text()
+
+
+def test_a_memory_budget_leaves_the_strategies_that_do_not_fit_out_of_the_baselines(monkeypatch, tmp_path):
+    from benchmarks.yardstick import speed
+
+    calibration = {"calibration": {"balance_bps": 3e8, "params": 592_640}}
+    (tmp_path / "time_to_loss.json").write_text(json.dumps(calibration))
+    seconds = {"ddp": 0.1, "zero1": 0.2, "acco": 0.15}
+
+    def fake_run(plan, train, folder, env=None, virtual_compute=False):
+        s = (
+            seconds[train[train.index("--parallelism.data_parallel") + 1]]
+            if "--parallelism.data_parallel" in train
+            else seconds["ddp"]
+        )
+        return {"records": [{"tokens_per_update": 2048, "tokens_per_s": 2048 / s}] * 12, "ranks": []}
+
+    monkeypatch.setattr(speed, "run_training", fake_run)
+    # on 4 ranks a rank keeps 16 bytes per parameter under ddp, 15 under acco (12 + its sharded 12 / 4), 11 under zero1
+    argv = ["--updates", "12", "--repeats", "1", "--settings", "", "--rates", "1gbit", "--rate-nodes", "4",
+            "--strategies", "ddp,zero1,acco", "--memory-budget-mib", "8.6", "--out", str(tmp_path), "--name", "m",
+            "--train-args", "--training.local_batch_size 2"]  # fmt: skip
+    assert speed.main(argv) == 0
+    setting = json.loads((tmp_path / "m.json").read_text())["settings"]["r1gbit"]
+    rows = setting["strategies"]
+    assert rows["ddp"]["persistent_mib"] == pytest.approx(16 * 592_640 / 2**20) and not rows["ddp"]["fits"]
+    assert rows["acco"]["persistent_mib"] == pytest.approx(15 * 592_640 / 2**20) and rows["acco"]["fits"]
+    assert setting["best_baseline"] == "zero1" and rows["acco"]["speedup_vs_best_baseline"] == pytest.approx(4 / 3)
+    assert "9.04 (does not fit) |" in (tmp_path / "m.md").read_text()

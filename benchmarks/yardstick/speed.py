@@ -56,6 +56,22 @@ CALIBRATION_HELP = "the file under --out whose 'calibration' sets the link rates
 MMAP = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}  # freed buffers over 64 KiB go back at once
 
 
+def persistent_mib(train: list[str], world: int, params: float) -> float:
+    """A rank's persistent memory in the run `train` starts on `world` ranks: its strategy's own count, as predict
+    and the dry run read it (fp32 on the CPU; DiLoCo's outer state included)."""
+    import torch
+
+    from torchacco.config import load_config
+    from torchacco.cost_model import layout_memory
+    from torchacco.parallel.registry import strategy_class
+
+    cfg = load_config(train)
+    replicas = cfg.parallelism.replicas
+    outer = cfg.diloco if replicas > 1 else None
+    cls = strategy_class(cfg.parallelism.data_parallel)
+    return layout_memory(cls, params, world // replicas, torch.float32, torch.float32, outer=outer).total / 2**20
+
+
 def seconds_per_token(records: list[dict], warmup: int = WARMUP) -> float:
     kept = records[warmup:]
     return sum(r["tokens_per_update"] / r["tokens_per_s"] for r in kept) / sum(r["tokens_per_update"] for r in kept)
@@ -102,7 +118,8 @@ def timed_run(plan: ClusterPlan, train: list[str], folder: Path, resume: bool, e
                     lambda: run_training(plan, train, folder, env=env, virtual_compute=virtual_compute))  # fmt: skip
 
 
-def plans(out: Path, calibration: str = "time_to_loss", rates: str = "") -> dict[str, tuple[ClusterPlan, list[str]]]:
+def plans(out: Path, calibration: str = "time_to_loss", rates: str = "",
+          rate_nodes: int = 2) -> dict[str, tuple[ClusterPlan, list[str]]]:  # fmt: skip
     """The settings: setting -> (the cluster, the trainer arguments it adds). The link rates of a and b follow the
     calibration's balance rate (ZeRO-1's job as long as its compute), measured by `time-to-target`."""
     path = out / f"{calibration}.json"
@@ -123,7 +140,7 @@ def plans(out: Path, calibration: str = "time_to_loss", rates: str = "") -> dict
         # the inner strategy's traffic stays on the node, the outer sync crosses the shaped link
         "a2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance), two),
         "b2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance / 3), two),
-        **{f"r{r}": (ClusterPlan(nodes=2, rate_bps=parse_rate(r)), []) for r in rates.split(",") if r},
+        **{f"r{r}": (ClusterPlan(nodes=rate_nodes, rate_bps=parse_rate(r)), []) for r in rates.split(",") if r},
     }  # fmt: skip
 
 
@@ -151,12 +168,16 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--settings", default="a,b")
     parser.add_argument("--rates", default="", help="link rates (e.g. 50mbit,1gbit) of 2-node settings r<rate>")
+    parser.add_argument("--rate-nodes", type=int, default=2, help="nodes of the r<rate> settings")
     parser.add_argument("--strategies", default="", help=f"from {', '.join(STRATEGIES)}; default: per setting")
     parser.add_argument("--train-args", default="", help="more trainer arguments for every run, e.g. "
                         "'--training.mixed_precision bf16'")  # fmt: skip
     parser.add_argument("--virtual-compute", choices=("off", "on", "both"), default="off", help="on: forward, "
                         "backward and AdamW as calibrated waits that hold no CPU, as on GPUs (torchacco/emulation.py); "
                         "both: each run also so, side by side (its validation)")  # fmt: skip
+    parser.add_argument("--memory-budget-mib", type=float, default=0, help="a rank's memory for the model's state: "
+                        "a strategy whose persistent memory exceeds it does not fit and is not a baseline (0: no "
+                        "budget)")  # fmt: skip
     parser.add_argument("--malloc-mmap", action="store_true", help="RSS follows live memory (glibc mmap threshold)")
     parser.add_argument("--no-slow-start-after-idle", action="store_true", help="set net.ipv4."
                         "tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)")  # fmt: skip
@@ -167,7 +188,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     out = ROOT / args.out
     try:
-        plan_of = plans(out, args.calibration, args.rates)
+        plan_of = plans(out, args.calibration, args.rates, args.rate_nodes)
+        params = json.loads((out / f"{args.calibration}.json").read_text())["calibration"].get("params")
     except ClusterError as e:
         parser.error(str(e))
     names = lambda setting: args.strategies.split(",") if args.strategies else PER_SETTING.get(setting, [])  # noqa: E731
@@ -231,12 +253,17 @@ def main(argv=None) -> int:
             rows["strategies"][name] = {"seconds_per_update": times, "seconds_per_recipe_update": token_times,
                                         "mean": statistics.fmean(token_times),
                                         "peak_rss_gib_per_rank": rss}  # fmt: skip
+            mib = persistent_mib(train, plan.world_size, params) if params else None
+            rows["strategies"][name] |= {
+                "persistent_mib": mib,
+                "fits": not (args.memory_budget_mib and mib) or mib <= args.memory_budget_mib,
+            }
             if virtual_times:
                 rows["strategies"][name] |= {"virtual_seconds": virtual_times,
                                              "virtual_vs_real": statistics.fmean(virtual_times)
                                              / statistics.fmean(token_times)}  # fmt: skip
         ran = rows["strategies"]
-        synchronous = [n for n in ran if n.removesuffix("_balanced") in BASELINES] or list(ran)
+        synchronous = [n for n in ran if n.removesuffix("_balanced") in BASELINES and ran[n]["fits"]] or list(ran)
         best = rows["best_baseline"] = min(synchronous, key=lambda n: ran[n]["mean"])
         for name, row in ran.items():
             row["speedup_vs_best_baseline"] = ran[best]["mean"] / row["mean"]
@@ -268,6 +295,9 @@ def markdown(results: dict, meta: dict) -> str:
                   "| strategy | s per update's tokens (repeats) | speed vs best baseline | vs its unbalanced self "
                   "| val loss vs ddp at equal tokens (%) | peak RSS per rank (MiB) |",
                   "|---|---|---:|---:|---:|---|"]  # fmt: skip
+        if any(row.get("persistent_mib") for row in rows["strategies"].values()):
+            lines[-2] += " state per rank (MiB) |"
+            lines[-1] += "---:|"
         if any("virtual_vs_real" in row for row in rows["strategies"].values()):
             lines[-2] += " virtual / real |"
             lines[-1] += "---:|"
@@ -276,7 +306,9 @@ def markdown(results: dict, meta: dict) -> str:
             gap = "—" if row["gap_pct"] is None else f"{row['gap_pct'][0]:+.2f} (lr {float(row['gap_pct'][1]):g})"
             self_ = "" if row["speedup_vs_unbalanced"] is None else f"{row['speedup_vs_unbalanced']:.2f}×"
             rss = ", ".join(f"{x * 1024:.0f}" for x in max(row.get("peak_rss_gib_per_rank", []), default=[]))
-            virtual = f" {row['virtual_vs_real']:.3f} |" if "virtual_vs_real" in row else ""
+            mib = row.get("persistent_mib")
+            virtual = f" {mib:.2f}{'' if row['fits'] else ' (does not fit)'} |" if mib else ""
+            virtual += f" {row['virtual_vs_real']:.3f} |" if "virtual_vs_real" in row else ""
             lines.append(f"| {name} | {row['mean']:.4f} ({each}) | {row['speedup_vs_best_baseline']:.2f}× | {self_} | "
                          f"{gap} | {rss} |{virtual}")  # fmt: skip
         lines.append("")
