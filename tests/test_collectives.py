@@ -11,7 +11,7 @@ from conftest import ROOT
 pytestmark = pytest.mark.integration  # every test here starts processes (docs/testing.md)
 
 
-@pytest.mark.parametrize("ranks", [3])  # 2 ranks run through the job in every equation test
+@pytest.mark.parametrize("ranks", [2, 3])  # 2: also over a second connection per pair
 def test_ring_collectives_equal_torchs(ranks):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(

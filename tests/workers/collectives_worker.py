@@ -1,4 +1,5 @@
-"""A torchrun worker: the gloo ring reduce-scatter and all-gather equal torch's own collectives.
+"""A torchrun worker: the gloo ring reduce-scatter and all-gather equal torch's own collectives (on 2 ranks also
+with the ring's second connection, `add_return_group`).
 
 torchrun --nproc_per_node N tests/workers/collectives_worker.py
 """
@@ -13,6 +14,14 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     collectives.PIECE_NUMEL = 1 << 14  # several pieces per chunk
+    for connections in (1, 2) if world == 2 else (1,):
+        if connections == 2:
+            collectives.add_return_group(dist.group.WORLD, dist.new_group(backend="gloo"))
+        check(rank, world)
+    dist.destroy_process_group()
+
+
+def check(rank: int, world: int) -> None:
     for numel in (world * 70_000, world * (1 << 16) + world * 5):
         for dtype in (torch.float32, torch.bfloat16):
             g = torch.Generator().manual_seed(rank)
@@ -30,7 +39,6 @@ def main() -> None:
             out[rank * (numel // world) : (rank + 1) * (numel // world)] = expected
             collectives.all_gather(out, out[rank * (numel // world) : (rank + 1) * (numel // world)])
             assert torch.equal(out, gathered)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -54,12 +54,12 @@ class CollectiveLog:
                 if in_flight:
                     self.jobs[-1][1] = time.time_ns()
 
-        def logged_exchange(send, dst, recv, src, group):
+        def logged_exchange(send, dst, recv, src, group, rank):
             group = group or dist.group.WORLD
             self.p2p.append(
                 {"t": time.time_ns(), "group": group.group_name, "op": "ring_exchange", "thread": threading.get_ident()}
             )
-            return exchange(send, dst, recv, src, group)
+            return exchange(send, dst, recv, src, group, rank)
 
         self.destroyed: dict[str, list[int]] = {}  # the ranks of groups a run destroyed (preemption, checkpoint)
         destroy = dist.destroy_process_group

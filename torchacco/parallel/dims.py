@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchacco.device import Device
 from torchacco.errors import UserError
+from torchacco.parallel.collectives import add_return_group
 
 
 @dataclass
@@ -151,6 +152,8 @@ def build_dims(
     mp_group = _model_parallel_group(mesh, tp, pp, timeout)
     dims = ParallelDims(world, rank, local_rank, local_world, mesh, mp_group, timeout)
     dims.data_group = dims.dp_group if replicas == 1 else _data_group(mesh, timeout)
+    if device.backend == "gloo" and dims.dp_size == 2:  # the sharded job's ring: one connection per direction
+        add_return_group(dims.dp_group, group_per_row(mesh, "dp", timeout))
     return dims
 
 
