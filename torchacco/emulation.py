@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from torchacco.blocks import blocks_of
+from torchacco.errors import UserError
 from torchacco.loss import IGNORE_INDEX
 from torchacco.optim import ShardedAdamW, build_adamw
 
@@ -53,7 +54,7 @@ def virtualize(model: nn.Module, settings: Emulation, rank: int) -> None:
     """Replace `model`'s compute with waits (in place, before any parallelism: FSDP's and DDP's hooks stay)."""
     blocks = blocks_of(model)
     if blocks is None or getattr(model, "layers", None) is not blocks:
-        raise ValueError("virtual compute needs the model's blocks at model.layers (torchacco's models)")
+        raise UserError("[emulation] virtual_compute needs a model whose blocks are model.layers (torchacco's models)")
     factor = settings.slow_factor if rank in slow_ranks(settings.slow_ranks) else 1.0
     per_block = settings.block_share / len(blocks)
     block_f, block_b = (factor * s * per_block for s in (settings.forward_s, settings.backward_s))
@@ -90,8 +91,9 @@ class VirtualLoss:
 
 
 def install_optimizer_waits(seconds_per_element: float, factor: float = 1.0) -> None:
-    """AdamW's elementwise work as waits in this process: torch's AdamW (replicated and FSDP strategies, and
-    ShardedAdamW's chunks (ZeRO-1 and the overlapped schedules, on their side runner too)."""
+    """AdamW's elementwise work as waits, for the rest of this process (a training worker's): torch's AdamW (the
+    replicated and FSDP strategies) and ShardedAdamW's chunks (ZeRO-1 and the overlapped schedules, on their side
+    runner too). DiLoCo's outer step, a few elementwise operations per outer step, stays real."""
     per = seconds_per_element * factor
 
     def sharded_update(self, p, m, v, grad, lr, step, offset=0):
@@ -119,16 +121,15 @@ def install(model: nn.Module, settings: Emulation, rank: int) -> VirtualLoss:
 def calibrate(cfg: Config, threads: int, repeats: int = 8) -> dict:
     """The [emulation] durations of one micro-batch of the config's shape on this machine's CPU with `threads`
     threads (medians over `repeats`): forward (with the loss), backward, the blocks' share, AdamW per element."""
-    from torchacco.build import build_model
+    from torchacco.build import build_model, model_args
     from torchacco.device import Device
     from torchacco.loss import TokenLoss
     from torchacco.spec import get_model_spec
 
     torch.set_num_threads(threads)
-    t = cfg.training
-    model = build_model(get_model_spec(cfg.model.name), cfg.model, cfg.tokenizer.vocab_size, t.seed, Device("cpu"))
-    vocab = model.get_input_embeddings().num_embeddings if hasattr(model, "get_input_embeddings") else 1000
-    vocab = min(vocab, cfg.tokenizer.vocab_size or vocab)
+    t, spec = cfg.training, get_model_spec(cfg.model.name)
+    model = build_model(spec, cfg.model, cfg.tokenizer.vocab_size, t.seed, Device("cpu"))
+    vocab = model_args(spec, cfg.model, cfg.tokenizer.vocab_size).vocab_size
     ids = torch.randint(0, vocab, (t.local_batch_size, t.seq_len))
     batch, loss_fn = {"input_ids": ids, "labels": ids}, TokenLoss(t.loss_chunks)
     in_blocks = [0.0]
