@@ -563,6 +563,10 @@ def test_speed_runs_each_strategy_on_virtual_compute_beside_real_compute_and_rep
     ddp = json.loads((tmp_path / "v.json").read_text())["settings"]["b"]["strategies"]["ddp"]
     assert ddp["mean"] == pytest.approx(0.25) and ddp["virtual_vs_real"] == pytest.approx(0.8)  # real stays the row
     assert "| virtual / real |" in (tmp_path / "v.md").read_text() and "| 0.800 |" in (tmp_path / "v.md").read_text()
+    assert speed.main([*argv[:5], "b2", *argv[6:], "--node-rate", "2gbit"]) == 0  # the link inside a node shaped
+    assert json.loads((tmp_path / "v.json").read_text())["settings"]["b2"]["plan"].startswith(
+        "2 nodes of 2 ranks (2gbit inside)"
+    )
 
 
 def test_a_memory_budget_leaves_the_strategies_that_do_not_fit_out_of_the_baselines(monkeypatch, tmp_path):

@@ -169,6 +169,8 @@ def main(argv=None) -> int:
     parser.add_argument("--settings", default="a,b")
     parser.add_argument("--rates", default="", help="link rates (e.g. 50mbit,1gbit) of 2-node settings r<rate>")
     parser.add_argument("--rate-nodes", type=int, default=2, help="nodes of the r<rate> settings")
+    parser.add_argument("--node-rate", default="unshaped", help="settings of several ranks per node (a2, b2): "
+                        "the link inside each node, its ranks' traffic together (e.g. 2gbit)")  # fmt: skip
     parser.add_argument("--strategies", default="", help=f"from {', '.join(STRATEGIES)}; default: per setting")
     parser.add_argument("--train-args", default="", help="more trainer arguments for every run, e.g. "
                         "'--training.mixed_precision bf16'")  # fmt: skip
@@ -200,7 +202,8 @@ def main(argv=None) -> int:
         plan, extra = plan_of[setting]
         try:
             plan = dataclasses.replace(plan, tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
-                                       cpu_period_us=period_us(args.cpu_period_ms))  # fmt: skip
+                                       cpu_period_us=period_us(args.cpu_period_ms),
+                                       node_rate_bps=parse_rate(args.node_rate))  # fmt: skip
         except ClusterError as e:
             parser.error(f"setting {setting}: {e}")
         plan_of[setting] = plan, extra
