@@ -333,3 +333,33 @@ def test_collective_probe_times_the_chosen_rings_until_every_rank_is_done(tmp_pa
     bad = subprocess.run([sys.executable, "-m", "benchmarks.workers.collective_probe", "--ops", "ring_all_gathr"],
                          env=env, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "unknown collective 'ring_all_gathr'" in bad.stderr.splitlines()[-1]
+
+
+def test_virtual_compute_runs_pass_the_scaled_calibration_and_name_the_slow_node(monkeypatch, tmp_path):
+    found = {}
+    monkeypatch.setattr(
+        launch,
+        "calibrate",
+        lambda args, threads: {
+            "forward_s": 0.01,
+            "backward_s": 0.02,
+            "block_share": 0.7,
+            "optimizer_s_per_param": 1e-9,
+        },
+    )
+    monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", ""))
+
+    def fake_nodes(plan, module, args, folder, timeout_s, port, threads, verbose, env):
+        found.update(plan=plan, args=args, env=env)
+        (folder / "metrics.jsonl").write_text('{"step": 1}\n')
+        return 1.0
+
+    monkeypatch.setattr(launch, "run_nodes", fake_nodes)
+    plan = ClusterPlan(nodes=2, slow_node=1, slow_factor=3.0, cpu_per_node=1.0, prefix="tv")
+    result = launch.run_training(plan, ["--config", "x.toml"], tmp_path, virtual_compute=True, virtual_scale=4.0)
+    args = found["args"]
+    assert args[args.index("--emulation.forward_s") + 1] == repr(0.04) and "--emulation.virtual_compute" in args
+    assert args[args.index("--emulation.block_share") + 1] == repr(0.7)  # a share, not scaled
+    assert found["env"]["TORCHACCO_SLOW_NODE"] == "1" and found["env"]["TORCHACCO_SLOW_FACTOR"] == "3.0"
+    assert found["plan"].cores(1) == 1.0  # the slow node keeps its CPU: its waits are what is slow
+    assert result["calibration"]["scale"] == 4.0

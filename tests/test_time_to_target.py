@@ -356,7 +356,7 @@ def test_a_resumed_speed_run_is_kept_only_with_the_same_arguments_on_the_same_pl
 
     ran = []
 
-    def fake_run(plan, train, folder, env=None, virtual_compute=False):
+    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0):
         ran.append(train)
         folder.mkdir(parents=True, exist_ok=True)
         return {"records": [{"step": len(ran)}]}
@@ -518,7 +518,7 @@ def test_speed_times_any_registered_variant_at_given_link_rates_with_each_ranks_
     (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": {"balance_bps": 3e8}}))
     runs = []
 
-    def fake_run(plan, train, folder, env=None, virtual_compute=False):
+    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0):
         runs.append((plan, train, env))
         record = {"tokens_per_update": 2048, "tokens_per_s": 2048 / (0.1 * len(runs))}
         return {"records": [record] * 12, "ranks": [{"peak_rss_gib": 0.5}, {"peak_rss_gib": 0.75}], "wall_s": 1.0}
@@ -550,7 +550,7 @@ def test_speed_runs_each_strategy_on_virtual_compute_beside_real_compute_and_rep
     (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": {"balance_bps": 3e8}}))
     runs = []
 
-    def fake_run(plan, train, folder, env=None, virtual_compute=False):
+    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0):
         runs.append((folder.name, virtual_compute))
         seconds = 0.2 if virtual_compute else 0.25
         return {"records": [{"tokens_per_update": 2048, "tokens_per_s": 2048 / seconds}] * 12, "ranks": []}
@@ -560,6 +560,7 @@ def test_speed_runs_each_strategy_on_virtual_compute_beside_real_compute_and_rep
             "--out", str(tmp_path), "--name", "v"]  # fmt: skip
     assert speed.main(argv) == 0
     assert runs == [("b_ddp_0", False), ("b_ddp_0_virtual", True)]
+    assert json.loads((tmp_path / "v.json").read_text())["meta"]["virtual_scale"] == 1.0
     ddp = json.loads((tmp_path / "v.json").read_text())["settings"]["b"]["strategies"]["ddp"]
     assert ddp["mean"] == pytest.approx(0.25) and ddp["virtual_vs_real"] == pytest.approx(0.8)  # real stays the row
     assert "| virtual / real |" in (tmp_path / "v.md").read_text() and "| 0.800 |" in (tmp_path / "v.md").read_text()
@@ -576,7 +577,7 @@ def test_a_memory_budget_leaves_the_strategies_that_do_not_fit_out_of_the_baseli
     (tmp_path / "time_to_loss.json").write_text(json.dumps(calibration))
     seconds = {"ddp": 0.1, "zero1": 0.2, "acco": 0.15}
 
-    def fake_run(plan, train, folder, env=None, virtual_compute=False):
+    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0):
         s = (
             seconds[train[train.index("--parallelism.data_parallel") + 1]]
             if "--parallelism.data_parallel" in train

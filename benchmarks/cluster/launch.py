@@ -51,10 +51,11 @@ def calibrate(train_args: list[str], threads: int = 1) -> dict:
 
 def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout_s: float = 900, port: int = 29400,
                  threads: int = 1, verbose: bool = False, env: dict | None = None,
-                 virtual_compute: bool = False) -> dict:  # fmt: skip
+                 virtual_compute: bool = False, virtual_scale: float = 1.0) -> dict:  # fmt: skip
     """Train on the emulated cluster; returns {'records': metrics.jsonl, 'ranks': per-rank reports, 'wall_s'} (and
     'calibration' with `virtual_compute`: waits instead of compute, torchacco/emulation.py; a slow node then
-    keeps its full CPU and waits `slow_factor` times as long, as a slower GPU would).
+    keeps its full CPU and waits `slow_factor` times as long, as a slower GPU would; `virtual_scale` lengthens every
+    wait: a model that computes that much longer per byte it sends, with the ranks' own CPU work a smaller share).
 
     Raises ClusterError (one line, the tail of the failing node's log) when a node fails or times out."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -62,6 +63,9 @@ def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout
     args = [*train_args, "--job.dump_folder", str(folder), "--job.overwrite", "true", "--training.num_threads",
             str(threads)]  # fmt: skip
     calibration = calibrate(train_args, threads) if virtual_compute else None
+    if calibration and virtual_scale != 1.0:
+        keys = ("forward_s", "backward_s", "optimizer_s_per_param")
+        calibration = {**calibration, **{k: calibration[k] * virtual_scale for k in keys}, "scale": virtual_scale}
     if calibration:
         args += [*overrides(calibration), "--eval.every", "0"]
         if plan.slow_node is not None:  # node_train names its own ranks slow

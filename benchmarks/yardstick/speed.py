@@ -110,12 +110,13 @@ def kept_run(plan: ClusterPlan, args: list[str], folder: Path, name: str, resume
 
 
 def timed_run(plan: ClusterPlan, train: list[str], folder: Path, resume: bool, env: dict | None = None,
-              virtual_compute: bool = False) -> dict:  # fmt: skip
+              virtual_compute: bool = False, virtual_scale: float = 1.0) -> dict:  # fmt: skip
     """One speed run's records and per-rank reports; with `resume`, those of a finished run with the same arguments
     on the same plan."""
-    key = [*train, *["--virtual-compute"] * virtual_compute]
+    key = [*train, *["--virtual-compute", f"{virtual_scale:g}"] * virtual_compute]
     return kept_run(plan, key, folder, "speed_run.json", resume,
-                    lambda: run_training(plan, train, folder, env=env, virtual_compute=virtual_compute))  # fmt: skip
+                    lambda: run_training(plan, train, folder, env=env, virtual_compute=virtual_compute,
+                                         virtual_scale=virtual_scale))  # fmt: skip
 
 
 def plans(out: Path, calibration: str = "time_to_loss", rates: str = "",
@@ -177,6 +178,13 @@ def main(argv=None) -> int:
     parser.add_argument("--virtual-compute", choices=("off", "on", "both"), default="off", help="on: forward, "
                         "backward and AdamW as calibrated waits that hold no CPU, as on GPUs (torchacco/emulation.py); "
                         "both: each run also so, side by side (its validation)")  # fmt: skip
+    parser.add_argument(
+        "--virtual-scale",
+        type=float,
+        default=1.0,
+        help="with --virtual-compute: every wait this "
+        "many times its calibrated length (more compute per byte; the ranks' own CPU a smaller share)",
+    )
     parser.add_argument("--memory-budget-mib", type=float, default=0, help="a rank's memory for the model's state: "
                         "a strategy whose persistent memory exceeds it does not fit and is not a baseline (0: no "
                         "budget)")  # fmt: skip
@@ -188,6 +196,8 @@ def main(argv=None) -> int:
                         "arguments on the same cluster plan; run the rest")  # fmt: skip
     parser.add_argument("--calibration", default="time_to_loss", help=CALIBRATION_HELP)
     args = parser.parse_args(argv)
+    if args.virtual_scale <= 0:
+        parser.error(f"--virtual-scale must be positive, got {args.virtual_scale:g}")
     out = ROOT / args.out
     try:
         plan_of = plans(out, args.calibration, args.rates, args.rate_nodes)
@@ -242,7 +252,7 @@ def main(argv=None) -> int:
                     train += ["--training.max_tokens", str(args.updates * TOKENS_PER_UPDATE)]
                 train += args.train_args.split()
                 folder = out / "runs" / "speed" / f"{setting}_{name}_{repeat}{'_virtual' * virtual}"
-                run = timed_run(plan, train, folder, args.resume, env, virtual)
+                run = timed_run(plan, train, folder, args.resume, env, virtual, args.virtual_scale)
                 warmup = warmup_of(name)
                 if virtual and len(modes) == 2:  # the side-by-side check: kept apart from the real runs' figures
                     virtual_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
@@ -275,7 +285,8 @@ def main(argv=None) -> int:
             # Balanced batches do not change the update; mixed replicas do (its gap is not measured yet)
             row["gap_pct"] = gaps.get(name if name.startswith("diloco") else plain)
     meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(),
-            "command": common.command("speed", argv), "virtual_compute": args.virtual_compute}  # fmt: skip
+            "command": common.command("speed", argv), "virtual_compute": args.virtual_compute,
+            "virtual_scale": args.virtual_scale}  # fmt: skip
     bars = {f"setting {s}": [(n, r["speedup_vs_best_baseline"], 0) for n, r in rows["strategies"].items()]
             for s, rows in results.items()}  # fmt: skip
     common.write_report(out, args.name, {"meta": meta, "settings": results}, markdown(results, meta),
