@@ -88,18 +88,8 @@ def test_strategies_train_on_virtual_compute_and_report_no_loss(tiny_corpus, cac
     """Real collectives over waits: FSDP's and DDP's hooks see every gradient, the job runs beside the waits,
     and no record carries a loss."""
     out = tmp_path / kind
-    proc = run_train(
-        tiny_args(
-            tiny_corpus,
-            cache_dir,
-            out,
-            "--parallelism.data_parallel",
-            kind,
-            *VIRTUAL,
-            "--training.global_batch_size",
-            "16",
-        )
-    )
+    extra = ("--parallelism.data_parallel", kind, *VIRTUAL, "--training.global_batch_size", "16")
+    proc = run_train(tiny_args(tiny_corpus, cache_dir, out, *extra))
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_metrics(out)
     assert len(records) == 6 and all(r["loss"] is None and r["tokens_per_s"] > 0 for r in records)
@@ -116,3 +106,9 @@ def test_calibration_measures_the_configs_micro_batch():
     assert found["forward_s"] > 0 and found["backward_s"] > 0 and found["optimizer_s_per_param"] > 0
     assert 0 < found["block_share"] < 1
     assert emulation.overrides(found)[:2] == ["--emulation.virtual_compute", "true"]
+
+
+def test_calibration_refuses_no_threads_in_one_line():
+    argv = [sys.executable, "-m", "torchacco.emulation", "--threads", "0", "--config", "train_configs/default.toml"]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1].endswith("--threads must be at least 1, got 0")

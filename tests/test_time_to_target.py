@@ -597,3 +597,20 @@ def test_a_memory_budget_leaves_the_strategies_that_do_not_fit_out_of_the_baseli
     assert rows["acco"]["persistent_mib"] == pytest.approx(15 * 592_640 / 2**20) and rows["acco"]["fits"]
     assert setting["best_baseline"] == "zero1" and rows["acco"]["speedup_vs_best_baseline"] == pytest.approx(4 / 3)
     assert "9.04 (does not fit) |" in (tmp_path / "m.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--virtual-scale", "0"], "--virtual-scale must be positive, got 0"),
+        (["--memory-budget-mib", "-3"], "--memory-budget-mib must be positive (0: no budget), got -3"),
+        (["--rate-nodes", "1"], "--rate-nodes must be at least 2 (the nodes a link joins), got 1"),
+    ],
+)
+def test_speed_names_a_bad_emulation_argument_in_one_line(extra, message, capsys, tmp_path):
+    from benchmarks.yardstick import speed
+
+    (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": {"balance_bps": 3e8}}))
+    with pytest.raises(SystemExit):
+        speed.main(["--out", str(tmp_path), "--rates", "1gbit", "--settings", "", "--strategies", "ddp", *extra])
+    assert capsys.readouterr().err.splitlines()[-1].endswith(message)

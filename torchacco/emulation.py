@@ -55,7 +55,7 @@ def virtualize(model: nn.Module, settings: Emulation, rank: int) -> None:
     blocks = blocks_of(model)
     if blocks is None or getattr(model, "layers", None) is not blocks:
         raise UserError("[emulation] virtual_compute needs a model whose blocks are model.layers (torchacco's models)")
-    factor = settings.slow_factor if rank in slow_ranks(settings.slow_ranks) else 1.0
+    factor = slowness(settings, rank)
     per_block = settings.block_share / len(blocks)
     block_f, block_b = (factor * s * per_block for s in (settings.forward_s, settings.backward_s))
     rest_f, rest_b = (factor * s * (1 - settings.block_share) for s in (settings.forward_s, settings.backward_s))
@@ -75,8 +75,10 @@ def virtualize(model: nn.Module, settings: Emulation, rank: int) -> None:
     model.forward = forward
 
 
-def slow_ranks(text: str) -> set[int]:
-    return {int(r) for r in text.split(",") if r.strip()}
+def slowness(settings: Emulation, rank: int) -> float:
+    """How much longer than calibrated this rank's waits last: slow_factor on the slow ranks, else 1."""
+    slow = {int(r) for r in settings.slow_ranks.split(",") if r.strip()}
+    return settings.slow_factor if rank in slow else 1.0
 
 
 class VirtualLoss:
@@ -109,8 +111,7 @@ def install_optimizer_waits(seconds_per_element: float, factor: float = 1.0) -> 
 def install(model: nn.Module, settings: Emulation, rank: int) -> VirtualLoss:
     """Virtual compute for this rank's process: the model's waits, the optimizer's, and the loss to train with."""
     virtualize(model, settings, rank)
-    factor = settings.slow_factor if rank in slow_ranks(settings.slow_ranks) else 1.0
-    install_optimizer_waits(settings.optimizer_s_per_param, factor)
+    install_optimizer_waits(settings.optimizer_s_per_param, slowness(settings, rank))
     return VirtualLoss()
 
 
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchacco.emulation", description=calibrate.__doc__)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads the measured forward/backward use")
     args, rest = parser.parse_known_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     return run_cli(lambda: print(json.dumps(calibrate(load_config(rest), args.threads))))
 
 

@@ -45,7 +45,8 @@ def calibrate(train_args: list[str], threads: int = 1) -> dict:
     proc = subprocess.run([sys.executable, "-m", "torchacco.emulation", "--threads", str(threads), *train_args],
                           cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     if proc.returncode:
-        raise ClusterError(f"calibrating virtual compute failed: {proc.stderr.strip().splitlines()[-1:]}")
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ClusterError(f"calibrating virtual compute failed: {last.removeprefix('torchacco: error: ')}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

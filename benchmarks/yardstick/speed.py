@@ -198,6 +198,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.virtual_scale <= 0:
         parser.error(f"--virtual-scale must be positive, got {args.virtual_scale:g}")
+    if args.memory_budget_mib < 0:
+        parser.error(f"--memory-budget-mib must be positive (0: no budget), got {args.memory_budget_mib:g}")
+    if args.rate_nodes < 2:
+        parser.error(f"--rate-nodes must be at least 2 (the nodes a link joins), got {args.rate_nodes}")
     out = ROOT / args.out
     try:
         plan_of = plans(out, args.calibration, args.rates, args.rate_nodes)
