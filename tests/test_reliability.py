@@ -584,6 +584,23 @@ def test_a_reported_failure_is_printed_at_once_and_a_blocked_teardown_cannot_kee
     assert proc.returncode == (0 if tears_down else 1)
 
 
+def test_error_lines_of_ranks_sharing_stderr_never_interleave():
+    """Ranks print their diagnosis at the same moment into the launcher's stderr: each line is one write."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    code = "from torchacco.errors import print_error\nfor _ in range(300): print_error('rank %d: ' + 'x' * 900)"
+    read, write = os.pipe()
+    ranks = [subprocess.Popen([sys.executable, "-c", code % r], stderr=write) for r in range(3)]
+    os.close(write)
+    with open(read) as shared:
+        lines = shared.read().splitlines()
+    assert all(rank.wait(timeout=60) == 0 for rank in ranks)
+    assert len(lines) == 900 and all(re.fullmatch(r"torchacco: error: rank \d: x{900}", line) for line in lines)
+
+
 def test_waiting_for_the_jobs_kernels_has_a_deadline():
     from torchacco.errors import Stalled
     from torchacco.runners import wait_for_event

@@ -1,5 +1,6 @@
 """The one exception type that reaches the user as a single clear line."""
 
+import os
 import sys
 
 
@@ -23,6 +24,18 @@ class PeerFailure(UserError):
 def error_line(message: str) -> str:
     """A message as the one `torchacco: error:` line (a value quoted from the user may hold newlines)."""
     return "torchacco: error: " + " ".join(message.split())
+
+
+def print_error(message: str) -> None:
+    """Print the error line with one write: ranks of a job share the launcher's stderr, and a
+    message and its newline written apart interleave with another rank's line."""
+    line = error_line(message) + "\n"
+    sys.stderr.flush()
+    try:
+        os.write(sys.stderr.fileno(), line.encode())
+    except (AttributeError, OSError, ValueError):  # a captured stderr without a file descriptor
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 class Stalled(RuntimeError):
@@ -51,7 +64,7 @@ def run_cli(main, print_errors: bool = True) -> int:
         return main() or 0
     except UserError as e:
         if (print_errors or isinstance(e, PeerFailure)) and not getattr(e, "reported", False):
-            print(error_line(str(e)), file=sys.stderr, flush=True)
+            print_error(str(e))
         return 1
     except Preempted as e:
         if print_errors:

@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import threading
 import time
 
 import torch.distributed as dist
 
-from torchacco.errors import Stalled, Terminated, error_line
+from torchacco.errors import Stalled, Terminated, print_error
 
 BEAT_KEY = "torchacco/heartbeat/"
 READ_TIMEOUT_S = 8.0  # per read of every heartbeat; diagnose() reads twice, 2.5 s apart: ~19 s at most
@@ -187,7 +186,7 @@ def report(message: str) -> bool:
     with _report_lock:
         if _exit_timer is not None:
             return False
-        print(error_line(message), file=sys.stderr, flush=True)
+        print_error(message)
         _exit_timer = threading.Timer(TEARDOWN_S, os._exit, (1,))
         _exit_timer.daemon = True
         _exit_timer.start()
