@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 from benchmarks import common
-from benchmarks.cluster import ClusterPlan, preflight, probe_collectives, run_training
+from benchmarks.cluster import ClusterPlan, parse_rate, preflight, probe_collectives, run_training
 from benchmarks.common import QUIET, ROOT, ZERO1, recipe
-from benchmarks.yardstick.speed import STRATEGIES, TOKENS_PER_UPDATE, compute_s, plans
+from benchmarks.yardstick.speed import STRATEGIES, TOKENS_PER_UPDATE, compute_s, plans, seconds_per_update
 from torchacco import cost_model as cm
 from torchacco.config import load_config
 from torchacco.errors import UserError
@@ -54,11 +54,25 @@ def compute_inputs(compute_per_update_s: float, params: float) -> dict:
             "compute_per_update_s": compute_per_update_s}  # fmt: skip
 
 
-def zero1_run(folder: Path, updates: int, cores: float | None = None) -> dict:
+def zero1_run(folder: Path, updates: int, cores: float | None = None, virtual: bool = False) -> dict:
     """ZeRO-1 on RANKS unshaped one-rank nodes (`cores`: each under that CPU quota), no evaluation, as speed trains."""
     train = [*recipe(updates, 1.5e-3, 0), *QUIET, *STRATEGIES[ZERO1], "--eval.every", "0"]
     train += ["--training.max_tokens", "0", "--training.steps", str(updates)]
-    return run_training(ClusterPlan(nodes=RANKS, rate_bps=None, cpu_per_node=cores), train, folder)
+    plan = ClusterPlan(nodes=RANKS, rate_bps=None, cpu_per_node=cores)
+    return run_training(plan, train, folder, virtual_compute=virtual)
+
+
+def probe_virtual_overhead(folder: Path, params: float, updates: int = 60) -> float:
+    """Under virtual compute, a rank's host work per micro-batch beside its waits (the Python loop, autograd's
+    bookkeeping, data, copies, the job's own CPU): ZeRO-1 on RANKS unshaped nodes, its time per update past the
+    warm-up less the calibrated waits it was given, per micro-batch."""
+    run = zero1_run(folder, updates, virtual=True)
+    waits, cfg = run["calibration"], trainer_config(STRATEGIES[ZERO1])
+    micro_batches = cfg.training.global_batch_size // (cfg.training.local_batch_size * RANKS)
+    waited = (
+        micro_batches * (waits["forward_s"] + waits["backward_s"]) + waits["optimizer_s_per_param"] * params / RANKS
+    )
+    return max(0.0, seconds_per_update(run["records"]) - waited) / micro_batches
 
 
 def probe_compute(folder: Path, cores: float | None = None) -> float:
@@ -88,27 +102,37 @@ def probe_launches(plan: ClusterPlan, folder: Path, params: int, launches: int =
     return {**runs[0], **mean, "launches": launches, "per_launch": runs}
 
 
-def probe(settings: dict[str, ClusterPlan], params: float, out: Path) -> dict:
-    """The collectives on each setting's cluster, the optimizer's speed, the compute and the CPU per update."""
+def probe(settings: dict[str, ClusterPlan], params: float, out: Path, compute: bool = True,
+          virtual: bool = False) -> dict:  # fmt: skip
+    """The collectives on each setting's cluster (keyed by plan), the optimizer's speed, with `compute` the compute
+    and the CPU per update (virtual compute's tables need neither: their runs' waits are calibrated), with `virtual`
+    the host work beside virtual compute's waits."""
     import torch
 
     preflight(need_cgroup=any(plan.cores(i) is not None for plan in settings.values() for i in range(plan.nodes)))
     folder, say = out / "runs" / "cost_model_probe", lambda text: print(f"[cost-model-check] {text}", flush=True)
-    found = {"compute_per_update_s": probe_compute(folder / "compute"),
-             "cpu_per_update_s": probe_cpu_per_update(folder / "cpu"), "compute_per_update_s_at_cores": {}}  # fmt: skip
-    say(f"ZeRO-1: compute {found['compute_per_update_s']:.4f} s, CPU {found['cpu_per_update_s']:.4f} s per update")
+    found = {"compute_per_update_s_at_cores": {}}
+    if virtual:
+        found["virtual_overhead_s"] = probe_virtual_overhead(folder / "virtual_overhead", params)
+        say(f"virtual compute: {found['virtual_overhead_s'] * 1e3:.2f} ms of host work per micro-batch")
+    if compute:
+        found |= {"compute_per_update_s": probe_compute(folder / "compute"),
+                  "cpu_per_update_s": probe_cpu_per_update(folder / "cpu")}  # fmt: skip
+        say(f"ZeRO-1: compute {found['compute_per_update_s']:.4f} s, CPU {found['cpu_per_update_s']:.4f} s per update")
     # a node under a CPU quota computes slower than its share of a core says (throttled, its caches go cold)
-    quotas = {p.cores(i) for p in settings.values() for i in range(p.nodes) if p.ranks_per_node == 1}
+    quotas = {p.cores(i) for p in settings.values() for i in range(p.nodes) if p.ranks_per_node == 1} if compute else {}
     for cores in sorted(q for q in quotas if q is not None and q < THREADS):
         at = found["compute_per_update_s_at_cores"][f"{cores:g}"] = probe_compute(folder / f"compute_{cores:g}", cores)
         say(f"compute at {cores:g} cores: {at:.4f} s per update")
     found["settings"] = {}
     for name, plan in settings.items():
-        row = found["settings"][name] = {"plan": plan.describe(), "date": datetime.date.today().isoformat(),
-                                         "collectives": probe_launches(plan, folder / name, int(params))}  # fmt: skip
+        where = folder / re.sub(r"[^\w.]+", "_", name)
+        collectives = probe_launches(plan, where, int(params))
+        row = found["settings"][plan.describe()] = {"plan": plan.describe(), "collectives": collectives,
+                                                    "date": datetime.date.today().isoformat()}  # fmt: skip
         if plan.ranks_per_node > 1:  # a node on its own: where in-node rings are timed
             one = dataclasses.replace(plan, nodes=1, rate_bps=None, latency_ms=0.0, slow_node=None)
-            row["node_collectives"] = probe_launches(one, folder / name / "node", int(params))
+            row["node_collectives"] = probe_launches(one, where / "node", int(params))
         say(f"setting {name}: {row}")
     torch.set_num_threads(THREADS)  # torch's AdamW on one thread over the model's fp32 elements: elements per second
     param = torch.nn.Parameter(torch.randn(int(params)))
@@ -120,26 +144,30 @@ def probe(settings: dict[str, ClusterPlan], params: float, out: Path) -> dict:
     return {**found, "adamw_elements_per_s": params / statistics.median(times)}
 
 
-def probes_for(out: Path, settings: dict, wanted: list[str], params: float, probe_now: bool, command: str) -> dict:
-    """The probes: measured now (probe_now) and merged into the cache, or read from it; checked against the plans."""
+def probes_for(out: Path, wanted: dict[str, ClusterPlan], params: float, probe_now: bool, command: str,
+               compute: bool = True, virtual: bool = False) -> dict:  # fmt: skip
+    """The probes of the `wanted` plans (setting -> plan): measured now (probe_now) and merged into the cache, or read
+    from it. The cache keys each setting's probe by its plan's description: the same setting name can name other
+    plans in other tables (speed --rate-nodes, --node-rate)."""
     path = out / PROBES
     cached = json.loads(path.read_text()) if path.exists() else {"settings": {}}
+    cached["settings"] = {row["plan"]: row for row in cached["settings"].values()}  # a cache keyed by setting names
     if probe_now:
-        fresh = probe({s: settings[s][0] for s in wanted}, params, out)
+        fresh = probe(wanted, params, out, compute, virtual)
         meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(), "command": command}
         merged = {key: {**cached.get(key, {}), **fresh[key]} for key in ("settings", "compute_per_update_s_at_cores")}
-        cached = {"meta": meta, **fresh, **merged}  # a setting or quota not probed now: the cache's
+        cached = {**cached, "meta": meta, **fresh, **merged}  # what was not probed now: the cache's
         path.write_text(json.dumps(cached, indent=1))
-    missing = [s for s in wanted if s not in cached["settings"]]
+    missing = [f"setting {s} ({plan.describe()})" for s, plan in wanted.items()
+               if plan.describe() not in cached["settings"]]  # fmt: skip
+    if virtual and "virtual_overhead_s" not in cached:
+        missing.append("the host work beside virtual compute's waits")
     if missing or "adamw_elements_per_s" not in cached:
         raise UserError(f"{path} has no probe of {', '.join(missing) or 'the optimizer'}: run with --probe (root, "
                         "a quiet machine)")  # fmt: skip
-    for s in wanted:
-        if "ring_reduce_scatter_s" not in cached["settings"][s]["collectives"]:
+    for s, plan in wanted.items():
+        if "ring_reduce_scatter_s" not in cached["settings"][plan.describe()]["collectives"]:
             raise UserError(f"{path}: setting {s}'s probe has no times of torchacco's rings: run with --probe")
-        if cached["settings"][s]["plan"] != settings[s][0].describe():
-            raise UserError(f"setting {s} was probed as '{cached['settings'][s]['plan']}' but is now "
-                            f"'{settings[s][0].describe()}': run with --probe")  # fmt: skip
     return cached
 
 
@@ -202,6 +230,23 @@ def hardware(plan: ClusterPlan, inputs: dict, links: dict, factors: dict, tokens
         opt_rate=inputs["adamw_elements_per_s"] * min(cores),  # synchronous ranks wait for the slowest
         streams=False,
     )  # fmt: skip  (flops unused: compute_s is measured; the emulation computes on CPU)
+
+
+def virtual_hardware(plan: ClusterPlan, calibration: dict, links: dict, factors: dict, inputs: dict) -> cm.Hardware:
+    """The cluster as the cost model sees it under virtual compute: each rank's compute and AdamW are the waits its
+    run was given (calibrated, scaled), whole on every rank (a wait holds no CPU), a slow node's slow_factor longer;
+    plus the host work per micro-batch beside the waits (probed), which queues for the machine's cores when it has
+    fewer than ranks (the ranks leave their waits together: every update ends in a collective)."""
+    host = inputs.get("virtual_overhead_s", 0.0) * max(1.0, plan.world_size / inputs["cores"])
+    return cm.Hardware(
+        **links,
+        **factors,
+        flops=1.0,
+        compute_s=calibration["forward_s"] + calibration["backward_s"] + host,
+        slow_factor=plan.slow_factor if plan.slow_node is not None else 1.0,
+        opt_rate=1 / calibration["optimizer_s_per_param"],
+        streams=False,
+    )
 
 
 def workload(cfg, world: int, params: float) -> cm.Workload:
@@ -279,9 +324,10 @@ def cpu_budget_s(label: str, cfg, plan: ClusterPlan, inputs: dict, work: cm.Work
 # the check ------------------------------------------------------------------------------------------------------
 
 
-def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed: dict, inputs: dict) -> dict:
+def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed: dict, inputs: dict,
+                  virtual: bool = False) -> dict:  # fmt: skip
     """Every label of one setting of a speed table: predicted against measured seconds per recipe update's tokens,
-    or why the model cannot predict it."""
+    or why the model cannot predict it. `virtual`: the table ran virtual compute, each row with its calibration."""
     links = link(plan, probed)
     factors = collective_factors(links, probed["collectives"])
     rows, skipped = {}, {}
@@ -294,9 +340,12 @@ def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed:
         try:
             work = workload(cfg, plan.world_size, inputs["params"])
             implementation = factors["rings" if t.communication == "sharded_job" else "gloo"]
-            prediction = predict_label(label, cfg, work, hardware(plan, inputs, links, implementation,
-                                                                  work.tokens_per_micro_batch))  # fmt: skip
-            budget = cpu_budget_s(label, cfg, plan, inputs, work)
+            if virtual and "calibration" not in measured:
+                raise NotModelled("the table lacks its virtual compute's calibration (measured before speed kept it)")
+            hw = (virtual_hardware(plan, measured["calibration"], links, implementation, inputs) if virtual
+                  else hardware(plan, inputs, links, implementation, work.tokens_per_micro_batch))  # fmt: skip
+            prediction = predict_label(label, cfg, work, hw)
+            budget = 0.0 if virtual else cpu_budget_s(label, cfg, plan, inputs, work)
         except NotModelled as e:
             skipped[label] = str(e)
             continue
@@ -314,12 +363,26 @@ def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed:
             "within": sum(r["within"] for r in rows.values()), "checked": len(rows)}  # fmt: skip
 
 
-def check(tables: dict[str, dict], settings: dict, probes: dict, inputs: dict) -> dict:
-    """Every table's settings checked against the probes (a setting measured on another plan is not)."""
+def table_plans(out: Path, tables: dict[str, dict]) -> dict[str, dict]:
+    """Each table's settings as speed planned them: its link rates, nodes per rate and link inside a node."""
+    rates = ",".join(s[1:] for t in tables.values() for s in t["settings"] if s.startswith("r"))  # --rates'
+    found = {}
+    for name, table in tables.items():
+        meta = table.get("meta", {})
+        settings = plans(out, rates=meta.get("rates", rates), rate_nodes=meta.get("rate_nodes", 2))
+        inside = parse_rate(meta.get("node_rate", "unshaped"))
+        found[name] = {s: (dataclasses.replace(plan, node_rate_bps=inside), extra) for s, (plan, extra) in
+                       settings.items()}  # fmt: skip
+    return found
+
+
+def check(tables: dict[str, dict], plans_of: dict[str, dict], probes: dict, inputs: dict) -> dict:
+    """Every table's settings checked against the probes of its plans (`plans_of`: table_plans)."""
     result = {}
     for name, table in tables.items():
         found = re.match(r"(\d+)-core", table.get("meta", {}).get("machine", ""))  # the table's machine's cores
         measured_on = {**inputs, "cores": int(found.group(1)) if found else os.cpu_count()}
+        virtual, settings = table.get("meta", {}).get("virtual_compute") == "on", plans_of[name]
         checked = result[name] = {}
         for setting, data in table["settings"].items():
             if setting not in settings:
@@ -330,8 +393,9 @@ def check(tables: dict[str, dict], settings: dict, probes: dict, inputs: dict) -
                 checked[setting] = {"plan": data["plan"], "not_checked": f"measured on another plan than the probes' "
                                     f"({plan.describe()}): check it with probes of its own plan"}  # fmt: skip
                 continue
-            s = check_setting(data["strategies"], plan, extra, probes[setting], measured_on)
-            checked[setting] = {"plan": data["plan"], **s}
+            extra = [*extra, *table.get("meta", {}).get("train_args", "").split()]  # speed --train-args, last
+            s = check_setting(data["strategies"], plan, extra, probes[plan.describe()], measured_on, virtual)
+            checked[setting] = {"plan": data["plan"], "virtual": virtual, **s}
     return result
 
 
@@ -367,7 +431,10 @@ def markdown(result: dict, meta: dict) -> str:
                 lines.append(f"Not checked: {s['not_checked']}.")
                 continue
             gloo, rings = s["factors"]["gloo"], s["factors"]["rings"]
-            lines += [f"Cores per rank by node: {', '.join(f'{c:g}' for c in s['cores_per_rank'])}. Probed times "
+            cores = ("Virtual compute: each row's compute and AdamW are its run's calibrated waits, whole on every "
+                     "rank" if s.get("virtual") else f"Cores per rank by node: "
+                     f"{', '.join(f'{c:g}' for c in s['cores_per_rank'])}")  # fmt: skip
+            lines += [f"{cores}. Probed times "
                       f"over the ring ideal: gloo's reduce-scatter {gloo['rs_factor']:.2f}, all-gather "
                       f"{gloo['ag_factor']:.2f}, all-reduce {gloo['ar_factor']:.2f} (DDP, FSDP, HSDP); torchacco's "
                       f"rings {rings['rs_factor']:.2f} and {rings['ag_factor']:.2f} (the sharded job)."
@@ -408,18 +475,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--speed names no table")
     try:
         calibration = json.loads((out / "time_to_loss.json").read_text())["calibration"]
-        rates = ",".join(s[1:] for t in tables.values() for s in t["settings"] if s.startswith("r"))  # --rates'
         inputs = compute_inputs(calibration["compute_per_update_s"], calibration["params"])
-        settings = plans(out, rates=rates)
+        plans_of = table_plans(out, tables)
     except (OSError, KeyError, ValueError) as e:
         parser.error(f"cannot read the calibration in {out / 'time_to_loss.json'} ({e})")
-    wanted = sorted({s for t in tables.values() for s in t["settings"] if s in settings})
+    by_plan = {plans_of[name][s][0].describe(): (f"{s} of {name}", plans_of[name][s][0]) for name, t in tables.items()
+               for s in t["settings"] if s in plans_of[name]}  # fmt: skip
+    wanted = dict(by_plan.values())  # one probe per plan
+    real = any(t.get("meta", {}).get("virtual_compute") != "on" for t in tables.values())
     command = common.command("cost-model-check", argv)
     try:
-        cached = probes_for(out, settings, wanted, inputs["params"], args.probe, command)
+        virtual = any(t.get("meta", {}).get("virtual_compute") == "on" for t in tables.values())
+        cached = probes_for(out, wanted, inputs["params"], args.probe, command, compute=real, virtual=virtual)
     except UserError as e:
         parser.error(str(e))
     inputs["adamw_elements_per_s"] = cached["adamw_elements_per_s"]
+    if "virtual_overhead_s" in cached:
+        inputs["virtual_overhead_s"] = cached["virtual_overhead_s"]
     if "compute_per_update_s" in cached:  # the calibration measured again beside the probes: today's machine
         inputs = {**inputs, **compute_inputs(cached["compute_per_update_s"], inputs["params"]), "compute_probed": True}
         if "cpu_per_update_s" in cached:  # ZeRO-1's CPU beyond its compute, per update and rank
@@ -427,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         at_cores = cached.get("compute_per_update_s_at_cores", {}).items()
         inputs["seconds_per_token_at_cores"] = {c: compute_inputs(s, inputs["params"])["seconds_per_token"]
                                                 for c, s in at_cores}  # fmt: skip
-    result = check(tables, settings, cached["settings"], inputs)
+    result = check(tables, plans_of, cached["settings"], inputs)
     probed = cached.get("meta", {})
     meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(), "command": command,
             "probes": f"{PROBES}, {probed.get('date', '?')}, {probed.get('machine', '?')}",

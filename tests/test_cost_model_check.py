@@ -105,12 +105,48 @@ def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys)
         2 * row["predicted_compute_s"]
     )
     assert probed["meta"]["inputs"]["compute_probed"] and "probed with the links" in (tmp_path / "cmc.md").read_text()
-    # a probe of another plan is refused with one line
+    # a probe of another plan is not this setting's: one line
     probes["settings"]["a"]["plan"] = "2 nodes at another rate"
     (tmp_path / "cost_model_probes.json").write_text(json.dumps(probes))
     with pytest.raises(SystemExit):
         check.main(["--speed", "spd", "--out", str(tmp_path), "--name", "cmc"])
-    assert "setting a was probed as '2 nodes at another rate'" in capsys.readouterr().err
+    assert f"has no probe of setting a of spd ({plan.describe()}): run with --probe" in capsys.readouterr().err
+
+
+def test_a_virtual_compute_table_is_predicted_from_each_runs_waits_on_its_own_plans(tmp_path, capsys):
+    calibration = {"compute_per_update_s": 0.05, "params": 600_000, "balance_bps": 3e8}
+    (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": calibration}))
+    meta = {"machine": "2-core test", "virtual_compute": "on", "rates": "600mbit", "rate_nodes": 4,
+            "node_rate": "unshaped"}  # fmt: skip
+    plan = check.table_plans(tmp_path, {"v": {"meta": meta, "settings": {}}})["v"]["r600mbit"][0]
+    assert (plan.nodes, plan.rate_bps) == (4, 600e6)  # speed --rate-nodes 4, not the default 2
+    ideal = 3 / 4 * 8 * 2.4e6 / plan.rate_bps
+    collectives = _collectives(2.4e6, ideal, ideal, ideal, ideal, ideal)
+    probed = {"settings": {"x": {"plan": plan.describe(), "collectives": collectives}}, "adamw_elements_per_s": 1e8}
+    (tmp_path / "cost_model_probes.json").write_text(json.dumps(probed))
+    (tmp_path / "v.json").write_text(json.dumps({"meta": meta, "settings": {}}))
+    with pytest.raises(SystemExit):  # the host work beside the waits is probed with the links
+        check.main(["--speed", "v", "--out", str(tmp_path), "--name", "cmc"])
+    assert "no probe of the host work beside virtual compute's waits" in capsys.readouterr().err
+    (tmp_path / "cost_model_probes.json").write_text(json.dumps({**probed, "virtual_overhead_s": 0.002}))
+    waits = {"forward_s": 0.01, "backward_s": 0.02, "optimizer_s_per_param": 1e-7, "block_share": 0.9}
+    rows = {"zero1": {"mean": 0.1, "calibration": waits}, "ddp": {"mean": 0.1}}
+    table = {"meta": meta, "settings": {"r600mbit": {"plan": plan.describe(), "strategies": rows}}}
+    (tmp_path / "v.json").write_text(json.dumps(table))
+    assert check.main(["--speed", "v", "--out", str(tmp_path), "--name", "cmc"]) == 0
+    checked = json.loads((tmp_path / "cmc.json").read_text())["tables"]["v"]["r600mbit"]
+    cfg = check.trainer_config(STRATEGIES["zero1"])
+    work = check.workload(cfg, 4, 600_000)
+    # the waits, not the CPU's compute, and the host work per micro-batch, queued: 4 ranks on the table's 2 cores
+    hw = cm.Hardware(nodes=4, flops=1.0, bandwidth_bps=600e6, compute_s=0.03 + 2 * 0.002, opt_rate=1e7, streams=False)
+    expected = cm.predict(work, hw, "zero1")["step_time_s"]
+    assert checked["rows"]["zero1"]["predicted_s"] == pytest.approx(expected)
+    assert checked["rows"]["zero1"]["cpu_budget_s"] == 0.0
+    assert "lacks its virtual compute's calibration" in checked["skipped"]["ddp"]
+    assert (
+        "Virtual compute: each row's compute and AdamW are its run's calibrated waits"
+        in (tmp_path / "cmc.md").read_text()
+    )
 
 
 @pytest.mark.parametrize(
@@ -122,6 +158,7 @@ def test_the_report_is_rebuilt_from_cached_probes_without_root(tmp_path, capsys)
         (["--settings", "c", "--cpu-period-ms", "5"], "node 3's 0.1125 cores are under the kernel's 1 ms quota"),
         (["--settings", "a", "--cpu-period-ms", "0"], "--cpu-period-ms must be between 1 and 1000"),
         (["--settings", "a", "--cpu-period-ms", "nan"], "--cpu-period-ms must be a finite number"),
+        (["--settings", "n8x4"], "setting n8x4 needs --virtual-compute on"),
     ],
 )
 def test_the_speed_benchmark_refuses_what_it_cannot_time_with_one_line_before_any_run(argv, words, tmp_path, capsys):
@@ -190,7 +227,7 @@ def test_the_internet_and_the_mixed_slow_settings_and_their_strategies(tmp_path)
 def test_a_table_measured_on_another_plan_is_not_checked_against_these_probes():
     settings = plans(check.ROOT / "bench_results")
     table = {"t": {"settings": {"c": {"plan": "4 nodes ..., node3 0.1125 cores per 10 ms", "strategies": {}}}}}
-    result = check.check(table, settings, {}, {"cores": 2})
+    result = check.check(table, {"t": settings}, {}, {"cores": 2})
     assert "measured on another plan" in result["t"]["c"]["not_checked"]
 
 

@@ -597,6 +597,10 @@ def test_a_memory_budget_leaves_the_strategies_that_do_not_fit_out_of_the_baseli
     assert rows["acco"]["persistent_mib"] == pytest.approx(15 * 592_640 / 2**20) and rows["acco"]["fits"]
     assert setting["best_baseline"] == "zero1" and rows["acco"]["speedup_vs_best_baseline"] == pytest.approx(4 / 3)
     assert "9.04 (does not fit) |" in (tmp_path / "m.md").read_text()
+    # HSDP keeps FSDP's 16 bytes per parameter over its shard group, not over every rank
+    hsdp = [*speed.recipe(12, 1e-3, 0), "--parallelism.data_parallel", "hsdp", "--hsdp.shard_degree", "2"]
+    assert speed.persistent_mib(hsdp, 4, 2**20) == pytest.approx(8)
+    assert speed.persistent_mib(hsdp[:-2], 4, 2**20, ranks_per_node=4) == pytest.approx(4)  # 0: a node's ranks
 
 
 @pytest.mark.parametrize(

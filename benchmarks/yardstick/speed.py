@@ -3,9 +3,9 @@
     sudo .venv/bin/python -m benchmarks speed [--updates 110] [--repeats 2] [--settings a,b,c] [--rates 50mbit]
 
 Settings (plans() below): a, b at the calibrated link rate and a third of it, c with four nodes one of them slow,
-a2/b2 with 2 ranks per node, r<rate> per --rates. Each row also holds every rank's peak RSS (--malloc-mmap: RSS
-follows live memory) and, with a slow node, its measured slowdown. Needs root and a quiet machine. Writes
-<out>/<--name>.{json,md,png}.
+a2/b2 with 2 ranks per node, n8x4 with 32 (8 nodes of 4; virtual compute only), r<rate> per --rates. Each row also
+holds every rank's peak RSS (--malloc-mmap: RSS follows live memory) and, with a slow node, its measured slowdown.
+Needs root and a quiet machine. Writes <out>/<--name>.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ PER_SETTING = {  # the strategies each setting runs by default
     "e": [*_ONE, SPARSE],
     "bm": [DDP, f"{DDP}_balanced", f"{ZERO1}_balanced", "diloco_h10_avg_balanced", f"{STREAMING}_balanced",
            f"{SPARSE}_balanced"],
+    "n8x4": [DDP, ZERO1, ACCO],
 }  # fmt: skip
 WARMUP = 10  # updates left out of the timing
 TOKENS_PER_UPDATE = 16 * 128  # the recipe's global batch: an update of every strategy but mixed replicas
@@ -56,20 +57,25 @@ CALIBRATION_HELP = "the file under --out whose 'calibration' sets the link rates
 MMAP = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}  # freed buffers over 64 KiB go back at once
 
 
-def persistent_mib(train: list[str], world: int, params: float) -> float:
+def persistent_mib(train: list[str], world: int, params: float, ranks_per_node: int = 1) -> float:
     """A rank's persistent memory in the run `train` starts on `world` ranks: its strategy's own count, as predict
-    and the dry run read it (fp32 on the CPU; DiLoCo's outer state included)."""
+    and the dry run read it (fp32 on the CPU; DiLoCo's outer state included; HSDP over its shard group)."""
     import torch
 
     from torchacco.config import load_config
     from torchacco.cost_model import layout_memory
+    from torchacco.parallel.hsdp import shard_degree
     from torchacco.parallel.registry import strategy_class
 
     cfg = load_config(train)
     replicas = cfg.parallelism.replicas
     outer = cfg.diloco if replicas > 1 else None
     cls = strategy_class(cfg.parallelism.data_parallel)
-    return layout_memory(cls, params, world // replicas, torch.float32, torch.float32, outer=outer).total / 2**20
+    options = cfg.options(cls.traits.options)
+    group = world // replicas
+    if cls.traits.shards_within_node:
+        group = shard_degree(options, group, ranks_per_node, 1, 1)
+    return layout_memory(cls, params, group, torch.float32, torch.float32, options, outer).total / 2**20
 
 
 def seconds_per_token(records: list[dict], warmup: int = WARMUP) -> float:
@@ -142,6 +148,9 @@ def plans(out: Path, calibration: str = "time_to_loss", rates: str = "",
         "a2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance), two),
         "b2": (ClusterPlan(nodes=2, ranks_per_node=2, rate_bps=balance / 3), two),
         **{f"r{r}": (ClusterPlan(nodes=rate_nodes, rate_bps=parse_rate(r)), []) for r in rates.split(",") if r},
+        # 32 ranks (for --virtual-compute): 8 nodes of 4 on a 100 Mbit/s link, 64 sequences of 1 per update
+        "n8x4": (ClusterPlan(nodes=8, ranks_per_node=4, rate_bps=1e8),
+                 ["--training.local_batch_size", "1", "--training.global_batch_size", "64"]),
     }  # fmt: skip
 
 
@@ -213,6 +222,9 @@ def main(argv=None) -> int:
     for setting in settings:
         if setting not in plan_of:
             parser.error(f"--settings: unknown setting {setting!r}; one of {', '.join(plan_of)}")
+        if setting == "n8x4" and args.virtual_compute != "on":
+            parser.error("setting n8x4 needs --virtual-compute on: 32 ranks computing on this machine's cores time "
+                         "the CPU, not the links")  # fmt: skip
         plan, extra = plan_of[setting]
         try:
             plan = dataclasses.replace(plan, tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
@@ -240,7 +252,7 @@ def main(argv=None) -> int:
                 continue
             rows = data.get("summary", {}).get(lr_wanted, {})
             gaps |= {name: (row["mean_gap_pct"], lr_wanted) for name, row in rows.items() if "mean_gap_pct" in row}
-    results, env = {}, MMAP if args.malloc_mmap else None
+    results, env, calibrations = {}, MMAP if args.malloc_mmap else None, {}
     for setting in settings:
         plan, extra = plan_of[setting]
         rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
@@ -262,6 +274,8 @@ def main(argv=None) -> int:
                     virtual_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
                     print(f"[speed] {setting} {name} #{repeat} virtual: {virtual_times[-1]:.4f} s", flush=True)
                     continue
+                if virtual:  # the waits it ran (cost-model-check predicts from them)
+                    calibrations[name] = run["calibration"]
                 times.append(seconds_per_update(run["records"], warmup))
                 token_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
                 rss.append([round(r["peak_rss_gib"], 4) for r in run.get("ranks", [])])
@@ -270,7 +284,9 @@ def main(argv=None) -> int:
             rows["strategies"][name] = {"seconds_per_update": times, "seconds_per_recipe_update": token_times,
                                         "mean": statistics.fmean(token_times),
                                         "peak_rss_gib_per_rank": rss}  # fmt: skip
-            mib = persistent_mib(train, plan.world_size, params) if params else None
+            if name in calibrations:
+                rows["strategies"][name]["calibration"] = calibrations.pop(name)
+            mib = persistent_mib(train, plan.world_size, params, plan.ranks_per_node) if params else None
             rows["strategies"][name] |= {
                 "persistent_mib": mib,
                 "fits": not (args.memory_budget_mib and mib) or mib <= args.memory_budget_mib,
@@ -290,7 +306,8 @@ def main(argv=None) -> int:
             row["gap_pct"] = gaps.get(name if name.startswith("diloco") else plain)
     meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(),
             "command": common.command("speed", argv), "virtual_compute": args.virtual_compute,
-            "virtual_scale": args.virtual_scale}  # fmt: skip
+            "virtual_scale": args.virtual_scale, "rates": args.rates, "rate_nodes": args.rate_nodes,
+            "node_rate": args.node_rate, "train_args": args.train_args}  # fmt: skip
     bars = {f"setting {s}": [(n, r["speedup_vs_best_baseline"], 0) for n, r in rows["strategies"].items()]
             for s, rows in results.items()}  # fmt: skip
     common.write_report(out, args.name, {"meta": meta, "settings": results}, markdown(results, meta),

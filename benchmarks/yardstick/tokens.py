@@ -55,8 +55,8 @@ VARIANTS = {
     "diloco_h10_n07m05": _dp(DDP, f"{DILOCO} 10 --diloco.outer_lr 0.7 --diloco.outer_momentum 0.5"),
     # Streaming DiLoCo: 2 fragments, each all-reduced in bf16 beside 1 inner update; eager: the replica goes on from
     # its own θ and moves that update onto the mean when it arrives
-    "streaming_h10_avg": _dp(DDP, f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true "
-                                  f"{AVG} --diloco.outer_dtype bf16"),
+    "streaming_h10_avg": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16"),
+    "streaming_h10_avg_acco": _dp(ACCO, f"{STREAMING_AVG} --diloco.outer_dtype bf16"),  # ACCO inside each replica
     "streaming_h50": _dp(DDP, f"{DILOCO} 50 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.outer_dtype bf16"),
     # the same Streaming DiLoCo sending 1% (3%, 10%) of each chunk of its pseudo-gradient in 2 (4) bits, error-fed;
     # with no decay of the residual (β = 1); after a warm start of 100 updates averaged in fp32
