@@ -410,7 +410,7 @@ def test_the_time_to_target_benchmark_runs_its_parts_in_turn_and_resumes(monkeyp
         ({"strategies": "zero1,acco"}, "keep ddp in --strategies"),
         ({"variants": "streaming_h10_avg"}, "--strategies acco computes acco's update, which --variants does not"),
         ({"strategies": "ddp,acco,diloco_h50_balanced"}, "diloco_h50_balanced's loss per token depends on the run's"),
-        ({"strategies": "ddp,streaming_h10_avg_acco"}, "streaming_h10_avg_acco: no token-efficiency variant computes"),
+        ({"strategies": "ddp,acco_bf16_estimate"}, "acco_bf16_estimate: no token-efficiency variant computes"),
         ({"settings": "a,z"}, "--settings 'a,z': choose from a, b, a2, b2, c"),
         (
             {"strategies": "ddp,streaming_h10_avg", "variants": "streaming_h10_avg", "speed_updates": 60},
