@@ -249,6 +249,17 @@ def virtual_hardware(plan: ClusterPlan, calibration: dict, links: dict, factors:
     )
 
 
+def hsdp_across_nodes(cfg, plan: ClusterPlan) -> None:
+    """NotModelled for HSDP sharded over other ranks than a node's: the cost model's HSDP shards inside a node."""
+    from torchacco.parallel.hsdp import shard_degree
+
+    if cfg.parallelism.data_parallel == "hsdp":
+        degree = shard_degree(cfg.section("hsdp"), plan.world_size, plan.ranks_per_node, 1, 1)
+        if degree != plan.ranks_per_node:
+            raise NotModelled(f"hsdp sharded over {degree} ranks, a node holding {plan.ranks_per_node}: the cost "
+                              "model's HSDP shards inside a node")  # fmt: skip
+
+
 def workload(cfg, world: int, params: float) -> cm.Workload:
     t = cfg.training
     per_rank = t.global_batch_size / (t.local_batch_size * world)
@@ -338,6 +349,7 @@ def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed:
         cfg = trainer_config([*STRATEGIES[label], *extra])  # the setting's arguments last, as speed's
         t = traits(cfg)
         try:
+            hsdp_across_nodes(cfg, plan)
             work = workload(cfg, plan.world_size, inputs["params"])
             implementation = factors["rings" if t.communication == "sharded_job" else "gloo"]
             if virtual and "calibration" not in measured:
@@ -410,6 +422,15 @@ def at_cores(inputs: dict) -> str:
     return f", except where probed under that quota: {', '.join(rows)}" if rows else ""
 
 
+def virtual_inputs(inputs: dict) -> str:
+    """The inputs of the virtual compute tables, as the report names them."""
+    if "virtual_overhead_s" not in inputs:
+        return ""
+    return (f"; under virtual compute, each row's calibrated waits plus {inputs['virtual_overhead_s'] * 1e3:.2f} ms "
+            "of host work per micro-batch (probed: ZeRO-1 under virtual compute on 2 unshaped nodes, its time per "
+            "update less its waits), times ranks / cores where the ranks outnumber the cores")  # fmt: skip
+
+
 def markdown(result: dict, meta: dict) -> str:
     inputs = meta["inputs"]
     budget = (f"; a rank's CPU budget: its compute plus {inputs['cpu_overhead_s'] * 1e3:.1f} ms of CPU per job "
@@ -421,7 +442,8 @@ def markdown(result: dict, meta: dict) -> str:
              f"one core ({'probed with the links' if inputs.get('compute_probed') else 'the calibration'}: ZeRO-1, "
              f"{inputs['compute_per_update_s']:.4f} s per update on 2 unshaped nodes), scaled by each rank's "
              f"cores{at_cores(inputs)}{budget}; AdamW {inputs['adamw_elements_per_s']:.3g} elements/s on one core; "
-             f"{inputs['params']:,.0f} parameters in fp32; each setting's gloo collectives probed alone. "
+             f"{inputs['params']:,.0f} parameters in fp32; each setting's gloo collectives probed alone"
+             f"{virtual_inputs(inputs)}. "
              f"Bar: |error| ≤ {TOLERANCE:.0%}."]  # fmt: skip
     misses, total = [], 0
     for name, settings in result.items():

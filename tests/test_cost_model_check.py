@@ -240,3 +240,11 @@ def test_where_the_cpu_budget_binds_it_is_the_prediction():
     row = bound["rows"]["zero1"]
     assert row["cpu_budget_s"] == pytest.approx((4 * 128 * 5e-5 + 0.5) / 0.1125) and free["cpu_budget_s"] == 0.0
     assert row["predicted_s"] == pytest.approx(row["cpu_budget_s"]) and row["predicted_s"] > free["predicted_s"]
+
+
+def test_hsdp_sharded_across_nodes_is_not_predicted_with_the_reason():
+    plan = ClusterPlan(nodes=4, rate_bps=6e8)
+    across = check.trainer_config([*STRATEGIES["hsdp"], "--hsdp.shard_degree", "2"])
+    with pytest.raises(check.NotModelled, match="hsdp sharded over 2 ranks, a node holding 1"):
+        check.hsdp_across_nodes(across, plan)
+    check.hsdp_across_nodes(check.trainer_config(STRATEGIES["hsdp"]), ClusterPlan(nodes=2, ranks_per_node=2))
