@@ -583,7 +583,8 @@ def test_a_memory_budget_leaves_the_strategies_that_do_not_fit_out_of_the_baseli
             if "--parallelism.data_parallel" in train
             else seconds["ddp"]
         )
-        return {"records": [{"tokens_per_update": 2048, "tokens_per_s": 2048 / s}] * 12, "ranks": []}
+        waits = {"calibration": {"forward_s": s / 4, "backward_s": s / 2}} if virtual_compute else {}
+        return {"records": [{"tokens_per_update": 2048, "tokens_per_s": 2048 / s}] * 12, "ranks": [], **waits}
 
     monkeypatch.setattr(speed, "run_training", fake_run)
     # on 4 ranks a rank keeps 16 bytes per parameter under ddp, 15 under acco (12 + its sharded 12 / 4), 11 under zero1
@@ -597,6 +598,15 @@ def test_a_memory_budget_leaves_the_strategies_that_do_not_fit_out_of_the_baseli
     assert rows["acco"]["persistent_mib"] == pytest.approx(15 * 592_640 / 2**20) and rows["acco"]["fits"]
     assert setting["best_baseline"] == "zero1" and rows["acco"]["speedup_vs_best_baseline"] == pytest.approx(4 / 3)
     assert "9.04 (does not fit) |" in (tmp_path / "m.md").read_text()
+    # under virtual compute each row keeps the waits its run was given, and the table how it was planned
+    assert speed.main([*argv, "--virtual-compute", "on", "--name", "v"]) == 0
+    virtual = json.loads((tmp_path / "v.json").read_text())
+    assert virtual["settings"]["r1gbit"]["strategies"]["acco"]["calibration"] == {
+        "forward_s": 0.0375,
+        "backward_s": 0.075,
+    }
+    assert (virtual["meta"]["rate_nodes"], virtual["meta"]["train_args"]) == (4, "--training.local_batch_size 2")
+    assert "calibration" not in rows["acco"]
     # HSDP keeps FSDP's 16 bytes per parameter over its shard group, not over every rank
     hsdp = [*speed.recipe(12, 1e-3, 0), "--parallelism.data_parallel", "hsdp", "--hsdp.shard_degree", "2"]
     assert speed.persistent_mib(hsdp, 4, 2**20) == pytest.approx(8)

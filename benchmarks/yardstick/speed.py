@@ -252,7 +252,7 @@ def main(argv=None) -> int:
                 continue
             rows = data.get("summary", {}).get(lr_wanted, {})
             gaps |= {name: (row["mean_gap_pct"], lr_wanted) for name, row in rows.items() if "mean_gap_pct" in row}
-    results, env, calibrations = {}, MMAP if args.malloc_mmap else None, {}
+    results, env = {}, MMAP if args.malloc_mmap else None
     for setting in settings:
         plan, extra = plan_of[setting]
         rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
@@ -260,7 +260,7 @@ def main(argv=None) -> int:
             rows["measured_slowdown"] = slowdown(plan, out / "runs" / "speed" / f"{setting}_slowdown")
         modes = {"off": [False], "on": [True], "both": [False, True]}[args.virtual_compute]
         for name in names(setting):
-            times, token_times, rss, virtual_times = [], [], [], []
+            times, token_times, rss, virtual_times, calibration = [], [], [], [], None
             for repeat, virtual in ((r, v) for r in range(args.repeats) for v in modes):
                 train = [*recipe(args.updates, 1.5e-3, repeat), *QUIET, *STRATEGIES[name], "--eval.every", "0"]
                 train += ["--training.max_tokens", "0", "--training.steps", str(args.updates), *extra]
@@ -274,8 +274,7 @@ def main(argv=None) -> int:
                     virtual_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
                     print(f"[speed] {setting} {name} #{repeat} virtual: {virtual_times[-1]:.4f} s", flush=True)
                     continue
-                if virtual:  # the waits it ran (cost-model-check predicts from them)
-                    calibrations[name] = run["calibration"]
+                calibration = run.get("calibration")  # virtual compute's waits (cost-model-check predicts from them)
                 times.append(seconds_per_update(run["records"], warmup))
                 token_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
                 rss.append([round(r["peak_rss_gib"], 4) for r in run.get("ranks", [])])
@@ -284,8 +283,8 @@ def main(argv=None) -> int:
             rows["strategies"][name] = {"seconds_per_update": times, "seconds_per_recipe_update": token_times,
                                         "mean": statistics.fmean(token_times),
                                         "peak_rss_gib_per_rank": rss}  # fmt: skip
-            if name in calibrations:
-                rows["strategies"][name]["calibration"] = calibrations.pop(name)
+            if calibration:
+                rows["strategies"][name]["calibration"] = calibration
             mib = persistent_mib(train, plan.world_size, params, plan.ranks_per_node) if params else None
             rows["strategies"][name] |= {
                 "persistent_mib": mib,
