@@ -65,11 +65,17 @@ def test_time_to_target_multiplies_tokens_by_speed_against_the_best_baseline(tmp
 
 
 @pytest.mark.parametrize(
-    "extra, message", [([], "cannot read the results"), (["--same-update", "zero1"], "takes A=B pairs")]
+    "extra, message",
+    [
+        ([], "cannot read the results"),
+        (["--same-update", "zero1"], "takes A=B pairs"),
+        (["--lr", "3e-3"], "no setting of spd has a synchronous baseline"),  # zero1 timed, its tokens not given
+    ],
 )
 def test_time_to_target_names_a_mistake_in_one_line(tmp_path, capsys, extra, message):
     (tmp_path / "tok.json").write_text(json.dumps({"summary": {"0.003": {"ddp": {"val_loss": [4.0]}}}}))
-    (tmp_path / "spd.json").write_text(json.dumps({"settings": {}}))
+    speed = {"b": {"plan": "p", "strategies": {"zero1": {"mean": 0.2}}}}
+    (tmp_path / "spd.json").write_text(json.dumps({"settings": speed}))
     names = ["--tokens", "tok", "--speed", "spd"] if extra else ["--tokens", "nope", "--speed", "nope"]
     with pytest.raises(SystemExit) as exit_:
         ttt.main([*names, "--out", str(tmp_path), *extra])

@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         return result
 
     result = level(tokens[lr], set(tokens[lr]))
+    if not result:
+        parser.error(f"no setting of {args.speed} has a synchronous baseline ({', '.join(BASELINES)}) whose tokens "
+                     f"{args.tokens} holds: give it DDP's with --same-update (e.g. zero1=ddp)")  # fmt: skip
     by_level = {n: level(rows) for n, rows in at_levels(tokens[lr]).items()}
     meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(), "tokens": args.tokens,
             "speed": args.speed, "lr": lr, "command": common.command("time-to-target-table", argv),
