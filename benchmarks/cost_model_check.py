@@ -249,15 +249,17 @@ def virtual_hardware(plan: ClusterPlan, calibration: dict, links: dict, factors:
     )
 
 
-def hsdp_across_nodes(cfg, plan: ClusterPlan) -> None:
-    """NotModelled for HSDP sharded over other ranks than a node's: the cost model's HSDP shards inside a node."""
+def shards_across_nodes(cfg, plan: ClusterPlan) -> None:
+    """NotModelled for a strategy that shards inside a node (HSDP) run over a shard group of other ranks than a
+    node's: the cost model has it shard inside a node."""
     from torchacco.parallel.hsdp import shard_degree
 
-    if cfg.parallelism.data_parallel == "hsdp":
-        degree = shard_degree(cfg.section("hsdp"), plan.world_size, plan.ranks_per_node, 1, 1)
+    cls = cm.variants()[cfg.parallelism.data_parallel][0]
+    if cls.traits.shards_within_node:
+        degree = shard_degree(cfg.options(cls.traits.options), plan.world_size, plan.ranks_per_node, 1, 1)
         if degree != plan.ranks_per_node:
-            raise NotModelled(f"hsdp sharded over {degree} ranks, a node holding {plan.ranks_per_node}: the cost "
-                              "model's HSDP shards inside a node")  # fmt: skip
+            raise NotModelled(f"{cls.name} sharded over {degree} ranks, a node holding {plan.ranks_per_node}: the "
+                              "cost model shards it inside a node")  # fmt: skip
 
 
 def workload(cfg, world: int, params: float) -> cm.Workload:
@@ -349,7 +351,7 @@ def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed:
         cfg = trainer_config([*STRATEGIES[label], *extra])  # the setting's arguments last, as speed's
         t = traits(cfg)
         try:
-            hsdp_across_nodes(cfg, plan)
+            shards_across_nodes(cfg, plan)
             work = workload(cfg, plan.world_size, inputs["params"])
             implementation = factors["rings" if t.communication == "sharded_job" else "gloo"]
             if virtual and "calibration" not in measured:

@@ -246,5 +246,5 @@ def test_hsdp_sharded_across_nodes_is_not_predicted_with_the_reason():
     plan = ClusterPlan(nodes=4, rate_bps=6e8)
     across = check.trainer_config([*STRATEGIES["hsdp"], "--hsdp.shard_degree", "2"])
     with pytest.raises(check.NotModelled, match="hsdp sharded over 2 ranks, a node holding 1"):
-        check.hsdp_across_nodes(across, plan)
-    check.hsdp_across_nodes(check.trainer_config(STRATEGIES["hsdp"]), ClusterPlan(nodes=2, ranks_per_node=2))
+        check.shards_across_nodes(across, plan)
+    check.shards_across_nodes(check.trainer_config(STRATEGIES["hsdp"]), ClusterPlan(nodes=2, ranks_per_node=2))
