@@ -32,7 +32,9 @@ def print_error(message: str) -> None:
     line = error_line(message) + "\n"
     sys.stderr.flush()
     try:
-        os.write(sys.stderr.fileno(), line.encode())
+        data = line.encode()
+        while data:  # one write up to the pipe's atomic size; a longer line may take more
+            data = data[os.write(sys.stderr.fileno(), data) :]
     except (AttributeError, OSError, ValueError):  # a captured stderr without a file descriptor
         sys.stderr.write(line)
         sys.stderr.flush()
