@@ -5,8 +5,9 @@ group of its own with its own time limit (a hang costs that step's limit, not th
 (bench_results/gpu_check_<date>.json) is rewritten after each step. Where one command may run 10 minutes, run it
 as two: `--steps env,cuda-tests,parity`, then `--steps env,throughput,stall,torchtitan`. The env step installs the
 wheels in --wheels (benchmarks/gpu_wheels.sh) without the network; throughput compares against
-bench_results/gpu_{mfu,overlap}.json. A step whose needs are absent (no GPU, no torchtitan, a torch torchtitan does
-not import with) is "skipped: <reason>" and the rest go on.
+bench_results/gpu_{mfu,overlap}.json; torchtitan runs its case in the torchtitan installed (0.2.2, carried; or
+0.3.0, which does not import with torch 2.11). A step whose needs are absent (no GPU, no torchtitan, a torch
+torchtitan does not import with) is "skipped: <reason>" and the rest go on.
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ ROOT = Path(__file__).resolve().parents[1]
 BF16_REL = 0.01
 KEPT = 0.95  # a throughput figure passes at 95% of its 2026-11-22 value (run-to-run spread is a few %)
 CASE = "8B×8 fsdp compiled, selective AC, batch 2"  # benchmarks/gpu.py's case that throughput and torchtitan run
-TITAN_NEEDS = ("torchtitan", "torchdata", "torch_checkpointing", "datasets", "tyro", "einops", "spmd_types")
+TITAN = "0.2.2"  # the torchtitan that benchmarks/gpu_wheels.sh carries: 0.3.0 does not import with torch 2.11
+# Per torchtitan version run, the modules it needs beyond torchacco's (0.2.2's MoE kernels import triton, which a
+# CUDA torch brings; datasets imports httpx), and the module whose import shows that it imports with this torch
+TITAN_NEEDS = {
+    "0.2.2": ("torchtitan", "torchdata", "datasets", "tyro", "einops", "triton", "httpx"),
+    "0.3.0": ("torchtitan", "torchdata", "torch_checkpointing", "datasets", "tyro", "einops", "spmd_types"),
+}
+TITAN_ENTRY = {"0.2.2": "torchtitan.train", "0.3.0": "torchtitan.models.llama3.config_registry"}
 NEEDS = ("torch", "torchdata", "tokenizers", "safetensors", "tensorboard", "torchacco.models", "pytest")
 
 
@@ -55,7 +63,7 @@ STEPS = [
     Step("parity", 110, "acco/zero1/fsdp, CUDA vs CPU, bf16, one safetensors export; resume from a CUDA checkpoint"),
     Step("throughput", 90, "8B×8 compiled MFU and ACCO's overlap against 2026-11-22"),
     Step("stall", 70, "a stalled collective: the one-line diagnosis and flight_recorder/"),
-    Step("torchtitan", 115, "torchtitan 0.3.0 on the 8B×8 case: tokens/s and peak memory ratios"),
+    Step("torchtitan", 115, f"torchtitan {TITAN} (or 0.3.0) on the 8B×8 case: tokens/s and peak memory ratios"),
 ]
 
 
@@ -449,30 +457,41 @@ def stall_step(ctx) -> dict:
     return {"status": "failed: " + "; ".join(problems) if problems else "passed"}
 
 
+def titan_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torchtitan")
+    except PackageNotFoundError:
+        return None
+
+
 def titan_step(ctx) -> dict:
-    missing = [m for m in TITAN_NEEDS if importlib.util.find_spec(m) is None]
+    titan = titan_version()
+    missing = [m for m in TITAN_NEEDS.get(titan, TITAN_NEEDS[TITAN]) if importlib.util.find_spec(m) is None]
     assets = [str(ctx.titan_assets / "tests/assets" / a) for a in ("tokenizer", "c4_test")]
     missing += [a for a in assets if not Path(a).is_dir()]
     if missing:
         return {"status": f"skipped: torchtitan cannot run here: missing {', '.join(missing)}"}
     if not has_gpu():
         return {"status": "skipped: no GPU"}
-    from importlib.metadata import version
+    if titan not in TITAN_NEEDS:
+        return {"status": f"skipped: torchtitan {titan} is installed; the comparison is for {' or '.join(TITAN_NEEDS)}"}
+    probe = subprocess.run([sys.executable, "-c", f"import {TITAN_ENTRY[titan]}"], capture_output=True, text=True)
+    if probe.returncode != 0:  # e.g. 0.3.0 imports DataParallelMeshDims, which torch 2.11 lacks
+        from importlib.metadata import version
 
-    if version("torchtitan") != "0.3.0":
-        return {"status": f"skipped: torchtitan {version('torchtitan')} is installed; the comparison is for 0.3.0"}
-    probe = subprocess.run([sys.executable, "-c", "import torchtitan.models.llama3.config_registry"],
-                           capture_output=True, text=True)  # fmt: skip
-    if probe.returncode != 0:  # torch 2.11 lacks what 0.3.0 imports (DataParallelMeshDims)
-        return {"status": f"skipped: torchtitan 0.3.0 does not import with torch {version('torch')}: {tail(probe, 1)}"}
+        why = f"does not import with torch {version('torch')}: {tail(probe, 1)}"
+        return {"status": f"skipped: torchtitan {titan} {why}"}
     (_, cmd, _), = plan("torchtitan", ctx)  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     text = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)  # torchtitan colours its log
     tps = [float(t.replace(",", "")) for t in re.findall(r"tps: ([\d,]+)", text)]
     peak = re.search(r"^TITAN_PEAK_GIB ([\d.]+)$", proc.stdout, re.M)
     if proc.returncode != 0 or len(tps) < 5 or not peak:
-        return {"status": f"failed: torchtitan: {tail(proc, 1)}"}
-    found = {"titan_tokens_per_s": sum(tps[3:]) / len(tps[3:]), "titan_peak_memory_gib": float(peak[1])}
+        return {"status": f"failed: torchtitan {titan}: {tail(proc, 1)}"}
+    found = {"titan_version": titan, "titan_tokens_per_s": sum(tps[3:]) / len(tps[3:]),
+             "titan_peak_memory_gib": float(peak[1])}  # fmt: skip
     ours = ctx.work / "throughput.json"  # step throughput's measurement of the same case
     if not ours.exists():
         return {"status": "passed: torchtitan measured; no torchacco figure (run step throughput)", **found}
@@ -483,20 +502,34 @@ def titan_step(ctx) -> dict:
 
 
 def titan_run(ctx) -> int:
-    """torchtitan 0.3.0 on CASE in this process (a world of 1): its Llama 3 8B config cut to 8 layers,
-    seq 8192 × 2, selective AC, compiled, bf16 compute with fp32 parameters, as torchacco's case.
-    Its own test assets hold the tokenizer and the data (the machine has no network)."""
-    from torchtitan.config import CompileConfig
-    from torchtitan.models.llama3.config_registry import llama3_8b
+    """torchtitan on CASE in this process (a world of 1): its Llama 3 8B cut to 8 layers, seq 8192 × 2, selective
+    AC, compiled, bf16 compute with fp32 parameters, as torchacco's case. Its own test assets hold the tokenizer and
+    the data (the machine has no network)."""
+    import torch
 
     from benchmarks.gpu import cases
 
     case = next(c for c in cases(quick=False) if c["name"] == CASE)
-
-    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
+    local = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29537",
+                 HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # fmt: skip
+    for key, value in local.items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", "29537")
     os.chdir(ctx.titan_assets)  # its configs name ./tests/assets/... relative to the working directory
+    # torchtitan resets the peak at each log line; kept, the peak is the whole run's, as torchacco's
+    # memory_gib (the most allocated, not reserved)
+    torch.cuda.reset_peak_memory_stats = lambda *args, **kwargs: None
+    trainer = (titan_trainer_030 if titan_version() == "0.3.0" else titan_trainer_022)(ctx, case)
+    trainer.train()
+    trainer.close()
+    print(f"TITAN_PEAK_GIB {torch.cuda.max_memory_allocated() / 2**30:.3f}", flush=True)
+    return 0
+
+
+def titan_trainer_030(ctx, case: dict):
+    """0.3.0: its llama3_8b config from the config registry, edited."""
+    from torchtitan.config import CompileConfig
+    from torchtitan.models.llama3.config_registry import llama3_8b
+
     cfg = llama3_8b()
     cfg.model_spec.model.layers = cfg.model_spec.model.layers[: case["layers"]]
     cfg.hf_assets_path, cfg.dataloader.dataset = "./tests/assets/tokenizer", "c4_test"
@@ -504,16 +537,30 @@ def titan_run(ctx) -> int:
     cfg.compile = CompileConfig(enable=case["compile"])
     cfg.profiler.enable_profiling, cfg.metrics.enable_tensorboard, cfg.metrics.log_freq = False, False, 1
     cfg.checkpoint.enable, cfg.validator.enable, cfg.dump_folder = False, False, str(ctx.work / "titan")
-    import torch
+    return cfg.build()
 
-    # torchtitan resets the peak at each log line; kept, the peak is the whole run's, as torchacco's
-    # memory_gib (the most allocated, not reserved)
-    torch.cuda.reset_peak_memory_stats = lambda *args, **kwargs: None
-    trainer = cfg.build()
-    trainer.train()
-    trainer.close()
-    print(f"TITAN_PEAK_GIB {torch.cuda.max_memory_allocated() / 2**30:.3f}", flush=True)
-    return 0
+
+def titan_trainer_022(ctx, case: dict):
+    """0.2.2: a JobConfig from command-line overrides, as its llama3_8b.toml (selective AC by op, lr 3e-4) on an
+    8-layer flavor of its 8B registered for the run. Its defaults keep checkpoints, validation, profiling and
+    TensorBoard off; in a world of 1 it shards nothing and autocasts to bf16 over fp32 parameters."""
+    from torchtitan.config import ConfigManager
+    from torchtitan.models.llama3 import llama3_args
+    from torchtitan.tools.logging import init_logger
+    from torchtitan.train import Trainer
+
+    flavor = f"8B_{case['layers']}_layers"
+    llama3_args[flavor] = dataclasses.replace(llama3_args["8B"], n_layers=case["layers"])
+    init_logger()  # its train.py main does this; without it the `tps:` lines are not logged
+    cfg = ConfigManager().parse_args([
+        "--model.flavor", flavor, "--model.hf_assets_path", "./tests/assets/tokenizer",
+        "--training.dataset", "c4_test", "--training.seq_len", str(case["seq"]),
+        "--training.local_batch_size", str(case["batch"]), "--training.steps", "12", "--optimizer.lr", "3e-4",
+        "--activation_checkpoint.mode", case["ac"], "--activation_checkpoint.selective_ac_option", "op",
+        *["--compile.enable"] * case["compile"], "--metrics.log_freq", "1",
+        "--job.dump_folder", str(ctx.work / "titan"),
+    ])  # fmt: skip
+    return Trainer(cfg)
 
 
 RUNS = {"env": env_step, "cuda-tests": cuda_tests_step, "parity": parity_step, "throughput": throughput_step,

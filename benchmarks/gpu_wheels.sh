@@ -3,13 +3,15 @@
 # (git-ignored, carried to the machine; the check's env step installs them offline into its work
 # folder's site/ and puts that first on PYTHONPATH):
 #   benchmarks/gpu_wheels.sh          torchacco's needs the machine lacks (torchdata)
-#   benchmarks/gpu_wheels.sh titan    also torchtitan 0.3.0, the needs of it the machine lacks, and
-#                                     its test assets from its git tag (tokenizer; without GitHub from
-#                                     TITAN_GIT, a torchtitan git directory; c4_test as a word salad)
+#   benchmarks/gpu_wheels.sh titan    also torchtitan 0.2.2 (0.3.0 does not import with torch 2.11), the
+#                                     needs of it the machine lacks, and its test assets from its git tag
+#                                     (tokenizer; without GitHub from TITAN_GIT, a torchtitan git directory;
+#                                     c4_test as a word salad)
 # The machine must already have: Python $PYVER with a CUDA build of torch >= 2.9 (NCCL comes with
 # it; a CUDA torch wheel is far over what can be carried), tokenizers, safetensors, tensorboard,
-# pytest and setuptools (torchacco's offline editable install), and for torchtitan einops, pyarrow,
-# pandas, fsspec, huggingface-hub, xxhash and pillow. The env step's probe lists what is missing.
+# pytest and setuptools (torchacco's offline editable install), and for torchtitan triton (a CUDA
+# torch's), einops, pyarrow, pandas, fsspec, huggingface-hub, httpx, xxhash and pillow. The env step's
+# probe lists what is missing.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$ROOT/.whl-gpu"
@@ -17,10 +19,10 @@ PYVER="${PYVER:-3.12}"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 WHEELS=("torchdata==0.11.0")
 if [ "${1:-}" = "titan" ]; then
-  # torchtitan's own pins where it has them (spmd_types, datasets); one version of each, or the
-  # offline install stops
-  WHEELS+=("torchtitan==0.3.0" "spmd-types==0.2.3" "torch-checkpointing==0.1.1" "datasets>=3.6,<4.8"
-           "dill" "multiprocess" "tyro==1.0.16" "docstring-parser" "typeguard" "shtab")
+  # datasets' own pins for dill and multiprocess; one version of each, or the offline install stops.
+  # Python 3.12 has tomllib, so torchtitan's tomli is not needed.
+  WHEELS+=("torchtitan==0.2.2" "datasets==4.7.0" "dill==0.4.0" "multiprocess==0.70.18" "tyro==1.0.16"
+           "docstring-parser" "typeguard" "shtab")
 elif [ -n "${1:-}" ]; then
   echo "torchacco: error: unknown argument '$1'; run with no argument or with 'titan'" >&2
   exit 2
@@ -34,7 +36,7 @@ done
 ASSETS="$OUT/titan/tests/assets"
 if [ "${1:-}" = "titan" ] && [ ! -s "$ASSETS/tokenizer/tokenizer.json" ]; then
   mkdir -p "$ASSETS/tokenizer" "$ASSETS/c4_test"
-  if git clone -q --depth 1 --branch v0.3.0 https://github.com/pytorch/torchtitan "$OUT/titan-src" 2>/dev/null; then
+  if git clone -q --depth 1 --branch v0.2.2 https://github.com/pytorch/torchtitan "$OUT/titan-src" 2>/dev/null; then
     cp -r "$OUT/titan-src/tests/assets/tokenizer" "$OUT/titan-src/tests/assets/c4_test" "$ASSETS/"
     rm -rf "$OUT/titan-src"
   elif [ -n "${TITAN_GIT:-}" ]; then  # without GitHub: a torchtitan git directory at hand
