@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install torchacco into ./.venv. An importable torch is kept (the venv sees it);
-# otherwise torch 2.13.0 is installed. `./install.sh test` adds the test extras.
+# otherwise torch 2.13.0 is installed. `./install.sh test` adds the test extras, `./install.sh ft` torchft.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BASE="${PYTHON:-python3}"
@@ -16,4 +16,5 @@ PIP=("$ROOT/.venv/bin/python" -m pip install -q)
 "$ROOT/.venv/bin/python" -c "import torch" 2>/dev/null || "${PIP[@]}" "torch==2.13.0"
 EXTRA=""
 [ "${1:-}" = "test" ] && EXTRA="[test]"
+[ "${1:-}" = "ft" ] && EXTRA="[ft]"  # torchft, for [diloco] fault_tolerant
 "${PIP[@]}" -e "$ROOT$EXTRA"

@@ -62,8 +62,8 @@ def test_acco_on_cuda_follows_acco_on_cpu_in_fp32(tiny_corpus, cache_dir, tmp_pa
     exported model) and data, fp32 ACCO on the GPU follows the CPU run to round-off."""
     cpu_args = ("--parallelism.data_parallel", "acco", "--training.mixed_precision", "fp32")
     start = tmp_path / "start"
-    proc = run_train(tiny_args(tiny_corpus, cache_dir, start, *cpu_args, "--training.steps", "1",
-                               "--checkpoint.export_hf", "true"), nproc=1)  # fmt: skip
+    once = ("--training.steps", "1", "--training.global_batch_size", "8", "--checkpoint.export_hf", "true")
+    proc = run_train(tiny_args(tiny_corpus, cache_dir, start, *cpu_args, *once), nproc=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     same = ("--training.mixed_precision", "fp32", "--training.global_batch_size", "8", "--model.init_from",
             str(start / "hf"))  # fmt: skip

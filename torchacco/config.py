@@ -222,6 +222,22 @@ class DiLoCo:
         "the fastest takes for them (measured each period, agreed at the outer step) and idles the rest; the merge "
         "weighs them by tokens. Needs [training] max_tokens and ddp, zero1 or fsdp inside",
     )
+    fault_tolerant: bool = key(
+        False,
+        "each replica its own job, met through torchft's lighthouse: a lost replica does not stop the others, and it "
+        "rejoins at an outer step with the live state copied from a peer (docs/reliability.md)",
+    )
+    lighthouse: str = key(
+        "",
+        "with fault_tolerant: the lighthouse's address (http://host:port); empty: $TORCHFT_LIGHTHOUSE, or the one "
+        "./run_train.sh starts on a single machine",
+    )
+    min_replicas: int = key(1, "with fault_tolerant: the replicas an outer step needs to commit")
+    join_timeout_s: float = key(
+        60.0,
+        "with fault_tolerant: how long an outer step waits for a live replica that has not reached it before it goes "
+        "on without that replica's pseudo-gradient",
+    )
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Fault injection, to test recovery the way it happens: `TORCHACCO_FAULT=kill@rank1:step5`.
 
-Comma-separated faults, each `WHAT@rankR:stepS[:periodP]`:
+Comma-separated faults, each `WHAT@[replicaN:]rankR:stepS[:periodP]` (with `replicaN`, rank R of DiLoCo's
+replica N only; in a fault-tolerant run, R counts within the replica's job):
 - `kill`: the rank SIGKILLs itself as it starts computing step S (a lost worker);
 - `nan`: the rank's loss is NaN for the compute period(s) of step S (period P only, counted from 1
   within the step: ACCO computes each step in two periods, the estimate's and the commit's). Under
@@ -11,6 +12,8 @@ Comma-separated faults, each `WHAT@rankR:stepS[:periodP]`:
 - `hang`: from step S on, the rank's next reduce-scatter or all-gather is replaced by a receive
   that no peer sends: the rank waits inside the communication library, as in a hung NCCL kernel,
   and so do the peers in their collective;
+- `mute`: `mute@replicaN:stepS`: from the outer step after update S - 1 on, replica N's pseudo-gradients weigh
+  nothing in the merge (its tokens count 0): the reference for a replica lost at step S;
 - `slow_data`: `slow_data@rankR:Ns` adds N seconds to the rank's data preparation (a corpus slow
   to fetch or tokenize), which the other ranks wait out without a collective deadline.
 A fault fires the first time its rank reaches its step in a launch, on whichever attempt that
@@ -30,25 +33,26 @@ import torch.distributed as dist
 
 from torchacco.errors import UserError
 
-FAULT = re.compile(r"^(kill|nan|stall|hang)@rank(\d+):step(\d+)(?::period(\d+))?$")
+FAULT = re.compile(r"^(kill|nan|stall|hang)@(?:replica(\d+):)?rank(\d+):step(\d+)(?::period(\d+))?$")
+MUTE = re.compile(r"^mute@replica(\d+):step(\d+)$")
 SLOW_DATA = re.compile(r"^slow_data@rank(\d+):(\d+(?:\.\d+)?)s$")
 FIRED_KEY = "torchacco/fault-fired/"
 
 
 class Faults:
-    def __init__(self, spec: str, rank: int, store: dist.Store | None = None):
+    def __init__(self, spec: str, rank: int, store: dist.Store | None = None, replica: int = 0):
         self.faults = []
         for item in filter(None, (s.strip() for s in spec.split(","))):
-            if SLOW_DATA.match(item):
-                continue  # (data_delay's)
+            if SLOW_DATA.match(item) or MUTE.match(item):
+                continue  # (data_delay's, muted_from's)
             m = FAULT.match(item)
             if not m:
                 raise UserError(
                     f"TORCHACCO_FAULT: cannot parse {item!r}; expected e.g. kill@rank1:step5, "
-                    "nan@rank0:step3:period1 or slow_data@rank0:30s"
+                    "nan@rank0:step3:period1, kill@replica1:rank0:step5, mute@replica1:step5 or slow_data@rank0:30s"
                 )
-            what, r, step, period = m.groups()
-            if int(r) == rank:
+            what, on_replica, r, step, period = m.groups()
+            if int(r) == rank and (on_replica is None or int(on_replica) == replica):
                 self.faults.append((item, what, int(step), int(period) if period else None))
         self.store = store if store is not None else dist.HashStore()  # no launcher: once per process
         self._step, self._period = None, 0
@@ -90,12 +94,19 @@ def _receive_forever(name: str) -> None:
     dist.recv(torch.zeros(1, device=device), src=peer, tag=7_777)  # (a tag no other message uses)
 
 
-def from_env(rank: int) -> Faults:
+def from_env(rank: int, replica: int = 0) -> Faults:
     """This rank's faults; fired ones are marked in the launcher's store beneath torchrun's per-attempt prefixes."""
     store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
-    return Faults(os.environ.get("TORCHACCO_FAULT", ""), rank, store)
+    return Faults(os.environ.get("TORCHACCO_FAULT", ""), rank, store, replica)
+
+
+def muted_from(replica: int) -> int | None:
+    """The step from which `mute` faults silence this replica's pseudo-gradients, if any."""
+    found = (MUTE.match(item.strip()) for item in os.environ.get("TORCHACCO_FAULT", "").split(","))
+    steps = [int(m.group(2)) for m in found if m and int(m.group(1)) == replica]
+    return min(steps) if steps else None
 
 
 def data_delay(rank: int, spec: str | None = None) -> float:

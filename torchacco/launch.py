@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import signal
+import subprocess
 import sys
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -20,8 +21,9 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.run import get_args_parser
 from torch.distributed.run import main as torchrun
 
+from torchacco import fault_tolerance
 from torchacco.config import Config, load_config
-from torchacco.errors import UserError
+from torchacco.errors import UserError, print_error
 from torchacco.preemption import exit_code, parse_signals
 from torchacco.validate import main as validate
 
@@ -70,6 +72,43 @@ def forward_preemption_signals(argv: list[str], cfg: Config) -> list[str]:
     return extra + argv
 
 
+def launch_replicas(args, cfg: Config) -> int:
+    """[diloco] fault_tolerant on one machine: torchft's lighthouse in this process, then one torchrun agent per
+    replica (each restarts its replica's ranks up to --max-restarts times); 0 once a replica finished the run."""
+    replicas, d = cfg.parallelism.replicas, cfg.diloco
+    nodes, per_node = int(str(args.nnodes).rpartition(":")[2]), int(args.nproc_per_node)
+    if nodes > 1:
+        print_error("[diloco] fault_tolerant over several nodes: launch each replica's nodes as a job of their own, "
+                    f"with {fault_tolerance.ENV_REPLICA}=r and {fault_tolerance.ENV_LIGHTHOUSE} set "
+                    "(docs/reliability.md)")  # fmt: skip
+        return 1
+    server = fault_tolerance.start_lighthouse(d.min_replicas, d.join_timeout_s)
+    print(f"torchacco: lighthouse at {server.address()}; {replicas} replicas of {per_node // replicas} ranks, each "
+          f"restarted up to {args.max_restarts} times", flush=True)  # fmt: skip
+    jobs = []
+    for r in range(replicas):
+        env = {**os.environ, fault_tolerance.ENV_REPLICA: str(r), fault_tolerance.ENV_LIGHTHOUSE: server.address()}
+        agent = ["--standalone", "--nnodes", "1", "--nproc_per_node", str(per_node // replicas),
+                 "--max-restarts", str(args.max_restarts), "-m", "torchacco.train"]  # fmt: skip
+        agent += args.training_script_args
+        jobs.append(subprocess.Popen([sys.executable, "-m", "torchacco.launch", *agent], env=env))
+    try:
+        codes = [job.wait() for job in jobs]
+    except KeyboardInterrupt:
+        for job in jobs:
+            job.terminate()
+        codes = [job.wait() for job in jobs]
+    finally:
+        server.shutdown()
+    failed = [r for r, code in enumerate(codes) if code]
+    if len(failed) == replicas:
+        return codes[0]
+    if failed:
+        print(f"torchacco: warning: replica(s) {', '.join(map(str, failed))} failed for good; the others finished the "
+              "run (their messages are above)", file=sys.stderr, flush=True)  # fmt: skip
+    return 0
+
+
 def main() -> int:
     argv = sys.argv[1:]
     if check_training_config(argv):
@@ -77,6 +116,9 @@ def main() -> int:
     args, requeue = _train_args(argv), {}
     with contextlib.suppress(UserError):  # a config the workers will reject: they say why
         cfg = load_config(args.training_script_args) if args else None
+        ft = cfg is not None and cfg.diloco.fault_tolerant and cfg.parallelism.replicas > 1
+        if ft and fault_tolerance.replica_of_job() is None:
+            return launch_replicas(args, cfg)
         if cfg is not None and cfg.preemption.enable:
             argv = forward_preemption_signals(argv, cfg)
             signals = parse_signals(cfg.preemption.signals)

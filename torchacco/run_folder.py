@@ -70,7 +70,7 @@ def prepare(cfg: Config, folder: Path) -> None:
             )
         if changed:
             _remove_outputs(folder, old.checkpoint.folder, cfg)
-    elif folder.is_dir() and any(folder.iterdir()) and not cfg.job.overwrite:
+    elif folder.is_dir() and any(_foreign(folder)) and not cfg.job.overwrite:
         raise UserError(
             f"dump folder {folder} is not empty and holds no torchacco run; choose another "
             "--job.dump_folder (or pass --job.overwrite true to write into it anyway)"
@@ -82,6 +82,12 @@ def prepare(cfg: Config, folder: Path) -> None:
         raise UserError(
             f"cannot write to dump folder {folder}: {e.strerror}; choose another --job.dump_folder"
         ) from None
+
+
+def _foreign(folder: Path):
+    """What a run did not write: all but the folders of a fault-tolerant run's other replicas (replica_1, ...),
+    which may start before replica 0 writes config.toml."""
+    return (p for p in folder.iterdir() if not (p.is_dir() and p.name.startswith("replica_")))
 
 
 def _remove_outputs(folder: Path, checkpoint_folder: str, cfg: Config) -> None:

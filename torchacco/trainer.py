@@ -7,6 +7,7 @@ Hugging Face model and texts (torchacco/user_model.py, data/texts.py; docs/pytho
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
-from torchacco import data, emulation, health, preemption, run_folder, user_model
+from torchacco import data, emulation, fault_tolerance, health, preemption, run_folder, user_model
 from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.blocks import blocks_of, compile_units
 from torchacco.build import ModelKind, build_data, build_model, build_strategy
@@ -63,6 +64,10 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     texts that `tokenizer` turns into them; see data/texts.py) replace the configured ones when given."""
     _, world, local_rank, local_world = launch_env()
     kind = validate(cfg, world, model=model, own_data=datasets is not None)
+    replica = fault_tolerance.replica_of_job() if cfg.diloco.fault_tolerant else None
+    if replica:  # replica 0 writes the run's folder; the others a folder each inside it
+        folder = str(Path(cfg.job.dump_folder) / f"replica_{replica}")
+        cfg = dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, dump_folder=folder))
     device = select_device(cfg.training.device, local_rank)
     check_hardware_queues(cfg, device.type)
     if device.type == "cpu":
@@ -72,8 +77,17 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
         nccl_flight_recorder(Path(cfg.job.dump_folder))
     p = cfg.parallelism
     dims = init_distributed(
-        device, cfg.training.collective_timeout_s, p.tensor_parallel_degree, p.pipeline_parallel_degree, p.replicas
+        device,
+        cfg.training.collective_timeout_s,
+        p.tensor_parallel_degree,
+        p.pipeline_parallel_degree,
+        1 if replica is not None else p.replicas,  # a fault-tolerant job is one replica
     )
+    if replica is not None:
+        say = print if dims.rank == 0 else lambda *args, **kwargs: None
+        degrees = f"tp {p.tensor_parallel_degree}, pp {p.pipeline_parallel_degree}"
+        layout = f"{dims.world_size} ranks, {p.data_parallel}, {degrees}"
+        dims.link = fault_tolerance.ReplicaLink(cfg.diloco, replica, p.replicas, dims, device.type, layout, say)
     heartbeat = health.start(dims.rank, dims.world_size)
     sigterm = health.SigtermGuard()
     # After SigtermGuard: SIGTERM, when a preemption signal, ends the run at the next update instead.
@@ -116,6 +130,8 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
             if adapter is not None:
                 adapter.remove()
             preemption.stop_handling(clean)
+            if dims.link is not None:
+                dims.link.close()
             sigterm.restore()
             health.stop()
             if own_group:
@@ -149,6 +165,8 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     plan = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dims.dp_size, dtype, dims.replicas)
     strategy, pipeline = parallelize(cfg, spec, dims, device, model, loss_fn, plan)
     run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline, n_params)
+    if dims.link is not None:
+        dims.link.heal_with(*_heal_state(run))
     run.log.info(
         f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | "
         f"{strategy.name} × {dims.dp_size}{model_parallel_label(dims, strategy.model)}{_replicas(cfg, dims)} on "
@@ -242,6 +260,24 @@ def _replicas(cfg: Config, dims: ParallelDims) -> str:
     return f" × {dims.replicas} replicas (DiLoCo, H {d.sync_every}{streaming}, outer {wire})"
 
 
+def _heal_state(run: Run):
+    """(save, load) of what a fault-tolerant replica copies from a live one: the loop's counts, the strategy's
+    state (θ_global, the outer momentum, the inner strategy's) and the data position, which every replica
+    shares (each reads its own shard, in step)."""
+
+    def save() -> dict:
+        return {"train": run.state.state_dict(), "strategy": run.strategy.state_dict(),
+                "loader": run.train_loader.state_dict()}  # fmt: skip
+
+    def load(state: dict) -> None:
+        run.state.load_state_dict(fault_tolerance.copy_into(run.state.state_dict(), state["train"]))
+        run.strategy.load_state_dict(fault_tolerance.copy_into(run.strategy.state_dict(), state["strategy"]))
+        run.train_loader.load_state_dict(state["loader"])
+        run.batches.restart()
+
+    return save, load
+
+
 def _start(
     cfg: Config, dims: ParallelDims, device: Device, strategy: Strategy, sets, loss_fn, pipeline, n_params: int
 ) -> Run:
@@ -256,6 +292,9 @@ def _start(
     health.current().enter("checkpoint load")
     timeout = timedelta(seconds=t.collective_timeout_s)
     checkpointer, resumed = resume(cfg.checkpoint, folder, dims, strategy, state, train_loader, timeout)
+    # a fault-tolerant replica's previous run: the updates it computed past its last outer step (before the log,
+    # which a resumed run cuts back to its checkpoint)
+    unmerged = fault_tolerance.unmerged_updates(folder / "metrics.jsonl") if dims.link is not None else (0, 0)
     m = cfg.metrics
     log = MetricsLogger(
         folder, dims.is_main, m.tensorboard, m.progress_bar, t.steps, state.step, max_tokens=t.max_tokens
@@ -265,7 +304,23 @@ def _start(
     if resumed:
         log.info(f"torchacco: {resumed}")
     profiler = Profiler(cfg.profiling, folder, dims.rank, device, state.step)
-    return Run(strategy, state, train_loader, val_loader, log, None, checkpointer, loss_fn, pipeline, profiler)
+    batches = Batches(train_loader)  # after a resume: continues where the checkpoint left off
+    return Run(strategy, state, train_loader, val_loader, log, None, checkpointer, loss_fn, pipeline, profiler, batches,
+               unmerged)  # fmt: skip
+
+
+class Batches:
+    """The training batches, from the loader's position; `restart()` after the position was replaced."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.restart()
+
+    def restart(self) -> None:
+        self.batches = iter(self.loader)
+
+    def __next__(self):
+        return next(self.batches)
 
 
 @dataclass
@@ -282,19 +337,32 @@ class Run:
     loss_fn: TokenLoss
     pipeline: object | None
     profiler: Profiler
+    batches: Batches
+    unmerged: tuple[int, int] = (0, 0)  # a fault-tolerant replica's lost updates (fault_tolerance.unmerged_updates)
 
 
 def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
     strategy, state, throughput, loss_fn, pipeline = run.strategy, run.state, run.throughput, run.loss_fn, run.pipeline
     t = cfg.training
-    batches = iter(run.train_loader)  # after a resume: continues where the checkpoint left off
+    batches = run.batches
     dtype = compute_dtype(t.mixed_precision, device)
     autocast = dtype if strategy.traits.autocast_compute and dtype != torch.float32 else None
     summary = {}
+    if dims.link is not None and (joined := strategy.join()) is not None:
+        state.step += 1  # the outer step it healed into, as the others count it
+        state.tokens += joined.consumed
+        first, last = run.unmerged
+        lost = f"; its updates {first}-{last} before it stopped were never merged (at least " \
+               f"{(last - first + 1) * joined.consumed / dims.replicas:,.0f} tokens lost)" if last else ""  # fmt: skip
+        run.log.info(f"torchacco: replica {dims.replica_rank} joined the run at step {state.step}{lost}")
+        if run.checkpointer is not None and cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0:
+            run.checkpointer.save(
+                state.step, checkpoint_state(strategy, state, run.train_loader, dims)
+            )  # as the others
     device.reset_peak_memory()
     throughput.restart(state.tokens)
     heartbeat = health.current()
-    faults = from_env(dims.rank)
+    faults = from_env(dims.rank, dims.replica_rank)
     preempt = preemption.current()
     while state.step < t.steps:
         heartbeat.enter(f"compute (step {state.step + 1})")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from torchacco import user_model
+from torchacco import fault_tolerance, user_model
 from torchacco.activation_checkpoint import check_activation_checkpoint
 from torchacco.build import ModelKind, model_args
 from torchacco.config import Config, DiLoCo, load_config
@@ -44,7 +44,7 @@ def validate(
     foreign = kind.foreign
     if foreign:
         user_model.check(cfg, model)  # first: tp/pp is the model's limit, whatever the degrees and strategy
-    dp_size = check_parallelism(cfg.parallelism, world_size)
+    dp_size = check_parallelism(cfg.parallelism, fault_tolerance.job_world(world_size, cfg))
     _check_folders_and_paths(cfg, here)
     _check_training(cfg, dp_size)
     if not foreign:
@@ -222,6 +222,7 @@ def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
             "[diloco] balance_replicas needs [training] max_tokens: the replicas' inner updates differ, so the run and "
             "its learning-rate schedule are measured in tokens; set it (e.g. --training.max_tokens 1000000000)"
         )
+    fault_tolerance.check_config(cfg)
     if d.outer_lr <= 0 or not 0.0 <= d.outer_momentum < 1.0:
         raise UserError(
             f"[diloco] outer_lr = {d.outer_lr:g} must be positive and outer_momentum = {d.outer_momentum:g} in [0, 1)"

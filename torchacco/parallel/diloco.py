@@ -49,6 +49,7 @@ import torch.distributed as dist
 from torchacco.blocks import blocks_of, unwrap
 from torchacco.device import Device
 from torchacco.errors import UserError
+from torchacco.faults import muted_from
 from torchacco.parallel.compression import CHUNK, keep_per_chunk, message_bytes, sparse_token_weighted_mean
 from torchacco.parallel.dims import group_per_row
 from torchacco.parallel.pseudo_gradient import (
@@ -95,6 +96,8 @@ class DiLoCo(Strategy):
     def __init__(self, inner: Strategy, dims, options: DiLoCoConfig, device: Device, clock: Clock | None = None):
         """`clock`: with balance_replicas, the schedule the inner strategy was built with (`build_strategy`)."""
         self.inner, self.dims, self.device, self.clock = inner, dims, device, clock
+        self.link = dims.link  # fault_tolerant: the replicas meet through torchft (torchacco/fault_tolerance.py)
+        self.muted_from = muted_from(dims.replica_rank)  # an injected fault (faults.py): a lost replica's reference
         self.theta = GlobalTheta(self)
         # each rank holds its own shard of θ_global and of the momentum
         self.traits = dataclasses.replace(inner.traits, resume_needs_same_ranks=True)
@@ -232,6 +235,8 @@ class DiLoCo(Strategy):
         """(Δ = θ_global − θ_r for fragment f, the tokens behind it); restarts f's token count."""
         delta = self.backup[f].to(self.device.torch) - self._gather(f)
         tokens, self.tokens[f] = self.tokens[f], 0.0
+        if self.muted_from is not None and self.updates >= self.muted_from:
+            tokens = 0.0
         return delta, tokens
 
     def _start(self, f: int) -> None:
@@ -246,13 +251,48 @@ class DiLoCo(Strategy):
             self._scatter(f, guess)
             self.inner.theta.written()
 
-    def _mean(self, f: int, delta: torch.Tensor, tokens: float) -> torch.Tensor:
-        """The replicas' token-weighted mean of Δ (of what top-k sends of it, error-fed)."""
+    def _mean(self, f: int, delta: torch.Tensor, tokens: float, group=None) -> torch.Tensor:
+        """The replicas' token-weighted mean of Δ (of what top-k sends of it, error-fed), over `group` (a fault-tolerant
+        round's) or the mesh's replica group."""
+        group = group or self.dims.replica_group
         if self.keep:
             return self._sparse_mean(f, delta, tokens)
         if self.split_group is None:
-            return token_weighted_mean(delta, tokens, self.dims.replica_group, self.wire)
-        return split_token_weighted_mean(delta, tokens, self.dims.replica_group, self.wire, self.split_group)
+            return token_weighted_mean(delta, tokens, group, self.wire)
+        return split_token_weighted_mean(delta, tokens, group, self.wire, self.split_group)
+
+    # Fault-tolerant replicas ----------------------------------------------------------------------
+
+    def _due(self) -> int:
+        """The fragment whose outer step follows inner update `updates`."""
+        return (self.updates // self.interval - 1) % self.options.fragments
+
+    def _round(self, f: int, opened: bool = False) -> tuple[int, torch.Tensor]:
+        """(the fragment, the mean of the replicas present) of one fault-tolerant outer step. A replica that
+        healed in the round holds a peer's state: it sends zeros at weight 0, for the fragment the peers are at."""
+        delta, tokens = self._delta(f)
+
+        def exchange(group) -> torch.Tensor:
+            nonlocal f, delta, tokens
+            if self.link.healed:
+                self.tokens, self.durations, self.stamp = [0.0] * self.options.fragments, [], time.perf_counter()
+                f = self._due()
+                delta, tokens = torch.zeros_like(self.backup[f], device=self.device.torch), 0.0
+            return self._mean(f, delta, tokens, group)
+
+        mean = self.link.round(exchange, opened)
+        return f, mean
+
+    def join(self) -> UpdateResult | None:
+        """A fault-tolerant replica's start: None when the run starts (or resumes) here; else it healed into a
+        running run and took part in the outer step the others are in, which it returns as its update."""
+        if not self.link.join(lambda: self.updates > 0, self.options.join_timeout_s):
+            return None
+        outer = self._outer_step(self._due(), opened=True)
+        loss, norm = self.last_seen  # (the donor's: this replica computed nothing)
+        consumed = self.nominal * self.dims.replicas
+        return UpdateResult(tokens=0.0, loss=loss, grad_norm=norm, lr=float("nan"), committed=True,
+                            consumed=consumed, outer=outer)  # fmt: skip
 
     def _sparse_mean(self, f: int, delta: torch.Tensor, tokens: float) -> torch.Tensor:
         """e ← β·e + Δ; the replicas' token-weighted mean of their top-k of e; e ← e − what was sent.
@@ -293,9 +333,11 @@ class DiLoCo(Strategy):
         self.slot = 0  # every update is a period of its own (balance_replicas is refused with a warm start)
         return {"outer_warm_start": self.updates, "outer_bytes": 4.0 * sent}
 
-    def _outer_step(self, f: int) -> dict:
+    def _outer_step(self, f: int, opened: bool = False) -> dict:
         start = time.perf_counter()
-        if self.tau:
+        if self.link is not None:
+            f, mean = self._round(f, opened)
+        elif self.tau:
             assert self.in_flight == f, "the fragment's transfer was started τ updates ago"
             mean = self.arrived if self.arrived is not None else self.runner.wait(self.stall_s)
             self.in_flight, self.arrived = None, None
@@ -325,6 +367,7 @@ class DiLoCo(Strategy):
             "outer_bytes": self._wire_bytes(f),
             "outer_exposed_s": exposed,
             **({"outer_inner_updates": finished} if self.options.balance_replicas else {}),
+            **({"outer_replicas": self.link.present} if self.link is not None else {}),
         }
 
     def _wire_bytes(self, f: int) -> float:

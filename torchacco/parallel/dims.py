@@ -38,6 +38,9 @@ class ParallelDims:
     # The ranks that read different data: every replica's dp ranks with this rank's (pp, tp)
     # coordinate (evaluation averages over them). The dp group itself without replicas.
     data_group: dist.ProcessGroup | None = None
+    # A fault-tolerant replica (`torchacco.fault_tolerance.ReplicaLink`): this job is one replica, and the others
+    # are reached through torchft, not the mesh.
+    link: object | None = None
 
     def new_group(self, ranks=None, backend=None) -> dist.ProcessGroup:
         """A process group with the run's collective timeout (torch's subgroups default to their own)."""
@@ -98,11 +101,11 @@ class ParallelDims:
 
     @property
     def replicas(self) -> int:
-        return self.mesh["replica"].size()
+        return self.link.replicas if self.link else self.mesh["replica"].size()
 
     @property
     def replica_rank(self) -> int:
-        return self.mesh["replica"].get_local_rank()
+        return self.link.replica if self.link else self.mesh["replica"].get_local_rank()
 
     @property
     def replica_group(self) -> dist.ProcessGroup:

@@ -120,8 +120,11 @@ class Replicated(Strategy):
     def state_dict(self) -> dict:
         fresh = not self.optimizer.state
         model, optimizer = get_state_dict(self.model, self.optimizer)
-        if fresh:  # DCP made the state by stepping AdamW at lr 0, which counts a step: forget it (a size estimate)
+        if fresh:  # DCP made the state by stepping AdamW at lr 0, which counts a step: forget it, and say 0 steps
             self.optimizer.state.clear()
+            for entry in optimizer["state"].values():
+                if "step" in entry:
+                    entry["step"] = torch.zeros_like(entry["step"]) if torch.is_tensor(entry["step"]) else 0
         balance = {"balance": self.balance.state_dict()} if self.balance else {}
         return {"model": model, "optimizer": optimizer, "consumed": self.consumed, **balance}
 

@@ -1,0 +1,158 @@
+"""Fault-tolerant DiLoCo replicas ([diloco] fault_tolerant) over torchft: each replica its own torchrun job
+under one ./run_train.sh. Without failures the losses are today's DiLoCo's, bit for bit; a replica killed
+mid-period leaves survivors whose losses equal today's DiLoCo with that replica's pseudo-gradients weighed 0
+from that outer step on (`mute`, faults.py); a restarted replica heals to its donor's state, element for
+element; impossible settings are one line each."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, read_metrics, run_train, tiny_args
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from torchacco.config import load_config
+from torchacco.errors import UserError
+from torchacco.fault_tolerance import ReplicaLink, copy_into
+from torchacco.validate import validate
+
+FT = ("--diloco.fault_tolerant", "true")
+
+
+def replica_args(corpus: Path, cache: Path, out: Path, replicas: int, *extra: str, steps: int = 12) -> list[str]:
+    """Replicas of one rank (ddp), H = 3, one thread per rank: the runs with and without torchft compute alike."""
+    return tiny_args(
+        corpus, cache, out, "--parallelism.replicas", str(replicas), "--parallelism.data_parallel", "ddp",
+        "--diloco.sync_every", "3", "--training.global_batch_size", str(4 * replicas), "--training.steps", str(steps),
+        "--training.num_threads", "1", "--eval.every", "0", *extra,
+    )  # fmt: skip
+
+
+def losses(folder: Path) -> list[float]:
+    return [r["loss"] for r in read_metrics(folder)]
+
+
+def test_without_failures_the_losses_are_todays_diloco_bit_for_bit(tiny_corpus, cache_dir, tmp_path):
+    plain = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "plain", 2))
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    ft = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "ft", 2, *FT))
+    assert ft.returncode == 0, ft.stderr[-3000:]
+    assert losses(tmp_path / "ft") == losses(tmp_path / "plain")
+    assert len(losses(tmp_path / "ft" / "replica_1")) == 12  # the other replica's folder, inside the run's
+    outer = [r for r in read_metrics(tmp_path / "ft") if "outer_step" in r]
+    assert [r["outer_replicas"] for r in outer] == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("replicas", [2, pytest.param(3, marks=pytest.mark.slow)])
+def test_a_killed_replica_leaves_survivors_that_merge_only_the_live(tiny_corpus, cache_dir, tmp_path, replicas):
+    """The last replica is SIGKILLed as it starts step 5 (mid-period: outer steps after 3, 6, 9, 12) and not
+    restarted; the others finish, and their losses are those of today's DiLoCo in which that replica's
+    pseudo-gradients weigh nothing from step 5 on."""
+    lost = replicas - 1
+    env = {"TORCHACCO_FAULT": f"kill@replica{lost}:rank0:step5"}
+    ft = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "ft", replicas, *FT), nproc=replicas, env=env)
+    assert ft.returncode == 0, ft.stderr[-3000:]
+    assert f"replica(s) {lost} failed for good; the others finished the run" in ft.stderr
+    env = {"TORCHACCO_FAULT": f"mute@replica{lost}:step5"}
+    reference = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "ref", replicas), nproc=replicas, env=env)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    for survivor in range(replicas - 1):
+        folder = tmp_path / "ft" / (f"replica_{survivor}" if survivor else "")
+        assert len(losses(folder)) == 12
+        if survivor == 0:  # (the reference logs replica 0's)
+            assert losses(folder) == losses(tmp_path / "ref")
+        outer = [r["outer_replicas"] for r in read_metrics(folder) if "outer_step" in r]
+        assert outer == [replicas] + [replicas - 1] * 3
+
+
+def checkpoint(folder: Path, tmp_path: Path) -> dict:
+    """A DCP checkpoint as one dict; the strategy's entry (its key names the replica) as 'strategy'."""
+    out = tmp_path / f"{folder.parent.parent.name}_{folder.name}.pt"
+    dcp_to_torch_save(folder, out)
+    state = torch.load(out, weights_only=False)
+    return {"strategy" if k.startswith("replica") else k: v for k, v in state.items()}
+
+
+def leaves(tree, path: str = ""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from leaves(v, f"{path}/{k}")
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from leaves(v, f"{path}/{i}")
+    else:
+        yield path, tree
+
+
+def test_a_restarted_replica_heals_to_its_donors_state(tiny_corpus, cache_dir, tmp_path):
+    """Replica 1 is killed at step 5 and restarted (MAX_RESTARTS=1): it heals from replica 0 at an outer step and
+    checkpoints there as replica 0 does; every tensor of both checkpoints (θ_global, the outer momentum, the
+    inner model and AdamW state) and the loop's counts are equal. The run finishes with both replicas."""
+    save = ("--checkpoint.enable", "true", "--checkpoint.every", "3", "--checkpoint.keep", "0")
+    env = {"TORCHACCO_FAULT": "kill@replica1:rank0:step5", "MAX_RESTARTS": "1"}
+    ft = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "ft", 2, *FT, *save, steps=45), env=env)
+    assert ft.returncode == 0, ft.stderr[-3000:]
+    joined = re.search(r"replica 1 joined the run at step (\d+); its updates 4-(\d+) before it stopped", ft.stdout)
+    assert joined and "healed from a live replica" in ft.stdout, ft.stdout[-3000:]
+    step = int(joined[1])
+    assert 6 <= step < 45 and step % 3 == 0
+    name = f"step-{step:08d}"
+    donor = checkpoint(tmp_path / "ft" / "checkpoint" / name, tmp_path)
+    healed = checkpoint(tmp_path / "ft" / "replica_1" / "checkpoint" / name, tmp_path)
+    assert donor["train"] == healed["train"]
+    a, b = dict(leaves(donor["strategy"])), dict(leaves(healed["strategy"]))
+    assert a.keys() == b.keys() and len(a) > 100
+    different = [k for k in a if (not torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] != b[k])]
+    assert not different, different[:10]
+    assert joined[2] == "4"  # killed as it started step 5: update 4 was its last, and it died with it
+    outer = [r["outer_replicas"] for r in read_metrics(tmp_path / "ft") if "outer_step" in r]
+    assert outer[-1] == 2 and len(outer) == 15
+
+
+def test_impossible_settings_are_one_line(tmp_path):
+    def check(*overrides: str) -> str:
+        with pytest.raises(UserError) as e:
+            validate(load_config(["--parallelism.replicas", "2", *FT, *overrides]), world_size=2, here=False)
+        return str(e.value)
+
+    assert "min_replicas = 3 can never be met" in check("--diloco.min_replicas", "3")
+    assert "set overlap_steps = 0" in check("--diloco.sync_every", "4", "--diloco.overlap_steps", "1")
+    assert "set topk = 0" in check("--diloco.topk", "0.01")
+    assert "set balance_replicas = false" in check("--diloco.balance_replicas", "true", "--training.max_tokens", "9999")
+    with pytest.raises(UserError, match="replicas = 1 has no outer step"):
+        validate(load_config([*FT]), world_size=2, here=False)
+
+
+def test_an_unreachable_lighthouse_is_one_line(tiny_corpus, cache_dir, tmp_path):
+    env = {"TORCHACCO_REPLICA": "0", "TORCHFT_LIGHTHOUSE": "http://127.0.0.1:9"}  # (a replica's job, as on a cluster)
+    proc = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "run", 2, *FT), nproc=1, env=env, timeout=120)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
+    assert errors and "no lighthouse answers at http://127.0.0.1:9" in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_peer_laid_out_otherwise_is_refused_and_a_state_is_copied_in_place():
+    link = object.__new__(ReplicaLink)
+    link.replica, link.layout, link._state = 1, "1 ranks, ddp, tp 1, pp 1", (None, None)
+    with pytest.raises(UserError, match="cannot heal from a replica laid out otherwise"):
+        link._load({"layout": "2 ranks, ddp, tp 1, pp 1"})
+    mine = {"w": torch.zeros(3), "n": 1, "moments": [torch.zeros(2)], "new": None}
+    got = copy_into(mine, {"w": torch.ones(3), "n": 5, "moments": [torch.full((2,), 2.0)], "new": torch.ones(1)})
+    assert got["w"] is mine["w"] and torch.equal(mine["w"], torch.ones(3)) and got["n"] == 5
+    assert got["moments"][0] is mine["moments"][0] and torch.equal(mine["moments"][0], torch.full((2,), 2.0))
+    assert torch.equal(got["new"], torch.ones(1))
+
+
+def test_the_lighthouse_command_starts_and_prints_its_address():
+    proc = subprocess.Popen([sys.executable, "-m", "torchacco.fault_tolerance", "--bind", "[::]:0"], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("torchacco: lighthouse at http://") and "TORCHFT_LIGHTHOUSE=" in line, line
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

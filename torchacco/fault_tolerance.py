@@ -1,0 +1,280 @@
+"""Fault-tolerant DiLoCo replicas ([diloco] fault_tolerant; docs/reliability.md).
+
+Each replica is a torchrun job of its own, so a failure stops one replica, not the run. The replicas
+meet through torchft (pytorch/torchft): its lighthouse keeps the quorum of live replicas, each rank's
+`Manager` reconfigures a process group over the ranks that hold the same part of the model in every
+live replica, and a replica behind the others copies their live state from one of them over HTTP.
+
+One outer step is one torchft round: `start_quorum` (a replica behind the others heals there), the
+token-weighted exchange over the round's group, `should_commit`. A round that fails (a replica died
+in it) is not committed and runs again with the replicas then present. The merge weighs each
+pseudo-gradient by its tokens, so a replica that healed in the round (its Δ is not one) sends zeros
+with weight 0, and a lost replica simply has none.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import os
+import socket
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+
+from torchacco.errors import PeerFailure, UserError
+
+os.environ.setdefault("RUST_LOG", "warn")  # torchft's lighthouse and manager log every quorum at info
+ENV_REPLICA = "TORCHACCO_REPLICA"  # this job's replica, 0 .. replicas - 1
+ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
+ATTEMPTS = 5  # rounds an outer step may take before the replica gives up
+TORCHFT = "torchft==0.2.0"
+
+
+def replica_of_job() -> int | None:
+    """This job's replica in a fault-tolerant run (each replica its own job), else None."""
+    value = os.environ.get(ENV_REPLICA)
+    return None if value is None else int(value)
+
+
+def job_world(world_size: int, cfg) -> int:
+    """The ranks of the whole run, from one job's: a fault-tolerant replica's job holds 1/replicas of them."""
+    in_replica_job = cfg.diloco.fault_tolerant and replica_of_job() is not None
+    return world_size * cfg.parallelism.replicas if in_replica_job else world_size
+
+
+def check_config(cfg) -> None:
+    d, replicas = cfg.diloco, cfg.parallelism.replicas
+    if not d.fault_tolerant:
+        return
+    refused = [(d.overlap_steps, "overlap_steps = 0"), (d.eager, "eager = false"), (d.topk, "topk = 0"),
+               (d.balance_replicas, "balance_replicas = false"), (d.warm_start, "warm_start = 0")]  # fmt: skip
+    for value, fix in refused:
+        if value:
+            raise UserError(
+                f"[diloco] fault_tolerant runs each outer step as one round of the replicas present, which may run "
+                f"again, after a committed update; set {fix}, or fault_tolerant = false"
+            )
+    if not 1 <= d.min_replicas <= replicas:
+        raise UserError(
+            f"[diloco] min_replicas = {d.min_replicas} can never be met with [parallelism] replicas = {replicas}; set "
+            f"it between 1 and {replicas}"
+        )
+    if d.join_timeout_s <= 0:
+        raise UserError(f"[diloco] join_timeout_s = {d.join_timeout_s:g} must be positive")
+    try:
+        import torchft  # noqa: F401
+    except ImportError:
+        raise UserError(
+            f"[diloco] fault_tolerant needs torchft; install it with `pip install {TORCHFT}` (or ./install.sh ft)"
+        ) from None
+
+
+def lighthouse_address(options) -> str:
+    address = options.lighthouse or os.environ.get(ENV_LIGHTHOUSE, "")
+    if not address:
+        raise UserError(
+            "[diloco] fault_tolerant needs a lighthouse: start ./run_train.sh on one machine (it starts one), or "
+            f"run `python -m torchacco.fault_tolerance` and set {ENV_LIGHTHOUSE} or [diloco] lighthouse"
+        )
+    url = urlparse(address if "://" in address else f"http://{address}")
+    deadline = time.monotonic() + 15.0
+    while True:  # one line now, rather than a quorum that times out in half an hour
+        try:
+            socket.create_connection((url.hostname, url.port or 80), timeout=2.0).close()
+            return address
+        except (OSError, TypeError):
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"no lighthouse answers at {address} ([diloco] lighthouse or ${ENV_LIGHTHOUSE}); start it "
+                    "(python -m torchacco.fault_tolerance) or correct the address"
+                ) from None
+            time.sleep(0.5)
+
+
+def start_lighthouse(min_replicas: int, join_timeout_s: float):
+    """torchft's lighthouse in this process (`.address()`, `.shutdown()`)."""
+    from torchft.coordination import LighthouseServer
+
+    return LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=int(join_timeout_s * 1000))
+
+
+class ReplicaLink:
+    """This rank's place among the replicas: its torchft Manager, the round's group, and the heal."""
+
+    def __init__(self, options, replica: int, replicas: int, dims, device_type: str, layout: str, log=print):
+        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+
+        logging.getLogger("torchft").setLevel(logging.ERROR)  # its warnings are for NCCL's flight recorder
+        # torchft's state server logs every request, and its reader warns that the received buffers are read-only
+        http.server.BaseHTTPRequestHandler.log_message = lambda *args, **kwargs: None
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        self.replica, self.replicas, self.log = replica, replicas, log
+        self.layout = layout  # what a peer's state must match to be copied here, rank for rank
+        self.healed = False
+        self.present = replicas  # replicas in the last round
+        self.heal_s = 0.0
+        self._state: tuple[Callable[[], dict], Callable[[dict], None]] | None = None
+        timeout = dims.timeout
+        self.pg = (ProcessGroupNCCL if device_type == "cuda" else ProcessGroupGloo)(timeout=timeout)
+        self.manager = Manager(
+            pg=self.pg,
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=options.min_replicas,
+            use_async_quorum=False,  # a replica behind heals before its first exchange
+            init_sync=False,  # a run starting (or resuming) together keeps each replica's own state
+            rank=dims.rank,
+            world_size=dims.world_size,
+            replica_id=f"torchacco_{replica}",  # torchft reads the trailing digits
+            store_addr=os.environ["MASTER_ADDR"],
+            store_port=int(os.environ["MASTER_PORT"]),
+            lighthouse_addr=lighthouse_address(options),
+            hostname=os.environ["MASTER_ADDR"],  # where the other replicas reach this one's manager
+            timeout=timeout,
+            quorum_timeout=timeout,  # a replica that (re)starts waits for the others' next outer step
+            connect_timeout=timedelta(seconds=60),
+        )
+        self.manager.register_state_dict_fn("torchacco", self._load, self._save)
+
+    def heal_with(self, save: Callable[[], dict], load: Callable[[dict], None]) -> None:
+        """What a replica behind the others copies from one of them: `save()` on the donor, `load()` here."""
+        self._state = (save, load)
+
+    def _save(self) -> dict:
+        return {"layout": self.layout, **_local(self._state[0]())}
+
+    def _load(self, state: dict) -> None:
+        if state["layout"] != self.layout:
+            raise UserError(
+                f"replica {self.replica} cannot heal from a replica laid out otherwise ({state['layout']} against its "
+                f"{self.layout}): launch every replica with the same ranks, parallelism and data_parallel"
+            )
+        started = time.perf_counter()
+        self._state[1](state)
+        self.healed, self.heal_s = True, time.perf_counter() - started
+
+    def _open(self) -> None:
+        self.healed = False
+        started = time.perf_counter()
+        self.manager.start_quorum()
+        if self.healed:
+            self.heal_s = time.perf_counter() - started  # the whole copy, transfer included
+            self.log(f"torchacco: replica {self.replica} healed from a live replica in {self.heal_s:.1f} s "
+                     f"(step {self.manager.current_step()})")  # fmt: skip
+
+    def join(self, running: Callable[[], bool], wait_s: float) -> bool:
+        """The first rounds of a (re)starting replica. True: it healed into a running run, and the round is
+        open (the caller takes part in the outer step the others are in, then `commit`s). False: the run
+        starts (or resumes) here, with every replica present or after `wait_s`."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            self._open()
+            if self.healed and running():
+                return True
+            self.manager.should_commit()
+            if self.manager.num_participants() >= self.replicas or time.monotonic() > deadline:
+                self.present = self.manager.num_participants()
+                return False
+            time.sleep(0.2)
+
+    def round(self, exchange: Callable[[object], torch.Tensor], opened: bool = False):
+        """`exchange(group)` over the replicas present, as one committed round: its result. A replica that heals
+        in the round finds `healed` set before its exchange. A round that fails runs again."""
+        for attempt in range(1, ATTEMPTS + 1):
+            if not opened:
+                self._open()
+            opened = False
+            result = None
+            if self.manager.errored() is None:
+                try:
+                    result = exchange(self.pg.parent)
+                except Exception as e:  # a replica lost in the round: torchft decides, with every replica
+                    self.manager.report_error(e)
+            if self.manager.should_commit():
+                self.present = self.manager.num_participants()
+                return result
+            error = self.manager.errored()
+            cause = str(error.original_exception if error else "not committed").strip().splitlines()
+            self.log(f"torchacco: replica {self.replica}: outer step round {attempt} failed "
+                     f"({cause[-1][:160] if cause else 'no detail'}); again with the replicas present")  # fmt: skip
+        raise PeerFailure(
+            f"replica {self.replica}: the outer step failed in {ATTEMPTS} rounds in a row; the lighthouse or this "
+            "replica's link is down"
+        )
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
+def unmerged_updates(metrics: Path) -> tuple[int, int]:
+    """(first, last) of the updates a replica's previous run computed after its last outer step, from its
+    metrics.jsonl (their pseudo-gradient died with it); (0, 0) when there are none. `last` is the last logged."""
+    if not metrics.is_file():
+        return 0, 0
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    merged = max((r["step"] for r in records if "outer_step" in r), default=0)
+    last = records[-1]["step"] if records else 0
+    return (merged + 1, last) if last > merged else (0, 0)
+
+
+def _local(tree):
+    """A state with every DTensor as this rank's local tensor (a peer at the same rank holds the same shard)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(tree, dict):
+        return {k: _local(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_local(v) for v in tree)
+    return tree.to_local() if isinstance(tree, DTensor) else tree
+
+
+def copy_into(target, received):
+    """`received` (a peer's `_local` state) written into `target` (this rank's own state of the same shape):
+    tensors in place (a DTensor's local shard), the rest replaced."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(target, dict) and isinstance(received, dict):
+        return {k: copy_into(target.get(k), v) for k, v in received.items()}
+    if isinstance(target, (list, tuple)) and isinstance(received, (list, tuple)) and len(target) == len(received):
+        return type(target)(copy_into(a, b) for a, b in zip(target, received))
+    if isinstance(target, torch.Tensor) and isinstance(received, torch.Tensor):
+        local = target.to_local() if isinstance(target, DTensor) else target
+        if local.shape == received.shape:
+            local.copy_(received)
+            return target
+        return received.to(local.device)
+    return received
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m torchacco.fault_tolerance`: the lighthouse of a cluster's fault-tolerant run."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--min-replicas", type=int, default=1, help="replicas a quorum needs")
+    parser.add_argument("--join-timeout-s", type=float, default=60.0)
+    parser.add_argument("--bind", default="[::]:29510")
+    args = parser.parse_args(argv)
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind=args.bind, min_replicas=args.min_replicas,
+                              join_timeout_ms=int(args.join_timeout_s * 1000))  # fmt: skip
+    print(f"torchacco: lighthouse at {server.address()}; set {ENV_LIGHTHOUSE}={server.address()}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
