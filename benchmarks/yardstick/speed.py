@@ -18,7 +18,7 @@ from pathlib import Path
 
 from benchmarks import common
 from benchmarks.cluster import Cluster, ClusterPlan, parse_rate, run_training
-from benchmarks.cluster.plan import CFS_PERIOD_US, CPU_PERIOD_HELP, ClusterError, period_us
+from benchmarks.cluster.plan import ClusterError, add_node_options, node_options
 from benchmarks.common import ACCO, DDP, FSDP, HSDP, QUIET, ROOT, ZERO1, recipe, update_s
 from benchmarks.yardstick.tokens import VARIANTS
 
@@ -189,8 +189,7 @@ def main(argv=None) -> int:
     parser.add_argument("--settings", default="a,b")
     parser.add_argument("--rates", default="", help="link rates (e.g. 50mbit,1gbit) of 2-node settings r<rate>")
     parser.add_argument("--rate-nodes", type=int, default=2, help="nodes of the r<rate> settings")
-    parser.add_argument("--node-rate", default="unshaped", help="settings of several ranks per node (a2, b2): "
-                        "the link inside each node, its ranks' traffic together (e.g. 2gbit)")  # fmt: skip
+    add_node_options(parser)
     parser.add_argument("--strategies", default="", help=f"from {', '.join(STRATEGIES)}; default: per setting")
     parser.add_argument("--train-args", default="", help="more trainer arguments for every run, e.g. "
                         "'--training.mixed_precision bf16'")  # fmt: skip
@@ -203,9 +202,7 @@ def main(argv=None) -> int:
                         "a strategy whose persistent memory exceeds it does not fit and is not a baseline (0: no "
                         "budget)")  # fmt: skip
     parser.add_argument("--malloc-mmap", action="store_true", help="RSS follows live memory (glibc mmap threshold)")
-    parser.add_argument("--no-slow-start-after-idle", action="store_true", help="set net.ipv4."
-                        "tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)")  # fmt: skip
-    parser.add_argument("--cpu-period-ms", type=float, default=CFS_PERIOD_US / 1000, help=CPU_PERIOD_HELP)
+
     parser.add_argument("--resume", action="store_true", help="keep the runs a previous call finished with the same "
                         "arguments on the same cluster plan; run the rest")  # fmt: skip
     parser.add_argument("--calibration", default="time_to_loss", help=CALIBRATION_HELP)
@@ -232,9 +229,7 @@ def main(argv=None) -> int:
                          "the CPU, not the links")  # fmt: skip
         plan, extra = plan_of[setting]
         try:
-            plan = dataclasses.replace(plan, tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
-                                       cpu_period_us=period_us(args.cpu_period_ms),
-                                       node_rate_bps=parse_rate(args.node_rate))  # fmt: skip
+            plan = dataclasses.replace(plan, **node_options(args))
         except ClusterError as e:
             parser.error(f"setting {setting}: {e}")
         plan_of[setting] = plan, extra
