@@ -110,8 +110,8 @@ def write_report(out: Path, name: str, data: dict, table: str, draw=None) -> Non
     print(table, flush=True)
 
 
-def panels(count: int, height: float = 3.5):
-    """A figure of `count` panels side by side, 5 wide each: (figure, axes), or None without matplotlib."""
+def panels(count: int, height: float = 3.5, width: float = 5.0):
+    """A figure of `count` panels side by side: (figure, axes), or None without matplotlib."""
     try:
         import matplotlib
 
@@ -121,7 +121,7 @@ def panels(count: int, height: float = 3.5):
         print("torchacco: note: matplotlib is not installed, so no PNG plots were drawn (JSON and markdown were "
               "written); install it with: .venv/bin/pip install -e '.[bench]'", file=sys.stderr)  # fmt: skip
         return None
-    fig, axes = plt.subplots(1, count, figsize=(5 * count, height), squeeze=False)
+    fig, axes = plt.subplots(1, count, figsize=(width * count, height), squeeze=False)
     return fig, axes[0]
 
 
