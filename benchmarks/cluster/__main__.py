@@ -1,5 +1,4 @@
-"""`python -m benchmarks cluster` (or `python -m benchmarks.cluster`): one training run on the emulated cluster
-(or `--dry-run`: its commands)."""
+"""`python -m benchmarks cluster`: one training run on the emulated cluster (or `--dry-run`: its commands)."""
 
 from __future__ import annotations
 
