@@ -202,7 +202,6 @@ def main(argv=None) -> int:
                         "a strategy whose persistent memory exceeds it does not fit and is not a baseline (0: no "
                         "budget)")  # fmt: skip
     parser.add_argument("--malloc-mmap", action="store_true", help="RSS follows live memory (glibc mmap threshold)")
-
     parser.add_argument("--resume", action="store_true", help="keep the runs a previous call finished with the same "
                         "arguments on the same cluster plan; run the rest")  # fmt: skip
     parser.add_argument("--calibration", default="time_to_loss", help=CALIBRATION_HELP)
