@@ -44,12 +44,14 @@ MODULES = {
     "gpu-check": "benchmarks.gpu_check",
 }
 # commands that are gone: what measures the same now
+USE = "use python -m benchmarks"
 REPLACED = {
-    "throughput": "speed --rates 50mbit,1gbit (a 2-node setting per link rate), then cost-model-check",
-    "heterogeneous": "speed --settings c (4 nodes, one 4× slower; its measured slowdown is in the table)",
-    "convergence": "token-efficiency (loss against tokens) and end-to-end (against wall-clock on the cluster)",
-    "memory": "speed --malloc-mmap (peak RSS per rank), or ./run_train.sh --dry-run NxG (memory by part)",
-    "all": "time-to-target",
+    "throughput": f"{USE} speed --rates 50mbit,1gbit (a 2-node setting per link rate), then cost-model-check",
+    "heterogeneous": f"{USE} speed --settings c (4 nodes, one 4× slower; its measured slowdown is in the table)",
+    "convergence": f"{USE} token-efficiency (loss against tokens) and end-to-end (against wall-clock on the cluster)",
+    "memory": f"{USE} speed --malloc-mmap (peak RSS per rank), or ./run_train.sh --dry-run NxG (memory by part)",
+    "all": f"{USE} time-to-target",
+    "acco-reference": "tests/test_schedules.py checks ACCO's runs against its equations",
 }
 # `python -m <module>` forms the commands no longer take -> the command now
 FORMER = {**{m: c for c, m in MODULES.items() if m.startswith(("benchmarks.yardstick", "benchmarks.cost_model"))},
@@ -70,11 +72,7 @@ def run(argv=None) -> int:
     if argv[:1] and argv[0] in MODULES:
         return importlib.import_module(MODULES[argv[0]]).main(argv[1:]) or 0
     if argv[:1] and argv[0] in REPLACED:
-        print(error_line(f"{argv[0]} is gone; use python -m benchmarks {REPLACED[argv[0]]}"), file=sys.stderr)
-        return 2
-    if argv[:1] == ["acco-reference"]:
-        print(error_line("acco-reference is gone; tests/test_schedules.py checks ACCO's runs against its equations"),
-              file=sys.stderr)  # fmt: skip
+        print(error_line(f"{argv[0]} is gone; {REPLACED[argv[0]]}"), file=sys.stderr)
         return 2
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip

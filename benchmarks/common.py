@@ -1,9 +1,10 @@
-"""What the benchmarks share: the strategies' names, the yardstick's recipe, one results writer (JSON + markdown +
-PNG) and one interval."""
+"""What the benchmarks share: the strategies' names, the yardstick's recipe, reading and writing results (JSON +
+markdown + PNG), one interval."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -66,10 +67,25 @@ def machine() -> str:
     return f"{os.cpu_count()}-core {model}, CPU, {platform.system()}"
 
 
+def meta(name: str, argv: list[str] | None, **more) -> dict:
+    """A result's provenance: today, this machine, the command that made it (and `more`)."""
+    return {"date": datetime.date.today().isoformat(), "machine": machine(), "command": command(name, argv), **more}
+
+
+def update_s(record: dict) -> float:
+    """A logged update's own seconds (the trainer restarts its clock after each logged update)."""
+    return record["tokens_per_update"] / record["tokens_per_s"]
+
+
+def bare_parser(command: str, doc: str) -> argparse.ArgumentParser:
+    """`python -m benchmarks <command>`'s parser, `doc` as its help."""
+    return argparse.ArgumentParser(prog=f"python -m benchmarks {command}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+
+
 def parser(command: str, doc: str, name: str | None = None, **name_help) -> argparse.ArgumentParser:
-    """A command's parser: `doc` as its help, --out (the results' folder) and --name (their file names' stem)."""
-    p = argparse.ArgumentParser(prog=f"python -m benchmarks {command}", description=doc,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    """A command's parser with --out (the results' folder) and --name (their file names' stem)."""
+    p = bare_parser(command, doc)
     p.add_argument("--out", default="bench_results")
     p.add_argument("--name", default=name, help=name_help.get("help", "the results' file names' stem"))
     return p
@@ -94,8 +110,8 @@ def write_report(out: Path, name: str, data: dict, table: str, draw=None) -> Non
     print(table, flush=True)
 
 
-def panels(count: int, height: float = 3.5):
-    """A figure of `count` panels side by side, 5 wide each: (figure, axes), or None without matplotlib."""
+def panels(count: int, height: float = 3.5, width: float = 5.0):
+    """A figure of `count` panels side by side: (figure, axes), or None without matplotlib."""
     try:
         import matplotlib
 
@@ -105,7 +121,7 @@ def panels(count: int, height: float = 3.5):
         print("torchacco: note: matplotlib is not installed, so no PNG plots were drawn (JSON and markdown were "
               "written); install it with: .venv/bin/pip install -e '.[bench]'", file=sys.stderr)  # fmt: skip
         return None
-    fig, axes = plt.subplots(1, count, figsize=(5 * count, height), squeeze=False)
+    fig, axes = plt.subplots(1, count, figsize=(width * count, height), squeeze=False)
     return fig, axes[0]
 
 

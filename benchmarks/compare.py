@@ -5,14 +5,12 @@
         --variant acco  "--parallelism.data_parallel acco" \\
         --comm-delay-ms 100 --out bench_results/zero1_vs_acco
 
-Each variant runs on NPROC processes (default 2) through the same launcher as run_train.sh.
-The first `--warmup` logged steps are dropped. Prints a table and writes `<out>.json` and
-`<out>.md`. `--comm-delay-ms` is the benchmark-only artificial delay of `workers/delayed_train.py`.
+Each variant runs on --nproc processes as run_train.sh launches them, its first --warmup logged steps dropped;
+--comm-delay-ms is workers/delayed_train.py's benchmark-only delay. Prints a table; writes <out>.json and <out>.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import subprocess
@@ -21,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks.cluster.launch import summarize
-from benchmarks.common import ROOT, records, write_report
+from benchmarks.common import ROOT, bare_parser, records, write_report
 
 QUIET = ["--metrics.log_every", "1", "--metrics.progress_bar", "false", "--metrics.tensorboard", "false"]
 
@@ -42,8 +40,7 @@ def run_variant(config: str, overrides: list[str], steps: int, folder: Path, npr
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = bare_parser("compare", __doc__)
     parser.add_argument("--config", default="train_configs/default.toml")
     parser.add_argument("--variant", nargs=2, action="append", metavar=("NAME", "OVERRIDES"), required=True)
     parser.add_argument("--steps", type=int, default=30)

@@ -3,17 +3,15 @@
     sudo .venv/bin/python -m benchmarks cost-model-check --speed speed,speed_streaming --probe
     .venv/bin/python -m benchmarks cost-model-check --speed speed,speed_streaming   # from the cached probes
 
-The bar: `predict`'s error within 15% everywhere. The model is not fitted to the times it is checked against: its
-inputs are probed (`--probe`: root, a quiet machine; cached in <out>/cost_model_probes.json): ZeRO-1's compute and CPU
-per update (2 unshaped one-rank nodes, and at each CPU quota a node gets), each collective's time over the model's ring
-ideal per setting (until every rank is done; 3 launches of 15 calls), the in-node all-gather, AdamW's elements per
-second on one core. Writes <out>/<--name>.{json,md,png}.
+The bar: `predict`'s error within 15% everywhere. The model's inputs are probed, not fitted to the times checked
+(`--probe`: root, a quiet machine; cached in <out>/cost_model_probes.json): ZeRO-1's compute and CPU per update, each
+collective's time over the model's ring ideal per setting, the in-node all-gather, AdamW's speed on one core. Writes
+<out>/<--name>.{json,md,png}.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import math
 import os
@@ -35,9 +33,8 @@ TOLERANCE = 0.15  # the bar on the time per update's relative error
 RANKS = 2  # the calibration runs ZeRO-1 on 2 unshaped nodes of one rank
 THREADS = 1  # run_training's default: one compute thread per rank, so a rank uses at most one core
 PROBES = "cost_model_probes.json"
-# A collective is timed until every rank is done with it (a rank's part can end while its sends are on the wire, and a
-# run's next collective waits for them), as the mean of many calls, in several launches: on these links a ring's two
-# directions share one TCP connection and take turns on some calls and, for a connection's life, on some launches.
+# Until every rank is done (a run's next collective waits for sends still on the wire); the mean over calls and
+# launches, as a ring's two directions share a TCP connection and take turns on some calls and some connections.
 UNTIL_ALL, LAUNCHES = ["--until", "all", "--repeats", "15", "--stat", "mean"], 3
 
 
@@ -63,9 +60,8 @@ def zero1_run(folder: Path, updates: int, cores: float | None = None, virtual: b
 
 
 def probe_virtual_overhead(folder: Path, params: float, updates: int = 60) -> float:
-    """Under virtual compute, a rank's host work per micro-batch beside its waits (the Python loop, autograd's
-    bookkeeping, data, copies, the job's own CPU): ZeRO-1 on RANKS unshaped nodes, its time per update past the
-    warm-up less the calibrated waits it was given, per micro-batch."""
+    """Under virtual compute, a rank's host work per micro-batch beside its waits: ZeRO-1's time per update less the
+    calibrated waits it was given."""
     run = zero1_run(folder, updates, virtual=True)
     waits, cfg = run["calibration"], trainer_config(STRATEGIES[ZERO1])
     micro_batches = cfg.training.global_batch_size // (cfg.training.local_batch_size * RANKS)
@@ -84,8 +80,7 @@ def probe_compute(folder: Path, cores: float | None = None) -> float:
 
 
 def probe_cpu_per_update(folder: Path, short: int = 8, long: int = 38) -> float:
-    """ZeRO-1's CPU seconds per update and rank, all threads: a long run's CPU time less a short one's (start-up
-    cancels), over the updates between."""
+    """ZeRO-1's CPU seconds per update and rank: a long run's less a short one's (start-up cancels)."""
     cpu = []
     for updates in (short, long):
         ranks = zero1_run(folder / str(updates), updates)["ranks"]
@@ -104,9 +99,8 @@ def probe_launches(plan: ClusterPlan, folder: Path, params: int, launches: int =
 
 def probe(settings: dict[str, ClusterPlan], params: float, out: Path, compute: bool = True,
           virtual: bool = False) -> dict:  # fmt: skip
-    """The collectives on each setting's cluster (keyed by plan), the optimizer's speed, with `compute` the compute
-    and the CPU per update (virtual compute's tables need neither: their runs' waits are calibrated), with `virtual`
-    the host work beside virtual compute's waits."""
+    """The collectives on each setting's cluster (keyed by plan), AdamW's speed; with `compute` the compute and CPU per
+    update (virtual compute needs neither), with `virtual` the host work beside its waits."""
     import torch
 
     preflight(need_cgroup=any(plan.cores(i) is not None for plan in settings.values() for i in range(plan.nodes)))
@@ -129,7 +123,7 @@ def probe(settings: dict[str, ClusterPlan], params: float, out: Path, compute: b
         where = folder / re.sub(r"[^\w.]+", "_", name)
         collectives = probe_launches(plan, where, int(params))
         row = found["settings"][plan.describe()] = {"plan": plan.describe(), "collectives": collectives,
-                                                    "date": datetime.date.today().isoformat()}  # fmt: skip
+                                                    "date": time.strftime("%Y-%m-%d")}  # fmt: skip
         if plan.ranks_per_node > 1:  # a node on its own: where in-node rings are timed
             one = dataclasses.replace(plan, nodes=1, rate_bps=None, latency_ms=0.0, slow_node=None)
             row["node_collectives"] = probe_launches(one, where / "node", int(params))
@@ -144,17 +138,16 @@ def probe(settings: dict[str, ClusterPlan], params: float, out: Path, compute: b
     return {**found, "adamw_elements_per_s": params / statistics.median(times)}
 
 
-def probes_for(out: Path, wanted: dict[str, ClusterPlan], params: float, probe_now: bool, command: str,
+def probes_for(out: Path, wanted: dict[str, ClusterPlan], params: float, probe_now: bool, argv: list[str] | None,
                compute: bool = True, virtual: bool = False) -> dict:  # fmt: skip
-    """The probes of the `wanted` plans (setting -> plan): measured now (probe_now) and merged into the cache, or read
-    from it. The cache keys each setting's probe by its plan's description: the same setting name can name other
-    plans in other tables (speed --rate-nodes, --node-rate)."""
+    """The probes of the `wanted` plans (setting -> plan), measured now into the cache or read from it; keyed by the
+    plan's description, as a setting's name can name other plans in other tables (speed --rate-nodes)."""
     path = out / PROBES
     cached = json.loads(path.read_text()) if path.exists() else {"settings": {}}
     cached["settings"] = {row["plan"]: row for row in cached["settings"].values()}  # a cache keyed by setting names
     if probe_now:
         fresh = probe(wanted, params, out, compute, virtual)
-        meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(), "command": command}
+        meta = common.meta("cost-model-check", argv)
         merged = {key: {**cached.get(key, {}), **fresh[key]} for key in ("settings", "compute_per_update_s_at_cores")}
         cached = {**cached, "meta": meta, **fresh, **merged}  # what was not probed now: the cache's
         path.write_text(json.dumps(cached, indent=1))
@@ -182,8 +175,7 @@ def trainer_config(args: list[str]):
 
 
 def cores_per_rank(plan: ClusterPlan, cores: int) -> list[float]:
-    """Each node's cores per rank: at most one (one compute thread), the node's CPU quota shared by its ranks, and
-    the machine's cores shared by all ranks."""
+    """Each node's cores per rank: at most one thread's, its node's quota and the machine's cores shared."""
     fair = cores / plan.world_size
     return [min(THREADS, fair, (plan.cores(i) or math.inf) / plan.ranks_per_node) for i in range(plan.nodes)]
 
@@ -195,8 +187,7 @@ def seconds_per_token_at(cores: float, inputs: dict) -> float:
 
 
 def link(plan: ClusterPlan, probed: dict) -> dict:
-    """The cost model's Hardware fields for the plan's links: the shaped link between nodes, and the rate at which
-    one node's ranks all-gather among themselves where probed (else None: free in the model)."""
+    """Hardware's link fields: the shaped link between nodes, and the in-node all-gather's rate where probed."""
     inside, g = probed.get("node_collectives"), plan.ranks_per_node
     intra = (g - 1) / g * 8 * inside["bytes"] / inside["all_gather_s"] if inside else None
     return {"nodes": plan.nodes, "ranks_per_node": g, "bandwidth_bps": plan.rate_bps,
@@ -204,9 +195,8 @@ def link(plan: ClusterPlan, probed: dict) -> dict:
 
 
 def collective_factors(links: dict, collectives: dict) -> dict:
-    """Each probed collective's seconds over the model's ring ideal, for gloo's own collectives ("gloo": torch DDP's
-    all-reduce, FSDP2's gathers and reduce-scatters) and torchacco's rings ("rings": the sharded job); 1 where the
-    ideal is zero (an unshaped link, free in the model)."""
+    """Each probed collective's seconds over the model's ring ideal, for gloo's own ("gloo": DDP, FSDP) and torchacco's
+    rings ("rings": the sharded job); 1 where the ideal is zero (an unshaped link)."""
     ideal = cm.collective_s(collectives["bytes"], cm.Hardware(flops=1.0, **links))
     if ideal <= 0:
         return dict.fromkeys(("gloo", "rings"), {"rs_factor": 1.0, "ag_factor": 1.0, "ar_factor": 1.0})
@@ -217,41 +207,32 @@ def collective_factors(links: dict, collectives: dict) -> dict:
             "rings": factors("ring_reduce_scatter_s", "ring_all_gather_s")}  # fmt: skip
 
 
+def measured_hardware(links: dict, factors: dict, compute_s: float, slow_factor: float, opt_rate: float):
+    """Hardware from measured times (flops unused: compute_s is measured; no GPU streams)."""
+    kept = dict(compute_s=compute_s, slow_factor=slow_factor, opt_rate=opt_rate)
+    return cm.Hardware(**links, **factors, **kept, flops=1.0, streams=False)
+
+
 def hardware(plan: ClusterPlan, inputs: dict, links: dict, factors: dict, tokens_per_micro_batch: float):
     """The cluster as the cost model sees it: links, probed factors, each rank's compute at its cores."""
     cores = cores_per_rank(plan, inputs["cores"])
     per_token = [seconds_per_token_at(c, inputs) for c in cores]
-    return cm.Hardware(
-        **links,
-        **factors,
-        flops=1.0,
-        compute_s=min(per_token) * tokens_per_micro_batch,
-        slow_factor=max(per_token) / min(per_token),
-        opt_rate=inputs["adamw_elements_per_s"] * min(cores),  # synchronous ranks wait for the slowest
-        streams=False,
-    )  # fmt: skip  (flops unused: compute_s is measured; the emulation computes on CPU)
+    compute, slow = min(per_token) * tokens_per_micro_batch, max(per_token) / min(per_token)
+    opt_rate = inputs["adamw_elements_per_s"] * min(cores)  # synchronous ranks wait for the slowest
+    return measured_hardware(links, factors, compute, slow, opt_rate)
 
 
 def virtual_hardware(plan: ClusterPlan, calibration: dict, links: dict, factors: dict, inputs: dict) -> cm.Hardware:
-    """The cluster as the cost model sees it under virtual compute: each rank's compute and AdamW are the waits its
-    run was given (calibrated, scaled), whole on every rank (a wait holds no CPU), a slow node's slow_factor longer;
-    plus the host work per micro-batch beside the waits (probed), which queues for the machine's cores when it has
-    fewer than ranks (the ranks leave their waits together: every update ends in a collective)."""
+    """The cluster under virtual compute: the run's calibrated waits, whole on every rank (a wait holds no CPU), plus
+    the probed host work, which queues for the cores where ranks outnumber them (they leave their waits together)."""
     host = inputs.get("virtual_overhead_s", 0.0) * max(1.0, plan.world_size / inputs["cores"])
-    return cm.Hardware(
-        **links,
-        **factors,
-        flops=1.0,
-        compute_s=calibration["forward_s"] + calibration["backward_s"] + host,
-        slow_factor=plan.slow_factor if plan.slow_node is not None else 1.0,
-        opt_rate=1 / calibration["optimizer_s_per_param"],
-        streams=False,
-    )
+    compute = calibration["forward_s"] + calibration["backward_s"] + host
+    slow = plan.slow_factor if plan.slow_node is not None else 1.0
+    return measured_hardware(links, factors, compute, slow, 1 / calibration["optimizer_s_per_param"])
 
 
 def shards_across_nodes(cfg, plan: ClusterPlan) -> None:
-    """NotModelled for a strategy that shards inside a node (HSDP) run over a shard group of other ranks than a
-    node's: the cost model has it shard inside a node."""
+    """NotModelled for a strategy the cost model shards inside a node (HSDP) run over another shard group."""
     from torchacco.parallel.hsdp import shard_degree
 
     cls = cm.variants()[cfg.parallelism.data_parallel][0]
@@ -290,8 +271,7 @@ def traits(cfg):
 
 
 def model_label(label: str, cfg) -> str:
-    """The cost model's variant a speed label runs: the label itself, else its strategy (balanced where its batches
-    are) with other settings, which the Workload reads (DDP's buckets)."""
+    """The cost model's variant a speed label runs: the label, else its strategy (balanced where its batches are)."""
     if label in cm.variants():
         return label
     strategy = cfg.parallelism.data_parallel
@@ -318,8 +298,7 @@ def predict_label(label: str, cfg, work: cm.Workload, hw: cm.Hardware) -> dict:
 
 
 def cpu_budget_s(label: str, cfg, plan: ClusterPlan, inputs: dict, work: cm.Workload) -> float:
-    """The emulation's CPU budget: a rank on a share of a core cannot update faster than its micro-batches' compute
-    plus, per job of the update, ZeRO-1's CPU beyond compute (probed), over that share. 0 without the probe."""
+    """A rank's floor on its share of a core: its compute plus, per job, ZeRO-1's CPU beyond compute (0: not probed)."""
     overhead = inputs.get("cpu_overhead_s")
     if overhead is None:
         return 0.0
@@ -340,7 +319,7 @@ def cpu_budget_s(label: str, cfg, plan: ClusterPlan, inputs: dict, work: cm.Work
 def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed: dict, inputs: dict,
                   virtual: bool = False) -> dict:  # fmt: skip
     """Every label of one setting of a speed table: predicted against measured seconds per recipe update's tokens,
-    or why the model cannot predict it. `virtual`: the table ran virtual compute, each row with its calibration."""
+    or why the model cannot predict it (`virtual`: each row ran virtual compute with its calibration)."""
     links = link(plan, probed)
     factors = collective_factors(links, probed["collectives"])
     rows, skipped = {}, {}
@@ -507,10 +486,9 @@ def main(argv: list[str] | None = None) -> int:
                for s in t["settings"] if s in plans_of[name]}  # fmt: skip
     wanted = dict(by_plan.values())  # one probe per plan
     real = any(t.get("meta", {}).get("virtual_compute") != "on" for t in tables.values())
-    command = common.command("cost-model-check", argv)
     try:
         virtual = any(t.get("meta", {}).get("virtual_compute") == "on" for t in tables.values())
-        cached = probes_for(out, wanted, inputs["params"], args.probe, command, compute=real, virtual=virtual)
+        cached = probes_for(out, wanted, inputs["params"], args.probe, argv, compute=real, virtual=virtual)
     except UserError as e:
         parser.error(str(e))
     inputs["adamw_elements_per_s"] = cached["adamw_elements_per_s"]
@@ -525,9 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 for c, s in at_cores}  # fmt: skip
     result = check(tables, plans_of, cached["settings"], inputs)
     probed = cached.get("meta", {})
-    meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(), "command": command,
-            "probes": f"{PROBES}, {probed.get('date', '?')}, {probed.get('machine', '?')}",
-            "inputs": inputs}  # fmt: skip
+    probes = f"{PROBES}, {probed.get('date', '?')}, {probed.get('machine', '?')}"
+    meta = common.meta("cost-model-check", argv, probes=probes, inputs=inputs)
     bars = {name: [(f"{setting} {label}", 100 * r["error"], 0) for setting, x in settings.items()
                    for label, r in x.get("rows", {}).items()] for name, settings in result.items()}  # fmt: skip
     common.write_report(out, args.name, {"meta": meta, "tables": result}, markdown(result, meta),

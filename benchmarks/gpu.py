@@ -11,7 +11,6 @@ job's kernel time that ran beside compute kernels. Writes gpu_mfu.{json,md}, gpu
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import subprocess
@@ -22,36 +21,31 @@ from pathlib import Path
 import torch
 from torch.utils.data import IterableDataset
 
-from benchmarks.common import ACCO, DDP, FSDP, ROOT, ZERO1, write_report
+from benchmarks.common import ACCO, DDP, FSDP, ROOT, ZERO1, bare_parser, records, write_report
 from torchacco.parallel.registry import strategy_class
 
 LLAMA_8B = dict(model="llama3", flavor="8B", seq=8192)
-NEO_125M = dict(model="gpt_neo", flavor="125M", seq=2048)
+NEO_125M = dict(model="gpt_neo", flavor="125M", seq=2048, batch=8, ac="none")
+COMPILED = {True: "compiled", False: "eager"}
+
+
+def llama_case(strategy=FSDP, layers=4, batch=1, compile=True, ac="none", chunks=8) -> dict:
+    """Llama 3 8B's first `layers` layers; the name says how the case differs from the first."""
+    name = f"8B×{layers} {strategy} {COMPILED[compile]}" + f", {ac} AC" * (ac != "none")
+    name += f", batch {batch}" * (batch > 1) + ", unchunked loss" * (chunks == 1)
+    settings = dict(layers=layers, strategy=strategy, batch=batch, compile=compile, ac=ac, chunks=chunks)
+    return {**LLAMA_8B, "name": name, **settings}
 
 
 def cases(quick: bool) -> list[dict]:
     """The measured configurations: name, model shape, strategy, batch, compile, AC, loss chunks."""
-    llama = [
-        dict(name="8B×4 fsdp compiled", layers=4, strategy=FSDP, batch=1, compile=True, ac="none", chunks=8),
-        dict(name="8B×8 fsdp compiled, selective AC, batch 2", layers=8, strategy=FSDP, batch=2, compile=True,
-             ac="selective", chunks=8),
-        dict(name="8B×4 fsdp eager", layers=4, strategy=FSDP, batch=1, compile=False, ac="none", chunks=8),
-        dict(name="8B×8 fsdp eager, selective AC, batch 2", layers=8, strategy=FSDP, batch=2, compile=False,
-             ac="selective", chunks=8),
-        dict(name="8B×4 zero1 compiled", layers=4, strategy=ZERO1, batch=1, compile=True, ac="none", chunks=8),
-        dict(name="8B×4 acco compiled", layers=4, strategy=ACCO, batch=1, compile=True, ac="none", chunks=8),
-        dict(name="8B×4 fsdp compiled, selective AC", layers=4, strategy=FSDP, batch=1, compile=True,
-             ac="selective", chunks=8),
-        dict(name="8B×4 fsdp compiled, full AC", layers=4, strategy=FSDP, batch=1, compile=True, ac="full",
-             chunks=8),
-        dict(name="8B×4 fsdp compiled, unchunked loss", layers=4, strategy=FSDP, batch=1, compile=True, ac="none"),
-    ]  # fmt: skip
-    neo = [
-        dict(name=f"125M {s} {'compiled' if c else 'eager'}", strategy=s, batch=8, compile=c, ac="none", chunks=4)
-        for s in (ZERO1, ACCO, DDP, FSDP)
-        for c in ((True, False) if s in (ZERO1, ACCO) else (False,))
+    llama = [llama_case(), llama_case(layers=8, batch=2, ac="selective"), llama_case(compile=False)]
+    llama += [llama_case(layers=8, batch=2, compile=False, ac="selective"), llama_case(ZERO1), llama_case(ACCO)]
+    llama += [llama_case(ac="selective"), llama_case(ac="full"), llama_case(chunks=1)]
+    neo = [(s, c) for s in (ZERO1, ACCO, DDP, FSDP) for c in ((True, False) if s in (ZERO1, ACCO) else (False,))]
+    out = llama + [
+        {**NEO_125M, "name": f"125M {s} {COMPILED[c]}", "strategy": s, "compile": c, "chunks": 4} for s, c in neo
     ]
-    out = [{**LLAMA_8B, **c} for c in llama] + [{**NEO_125M, **c} for c in neo]
     return out[:1] + out[-2:] if quick else out
 
 
@@ -97,7 +91,7 @@ def run_case(case: dict, out: Path, steps: int) -> dict:
         cfg.profiling.enable, cfg.profiling.start_step, cfg.profiling.active_steps = True, 4, 2
     data = RandomTokens(args.vocab_size, case["seq"])
     train(cfg, model=model, datasets=(data, data))
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = records(out)
     steady = rows[3:]
     mean = lambda key: sum(r.get(key, 0.0) for r in steady) / len(steady)
     params = sum(p.numel() for p in model.parameters())
@@ -172,8 +166,7 @@ def overlap_run(args) -> dict:
     from benchmarks.trace import overlap, render_timeline
 
     _delay_jobs(args.delay_ms)
-    case = {**NEO_125M, "name": "125M acco (traced)", "strategy": ACCO, "batch": 8, "compile": False, "ac": "none",
-            "profile": True}  # fmt: skip
+    case = {**NEO_125M, "name": "125M acco (traced)", "strategy": ACCO, "compile": False, "profile": True}
     out = Path(args.out)
     result = run_case(case, Path("/tmp/torchacco-gpu-bench/overlap"), args.steps)
     trace = sorted(Path("/tmp/torchacco-gpu-bench/overlap/profile/rank0").glob("trace_step*.json"))[-1]
@@ -196,8 +189,7 @@ def overlap_table(found: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks gpu", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = bare_parser("gpu", __doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("mfu")
     p.add_argument("--out", default="bench_results")

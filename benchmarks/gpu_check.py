@@ -1,13 +1,12 @@
 """`python -m benchmarks gpu-check`: the CUDA paths checked in one short GPU lease (about 13 minutes).
 
 Six steps (STEPS; --dry-run prints them and checks, without a GPU, that every command would start), each a process
-group of its own with its own time limit (a hang costs that step's limit, not the lease); the JSON summary
-(bench_results/gpu_check_<date>.json) is rewritten after each step. Where one command may run 10 minutes, run it
+group with its own time limit (a hang costs that step's limit, not the lease); the JSON summary
+(bench_results/gpu_check_<date>.json) is rewritten after each step. Where a command may run only 10 minutes, run it
 as two: `--steps env,cuda-tests,parity`, then `--steps env,throughput,stall,torchtitan`. The env step installs the
-wheels in --wheels (benchmarks/gpu_wheels.sh) without the network; throughput compares against
-bench_results/gpu_{mfu,overlap}.json; torchtitan runs its case in the torchtitan installed (0.2.2, carried; or
-0.3.0, which does not import with torch 2.11). A step whose needs are absent (no GPU, no torchtitan, a torch
-torchtitan does not import with) is "skipped: <reason>" and the rest go on.
+wheels in --wheels (benchmarks/gpu_wheels.sh) offline; throughput compares against bench_results/gpu_{mfu,overlap}.json;
+torchtitan runs the same case in the torchtitan installed (0.2.2, carried, on torch 2.11; or 0.3.0). A step whose
+needs are absent (no GPU, no torchtitan, a torch torchtitan does not import with) is "skipped: <reason>".
 """
 
 from __future__ import annotations
@@ -70,9 +69,6 @@ STEPS = [
 def step_argv(step: Step, ctx) -> list[str]:
     own = [sys.executable, "-m", "benchmarks.gpu_check", "_step", step.name, "--work", str(ctx.work)]
     return step.child or own + ["--titan-assets", str(ctx.titan_assets), "--wheels", str(ctx.wheels)]
-
-
-# Each step's commands: (label, argv, extra environment). The dry run prints and checks them.
 
 
 def debug_run(ctx) -> list[str]:
@@ -295,6 +291,10 @@ WORDS = (
 ).split()
 
 
+def outcome(problems: list[str]) -> str:
+    return "failed: " + "; ".join(problems) if problems else "passed"
+
+
 def part(**found) -> dict:
     print("PART " + json.dumps(found), flush=True)
     return found
@@ -359,7 +359,7 @@ def env_step(ctx) -> dict:
     problems = [f"torch {info['torch']} is not a CUDA build (install a +cu torch there)"] * (not info["cuda_build"])
     problems += ["no GPU visible to torch"] * (not info["gpu"])
     problems += [f"missing modules: {', '.join(info['missing'])} (carry them: gpu_wheels.sh)"] * bool(info["missing"])
-    return {"status": "failed: " + "; ".join(problems) if problems else "passed", **info}
+    return {"status": outcome(problems), **info}
 
 
 def cuda_tests_step(ctx) -> dict:
@@ -404,7 +404,7 @@ def parity_step(ctx) -> dict:
     gap = rel_gap(resumed, full)
     if not part(check="resume from a CUDA checkpoint", ok=gap <= BF16_REL, gap=gap, full=full, resumed=resumed)["ok"]:
         problems.append(f"resume: steps 4-6 are {gap:.3g} from the uninterrupted run's")
-    return {"status": "failed: " + "; ".join(problems) if problems else "passed", "tolerance": BF16_REL}
+    return {"status": outcome(problems), "tolerance": BF16_REL}
 
 
 def throughput_step(ctx) -> dict:
@@ -434,7 +434,7 @@ def throughput_step(ctx) -> dict:
         ok = got["overlap"] >= KEPT * ref_overlap
         part(check="overlap", ok=ok, overlap=got["overlap"], reference=ref_overlap)
         problems += [] if ok else [f"overlap {got['overlap']:.1%} under {KEPT:.0%} of {ref_overlap:.1%}"]
-    return {"status": "failed: " + "; ".join(problems) if problems else "passed"}
+    return {"status": outcome(problems)}
 
 
 def stall_step(ctx) -> dict:
@@ -454,7 +454,7 @@ def stall_step(ctx) -> dict:
     part(check="flight recorder", ok=bool(dumps), files=dumps)
     problems = [] if diagnosed else [f"no one-line diagnosis (exit {proc.returncode}: {tail(proc, 1)})"]
     problems += [] if dumps else [f"nothing in {recorder}"]
-    return {"status": "failed: " + "; ".join(problems) if problems else "passed"}
+    return {"status": outcome(problems)}
 
 
 def titan_version() -> str | None:

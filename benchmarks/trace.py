@@ -1,11 +1,6 @@
-"""Reading a torchacco profiler trace (Chrome trace JSON): which GPU kernels the sharded job
-launched, which the compute side did, on which streams, and how much of the job's GPU time ran
-while compute kernels ran too.
-
-The job's kernels are found by provenance, not by name: the streams on which the thread that ran
-`torchacco/job:<kind>` (the communication thread) launched kernels are the job's streams, and
-every kernel on them is the job's; every other kernel belongs to the compute side (forward,
-backward, the loop).
+"""Reading a torchacco profiler trace (Chrome trace JSON): the sharded job's GPU kernels and the compute side's, on
+which streams, and how much of the job's kernel time ran beside compute kernels. The job's kernels are found by
+provenance, not name: every kernel on a stream that the `torchacco/job:<kind>` thread launched on is the job's.
 """
 
 from __future__ import annotations
@@ -13,6 +8,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from benchmarks.common import panels, save_figure
 
 
 @dataclass
@@ -52,8 +49,7 @@ def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
 
 
 def split_kernels(events: list[dict]) -> tuple[Kernels, Kernels]:
-    """(the job's kernels, the compute side's kernels) of one trace's events. The job's streams are
-    those its thread launched kernels on; every kernel on them is the job's (only the job uses them)."""
+    """(the job's kernels, the compute side's kernels) of one trace's events."""
     job_threads = {e["tid"] for e in events if str(e.get("name", "")).startswith("torchacco/job:")}
     job_launches = {
         e["args"]["correlation"]
@@ -71,8 +67,8 @@ def split_kernels(events: list[dict]) -> tuple[Kernels, Kernels]:
 
 
 def overlap(trace: Path) -> dict:
-    """Kernel time of the job and of compute, and the share of the job's kernel time that ran
-    while compute kernels ran (its overlap); exposed is the rest of the job's kernel time."""
+    """Kernel time of the job and of compute, and the share of the job's that ran beside compute kernels (its overlap;
+    exposed: the rest)."""
     events = json.loads(Path(trace).read_text())["traceEvents"]
     job, compute = split_kernels(events)
     job_spans, compute_spans = _union(job.spans), _union(compute.spans)
@@ -91,22 +87,16 @@ def overlap(trace: Path) -> dict:
 
 def render_timeline(trace: Path, png: Path, title: str) -> None:
     """A PNG of the traced window: the compute side's kernels and the job's, one row per stream."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    events = json.loads(Path(trace).read_text())["traceEvents"]
-    job, compute = split_kernels(events)
+    drawn = panels(1, height=2.6, width=12)
+    if drawn is None:
+        return
+    fig, (ax,) = drawn
+    job, compute = split_kernels(json.loads(Path(trace).read_text())["traceEvents"])
     origin = min(a for a, _ in job.spans + compute.spans)
-    fig, ax = plt.subplots(figsize=(12, 2.6))
     for row, (kernels, color) in enumerate(((compute, "tab:blue"), (job, "tab:orange"))):
         spans = [((a - origin) / 1e3, (b - a) / 1e3) for a, b in _union(kernels.spans)]
         ax.broken_barh(spans, (row * 10, 8), color=color)
     ax.set_yticks([4, 14], ["compute stream", "job stream"])
-    ax.set_xlabel("ms")
-    ax.set_title(title)
-    fig.tight_layout()
+    ax.set(xlabel="ms", title=title)
     png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+    save_figure(fig, png)

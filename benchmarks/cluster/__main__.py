@@ -1,5 +1,4 @@
-"""`python -m benchmarks cluster` (or `python -m benchmarks.cluster`): one training run on the emulated cluster
-(or `--dry-run`: its commands)."""
+"""`python -m benchmarks cluster`: one training run on the emulated cluster (or `--dry-run`: its commands)."""
 
 from __future__ import annotations
 
@@ -9,34 +8,30 @@ import sys
 from pathlib import Path
 
 import benchmarks.cluster
+from benchmarks import common
 from benchmarks.cluster.launch import run_training, summarize
-from benchmarks.cluster.plan import CFS_PERIOD_US, CPU_PERIOD_HELP, ClusterError, ClusterPlan, parse_rate, period_us
+from benchmarks.cluster.plan import ClusterError, ClusterPlan, add_node_options, node_options, parse_rate
 from torchacco.errors import run_cli
 
 
 def plan_from_args(args) -> ClusterPlan:
     return ClusterPlan(nodes=args.nodes, ranks_per_node=args.ranks_per_node, rate_bps=parse_rate(args.rate),
-                       node_rate_bps=parse_rate(args.node_rate),
                        latency_ms=args.latency_ms, slow_node=args.slow_node, slow_factor=args.slow_factor,
-                       cpu_per_node=args.cpu_per_node, tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
-                       cpu_period_us=period_us(args.cpu_period_ms))  # fmt: skip
+                       cpu_per_node=args.cpu_per_node, **node_options(args))  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks cluster", description=benchmarks.cluster.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = common.bare_parser("cluster", benchmarks.cluster.__doc__)
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks on each node (their traffic unshaped)")
     parser.add_argument("--rate", default="unshaped", help="per-link rate each way, e.g. 200mbit, 1gbit, unshaped")
-    parser.add_argument("--node-rate", default="unshaped", help="inside each node: its ranks' traffic together")
+
     parser.add_argument("--latency-ms", type=float, default=0.0, help="one-way link latency (needs tc netem)")
     parser.add_argument("--slow-node", type=int, default=None, help="index of a node made slow by a CPU quota")
     parser.add_argument("--slow-factor", type=float, default=4.0)
     parser.add_argument("--cpu-per-node", type=float, default=None, help="CPU quota of every node, in cores")
     parser.add_argument("--out", default="bench_results/runs/cluster")
-    parser.add_argument("--no-slow-start-after-idle", action="store_true", help="set net.ipv4."
-                        "tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)")  # fmt: skip
-    parser.add_argument("--cpu-period-ms", type=float, default=CFS_PERIOD_US / 1000, help=CPU_PERIOD_HELP)
+    add_node_options(parser)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per node")
     parser.add_argument("--port", type=int, default=29400)
     parser.add_argument("--timeout", type=float, default=900)

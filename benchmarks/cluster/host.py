@@ -1,5 +1,5 @@
-"""The host: can it run the emulated cluster (root, iproute2, namespaces, tc, cgroups), and running
-its commands, loudly for setup and quietly for teardown."""
+"""The host: can it run the emulated cluster (root, iproute2, namespaces, tc, cgroups); its commands run loudly for
+setup and quietly for teardown."""
 
 from __future__ import annotations
 
@@ -24,9 +24,8 @@ def detect_cgroup() -> str | None:
 
 
 def preflight(need_cgroup: bool = False, need_netem: bool = False) -> str | None:
-    """Check root, ip/tc, network namespaces (and tc tbf, netem, cgroups when needed). Returns the cgroup kind.
-
-    Raises ClusterError naming what is missing."""
+    """Check root, ip/tc, network namespaces (and tc tbf, netem, cgroups when needed): the cgroup kind, or a
+    ClusterError naming what is missing."""
     if sys.platform != "linux":
         raise ClusterError("the emulated cluster needs Linux (network namespaces, tc, cgroups)")
     if os.geteuid() != 0:

@@ -1,7 +1,5 @@
-"""Training on the cluster: one torchrun agent (`torchacco.launch`) per node inside its namespace, starting the
-node's ranks; rendezvous (c10d) at node 0's address, ranks talking gloo over the namespaces' links
-(`GLOO_SOCKET_IFNAME=eth0`); then the run's records and per-rank reports, or one line saying which node failed
-and why."""
+"""Training on the cluster: one torchrun agent per node inside its namespace, rendezvous at node 0, gloo over the
+namespaces' links; then the run's records and per-rank reports, or one line saying which node failed and why."""
 
 from __future__ import annotations
 
@@ -17,6 +15,7 @@ from pathlib import Path
 
 from benchmarks.cluster.namespaces import ROOT, Cluster
 from benchmarks.cluster.plan import ClusterError, ClusterPlan
+from benchmarks.common import records, update_s
 from torchacco.emulation import overrides
 
 NODE_TRAIN = "benchmarks.workers.node_train"
@@ -40,27 +39,21 @@ def node_env(threads: int = 1, extra: dict | None = None) -> dict:
 
 
 def calibrate(train_args: list[str], threads: int = 1) -> dict:
-    """Virtual compute's durations for `train_args`' micro-batch, measured here (`python -m torchacco.emulation`):
-    on the quiet host, with the threads a node's rank gets."""
+    """Virtual compute's durations for `train_args`' micro-batch, measured on the host with a rank's threads."""
     proc = subprocess.run([sys.executable, "-m", "torchacco.emulation", "--threads", str(threads), *train_args],
                           cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     if proc.returncode:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ClusterError(f"calibrating virtual compute failed: {last.removeprefix('torchacco: error: ')}")
+        raise ClusterError(f"calibrating virtual compute failed: {last_error(proc.stderr)}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout_s: float = 900, port: int = 29400,
                  threads: int = 1, verbose: bool = False, env: dict | None = None,
                  virtual_compute: bool = False, virtual_scale: float = 1.0) -> dict:  # fmt: skip
-    """Train on the emulated cluster; returns {'records': metrics.jsonl, 'ranks': per-rank reports, 'wall_s'} (and
-    'calibration' with `virtual_compute`: waits instead of compute, torchacco/emulation.py; a slow node then
-    keeps its full CPU and waits `slow_factor` times as long, as a slower GPU would; `virtual_scale` lengthens every
-    wait: a model that computes that much longer per byte it sends, with the ranks' own CPU work a smaller share).
-
-    Raises ClusterError (one line, the tail of the failing node's log) when a node fails or times out."""
-    folder.mkdir(parents=True, exist_ok=True)
-    # (overwrite: the folder holds the node logs)
+    """Train on the emulated cluster: {'records', 'ranks' (per-rank reports), 'wall_s'}, and with `virtual_compute`
+    (waits instead of compute; a slow node waits `slow_factor` times as long, as a slower GPU would) 'calibration',
+    each wait `virtual_scale` times as long. A failing node or a timeout is one line (ClusterError)."""
+    folder.mkdir(parents=True, exist_ok=True)  # (overwrite: the folder holds the node logs)
     args = [*train_args, "--job.dump_folder", str(folder), "--job.overwrite", "true", "--training.num_threads",
             str(threads)]  # fmt: skip
     calibration = calibrate(train_args, threads) if virtual_compute else None
@@ -77,8 +70,7 @@ def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout
                               text=True, env={**os.environ, "WORLD_SIZE": str(plan.world_size),
                                               "LOCAL_WORLD_SIZE": str(plan.ranks_per_node)})  # fmt: skip
     if validate.returncode:
-        last = validate.stderr.strip().splitlines()[-1] if validate.stderr.strip() else "invalid config"
-        raise ClusterError(last.removeprefix("torchacco: error: "))
+        raise ClusterError(last_error(validate.stderr, "invalid config"))
     wall = run_nodes(plan, NODE_TRAIN, args, folder, timeout_s, port, threads, verbose, env)
     result = {"records": read_records(folder), "ranks": read_rank_reports(folder), "wall_s": wall}
     return result | ({"calibration": calibration} if calibration else {})
@@ -86,9 +78,8 @@ def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout
 
 def run_nodes(plan: ClusterPlan, module: str, args: list[str], folder: Path, timeout_s: float = 900, port: int = 29400,
               threads: int = 1, verbose: bool = False, extra_env: dict | None = None) -> float:  # fmt: skip
-    """Build the cluster, run `module args` under one torchrun agent per node, tear down. Returns wall seconds.
-
-    Raises ClusterError (one line: the failing node's last error) when a node fails or the run times out."""
+    """Build the cluster, run `module args` under one torchrun agent per node, tear down: the wall seconds, or a
+    ClusterError naming the failing node's last error."""
     folder.mkdir(parents=True, exist_ok=True)
     env = node_env(threads, {"TORCHACCO_NODE_REPORT_DIR": str(folder), **(extra_env or {})})
     started, logs = time.perf_counter(), f"{folder}/node*.log"
@@ -112,22 +103,24 @@ def run_nodes(plan: ClusterPlan, module: str, args: list[str], folder: Path, tim
     return time.perf_counter() - started
 
 
+def last_error(output: str, default: str = "no output") -> str:
+    """A process's error line (without its prefix), else its last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    line = next((x for x in reversed(lines) if x.startswith("torchacco: error: ")), lines[-1] if lines else default)
+    return line.removeprefix("torchacco: error: ")
+
+
 def _last_error(log: Path) -> str:
     try:
-        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        return last_error(log.read_text(errors="replace"))
     except OSError:
         return "no log"
-    for line in reversed(lines):
-        if line.startswith("torchacco: error: "):
-            return line.removeprefix("torchacco: error: ")
-    return lines[-1] if lines else "no output"
 
 
 def read_records(folder: Path) -> list[dict]:
-    path = folder / "metrics.jsonl"
-    if not path.exists():
+    if not (folder / "metrics.jsonl").exists():
         raise ClusterError(f"no metrics.jsonl in {folder}: the run logged nothing")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return records(folder)
 
 
 def read_rank_reports(folder: Path) -> list[dict]:
@@ -143,10 +136,8 @@ def read_rank_reports(folder: Path) -> list[dict]:
 def summarize(records: list[dict], warmup: int) -> dict:
     """A run's records after `warmup`: tokens/s, step time, exposed communication, overlap and final loss."""
     kept = records[warmup:] if len(records) > warmup else records
-    # metrics.jsonl gives each step's tokens and throughput; their ratio is the step's wall time.
-    step_times = [r["tokens_per_update"] / r["tokens_per_s"] for r in kept]
-    # Exposed communication: what the compute side waited for (overlapped schedules measure it;
-    # for synchronous ones it is all of the time after the last micro-batch).
+    step_times = [update_s(r) for r in kept]
+    # what the compute side waited for: overlapped schedules measure it; a synchronous one's is its sync
     exposed = [r.get("exposed_comm_s", r["share_sync"] * t) for r, t in zip(kept, step_times)]
     return {"steps": len(kept), "tokens_per_s": sum(r["tokens_per_update"] for r in kept) / sum(step_times),
             "step_time_s": statistics.mean(step_times), "exposed_comm_s": statistics.mean(exposed),

@@ -1,7 +1,5 @@
-"""What to build: the emulated cluster as pure data, and the `ip`/`tc`/cgroup commands it turns into.
-
-Nothing here touches the machine, so plans are unit-testable without root.
-"""
+"""What to build: the emulated cluster as pure data, and the `ip`/`tc`/cgroup commands it turns into (nothing here
+touches the machine, so plans are unit-testable without root)."""
 
 from __future__ import annotations
 
@@ -17,18 +15,28 @@ from torchacco.errors import UserError
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 CFS_PERIOD_US = 100_000
-CPU_PERIOD_HELP = "the CFS period of the nodes' CPU quotas (a throttled node freezes for the rest of it)"
 
 
 class ClusterError(UserError):
     """The machine cannot host the emulated cluster, or setting it up failed (one line)."""
 
 
-def period_us(ms: float) -> int:
-    """--cpu-period-ms as ClusterPlan.cpu_period_us (its range is ClusterPlan's to check)."""
-    if not math.isfinite(ms):
-        raise ClusterError(f"--cpu-period-ms must be a finite number of milliseconds, got {ms}")
-    return round(ms * 1000)
+def add_node_options(parser) -> None:
+    """The options of the nodes that `speed` and `cluster` both take (their plans' fields: node_options)."""
+    parser.add_argument("--node-rate", default="unshaped", help="with several ranks per node: the link inside each "
+                        "node, its ranks' traffic together (e.g. 2gbit)")  # fmt: skip
+    parser.add_argument("--no-slow-start-after-idle", action="store_true", help="set net.ipv4."
+                        "tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)")  # fmt: skip
+    parser.add_argument("--cpu-period-ms", type=float, default=CFS_PERIOD_US / 1000, help="the CFS period of the "
+                        "nodes' CPU quotas (a throttled node freezes for the rest of it)")  # fmt: skip
+
+
+def node_options(args) -> dict:
+    """add_node_options' arguments as ClusterPlan's fields (the period's range is ClusterPlan's to check)."""
+    if not math.isfinite(args.cpu_period_ms):
+        raise ClusterError(f"--cpu-period-ms must be a finite number of milliseconds, got {args.cpu_period_ms}")
+    return {"node_rate_bps": parse_rate(args.node_rate), "cpu_period_us": round(args.cpu_period_ms * 1000),
+            "tcp_slow_start_after_idle": not args.no_slow_start_after_idle}  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -36,13 +44,10 @@ class ClusterPlan:
     """What to build: pure data. `setup_commands()` / `teardown_commands()` are the shell commands."""
 
     nodes: int = 2
-    # ranks on each node: they share its namespace, CPU quota and link; their own traffic stays on the node
-    # (the kernel routes between local addresses without the shaped veth), as NVLink/PCIe inside a real node
+    # a node's ranks share its namespace, quota and link; their traffic to one another stays on its loopback
     ranks_per_node: int = 1
     rate_bps: float | None = None  # per link and direction; None: unshaped veth
-    # inside each node: the ranks' traffic to one another (the node's loopback, both directions together), as
-    # NVLink or PCIe; None: unshaped
-    node_rate_bps: float | None = None
+    node_rate_bps: float | None = None  # the node's loopback, both directions together (NVLink, PCIe); None: unshaped
     latency_ms: float = 0.0  # one-way, needs netem
     slow_node: int | None = None  # index of the node made slow
     slow_factor: float = 1.0  # the slow node gets cpu_per_node / slow_factor cores
@@ -50,12 +55,9 @@ class ClusterPlan:
     prefix: str = ""  # namespace and cgroup names; unique per run
     subnet: str = "10.77.0"  # /24 inside the namespaces
     cgroup: str = "v1"  # v1 (cpu controller at /sys/fs/cgroup/cpu) or v2
-    # Linux's default: a TCP connection idle for longer than its retransmission timeout restarts from the
-    # initial congestion window, so a collective after a compute period starts slow (a per-namespace sysctl)
+    # Linux's default: a connection idle past its retransmission timeout restarts slow (a collective after compute)
     tcp_slow_start_after_idle: bool = True
-    # the CFS period over which a quota is granted: a throttled node freezes for the rest of it, up to
-    # (1 - cores) × period (90 ms at 0.1 cores of 100 ms), inside a collective too; a short period makes a slow
-    # node slow throughout rather than stalled in bursts
+    # a throttled node freezes for the rest of the period (inside a collective too): short, it is slow throughout
     cpu_period_us: int = CFS_PERIOD_US
 
     def __post_init__(self):

@@ -1,5 +1,4 @@
-"""Probes of the cluster's links: the gloo collectives' times (what the cost model's factors are
-fitted to) and one TCP stream's goodput (a check of the shaping)."""
+"""Probes of the cluster's links: the collectives' times (the cost model's inputs) and one TCP stream's goodput."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from benchmarks.cluster.plan import ClusterError, ClusterPlan
 
 def probe_collectives(plan: ClusterPlan, folder: Path, numel: int, port: int = 29400, timeout_s: float = 600,
                       extra: list[str] = ()) -> dict:  # fmt: skip
-    """Seconds (the median of the repeats, or as `extra` says) of each collective of `numel` fp32 over the cluster
-    (`extra`: more benchmarks/workers/collective_probe.py options)."""
+    """Seconds of each collective of `numel` fp32 over the cluster (`extra`: more collective_probe.py options)."""
     run_nodes(plan, "benchmarks.workers.collective_probe", ["--numel", str(numel), *extra], folder, timeout_s, port)
     return json.loads((folder / "collectives.json").read_text())
 

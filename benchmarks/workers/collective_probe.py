@@ -1,10 +1,6 @@
-"""BENCHMARK ONLY: time the sharded job's collectives (reduce-scatter, all-gather, all-reduce) over gloo.
-
-Run on each emulated node under torchrun; rank 0 writes `$TORCHACCO_NODE_REPORT_DIR/collectives.json`
-with the median (or mean) seconds of each collective on a buffer of `--numel` fp32 elements: gloo's own (what
-torch DDP and FSDP run) and, as ring_*, torchacco's point-to-point rings (what the sharded job of
-ZeRO-1, ACCO, DPU and WP runs on gloo: `torchacco/parallel/collectives.py`). The cost model's
-bytes-on-the-wire assumption for gloo is checked against it.
+"""BENCHMARK ONLY: time the collectives over gloo on each emulated node (under torchrun); rank 0 writes
+`$TORCHACCO_NODE_REPORT_DIR/collectives.json`: the seconds of gloo's own (DDP, FSDP) and, as ring_*, torchacco's
+point-to-point rings (the sharded job's: torchacco/parallel/collectives.py) on `--numel` fp32 elements.
 """
 
 import argparse
@@ -34,15 +30,13 @@ def main() -> int:
     # median: a collective's typical time; mean: what it costs a run on average, where its time is bimodal (the
     # ring's two directions take turns on one TCP connection on some calls and not on others)
     parser.add_argument("--stat", choices=("median", "mean"), default="median")
-    parser.add_argument("--one-connection", action="store_true", help="2 ranks: the ring's messages both ways on "
-                        "one connection (no collectives.add_return_group)")  # fmt: skip
     args = parser.parse_args()
     unknown = [name for name in args.ops.split(",") if name and name not in OPS]
     if unknown:
         parser.error(f"--ops: unknown collective {unknown[0]!r}; from {', '.join(OPS)}")
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
-    if world == 2 and not args.one_connection:  # as the trainer's data-parallel group of 2 (parallel/dims.py)
+    if world == 2:  # as the trainer's data-parallel group of 2 (parallel/dims.py)
         collectives.add_return_group(dist.group.WORLD, dist.new_group(backend="gloo"))
     numel = args.numel // world * world
     full = torch.randn(numel)
@@ -60,7 +54,7 @@ def main() -> int:
         ops = {name: ops[name] for name in args.ops.split(",") if name}
     result = {"numel": numel, "bytes": numel * 4, "world": world}
     result["until"], result["stat"], result["repeats"] = args.until, args.stat, args.repeats
-    result["connections"] = 1 if args.one_connection or world != 2 else 2
+    result["connections"] = 2 if world == 2 else 1
     stat = getattr(statistics, args.stat)
     for name, op in ops.items():
         times, cpu = [], []

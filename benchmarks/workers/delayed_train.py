@@ -1,10 +1,5 @@
-"""BENCHMARK ONLY: `torchacco.train` with an artificial delay before every sharded-job collective.
-
-Emulates a slow interconnect on one machine, where loopback gloo would make communication
-nearly free: each reduce-scatter and all-gather of the ZeRO-1/ACCO/DPU/WP job first sleeps
-TORCHACCO_BENCH_COMM_DELAY_MS milliseconds (sleeping releases the GIL, as a network wait does),
-through the engine's seam for it (`torchacco.parallel.collectives.set_collective_hook`).
-Never used by training itself.
+"""BENCHMARK ONLY: `torchacco.train` with each sharded-job collective first sleeping TORCHACCO_BENCH_COMM_DELAY_MS
+(a slow interconnect on one machine, where loopback is nearly free; a sleep releases the GIL, as a network wait does).
 """
 
 import os

@@ -1,9 +1,5 @@
-"""BENCHMARK ONLY: `torchacco.train` on one emulated node, plus a per-rank report at exit.
-
-Writes `$TORCHACCO_NODE_REPORT_DIR/rank<R>.json` with the rank's peak resident memory (CPU) or
-peak allocated memory (CUDA), its wall time and its network address, so memory can be compared per
-rank and per strategy (`metrics.jsonl` is written by rank 0 only). Training itself is unchanged.
-"""
+"""BENCHMARK ONLY: `torchacco.train` on one emulated node, then `$TORCHACCO_NODE_REPORT_DIR/rank<R>.json`: the rank's
+peak memory, CPU and wall time, and its node (metrics.jsonl is rank 0's only)."""
 
 import json
 import os
@@ -25,7 +21,7 @@ def _report(started: float, code: int) -> None:
         "wall_s": time.perf_counter() - started,
         "cpu_user_s": usage.ru_utime,
         "cpu_sys_s": usage.ru_stime,
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "peak_rss_gib": usage.ru_maxrss / 2**20,
         "node_addr": os.environ.get("TORCHACCO_NODE_ADDR", ""),
         "node": int(os.environ.get("TORCHACCO_NODE_INDEX", -1)),
     }
@@ -43,8 +39,7 @@ def _report(started: float, code: int) -> None:
 
 
 def slow_rank_args() -> list[str]:
-    """Under virtual compute, the slow node's ranks name themselves slow ([emulation] slow_ranks): which global
-    ranks a node gets is the rendezvous' choice."""
+    """Under virtual compute, the slow node's ranks name themselves slow (the rendezvous picks a node's ranks)."""
     if os.environ.get("TORCHACCO_SLOW_NODE") != os.environ.get("TORCHACCO_NODE_INDEX", "-1"):
         return []
     factor = os.environ["TORCHACCO_SLOW_FACTOR"]

@@ -36,8 +36,8 @@ def timing_dependent(strategy: str) -> bool:
 
 
 def token_variant(strategy: str) -> str:
-    """The token-efficiency variant whose update a speed strategy computes: balanced batches do not change it, nor
-    ZeRO-1 in place of DDP (inside DiLoCo's replicas too)."""
+    """The token-efficiency variant whose update a speed strategy computes (balanced batches and ZeRO-1 for DDP, in
+    DiLoCo's replicas too, change nothing)."""
     if timing_dependent(strategy):
         return strategy
     plain = strategy.removesuffix("_balanced")
@@ -48,8 +48,8 @@ def token_variant(strategy: str) -> str:
 
 
 def calibrate(folder: Path, timeout: float) -> dict:
-    """Compute per update of ZeRO-1 on 2 unshaped nodes of one rank (the recipe, 30 updates, the first 5 left out),
-    and the link rate at which its job takes as long."""
+    """ZeRO-1's compute per update on 2 unshaped one-rank nodes (median of 25), and the link rate at which its job
+    takes as long."""
     train = recipe(160, 3e-3, 0, [*QUIET, "--training.max_tokens", "0", "--training.steps", "30", "--eval.every", "0",
                                   "--parallelism.data_parallel", ZERO1])  # fmt: skip
     kept = run_training(ClusterPlan(nodes=2, rate_bps=None), train, folder, timeout_s=timeout)["records"][5:]
@@ -102,7 +102,7 @@ def check(args) -> tuple[list[str], list[str]]:
 
 
 def time_to_target(args) -> dict:
-    """The four parts in turn (--quick: the command line has put QUICK's values in `args`)."""
+    """The four parts in turn."""
     variants, strategies = check(args)
     name, started = args.name, time.perf_counter()
     fresh, resume = ([], ["--resume"]) if args.resume else (["--fresh"], [])

@@ -10,7 +10,6 @@ recorded as not reaching it; one with mixed or only bounded seeds is left out; a
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -18,6 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks import common
 from benchmarks.common import DDP, ROOT, mean_ci, recipe
 from benchmarks.yardstick.table import token_ratios
 from benchmarks.yardstick.tokens import VARIANTS
@@ -59,8 +59,8 @@ LEFT_OUT: dict = {}  # a variant a file measures but the table cannot hold (in a
 
 
 def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
-    """The measured variants of one result file, as the table's entries (LEFT_OUT: said why on stderr). A measured
-    entry keeps its per-seed ratios (`values`) until the files are pooled."""
+    """One result file's measured variants as the table's entries (LEFT_OUT: said why on stderr); an entry keeps
+    its per-seed ratios (`values`) until the files are pooled."""
     ratios, bounds = token_ratios(rows)
     out = {}
     for label in sorted(set(rows) - set(ratios)):
@@ -90,9 +90,8 @@ def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
 
 
 def pooled(label: str, parts: list[tuple[str, list[int], dict]]) -> dict | None:
-    """One variant's entry from the files that measure it, as (name, seeds, entry): the per-seed ratios of files
-    with distinct seeds pool into one mean and 95% interval (the runs of one seed are the same whichever file
-    asked for them, so a seed counts once). None where a file left it out: pooling the rest would pick seeds."""
+    """One variant's entry from the (name, seeds, entry) of the files that measure it: files with distinct seeds
+    pool into one mean and 95% interval (a seed's runs are the same in any file); None where a file left it out."""
     if any(entry is LEFT_OUT for _, _, entry in parts):
         return None
     if len(parts) > 1:
@@ -165,14 +164,13 @@ def table(out: Path, names: list[str], lr: str, command: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks efficiency-table", description=__doc__)
+    parser = common.bare_parser("efficiency-table", __doc__)
     parser.add_argument("--tokens", action="append", required=True, help="a token-efficiency result run with --budgets")
     parser.add_argument("--lr", default="", help="the learning rate to read (default: each file's only one)")
     parser.add_argument("--out", default="bench_results", help="where the result files are")
     parser.add_argument("--to", default=str(TOKEN_EFFICIENCY), help="the table to write")
     args = parser.parse_args(argv)
-    command = "python -m benchmarks efficiency-table " + " ".join(sys.argv[1:] if argv is None else argv)
-    result = table(ROOT / args.out, args.tokens, args.lr, command)
+    result = table(ROOT / args.out, args.tokens, args.lr, common.command("efficiency-table", argv))
     Path(args.to).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print(json.dumps(result, indent=1, ensure_ascii=False))
     return 0

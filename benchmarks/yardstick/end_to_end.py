@@ -12,14 +12,13 @@ Writes <out>/<--name>.{json,md,png}.
 
 from __future__ import annotations
 
-import datetime
 import json
 import statistics
 from pathlib import Path
 
 from benchmarks import common
 from benchmarks.cluster import run_training
-from benchmarks.common import DDP, QUIET, ROOT, recipe
+from benchmarks.common import DDP, QUIET, ROOT, recipe, update_s
 from benchmarks.yardstick.speed import BASELINES, CALIBRATION_HELP, STRATEGIES, kept_run, plans
 from benchmarks.yardstick.tokens import budget_multiples, updates_to_target
 
@@ -27,14 +26,12 @@ TOLERANCE = 0.10  # the decomposition's target: predicted time to target within 
 
 
 def training_seconds(records: list[dict]) -> float:
-    """The run's training time: each logged update's own time (the trainer restarts its clock after logging,
-    evaluation and checkpoints), every update logged."""
-    return sum(r["tokens_per_update"] / r["tokens_per_s"] for r in records)
+    """The run's training time, evaluation and checkpoints left out (every update logged)."""
+    return sum(map(update_s, records))
 
 
 def val_curve(records: list[dict]) -> list[dict]:
-    """(step, tokens, training wall-clock, val_loss) at each evaluation; the wall-clock sums each update's time
-    (evaluation excluded, as the trainer's throughput does)."""
+    """(step, tokens, training wall-clock, val_loss) at each evaluation (the wall-clock leaves evaluation out)."""
     out, wall, prev = [], 0.0, 0
     for r in records:
         wall, prev = wall + (r["tokens"] - prev) / r["tokens_per_s"], r["tokens"]
@@ -44,8 +41,8 @@ def val_curve(records: list[dict]) -> list[dict]:
 
 
 def measured_time_to_target(target: float, runs: dict[int, dict]) -> tuple[float | None, float | None]:
-    """(seconds, updates) to `target` from finished runs of several budgets (updates -> {'loss', 'seconds'}): the
-    updates as the token side interpolates them, the seconds linear between the same two runs."""
+    """(seconds, updates) to `target` from runs of several budgets (updates -> {'loss', 'seconds'}), interpolated as
+    the token side does."""
     needed, bound = updates_to_target(target, {n: r["loss"] for n, r in runs.items()})
     if needed is None:
         return None, None
@@ -77,8 +74,7 @@ def train_on_cluster(setting: str, name: str, seed: int, updates: int, lr: float
 def validate(setting: str, name: str, seed: int, tokens: dict, speed: dict, base: int, lr: float, out: Path,
              budgets: list[int] = (), fresh: bool = False, calibration: str = "time_to_loss") -> dict:  # fmt: skip
     """One (setting, strategy, seed): its cluster runs, measured and predicted time to target, and how many times
-    sooner than each synchronous baseline (all compute DDP's update: DDP's tokens × their measured speed). A
-    strategy without a token side runs `budgets` and has no prediction."""
+    sooner than each synchronous baseline (DDP's tokens × its speed); one without a token side runs `budgets`."""
     index, rows = tokens["meta"]["seeds"].index(seed), tokens["summary"][f"{lr:g}"]
     target, ratio, finals = rows[DDP]["val_loss"][index], None, {}
     if name.removesuffix("_balanced") in BASELINES:  # DDP's update, in another floating-point order
@@ -194,9 +190,10 @@ def main(argv: list[str] | None = None) -> int:
                for seed in seeds for s, n in pairs]  # fmt: skip
     against_runs(results)
     errors = [abs(r["error"]) for r in results if r["error"] is not None]
-    meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(), "tokens": args.tokens,
-            "speed": args.speed, "lr": f"{lr:g}", "command": common.command("end-to-end", argv),
-            "mean_abs_error": statistics.fmean(errors) if errors else None}  # fmt: skip
+    mean_abs_error = statistics.fmean(errors) if errors else None
+    meta = common.meta(
+        "end-to-end", argv, tokens=args.tokens, speed=args.speed, lr=f"{lr:g}", mean_abs_error=mean_abs_error
+    )
     shown = [r for r in results if r["error"] is not None]
     bars = {"predicted over measured time to target − 1 (%)": [
         (f"{r['setting']} {r['strategy']} s{r['seed']}", 100 * r["error"], 0) for r in shown]}  # fmt: skip

@@ -11,7 +11,6 @@ Needs root and a quiet machine. Writes <out>/<--name>.{json,md,png}.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import statistics
 import sys
@@ -19,8 +18,8 @@ from pathlib import Path
 
 from benchmarks import common
 from benchmarks.cluster import Cluster, ClusterPlan, parse_rate, run_training
-from benchmarks.cluster.plan import CFS_PERIOD_US, CPU_PERIOD_HELP, ClusterError, period_us
-from benchmarks.common import ACCO, DDP, FSDP, HSDP, QUIET, ROOT, ZERO1, recipe
+from benchmarks.cluster.plan import ClusterError, add_node_options, node_options
+from benchmarks.common import ACCO, DDP, FSDP, HSDP, QUIET, ROOT, ZERO1, recipe, update_s
 from benchmarks.yardstick.tokens import VARIANTS
 
 BASELINES = (DDP, ZERO1, FSDP, HSDP)
@@ -58,8 +57,7 @@ MMAP = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}  # fre
 
 
 def persistent_mib(train: list[str], world: int, params: float, ranks_per_node: int = 1) -> float:
-    """A rank's persistent memory in the run `train` starts on `world` ranks: its strategy's own count, as predict
-    and the dry run read it (fp32 on the CPU; DiLoCo's outer state included; HSDP over its shard group)."""
+    """A rank's persistent memory (fp32) in the run `train` starts on `world` ranks, as predict counts it."""
     import torch
 
     from torchacco.config import load_config
@@ -80,24 +78,21 @@ def persistent_mib(train: list[str], world: int, params: float, ranks_per_node: 
 
 def seconds_per_token(records: list[dict], warmup: int = WARMUP) -> float:
     kept = records[warmup:]
-    return sum(r["tokens_per_update"] / r["tokens_per_s"] for r in kept) / sum(r["tokens_per_update"] for r in kept)
+    return sum(map(update_s, kept)) / sum(r["tokens_per_update"] for r in kept)
 
 
 def seconds_per_update(records: list[dict], warmup: int = WARMUP) -> float:
-    """Mean time of the updates after warm-up (each record's tokens over its rate: its own time, as the trainer
-    restarts its clock after every logged update)."""
     kept = records[warmup:]
-    return sum(r["tokens_per_update"] / r["tokens_per_s"] for r in kept) / len(kept)
+    return sum(map(update_s, kept)) / len(kept)
 
 
 def compute_s(record: dict) -> float:
     """A logged update's seconds before its sync: data, forward and backward (`share_sync` is the rest)."""
-    return record["tokens_per_update"] / record["tokens_per_s"] * (1 - record["share_sync"])
+    return update_s(record) * (1 - record["share_sync"])
 
 
 def warmup_of(name: str) -> int:
-    """The updates of a label's run left out of its timing: DiLoCo's from the second period on (mixed replicas run
-    the first one unmeasured, as fixed H)."""
+    """The updates left out of a label's timing: DiLoCo's first period too (mixed replicas run it unmeasured)."""
     return WARMUP + 50 if name.startswith(("diloco", "streaming")) else WARMUP
 
 
@@ -117,8 +112,7 @@ def kept_run(plan: ClusterPlan, args: list[str], folder: Path, name: str, resume
 
 def timed_run(plan: ClusterPlan, train: list[str], folder: Path, resume: bool, env: dict | None = None,
               virtual_compute: bool = False, virtual_scale: float = 1.0) -> dict:  # fmt: skip
-    """One speed run's records and per-rank reports; with `resume`, those of a finished run with the same arguments
-    on the same plan."""
+    """One speed run's records and per-rank reports (with `resume`: a finished run's with the same arguments)."""
     key = [*train, *["--virtual-compute", f"{virtual_scale:g}"] * virtual_compute]
     return kept_run(plan, key, folder, "speed_run.json", resume,
                     lambda: run_training(plan, train, folder, env=env, virtual_compute=virtual_compute,
@@ -127,8 +121,8 @@ def timed_run(plan: ClusterPlan, train: list[str], folder: Path, resume: bool, e
 
 def plans(out: Path, calibration: str = "time_to_loss", rates: str = "",
           rate_nodes: int = 2) -> dict[str, tuple[ClusterPlan, list[str]]]:  # fmt: skip
-    """The settings: setting -> (the cluster, the trainer arguments it adds). The link rates of a and b follow the
-    calibration's balance rate (ZeRO-1's job as long as its compute), measured by `time-to-target`."""
+    """Setting -> (its cluster, the trainer arguments it adds); a and b's link rates follow the calibration's
+    balance rate (ZeRO-1's job as long as its compute), measured by `time-to-target`."""
     path = out / f"{calibration}.json"
     try:
         balance = json.loads(path.read_text())["calibration"]["balance_bps"]
@@ -158,8 +152,8 @@ SPIN = "import time\nt=time.perf_counter(); n=0\nwhile time.perf_counter()-t<{s}
 
 
 def slowdown(plan: ClusterPlan, folder: Path, seconds: float = 2.0) -> float:
-    """The slow node's measured slowdown: busy-loop iterations per second in every node at once (inside its CPU
-    cgroup), the others' mean over the slow one's (a quota alone is not exact on a shared machine)."""
+    """The slow node's measured slowdown (a quota alone is not exact on a shared machine): busy loops in every node
+    at once, the others' mean rate over the slow one's."""
     folder.mkdir(parents=True, exist_ok=True)
     logs = [folder / f"spin{i}.txt" for i in range(plan.nodes)]
     with Cluster(plan) as cluster:
@@ -172,6 +166,22 @@ def slowdown(plan: ClusterPlan, folder: Path, seconds: float = 2.0) -> float:
     return statistics.fmean(r for i, r in enumerate(rates) if i != plan.slow_node) / rates[plan.slow_node]
 
 
+def loss_gaps(out: Path) -> dict[str, tuple[float, str]]:
+    """Variant -> (loss gap to DDP %, lr) from the token-efficiency tables of 1,000 updates and 5 seeds of the debug
+    model under `out`: at DDP's best lr (3e-3) where measured, else at 1.5e-3."""
+    gaps = {}
+    for lr in ("0.0015", "0.003"):
+        for table in sorted(out.glob("*token_efficiency*.json")) + sorted(out.glob("diloco_budgets*.json")):
+            data = json.loads(table.read_text())
+            meta = data.get("meta", {})
+            if meta.get("updates", 0) < 1000 or len(meta.get("seeds", [])) < 5:  # shorter runs, screens
+                continue
+            if meta.get("model", "GPT-Neo debug") == "GPT-Neo debug":
+                rows = data.get("summary", {}).get(lr, {})
+                gaps |= {name: (row["mean_gap_pct"], lr) for name, row in rows.items() if "mean_gap_pct" in row}
+    return gaps
+
+
 def main(argv=None) -> int:
     parser = common.parser("speed", __doc__, "speed")
     parser.add_argument("--updates", type=int, default=110)
@@ -179,28 +189,19 @@ def main(argv=None) -> int:
     parser.add_argument("--settings", default="a,b")
     parser.add_argument("--rates", default="", help="link rates (e.g. 50mbit,1gbit) of 2-node settings r<rate>")
     parser.add_argument("--rate-nodes", type=int, default=2, help="nodes of the r<rate> settings")
-    parser.add_argument("--node-rate", default="unshaped", help="settings of several ranks per node (a2, b2): "
-                        "the link inside each node, its ranks' traffic together (e.g. 2gbit)")  # fmt: skip
+    add_node_options(parser)
     parser.add_argument("--strategies", default="", help=f"from {', '.join(STRATEGIES)}; default: per setting")
     parser.add_argument("--train-args", default="", help="more trainer arguments for every run, e.g. "
                         "'--training.mixed_precision bf16'")  # fmt: skip
     parser.add_argument("--virtual-compute", choices=("off", "on", "both"), default="off", help="on: forward, "
                         "backward and AdamW as calibrated waits that hold no CPU, as on GPUs (torchacco/emulation.py); "
                         "both: each run also so, side by side (its validation)")  # fmt: skip
-    parser.add_argument(
-        "--virtual-scale",
-        type=float,
-        default=1.0,
-        help="with --virtual-compute: every wait this "
-        "many times its calibrated length (more compute per byte; the ranks' own CPU a smaller share)",
-    )
+    scale_help = "with --virtual-compute: every wait this many times its calibrated length (more compute per byte)"
+    parser.add_argument("--virtual-scale", type=float, default=1.0, help=scale_help)
     parser.add_argument("--memory-budget-mib", type=float, default=0, help="a rank's memory for the model's state: "
                         "a strategy whose persistent memory exceeds it does not fit and is not a baseline (0: no "
                         "budget)")  # fmt: skip
     parser.add_argument("--malloc-mmap", action="store_true", help="RSS follows live memory (glibc mmap threshold)")
-    parser.add_argument("--no-slow-start-after-idle", action="store_true", help="set net.ipv4."
-                        "tcp_slow_start_after_idle = 0 on every node (Linux's default is 1)")  # fmt: skip
-    parser.add_argument("--cpu-period-ms", type=float, default=CFS_PERIOD_US / 1000, help=CPU_PERIOD_HELP)
     parser.add_argument("--resume", action="store_true", help="keep the runs a previous call finished with the same "
                         "arguments on the same cluster plan; run the rest")  # fmt: skip
     parser.add_argument("--calibration", default="time_to_loss", help=CALIBRATION_HELP)
@@ -227,9 +228,7 @@ def main(argv=None) -> int:
                          "the CPU, not the links")  # fmt: skip
         plan, extra = plan_of[setting]
         try:
-            plan = dataclasses.replace(plan, tcp_slow_start_after_idle=not args.no_slow_start_after_idle,
-                                       cpu_period_us=period_us(args.cpu_period_ms),
-                                       node_rate_bps=parse_rate(args.node_rate))  # fmt: skip
+            plan = dataclasses.replace(plan, **node_options(args))
         except ClusterError as e:
             parser.error(f"setting {setting}: {e}")
         plan_of[setting] = plan, extra
@@ -241,18 +240,7 @@ def main(argv=None) -> int:
                              f"{warmup_of(name)} are warm-up); use at least {warmup_of(name) + 1}")  # fmt: skip
         if not names(setting):
             parser.error(f"--settings {setting}: give its --strategies")
-    gaps = {}  # variant -> (gap %, lr): at DDP's best lr (3e-3) where measured over 5 seeds, else at 1.5e-3
-    for lr_wanted in ("0.0015", "0.003"):
-        for table in sorted(out.glob("*token_efficiency*.json")) + sorted(out.glob("diloco_budgets*.json")):
-            data = json.loads(table.read_text())
-            meta = data.get("meta", {})
-            if meta.get("updates", 0) < 1000 or len(meta.get("seeds", [])) < 5:  # shorter runs, screens
-                continue
-            if meta.get("model", "GPT-Neo debug") != "GPT-Neo debug":  # the speed runs train the debug model
-                continue
-            rows = data.get("summary", {}).get(lr_wanted, {})
-            gaps |= {name: (row["mean_gap_pct"], lr_wanted) for name, row in rows.items() if "mean_gap_pct" in row}
-    results, env = {}, MMAP if args.malloc_mmap else None
+    gaps, results, env = loss_gaps(out), {}, MMAP if args.malloc_mmap else None
     for setting in settings:
         plan, extra = plan_of[setting]
         rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
@@ -303,10 +291,9 @@ def main(argv=None) -> int:
             row["speedup_vs_unbalanced"] = ran[plain]["mean"] / row["mean"] if plain != name and plain in ran else None
             # Balanced batches do not change the update; mixed replicas do (its gap is not measured yet)
             row["gap_pct"] = gaps.get(name if name.startswith("diloco") else plain)
-    meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(),
-            "command": common.command("speed", argv), "virtual_compute": args.virtual_compute,
-            "virtual_scale": args.virtual_scale, "rates": args.rates, "rate_nodes": args.rate_nodes,
-            "node_rate": args.node_rate, "train_args": args.train_args}  # fmt: skip
+    meta = common.meta("speed", argv, virtual_compute=args.virtual_compute, virtual_scale=args.virtual_scale,
+                       rates=args.rates, rate_nodes=args.rate_nodes, node_rate=args.node_rate,
+                       train_args=args.train_args)  # fmt: skip
     bars = {f"setting {s}": [(n, r["speedup_vs_best_baseline"], 0) for n, r in rows["strategies"].items()]
             for s, rows in results.items()}  # fmt: skip
     common.write_report(out, args.name, {"meta": meta, "settings": results}, markdown(results, meta),

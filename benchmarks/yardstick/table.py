@@ -11,7 +11,6 @@ shown with its speed only. Writes <out>/<--name>.{json,md,png}.
 
 from __future__ import annotations
 
-import datetime
 import json
 import statistics
 
@@ -21,8 +20,8 @@ from benchmarks.yardstick.speed import BASELINES
 
 
 def token_ratios(rows: dict) -> tuple[dict[str, list[float]], set[str]]:
-    """Per variant, the per-seed tokens to DDP's final loss as a multiple of DDP's (DDP itself: 1), and the
-    variants some of whose seeds reached the target at the smallest budget already (their ratio is a bound)."""
+    """Per variant, the per-seed tokens to DDP's final loss as a multiple of DDP's (DDP: 1), and the variants whose
+    ratio is a bound (a seed reached the target at the smallest budget)."""
     out, bounds = {}, set()
     for name, row in rows.items():
         ratios = row.get("tokens_to_target_ratio")
@@ -36,8 +35,7 @@ def token_ratios(rows: dict) -> tuple[dict[str, list[float]], set[str]]:
 
 
 def at_levels(rows: dict) -> dict[str, dict]:
-    """The token table's rows at each of its target levels (DDP's budgets, with --levels), keyed by DDP's updates;
-    a variant measured without levels is left out of them. Empty when the table has no levels."""
+    """The token table's rows at each target level (DDP's updates, with --levels); variants without levels left out."""
     levels = next((list(row["levels"]) for row in rows.values() if "levels" in row), None)
     measured = {name: row for name, row in rows.items() if name == DDP or "levels" in row}
     return {n: {name: row if name == DDP else row["levels"][n] for name, row in measured.items()} for n in levels or ()}
@@ -45,7 +43,7 @@ def at_levels(rows: dict) -> dict[str, dict]:
 
 def combine(settings: dict, ratios: dict[str, list[float]]) -> dict:
     """Per setting and strategy: seconds per update, the tokens ratio, and how many times sooner than the best
-    synchronous baseline it reaches the target, paired by seed (each seed's ratio over the mean speed)."""
+    synchronous baseline it reaches the target, paired by seed."""
     out = {}
     for setting, data in settings.items():
         speed = {name: row["mean"] for name, row in data["strategies"].items()}
@@ -161,9 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no setting of {args.speed} has a synchronous baseline ({', '.join(BASELINES)}) whose tokens "
                      f"{args.tokens} holds: give it DDP's with --same-update (e.g. zero1=ddp)")  # fmt: skip
     by_level = {n: level(rows) for n, rows in at_levels(tokens[lr]).items()}
-    meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(), "tokens": args.tokens,
-            "speed": args.speed, "lr": lr, "command": common.command("time-to-target-table", argv),
-            "out": args.out}  # fmt: skip
+    meta = common.meta("time-to-target-table", argv, tokens=args.tokens, speed=args.speed, lr=lr, out=args.out)
     targets = {n: next(row["target"] for name, row in rows.items() if name != DDP)
                for n, rows in at_levels(tokens[lr]).items()}  # fmt: skip
     data = {"meta": meta, "settings": result, "levels": by_level, "targets": targets}

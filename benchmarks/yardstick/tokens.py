@@ -12,7 +12,6 @@ a target. Runs are kept under <out>/<--runs>/ and reused when complete (--fresh 
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
 import re
@@ -69,10 +68,8 @@ VARIANTS = {
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
 
 
-def train(
-    variant: str, lr: float, seed: int, updates: int, folder: Path, fresh: bool, flavor: str, extra: tuple = ()
-) -> list[dict]:
-    """`extra`: more overrides after the variant's (a tuning grid's point)."""
+def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh: bool, flavor: str, extra=()):
+    """One run's records (kept ones when complete); `extra`: a tuning grid point's overrides after the variant's."""
     done = records(folder)
     if done and not fresh and done[-1].get("step") == updates and "val_loss" in done[-1]:
         return done
@@ -92,8 +89,8 @@ def train(
 
 
 def tuning_grid(variant: str, lr: float, lr_multiples: list[float], outer: list[str], clips: list[str]) -> list:
-    """(label, lr, extra overrides) per point of a variant's grid: the peak lr times each multiple; a DiLoCo variant
-    also each outer step ("LR:MOMENTUM") and each clipping norm (--training.max_norm), as given."""
+    """(label, lr, extra overrides) per grid point: each lr multiple; a DiLoCo variant's also each outer step
+    ("LR:MOMENTUM") and clipping norm."""
     diloco = "--parallelism.replicas" in VARIANTS[variant]
     points = []
     for m in lr_multiples:
@@ -132,9 +129,8 @@ def gap(a: float, b: float) -> float:
 
 
 def updates_to_target(target: float, finals: dict[int, float]) -> tuple[float | None, bool]:
-    """The updates a variant needs to reach `target`, from its final losses at several budgets (updates -> loss, each
-    run with its own cosine): linear between the first two budgets that bracket the target. Returns (updates,
-    is_upper_bound): the smallest budget and True when it already reaches it, (None, False) when no budget does."""
+    """(updates to `target`, is_upper_bound) from final losses at several budgets (updates -> loss): linear between
+    the first two that bracket it; the smallest budget and True if it reaches it; (None, False) if none does."""
     points = sorted(finals.items())
     if points[0][1] <= target:
         return float(points[0][0]), True
@@ -144,9 +140,7 @@ def updates_to_target(target: float, finals: dict[int, float]) -> tuple[float | 
     return None, False
 
 
-def budget_multiples(
-    parser: argparse.ArgumentParser, text: str, flag: str = "--budgets", of: str = "--updates"
-) -> list[float]:
+def budget_multiples(parser: argparse.ArgumentParser, text: str, flag="--budgets", of="--updates") -> list[float]:
     """--budgets (or --levels, --tune-lrs): comma-separated positive multiples of `of`, or one line."""
     try:
         multiples = [float(x) for x in text.split(",")]
@@ -171,7 +165,7 @@ def budget_rows(by_budget: dict, ddp_finals: list[float], updates: int) -> dict:
 
 def level_rows(by_budget: dict, ddp_by_budget: dict[int, list[float]], levels: list[int]) -> dict:
     """Per target level (DDP's budget): budget_rows against DDP's losses there, the mean target and the ratio's 95%
-    interval where every seed reached it."""
+    interval (where every seed reached it)."""
     out = {}
     for n in levels:
         row = budget_rows(by_budget, ddp_by_budget[n], n)
@@ -260,8 +254,7 @@ def markdown(summary: dict, meta: dict) -> str:
 
 
 def plot(summary: dict, out: Path) -> None:
-    """Per lr: the validation loss against tokens (mean ± sd over the seeds, every budget's finished runs as
-    points)."""
+    """Per lr: the validation loss against tokens (mean ± sd over the seeds; each budget's final losses as points)."""
     drawn = common.panels(len(summary))
     if drawn is None:
         return
@@ -285,9 +278,8 @@ def plot(summary: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = common.parser(
-        "token-efficiency", __doc__, None, help="the results' file name (token_efficiency; <flavor>_token_efficiency)"
-    )
+    name_help = "the results' file name (token_efficiency; <flavor>_token_efficiency)"
+    parser = common.parser("token-efficiency", __doc__, None, help=name_help)
     parser.add_argument("--updates", type=int, default=1000)
     parser.add_argument("--lrs", default="3e-3", help="comma-separated peak learning rates")
     parser.add_argument("--seeds", default="0,1,2,3,4")
@@ -300,12 +292,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tune-seeds", default="", help="tune every variant (DDP too) on these seeds first, kept "
                         "apart from --seeds, and report each at its best grid point")  # fmt: skip
     parser.add_argument("--tune-lrs", default="0.5,1,2", help="the tuning grid: multiples of each --lrs")
-    parser.add_argument(
-        "--tune-outer", default="1:0,0.7:0.9", help="the tuning grid of DiLoCo variants: outer lr:momentum"
-    )
-    parser.add_argument(
-        "--tune-clip", default="", help="the tuning grid of DiLoCo variants: --training.max_norm values"
-    )
+    parser.add_argument("--tune-outer", default="1:0,0.7:0.9", help="DiLoCo variants' tuning grid: outer lr:momentum")
+    parser.add_argument("--tune-clip", default="", help="DiLoCo variants' tuning grid: --training.max_norm values")
     args = parser.parse_args(argv)
     tune_seeds = [int(x) for x in args.tune_seeds.split(",") if x]
     args.tune_lrs = budget_multiples(parser, args.tune_lrs, "--tune-lrs", "--lrs")
@@ -355,9 +343,8 @@ def main(argv: list[str] | None = None) -> None:
                 rows[v]["levels"] = level_rows(by_budget[(lr, v)], by_budget[(lr, DDP)], levels)
         if len(levels) > 1:
             rows[DDP]["levels_val_loss"] = {str(n): by_budget[(lr, DDP)][n] for n in levels}
-    meta = {"date": datetime.date.today().isoformat(), "machine": common.machine(), "updates": args.updates,
-            "model": f"GPT-Neo {args.flavor}", "seeds": seeds, "budgets": budgets, "levels": levels,
-            **({"tune_seeds": tune_seeds, "tuned": tuned} if tune_seeds else {}),
-            "command": common.command("token-efficiency", argv)}  # fmt: skip
+    tuning = {"tune_seeds": tune_seeds, "tuned": tuned} if tune_seeds else {}
+    meta = common.meta("token-efficiency", argv, updates=args.updates, model=f"GPT-Neo {args.flavor}", seeds=seeds,
+                       budgets=budgets, levels=levels, **tuning)  # fmt: skip
     data = {"meta": meta, "summary": summary}
     common.write_report(out, name, data, markdown(summary, meta), lambda path: plot(summary, path))
