@@ -6,6 +6,7 @@
 #   NGPU / NPROC     processes on this node (default: all GPUs with CUDA, else 2 CPU processes)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node rendezvous (torchrun c10d)
 #   RDZV_TIMEOUT     seconds to wait for every node to join (default 600)
+#   TORCHACCO_REPLICA, TORCHFT_LIGHTHOUSE   this job is replica r of a fault-tolerant DiLoCo run (with MASTER_ADDR)
 #   MAX_RESTARTS     restart the workers this many times after a failure; each restart resumes
 #                    from the latest checkpoint (default 0)
 #   PYTHON           the interpreter to use (default: python3, or the project's .venv once made)
@@ -57,8 +58,9 @@ else
   NPROC="${NPROC:-$NGPU}"
 fi
 
-if [ "$NNODES" -gt 1 ]; then
-  : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 for a multi-node run}"
+if [ "$NNODES" -gt 1 ] || [ -n "${TORCHACCO_REPLICA:-}" ]; then
+  # (a fault-tolerant replica's job: the other replicas reach its node 0 at MASTER_ADDR, so not loopback)
+  : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 for a multi-node run or a fault-tolerant replica job}"
   RDZV=(--nnodes "$NNODES" --node_rank "${NODE_RANK:-0}" --rdzv_backend c10d
         --rdzv_endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv_id "${RDZV_ID:-torchacco}"
         --rdzv_conf "join_timeout=${RDZV_TIMEOUT:-600}")

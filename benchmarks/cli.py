@@ -16,6 +16,7 @@ Tools:
     compare               training variants side by side on one machine
     gpu                   the GPU benchmarks: gpu mfu|overlap
     gpu-check             the CUDA paths in one short GPU lease (its parent process needs no torch)
+    fault-goodput         fault-tolerant DiLoCo replicas on the cluster, with and without a replica killed repeatedly
 
 `python -m benchmarks <command> --help` gives a command's options. PNGs need matplotlib (`pip install -e .[bench]`).
 """
@@ -42,6 +43,7 @@ MODULES = {
     "compare": "benchmarks.compare",
     "gpu": "benchmarks.gpu",
     "gpu-check": "benchmarks.gpu_check",
+    "fault-goodput": "benchmarks.fault_goodput",
 }
 # commands that are gone: what measures the same now
 USE = "use python -m benchmarks"

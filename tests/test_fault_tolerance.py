@@ -5,6 +5,7 @@ from that outer step on (`mute`, faults.py); a restarted replica heals to its do
 element; impossible settings are one line each."""
 
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +23,16 @@ from torchacco.validate import validate
 FT = ("--diloco.fault_tolerant", "true")
 
 
-def replica_args(corpus: Path, cache: Path, out: Path, replicas: int, *extra: str, steps: int = 12) -> list[str]:
-    """Replicas of one rank (ddp), H = 3, one thread per rank: the runs with and without torchft compute alike."""
+def replica_args(
+    corpus: Path, cache: Path, out: Path, replicas: int, *extra: str, steps: int = 12, schedule: int = 12
+) -> list[str]:
+    """Replicas of one rank (ddp), H = 3, one thread per rank: the runs with and without torchft compute alike.
+    The lr schedule spans `schedule` updates (max_tokens), so a run stopped early follows the same one."""
     return tiny_args(
         corpus, cache, out, "--parallelism.replicas", str(replicas), "--parallelism.data_parallel", "ddp",
         "--diloco.sync_every", "3", "--training.global_batch_size", str(4 * replicas), "--training.steps", str(steps),
-        "--training.num_threads", "1", "--eval.every", "0", *extra,
+        "--training.max_tokens", str(schedule * 4 * replicas * 64), "--training.num_threads", "1",
+        "--eval.every", "0", *extra,
     )  # fmt: skip
 
 
@@ -36,6 +41,7 @@ def losses(folder: Path) -> list[float]:
 
 
 def test_without_failures_the_losses_are_todays_diloco_bit_for_bit(tiny_corpus, cache_dir, tmp_path):
+    """Also when the whole run stops at step 6 and resumes from its replicas' checkpoints: each keeps its own."""
     plain = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "plain", 2))
     assert plain.returncode == 0, plain.stderr[-3000:]
     ft = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "ft", 2, *FT))
@@ -44,6 +50,12 @@ def test_without_failures_the_losses_are_todays_diloco_bit_for_bit(tiny_corpus, 
     assert len(losses(tmp_path / "ft" / "replica_1")) == 12  # the other replica's folder, inside the run's
     outer = [r for r in read_metrics(tmp_path / "ft") if "outer_step" in r]
     assert [r["outer_replicas"] for r in outer] == [2, 2, 2, 2]
+    save = ("--checkpoint.enable", "true", "--checkpoint.every", "3")
+    for steps in (6, 12):
+        half = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "resumed", 2, *FT, *save, steps=steps))
+        assert half.returncode == 0, half.stderr[-3000:]
+    assert "healed" not in half.stdout
+    assert losses(tmp_path / "resumed") == losses(tmp_path / "plain")
 
 
 @pytest.mark.parametrize("replicas", [2, pytest.param(3, marks=pytest.mark.slow)])
@@ -93,7 +105,7 @@ def test_a_restarted_replica_heals_to_its_donors_state(tiny_corpus, cache_dir, t
     inner model and AdamW state) and the loop's counts are equal. The run finishes with both replicas."""
     save = ("--checkpoint.enable", "true", "--checkpoint.every", "3", "--checkpoint.keep", "0")
     env = {"TORCHACCO_FAULT": "kill@replica1:rank0:step5", "MAX_RESTARTS": "1"}
-    ft = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "ft", 2, *FT, *save, steps=45), env=env)
+    ft = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "ft", 2, *FT, *save, steps=45, schedule=45), env=env)
     assert ft.returncode == 0, ft.stderr[-3000:]
     joined = re.search(r"replica 1 joined the run at step (\d+); its updates 4-(\d+) before it stopped", ft.stdout)
     assert joined and "healed from a live replica" in ft.stdout, ft.stdout[-3000:]
@@ -127,7 +139,11 @@ def test_impossible_settings_are_one_line(tmp_path):
 
 
 def test_an_unreachable_lighthouse_is_one_line(tiny_corpus, cache_dir, tmp_path):
-    env = {"TORCHACCO_REPLICA": "0", "TORCHFT_LIGHTHOUSE": "http://127.0.0.1:9"}  # (a replica's job, as on a cluster)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {"TORCHACCO_REPLICA": "0", "TORCHFT_LIGHTHOUSE": "http://127.0.0.1:9", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": port}  # (a replica's job, as on a cluster)  # fmt: skip
     proc = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "run", 2, *FT), nproc=1, env=env, timeout=120)
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]

@@ -111,6 +111,19 @@ class ReplicaLink:
 
     def __init__(self, options, replica: int, replicas: int, dims, device_type: str, layout: str, log=print):
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+        from torchft.checkpointing.http_transport import HTTPTransport
+
+        class TimedTransport(HTTPTransport):
+            """torchft's HTTP state transfer, timed: what a heal's copy costs, apart from the wait for the round."""
+
+            def recv_checkpoint(self, *args, **kwargs):
+                started = time.perf_counter()
+                state = super().recv_checkpoint(*args, **kwargs)
+                link.copy_s = time.perf_counter() - started
+                link.copy_bytes = sum(t.numel() * t.element_size() for t in _tensors(state))
+                return state
+
+        link = self
 
         logging.getLogger("torchft").setLevel(logging.ERROR)  # its warnings are for NCCL's flight recorder
         # torchft's state server logs every request, and its reader warns that the received buffers are read-only
@@ -120,7 +133,8 @@ class ReplicaLink:
         self.layout = layout  # what a peer's state must match to be copied here, rank for rank
         self.healed = False
         self.present = replicas  # replicas in the last round
-        self.heal_s = 0.0
+        self.heal_s = self.copy_s = 0.0  # the last heal: from asking for the round, and the copy alone
+        self.copy_bytes = 0
         self._state: tuple[Callable[[], dict], Callable[[dict], None]] | None = None
         timeout = dims.timeout
         self.pg = (ProcessGroupNCCL if device_type == "cuda" else ProcessGroupGloo)(timeout=timeout)
@@ -141,6 +155,7 @@ class ReplicaLink:
             timeout=timeout,
             quorum_timeout=timeout,  # a replica that (re)starts waits for the others' next outer step
             connect_timeout=timedelta(seconds=60),
+            checkpoint_transport=TimedTransport(timeout=timeout, num_chunks=0),
         )
         self.manager.register_state_dict_fn("torchacco", self._load, self._save)
 
@@ -157,18 +172,17 @@ class ReplicaLink:
                 f"replica {self.replica} cannot heal from a replica laid out otherwise ({state['layout']} against its "
                 f"{self.layout}): launch every replica with the same ranks, parallelism and data_parallel"
             )
-        started = time.perf_counter()
         self._state[1](state)
-        self.healed, self.heal_s = True, time.perf_counter() - started
+        self.healed = True
 
     def _open(self) -> None:
         self.healed = False
         started = time.perf_counter()
         self.manager.start_quorum()
         if self.healed:
-            self.heal_s = time.perf_counter() - started  # the whole copy, transfer included
-            self.log(f"torchacco: replica {self.replica} healed from a live replica in {self.heal_s:.1f} s "
-                     f"(step {self.manager.current_step()})")  # fmt: skip
+            self.heal_s = time.perf_counter() - started  # the wait for the others' round, the copy included
+            self.log(f"torchacco: replica {self.replica} healed from a live replica in {self.heal_s:.1f} s (the copy: "
+                     f"{self.copy_bytes / 2**20:.1f} MiB in {self.copy_s:.2f} s)")  # fmt: skip
 
     def join(self, running: Callable[[], bool], wait_s: float) -> bool:
         """The first rounds of a (re)starting replica. True: it healed into a running run, and the round is
@@ -179,8 +193,10 @@ class ReplicaLink:
             self._open()
             if self.healed and running():
                 return True
-            self.manager.should_commit()
+            # Uncommitted rounds until all are here: a replica's first commit would make a later one heal from it,
+            # and replicas resuming their own checkpoints together must keep their own state.
             if self.manager.num_participants() >= self.replicas or time.monotonic() > deadline:
+                self.manager.should_commit()
                 self.present = self.manager.num_participants()
                 return False
             time.sleep(0.2)
@@ -223,6 +239,17 @@ def unmerged_updates(metrics: Path) -> tuple[int, int]:
     merged = max((r["step"] for r in records if "outer_step" in r), default=0)
     last = records[-1]["step"] if records else 0
     return (merged + 1, last) if last > merged else (0, 0)
+
+
+def _tensors(tree):
+    if isinstance(tree, dict):
+        for v in tree.values():
+            yield from _tensors(v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from _tensors(v)
+    elif isinstance(tree, torch.Tensor):
+        yield tree
 
 
 def _local(tree):

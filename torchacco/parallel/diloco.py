@@ -97,6 +97,7 @@ class DiLoCo(Strategy):
         """`clock`: with balance_replicas, the schedule the inner strategy was built with (`build_strategy`)."""
         self.inner, self.dims, self.device, self.clock = inner, dims, device, clock
         self.link = dims.link  # fault_tolerant: the replicas meet through torchft (torchacco/fault_tolerance.py)
+        self.merged_tokens = 0.0  # fault_tolerant: the loss tokens behind the last outer step's merge
         self.muted_from = muted_from(dims.replica_rank)  # an injected fault (faults.py): a lost replica's reference
         self.theta = GlobalTheta(self)
         # each rank holds its own shard of θ_global and of the momentum
@@ -278,6 +279,9 @@ class DiLoCo(Strategy):
                 self.tokens, self.durations, self.stamp = [0.0] * self.options.fragments, [], time.perf_counter()
                 f = self._due()
                 delta, tokens = torch.zeros_like(self.backup[f], device=self.device.torch), 0.0
+            merged = torch.tensor([tokens], dtype=torch.float64, device=self.device.torch)
+            dist.all_reduce(merged, group=group)  # the tokens behind the round's merge: what the lost ones lack
+            self.merged_tokens = merged.item()
             return self._mean(f, delta, tokens, group)
 
         mean = self.link.round(exchange, opened)
@@ -367,7 +371,7 @@ class DiLoCo(Strategy):
             "outer_bytes": self._wire_bytes(f),
             "outer_exposed_s": exposed,
             **({"outer_inner_updates": finished} if self.options.balance_replicas else {}),
-            **({"outer_replicas": self.link.present} if self.link is not None else {}),
+            **({"outer_replicas": self.link.present, "outer_merged_tokens": self.merged_tokens} if self.link else {}),
         }
 
     def _wire_bytes(self, f: int) -> float:
