@@ -133,6 +133,7 @@ def test_impossible_settings_are_one_line(tmp_path):
     assert "min_replicas = 3 can never be met" in check("--diloco.min_replicas", "3")
     assert "set overlap_steps = 0" in check("--diloco.sync_every", "4", "--diloco.overlap_steps", "1")
     assert "set topk = 0" in check("--diloco.topk", "0.01")
+    assert "set outer_dtype = 'fp32'" in check("--diloco.outer_dtype", "bf16")
     assert "set balance_replicas = false" in check("--diloco.balance_replicas", "true", "--training.max_tokens", "9999")
     with pytest.raises(UserError, match="replicas = 1 has no outer step"):
         validate(load_config([*FT]), world_size=2, here=False)

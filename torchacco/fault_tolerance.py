@@ -35,6 +35,8 @@ os.environ.setdefault("RUST_LOG", "warn")  # torchft's lighthouse and manager lo
 ENV_REPLICA = "TORCHACCO_REPLICA"  # this job's replica, 0 .. replicas - 1
 ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
 ATTEMPTS = 5  # rounds an outer step may take before the replica gives up
+# A replica silent this long is lost (its manager beats every 0.1 s): the others' next round goes on without it.
+HEARTBEAT_TIMEOUT_MS = 2000
 TORCHFT = "torchft==0.2.0"
 
 
@@ -62,6 +64,11 @@ def check_config(cfg) -> None:
                 f"[diloco] fault_tolerant runs each outer step as one round of the replicas present, which may run "
                 f"again, after a committed update; set {fix}, or fault_tolerant = false"
             )
+    if d.outer_dtype != "fp32":
+        raise UserError(
+            f"[diloco] fault_tolerant sends the pseudo-gradient as one fp32 all-reduce over torchft's group (its "
+            f"gathers are not yet wired); set outer_dtype = 'fp32' (got {d.outer_dtype!r}), or fault_tolerant = false"
+        )
     if not 1 <= d.min_replicas <= replicas:
         raise UserError(
             f"[diloco] min_replicas = {d.min_replicas} can never be met with [parallelism] replicas = {replicas}; set "
@@ -99,32 +106,28 @@ def lighthouse_address(options) -> str:
             time.sleep(0.5)
 
 
+def _address_towards(url: str) -> str:
+    """This host's address on the route to `url` (what the other replicas reach it at, on a symmetric network)."""
+    target = urlparse(url if "://" in url else f"http://{url}")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(target.hostname), target.port or 80))  # (UDP: nothing is sent)
+        return s.getsockname()[0]
+
+
 def start_lighthouse(min_replicas: int, join_timeout_s: float):
     """torchft's lighthouse in this process (`.address()`, `.shutdown()`)."""
     from torchft.coordination import LighthouseServer
 
-    return LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=int(join_timeout_s * 1000))
+    return LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=int(join_timeout_s * 1000),
+                            heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)  # fmt: skip
 
 
 class ReplicaLink:
     """This rank's place among the replicas: its torchft Manager, the round's group, and the heal."""
 
     def __init__(self, options, replica: int, replicas: int, dims, device_type: str, layout: str, log=print):
-        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
-        from torchft.checkpointing.http_transport import HTTPTransport
-
-        class TimedTransport(HTTPTransport):
-            """torchft's HTTP state transfer, timed: what a heal's copy costs, apart from the wait for the round."""
-
-            def recv_checkpoint(self, *args, **kwargs):
-                started = time.perf_counter()
-                state = super().recv_checkpoint(*args, **kwargs)
-                link.copy_s = time.perf_counter() - started
-                link.copy_bytes = sum(t.numel() * t.element_size() for t in _tensors(state))
-                return state
-
-        link = self
-
+        self.options, self.dims, self.device_type = options, dims, device_type
+        self.lighthouse = lighthouse_address(options)  # (reachable, or one line now)
         logging.getLogger("torchft").setLevel(logging.ERROR)  # its warnings are for NCCL's flight recorder
         # torchft's state server logs every request, and its reader warns that the received buffers are read-only
         http.server.BaseHTTPRequestHandler.log_message = lambda *args, **kwargs: None
@@ -136,21 +139,48 @@ class ReplicaLink:
         self.heal_s = self.copy_s = 0.0  # the last heal: from asking for the round, and the copy alone
         self.copy_bytes = 0
         self._state: tuple[Callable[[], dict], Callable[[dict], None]] | None = None
+
+    def heal_with(self, save: Callable[[], dict], load: Callable[[dict], None]) -> None:
+        """What a replica behind the others copies from one of them: `save()` on the donor, `load()` here. Then
+        this replica joins torchft: only once it can train, so that the others never wait for it to start."""
+        self._state = (save, load)
+        self._connect()
+
+    def _connect(self) -> None:
+        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+        from torchft.checkpointing.http_transport import HTTPTransport
+
+        class TimedTransport(HTTPTransport):
+            """torchft's HTTP state transfer, timed (what a heal's copy costs, apart from the wait for the round), at
+            an address the other replicas reach (torchft's own names the host, which may resolve elsewhere)."""
+
+            def address(self) -> str:
+                return f"http://{here}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+            def recv_checkpoint(self, *args, **kwargs):
+                started = time.perf_counter()
+                state = super().recv_checkpoint(*args, **kwargs)
+                link.copy_s = time.perf_counter() - started
+                link.copy_bytes = sum(t.numel() * t.element_size() for t in _tensors(state))
+                return state
+
+        link, dims, lighthouse = self, self.dims, self.lighthouse
+        here = _address_towards(lighthouse)
         timeout = dims.timeout
-        self.pg = (ProcessGroupNCCL if device_type == "cuda" else ProcessGroupGloo)(timeout=timeout)
+        self.pg = (ProcessGroupNCCL if self.device_type == "cuda" else ProcessGroupGloo)(timeout=timeout)
         self.manager = Manager(
             pg=self.pg,
             load_state_dict=None,
             state_dict=None,
-            min_replica_size=options.min_replicas,
+            min_replica_size=self.options.min_replicas,
             use_async_quorum=False,  # a replica behind heals before its first exchange
             init_sync=False,  # a run starting (or resuming) together keeps each replica's own state
             rank=dims.rank,
             world_size=dims.world_size,
-            replica_id=f"torchacco_{replica}",  # torchft reads the trailing digits
+            replica_id=f"torchacco_{self.replica}",  # torchft reads the trailing digits
             store_addr=os.environ["MASTER_ADDR"],
             store_port=int(os.environ["MASTER_PORT"]),
-            lighthouse_addr=lighthouse_address(options),
+            lighthouse_addr=lighthouse,
             hostname=os.environ["MASTER_ADDR"],  # where the other replicas reach this one's manager
             timeout=timeout,
             quorum_timeout=timeout,  # a replica that (re)starts waits for the others' next outer step
@@ -158,10 +188,6 @@ class ReplicaLink:
             checkpoint_transport=TimedTransport(timeout=timeout, num_chunks=0),
         )
         self.manager.register_state_dict_fn("torchacco", self._load, self._save)
-
-    def heal_with(self, save: Callable[[], dict], load: Callable[[dict], None]) -> None:
-        """What a replica behind the others copies from one of them: `save()` on the donor, `load()` here."""
-        self._state = (save, load)
 
     def _save(self) -> dict:
         return {"layout": self.layout, **_local(self._state[0]())}
@@ -213,7 +239,8 @@ class ReplicaLink:
                 try:
                     result = exchange(self.pg.parent)
                 except Exception as e:  # a replica lost in the round: torchft decides, with every replica
-                    self.manager.report_error(e)
+                    # (torch's collective logger, formatting the error for a group it does not know, raises its own)
+                    self.manager.report_error(e.__context__ if "world group map" in str(e) and e.__context__ else e)
             if self.manager.should_commit():
                 self.present = self.manager.num_participants()
                 return result
@@ -227,7 +254,8 @@ class ReplicaLink:
         )
 
     def close(self) -> None:
-        self.manager.shutdown(wait=False)
+        if hasattr(self, "manager"):
+            self.manager.shutdown(wait=False)
 
 
 def unmerged_updates(metrics: Path) -> tuple[int, int]:
@@ -293,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     from torchft.coordination import LighthouseServer
 
     server = LighthouseServer(bind=args.bind, min_replicas=args.min_replicas,
-                              join_timeout_ms=int(args.join_timeout_s * 1000))  # fmt: skip
+                              join_timeout_ms=int(args.join_timeout_s * 1000),
+                              heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)  # fmt: skip
     print(f"torchacco: lighthouse at {server.address()}; set {ENV_LIGHTHOUSE}={server.address()}", flush=True)
     try:
         while True:
