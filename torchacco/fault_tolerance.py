@@ -15,6 +15,7 @@ with weight 0, and a lost replica simply has none.
 from __future__ import annotations
 
 import http.server
+import importlib.util
 import json
 import logging
 import os
@@ -31,7 +32,6 @@ import torch
 
 from torchacco.errors import PeerFailure, UserError
 
-os.environ.setdefault("RUST_LOG", "warn")  # torchft's lighthouse and manager log every quorum at info
 ENV_REPLICA = "TORCHACCO_REPLICA"  # this job's replica, 0 .. replicas - 1
 ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
 ATTEMPTS = 5  # rounds an outer step may take before the replica gives up
@@ -76,12 +76,10 @@ def check_config(cfg) -> None:
         )
     if d.join_timeout_s <= 0:
         raise UserError(f"[diloco] join_timeout_s = {d.join_timeout_s:g} must be positive")
-    try:
-        import torchft  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torchft") is None:  # (not imported here: it must load after _quiet_torchft)
         raise UserError(
             f"[diloco] fault_tolerant needs torchft; install it with `pip install {TORCHFT}` (or ./install.sh ft)"
-        ) from None
+        )
 
 
 def lighthouse_address(options) -> str:
@@ -114,8 +112,14 @@ def _address_towards(url: str) -> str:
         return s.getsockname()[0]
 
 
+def _quiet_torchft() -> None:
+    """Before torchft loads: its lighthouse and managers log every quorum at info."""
+    os.environ.setdefault("RUST_LOG", "warn")
+
+
 def start_lighthouse(min_replicas: int, join_timeout_s: float):
     """torchft's lighthouse in this process (`.address()`, `.shutdown()`)."""
+    _quiet_torchft()
     from torchft.coordination import LighthouseServer
 
     return LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=int(join_timeout_s * 1000),
@@ -147,6 +151,7 @@ class ReplicaLink:
         self._connect()
 
     def _connect(self) -> None:
+        _quiet_torchft()
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
         from torchft.checkpointing.http_transport import HTTPTransport
 
@@ -167,6 +172,14 @@ class ReplicaLink:
         link, dims, lighthouse = self, self.dims, self.lighthouse
         here = _address_towards(lighthouse)
         timeout = dims.timeout
+        # torchft's store, new for each start of the replica: torchrun's outlives a restart, and a restarted rank
+        # would read the manager address its predecessor left there
+        port = torch.zeros(1, dtype=torch.int64, device="cuda" if self.device_type == "cuda" else "cpu")
+        if dims.rank == 0:
+            self._store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], 0, is_master=True,
+                                                     wait_for_workers=False, timeout=timeout)  # fmt: skip
+            port.fill_(self._store.port)
+        torch.distributed.broadcast(port, src=0)
         self.pg = (ProcessGroupNCCL if self.device_type == "cuda" else ProcessGroupGloo)(timeout=timeout)
         self.manager = Manager(
             pg=self.pg,
@@ -179,7 +192,7 @@ class ReplicaLink:
             world_size=dims.world_size,
             replica_id=f"torchacco_{self.replica}",  # torchft reads the trailing digits
             store_addr=os.environ["MASTER_ADDR"],
-            store_port=int(os.environ["MASTER_PORT"]),
+            store_port=int(port.item()),
             lighthouse_addr=lighthouse,
             hostname=os.environ["MASTER_ADDR"],  # where the other replicas reach this one's manager
             timeout=timeout,
@@ -318,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--join-timeout-s", type=float, default=60.0)
     parser.add_argument("--bind", default="[::]:29510")
     args = parser.parse_args(argv)
+    _quiet_torchft()
     from torchft.coordination import LighthouseServer
 
     server = LighthouseServer(bind=args.bind, min_replicas=args.min_replicas,
