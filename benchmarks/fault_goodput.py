@@ -20,7 +20,7 @@ from pathlib import Path
 from benchmarks.cluster import ClusterPlan, preflight
 from benchmarks.cluster.launch import node_env, read_records
 from benchmarks.cluster.namespaces import Cluster
-from benchmarks.common import DDP, QUIET, meta, recipe, update_s, write_report
+from benchmarks.common import DDP, QUIET, meta, panels, recipe, save_figure, update_s, write_report
 from torchacco.errors import run_cli
 from torchacco.fault_tolerance import ENV_LIGHTHOUSE, ENV_REPLICA
 
@@ -129,6 +129,27 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def draw(folder: Path, result: dict, path: Path) -> None:
+    """The survivor's loss against its training seconds, both runs, and the replicas of each outer step."""
+    found = panels(2, width=6.0)
+    if found is None:
+        return
+    fig, (loss, present) = found
+    for name in ("undisturbed", "killed"):
+        records = read_records(folder / name)
+        seconds = [0.0]
+        for r in records[1:]:
+            seconds.append(seconds[-1] + update_s(r))
+        loss.plot(seconds[::10], [r["loss"] for r in records][::10], label=name, lw=0.8)
+        outer = [r for r in records if "outer_step" in r]
+        present.step([r["step"] for r in outer], [r["outer_replicas"] for r in outer], label=name, where="post")
+    loss.set(xlabel="replica 0's training seconds", ylabel="training loss", title="the survivor")
+    present.set(xlabel="update", ylabel="replicas in the outer step", ylim=(0, 2.5))
+    loss.legend()
+    present.legend()
+    save_figure(fig, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks fault-goodput", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -148,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {"meta": meta("fault-goodput", argv), "link_mbit_s": args.rate, "kill_every_s": args.kill_every}
         result["undisturbed"] = run(plan, train, folder / "undisturbed", 0, args.timeout_s)
         result["killed"] = run(plan, train, folder / "killed", args.kill_every, args.timeout_s)
-        write_report(args.out, "fault_goodput", result, markdown(result))
+        write_report(args.out, "fault_goodput", result, markdown(result), lambda path: draw(folder, result, path))
         print(markdown(result))
 
     return run_cli(measure)
