@@ -139,7 +139,7 @@ def test_a_restarted_replica_heals_to_its_donors_state(tiny_corpus, cache_dir, t
     assert outer[-1] == 2 and len(outer) == steps // 3
 
 
-def test_impossible_settings_are_one_line(tmp_path):
+def test_impossible_settings_are_one_line(tmp_path, monkeypatch):
     def check(*overrides: str) -> str:
         with pytest.raises(UserError) as e:
             validate(load_config(["--parallelism.replicas", "2", *FT, *overrides]), world_size=2, here=False)
@@ -150,6 +150,11 @@ def test_impossible_settings_are_one_line(tmp_path):
     assert "set topk = 0" in check("--diloco.topk", "0.01")
     assert "set outer_dtype = 'fp32'" in check("--diloco.outer_dtype", "bf16")
     assert "set balance_replicas = false" in check("--diloco.balance_replicas", "true", "--training.max_tokens", "9999")
+    monkeypatch.setenv("TORCHACCO_REPLICA", "2")
+    assert "number the replicas' jobs 0 to 1" in check()
+    monkeypatch.setenv("TORCHACCO_REPLICA", "one")
+    assert "TORCHACCO_REPLICA=one is not a replica number" in check()
+    monkeypatch.delenv("TORCHACCO_REPLICA")
     with pytest.raises(UserError, match="replicas = 1 has no outer step"):
         validate(load_config([*FT]), world_size=2, here=False)
 

@@ -43,7 +43,11 @@ TORCHFT = "torchft==0.2.0"
 def replica_of_job() -> int | None:
     """This job's replica in a fault-tolerant run (each replica its own job), else None."""
     value = os.environ.get(ENV_REPLICA)
-    return None if value is None else int(value)
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise UserError(f"{ENV_REPLICA}={value} is not a replica number; set it to 0, 1, ... (replicas - 1)")
+    return int(value)
 
 
 def job_world(world_size: int, cfg) -> int:
@@ -68,6 +72,12 @@ def check_config(cfg) -> None:
         raise UserError(
             f"[diloco] fault_tolerant sends the pseudo-gradient as one fp32 all-reduce over torchft's group (its "
             f"gathers are not yet wired); set outer_dtype = 'fp32' (got {d.outer_dtype!r}), or fault_tolerant = false"
+        )
+    replica = replica_of_job()
+    if replica is not None and replica >= replicas:
+        raise UserError(
+            f"{ENV_REPLICA}={replica}, but [parallelism] replicas = {replicas}: number the replicas' jobs 0 to "
+            f"{replicas - 1}"
         )
     if not 1 <= d.min_replicas <= replicas:
         raise UserError(
