@@ -88,6 +88,33 @@ def test_a_killed_replica_leaves_survivors_that_merge_only_the_live(tiny_corpus,
         assert outer == [replicas] + [replicas - 1] * 3
 
 
+def test_a_replica_frozen_mid_transfer_is_left_behind_and_heals_back(tiny_corpus, cache_dir, tmp_path):
+    """Replica 1 stops (SIGSTOP) in its outer step after update 6, its first message sent, for 4 s. The survivor's
+    round fails after round_timeout_s (2 s), runs again without it and goes on: its losses are today's DiLoCo's
+    with replica 1 weighed 0 from that outer step until replica 1, awake, heals from it (weight 0 in that round
+    too). Both finish (the survivor's 300 updates outlast the freeze); the survivor names each change of the
+    replicas present in one line."""
+    args = ("--diloco.round_timeout_s", "2", "--diloco.join_timeout_s", "5")
+    env = {"TORCHACCO_FAULT": "freeze@replica1:rank0:step6:4s"}
+    ft = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "ft", 2, *FT, *args, steps=300, schedule=300),
+                   nproc=2, env=env)  # fmt: skip
+    assert ft.returncode == 0, ft.stderr[-3000:]
+    assert "replica 1 healed from a live replica" in ft.stdout, ft.stdout[-3000:]
+    assert "replica 0: outer step round 1 failed" in ft.stdout, ft.stdout[-3000:]
+    assert "replica 0: 1 of 2 replicas in this outer step (were 2)" in ft.stdout
+    assert "replica 0: 2 of 2 replicas in this outer step (were 1)" in ft.stdout
+    records = read_metrics(tmp_path / "ft")
+    present = [(r["step"], r["outer_replicas"]) for r in records if "outer_step" in r]
+    assert present[:2] == [(3, 2), (6, 1)], present
+    back = next(step for step, n in present[2:] if n == 2)  # the round replica 1 healed in
+    assert all(n == 1 for step, n in present if 6 <= step < back)
+    env = {"TORCHACCO_FAULT": "mute@replica1:step6"}  # (its outer steps from the one after update 6)
+    reference = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "ref", 2, steps=300, schedule=300), env=env)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert losses(tmp_path / "ft")[: back + 1] == losses(tmp_path / "ref")[: back + 1]
+    assert read_metrics(tmp_path / "ft" / "replica_1")[-1]["step"] == 300
+
+
 def checkpoint(folder: Path, tmp_path: Path) -> dict:
     """A DCP checkpoint as one dict; the strategy's entry (its key names the replica) as 'strategy'."""
     out = tmp_path / f"{folder.parent.parent.name}_{folder.name}.pt"

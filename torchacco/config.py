@@ -238,6 +238,12 @@ class DiLoCo:
         "with fault_tolerant: how long an outer step waits for a live replica that has not reached it before it goes "
         "on without that replica's pseudo-gradient",
     )
+    round_timeout_s: float = key(
+        300.0,
+        "with fault_tolerant: an outer step's exchange that waits longer than this fails, and the round runs again "
+        "without the replica that stalled (a frozen machine, a cut link); set it above the pseudo-gradient's time "
+        "over the slowest link",
+    )
 
 
 @dataclass

@@ -84,8 +84,9 @@ def check_config(cfg) -> None:
             f"[diloco] min_replicas = {d.min_replicas} can never be met with [parallelism] replicas = {replicas}; set "
             f"it between 1 and {replicas}"
         )
-    if d.join_timeout_s <= 0:
-        raise UserError(f"[diloco] join_timeout_s = {d.join_timeout_s:g} must be positive")
+    for name in ("join_timeout_s", "round_timeout_s"):
+        if getattr(d, name) <= 0:
+            raise UserError(f"[diloco] {name} = {getattr(d, name):g} must be positive")
     if importlib.util.find_spec("torchft") is None:  # (not imported here: it must load after _quiet_torchft)
         raise UserError(
             f"[diloco] fault_tolerant needs torchft; install it with `pip install {TORCHFT}` (or ./install.sh ft)"
@@ -181,13 +182,15 @@ class ReplicaLink:
 
         link, dims, lighthouse = self, self.dims, self.lighthouse
         here = _address_towards(lighthouse)
-        timeout = dims.timeout
+        # The round's transfers: a stalled peer fails the round after this, and the next runs without it. Its
+        # quorum waits as long as a collective may (a replica restarting waits for the others' next outer step).
+        timeout = timedelta(seconds=self.options.round_timeout_s)
         # torchft's store, new for each start of the replica: torchrun's outlives a restart, and a restarted rank
         # would read the manager address its predecessor left there
         port = torch.zeros(1, dtype=torch.int64, device="cuda" if self.device_type == "cuda" else "cpu")
         if dims.rank == 0:
             self._store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], 0, is_master=True,
-                                                     wait_for_workers=False, timeout=timeout)  # fmt: skip
+                                                     wait_for_workers=False, timeout=dims.timeout)  # fmt: skip
             port.fill_(self._store.port)
         torch.distributed.broadcast(port, src=0)
         self.pg = (ProcessGroupNCCL if self.device_type == "cuda" else ProcessGroupGloo)(timeout=timeout)
@@ -206,9 +209,10 @@ class ReplicaLink:
             lighthouse_addr=lighthouse,
             hostname=os.environ["MASTER_ADDR"],  # where the other replicas reach this one's manager
             timeout=timeout,
-            quorum_timeout=timeout,  # a replica that (re)starts waits for the others' next outer step
+            quorum_timeout=dims.timeout,
             connect_timeout=timedelta(seconds=60),
-            checkpoint_transport=TimedTransport(timeout=timeout, num_chunks=0),
+            # (a heal copies about four times the pseudo-gradient's bytes: θ_global, momentum, the inner state)
+            checkpoint_transport=TimedTransport(timeout=4 * timeout, num_chunks=0),
         )
         self.manager.register_state_dict_fn("torchacco", self._load, self._save)
 
@@ -246,7 +250,7 @@ class ReplicaLink:
             # and replicas resuming their own checkpoints together must keep their own state.
             if self.manager.num_participants() >= self.replicas or time.monotonic() > deadline:
                 self.manager.should_commit()
-                self.present = self.manager.num_participants()
+                self._count_present()
                 return False
             time.sleep(0.2)
 
@@ -265,7 +269,7 @@ class ReplicaLink:
                     # (torch's collective logger, formatting the error for a group it does not know, raises its own)
                     self.manager.report_error(e.__context__ if "world group map" in str(e) and e.__context__ else e)
             if self.manager.should_commit():
-                self.present = self.manager.num_participants()
+                self._count_present()
                 return result
             error = self.manager.errored()
             cause = str(error.original_exception if error else "not committed").strip().splitlines()
@@ -275,6 +279,13 @@ class ReplicaLink:
             f"replica {self.replica}: the outer step failed in {ATTEMPTS} rounds in a row; the lighthouse or this "
             "replica's link is down"
         )
+
+    def _count_present(self) -> None:
+        present = self.manager.num_participants()
+        if present != self.present:  # one line for each change: a replica lost, stalled, cut off, or back
+            self.log(f"torchacco: replica {self.replica}: {present} of {self.replicas} replicas in this outer step "
+                     f"(were {self.present})")  # fmt: skip
+        self.present = present
 
     def close(self) -> None:
         if hasattr(self, "manager"):

@@ -12,6 +12,9 @@ replica N only; in a fault-tolerant run, R counts within the replica's job):
 - `hang`: from step S on, the rank's next reduce-scatter or all-gather is replaced by a receive
   that no peer sends: the rank waits inside the communication library, as in a hung NCCL kernel,
   and so do the peers in their collective;
+- `freeze`: `freeze@replicaN:rankR:stepS:Ts`: from step S on, in the rank's next fault-tolerant outer step, once
+  its first message is out, the whole process stops (SIGSTOP, its heartbeats too: a frozen machine, a stalled
+  link) for T seconds, then goes on;
 - `mute`: `mute@replicaN:stepS`: from the outer step after update S - 1 on, replica N's pseudo-gradients weigh
   nothing in the merge (its tokens count 0): the reference for a replica lost at step S;
 - `slow_data`: `slow_data@rankR:Ns` adds N seconds to the rank's data preparation (a corpus slow
@@ -34,6 +37,7 @@ import torch.distributed as dist
 from torchacco.errors import UserError
 
 FAULT = re.compile(r"^(kill|nan|stall|hang)@(?:replica(\d+):)?rank(\d+):step(\d+)(?::period(\d+))?$")
+FREEZE = re.compile(r"^freeze@(?:replica(\d+):)?rank(\d+):step(\d+):(\d+(?:\.\d+)?)s$")
 MUTE = re.compile(r"^mute@replica(\d+):step(\d+)$")
 SLOW_DATA = re.compile(r"^slow_data@rank(\d+):(\d+(?:\.\d+)?)s$")
 FIRED_KEY = "torchacco/fault-fired/"
@@ -46,10 +50,16 @@ class Faults:
             if SLOW_DATA.match(item) or MUTE.match(item):
                 continue  # (data_delay's, muted_from's)
             m = FAULT.match(item)
+            if FREEZE.match(item):
+                on_replica, r, step, seconds = FREEZE.match(item).groups()
+                if int(r) == rank and (on_replica is None or int(on_replica) == replica):
+                    self.faults.append((item, "freeze", int(step), float(seconds)))
+                continue
             if not m:
                 raise UserError(
                     f"TORCHACCO_FAULT: cannot parse {item!r}; expected e.g. kill@rank1:step5, "
-                    "nan@rank0:step3:period1, kill@replica1:rank0:step5, mute@replica1:step5 or slow_data@rank0:30s"
+                    "nan@rank0:step3:period1, kill@replica1:rank0:step5, freeze@replica1:rank0:step5:20s, "
+                    "mute@replica1:step5 or slow_data@rank0:30s"
                 )
             what, on_replica, r, step, period = m.groups()
             if int(r) == rank and (on_replica is None or int(on_replica) == replica):
@@ -62,7 +72,12 @@ class Faults:
         self._period = self._period + 1 if step == self._step else 1
         self._step = step
         poison = False
-        for item, what, at, period in self.faults:
+        global _freeze_s
+        for item, what, at, period in self.faults:  # (a freeze's `period` holds its seconds)
+            if what == "freeze":
+                if at == step and self._first_time(item, what):
+                    _freeze_s = period
+                continue
             if at == step and period in (None, self._period) and self._first_time(item, what):
                 if what == "kill":
                     from torchacco import health
@@ -83,6 +98,22 @@ class Faults:
         spans its step's periods: each is marked on its own (a kill ends the process at the first)."""
         period = f"/period{self._period}" if what == "nan" else ""
         return self.store.add(f"{FIRED_KEY}{item}{period}", 1) == 1
+
+
+_freeze_s: float | None = None  # a `freeze` fault that has fired, for this process's next outer step
+
+
+def in_outer_exchange() -> None:
+    """Where a fault-tolerant outer step has sent its first message: a pending `freeze` stops the process here. A
+    child process it leaves behind continues it (SIGCONT) after the fault's seconds."""
+    global _freeze_s
+    if _freeze_s is None:
+        return
+    import subprocess
+
+    seconds, _freeze_s = _freeze_s, None
+    subprocess.Popen(["sh", "-c", f"sleep {seconds:g}; kill -CONT {os.getpid()}"], start_new_session=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _receive_forever(name: str) -> None:

@@ -49,7 +49,7 @@ import torch.distributed as dist
 from torchacco.blocks import blocks_of, unwrap
 from torchacco.device import Device
 from torchacco.errors import UserError
-from torchacco.faults import muted_from
+from torchacco.faults import in_outer_exchange, muted_from
 from torchacco.parallel.compression import CHUNK, keep_per_chunk, message_bytes, sparse_token_weighted_mean
 from torchacco.parallel.dims import group_per_row
 from torchacco.parallel.pseudo_gradient import (
@@ -282,6 +282,7 @@ class DiLoCo(Strategy):
             merged = torch.tensor([tokens], dtype=torch.float64, device=self.device.torch)
             dist.all_reduce(merged, group=group)  # the tokens behind the round's merge: what the lost ones lack
             self.merged_tokens = merged.item()
+            in_outer_exchange()  # an injected `freeze` (faults.py)
             return self._mean(f, delta, tokens, group)
 
         mean = self.link.round(exchange, opened)
