@@ -1,10 +1,14 @@
 """`python -m benchmarks fault-goodput`: DiLoCo replicas that survive failures ([diloco] fault_tolerant) on the
-emulated cluster, one replica per node. An undisturbed run, then the same run with replica 1's worker SIGKILLed
-every --kill-every seconds and restarted by its torchrun agent. Reports the survivor's speed against the undisturbed
-run's (goodput), the tokens merged per second, each heal's copy against the state's bytes over the link, and the
-final losses. Needs root.
+emulated cluster, one replica per node. An undisturbed run, then the same run with a fault on replica 1 every
+--every seconds, the kinds of --faults in turn:
+- kill: its worker SIGKILLed, and restarted by its torchrun agent;
+- cut: its node's link down (the cable pulled) while the node sends, i.e. mid-transfer, for --outage-s, then up;
+- stall: its worker stopped (SIGSTOP) while its node sends, for --outage-s, then continued (the kernel still
+  sends what the worker had written to its sockets).
+Reports the survivor's speed against the undisturbed run's (goodput), the tokens merged per second, the survivor's
+longest waits, each heal's copy against the state's bytes over the link, and the final losses. Needs root.
 
-    sudo .venv/bin/python -m benchmarks fault-goodput --updates 6000 --kill-every 300
+    sudo .venv/bin/python -m benchmarks fault-goodput --updates 23000 --every 300 --faults kill,cut,stall
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.cluster import ClusterPlan, preflight
+from benchmarks.cluster import ClusterPlan, host, preflight
 from benchmarks.cluster.launch import node_env, read_records
 from benchmarks.cluster.namespaces import Cluster
 from benchmarks.common import DDP, QUIET, meta, panels, recipe, save_figure, update_s, write_report
@@ -26,13 +30,15 @@ from torchacco.fault_tolerance import ENV_LIGHTHOUSE, ENV_REPLICA
 
 LIGHTHOUSE_PORT, RDZV_PORT = 29510, 29400
 HEALED = re.compile(r"healed from a live replica in ([\d.]+) s \(the copy: ([\d.]+) MiB in ([\d.]+) s\)")
+KINDS = ("kill", "cut", "stall")
+ROUND_TIMEOUT_S = 10.0  # ~40x the pseudo-gradient's time over the link (3.4 MB at 114 Mbit/s)
 
 
 def train_args(updates: int, seed: int) -> list[str]:
     """The yardstick's recipe as 2 fault-tolerant replicas of DDP on one rank each, H = 10, plain fp32 averaging."""
     diloco = ["--parallelism.replicas", "2", "--parallelism.data_parallel", DDP, "--diloco.fault_tolerant", "true",
               "--diloco.sync_every", "10", "--diloco.outer_lr", "1", "--diloco.outer_momentum", "0",
-              "--training.num_threads", "1"]  # fmt: skip
+              "--diloco.round_timeout_s", str(ROUND_TIMEOUT_S), "--training.num_threads", "1"]  # fmt: skip
     return recipe(updates, 3e-3, seed, [*QUIET, *diloco])
 
 
@@ -45,8 +51,8 @@ def agent(plan: ClusterPlan, i: int, args: list[str]) -> list[str]:
             "--max_restarts", "1000", "--monitor_interval", "0.5", "-m", "torchacco.train", *args]  # fmt: skip
 
 
-def kill_worker(replica: int) -> bool:
-    """SIGKILL the training process of `replica` (not its agent), as a lost machine would end it."""
+def worker(replica: int) -> int | None:
+    """The pid of `replica`'s training process (not its agent)."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -55,17 +61,76 @@ def kill_worker(replica: int) -> bool:
             continue
         if b"torchacco.train" in cmdline and b"torchacco.launch" not in cmdline:
             if f"{ENV_REPLICA}={replica}".encode() in environ:
-                os.kill(int(pid), signal.SIGKILL)
-                return True
+                return int(pid)
+    return None
+
+
+def sent_bytes(pid: int) -> int:
+    """The bytes its node has sent (its network namespace's eth0, as the process sees it)."""
+    for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines():
+        name, _, fields = line.partition(":")
+        if name.strip() == "eth0":
+            return int(fields.split()[8])
+    return 0
+
+
+def wait_for_transfer(pid: int, wait_s: float = 60.0) -> bool:
+    """Until its node sends more than 20 kB in 20 ms (an outer step's exchange on the wire): True; False after
+    `wait_s` without one."""
+    deadline, before = time.monotonic() + wait_s, sent_bytes(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = sent_bytes(pid)
+        if now - before > 20_000:
+            return True
+        before = now
     return False
 
 
-def run(plan: ClusterPlan, args: list[str], folder: Path, kill_every: float, timeout_s: float) -> dict:
-    """One run until replica 0 finishes; replica 1 killed every `kill_every` seconds (0: never)."""
+class Injector:
+    """Replica 1's faults, one every `every` seconds, the kinds in turn; each cut or stall ends `outage_s` later."""
+
+    def __init__(self, plan: ClusterPlan, kinds: list[str], every: float, outage_s: float):
+        self.plan, self.kinds, self.every, self.outage_s = plan, kinds, every, outage_s
+        self.events: list[dict] = []
+        self._undo = None  # (when, what) of the outage in progress
+
+    def poll(self, elapsed: float, started: float) -> None:
+        if self._undo and elapsed >= self._undo[0]:
+            self._undo[1]()
+            self._undo = None
+        if not self.every or self._undo or elapsed < self.every * (len(self.events) + 1):
+            return
+        kind, pid = self.kinds[len(self.events) % len(self.kinds)], worker(1)
+        if pid is None:  # (restarting: try again at the next poll)
+            return
+        event = {"kind": kind}
+        if kind == "kill":
+            os.kill(pid, signal.SIGKILL)
+        elif kind == "cut":
+            port = ["ip", "-n", self.plan.switch, "link", "set", "p1"]
+            event["mid_transfer"] = wait_for_transfer(pid)
+            host.run([*port, "down"])
+            self._undo = (time.monotonic() - started + self.outage_s, lambda: host.run([*port, "up"]))
+        else:
+            event["mid_transfer"] = wait_for_transfer(pid)
+            os.kill(pid, signal.SIGSTOP)
+            self._undo = (time.monotonic() - started + self.outage_s, lambda: os.kill(pid, signal.SIGCONT))
+        event["at_s"] = round(time.monotonic() - started, 1)
+        self.events.append(event)
+
+
+def survivor_waits(records: list[dict], over_s: float = 1.0) -> list[float]:
+    """The survivor's updates that took longer than `over_s` (its share of each fault: failed rounds and waits)."""
+    return [round(update_s(r), 1) for r in records if update_s(r) > over_s]
+
+
+def run(plan: ClusterPlan, args: list[str], folder: Path, injector: Injector, timeout_s: float) -> dict:
+    """One run until replica 0 finishes, with the injector's faults on replica 1."""
     folder.mkdir(parents=True, exist_ok=True)
     args = [*args, "--job.dump_folder", str(folder), "--job.overwrite", "true"]
     env = node_env(1, {ENV_LIGHTHOUSE: f"http://{plan.address(0)}:{LIGHTHOUSE_PORT}"})
-    kills, started = [], time.monotonic()
+    started = time.monotonic()
     with Cluster(plan) as cluster:
         lighthouse = [sys.executable, "-m", "torchacco.fault_tolerance", "--bind", f"[::]:{LIGHTHOUSE_PORT}"]
         cluster.launch(0, lighthouse, env, folder / "lighthouse.log")
@@ -76,8 +141,7 @@ def run(plan: ClusterPlan, args: list[str], folder: Path, kill_every: float, tim
             elapsed = time.monotonic() - started
             if elapsed > timeout_s:
                 raise SystemExit(f"torchacco: error: the run did not finish in {timeout_s:.0f} s ({folder}/node*.log)")
-            if kill_every and elapsed > kill_every * (len(kills) + 1) and kill_worker(1):
-                kills.append(round(elapsed, 1))
+            injector.poll(elapsed, started)
             time.sleep(0.5)
         wall = time.monotonic() - started
         if agents[0].returncode:
@@ -92,23 +156,28 @@ def run(plan: ClusterPlan, args: list[str], folder: Path, kill_every: float, tim
         "merged_tokens": sum(r["outer_merged_tokens"] for r in outer),
         "replicas_per_outer_step": [r["outer_replicas"] for r in outer],
         "final_val_loss": next(r["val_loss"] for r in reversed(records) if "val_loss" in r),
-        "kills_s": kills,
+        "faults": injector.events,
+        "survivor_waits_s": survivor_waits(records),
         "heals": [{"wait_and_copy_s": a, "mib": b, "copy_s": c} for a, b, c in heals],
     }
 
 
 def markdown(result: dict) -> str:
-    calm, hit, link = result["undisturbed"], result["killed"], result["link_mbit_s"]
-    heals = hit["heals"]
+    calm, hit, link = result["undisturbed"], result["faulted"], result["link_mbit_s"]
+    heals, faults = hit["heals"], hit["faults"]
     wire = [h["mib"] * 8 * 2**20 / (link * 1e6) for h in heals]  # the state's bytes over the link
+    said = {"kill": "SIGKILLed", "cut": f"link cut mid-transfer for {result['outage_s']:.0f} s",
+            "stall": f"stopped mid-transfer for {result['outage_s']:.0f} s"}  # fmt: skip
+    listed = "; ".join(f"{f['at_s']:.0f} s: {said[f['kind']]}" + ("" if f.get("mid_transfer", True) else
+                       " (no transfer seen within 60 s)") for f in faults)  # fmt: skip
     lines = [
-        f"# Fault-tolerant DiLoCo under kills ({result['meta']['date']})",
+        f"# Fault-tolerant DiLoCo under faults ({result['meta']['date']})",
         "",
         f"{result['meta']['machine']}; `{result['meta']['command']}`. Two replicas (one node each, "
-        f"{link:.0f} Mbit/s), {calm['updates']} updates; replica 1 SIGKILLed every {result['kill_every_s']:.0f} s "
-        f"({len(hit['kills_s'])} kills) and restarted by its agent.",
+        f"{link:.0f} Mbit/s), {calm['updates']} updates; a fault on replica 1 every {result['every_s']:.0f} s "
+        f"({len(faults)} faults: {listed}).",
         "",
-        "| | undisturbed | killed | ratio |",
+        "| | undisturbed | faulted | ratio |",
         "|---|---:|---:|---:|",
         f"| the survivor's training seconds | {calm['train_s']:.1f} | {hit['train_s']:.1f} | "
         f"goodput **{calm['train_s'] / hit['train_s']:.3f}** |",
@@ -118,6 +187,11 @@ def markdown(result: dict) -> str:
         f"{hit['merged_tokens'] / hit['wall_s'] / (calm['merged_tokens'] / calm['wall_s']):.3f} |",
         f"| final validation loss (replica 0) | {calm['final_val_loss']:.4f} | {hit['final_val_loss']:.4f} | "
         f"{hit['final_val_loss'] / calm['final_val_loss'] - 1:+.2%} |",
+        f"| outer steps with one replica | {hit['replicas_per_outer_step'].count(1)} of "
+        f"{len(hit['replicas_per_outer_step'])} | | |",
+        "",
+        f"The survivor's updates over 1 s: {', '.join(f'{w:g}' for w in hit['survivor_waits_s']) or 'none'} s "
+        f"(undisturbed: {', '.join(f'{w:g}' for w in calm['survivor_waits_s']) or 'none'}).",
         "",
         "| heal | wait for the round and copy (s) | copy alone (s) | state (MiB) | its bytes over the link (s) | "
         "copy ÷ link |",
@@ -135,7 +209,7 @@ def draw(folder: Path, result: dict, path: Path) -> None:
     if found is None:
         return
     fig, (loss, present) = found
-    for name in ("undisturbed", "killed"):
+    for name in ("undisturbed", "faulted"):
         records = read_records(folder / name)
         seconds = [0.0]
         for r in records[1:]:
@@ -154,21 +228,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks fault-goodput", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--updates", type=int, default=6000, help="updates of each run")
-    parser.add_argument("--kill-every", type=float, default=300.0, help="seconds between kills of replica 1")
+    parser.add_argument("--every", type=float, default=300.0, help="seconds between faults on replica 1")
+    parser.add_argument("--faults", default="kill,cut,stall", help=f"kinds, in turn: {', '.join(KINDS)}")
+    parser.add_argument("--outage-s", type=float, default=60.0, help="how long a cut or a stall lasts")
     parser.add_argument("--rate", type=float, default=114.0, help="the link between the nodes, Mbit/s")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     parser.add_argument("--timeout-s", type=float, default=5400.0, help="for each run")
     args = parser.parse_args(argv)
+    kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        parser.error(f"--faults {args.faults}: use some of {', '.join(KINDS)}")
+    if args.every and args.outage_s >= args.every:
+        parser.error(f"--outage-s {args.outage_s:g} must be shorter than --every {args.every:g}")
 
     def measure() -> None:
         preflight()  # root, ip and tc, or one line (ClusterError)
         plan = ClusterPlan(nodes=2, rate_bps=args.rate * 1e6)
         train = train_args(args.updates, args.seed)
         folder = args.out / "fault_goodput_runs"
-        result = {"meta": meta("fault-goodput", argv), "link_mbit_s": args.rate, "kill_every_s": args.kill_every}
-        result["undisturbed"] = run(plan, train, folder / "undisturbed", 0, args.timeout_s)
-        result["killed"] = run(plan, train, folder / "killed", args.kill_every, args.timeout_s)
+        result = {"meta": meta("fault-goodput", argv), "link_mbit_s": args.rate, "every_s": args.every,
+                  "outage_s": args.outage_s}  # fmt: skip
+        result["undisturbed"] = run(plan, train, folder / "undisturbed", Injector(plan, kinds, 0, 0), args.timeout_s)
+        injector = Injector(plan, kinds, args.every, args.outage_s)
+        result["faulted"] = run(plan, train, folder / "faulted", injector, args.timeout_s)
         write_report(args.out, "fault_goodput", result, markdown(result), lambda path: draw(folder, result, path))
         print(markdown(result))
 

@@ -222,18 +222,30 @@ def test_the_lighthouse_command_starts_and_prints_its_address():
         proc.wait(timeout=30)
 
 
-def test_the_goodput_report_states_the_ratios_and_each_heal_against_the_link():
+def test_the_goodput_report_states_the_ratios_each_fault_and_each_heal_against_the_link():
     from benchmarks.cluster import ClusterPlan
-    from benchmarks.fault_goodput import agent, markdown
+    from benchmarks.fault_goodput import agent, main, markdown, survivor_waits
 
     run = {"wall_s": 100.0, "train_s": 80.0, "updates": 1000, "merged_tokens": 2e6, "final_val_loss": 4.0,
-           "replicas_per_outer_step": [2] * 100, "kills_s": [], "heals": []}  # fmt: skip
-    killed = {**run, "wall_s": 110.0, "train_s": 88.0, "merged_tokens": 1.9e6, "final_val_loss": 4.02,
-              "kills_s": [30.0], "heals": [{"wait_and_copy_s": 1.3, "mib": 13.6, "copy_s": 1.06}]}  # fmt: skip
+           "replicas_per_outer_step": [2] * 100, "faults": [], "survivor_waits_s": [], "heals": []}  # fmt: skip
+    faults = [{"kind": "kill", "at_s": 30.0}, {"kind": "cut", "at_s": 60.2},
+              {"kind": "stall", "mid_transfer": False, "at_s": 90.4}]  # fmt: skip
+    faulted = {**run, "wall_s": 110.0, "train_s": 88.0, "merged_tokens": 1.9e6, "final_val_loss": 4.02,
+               "replicas_per_outer_step": [2] * 90 + [1] * 10, "faults": faults, "survivor_waits_s": [12.1, 3.0],
+               "heals": [{"wait_and_copy_s": 1.3, "mib": 13.6, "copy_s": 1.06}]}  # fmt: skip
     meta = {"date": "2026-11-27", "machine": "m", "command": "c"}
-    text = markdown({"meta": meta, "link_mbit_s": 114.0, "kill_every_s": 30.0, "undisturbed": run, "killed": killed})
+    text = markdown({"meta": meta, "link_mbit_s": 114.0, "every_s": 30.0, "outage_s": 20.0, "undisturbed": run,
+                     "faulted": faulted})  # fmt: skip
     assert "goodput **0.909**" in text and "| +0.50% |" in text
+    said = "30 s: SIGKILLed; 60 s: link cut mid-transfer for 20 s; 90 s: stopped mid-transfer for 20 s (no transfer"
+    assert said in text
+    assert "| outer steps with one replica | 10 of 100 |" in text and "over 1 s: 12.1, 3 s (undisturbed: none)" in text
     assert "| 1 | 1.3 | 1.06 | 13.6 | 1.00 | 1.06 |" in text  # 13.6 MiB over 114 Mbit/s: 1.00 s
+    records = [{"tokens_per_update": 100.0, "tokens_per_s": 1000.0}, {"tokens_per_update": 100.0, "tokens_per_s": 50.0}]
+    assert survivor_waits(records) == [2.0]
+    for bad in (["--faults", "kill,flood"], ["--every", "30", "--outage-s", "30"]):
+        with pytest.raises(SystemExit):
+            main(bad)
     argv = agent(ClusterPlan(nodes=2), 1, ["--x"])
     assert argv[-3:] == ["-m", "torchacco.train", "--x"]
     assert "is_host=1" in argv and argv[argv.index("--rdzv_endpoint") + 1].startswith("10.77.0.")
