@@ -4,7 +4,9 @@ Lost workers (automatic restart and exact recovery) are tested with the resume t
 test_checkpoint.py; stalled ranks in test_cli.py.
 """
 
+import os
 import signal
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +14,7 @@ import torch
 import torch.distributed as dist
 from conftest import read_metrics, run_train, tiny_args
 
+import torchacco.faults
 from torchacco.config import Optimizer
 from torchacco.errors import UserError
 from torchacco.faults import Faults
@@ -90,6 +93,20 @@ def test_fault_specs_parse_and_fire_once_per_launch_at_any_step_on_any_attempt(m
         for step in (1, 2, 2, 3):
             killer.before_period(step)
     assert kills == [signal.SIGKILL]
+
+    # A freeze arms at its step and stops the process once, at its next fault-tolerant outer step's first message.
+    frozen = Faults("freeze@replica1:rank0:step2:4s, freeze@replica0:rank0:step1:9s", rank=0, store=store, replica=1)
+    assert [f[1:] for f in frozen.faults] == [("freeze", 2, 4.0)]
+    woken = []
+    monkeypatch.setattr(subprocess, "Popen", lambda argv, **kwargs: woken.append(argv[-1]))
+    torchacco.faults.in_outer_exchange()  # (not armed: nothing)
+    for step in (1, 2, 3):
+        frozen.before_period(step)
+    torchacco.faults.in_outer_exchange()
+    torchacco.faults.in_outer_exchange()
+    assert kills == [signal.SIGKILL, signal.SIGSTOP] and woken == [f"sleep 4; kill -CONT {os.getpid()}"]
+    with pytest.raises(UserError, match="cannot parse 'freeze@rank0:step2'"):
+        Faults("freeze@rank0:step2", rank=0)
 
 
 def _run(corpus, cache, out, fault, *extra):

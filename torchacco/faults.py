@@ -15,8 +15,8 @@ replica N only; in a fault-tolerant run, R counts within the replica's job):
 - `freeze`: `freeze@replicaN:rankR:stepS:Ts`: from step S on, in the rank's next fault-tolerant outer step, once
   its first message is out, the whole process stops (SIGSTOP, its heartbeats too: a frozen machine, a stalled
   link) for T seconds, then goes on;
-- `mute`: `mute@replicaN:stepS`: from the outer step after update S - 1 on, replica N's pseudo-gradients weigh
-  nothing in the merge (its tokens count 0): the reference for a replica lost at step S;
+- `mute`: `mute@replicaN:stepS`: from the first outer step at update S or later on, replica N's pseudo-gradients
+  weigh nothing in the merge (its tokens count 0): the reference for a replica lost at step S;
 - `slow_data`: `slow_data@rankR:Ns` adds N seconds to the rank's data preparation (a corpus slow
   to fetch or tokenize), which the other ranks wait out without a collective deadline.
 A fault fires the first time its rank reaches its step in a launch, on whichever attempt that
@@ -49,12 +49,13 @@ class Faults:
         for item in filter(None, (s.strip() for s in spec.split(","))):
             if SLOW_DATA.match(item) or MUTE.match(item):
                 continue  # (data_delay's, muted_from's)
-            m = FAULT.match(item)
-            if FREEZE.match(item):
-                on_replica, r, step, seconds = FREEZE.match(item).groups()
+            freeze = FREEZE.match(item)
+            if freeze:
+                on_replica, r, step, seconds = freeze.groups()
                 if int(r) == rank and (on_replica is None or int(on_replica) == replica):
                     self.faults.append((item, "freeze", int(step), float(seconds)))
                 continue
+            m = FAULT.match(item)
             if not m:
                 raise UserError(
                     f"TORCHACCO_FAULT: cannot parse {item!r}; expected e.g. kill@rank1:step5, "
