@@ -14,8 +14,10 @@ longest waits, each heal's copy against the state's bytes over the link, and the
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -170,12 +172,13 @@ def markdown(result: dict) -> str:
             "stall": f"stopped mid-transfer for {result['outage_s']:.0f} s"}  # fmt: skip
     listed = "; ".join(f"{f['at_s']:.0f} s: {said[f['kind']]}" + ("" if f.get("mid_transfer", True) else
                        " (no transfer seen within 60 s)") for f in faults)  # fmt: skip
+    reused = f" The undisturbed run is from {calm['from']}." if "from" in calm else ""
     lines = [
         f"# Fault-tolerant DiLoCo under faults ({result['meta']['date']})",
         "",
         f"{result['meta']['machine']}; `{result['meta']['command']}`. Two replicas (one node each, "
         f"{link:.0f} Mbit/s), {calm['updates']} updates; a fault on replica 1 every {result['every_s']:.0f} s "
-        f"({len(faults)} faults: {listed}).",
+        f"({len(faults)} faults: {listed}).{reused}",
         "",
         "| | undisturbed | faulted | ratio |",
         "|---|---:|---:|---:|",
@@ -224,6 +227,17 @@ def draw(folder: Path, result: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+def earlier_undisturbed(report: Path, args, folder: Path) -> dict:
+    """The undisturbed run of an earlier report, if it ran this recipe over this link; its records copied beside."""
+    earlier = json.loads(report.read_text())
+    calm = earlier["undisturbed"]
+    if (calm["updates"], earlier["link_mbit_s"], earlier.get("seed", 0)) != (args.updates, args.rate, args.seed):
+        raise SystemExit(f"torchacco: error: {report} ran another recipe (--updates, --rate or --seed differ)")
+    if folder.resolve() != (report.parent / "fault_goodput_runs" / "undisturbed").resolve():
+        shutil.copytree(report.parent / "fault_goodput_runs" / "undisturbed", folder, dirs_exist_ok=True)
+    return {**calm, "from": f"{report} ({earlier['meta']['date']})"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks fault-goodput", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -235,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     parser.add_argument("--timeout-s", type=float, default=5400.0, help="for each run")
+    parser.add_argument("--undisturbed-from", type=Path, help="an earlier report's JSON whose undisturbed run (same "
+                        "updates, link and seed; its runs folder beside it) stands in for a new one")  # fmt: skip
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(KINDS))
@@ -248,9 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         plan = ClusterPlan(nodes=2, rate_bps=args.rate * 1e6)
         train = train_args(args.updates, args.seed)
         folder = args.out / "fault_goodput_runs"
-        result = {"meta": meta("fault-goodput", argv), "link_mbit_s": args.rate, "every_s": args.every,
-                  "outage_s": args.outage_s}  # fmt: skip
-        result["undisturbed"] = run(plan, train, folder / "undisturbed", Injector(plan, kinds, 0, 0), args.timeout_s)
+        result = {"meta": meta("fault-goodput", argv), "link_mbit_s": args.rate, "seed": args.seed,
+                  "every_s": args.every, "outage_s": args.outage_s}  # fmt: skip
+        if args.undisturbed_from:
+            result["undisturbed"] = earlier_undisturbed(args.undisturbed_from, args, folder / "undisturbed")
+        else:
+            result["undisturbed"] = run(plan, train, folder / "undisturbed", Injector(plan, kinds, 0, 0),
+                                        args.timeout_s)  # fmt: skip
         injector = Injector(plan, kinds, args.every, args.outage_s)
         result["faulted"] = run(plan, train, folder / "faulted", injector, args.timeout_s)
         write_report(args.out, "fault_goodput", result, markdown(result), lambda path: draw(folder, result, path))
