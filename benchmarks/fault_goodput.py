@@ -97,11 +97,12 @@ class Injector:
         self.events: list[dict] = []
         self._undo = None  # (when, what) of the outage in progress
 
-    def poll(self, elapsed: float, started: float) -> None:
-        if self._undo and elapsed >= self._undo[0]:
+    def poll(self, started: float) -> None:
+        """Ends the outage in progress when due, else starts the next fault when due (seconds since `started`)."""
+        if self._undo and time.monotonic() - started >= self._undo[0]:
             self._undo[1]()
             self._undo = None
-        if not self.every or self._undo or elapsed < self.every * (len(self.events) + 1):
+        if not self.every or self._undo or time.monotonic() - started < self.every * (len(self.events) + 1):
             return
         kind, pid = self.kinds[len(self.events) % len(self.kinds)], worker(1)
         if pid is None:  # (restarting: try again at the next poll)
@@ -143,7 +144,7 @@ def run(plan: ClusterPlan, args: list[str], folder: Path, injector: Injector, ti
             elapsed = time.monotonic() - started
             if elapsed > timeout_s:
                 raise SystemExit(f"torchacco: error: the run did not finish in {timeout_s:.0f} s ({folder}/node*.log)")
-            injector.poll(elapsed, started)
+            injector.poll(started)
             time.sleep(0.5)
         wall = time.monotonic() - started
         if agents[0].returncode:

@@ -6,9 +6,11 @@ element; impossible settings are one line each."""
 
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -276,3 +278,21 @@ def test_the_goodput_report_states_the_ratios_each_fault_and_each_heal_against_t
     argv = agent(ClusterPlan(nodes=2), 1, ["--x"])
     assert argv[-3:] == ["-m", "torchacco.train", "--x"]
     assert "is_host=1" in argv and argv[argv.index("--rdzv_endpoint") + 1].startswith("10.77.0.")
+
+
+def test_the_goodput_faults_come_in_turn_and_each_outage_ends(monkeypatch):
+    import benchmarks.fault_goodput as bench
+    from benchmarks.cluster import ClusterPlan
+
+    signals = []
+    monkeypatch.setattr(bench, "worker", lambda replica: 4242)
+    monkeypatch.setattr(bench, "wait_for_transfer", lambda pid: True)
+    monkeypatch.setattr(bench.os, "kill", lambda pid, sig: signals.append(sig))
+    injector = bench.Injector(ClusterPlan(nodes=2), ["kill", "stall"], every=0.2, outage_s=0.1)
+    started = time.monotonic()
+    while len(injector.events) < 3 or injector._undo:
+        injector.poll(started)
+        time.sleep(0.01)
+    assert [e["kind"] for e in injector.events] == ["kill", "stall", "kill"]
+    assert signals == [signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT, signal.SIGKILL]
+    assert all(e["at_s"] >= 0.2 * i - 0.05 for i, e in enumerate(injector.events, 1))  # (every 0.2 s, at 0.1 s)
