@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:
         parser.error(f"--faults {args.faults}: use some of {', '.join(KINDS)}")
+    if args.undisturbed_from and not args.undisturbed_from.is_file():
+        parser.error(f"--undisturbed-from {args.undisturbed_from}: no such report; give an earlier fault_goodput.json")
     if args.every and args.outage_s >= args.every:
         parser.error(f"--outage-s {args.outage_s:g} must be shorter than --every {args.every:g}")
 

@@ -272,7 +272,11 @@ def test_the_goodput_report_states_the_ratios_each_fault_and_each_heal_against_t
     assert "| 1 | 1.3 | 1.06 | 13.6 | 1.00 | 1.06 |" in text  # 13.6 MiB over 114 Mbit/s: 1.00 s
     records = [{"tokens_per_update": 100.0, "tokens_per_s": 1000.0}, {"tokens_per_update": 100.0, "tokens_per_s": 50.0}]
     assert survivor_waits(records) == [2.0]
-    for bad in (["--faults", "kill,flood"], ["--every", "30", "--outage-s", "30"]):
+    for bad in (
+        ["--faults", "kill,flood"],
+        ["--every", "30", "--outage-s", "30"],
+        ["--undisturbed-from", "/no/such.json"],
+    ):
         with pytest.raises(SystemExit):
             main(bad)
     argv = agent(ClusterPlan(nodes=2), 1, ["--x"])
