@@ -212,7 +212,14 @@ def test_predict_cli(capsys):
     assert "| not measured |" in row(proc.stdout, "acco_bf16_estimate") and "acco_bf16_estimate" not in verdict
     odd = run("--flavor", "1B", "--nodes", "2", "--sync-every", "7", "--outer-momentum", "0.5")
     assert odd.returncode == 0, odd.stderr
-    assert "| not measured |" in row(odd.stdout, "diloco_h7 (ddp inside)")
+    assert "| not measured |" in row(odd.stdout, "diloco_h7 (ddp inside, bf16)")
+    # the compressed Streaming DiLoCo the table measured: its row names its wire and takes its ratio
+    streaming = "--sync-every 10 --fragments 2 --overlap-steps 1 --eager --outer-lr 1 --outer-momentum 0".split()
+    sparse = run("--flavor", "1B", "--nodes", "2", *streaming, "--outer-dtype", "int2", "--topk", "0.01")
+    assert sparse.returncode == 0, sparse.stderr
+    assert "| not measured |" not in row(sparse.stdout, "diloco_h10 (ddp inside, int2 top-k 0.01)")
+    ratio = cm.token_table()["tokens_to_target"]["streaming_h10_avg_topk1_int2"]["mean"]
+    assert f"{ratio:.3f}" in sparse.stdout
     bad = run("--nodes", "2", "--eager")
     assert bad.returncode == 1 and "[diloco] eager" in bad.stderr and "overlap_steps >= 1" in bad.stderr
     bad = run("--device", "TPU9")

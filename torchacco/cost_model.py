@@ -419,8 +419,10 @@ def predict_diloco(
     exposed = sum(max(0.0, t - overlap_steps * t_in) for t in transfers) / sync_every
     step = t_in + exposed
     tokens = hw.world * work.micro_batches * work.tokens_per_micro_batch
-    return {"strategy": f"diloco_h{sync_every} ({inner} inside)", "step_time_s": step, "tokens_per_update": tokens,
-            "tokens_per_s": tokens / step, "exposed_comm_s": step - t_in + inside["exposed_comm_s"],
+    wire_label = "" if all_reduce else f", {outer_dtype}" + (f" top-k {topk:g}" if topk else "")
+    return {"strategy": f"diloco_h{sync_every} ({inner} inside{wire_label})", "step_time_s": step,
+            "tokens_per_update": tokens, "tokens_per_s": tokens / step,
+            "exposed_comm_s": step - t_in + inside["exposed_comm_s"],
             "overlap": max(0.0, 1.0 - exposed * sync_every / sum(transfers)) if sum(transfers) else 1.0,
             "compute_s": t_in, "job_s": max(transfers), "collective_s": max(transfers),
             "outer_exposed_s": exposed}  # fmt: skip
@@ -472,6 +474,8 @@ TOKEN_EFFICIENCY = Path(__file__).with_name("token_efficiency.json")
 # a bf16 estimate or an adaptive batch changes the update itself.
 PLAIN_UPDATE = ("deterministic", "balanced")
 _NOT_MATCHED = ("replicas", "inner", "ranks_per_replica")  # a DiLoCo entry's keys that are not [diloco] settings
+# [diloco] settings that say where the outer state lives or how a failure is survived, not what an outer step computes
+NOT_THE_UPDATE = ("offload", "fault_tolerant", "lighthouse", "min_replicas", "join_timeout_s", "round_timeout_s")
 
 
 @functools.cache
@@ -504,8 +508,8 @@ def token_source(label: str, table: dict | None = None) -> str | None:
 
 def diloco_token_source(inner: str, replicas: int, outer, table: dict | None = None) -> str | None:
     """The measured DiLoCo entry for `replicas` replicas with `inner` inside and the outer step `outer` (a
-    `torchacco.config.DiLoCo`): one with the same replicas, inner update and [diloco] settings but `offload`, or
-    None. The ranks inside a replica are not matched: they change the inner update's floating-point order, not the
+    `torchacco.config.DiLoCo`): one with the same replicas, inner update and [diloco] settings (but NOT_THE_UPDATE),
+    or None. The ranks inside a replica are not matched: they change the inner update's floating-point order, not the
     update."""
     settings, defaults = dataclasses.asdict(outer), dataclasses.asdict(type(outer)())
     for name, entry in _entries(table).items():
@@ -513,7 +517,7 @@ def diloco_token_source(inner: str, replicas: int, outer, table: dict | None = N
         if not run or run["replicas"] != replicas or _update(run["inner"]) != _update(inner):
             continue
         recorded = {**defaults, **run}  # a setting an entry does not record (it predates it) had its default
-        if all(settings[key] == recorded[key] for key in settings if key != "offload"):  # (offload: where, not what)
+        if all(settings[key] == recorded[key] for key in settings if key not in NOT_THE_UPDATE):
             return name
     return None
 

@@ -22,7 +22,7 @@ from benchmarks.common import DDP, ROOT, mean_ci, recipe
 from benchmarks.yardstick.table import token_ratios
 from benchmarks.yardstick.tokens import VARIANTS
 from torchacco.config import load_config
-from torchacco.cost_model import TOKEN_EFFICIENCY
+from torchacco.cost_model import NOT_THE_UPDATE, TOKEN_EFFICIENCY
 
 RANKS = 2  # token-efficiency trains every variant on 2 ranks (NPROC=2)
 
@@ -47,8 +47,7 @@ def diloco_settings(cfg) -> dict | None:
     replicas = cfg.parallelism.replicas
     if replicas == 1:
         return None
-    outer = dataclasses.asdict(cfg.diloco)
-    del outer["offload"]  # where θ_global is kept, not what it is
+    outer = {k: v for k, v in dataclasses.asdict(cfg.diloco).items() if k not in NOT_THE_UPDATE}
     # ranks_per_replica is recorded, not matched: DDP over G ranks computes the update of one rank with G× the
     # micro-batches, so what is matched is the inner strategy's update
     inner = {"inner": cfg.parallelism.data_parallel, "ranks_per_replica": RANKS // replicas}

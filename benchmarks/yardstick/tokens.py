@@ -219,6 +219,11 @@ def markdown(summary: dict, meta: dict) -> str:
                   "|---|---|---|---|---|"]  # fmt: skip
         for lr, rows in meta["tuned"].items():
             for v, t in rows.items():
+                if v == ZERO1 and t is rows.get(DDP):
+                    lines.append(
+                        f"| {lr} | {v} | DDP's (the noise floor: the same mathematics at the same settings) | | |"
+                    )
+                    continue
                 grid = "; ".join(f"{g['label']}: {g['mean_val_loss']:.4f}" for g in t["grid"])
                 lines.append(f"| {lr} | {v} | {t['label']} | {t['mean_val_loss']:.4f} | {grid} |")
     budgeted = [(lr, v, row) for lr, rows in summary.items() for v, row in rows.items() if "budgets" in row]
@@ -324,7 +329,9 @@ def main(argv: list[str] | None = None) -> None:
     for lr in lrs:
         for v in variants:  # DDP first: the others are paired with it
             point = {"lr": lr, "extra": []}
-            if tune_seeds:
+            if tune_seeds and v == ZERO1 and DDP in tuned.get(f"{lr:g}", {}):  # the noise floor: DDP's mathematics
+                point = tuned[f"{lr:g}"][v] = tuned[f"{lr:g}"][DDP]  # at DDP's settings, so not tuned apart
+            elif tune_seeds:
                 point = tuned.setdefault(f"{lr:g}", {})[v] = tune(v, lr, tune_seeds, args, out / args.runs, prefix)
             tag = "" if not tune_seeds else f"_at{point['lr']:g}" + "".join(f"_{x}" for x in point["extra"][1::2])
             for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
