@@ -169,16 +169,19 @@ def test_tuning_picks_each_variants_best_grid_point_on_its_own_seeds_and_reports
         return te.records(folder)
 
     monkeypatch.setattr(te, "train", fake_train)
-    argv = ["--updates", "10", "--seeds", "0,1", "--tune-seeds", "100,101", "--variants", "ddp,diloco_h10"]
+    argv = ["--updates", "10", "--seeds", "0,1", "--tune-seeds", "100,101", "--variants", "ddp,zero1,diloco_h10"]
     te.main([*argv, "--out", str(tmp_path), "--name", "t"])
     tuned = json.loads((tmp_path / "t.json").read_text())["meta"]["tuned"]["0.003"]
     assert tuned["ddp"]["lr"] == pytest.approx(0.006) and len(tuned["ddp"]["grid"]) == 3  # lr ×½, ×1, ×2
     assert tuned["diloco_h10"]["lr"] == pytest.approx(0.0015) and len(tuned["diloco_h10"]["grid"]) == 6
     assert tuned["diloco_h10"]["extra"] == ["--diloco.outer_lr", "1", "--diloco.outer_momentum", "0"]
+    assert tuned["zero1"] == tuned["ddp"]  # the noise floor: DDP's mathematics at DDP's point, not tuned apart
     reported = [r for r in ran if r[2] in (0, 1)]
-    assert {(v, lr) for v, lr, _, _ in reported} == {("ddp", 0.006), ("diloco_h10", 0.0015)}
-    assert len(ran) == (3 + 6) * 2 + len(reported) and len(reported) == 4  # the grids on the tuning seeds only
-    assert "| 0.003 | diloco_h10 | lr×0.5 outer 1:0 |" in (tmp_path / "t.md").read_text()
+    assert {(v, lr) for v, lr, _, _ in reported} == {("ddp", 0.006), ("zero1", 0.006), ("diloco_h10", 0.0015)}
+    assert len(ran) == (3 + 6) * 2 + len(reported) and len(reported) == 6  # the grids on the tuning seeds only
+    report = (tmp_path / "t.md").read_text()
+    assert "| 0.003 | diloco_h10 | lr×0.5 outer 1:0 |" in report
+    assert "| 0.003 | zero1 | DDP's (the noise floor" in report
     with pytest.raises(SystemExit):  # the same seeds for tuning and for the report: refused
         te.main(["--updates", "10", "--seeds", "0,1", "--tune-seeds", "1,2", "--out", str(tmp_path)])
 
