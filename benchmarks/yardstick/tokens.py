@@ -333,7 +333,8 @@ def main(argv: list[str] | None = None) -> None:
                 point = tuned[f"{lr:g}"][v] = tuned[f"{lr:g}"][DDP]  # at DDP's settings, so not tuned apart
             elif tune_seeds:
                 point = tuned.setdefault(f"{lr:g}", {})[v] = tune(v, lr, tune_seeds, args, out / args.runs, prefix)
-            tag = "" if not tune_seeds else f"_at{point['lr']:g}" + "".join(f"_{x}" for x in point["extra"][1::2])
+            untuned = point["lr"] == lr and not point["extra"]  # the same runs as without tuning: the same folders
+            tag = "" if untuned else f"_at{point['lr']:g}" + "".join(f"_{x}" for x in point["extra"][1::2])
             for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
                 for n in budgets if v != DDP else levels:
                     folder = out / args.runs / f"{prefix}u{n}_lr{lr:g}_{v}{tag}_s{seed}"
