@@ -62,6 +62,11 @@ VARIANTS = {
     **{f"streaming_h10_avg_topk{round(k * 100)}_{code}": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype {code} "
                                                                   f"--diloco.topk {k}")
        for k, code in ((0.01, "int2"), (0.03, "int2"), (0.1, "int4"))},
+    # the per-token ablation of the bf16 Streaming DiLoCo: after a warm start of 100 updates averaged in fp32
+    # (post-local SGD); with Nesterov (0.7, 0.9) whose momentum warms up over a fragment's first 20 outer steps (Pier)
+    "streaming_h10_avg_warm100": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 --diloco.warm_start 100"),
+    "streaming_h10_pier": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 --diloco.outer_lr 0.7 "
+                                   "--diloco.outer_momentum 0.9 --diloco.outer_momentum_warmup 20"),
     "streaming_h10_avg_topk1_int2_decay1": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.error_decay 1"),
     "streaming_h10_avg_topk1_int2_warm100": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.warm_start 100"),
 }  # fmt: skip
