@@ -220,6 +220,12 @@ def test_predict_cli(capsys):
     assert "| not measured |" not in row(sparse.stdout, "diloco_h10 (ddp inside, int2 top-k 0.01)")
     ratio = cm.token_table()["tokens_to_target"]["streaming_h10_avg_topk1_int2"]["mean"]
     assert f"{ratio:.3f}" in sparse.stdout
+    # with --config, the DiLoCo rows take the config's outer step, and a flag given here overrides it
+    recipe = ("--config", "train_configs/llama3_8b_sparse_diloco.toml", "--nodes", "4", "--gpus-per-node", "8")
+    from_recipe = run(*recipe)
+    assert from_recipe.returncode == 0, from_recipe.stderr
+    assert row(from_recipe.stdout, "diloco_h100 (fsdp inside, int2 top-k 0.03)")
+    assert row(run(*recipe, "--topk", "0", "--sync-every", "40").stdout, "diloco_h40 (fsdp inside, int2)")
     bad = run("--nodes", "2", "--eager")
     assert bad.returncode == 1 and "[diloco] eager" in bad.stderr and "overlap_steps >= 1" in bad.stderr
     bad = run("--device", "TPU9")

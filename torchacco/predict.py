@@ -55,16 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-factor", type=float, default=1.0, help="one GPU this much slower")
     p.add_argument("--max-growth", type=float, default=2.0, help="adaptive ACCO's cap ([acco] max_growth)")
     p.add_argument("--updates-to-target", type=int, default=10000, help="DDP's updates to the target loss")
-    outer = DiLoCo()  # the DiLoCo rows' defaults are [diloco]'s but for the wire (bf16: what a slow link gets)
-    p.add_argument("--sync-every", type=int, default=outer.sync_every, help="DiLoCo rows (one replica per node): H")
-    p.add_argument("--fragments", type=int, default=outer.fragments, help="DiLoCo rows: Streaming DiLoCo's fragments")
-    p.add_argument("--overlap-steps", type=int, default=outer.overlap_steps, help="DiLoCo rows: τ")
-    p.add_argument("--outer-dtype", default="bf16", choices=tuple(cm.WIRE_BYTES),
-                   help="DiLoCo rows: the wire")  # fmt: skip
-    p.add_argument("--topk", type=float, default=outer.topk, help="DiLoCo rows: [diloco] topk (0: dense)")
-    p.add_argument("--outer-lr", type=float, default=outer.outer_lr, help="DiLoCo rows: the outer learning rate")
-    p.add_argument("--outer-momentum", type=float, default=outer.outer_momentum, help="DiLoCo rows: its momentum")
-    p.add_argument("--eager", action="store_true", help="DiLoCo rows: [diloco] eager (with --overlap-steps)")
+    # the DiLoCo rows' settings: those given here, else the --config's [diloco] (with replicas), else [diloco]'s
+    # defaults but for the wire (bf16: what a slow link gets)
+    p.add_argument("--sync-every", type=int, help="DiLoCo rows (one replica per node): H")
+    p.add_argument("--fragments", type=int, help="DiLoCo rows: Streaming DiLoCo's fragments")
+    p.add_argument("--overlap-steps", type=int, help="DiLoCo rows: τ")
+    p.add_argument("--outer-dtype", choices=tuple(cm.WIRE_BYTES), help="DiLoCo rows: the wire")
+    p.add_argument("--topk", type=float, help="DiLoCo rows: [diloco] topk (0: dense)")
+    p.add_argument("--outer-lr", type=float, help="DiLoCo rows: the outer learning rate")
+    p.add_argument("--outer-momentum", type=float, help="DiLoCo rows: its momentum")
+    p.add_argument("--eager", action="store_true", default=None, help="DiLoCo rows: [diloco] eager (with τ)")
     return p
 
 
@@ -89,9 +89,10 @@ def workload_and_hardware(args) -> tuple[cm.Workload, cm.Hardware]:
 
 def outer_step(args) -> DiLoCo:
     """The DiLoCo rows' [diloco] settings, checked as a run with one replica per node would be."""
-    outer = DiLoCo(sync_every=args.sync_every, fragments=args.fragments, overlap_steps=args.overlap_steps,
-                   outer_dtype=args.outer_dtype, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-                   eager=args.eager, topk=args.topk)  # fmt: skip
+    base = getattr(args, "config_diloco", None) or DiLoCo(outer_dtype="bf16")
+    names = ("sync_every", "fragments", "overlap_steps", "outer_dtype", "outer_lr", "outer_momentum", "eager", "topk")
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    outer = dataclasses.replace(base, **given)
     cfg = Config(diloco=outer)
     cfg.parallelism.replicas = args.nodes
     check_diloco(cfg, strategy_class(cfg.parallelism.data_parallel))
@@ -127,6 +128,7 @@ def from_config(args):
     run = dry_run.plan(cfg, dry_run.Cluster(args.nodes, args.gpus_per_node))
     t, p = run.cfg.training, run.cfg.parallelism
     args.model, args.flavor, args.vocab_size = cfg.model.name, cfg.model.flavor, run.args.vocab_size
+    args.config_diloco = cfg.diloco if run.replicas > 1 else None  # the DiLoCo rows' outer step
     # the alternatives run the config's global batch with every rank data-parallel
     per_update = run.micro_batches * t.local_batch_size * run.dp * run.replicas
     args.seq_len, args.local_batch = t.seq_len, t.local_batch_size
