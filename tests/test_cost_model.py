@@ -182,7 +182,7 @@ def test_relative_error():
 
 
 @pytest.mark.integration
-def test_predict_cli(capsys):
+def test_predict_cli(capsys, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(  # as a user runs it, once; the other cases in this process (a torch import each saved)
         [sys.executable, "-m", "torchacco.predict", *"--model llama3 --flavor 8B --nodes 4".split(),
@@ -226,6 +226,15 @@ def test_predict_cli(capsys):
     assert from_recipe.returncode == 0, from_recipe.stderr
     assert row(from_recipe.stdout, "diloco_h100 (fsdp inside, int2 top-k 0.03)")
     assert row(run(*recipe, "--topk", "0", "--sync-every", "40").stdout, "diloco_h40 (fsdp inside, int2)")
+    balanced = tmp_path / "balanced.toml"  # balanced replicas: its DiLoCo rows still are plain DiLoCo's
+    text = (ROOT / "train_configs/default.toml").read_text()
+    text = text.replace("[parallelism]", "[parallelism]\nreplicas = 2").replace(
+        "[training]", "[training]\nmax_tokens = 10000000"
+    )
+    balanced.write_text(text + "\n[diloco]\nbalance_replicas = true\nsync_every = 20\n")
+    from_balanced = run("--config", str(balanced), "--nodes", "2", "--gpus-per-node", "1")
+    assert from_balanced.returncode == 0, from_balanced.stderr
+    assert row(from_balanced.stdout, "diloco_h20 (ddp inside)")
     bad = run("--nodes", "2", "--eager")
     assert bad.returncode == 1 and "[diloco] eager" in bad.stderr and "overlap_steps >= 1" in bad.stderr
     bad = run("--device", "TPU9")

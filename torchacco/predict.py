@@ -128,7 +128,9 @@ def from_config(args):
     run = dry_run.plan(cfg, dry_run.Cluster(args.nodes, args.gpus_per_node))
     t, p = run.cfg.training, run.cfg.parallelism
     args.model, args.flavor, args.vocab_size = cfg.model.name, cfg.model.flavor, run.args.vocab_size
-    args.config_diloco = cfg.diloco if run.replicas > 1 else None  # the DiLoCo rows' outer step
+    # the DiLoCo rows' outer step; they model neither balanced replicas nor fault tolerance (the config's row does)
+    outer = dataclasses.replace(cfg.diloco, balance_replicas=False, fault_tolerant=False)
+    args.config_diloco = outer if run.replicas > 1 else None
     # the alternatives run the config's global batch with every rank data-parallel
     per_update = run.micro_batches * t.local_batch_size * run.dp * run.replicas
     args.seq_len, args.local_batch = t.seq_len, t.local_batch_size
