@@ -224,7 +224,9 @@ def test_predict_cli(capsys, tmp_path):
     recipe = ("--config", "train_configs/llama3_8b_sparse_diloco.toml", "--nodes", "4", "--gpus-per-node", "8")
     from_recipe = run(*recipe)
     assert from_recipe.returncode == 0, from_recipe.stderr
-    assert row(from_recipe.stdout, "diloco_h100 (fsdp inside, int2 top-k 0.03)")
+    same = row(from_recipe.stdout, "diloco_h100 (fsdp inside, int2 top-k 0.03)")
+    own = row(from_recipe.stdout, "fsdp, 4 replicas (the config's)")
+    assert same.split("|")[-2] == own.split("|")[-2]  # its memory too: the outer step offloaded, as the recipe's
     assert row(run(*recipe, "--topk", "0", "--sync-every", "40").stdout, "diloco_h40 (fsdp inside, int2)")
     balanced = tmp_path / "balanced.toml"  # balanced replicas: its DiLoCo rows still are plain DiLoCo's
     text = (ROOT / "train_configs/default.toml").read_text()

@@ -461,12 +461,16 @@ def layout_memory(cls, params: float, group: int, dtype, reduce_dtype, options=N
     return memory if outer is None else memory + DiLoCo.outer_memory(params, cls, group, outer, largest)
 
 
-def diloco_memory_bytes(work: Workload, hw: Hardware, inner: str, offload: bool = False) -> float:
+def diloco_memory_bytes(
+    work: Workload, hw: Hardware, inner: str, offload: bool = False, outer=None, largest: float = 1.0
+) -> float:
     """The inner strategy's persistent bytes over a node's ranks, plus θ_global and the outer momentum
-    (fp32) of this rank's part of θ, unless offloaded to CPU memory (`DiLoCo.outer_memory`)."""
+    (fp32) of this rank's part of θ, unless offloaded to CPU memory (`DiLoCo.outer_memory`). `outer`: the
+    [diloco] section (its offload, topk's residual and eager's θ̂ of the largest fragment, `largest` of θ)."""
     cls, _ = variants()[inner]
-    outer = DiLoCoConfig(offload=offload)
-    return layout_memory(cls, work.params, hw.ranks_per_node, torch.bfloat16, torch.float32, outer=outer).total
+    outer = DiLoCoConfig(offload=offload) if outer is None else outer
+    return layout_memory(cls, work.params, hw.ranks_per_node, torch.bfloat16, torch.float32, outer=outer,
+                         largest=largest).total  # fmt: skip
 
 
 TOKEN_EFFICIENCY = Path(__file__).with_name("token_efficiency.json")

@@ -114,7 +114,8 @@ def rows(args, work: cm.Workload, hw: cm.Hardware) -> tuple[dict, dict, dict]:
                 row = cm.predict_diloco(work, hw, label, outer.sync_every, outer.fragments, outer.overlap_steps,
                                         outer.outer_dtype, sizes, outer.topk)  # fmt: skip
                 preds[row["strategy"]] = row
-                mem[row["strategy"]] = cm.diloco_memory_bytes(work, hw, label)
+                mem[row["strategy"]] = cm.diloco_memory_bytes(work, hw, label, outer=outer,
+                                                               largest=max(sizes) / sum(sizes))  # fmt: skip
                 sources[row["strategy"]] = cm.diloco_token_source(label, args.nodes, outer, table)
     return preds, mem, sources
 
