@@ -67,6 +67,11 @@ VARIANTS = {
     "streaming_h10_avg_warm100": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 --diloco.warm_start 100"),
     "streaming_h10_pier": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 --diloco.outer_lr 0.7 "
                                    "--diloco.outer_momentum 0.9 --diloco.outer_momentum_warmup 20"),
+    "streaming_h10_pier_warm100": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 --diloco.outer_lr 0.7 "
+                                          "--diloco.outer_momentum 0.9 --diloco.outer_momentum_warmup 20 "
+                                          "--diloco.warm_start 100"),  # both
+    "streaming_h50_avg": _dp(DDP, f"{DILOCO} 50 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true "
+                                  f"{AVG} --diloco.outer_dtype bf16"),  # the recommended Streaming DiLoCo at H 50
     "streaming_h10_avg_topk1_int2_decay1": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.error_decay 1"),
     "streaming_h10_avg_topk1_int2_warm100": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.warm_start 100"),
 }  # fmt: skip
