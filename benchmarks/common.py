@@ -12,6 +12,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import torch
+
 from torchacco import cost_model as cm
 from torchacco.parallel.acco import ACCO as _ACCO
 from torchacco.parallel.ddp import DDP as _DDP
@@ -63,8 +65,11 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 
 
 def machine() -> str:
+    """Cores, CPU model and the SIMD level torch's kernels use: machines of one name but another level give other
+    floating-point results, so runs compare (and reproduce) only within one level."""
     model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line), "?")
-    return f"{os.cpu_count()}-core {model}, CPU, {platform.system()}"
+    simd = torch.backends.cpu.get_cpu_capability()
+    return f"{os.cpu_count()}-core {model} ({simd}), CPU, {platform.system()}"
 
 
 def meta(name: str, argv: list[str] | None, **more) -> dict:

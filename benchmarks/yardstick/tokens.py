@@ -73,6 +73,8 @@ VARIANTS = {
     "streaming_h50_avg": _dp(DDP, f"{DILOCO} 50 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true "
                                   f"{AVG} --diloco.outer_dtype bf16"),  # the recommended Streaming DiLoCo at H 50
     "streaming_h10_avg_topk1_int2_decay1": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.error_decay 1"),
+    # outer lr 2: of 2 replicas' top-k, an element only one sent moves θ_global by half its value at outer lr 1
+    "streaming_h10_avg_topk1_int2_outer2": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.outer_lr 2"),
     "streaming_h10_avg_topk1_int2_warm100": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.warm_start 100"),
 }  # fmt: skip
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
