@@ -30,6 +30,9 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
     return run
 
 
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "kind, extra",
@@ -39,16 +42,26 @@ def zero1_run(tiny_corpus, cache_dir, tmp_path_factory) -> Path:
         pytest.param("zero1", [], marks=pytest.mark.faults),
         pytest.param("acco", [], marks=pytest.mark.faults),
         ("fsdp", FSDP_ASYNC),
-        ("dpu", ["--acco.dpu_warmup_steps", "4"]),  # resumed inside the synchronous warm-up
-        ("wp", []),  # the compute parameters are a prediction, not θ
+        # the rest but Streaming DiLoCo over ACCO (which covers the most state) in the slow pass, for the default's time
+        pytest.param("dpu", ["--acco.dpu_warmup_steps", "4"], marks=SLOW),  # resumed inside the synchronous warm-up
+        pytest.param("wp", [], marks=SLOW),  # the compute parameters are a prediction, not θ
         # the last commit's norm clips the next estimate: state too (a low max_norm keeps clipping active)
-        ("acco", ["--acco.estimate_clip", "commit", "--training.max_norm", "0.05"]),
+        pytest.param("acco", ["--acco.estimate_clip", "commit", "--training.max_norm", "0.05"], marks=SLOW),
         # Streaming DiLoCo over ACCO: fragment 1's all-reduce is in flight at the step-3 checkpoint
         ("acco", STREAMING),
-        ("zero1", [*REPLICAS_2, "--diloco.sync_every", "2", "--diloco.outer_dtype", "int8", "--diloco.offload", "1"]),
-        ("ddp", [*STREAMING[:-4], "--diloco.eager", "true"]),  # eager: θ̂ of the fragment in flight is state too
+        pytest.param(
+            "zero1",
+            [*REPLICAS_2, *"--diloco.sync_every 2 --diloco.outer_dtype int8 --diloco.offload 1".split()],
+            marks=SLOW,
+        ),  # fmt: skip
+        # eager: θ̂ of the fragment in flight is state too
+        pytest.param("ddp", [*STREAMING[:-4], "--diloco.eager", "true"], marks=SLOW),
         # top-k: the residuals are state, and the one of the fragment in flight has taken its transfer's share
-        ("zero1", [*STREAMING[:-4], *"--diloco.topk 0.05 --diloco.outer_dtype int2 --diloco.offload 1".split()]),
+        pytest.param(
+            "zero1",
+            [*STREAMING[:-4], *"--diloco.topk 0.05 --diloco.outer_dtype int2 --diloco.offload 1".split()],
+            marks=SLOW,
+        ),  # fmt: skip
     ],
     ids=[
         "ddp",
@@ -247,6 +260,7 @@ def test_resuming_another_models_checkpoint_is_one_clear_error(tiny_corpus, cach
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # several whole runs
 def test_acco_checkpoint_resumes_only_on_the_same_world_size(tiny_corpus, cache_dir, tmp_path):
     out = tmp_path / "run"
     assert run_train(args(tiny_corpus, cache_dir, out, "acco", 2)).returncode == 0
@@ -269,6 +283,7 @@ def test_acco_checkpoint_resumes_only_on_the_same_world_size(tiny_corpus, cache_
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # several whole runs
 def test_corrupted_checkpoint_is_a_clear_error_naming_an_earlier_one(tiny_corpus, cache_dir, tmp_path, zero1_run):
     out = shutil.copytree(zero1_run, tmp_path / "run")
     first, latest = [p for _, p in step_dirs(out / "checkpoint")]

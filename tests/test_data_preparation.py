@@ -12,6 +12,7 @@ from torchacco.faults import Faults, data_delay
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.faults  # slow_data
 def test_a_preparation_longer_than_the_collective_timeout_still_trains(tiny_corpus, tmp_path):
     # A fresh cache: rank 0 tokenizes for 12 s more than it needs, under a 4 s collective timeout.
     args = tiny_args(tiny_corpus, tmp_path / "cache", tmp_path / "out", "--training.collective_timeout_s", "4")

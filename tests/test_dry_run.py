@@ -106,6 +106,7 @@ def test_tensor_parallelism_across_a_node_moves_the_same_bytes_over_its_link():
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # every strategy built
 def test_the_memory_estimate_is_what_the_strategies_allocate(monkeypatch):
     """Within 10% of the tensor bytes a 2-rank run keeps once its gradients are complete (bf16 compute: ACCO's
     fp32 job buffer, 4 of its 16 bytes per parameter, counts)."""

@@ -24,6 +24,9 @@ from torchacco.fault_tolerance import ReplicaLink, copy_into
 from torchacco.validate import validate
 
 FT = ("--diloco.fault_tolerant", "true")
+# Longer than a replica's restart (torchrun's relaunch, imports, the build: about 8 s on a busy 2-core machine), and
+# well within the quorum's join timeout (60 s), during which the restarted replica waits for the paused one.
+RESTART_S = 30
 
 
 def replica_args(
@@ -52,6 +55,7 @@ def losses(folder: Path) -> list[float]:
     return [r["loss"] for r in read_metrics(folder)]
 
 
+@pytest.mark.slow  # two whole runs compared
 def test_without_failures_the_losses_are_todays_diloco_bit_for_bit(tiny_corpus, cache_dir, tmp_path):
     """Also when the whole run stops at step 6 and resumes from its replicas' checkpoints: each keeps its own."""
     plain = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "plain", 2))
@@ -70,7 +74,9 @@ def test_without_failures_the_losses_are_todays_diloco_bit_for_bit(tiny_corpus, 
     assert losses(tmp_path / "resumed") == losses(tmp_path / "plain")
 
 
-@pytest.mark.parametrize("replicas", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "replicas", [pytest.param(2, marks=pytest.mark.faults), pytest.param(3, marks=pytest.mark.slow)]
+)
 def test_a_killed_replica_leaves_survivors_that_merge_only_the_live(tiny_corpus, cache_dir, tmp_path, replicas):
     """The last replica is SIGKILLed as it starts step 5 (mid-period: outer steps after 3, 6, 9, 12) and not
     restarted; the others finish, and their losses are those of today's DiLoCo in which that replica's
@@ -92,6 +98,7 @@ def test_a_killed_replica_leaves_survivors_that_merge_only_the_live(tiny_corpus,
         assert outer == [replicas] + [replicas - 1] * 3
 
 
+@pytest.mark.faults
 def test_a_replica_frozen_mid_transfer_is_left_behind_and_heals_back(tiny_corpus, cache_dir, tmp_path):
     """Replica 1 stops (SIGSTOP) in its outer step after update 6, its first message sent, for 4 s. The survivor's
     round fails after round_timeout_s (2 s), runs again without it and goes on: its losses are today's DiLoCo's
@@ -141,21 +148,23 @@ def leaves(tree, path: str = ""):
 @pytest.mark.parametrize(
     "kind, ranks, steps",
     [
-        ("ddp", 1, 45),
+        pytest.param("ddp", 1, 45, marks=pytest.mark.faults, id="ddp-1-45"),
         pytest.param("zero1", 2, 150, marks=pytest.mark.slow, id="zero1-2ranks"),
         pytest.param("fsdp", 2, 150, marks=pytest.mark.slow, id="fsdp-2ranks"),
         pytest.param("acco", 1, 45, marks=pytest.mark.slow, id="acco"),
     ],
 )
 def test_a_restarted_replica_heals_to_its_donors_state(tiny_corpus, cache_dir, tmp_path, kind, ranks, steps):
-    """Replica 1 loses a rank at step 5 and restarts (MAX_RESTARTS=1): it heals from replica 0 at an outer step and
+    """Replica 1 loses a rank at step 5 and restarts (MAX_RESTARTS=1) while replica 0 pauses at step 7 (so that it is
+    still running on any machine when replica 1 is back): replica 1 heals from replica 0 at an outer step and
     checkpoints there as replica 0 does: every tensor of both checkpoints (θ_global, the outer momentum, the inner
     strategy's model and optimizer state, rank for rank with ZeRO-1's and FSDP's shards) and the loop's counts are
     equal. The run finishes with both replicas, and the run again from a later checkpoint repeats it bit for bit."""
     save = ("--checkpoint.enable", "true", "--checkpoint.every", "3", "--checkpoint.keep", "0")
     inner = ("--parallelism.data_parallel", kind)
     per_rank = 8 if kind == "acco" else 4  # (ACCO: two micro-batches per update, the estimate's and the commit's)
-    env = {"TORCHACCO_FAULT": f"kill@replica1:rank{ranks - 1}:step5", "MAX_RESTARTS": "1"}
+    env = {"TORCHACCO_FAULT": f"kill@replica1:rank{ranks - 1}:step5,pause@replica0:rank0:step7:{RESTART_S}s",
+           "MAX_RESTARTS": "1"}  # fmt: skip
     args = replica_args(tiny_corpus, cache_dir, tmp_path / "ft", 2, *FT, *save, *inner, steps=steps, schedule=steps,
                         ranks=ranks, per_rank=per_rank)  # fmt: skip
     ft = run_train(args, nproc=2 * ranks, env=env)
@@ -215,6 +224,7 @@ def test_impossible_settings_are_one_line(tmp_path, monkeypatch):
         validate(load_config([*FT]), world_size=2, here=False)
 
 
+@pytest.mark.faults  # waits out the lighthouse's connect timeout
 def test_an_unreachable_lighthouse_is_one_line(tiny_corpus, cache_dir, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -219,6 +219,7 @@ def _full_params(run) -> float:
 @pytest.mark.integration
 @pytest.mark.exact
 @pytest.mark.parametrize("kind", ["zero1", "acco"])
+@pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_tensor_parallel_2_and_2x2_with_data_parallel_match_one_process(runs, kind):
     """GPT-Neo (tied head, local attention): tp = 2 on 2 ranks and tp = 2 × dp = 2 on 4."""
     reference, tp2dp2 = runs[f"neo-{kind}"], runs[f"neo-{kind}-tp2dp2"]
@@ -236,6 +237,7 @@ def test_tensor_parallel_2_and_2x2_with_data_parallel_match_one_process(runs, ki
 
 @pytest.mark.integration
 @pytest.mark.exact
+@pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_dpu_and_wp_with_tensor_or_pipeline_parallel_match_one_process(runs):
     """The other overlapped schedules share ACCO's buffers and job, so they compose alike."""
     _same_losses(runs["neo-dpu-tp2"], runs["neo-dpu"])
@@ -246,6 +248,7 @@ def test_dpu_and_wp_with_tensor_or_pipeline_parallel_match_one_process(runs):
 
 @pytest.mark.integration
 @pytest.mark.exact
+@pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_fsdp_with_tensor_or_pipeline_parallel_matches_zero1_on_one_process(runs):
     _same_losses(runs["neo-fsdp-tp2"], runs["neo-zero1"])
     _same_losses(runs["llama-fsdp-pp2dp2"], runs["llama-zero1"])  # each stage's root sharded over dp 2
@@ -255,6 +258,7 @@ def test_fsdp_with_tensor_or_pipeline_parallel_matches_zero1_on_one_process(runs
 @pytest.mark.integration
 @pytest.mark.exact
 @pytest.mark.parametrize("kind", ["zero1", "acco"])  # with 1f1b and gpipe
+@pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_pipeline_parallel_2_stages_matches_one_process(runs, kind):
     reference, pp2 = runs[f"llama-{kind}"], runs[f"llama-{kind}-pp2"]
     _same_losses(pp2, reference)
@@ -265,6 +269,7 @@ def test_pipeline_parallel_2_stages_matches_one_process(runs, kind):
 
 @pytest.mark.integration
 @pytest.mark.exact
+@pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_acco_over_tensor_and_interleaved_pipeline_parallel_matches_one_process(runs):
     reference, tp2pp2 = runs["llama-acco"], runs["llama-acco-tp2pp2"]
     _same_losses(tp2pp2, reference)
@@ -274,6 +279,7 @@ def test_acco_over_tensor_and_interleaved_pipeline_parallel_matches_one_process(
 
 @pytest.mark.integration
 @pytest.mark.exact
+@pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_activation_checkpointing_and_the_chunked_loss_under_tp_and_pp_match_one_process(runs):
     _same_losses(runs["neo-zero1-tp2-ac"], runs["neo-zero1"])  # full, 4 loss chunks, vocab-parallel loss
     _same_export(runs["neo-zero1-tp2-ac"], runs["neo-zero1"])
@@ -283,6 +289,7 @@ def test_activation_checkpointing_and_the_chunked_loss_under_tp_and_pp_match_one
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_a_model_from_outside_torchacco_trains_with_its_own_tensor_parallel_plan(runs):
     """Adding a model, its tensor-parallel plan included, needs no edit of torchacco/: the toy model's
     package sits in a temporary folder and is named by its module path."""
@@ -294,6 +301,7 @@ def test_a_model_from_outside_torchacco_trains_with_its_own_tensor_parallel_plan
 
 @pytest.mark.integration
 @pytest.mark.parametrize("name", ["neo-acco-tp2", "relayout"])  # tp 2 (acco); pp 2 (zero1, 1f1b)
+@pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_offline_export_of_a_model_parallel_checkpoint_equals_the_in_run_export(runs, name, tmp_path):
     """`python -m torchacco.export` reads the checkpoint under the trainer's keys, on tp × pp processes."""
     folder = runs[name][2]
@@ -316,6 +324,7 @@ def test_offline_export_of_a_model_parallel_checkpoint_equals_the_in_run_export(
 
 @pytest.mark.integration
 @pytest.mark.exact
+@pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_acco_with_tensor_parallel_resumes_bit_for_bit(runs):
     (resumed, stdout, _), full = runs["resumed"], runs["neo-acco-tp2"]
     assert "resumed from" in stdout and "at step 2" in stdout
@@ -326,6 +335,7 @@ def test_acco_with_tensor_parallel_resumes_bit_for_bit(runs):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_resume_with_another_pipeline_layout_is_one_clear_error(runs):
     stdout = runs["relayout-other"][1]  # (into the same folder, the dump-folder check refuses first)
     assert "torchacco: error: this checkpoint's tensor- and pipeline-parallel layout differs" in stdout
@@ -333,6 +343,7 @@ def test_resume_with_another_pipeline_layout_is_one_clear_error(runs):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_zero1_checkpoint_under_tensor_parallel_reshards_onto_more_data_parallel_ranks(runs):
     metrics, stdout, _ = runs["resharded"]
     assert "resumed from" in stdout and "data-parallel ranks changed (1 -> 2)" in stdout
@@ -473,6 +484,7 @@ def test_export_without_a_hugging_face_adapter_is_refused_before_launch(tiny_cor
 
 @pytest.mark.integration
 @pytest.mark.parametrize("name", ["neo-acco-tp2dp2", "llama-acco-tp2pp2"])
+@pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_acco_with_model_parallel_drives_each_group_from_one_thread_in_one_order_with_the_runs_timeout(runs, name):
     """NCCL tolerates two host threads on two communicators, never two threads on one, and every
     rank of a group must issue its collectives in the same order. Every collective of a 4-rank run

@@ -4,7 +4,7 @@
 import pytest
 from conftest import read_metrics, tiny_args, two_nodes
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # two nodes' runs, compared
 
 
 def test_nodes_with_folders_of_their_own_train_and_refuse_checkpoints_there(tiny_corpus, cache_dir, tmp_path):

@@ -108,12 +108,22 @@ def test_fault_specs_parse_and_fire_once_per_launch_at_any_step_on_any_attempt(m
     with pytest.raises(UserError, match="cannot parse 'freeze@rank0:step2'"):
         Faults("freeze@rank0:step2", rank=0)
 
+    # A pause sleeps its seconds as its step starts, once, on its own rank and replica only.
+    slept = []
+    monkeypatch.setattr(torchacco.faults.time, "sleep", slept.append)
+    paused = Faults("pause@replica0:rank0:step2:30s, pause@rank1:step1:5s", rank=0, store=store, replica=0)
+    assert [f[1:] for f in paused.faults] == [("pause", 2, 30.0)]
+    for step in (1, 2, 2, 3):
+        paused.before_period(step)
+    assert slept == [30.0]
+
 
 def _run(corpus, cache, out, fault, *extra):
     return run_train(tiny_args(corpus, cache, out, "--eval.every", "0", *extra), env={"TORCHACCO_FAULT": fault})
 
 
 @pytest.mark.integration
+@pytest.mark.faults
 def test_abort_policy_stops_at_the_step_naming_the_rank(tiny_corpus, cache_dir, tmp_path):
     proc = _run(tiny_corpus, cache_dir, tmp_path / "out", "nan@rank1:step3", "--parallelism.data_parallel", "zero1")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
@@ -125,6 +135,7 @@ def test_abort_policy_stops_at_the_step_naming_the_rank(tiny_corpus, cache_dir, 
 
 
 @pytest.mark.integration
+@pytest.mark.faults
 def test_acco_skips_a_nonfinite_estimate_and_its_commit_then_trains_on(tiny_corpus, cache_dir, tmp_path):
     # NaN in the first period of step 3 only: the estimate is skipped (θ̃ = θ) and so is the
     # commit that sums that period's gradients; training goes on from an unchanged θ.
@@ -150,6 +161,7 @@ def test_acco_skips_a_nonfinite_estimate_and_its_commit_then_trains_on(tiny_corp
 
 
 @pytest.mark.integration
+@pytest.mark.faults
 def test_skip_policy_aborts_after_k_skips_in_a_row(tiny_corpus, cache_dir, tmp_path):
     proc = _run(
         tiny_corpus,
@@ -254,6 +266,7 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.faults
 def test_a_full_disk_is_a_clear_error_before_training_or_at_the_checkpoint(tiny_corpus, cache_dir, small_disk):
     # The debug model (0.5M params) needs ~8 MB per checkpoint by the pre-check's estimate.
     tiny = tiny_args(
@@ -469,6 +482,7 @@ def test_the_heartbeat_writes_at_most_once_per_interval_however_often_the_phase_
 
 
 @pytest.mark.integration
+@pytest.mark.faults
 def test_a_failed_checkpoint_mkdir_on_rank_0_fails_every_rank_at_once(tiny_corpus, cache_dir, tmp_path):
     out = tmp_path / "out"
     (out / "checkpoint").mkdir(parents=True)
@@ -498,6 +512,7 @@ def test_a_failed_checkpoint_mkdir_on_rank_0_fails_every_rank_at_once(tiny_corpu
 
 @pytest.mark.integration
 @pytest.mark.parametrize("kind", ["zero1", "fsdp"])  # the sharded job, and torch's AdamW
+@pytest.mark.faults
 def test_under_pipeline_parallelism_the_nonfinite_error_names_global_ranks(tiny_corpus, cache_dir, tmp_path, kind):
     # pp = 2 on 2 ranks: rank 1 holds the last stage (the loss) and is rank 0 of its dp group;
     # rank 0, which reports, holds the first stage and sees no loss of its own.

@@ -15,6 +15,8 @@ replica N only; in a fault-tolerant run, R counts within the replica's job):
 - `freeze`: `freeze@replicaN:rankR:stepS:Ts`: from step S on, in the rank's next fault-tolerant outer step, once
   its first message is out, the whole process stops (SIGSTOP, its heartbeats too: a frozen machine, a stalled
   link) for T seconds, then goes on;
+- `pause`: `pause@[replicaN:]rankR:stepS:Ts`: the rank sleeps T seconds as it starts step S (a straggler: it
+  lives, and a fault-tolerant replica's heartbeats go on), so that the others, or a restarting replica, catch up;
 - `mute`: `mute@replicaN:stepS`: from the first outer step at update S or later on, replica N's pseudo-gradients
   weigh nothing in the merge (its tokens count 0): the reference for a replica lost at step S;
 - `slow_data`: `slow_data@rankR:Ns` adds N seconds to the rank's data preparation (a corpus slow
@@ -31,13 +33,14 @@ import os
 import re
 import signal
 import threading
+import time
 
 import torch.distributed as dist
 
 from torchacco.errors import UserError
 
 FAULT = re.compile(r"^(kill|nan|stall|hang)@(?:replica(\d+):)?rank(\d+):step(\d+)(?::period(\d+))?$")
-FREEZE = re.compile(r"^freeze@(?:replica(\d+):)?rank(\d+):step(\d+):(\d+(?:\.\d+)?)s$")
+FREEZE = re.compile(r"^(freeze|pause)@(?:replica(\d+):)?rank(\d+):step(\d+):(\d+(?:\.\d+)?)s$")
 MUTE = re.compile(r"^mute@replica(\d+):step(\d+)$")
 SLOW_DATA = re.compile(r"^slow_data@rank(\d+):(\d+(?:\.\d+)?)s$")
 FIRED_KEY = "torchacco/fault-fired/"
@@ -51,16 +54,16 @@ class Faults:
                 continue  # (data_delay's, muted_from's)
             freeze = FREEZE.match(item)
             if freeze:
-                on_replica, r, step, seconds = freeze.groups()
+                what, on_replica, r, step, seconds = freeze.groups()
                 if int(r) == rank and (on_replica is None or int(on_replica) == replica):
-                    self.faults.append((item, "freeze", int(step), float(seconds)))
+                    self.faults.append((item, what, int(step), float(seconds)))
                 continue
             m = FAULT.match(item)
             if not m:
                 raise UserError(
                     f"TORCHACCO_FAULT: cannot parse {item!r}; expected e.g. kill@rank1:step5, "
                     "nan@rank0:step3:period1, kill@replica1:rank0:step5, freeze@replica1:rank0:step5:20s, "
-                    "mute@replica1:step5 or slow_data@rank0:30s"
+                    "pause@rank0:step5:20s, mute@replica1:step5 or slow_data@rank0:30s"
                 )
             what, on_replica, r, step, period = m.groups()
             if int(r) == rank and (on_replica is None or int(on_replica) == replica):
@@ -74,10 +77,14 @@ class Faults:
         self._step = step
         poison = False
         global _freeze_s
-        for item, what, at, period in self.faults:  # (a freeze's `period` holds its seconds)
+        for item, what, at, period in self.faults:  # (a freeze's or a pause's `period` holds its seconds)
             if what == "freeze":
                 if at == step and self._first_time(item, what):
                     _freeze_s = period
+                continue
+            if what == "pause":
+                if at == step and self._first_time(item, what):
+                    time.sleep(period)
                 continue
             if at == step and period in (None, self._period) and self._first_time(item, what):
                 if what == "kill":
