@@ -41,8 +41,8 @@ SLOW = pytest.mark.slow
         pytest.param("ddp", [], marks=pytest.mark.faults),
         pytest.param("zero1", [], marks=pytest.mark.faults),
         pytest.param("acco", [], marks=pytest.mark.faults),
-        ("fsdp", FSDP_ASYNC),
         # the rest but Streaming DiLoCo over ACCO (which covers the most state) in the slow pass, for the default's time
+        pytest.param("fsdp", FSDP_ASYNC, marks=SLOW),
         pytest.param("dpu", ["--acco.dpu_warmup_steps", "4"], marks=SLOW),  # resumed inside the synchronous warm-up
         pytest.param("wp", [], marks=SLOW),  # the compute parameters are a prediction, not θ
         # the last commit's norm clips the next estimate: state too (a low max_norm keeps clipping active)

@@ -288,6 +288,7 @@ def _check_netns() -> str | None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # two emulated nodes built, trained on and removed
 @pytest.mark.skipif(_netns_available() is not None, reason=str(_netns_available()))
 def test_two_node_cluster_smoke(tiny_corpus, cache_dir, tmp_path):
     """2 namespaces, shaped links, rendezvous over 10.77.0.0/24, gloo between them; everything removed after."""

@@ -83,7 +83,9 @@ def test_virtual_compute_mistakes_are_one_line(extra, problem):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("kind", ["ddp", "fsdp", "acco"])
+@pytest.mark.parametrize(
+    "kind", [pytest.param("ddp", marks=pytest.mark.slow), pytest.param("fsdp", marks=pytest.mark.slow), "acco"]
+)
 def test_strategies_train_on_virtual_compute_and_report_no_loss(tiny_corpus, cache_dir, tmp_path, kind):
     """Real collectives over waits: FSDP's and DDP's hooks see every gradient, the job runs beside the waits,
     and no record carries a loss."""
