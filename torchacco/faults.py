@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torchacco.errors import UserError
 
 FAULT = re.compile(r"^(kill|nan|stall|hang)@(?:replica(\d+):)?rank(\d+):step(\d+)(?::period(\d+))?$")
-FREEZE = re.compile(r"^(freeze|pause)@(?:replica(\d+):)?rank(\d+):step(\d+):(\d+(?:\.\d+)?)s$")
+TIMED = re.compile(r"^(freeze|pause)@(?:replica(\d+):)?rank(\d+):step(\d+):(\d+(?:\.\d+)?)s$")
 MUTE = re.compile(r"^mute@replica(\d+):step(\d+)$")
 SLOW_DATA = re.compile(r"^slow_data@rank(\d+):(\d+(?:\.\d+)?)s$")
 FIRED_KEY = "torchacco/fault-fired/"
@@ -52,9 +52,9 @@ class Faults:
         for item in filter(None, (s.strip() for s in spec.split(","))):
             if SLOW_DATA.match(item) or MUTE.match(item):
                 continue  # (data_delay's, muted_from's)
-            freeze = FREEZE.match(item)
-            if freeze:
-                what, on_replica, r, step, seconds = freeze.groups()
+            timed = TIMED.match(item)
+            if timed:
+                what, on_replica, r, step, seconds = timed.groups()
                 if int(r) == rank and (on_replica is None or int(on_replica) == replica):
                     self.faults.append((item, what, int(step), float(seconds)))
                 continue
