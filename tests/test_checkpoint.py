@@ -62,6 +62,8 @@ SLOW = pytest.mark.slow
             [*STREAMING[:-4], *"--diloco.topk 0.05 --diloco.outer_dtype int2 --diloco.offload 1".split()],
             marks=SLOW,
         ),  # fmt: skip
+        # QSR: the next outer step's update, grown from the learning rate, is state too
+        pytest.param("ddp", [*REPLICAS_2, *"--diloco.sync_every 2 --diloco.sync_every_max 8".split()], marks=SLOW),
     ],
     ids=[
         "ddp",
@@ -75,6 +77,7 @@ SLOW = pytest.mark.slow
         "diloco-zero1-int8",
         "diloco-ddp-eager",
         "diloco-zero1-topk-int2",
+        "diloco-ddp-qsr",
     ],
 )
 @pytest.mark.exact

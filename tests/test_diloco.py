@@ -102,13 +102,14 @@ def sparse_reference(e: torch.Tensor, keep: int, bits: int | None) -> torch.Tens
 
 def diloco_reference(
     updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9, eager=False, computed=None,
-    topk=None, warm=0, mu_warmup=0,
+    topk=None, warm=0, mu_warmup=0, h_max=0,
 ):  # fmt: skip
     """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco.py).
     `computed[r][t]`: whether replica r computed slot t (mixed replicas; all of them when None).
     `topk`: (elements kept per chunk, code bits, error decay β): each replica sends the top-k of its
     residual e ← β·e + Δ_r and keeps the rest. `warm`: after each of the first `warm` updates, every
-    replica's θ becomes the token-weighted mean of theirs (the outer optimizer untouched)."""
+    replica's θ becomes the token-weighted mean of theirs (the outer optimizer untouched). `h_max`: after
+    each outer step the next comes min(h_max, max(H, ⌊H·(η_peak / η_t)²⌋)) / P updates later (QSR)."""
     reps = [Replica([r * dp + d for d in range(dp)]) for r in range(replicas)]
     frags = fragments_of_tiny_model(P)
     # θ_global per fragment, as parameters of torch's Nesterov SGD
@@ -157,6 +158,8 @@ def diloco_reference(
         return [g.view_as(b) for g, b in zip(mean.split([b.numel() for b in backups[f]]), backups[f])]
 
     interval = H // P
+    period, peak = warm // interval, 0.0  # the periods begun; the largest lr so far
+    next_outer = (period + 1) * interval
     spread, token_counts = 0.0, set()  # how far the replicas drift apart between outer steps; their tokens
     for t in range(1, updates + 1):
         ran = [computed is None or bool(computed[r][t - 1]) for r in range(replicas)]
@@ -171,6 +174,8 @@ def diloco_reference(
             for r, rep in enumerate(reps):
                 rep.consumed += nominal * sum(ran) / replicas - (nominal if ran[r] else 0)
         spread = max(spread, (reps[0].params[1] - reps[-1].params[1]).norm().item())
+        lr_t = reps[0].opt.param_groups[0]["lr"]
+        peak = max(peak, lr_t)
         if t <= warm:
             with torch.no_grad():
                 for f in range(P):
@@ -182,8 +187,9 @@ def diloco_reference(
                     for r in range(replicas):
                         tokens[r][f] = 0.0
             continue
-        if t % interval == 0:
-            f = (t // interval - 1) % P
+        if t == next_outer:
+            f, period = period % P, period + 1
+            next_outer += min(h_max, max(H, int(H * (peak / lr_t) ** 2))) // P if h_max else interval
             mean = in_flight.pop(f) if tau else pseudo_gradient_mean(f)
             for b, g in zip(backups[f], mean):
                 b.grad = g
@@ -199,8 +205,8 @@ def diloco_reference(
                             rep.params[i].copy_(b + (local - guesses[f][r][k]))
                         else:
                             rep.params[i].copy_((1 - alpha) * b + alpha * local)
-        if tau and (t + tau) % interval == 0:
-            f = ((t + tau) // interval - 1) % P
+        if tau and t + tau == next_outer:
+            f = period % P
             in_flight[f] = pseudo_gradient_mean(f)  # first: it reads θ_r, which the eager guess then replaces
             if eager:
                 eager_guess(f)
@@ -233,6 +239,7 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         ("ddp", dict(sync_every=4, fragments=2, overlap_steps=1, topk=0.05, outer_dtype="int4", error_decay=0.9), 9),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, warm_start=4), 9),
         ("ddp", dict(sync_every=2, fragments=2, outer_momentum_warmup=3), 12),
+        ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, sync_every_max=12), 23),
     ],
     ids=[
         "ddp",
@@ -243,6 +250,7 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         "ddp-topk-int4",
         "zero1-warm-start",
         "ddp-momentum-warmup",
+        "zero1-qsr",
     ],
 )
 def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
@@ -251,6 +259,7 @@ def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
     reference_keys |= dict(alpha=diloco.get("mixing", 0.0), lr=diloco.get("outer_lr", 0.7))
     reference_keys |= dict(mu=diloco.get("outer_momentum", 0.9), eager=bool(diloco.get("eager", 0)))
     reference_keys |= dict(warm=diloco.get("warm_start", 0), mu_warmup=diloco.get("outer_momentum_warmup", 0))
+    reference_keys |= dict(h_max=diloco.get("sync_every_max", 0))
     if "topk" in diloco:
         bits = {"int8": 8, "int4": 4, "int2": 2}[diloco["outer_dtype"]]
         reference_keys |= dict(topk=(round(diloco["topk"] * 4096), bits, diloco["error_decay"]))
@@ -471,6 +480,9 @@ def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
         ({"parallelism.replicas": 2, "diloco.warm_start": 100, "diloco.balance_replicas": True,
           "training.max_tokens": 10**6}, "use one of them"),
         ({"parallelism.replicas": 2, "diloco.error_decay": 0.5}, "topk = 0 sends all; set topk"),
+        ({"parallelism.replicas": 2, "diloco.sync_every": 10, "diloco.sync_every_max": 5}, "of at least sync_every"),
+        ({"parallelism.replicas": 2, "diloco.sync_every_max": 200, "diloco.fault_tolerant": True},
+         "set sync_every_max = 0"),
         ({"parallelism.replicas": 2, "diloco.topk": 0.01, "diloco.error_decay": -1}, "between 0 and 1"),
     ],
 )  # fmt: skip

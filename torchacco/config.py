@@ -209,6 +209,11 @@ class DiLoCo:
         "inner updates at the start after each of which the replicas average θ (fp32, all fragments; post-local "
         "SGD) before the outer steps begin; a multiple of sync_every / fragments",
     )
+    sync_every_max: int = key(
+        0,
+        "QSR (arXiv 2310.14423): above sync_every, H grows as the learning rate decays, H_t = min(sync_every_max, "
+        "max(H, ⌊H·(η_peak / η_t)²⌋)) from the lr of each outer step's update; 0 keeps H fixed",
+    )
     offload: bool = key(False, "keep θ_global and the outer momentum in CPU memory (pinned with CUDA)")
     eager: bool = key(
         False,

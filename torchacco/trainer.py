@@ -257,7 +257,8 @@ def _replicas(cfg: Config, dims: ParallelDims) -> str:
     d = cfg.diloco
     streaming = f", {d.fragments} fragments, τ {d.overlap_steps}" if d.fragments > 1 or d.overlap_steps else ""
     wire = f"top {d.topk:.2%} in {d.outer_dtype}" if d.topk else d.outer_dtype
-    return f" × {dims.replicas} replicas (DiLoCo, H {d.sync_every}{streaming}, outer {wire})"
+    h = f"{d.sync_every}–{d.sync_every_max} (QSR)" if d.sync_every_max else d.sync_every
+    return f" × {dims.replicas} replicas (DiLoCo, H {h}{streaming}, outer {wire})"
 
 
 def _heal_state(run: Run):

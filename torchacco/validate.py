@@ -203,6 +203,11 @@ def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
             f"[diloco] warm_start = {d.warm_start} must be a multiple of sync_every / fragments = {interval} (the "
             "outer steps then begin with a whole period)"
         )
+    if d.sync_every_max and (d.sync_every_max < d.sync_every or d.sync_every_max % d.fragments or d.balance_replicas):
+        raise UserError(
+            f"[diloco] sync_every_max = {d.sync_every_max} must be 0 (a fixed H), or a multiple of fragments = "
+            f"{d.fragments} of at least sync_every = {d.sync_every} without balance_replicas (whose periods are H's)"
+        )
     if d.warm_start and d.balance_replicas:
         raise UserError("[diloco] warm_start averages after every update, and balance_replicas idles a slow "
                         "replica's slots: use one of them")  # fmt: skip

@@ -76,6 +76,11 @@ VARIANTS = {
     # outer lr 2: of 2 replicas' top-k, an element only one sent moves θ_global by half its value at outer lr 1
     "streaming_h10_avg_topk1_int2_outer2": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.outer_lr 2"),
     "streaming_h10_avg_topk1_int2_warm100": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.warm_start 100"),
+    # QSR: H grows as (peak lr / lr)² up to a cap: from 10 to 40 (107 outer steps in 1,000 updates, H 10's 200), and
+    # from 6 to 24 (181: syncing more often early, less late, for about H 10's bytes)
+    "streaming_h10_avg_qsr40": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 --diloco.sync_every_max 40"),
+    "streaming_h6_avg_qsr24": _dp(DDP, f"{STREAMING_AVG.replace(' 10 ', ' 6 ')} --diloco.outer_dtype bf16 "
+                                       "--diloco.sync_every_max 24"),
 }  # fmt: skip
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
 

@@ -19,7 +19,9 @@ continues from θ̂ = the outer step with Δ_r in place of Δ̄ (the momentum un
 arrives, the true outer step is taken and θ_r ← θ_global + (θ_r − θ̂) keeps the τ local updates.
 
 With `topk`, each rank sends the top-k of its error-fed residual instead of Δ_r (compression.py). A
-warm start (`warm_start`) averages θ after each of the first updates; `outer_momentum_warmup` ramps μ.
+warm start (`warm_start`) averages θ after each of the first updates; `outer_momentum_warmup` ramps μ; with
+`sync_every_max` each outer step sets the next period from its update's learning rate η_t (QSR): H_t / P updates,
+H_t = min(H_max, max(H, ⌊H·(η_peak / η_t)²⌋)).
 
 Mixed replicas (`balance_replicas`): every period between two outer steps is still K = H / P loop
 iterations on every rank (so evaluation, checkpoints, stopping and each fragment's outer step stay in
@@ -126,6 +128,8 @@ class DiLoCo(Strategy):
         self.tokens = [0.0] * options.fragments  # the replica's loss tokens since each fragment's last Δ
         self.updates = 0  # inner updates committed
         self.outer_steps = 0
+        self.peak_lr = 0.0  # sync_every_max: the largest learning rate so far
+        self._fixed_periods()
         self.runner = device.runner() if self.tau else None
         self.stall_s = stall_deadline_s(dims.timeout)
         self.in_flight: int | None = None  # the fragment whose Δ is being all-reduced
@@ -205,12 +209,17 @@ class DiLoCo(Strategy):
         self.slot += 1
         self.tokens = [n + result.tokens for n in self.tokens]
         t, outer = self.updates, {}
+        self.peak_lr = max(self.peak_lr, result.lr)
         if t <= self.options.warm_start:
             outer = self._average()
-        elif t % self.interval == 0:
-            outer = self._outer_step((t // self.interval - 1) % self.options.fragments)
-        if self.tau and t + self.tau > self.options.warm_start and (t + self.tau) % self.interval == 0:
-            self._start(((t + self.tau) // self.interval - 1) % self.options.fragments)
+        elif t == self.next_outer:
+            f, self.period = self.period % self.options.fragments, self.period + 1
+            self.next_outer += self._next_interval(result.lr)
+            outer = self._outer_step(f)
+            if self.options.sync_every_max:  # every replica computes the whole of the next, longer period
+                self.active = [self.next_outer - t] * self.dims.replicas
+        if self.tau and t + self.tau == self.next_outer:
+            self._start(self.period % self.options.fragments)
         # Every replica consumes the same input tokens per inner update: the run's clock counts those that ran.
         return dataclasses.replace(result, consumed=self.nominal * computing, outer=outer)
 
@@ -219,6 +228,20 @@ class DiLoCo(Strategy):
         loss, norm = self.last_seen
         lr = self.clock(self.clock.tokens, self.nominal)
         return UpdateResult(tokens=0.0, loss=loss, grad_norm=norm, lr=lr, committed=True, consumed=self.nominal)
+
+    def _fixed_periods(self) -> None:
+        """`period`: the periods begun (each ends in one fragment's outer step, in turn); `next_outer`: the update
+        of the next outer step. With a fixed H both follow from `updates` (a healed replica's are its donor's)."""
+        self.period = max(self.updates, self.options.warm_start) // self.interval
+        self.next_outer = (self.period + 1) * self.interval
+
+    def _next_interval(self, lr: float) -> int:
+        """The updates until the next outer step: H / P, or with sync_every_max QSR's H_t / P."""
+        h, most = self.options.sync_every, self.options.sync_every_max
+        if not most:
+            return self.interval
+        grown = most if lr <= 0 else min(most, max(h, int(h * (self.peak_lr / lr) ** 2)))
+        return grown // self.options.fragments
 
     def _agree_on_periods(self) -> list[int]:
         """K_r for the next period from every rank's median seconds per inner update (a replica as
@@ -371,6 +394,7 @@ class DiLoCo(Strategy):
             "outer_delta_norm": self._norm(mean),
             "outer_bytes": self._wire_bytes(f),
             "outer_exposed_s": exposed,
+            **({"outer_next": self.next_outer} if self.options.sync_every_max else {}),
             **({"outer_inner_updates": finished} if self.options.balance_replicas else {}),
             **({"outer_replicas": self.link.present, "outer_merged_tokens": self.merged_tokens} if self.link else {}),
         }
@@ -434,6 +458,7 @@ class DiLoCo(Strategy):
             "slot": self.slot,
             "nominal": self.nominal,
             "last_seen": list(self.last_seen),
+            **({"qsr": [self.period, self.next_outer, self.peak_lr]} if self.options.sync_every_max else {}),
             **({"clock": self.clock.tokens} if self.clock is not None else {}),
             "arrived": self._arrived_buffer,
             **({"eager": self.eager} if self.eager is not None else {}),
@@ -451,6 +476,10 @@ class DiLoCo(Strategy):
         self.in_flight = None if outer["in_flight"] < 0 else outer["in_flight"]
         self.active, self.slot, self.nominal = list(outer["active"]), outer["slot"], outer["nominal"]
         self.last_seen = tuple(outer["last_seen"])
+        if self.options.sync_every_max:
+            self.period, self.next_outer, self.peak_lr = outer["qsr"]
+        else:
+            self._fixed_periods()
         if self.clock is not None:
             if "clock" not in outer:
                 raise UserError(
