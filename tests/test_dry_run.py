@@ -131,3 +131,14 @@ def test_the_memory_estimate_is_what_the_strategies_allocate(monkeypatch):
         cfg = load_config([*overrides, "--parallelism.data_parallel", name])
         estimate = dry_run.plan(cfg, dry_run.Cluster(1, 2)).kinds[0].memory.total
         assert measured[name] == pytest.approx(estimate, rel=0.10), (name, measured[name], estimate)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "fsdp"])
+def test_the_slow_moment_adds_half_of_adamws_moments_to_the_estimate(strategy):
+    """`[optimizer] slow_beta` keeps a third fp32 moment beside AdamW's two, of every element the optimizer owns."""
+    plain, slow = (
+        dry_run.plan(load_config(["--parallelism.data_parallel", strategy, *extra]), dry_run.Cluster(1, 2))
+        .kinds[0].memory for extra in ([], ["--optimizer.slow_beta", "0.99"])
+    )  # fmt: skip
+    assert slow.optimizer == 1.5 * plain.optimizer > 0
+    assert slow.total - plain.total == plain.optimizer / 2

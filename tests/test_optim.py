@@ -42,6 +42,69 @@ def test_sharded_adamw_matches_torch_adamw():
     assert sharded.state.step == 5
 
 
+def _slow_momentum_reference(theta, grads, lrs, cfg, decay_until):
+    """MT-DAO's step (arXiv 2510.05361, one slow moment), written out in float64."""
+    theta, m, v, s = theta.double(), *(torch.zeros(theta.numel(), dtype=torch.float64) for _ in range(3))
+    b1, b2, bs, w = cfg.beta1, cfg.beta2, cfg.slow_beta, cfg.slow_weight
+    for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+        g = g.double()
+        theta[:decay_until] *= 1 - lr * cfg.weight_decay
+        m, v, s = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g, bs * s + (1 - bs) * g
+        direction = (1 - w) * m / (1 - b1**t) + w * s / (1 - bs**t)
+        theta -= lr * direction / ((v / (1 - b2**t)).sqrt() + cfg.eps)
+    return theta
+
+
+@pytest.mark.parametrize("slow_weight", [0.3, 1.0])
+def test_slow_momentum_steps_as_written_replicated_and_sharded(slow_weight):
+    """The slow moment, in torch-optimizer form (DDP, FSDP) and sharded (ZeRO-1, ACCO), against the
+    equations; and the two forms equal bit for bit, as ZeRO-1 must equal DDP."""
+    from torchacco.optim import build_adamw
+
+    torch.manual_seed(0)
+    cfg = Optimizer(lr=1e-2, weight_decay=0.1, slow_beta=0.99, slow_weight=slow_weight)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.LayerNorm(6))  # 30 decayed, 18 not
+    theta = torch.cat([p.detach().flatten() for p in model.parameters()])
+    sharded = ShardedAdamW(theta.clone(), [(0, 30)], cfg)
+    replicated = build_adamw(model, cfg)
+    grads, lrs = [torch.randn(48) for _ in range(6)], [1e-2 * (k + 1) / 6 for k in range(6)]
+    for grad, lr in zip(grads, lrs):
+        for p, piece in zip(model.parameters(), grad.split([p.numel() for p in model.parameters()])):
+            p.grad = piece.view_as(p).clone()
+        for g in replicated.param_groups:
+            g["lr"] = lr
+        replicated.step()
+        sharded.step(grad, lr, chunk=11)  # chunks straddle the decay range's end
+    stepped = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert torch.equal(sharded.state.master, stepped)
+    expected = _slow_momentum_reference(theta, grads, lrs, cfg, decay_until=30)
+    torch.testing.assert_close(stepped.double(), expected, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(expected, _slow_momentum_reference(theta, grads, lrs, Optimizer(
+        lr=1e-2, weight_decay=0.1, slow_beta=0.99, slow_weight=0.0), decay_until=30), atol=1e-4)  # fmt: skip
+    peeked = sharded.peek(grads[0], 1e-3)
+    assert torch.equal(peeked, sharded.step(grads[0], 1e-3).clone())
+
+
+def test_slow_momentum_state_round_trips():
+    from torchacco.optim import build_adamw
+
+    cfg = Optimizer(lr=1e-2, slow_beta=0.99)
+    a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    b.load_state_dict(a.state_dict())
+    opt_a, opt_b = build_adamw(a, cfg), build_adamw(b, cfg)
+    for _ in range(2):
+        for p in a.parameters():
+            p.grad = torch.ones_like(p)
+        opt_a.step()
+    b.load_state_dict(a.state_dict())
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))  # as from a file: no tensor shared
+    for model, opt in ((a, opt_a), (b, opt_b)):
+        for p in model.parameters():
+            p.grad = torch.full_like(p, -0.5)
+        opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
 def test_peek_is_step_without_side_effects():
     _, _, sharded = _reference_and_sharded()
     sharded.step(torch.randn(50), 1e-2)  # non-trivial moments

@@ -119,6 +119,10 @@ class Optimizer:
     beta2: float = key(0.95, "AdamW β2")
     eps: float = key(1e-8, "AdamW ε")
     weight_decay: float = key(0.1, "decoupled weight decay; not applied to norms, biases and embeddings")
+    slow_beta: float = key(
+        0.0, "β of a second, slow first moment mixed into the step (MT-DAO's slow momentum, e.g. 0.99); 0: off"
+    )
+    slow_weight: float = key(0.5, "with slow_beta: the slow moment's share of the step's direction; β1's has the rest")
 
 
 @dataclass

@@ -238,6 +238,8 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
     kinds = []
     for stage, (numel, in_blocks, blocks) in enumerate(stage_params(cfg, spec, args, cluster)):
         memory = cm.layout_memory(cls, numel, group, dtype, DTYPES[p.reduce_dtype], options, outer, largest)
+        if cfg.optimizer.slow_beta:  # a third fp32 moment beside AdamW's two
+            memory = dataclasses.replace(memory, optimizer=memory.optimizer * 1.5)
         gathered = cls.gathered_memory(p, in_blocks / max(blocks, 1), numel - in_blocks, blocks, dtype)
         label = f"pp stage {stage}" if pp > 1 else "every rank"
         kinds.append(RankMemory(label, stage * dp * tp, cluster.world // pp, numel, memory, gathered,

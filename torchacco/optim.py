@@ -3,6 +3,10 @@
 `ShardedAdamW` owns one rank's fp32 slice of the flattened parameters and its moments.
 `step()` commits an update; `peek()` returns the parameters the same update would give
 without touching any state (ACCO's estimate, WP's prediction).
+
+With `[optimizer] slow_beta`, both keep a second, slow first moment s (MT-DAO, arXiv 2510.05361)
+and step along (1 − ω)·m̂ + ω·ŝ, both bias-corrected: a direction that remembers more than β1's
+few updates, which is what the replicas of local-update schedules lose between syncs.
 """
 
 from __future__ import annotations
@@ -27,14 +31,62 @@ def no_weight_decay_ids(model: nn.Module) -> set[int]:
     return ids
 
 
-def build_adamw(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
+def build_adamw(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    """torch's AdamW, or `SlowMomentumAdamW` with `slow_beta`."""
     skip = no_weight_decay_ids(model)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if id(p) not in skip], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if id(p) in skip], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    groups = [g for g in groups if g["params"]]
+    if cfg.slow_beta:
+        return SlowMomentumAdamW(groups, cfg)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+
+
+def adamw_update(p, m, v, grad, lr: float, step: int, cfg: OptimizerConfig, slow=None, decay: float = 0.0) -> None:
+    """One AdamW step in place, elementwise (so any slice of a tensor steps as the whole would);
+    with `slow`, the slow moment is mixed into the direction. `decay` is the weight decay of `p`."""
+    if decay:
+        p.mul_(1 - lr * decay)
+    m.mul_(cfg.beta1).add_(grad, alpha=1 - cfg.beta1)
+    v.mul_(cfg.beta2).addcmul_(grad, grad, value=1 - cfg.beta2)
+    bias1 = 1 - cfg.beta1**step
+    denom = v.sqrt().div_(math.sqrt(1 - cfg.beta2**step)).add_(cfg.eps)
+    if slow is None:
+        p.addcdiv_(m, denom, value=-lr / bias1)
+        return
+    w = cfg.slow_weight
+    slow.mul_(cfg.slow_beta).add_(grad, alpha=1 - cfg.slow_beta)
+    direction = m.mul((1 - w) / bias1).add_(slow, alpha=w / (1 - cfg.slow_beta**step))
+    p.addcdiv_(direction, denom, value=-lr)
+
+
+class SlowMomentumAdamW(torch.optim.Optimizer):
+    """AdamW with the slow first moment, for replicated and FSDP parameters (DTensors included):
+    `adamw_update` per parameter, so ZeRO-1's sharded steps equal DDP's."""
+
+    def __init__(self, groups: list[dict], cfg: OptimizerConfig):
+        super().__init__(groups, {"lr": cfg.lr, "weight_decay": cfg.weight_decay})
+        self.cfg = cfg
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    for name in ("exp_avg", "exp_avg_sq", "exp_avg_slow"):
+                        state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                adamw_update(
+                    p, state["exp_avg"], state["exp_avg_sq"], p.grad, group["lr"], int(state["step"].item()),
+                    self.cfg, slow=state["exp_avg_slow"], decay=group["weight_decay"],
+                )  # fmt: skip
 
 
 @dataclass
@@ -43,6 +95,7 @@ class AdamWState:
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
     step: int = 0
+    exp_avg_slow: torch.Tensor | None = None  # with [optimizer] slow_beta
 
 
 class ShardedAdamW:
@@ -58,6 +111,8 @@ class ShardedAdamW:
     def __init__(self, master: torch.Tensor, decay_ranges: list[tuple[int, int]], cfg: OptimizerConfig):
         assert master.dtype == torch.float32 and master.ndim == 1
         self.state = AdamWState(master, torch.zeros_like(master), torch.zeros_like(master))
+        if cfg.slow_beta:
+            self.state.exp_avg_slow = torch.zeros_like(master)
         self.decay_ranges = decay_ranges
         self.cfg = cfg
 
@@ -77,11 +132,11 @@ class ShardedAdamW:
         s.step += 1
         for part, offset in self._chunks(chunk):
             g = self._scaled(grad[part], scale)
-            p, m, v = s.master[part], s.exp_avg[part], s.exp_avg_sq[part]
-            self._update(p, m, v, g, lr, s.step, offset)
+            p, m, v, slow = s.master[part], s.exp_avg[part], s.exp_avg_sq[part], self._slow(part)
+            self._update(p, m, v, g, lr, s.step, offset, slow)
             if predict:
-                p, m, v = p.clone(), m.clone(), v.clone()
-                self._update(p, m, v, g, lr, s.step + 1, offset)
+                p, m, v, slow = p.clone(), m.clone(), v.clone(), None if slow is None else slow.clone()
+                self._update(p, m, v, g, lr, s.step + 1, offset, slow)
             if out is not None:
                 out[part].copy_(p)
         return s.master
@@ -109,9 +164,11 @@ class ShardedAdamW:
         for part, offset in self._chunks(chunk):
             g = self._scaled(grad[part], scale)
             p, m, v = s.master[part].clone(), s.exp_avg[part].clone(), s.exp_avg_sq[part].clone()
+            slow = self._slow(part)
+            slow = None if slow is None else slow.clone()
             if w != 1.0:
                 g.mul_(w).add_(m, alpha=(1 - w) / (1 - self.cfg.beta1**s.step))
-            self._update(p, m, v, g, lr, s.step + 1, offset)
+            self._update(p, m, v, g, lr, s.step + 1, offset, slow)
             if damping != 1.0:
                 theta = s.master[part]
                 p.sub_(theta).mul_(damping).add_(theta)
@@ -131,7 +188,11 @@ class ShardedAdamW:
         g = grad.to(torch.float32, copy=True)  # a copy: `out` may overwrite grad's buffer
         return g.mul_(scale) if scale != 1.0 else g
 
-    def _update(self, p, m, v, grad, lr, step, offset: int = 0) -> None:
+    def _slow(self, part: slice) -> torch.Tensor | None:
+        slow = self.state.exp_avg_slow
+        return None if slow is None else slow[part]
+
+    def _update(self, p, m, v, grad, lr, step, offset: int = 0, slow=None) -> None:
         """One AdamW step on a slice of the shard that starts at `offset`."""
         c = self.cfg
         if c.weight_decay:
@@ -139,8 +200,4 @@ class ShardedAdamW:
                 lo, hi = max(start - offset, 0), min(end - offset, p.numel())
                 if lo < hi:
                     p[lo:hi].mul_(1 - lr * c.weight_decay)
-        m.mul_(c.beta1).add_(grad, alpha=1 - c.beta1)
-        v.mul_(c.beta2).addcmul_(grad, grad, value=1 - c.beta2)
-        bias1 = 1 - c.beta1**step
-        denom = v.sqrt().div_(math.sqrt(1 - c.beta2**step)).add_(c.eps)
-        p.addcdiv_(m, denom, value=-lr / bias1)
+        adamw_update(p, m, v, grad, lr, step, c, slow)

@@ -88,6 +88,12 @@ def _check_training(cfg: Config, dp_size: int) -> None:
         if getattr(t, key) <= 0:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
     UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp_size, replicas=cfg.parallelism.replicas)
+    o = cfg.optimizer
+    if not 0 <= o.slow_beta < 1 or not 0 < o.slow_weight <= 1:
+        raise UserError(
+            f"[optimizer] slow_beta = {o.slow_beta:g} must be in [0, 1) (0: off) and slow_weight = "
+            f"{o.slow_weight:g} in (0, 1]"
+        )
     check_activation_checkpoint(t.activation_checkpoint, t.selective_checkpoint)
     _check_strategy(cfg, dp_size)
     _check_emulation(cfg)

@@ -35,6 +35,7 @@ DILOCO = "--parallelism.replicas 2 --diloco.sync_every"  # 2 replicas of one ran
 AVG = "--diloco.outer_lr 1 --diloco.outer_momentum 0"  # plain averaging
 STREAMING_AVG = f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true {AVG}"
 TOPK1 = "--diloco.outer_dtype int2 --diloco.topk 0.01"
+SLOW99 = "--optimizer.slow_beta 0.99 --optimizer.slow_weight 0.5"
 VARIANTS = {
     DDP: _dp(DDP), ZERO1: _dp(ZERO1), FSDP: _dp(FSDP),  # FSDP: DDP's update with everything sharded, another floor
     # DDP in other floating-point orders (4 or 8 micro-batches per rank): the noise floor at acco_share's batches
@@ -81,6 +82,10 @@ VARIANTS = {
     "streaming_h10_avg_qsr40": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 --diloco.sync_every_max 40"),
     "streaming_h6_avg_qsr24": _dp(DDP, f"{STREAMING_AVG.replace(' 10 ', ' 6 ')} --diloco.outer_dtype bf16 "
                                        "--diloco.sync_every_max 24"),
+    # slow momentum (MT-DAO): a second first moment of β 0.99 (half-life 69 updates) takes half of AdamW's direction;
+    # DDP with the same optimizer is the baseline it must beat
+    "ddp_slow99": _dp(DDP, SLOW99),
+    "streaming_h10_avg_slow99": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 {SLOW99}"),
 }  # fmt: skip
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
 

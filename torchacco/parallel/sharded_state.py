@@ -121,6 +121,8 @@ class ShardedOptimizerState:
                 "step": s.step,
             }
         }
+        if s.exp_avg_slow is not None:
+            state["optimizer"]["exp_avg_slow"] = self._sharded(s.exp_avg_slow)
         if self.flat.mp_group is not None:  # tp/pp: which tensors this coordinate's buffer holds
             state["layout"] = self.flat.layout()
         return state
