@@ -246,24 +246,18 @@ def test_keeps_the_last_k_and_ignores_unfinished_saves(tiny_corpus, cache_dir, t
 
 
 @pytest.mark.integration
-def test_resuming_another_models_checkpoint_is_one_clear_error(tiny_corpus, cache_dir, tmp_path, zero1_run):
+@pytest.mark.parametrize(
+    "other", [["--model.flavor", "tiny"], ["--optimizer.slow_beta", "0.99"]], ids=["model", "slow"]
+)
+def test_resuming_another_models_checkpoint_is_one_clear_error(tiny_corpus, cache_dir, tmp_path, zero1_run, other):
     # (Into the same folder, the dump-folder check refuses first: test_reliability.py.)
+    checkpoint = str(zero1_run / "checkpoint" / "step-00000002")
     proc = run_train(
-        args(
-            tiny_corpus,
-            cache_dir,
-            tmp_path / "other",
-            "zero1",
-            4,
-            "--model.flavor",
-            "tiny",
-            "--checkpoint.load_path",
-            str(zero1_run / "checkpoint" / "step-00000002"),
-        )
+        args(tiny_corpus, cache_dir, tmp_path / "other", "zero1", 4, *other, "--checkpoint.load_path", checkpoint)
     )
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
-    assert len(errors) == 1 and "does not match this run's model" in errors[0], proc.stderr[-2000:]
+    assert len(errors) == 1 and "does not match this run's model, optimizer" in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 

@@ -279,10 +279,12 @@ class Checkpointer:
             if causes and isinstance(causes[0], UserError):
                 raise causes[0] from None
             cause = str(causes[0]).strip().splitlines()[0][:160] if causes and str(causes[0]).strip() else "unknown"
-            if causes and ("mismatch" in cause.lower() or isinstance(causes[0], KeyError)):
+            if causes and (
+                any(w in cause.lower() for w in ("mismatch", "missing key")) or isinstance(causes[0], KeyError)
+            ):
                 raise UserError(
-                    f"cannot resume from {path}: it does not match this run's model or data_parallel strategy "
-                    f"({cause}); resume with the config it was saved with, or start a new --job.dump_folder"
+                    f"cannot resume from {path}: it does not match this run's model, optimizer or data_parallel "
+                    f"strategy ({cause}); resume with the config it was saved with, or start a new --job.dump_folder"
                 ) from None
             earlier = [p for _, p in step_dirs(path.parent) if p != path]
             hint = f"--checkpoint.load_path {earlier[-1]}" if earlier else "a new --job.dump_folder"
