@@ -14,7 +14,7 @@ from torchacco import emulation
 from torchacco.config import Emulation, load_config
 from torchacco.errors import UserError
 from torchacco.models.gpt_neo import GPTNeo, ModelArgs
-from torchacco.optim import ShardedAdamW
+from torchacco.optim import ShardedAdamW, SlowMomentumAdamW
 from torchacco.validate import validate
 
 VIRTUAL = ["--emulation.virtual_compute", "true", "--emulation.forward_s", "0.01", "--emulation.backward_s", "0.02",
@@ -55,6 +55,7 @@ def test_adamw_becomes_a_wait_per_element(monkeypatch):
     # restored after the test: the install patches the classes for the process (a training worker's)
     monkeypatch.setattr(ShardedAdamW, "_update", ShardedAdamW._update)
     monkeypatch.setattr(torch.optim.AdamW, "step", torch.optim.AdamW.step)
+    monkeypatch.setattr(SlowMomentumAdamW, "step", SlowMomentumAdamW.step)
     emulation.install_optimizer_waits(1e-6)  # 0.2 s for 200k elements
     sharded = ShardedAdamW(torch.zeros(200_000), [], load_config([]).optimizer)
     grad = torch.ones(200_000)
@@ -66,6 +67,13 @@ def test_adamw_becomes_a_wait_per_element(monkeypatch):
     start = time.perf_counter()
     torch.optim.AdamW([p]).step()
     assert 0.2 <= time.perf_counter() - start < 0.45
+    slow = load_config(["--optimizer.slow_beta", "0.99"]).optimizer  # the slow moment's forms wait alike
+    sharded, replicated = ShardedAdamW(torch.zeros(200_000), [], slow), SlowMomentumAdamW([{"params": [p]}], slow)
+    for step in (lambda: sharded.step(grad, lr=1.0), replicated.step):
+        start = time.perf_counter()
+        step()
+        assert 0.2 <= time.perf_counter() - start < 0.45
+    assert not sharded.state.master.any() and not p.any()
 
 
 @pytest.mark.parametrize(

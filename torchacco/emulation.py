@@ -27,7 +27,7 @@ import torch.nn as nn
 from torchacco.blocks import blocks_of
 from torchacco.errors import UserError
 from torchacco.loss import IGNORE_INDEX
-from torchacco.optim import ShardedAdamW, build_adamw
+from torchacco.optim import ShardedAdamW, SlowMomentumAdamW, build_adamw
 
 if TYPE_CHECKING:
     from torchacco.config import Config, Emulation
@@ -98,14 +98,14 @@ def install_optimizer_waits(seconds_per_element: float, factor: float = 1.0) -> 
     runner too). DiLoCo's outer step, a few elementwise operations per outer step, stays real."""
     per = seconds_per_element * factor
 
-    def sharded_update(self, p, m, v, grad, lr, step, offset=0):
+    def sharded_update(self, p, m, v, grad, lr, step, offset=0, slow=None):
         time.sleep(p.numel() * per)
 
     def adamw_step(self, closure=None):
         time.sleep(sum(p.numel() for g in self.param_groups for p in g["params"]) * per)
 
     ShardedAdamW._update = sharded_update
-    torch.optim.AdamW.step = adamw_step
+    torch.optim.AdamW.step = SlowMomentumAdamW.step = adamw_step
 
 
 def install(model: nn.Module, settings: Emulation, rank: int) -> VirtualLoss:
