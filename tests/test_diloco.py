@@ -485,6 +485,7 @@ def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
          "set sync_every_max = 0"),
         ({"parallelism.replicas": 2, "diloco.topk": 0.01, "diloco.error_decay": -1}, "between 0 and 1"),
         ({"parallelism.replicas": 2, "optimizer.slow_beta": 1.0}, "must be in [0, 1) (0: off)"),
+        ({"parallelism.replicas": 2, "optimizer.slow_weight": 0.0}, "slow_weight = 0 must be in (0, 1]"),
     ],
 )  # fmt: skip
 def test_impossible_settings_are_one_line_errors(overrides, message):

@@ -89,10 +89,12 @@ def _check_training(cfg: Config, dp_size: int) -> None:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
     UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp_size, replicas=cfg.parallelism.replicas)
     o = cfg.optimizer
-    if not 0 <= o.slow_beta < 1 or not 0 < o.slow_weight <= 1:
+    if not 0 <= o.slow_beta < 1:
+        raise UserError(f"[optimizer] slow_beta = {o.slow_beta:g} must be in [0, 1) (0: off), e.g. 0.99")
+    if not 0 < o.slow_weight <= 1:
         raise UserError(
-            f"[optimizer] slow_beta = {o.slow_beta:g} must be in [0, 1) (0: off) and slow_weight = "
-            f"{o.slow_weight:g} in (0, 1]"
+            f"[optimizer] slow_weight = {o.slow_weight:g} must be in (0, 1]; to step without the slow moment, set "
+            "slow_beta = 0"
         )
     check_activation_checkpoint(t.activation_checkpoint, t.selective_checkpoint)
     _check_strategy(cfg, dp_size)
