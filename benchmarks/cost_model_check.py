@@ -65,9 +65,8 @@ def probe_virtual_overhead(folder: Path, params: float, updates: int = 60) -> fl
     run = zero1_run(folder, updates, virtual=True)
     waits, cfg = run["calibration"], trainer_config(STRATEGIES[ZERO1])
     micro_batches = cfg.training.global_batch_size // (cfg.training.local_batch_size * RANKS)
-    waited = (
-        micro_batches * (waits["forward_s"] + waits["backward_s"]) + waits["optimizer_s_per_param"] * params / RANKS
-    )
+    waited = micro_batches * (waits["forward_s"] + waits["backward_s"])
+    waited += waits["optimizer_s_per_param"] * params / RANKS
     return max(0.0, seconds_per_update(run["records"]) - waited) / micro_batches
 
 
@@ -373,9 +372,10 @@ def check(tables: dict[str, dict], plans_of: dict[str, dict], probes: dict, inpu
     """Every table's settings checked against the probes of its plans (`plans_of`: table_plans)."""
     result = {}
     for name, table in tables.items():
-        found = re.match(r"(\d+)-core", table.get("meta", {}).get("machine", ""))  # the table's machine's cores
+        meta = table.get("meta", {})
+        found = re.match(r"(\d+)-core", meta.get("machine", ""))  # the table's machine's cores
         measured_on = {**inputs, "cores": int(found.group(1)) if found else os.cpu_count()}
-        virtual, settings = table.get("meta", {}).get("virtual_compute") == "on", plans_of[name]
+        virtual, settings = meta.get("virtual_compute") == "on", plans_of[name]
         checked = result[name] = {}
         for setting, data in table["settings"].items():
             if setting not in settings:
@@ -386,7 +386,7 @@ def check(tables: dict[str, dict], plans_of: dict[str, dict], probes: dict, inpu
                 checked[setting] = {"plan": data["plan"], "not_checked": f"measured on another plan than the probes' "
                                     f"({plan.describe()}): check it with probes of its own plan"}  # fmt: skip
                 continue
-            extra = [*extra, *table.get("meta", {}).get("train_args", "").split()]  # speed --train-args, last
+            extra = [*extra, *meta.get("train_args", "").split()]  # speed --train-args, last
             s = check_setting(data["strategies"], plan, extra, probes[plan.describe()], measured_on, virtual)
             checked[setting] = {"plan": data["plan"], "virtual": virtual, **s}
     return result

@@ -21,6 +21,7 @@ import shutil
 import signal
 import sys
 import time
+from itertools import accumulate
 from pathlib import Path
 
 from benchmarks.cluster import ClusterPlan, host, preflight
@@ -141,8 +142,7 @@ def run(plan: ClusterPlan, args: list[str], folder: Path, injector: Injector, ti
         agents = [cluster.launch(i, agent(plan, i, args), {**env, ENV_REPLICA: str(i)}, folder / f"node{i}.log")
                   for i in range(2)]  # fmt: skip
         while agents[0].poll() is None:
-            elapsed = time.monotonic() - started
-            if elapsed > timeout_s:
+            if time.monotonic() - started > timeout_s:
                 raise SystemExit(f"torchacco: error: the run did not finish in {timeout_s:.0f} s ({folder}/node*.log)")
             injector.poll(started)
             time.sleep(0.5)
@@ -215,9 +215,7 @@ def draw(folder: Path, result: dict, path: Path) -> None:
     fig, (loss, present) = found
     for name in ("undisturbed", "faulted"):
         records = read_records(folder / name)
-        seconds = [0.0]
-        for r in records[1:]:
-            seconds.append(seconds[-1] + update_s(r))
+        seconds = list(accumulate((update_s(r) for r in records[1:]), initial=0.0))
         loss.plot(seconds[::10], [r["loss"] for r in records][::10], label=name, lw=0.8)
         outer = [r for r in records if "outer_step" in r]
         present.step([r["step"] for r in outer], [r["outer_replicas"] for r in outer], label=name, where="post")
@@ -254,8 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                         "updates, link and seed; its runs folder beside it) stands in for a new one")  # fmt: skip
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
-    unknown = sorted(set(kinds) - set(KINDS))
-    if unknown or not kinds:
+    if not kinds or not set(kinds) <= set(KINDS):
         parser.error(f"--faults {args.faults}: use some of {', '.join(KINDS)}")
     if args.undisturbed_from and not args.undisturbed_from.is_file():
         parser.error(f"--undisturbed-from {args.undisturbed_from}: no such report; give an earlier fault_goodput.json")

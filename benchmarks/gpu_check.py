@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from torchacco.errors import error_line
@@ -192,9 +193,9 @@ def run_step(step: Step, ctx, limit: float, env: dict) -> dict:
     started = time.monotonic()
     proc = subprocess.Popen(step_argv(step, ctx), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env=env, start_new_session=True)  # fmt: skip
+    timed_out = False
     try:
         out, err = proc.communicate(timeout=limit)
-        timed_out = False
     except subprocess.TimeoutExpired:
         # SIGTERM first: torchrun passes it to its workers, which run in sessions of their own
         os.killpg(proc.pid, signal.SIGTERM)
@@ -207,12 +208,11 @@ def run_step(step: Step, ctx, limit: float, env: dict) -> dict:
     lines = out.splitlines()
     result = {"step": step.name, "limit_s": round(limit), "seconds": round(time.monotonic() - started, 1)}
     result["parts"] = [json.loads(x[5:]) for x in lines if x.startswith("PART ")]
-    final = next((json.loads(x[7:]) for x in reversed(lines) if x.startswith("RESULT ")), None)
     if timed_out:
         result["status"] = f"timed out after {limit:.0f} s"
-    elif final is None:
-        result["status"] = f"failed: exit code {proc.returncode}, no result"
-    result = {**result, **(final or {})} if not timed_out else result
+    else:
+        final = next((json.loads(x[7:]) for x in reversed(lines) if x.startswith("RESULT ")), None)
+        result.update(final or {"status": f"failed: exit code {proc.returncode}, no result"})
     if not result["status"].startswith(("passed", "skipped")):
         result["stderr_tail"] = err.splitlines()[-20:]
     return result
@@ -390,8 +390,7 @@ def parity_step(ctx) -> dict:
                 part(check=label, ok=False, output=tail(proc))
         if problems:
             return {"status": "failed: " + "; ".join(problems)}
-    hf = ctx.work / "start" / "hf"
-    exported = sorted(p.name for p in hf.iterdir())
+    exported = sorted(p.name for p in (ctx.work / "start" / "hf").iterdir())
     if not part(check="export", ok="config.json" in exported and any(p.endswith(".safetensors") for p in exported),
                 files=exported)["ok"]:  # fmt: skip
         problems.append(f"the export holds {exported}: no config.json with safetensors")
@@ -458,8 +457,6 @@ def stall_step(ctx) -> dict:
 
 
 def titan_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("torchtitan")
     except PackageNotFoundError:
@@ -479,8 +476,6 @@ def titan_step(ctx) -> dict:
         return {"status": f"skipped: torchtitan {titan} is installed; the comparison is for {' or '.join(TITAN_NEEDS)}"}
     probe = subprocess.run([sys.executable, "-c", f"import {TITAN_ENTRY[titan]}"], capture_output=True, text=True)
     if probe.returncode != 0:  # e.g. 0.3.0 imports DataParallelMeshDims, which torch 2.11 lacks
-        from importlib.metadata import version
-
         why = f"does not import with torch {version('torch')}: {tail(probe, 1)}"
         return {"status": f"skipped: torchtitan {titan} {why}"}
     (_, cmd, _), = plan("torchtitan", ctx)  # fmt: skip
