@@ -48,11 +48,8 @@ def split_kernels(trace: Path) -> tuple[Kernels, Kernels]:
     """(the job's kernels, the compute side's kernels) of one trace."""
     events = json.loads(Path(trace).read_text())["traceEvents"]
     job_threads = {e["tid"] for e in events if str(e.get("name", "")).startswith("torchacco/job:")}
-    job_launches = {
-        e["args"]["correlation"]
-        for e in events
-        if e.get("cat") == "cuda_runtime" and e.get("tid") in job_threads and "correlation" in e.get("args", {})
-    }
+    launches = [e for e in events if e.get("cat") == "cuda_runtime" and e.get("tid") in job_threads]
+    job_launches = {e["args"]["correlation"] for e in launches if "correlation" in e.get("args", {})}
     kernels = [e for e in events if e.get("cat") == "kernel"]
     job_streams = {e["args"].get("stream") for e in kernels if e["args"].get("correlation") in job_launches}
     job, compute = Kernels(), Kernels()
