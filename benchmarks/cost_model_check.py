@@ -201,7 +201,7 @@ def collective_factors(links: dict, collectives: dict) -> dict:
         return dict.fromkeys(("gloo", "rings"), {"rs_factor": 1.0, "ag_factor": 1.0, "ar_factor": 1.0})
     ar = collectives["all_reduce_s"] / (2 * ideal)
     factors = lambda rs, ag: {"rs_factor": collectives[rs] / ideal, "ag_factor": collectives[ag] / ideal,
-                              "ar_factor": ar}  # noqa: E731  # fmt: skip
+                              "ar_factor": ar}  # fmt: skip
     return {"gloo": factors("reduce_scatter_s", "all_gather_s"),
             "rings": factors("ring_reduce_scatter_s", "ring_all_gather_s")}  # fmt: skip
 
@@ -498,9 +498,9 @@ def main(argv: list[str] | None = None) -> int:
         inputs = {**inputs, **compute_inputs(cached["compute_per_update_s"], inputs["params"]), "compute_probed": True}
         if "cpu_per_update_s" in cached:  # ZeRO-1's CPU beyond its compute, per update and rank
             inputs["cpu_overhead_s"] = max(0.0, cached["cpu_per_update_s"] - cached["compute_per_update_s"])
-        at_cores = cached.get("compute_per_update_s_at_cores", {}).items()
+        quotas = cached.get("compute_per_update_s_at_cores", {}).items()
         inputs["seconds_per_token_at_cores"] = {c: compute_inputs(s, inputs["params"])["seconds_per_token"]
-                                                for c, s in at_cores}  # fmt: skip
+                                                for c, s in quotas}  # fmt: skip
     result = check(tables, plans_of, cached["settings"], inputs)
     probed = cached.get("meta", {})
     probes = f"{PROBES}, {probed.get('date', '?')}, {probed.get('machine', '?')}"

@@ -13,7 +13,6 @@ longest waits, each heal's copy against the state's bytes over the link, and the
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from pathlib import Path
 from benchmarks.cluster import ClusterPlan, host, preflight
 from benchmarks.cluster.launch import node_env, read_records
 from benchmarks.cluster.namespaces import Cluster
-from benchmarks.common import DDP, QUIET, meta, panels, recipe, save_figure, update_s, write_report
+from benchmarks.common import DDP, QUIET, bare_parser, meta, panels, recipe, save_figure, update_s, write_report
 from torchacco.errors import run_cli
 from torchacco.fault_tolerance import ENV_LIGHTHOUSE, ENV_REPLICA
 
@@ -238,8 +237,7 @@ def earlier_undisturbed(report: Path, args, folder: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks fault-goodput", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = bare_parser("fault-goodput", __doc__)
     parser.add_argument("--updates", type=int, default=6000, help="updates of each run")
     parser.add_argument("--every", type=float, default=300.0, help="seconds between faults on replica 1")
     parser.add_argument("--faults", default="kill,cut,stall", help=f"kinds, in turn: {', '.join(KINDS)}")

@@ -389,7 +389,7 @@ def parity_step(ctx) -> dict:
                 problems.append(f"{label}: exit {proc.returncode}: {tail(proc, 1)}")
                 part(check=label, ok=False, output=tail(proc))
         if problems:
-            return {"status": "failed: " + "; ".join(problems)}
+            return {"status": outcome(problems)}
     exported = sorted(p.name for p in (ctx.work / "start" / "hf").iterdir())
     if not part(check="export", ok="config.json" in exported and any(p.endswith(".safetensors") for p in exported),
                 files=exported)["ok"]:  # fmt: skip
