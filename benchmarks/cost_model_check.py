@@ -403,20 +403,15 @@ def at_cores(inputs: dict) -> str:
     return f", except where probed under that quota: {', '.join(rows)}" if rows else ""
 
 
-def virtual_inputs(inputs: dict) -> str:
-    """The inputs of the virtual compute tables, as the report names them."""
-    if "virtual_overhead_s" not in inputs:
-        return ""
-    return (f"; under virtual compute, each row's calibrated waits plus {inputs['virtual_overhead_s'] * 1e3:.2f} ms "
-            "of host work per micro-batch (probed: ZeRO-1 under virtual compute on 2 unshaped nodes, its time per "
-            "update less its waits), times ranks / cores where the ranks outnumber the cores")  # fmt: skip
-
-
 def markdown(result: dict, meta: dict) -> str:
     inputs = meta["inputs"]
     budget = (f"; a rank's CPU budget: its compute plus {inputs['cpu_overhead_s'] * 1e3:.1f} ms of CPU per job "
               "(ZeRO-1's CPU per update beyond its compute, probed), over its share of a core, bounds its time per "
               "update") if "cpu_overhead_s" in inputs else ""  # fmt: skip
+    virtual = (f"; under virtual compute, each row's calibrated waits plus {inputs['virtual_overhead_s'] * 1e3:.2f} "
+               "ms of host work per micro-batch (probed: ZeRO-1 under virtual compute on 2 unshaped nodes, its time "
+               "per update less its waits), times ranks / cores where the ranks outnumber the cores"
+               ) if "virtual_overhead_s" in inputs else ""  # fmt: skip
     lines = ["# The cost model's time per update against the emulated cluster", "",
              f"{meta['date']}, {meta['machine']}. Command: `{meta['command']}`. Probes: {meta['probes']}.", "",
              f"Inputs, none of them the times checked: compute {inputs['seconds_per_token'] * 1e6:.1f} µs per token on "
@@ -424,8 +419,7 @@ def markdown(result: dict, meta: dict) -> str:
              f"{inputs['compute_per_update_s']:.4f} s per update on 2 unshaped nodes), scaled by each rank's "
              f"cores{at_cores(inputs)}{budget}; AdamW {inputs['adamw_elements_per_s']:.3g} elements/s on one core; "
              f"{inputs['params']:,.0f} parameters in fp32; each setting's gloo collectives probed alone"
-             f"{virtual_inputs(inputs)}. "
-             f"Bar: |error| ≤ {TOLERANCE:.0%}."]  # fmt: skip
+             f"{virtual}. Bar: |error| ≤ {TOLERANCE:.0%}."]  # fmt: skip
     misses, total = [], 0
     for name, settings in result.items():
         for setting, s in settings.items():

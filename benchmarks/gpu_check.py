@@ -232,7 +232,9 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--steps", default=",".join(s.name for s in STEPS), help="a comma-separated subset")
     parser.add_argument("--budget-s", type=float, default=780, help="all steps' limits together (a 15-min lease)")
-    parser.add_argument("--out", default=ROOT / "bench_results" / f"gpu_check_{time.strftime('%Y-%m-%d')}.json")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench_results" / f"gpu_check_{time.strftime('%Y-%m-%d')}.json"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/torchacco-gpu-check"), help="runs, corpus, site")
     parser.add_argument("--wheels", type=Path, default=ROOT / ".whl-gpu", help="wheels to install (gpu_wheels.sh)")
     parser.add_argument("--titan-assets", type=Path, default=ROOT / ".whl-gpu" / "titan",
@@ -265,8 +267,7 @@ def main(argv=None) -> int:
     summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": f"{platform.node()}, {os.cpu_count()} CPUs",
                "command": " ".join(["python -m benchmarks gpu-check", *(argv if argv is not None else sys.argv[1:])]),
                "commit": commit(), "budget_s": args.budget_s, "steps": []}  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     for s in chosen:
         result = run_step(s, args, limits[s.name], env)
@@ -274,11 +275,11 @@ def main(argv=None) -> int:
         summary["steps"].append(result)
         if result.get("gpu"):  # the env step's probe: the machine's GPU and torch
             summary["machine"] += f", {result['gpu']}, torch {result['torch']}, NCCL {result['nccl']}"
-        out.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+        args.out.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     summary["result"] = ", ".join(f"{sum(r['status'].startswith(k) for r in summary['steps'])} {k}"
                                   for k in ("passed", "failed", "timed out", "skipped"))  # fmt: skip
-    out.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
-    print(f"{summary['result']}; wrote {out}")
+    args.out.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+    print(f"{summary['result']}; wrote {args.out}")
     return 0
 
 
