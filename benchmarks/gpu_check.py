@@ -232,9 +232,7 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--steps", default=",".join(s.name for s in STEPS), help="a comma-separated subset")
     parser.add_argument("--budget-s", type=float, default=780, help="all steps' limits together (a 15-min lease)")
-    parser.add_argument(
-        "--out", type=Path, default=ROOT / "bench_results" / f"gpu_check_{time.strftime('%Y-%m-%d')}.json"
-    )
+    parser.add_argument("--out", type=Path, default=ROOT / f"bench_results/gpu_check_{time.strftime('%Y-%m-%d')}.json")
     parser.add_argument("--work", type=Path, default=Path("/tmp/torchacco-gpu-check"), help="runs, corpus, site")
     parser.add_argument("--wheels", type=Path, default=ROOT / ".whl-gpu", help="wheels to install (gpu_wheels.sh)")
     parser.add_argument("--titan-assets", type=Path, default=ROOT / ".whl-gpu" / "titan",
