@@ -65,9 +65,8 @@ def probe_virtual_overhead(folder: Path, params: float, updates: int = 60) -> fl
     run = zero1_run(folder, updates, virtual=True)
     waits, cfg = run["calibration"], trainer_config(STRATEGIES[ZERO1])
     micro_batches = cfg.training.global_batch_size // (cfg.training.local_batch_size * RANKS)
-    waited = (
-        micro_batches * (waits["forward_s"] + waits["backward_s"]) + waits["optimizer_s_per_param"] * params / RANKS
-    )
+    waited = micro_batches * (waits["forward_s"] + waits["backward_s"])
+    waited += waits["optimizer_s_per_param"] * params / RANKS
     return max(0.0, seconds_per_update(run["records"]) - waited) / micro_batches
 
 
@@ -202,7 +201,7 @@ def collective_factors(links: dict, collectives: dict) -> dict:
         return dict.fromkeys(("gloo", "rings"), {"rs_factor": 1.0, "ag_factor": 1.0, "ar_factor": 1.0})
     ar = collectives["all_reduce_s"] / (2 * ideal)
     factors = lambda rs, ag: {"rs_factor": collectives[rs] / ideal, "ag_factor": collectives[ag] / ideal,
-                              "ar_factor": ar}  # noqa: E731  # fmt: skip
+                              "ar_factor": ar}  # fmt: skip
     return {"gloo": factors("reduce_scatter_s", "all_gather_s"),
             "rings": factors("ring_reduce_scatter_s", "ring_all_gather_s")}  # fmt: skip
 
@@ -373,9 +372,10 @@ def check(tables: dict[str, dict], plans_of: dict[str, dict], probes: dict, inpu
     """Every table's settings checked against the probes of its plans (`plans_of`: table_plans)."""
     result = {}
     for name, table in tables.items():
-        found = re.match(r"(\d+)-core", table.get("meta", {}).get("machine", ""))  # the table's machine's cores
+        meta = table.get("meta", {})
+        found = re.match(r"(\d+)-core", meta.get("machine", ""))  # the table's machine's cores
         measured_on = {**inputs, "cores": int(found.group(1)) if found else os.cpu_count()}
-        virtual, settings = table.get("meta", {}).get("virtual_compute") == "on", plans_of[name]
+        virtual, settings = meta.get("virtual_compute") == "on", plans_of[name]
         checked = result[name] = {}
         for setting, data in table["settings"].items():
             if setting not in settings:
@@ -386,7 +386,7 @@ def check(tables: dict[str, dict], plans_of: dict[str, dict], probes: dict, inpu
                 checked[setting] = {"plan": data["plan"], "not_checked": f"measured on another plan than the probes' "
                                     f"({plan.describe()}): check it with probes of its own plan"}  # fmt: skip
                 continue
-            extra = [*extra, *table.get("meta", {}).get("train_args", "").split()]  # speed --train-args, last
+            extra = [*extra, *meta.get("train_args", "").split()]  # speed --train-args, last
             s = check_setting(data["strategies"], plan, extra, probes[plan.describe()], measured_on, virtual)
             checked[setting] = {"plan": data["plan"], "virtual": virtual, **s}
     return result
@@ -403,20 +403,15 @@ def at_cores(inputs: dict) -> str:
     return f", except where probed under that quota: {', '.join(rows)}" if rows else ""
 
 
-def virtual_inputs(inputs: dict) -> str:
-    """The inputs of the virtual compute tables, as the report names them."""
-    if "virtual_overhead_s" not in inputs:
-        return ""
-    return (f"; under virtual compute, each row's calibrated waits plus {inputs['virtual_overhead_s'] * 1e3:.2f} ms "
-            "of host work per micro-batch (probed: ZeRO-1 under virtual compute on 2 unshaped nodes, its time per "
-            "update less its waits), times ranks / cores where the ranks outnumber the cores")  # fmt: skip
-
-
 def markdown(result: dict, meta: dict) -> str:
     inputs = meta["inputs"]
     budget = (f"; a rank's CPU budget: its compute plus {inputs['cpu_overhead_s'] * 1e3:.1f} ms of CPU per job "
               "(ZeRO-1's CPU per update beyond its compute, probed), over its share of a core, bounds its time per "
               "update") if "cpu_overhead_s" in inputs else ""  # fmt: skip
+    virtual = (f"; under virtual compute, each row's calibrated waits plus {inputs['virtual_overhead_s'] * 1e3:.2f} "
+               "ms of host work per micro-batch (probed: ZeRO-1 under virtual compute on 2 unshaped nodes, its time "
+               "per update less its waits), times ranks / cores where the ranks outnumber the cores"
+               ) if "virtual_overhead_s" in inputs else ""  # fmt: skip
     lines = ["# The cost model's time per update against the emulated cluster", "",
              f"{meta['date']}, {meta['machine']}. Command: `{meta['command']}`. Probes: {meta['probes']}.", "",
              f"Inputs, none of them the times checked: compute {inputs['seconds_per_token'] * 1e6:.1f} µs per token on "
@@ -424,8 +419,7 @@ def markdown(result: dict, meta: dict) -> str:
              f"{inputs['compute_per_update_s']:.4f} s per update on 2 unshaped nodes), scaled by each rank's "
              f"cores{at_cores(inputs)}{budget}; AdamW {inputs['adamw_elements_per_s']:.3g} elements/s on one core; "
              f"{inputs['params']:,.0f} parameters in fp32; each setting's gloo collectives probed alone"
-             f"{virtual_inputs(inputs)}. "
-             f"Bar: |error| ≤ {TOLERANCE:.0%}."]  # fmt: skip
+             f"{virtual}. Bar: |error| ≤ {TOLERANCE:.0%}."]  # fmt: skip
     misses, total = [], 0
     for name, settings in result.items():
         for setting, s in settings.items():
@@ -498,9 +492,9 @@ def main(argv: list[str] | None = None) -> int:
         inputs = {**inputs, **compute_inputs(cached["compute_per_update_s"], inputs["params"]), "compute_probed": True}
         if "cpu_per_update_s" in cached:  # ZeRO-1's CPU beyond its compute, per update and rank
             inputs["cpu_overhead_s"] = max(0.0, cached["cpu_per_update_s"] - cached["compute_per_update_s"])
-        at_cores = cached.get("compute_per_update_s_at_cores", {}).items()
+        quotas = cached.get("compute_per_update_s_at_cores", {}).items()
         inputs["seconds_per_token_at_cores"] = {c: compute_inputs(s, inputs["params"])["seconds_per_token"]
-                                                for c, s in at_cores}  # fmt: skip
+                                                for c, s in quotas}  # fmt: skip
     result = check(tables, plans_of, cached["settings"], inputs)
     probed = cached.get("meta", {})
     probes = f"{PROBES}, {probed.get('date', '?')}, {probed.get('machine', '?')}"

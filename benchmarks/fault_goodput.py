@@ -13,7 +13,6 @@ longest waits, each heal's copy against the state's bytes over the link, and the
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -21,12 +20,13 @@ import shutil
 import signal
 import sys
 import time
+from itertools import accumulate
 from pathlib import Path
 
 from benchmarks.cluster import ClusterPlan, host, preflight
 from benchmarks.cluster.launch import node_env, read_records
 from benchmarks.cluster.namespaces import Cluster
-from benchmarks.common import DDP, QUIET, meta, panels, recipe, save_figure, update_s, write_report
+from benchmarks.common import DDP, QUIET, bare_parser, meta, panels, recipe, save_figure, update_s, write_report
 from torchacco.errors import run_cli
 from torchacco.fault_tolerance import ENV_LIGHTHOUSE, ENV_REPLICA
 
@@ -141,8 +141,7 @@ def run(plan: ClusterPlan, args: list[str], folder: Path, injector: Injector, ti
         agents = [cluster.launch(i, agent(plan, i, args), {**env, ENV_REPLICA: str(i)}, folder / f"node{i}.log")
                   for i in range(2)]  # fmt: skip
         while agents[0].poll() is None:
-            elapsed = time.monotonic() - started
-            if elapsed > timeout_s:
+            if time.monotonic() - started > timeout_s:
                 raise SystemExit(f"torchacco: error: the run did not finish in {timeout_s:.0f} s ({folder}/node*.log)")
             injector.poll(started)
             time.sleep(0.5)
@@ -215,9 +214,7 @@ def draw(folder: Path, result: dict, path: Path) -> None:
     fig, (loss, present) = found
     for name in ("undisturbed", "faulted"):
         records = read_records(folder / name)
-        seconds = [0.0]
-        for r in records[1:]:
-            seconds.append(seconds[-1] + update_s(r))
+        seconds = list(accumulate((update_s(r) for r in records[1:]), initial=0.0))
         loss.plot(seconds[::10], [r["loss"] for r in records][::10], label=name, lw=0.8)
         outer = [r for r in records if "outer_step" in r]
         present.step([r["step"] for r in outer], [r["outer_replicas"] for r in outer], label=name, where="post")
@@ -240,8 +237,7 @@ def earlier_undisturbed(report: Path, args, folder: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks fault-goodput", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = bare_parser("fault-goodput", __doc__)
     parser.add_argument("--updates", type=int, default=6000, help="updates of each run")
     parser.add_argument("--every", type=float, default=300.0, help="seconds between faults on replica 1")
     parser.add_argument("--faults", default="kill,cut,stall", help=f"kinds, in turn: {', '.join(KINDS)}")
@@ -254,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                         "updates, link and seed; its runs folder beside it) stands in for a new one")  # fmt: skip
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
-    unknown = sorted(set(kinds) - set(KINDS))
-    if unknown or not kinds:
+    if not kinds or not set(kinds) <= set(KINDS):
         parser.error(f"--faults {args.faults}: use some of {', '.join(KINDS)}")
     if args.undisturbed_from and not args.undisturbed_from.is_file():
         parser.error(f"--undisturbed-from {args.undisturbed_from}: no such report; give an earlier fault_goodput.json")

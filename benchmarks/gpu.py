@@ -71,8 +71,7 @@ def run_case(case: dict, out: Path, steps: int) -> dict:
     args = dataclasses.replace(spec.flavors[case["flavor"]], **overrides)
     with torch.device("meta"):
         model = spec.model_cls(args)
-    device = case.get("device", "cuda")
-    model.to_empty(device=device)
+    model.to_empty(device="cuda")
     torch.manual_seed(0)
     with torch.no_grad():
         model.init_weights()
@@ -80,7 +79,7 @@ def run_case(case: dict, out: Path, steps: int) -> dict:
     cfg.model.name, cfg.model.flavor, cfg.model.compile = case["model"], case["flavor"], case["compile"]
     t = cfg.training
     t.seq_len, t.local_batch_size, t.steps = case["seq"], case["batch"], steps
-    t.mixed_precision, t.device = "bf16", device
+    t.mixed_precision, t.device = "bf16", "cuda"
     t.global_batch_size = case["batch"] * strategy_class(case["strategy"]).traits.periods_per_update
     t.activation_checkpoint, t.loss_chunks = case["ac"], case.get("chunks", 1)
     cfg.parallelism.data_parallel = case["strategy"]
@@ -97,12 +96,13 @@ def run_case(case: dict, out: Path, steps: int) -> dict:
     params = sum(p.numel() for p in model.parameters())
     return {**case, "params": params, "tokens_per_s": mean("tokens_per_s"), "mfu": mean("mfu"),
             "tflops": mean("tflops"), "peak_memory_gib": max(r["memory_gib"] for r in rows), "updates": len(rows),
-            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "device": torch.cuda.get_device_name(),
             "torch": torch.__version__}  # fmt: skip
 
 
 def mfu(args) -> list[dict]:
-    results = []
+    results, out = [], Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     for case in cases(args.quick):
         start = time.perf_counter()
         proc = subprocess.run(
@@ -110,16 +110,11 @@ def mfu(args) -> list[dict]:
             capture_output=True, text=True, timeout=args.timeout, cwd=ROOT,
         )  # fmt: skip
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            failure = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-            result = {**case, "error": failure}
-        else:
-            result = json.loads(line.removeprefix("RESULT "))
+        failure = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        result = json.loads(line.removeprefix("RESULT ")) if line else {**case, "error": failure}
         result["seconds"] = time.perf_counter() - start
         print(json.dumps(result), flush=True)
         results.append(result)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         (out / "gpu_mfu.json").write_text(json.dumps(results, indent=1))  # after each case: a cut run keeps its
         (out / "gpu_mfu.md").write_text(mfu_table(results))
     print(mfu_table(results))
@@ -167,12 +162,12 @@ def overlap_run(args) -> dict:
 
     _delay_jobs(args.delay_ms)
     case = {**NEO_125M, "name": "125M acco (traced)", "strategy": ACCO, "compile": False, "profile": True}
-    out = Path(args.out)
-    result = run_case(case, Path("/tmp/torchacco-gpu-bench/overlap"), args.steps)
-    trace = sorted(Path("/tmp/torchacco-gpu-bench/overlap/profile/rank0").glob("trace_step*.json"))[-1]
+    folder = Path("/tmp/torchacco-gpu-bench/overlap")
+    result = run_case(case, folder, args.steps)
+    trace = sorted((folder / "profile/rank0").glob("trace_step*.json"))[-1]
     found = {**overlap(trace), "delay_ms": args.delay_ms, "tokens_per_s": result["tokens_per_s"],
              "device": result["device"], "torch": result["torch"], "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-    render_timeline(trace, out / "gpu_overlap.png", f"ACCO on one {result['device']}: kernels by stream")
+    render_timeline(trace, Path(args.out) / "gpu_overlap.png", f"ACCO on one {result['device']}: kernels by stream")
     return found
 
 

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from torchacco.errors import error_line
@@ -192,9 +193,9 @@ def run_step(step: Step, ctx, limit: float, env: dict) -> dict:
     started = time.monotonic()
     proc = subprocess.Popen(step_argv(step, ctx), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env=env, start_new_session=True)  # fmt: skip
+    timed_out = False
     try:
         out, err = proc.communicate(timeout=limit)
-        timed_out = False
     except subprocess.TimeoutExpired:
         # SIGTERM first: torchrun passes it to its workers, which run in sessions of their own
         os.killpg(proc.pid, signal.SIGTERM)
@@ -207,12 +208,11 @@ def run_step(step: Step, ctx, limit: float, env: dict) -> dict:
     lines = out.splitlines()
     result = {"step": step.name, "limit_s": round(limit), "seconds": round(time.monotonic() - started, 1)}
     result["parts"] = [json.loads(x[5:]) for x in lines if x.startswith("PART ")]
-    final = next((json.loads(x[7:]) for x in reversed(lines) if x.startswith("RESULT ")), None)
     if timed_out:
         result["status"] = f"timed out after {limit:.0f} s"
-    elif final is None:
-        result["status"] = f"failed: exit code {proc.returncode}, no result"
-    result = {**result, **(final or {})} if not timed_out else result
+    else:
+        final = next((json.loads(x[7:]) for x in reversed(lines) if x.startswith("RESULT ")), None)
+        result.update(final or {"status": f"failed: exit code {proc.returncode}, no result"})
     if not result["status"].startswith(("passed", "skipped")):
         result["stderr_tail"] = err.splitlines()[-20:]
     return result
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--steps", default=",".join(s.name for s in STEPS), help="a comma-separated subset")
     parser.add_argument("--budget-s", type=float, default=780, help="all steps' limits together (a 15-min lease)")
-    parser.add_argument("--out", default=ROOT / "bench_results" / f"gpu_check_{time.strftime('%Y-%m-%d')}.json")
+    parser.add_argument("--out", type=Path, default=ROOT / f"bench_results/gpu_check_{time.strftime('%Y-%m-%d')}.json")
     parser.add_argument("--work", type=Path, default=Path("/tmp/torchacco-gpu-check"), help="runs, corpus, site")
     parser.add_argument("--wheels", type=Path, default=ROOT / ".whl-gpu", help="wheels to install (gpu_wheels.sh)")
     parser.add_argument("--titan-assets", type=Path, default=ROOT / ".whl-gpu" / "titan",
@@ -265,8 +265,7 @@ def main(argv=None) -> int:
     summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": f"{platform.node()}, {os.cpu_count()} CPUs",
                "command": " ".join(["python -m benchmarks gpu-check", *(argv if argv is not None else sys.argv[1:])]),
                "commit": commit(), "budget_s": args.budget_s, "steps": []}  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     for s in chosen:
         result = run_step(s, args, limits[s.name], env)
@@ -274,11 +273,11 @@ def main(argv=None) -> int:
         summary["steps"].append(result)
         if result.get("gpu"):  # the env step's probe: the machine's GPU and torch
             summary["machine"] += f", {result['gpu']}, torch {result['torch']}, NCCL {result['nccl']}"
-        out.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+        args.out.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     summary["result"] = ", ".join(f"{sum(r['status'].startswith(k) for r in summary['steps'])} {k}"
                                   for k in ("passed", "failed", "timed out", "skipped"))  # fmt: skip
-    out.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
-    print(f"{summary['result']}; wrote {out}")
+    args.out.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+    print(f"{summary['result']}; wrote {args.out}")
     return 0
 
 
@@ -389,9 +388,8 @@ def parity_step(ctx) -> dict:
                 problems.append(f"{label}: exit {proc.returncode}: {tail(proc, 1)}")
                 part(check=label, ok=False, output=tail(proc))
         if problems:
-            return {"status": "failed: " + "; ".join(problems)}
-    hf = ctx.work / "start" / "hf"
-    exported = sorted(p.name for p in hf.iterdir())
+            return {"status": outcome(problems)}
+    exported = sorted(p.name for p in (ctx.work / "start" / "hf").iterdir())
     if not part(check="export", ok="config.json" in exported and any(p.endswith(".safetensors") for p in exported),
                 files=exported)["ok"]:  # fmt: skip
         problems.append(f"the export holds {exported}: no config.json with safetensors")
@@ -458,8 +456,6 @@ def stall_step(ctx) -> dict:
 
 
 def titan_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("torchtitan")
     except PackageNotFoundError:
@@ -479,8 +475,6 @@ def titan_step(ctx) -> dict:
         return {"status": f"skipped: torchtitan {titan} is installed; the comparison is for {' or '.join(TITAN_NEEDS)}"}
     probe = subprocess.run([sys.executable, "-c", f"import {TITAN_ENTRY[titan]}"], capture_output=True, text=True)
     if probe.returncode != 0:  # e.g. 0.3.0 imports DataParallelMeshDims, which torch 2.11 lacks
-        from importlib.metadata import version
-
         why = f"does not import with torch {version('torch')}: {tail(probe, 1)}"
         return {"status": f"skipped: torchtitan {titan} {why}"}
     (_, cmd, _), = plan("torchtitan", ctx)  # fmt: skip

@@ -17,10 +17,6 @@ class Kernels:
     spans: list[tuple[float, float]] = field(default_factory=list)  # (start, end) in µs
     streams: set = field(default_factory=set)
 
-    @property
-    def busy_us(self) -> float:
-        return _length(_union(self.spans))
-
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     merged: list[list[float]] = []
@@ -48,14 +44,12 @@ def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return total
 
 
-def split_kernels(events: list[dict]) -> tuple[Kernels, Kernels]:
-    """(the job's kernels, the compute side's kernels) of one trace's events."""
+def split_kernels(trace: Path) -> tuple[Kernels, Kernels]:
+    """(the job's kernels, the compute side's kernels) of one trace."""
+    events = json.loads(Path(trace).read_text())["traceEvents"]
     job_threads = {e["tid"] for e in events if str(e.get("name", "")).startswith("torchacco/job:")}
-    job_launches = {
-        e["args"]["correlation"]
-        for e in events
-        if e.get("cat") == "cuda_runtime" and e.get("tid") in job_threads and "correlation" in e.get("args", {})
-    }
+    launches = [e for e in events if e.get("cat") == "cuda_runtime" and e.get("tid") in job_threads]
+    job_launches = {e["args"]["correlation"] for e in launches if "correlation" in e.get("args", {})}
     kernels = [e for e in events if e.get("cat") == "kernel"]
     job_streams = {e["args"].get("stream") for e in kernels if e["args"].get("correlation") in job_launches}
     job, compute = Kernels(), Kernels()
@@ -69,8 +63,7 @@ def split_kernels(events: list[dict]) -> tuple[Kernels, Kernels]:
 def overlap(trace: Path) -> dict:
     """Kernel time of the job and of compute, and the share of the job's that ran beside compute kernels (its overlap;
     exposed: the rest)."""
-    events = json.loads(Path(trace).read_text())["traceEvents"]
-    job, compute = split_kernels(events)
+    job, compute = split_kernels(trace)
     job_spans, compute_spans = _union(job.spans), _union(compute.spans)
     hidden = _intersection(job_spans, compute_spans)
     job_us = _length(job_spans)
@@ -91,7 +84,7 @@ def render_timeline(trace: Path, png: Path, title: str) -> None:
     if drawn is None:
         return
     fig, (ax,) = drawn
-    job, compute = split_kernels(json.loads(Path(trace).read_text())["traceEvents"])
+    job, compute = split_kernels(trace)
     origin = min(a for a, _ in job.spans + compute.spans)
     for row, (kernels, color) in enumerate(((compute, "tab:blue"), (job, "tab:orange"))):
         spans = [((a - origin) / 1e3, (b - a) / 1e3) for a, b in _union(kernels.spans)]
