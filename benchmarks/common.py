@@ -88,11 +88,11 @@ def bare_parser(command: str, doc: str) -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
 
 
-def parser(command: str, doc: str, name: str | None = None, **name_help) -> argparse.ArgumentParser:
+def parser(command: str, doc: str, name: str | None = None, help: str = "the results' file names' stem"):
     """A command's parser with --out (the results' folder) and --name (their file names' stem)."""
     p = bare_parser(command, doc)
     p.add_argument("--out", default="bench_results")
-    p.add_argument("--name", default=name, help=name_help.get("help", "the results' file names' stem"))
+    p.add_argument("--name", default=name, help=help)
     return p
 
 
