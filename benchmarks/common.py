@@ -139,9 +139,7 @@ def save_figure(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def bars(
-    path: Path, panels_data: dict[str, list[tuple[str, float, float]]], xlabel: str, line: float = 1.0, bar: float = 0.0
-):
+def bars(path: Path, panels_data: dict[str, list[tuple]], xlabel: str, line: float = 1.0, bar: float = 0.0):
     """One horizontal bar chart per panel title: (label, value, error bar) rows, a reference line at `line` and, given
     a `bar`, dotted lines at line ± bar (a value past them misses)."""
     drawn = panels(len(panels_data), height=3.2)

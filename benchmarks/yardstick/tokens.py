@@ -146,10 +146,6 @@ def tune(variant: str, lr: float, seeds: list[int], args, runs: Path, prefix: st
     return {**best, "grid": scores}
 
 
-def gap(a: float, b: float) -> float:
-    return 100.0 * (a / b - 1.0)
-
-
 def updates_to_target(target: float, finals: dict[int, float]) -> tuple[float | None, bool]:
     """(updates to `target`, is_upper_bound) from final losses at several budgets (updates -> loss): linear between
     the first two that bracket it; the smallest budget and True if it reaches it; (None, False) if none does."""
@@ -211,7 +207,7 @@ def summarize(runs: dict[tuple[float, str], list[list[dict]]]) -> dict:
                                                   "val_loss_along_run": along}  # fmt: skip
         if v == DDP:
             continue
-        gaps = [gap(x, y) for x, y in zip(finals, out[f"{lr:g}"][DDP]["val_loss"])]
+        gaps = [100.0 * (x / y - 1.0) for x, y in zip(finals, out[f"{lr:g}"][DDP]["val_loss"])]  # % over DDP's
         row |= {"gap_pct": gaps, "mean_gap_pct": statistics.fmean(gaps), "ci95_gap_pct": mean_ci(gaps)[1],
                 "sd_gap_pct": statistics.stdev(gaps) if len(gaps) > 1 else float("nan")}  # fmt: skip
     return out
