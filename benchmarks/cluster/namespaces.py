@@ -57,8 +57,7 @@ class Cluster:
 
     def launch(self, i: int, argv: list[str], env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
         """Run argv inside node i's namespace (and CPU cgroup); a new session so it is killed as a group."""
-        cores = self.plan.cores(i)
-        procs_file = str(self.plan.cgroup_dir(i) / "cgroup.procs") if cores is not None else None
+        procs_file = str(self.plan.cgroup_dir(i) / "cgroup.procs") if self.plan.cores(i) is not None else None
 
         def enter_cgroup():  # runs in the child before exec: everything it starts inherits the quota
             if procs_file:

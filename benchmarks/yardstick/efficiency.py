@@ -82,9 +82,8 @@ def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
             raise SystemExit(f"efficiency-table: {name} measures {label!r}, not a variant of token-efficiency")
         diloco = diloco_settings(resolved(label, updates, lr))
         gaps = {"gaps": rows[label]["gap_pct"]} if "gap_pct" in rows[label] else {}  # loss at equal tokens, %
-        out[label] = {"values": values, **gaps, "source": f"bench_results/{name}.md"} | (
-            {"diloco": diloco} if diloco else {}
-        )
+        out[label] = {"values": values, **gaps, "source": f"bench_results/{name}.md"}
+        out[label] |= {"diloco": diloco} if diloco else {}
     return out
 
 

@@ -156,11 +156,9 @@ def slowdown(plan: ClusterPlan, folder: Path, seconds: float = 2.0) -> float:
     at once, the others' mean rate over the slow one's."""
     folder.mkdir(parents=True, exist_ok=True)
     logs = [folder / f"spin{i}.txt" for i in range(plan.nodes)]
+    spin = [sys.executable, "-c", SPIN.format(s=seconds)]
     with Cluster(plan) as cluster:
-        procs = [
-            cluster.launch(i, [sys.executable, "-c", SPIN.format(s=seconds)], log=logs[i]) for i in range(plan.nodes)
-        ]
-        for p in procs:
+        for p in [cluster.launch(i, spin, log=logs[i]) for i in range(plan.nodes)]:  # all started, then waited for
             p.wait()
     rates = [float(log.read_text().split()[-1]) for log in logs]
     return statistics.fmean(r for i, r in enumerate(rates) if i != plan.slow_node) / rates[plan.slow_node]
