@@ -136,7 +136,7 @@ def markdown(results: list[dict], meta: dict) -> str:
              "| predicted (s) | error | met | × sooner than the baseline's whole run | × sooner than the baselines' "
              "time from their speed (the best; the best unbalanced) | loss vs loopback | wall s per run |",
              "|---|---|---:|---:|---:|---:|---:|---|---|---|---|---|"]  # fmt: skip
-    fmt = lambda x, f: "—" if x is None else format(x, f)  # noqa: E731
+    fmt = lambda x, f: "—" if x is None else format(x, f)
     for r in results:
         met = "—" if r["error"] is None else ("yes" if abs(r["error"]) <= TOLERANCE else "**no**")
         drift = ", ".join(f"{d:+.1e}" for d in r["loss_vs_loopback"].values()) or "—"

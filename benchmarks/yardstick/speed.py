@@ -216,7 +216,7 @@ def main(argv=None) -> int:
         params = json.loads((out / f"{args.calibration}.json").read_text())["calibration"].get("params")
     except ClusterError as e:
         parser.error(str(e))
-    names = lambda setting: args.strategies.split(",") if args.strategies else PER_SETTING.get(setting, [])  # noqa: E731
+    names = lambda setting: args.strategies.split(",") if args.strategies else PER_SETTING.get(setting, [])
     settings = [s for s in args.settings.split(",") if s] + [f"r{r}" for r in args.rates.split(",") if r]
     for setting in settings:
         if setting not in plan_of:

@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     if not all(re.fullmatch(r"[0-9]*\.?[0-9]+(e-?[0-9]+)?", x) for x in numbers):
         parser.error(f"--tune-outer and --tune-clip take non-negative numbers (e.g. 1:0 and 1,2), got {numbers}")
     scaled = lambda text, flag: sorted({round(args.updates * m) for m in budget_multiples(parser, text, flag)}
-                                       | {args.updates})  # noqa: E731  # fmt: skip
+                                       | {args.updates})  # fmt: skip
     budgets, levels = scaled(args.budgets, "--budgets"), scaled(args.levels, "--levels")
     if len(levels) > 1 and len(budgets) == 1:
         parser.error("--levels needs --budgets: a variant's tokens to each level are interpolated between its budgets "
