@@ -233,13 +233,11 @@ def markdown(summary: dict, meta: dict) -> str:
                   "|---|---|---|---|---|"]  # fmt: skip
         for lr, rows in meta["tuned"].items():
             for v, t in rows.items():
-                if v == ZERO1 and t is rows.get(DDP):
-                    lines.append(
-                        f"| {lr} | {v} | DDP's (the noise floor: the same mathematics at the same settings) | | |"
-                    )
-                    continue
                 grid = "; ".join(f"{g['label']}: {g['mean_val_loss']:.4f}" for g in t["grid"])
-                lines.append(f"| {lr} | {v} | {t['label']} | {t['mean_val_loss']:.4f} | {grid} |")
+                chosen = f"{t['label']} | {t['mean_val_loss']:.4f} | {grid}"
+                if v == ZERO1 and t is rows.get(DDP):
+                    chosen = "DDP's (the noise floor: the same mathematics at the same settings) | |"
+                lines.append(f"| {lr} | {v} | {chosen} |")
     budgeted = [(lr, v, row) for lr, rows in summary.items() for v, row in rows.items() if "budgets" in row]
     if budgeted:
         lines += ["", "## Tokens to DDP's final loss", "",
