@@ -88,11 +88,11 @@ def bare_parser(command: str, doc: str) -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
 
 
-def parser(command: str, doc: str, name: str | None = None, **name_help) -> argparse.ArgumentParser:
+def parser(command: str, doc: str, name: str | None = None, help: str = "the results' file names' stem"):
     """A command's parser with --out (the results' folder) and --name (their file names' stem)."""
     p = bare_parser(command, doc)
     p.add_argument("--out", default="bench_results")
-    p.add_argument("--name", default=name, help=name_help.get("help", "the results' file names' stem"))
+    p.add_argument("--name", default=name, help=help)
     return p
 
 
@@ -139,9 +139,7 @@ def save_figure(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def bars(
-    path: Path, panels_data: dict[str, list[tuple[str, float, float]]], xlabel: str, line: float = 1.0, bar: float = 0.0
-):
+def bars(path: Path, panels_data: dict[str, list[tuple]], xlabel: str, line: float = 1.0, bar: float = 0.0):
     """One horizontal bar chart per panel title: (label, value, error bar) rows, a reference line at `line` and, given
     a `bar`, dotted lines at line ± bar (a value past them misses)."""
     drawn = panels(len(panels_data), height=3.2)

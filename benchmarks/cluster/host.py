@@ -3,6 +3,7 @@ setup and quietly for teardown."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -75,24 +76,17 @@ def run(cmd: list[str], what: str | None = None) -> None:
 
 def run_quietly(cmd: list[str]) -> None:
     """Run one teardown command (`rmdir`, `write` or a process); whatever fails is ignored."""
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         if cmd[0] == "rmdir":
             os.rmdir(cmd[1])
         elif cmd[0] == "write":
             Path(cmd[1]).write_text(cmd[2])
         else:
             subprocess.run(cmd, capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        pass
 
 
 def stale_namespaces(prefix_re: str = r"tacc(\d+)(sw|n\d+)") -> list[str]:
     """Namespaces left by an emulator run whose process is gone (a SIGKILL)."""
     proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    stale = []
-    for line in proc.stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        m = re.fullmatch(prefix_re, name)
-        if m and not Path(f"/proc/{m.group(1)}").exists():
-            stale.append(name)
-    return stale
+    found = (re.fullmatch(prefix_re, line.split()[0]) for line in proc.stdout.splitlines() if line.split())
+    return [m.group(0) for m in found if m and not Path(f"/proc/{m.group(1)}").exists()]

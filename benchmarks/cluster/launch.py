@@ -3,6 +3,7 @@ namespaces' links; then the run's records and per-rank reports, or one line sayi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -87,17 +88,15 @@ def run_nodes(plan: ClusterPlan, module: str, args: list[str], folder: Path, tim
         procs = [cluster.launch(i, train_argv(plan, i, args, port, module=module, run_id=plan.prefix),
                                 {**env, "TORCHACCO_NODE_ADDR": plan.address(i), "TORCHACCO_NODE_INDEX": str(i)},
                                 folder / f"node{i}.log") for i in range(plan.nodes)]  # fmt: skip
-        deadline, failed = time.monotonic() + timeout_s, None
-        while any(p.poll() is None for p in procs):
-            bad = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
-            if bad:
-                failed = bad[0]
+        deadline = time.monotonic() + timeout_s
+        while True:  # until every node is done or one has failed
+            codes = [p.poll() for p in procs]
+            failed = next((i for i, code in enumerate(codes) if code), None)
+            if failed is not None or None not in codes:
                 break
             if time.monotonic() > deadline:
                 raise ClusterError(f"the cluster run did not finish within {timeout_s:.0f} s (logs: {logs})")
             time.sleep(0.2)
-        if failed is None:
-            failed = next((i for i, p in enumerate(procs) if p.returncode), None)
         if failed is not None:
             raise ClusterError(f"node {failed} failed: {_last_error(folder / f'node{failed}.log')} (logs: {logs})")
     return time.perf_counter() - started
@@ -126,10 +125,8 @@ def read_records(folder: Path) -> list[dict]:
 def read_rank_reports(folder: Path) -> list[dict]:
     reports = []
     for path in sorted(folder.glob("rank*.json"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0)):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             reports.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            pass
     return reports
 
 

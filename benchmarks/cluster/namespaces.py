@@ -4,6 +4,7 @@ node, and always tears everything down (in `finally`, on SIGINT/SIGTERM and at e
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import subprocess
@@ -56,8 +57,7 @@ class Cluster:
 
     def launch(self, i: int, argv: list[str], env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
         """Run argv inside node i's namespace (and CPU cgroup); a new session so it is killed as a group."""
-        cores = self.plan.cores(i)
-        procs_file = str(self.plan.cgroup_dir(i) / "cgroup.procs") if cores is not None else None
+        procs_file = str(self.plan.cgroup_dir(i) / "cgroup.procs") if self.plan.cores(i) is not None else None
 
         def enter_cgroup():  # runs in the child before exec: everything it starts inherits the quota
             if procs_file:
@@ -78,19 +78,15 @@ class Cluster:
     def kill_all(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         deadline = time.monotonic() + 10
         for proc in self.procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.wait()
         self.procs = []
 

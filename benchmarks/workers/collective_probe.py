@@ -53,8 +53,7 @@ def main() -> int:
     if args.ops:
         ops = {name: ops[name] for name in args.ops.split(",") if name}
     result = {"numel": numel, "bytes": numel * 4, "world": world}
-    result["until"], result["stat"], result["repeats"] = args.until, args.stat, args.repeats
-    result["connections"] = 2 if world == 2 else 1
+    result |= {"until": args.until, "stat": args.stat, "repeats": args.repeats, "connections": 2 if world == 2 else 1}
     stat = getattr(statistics, args.stat)
     for name, op in ops.items():
         times, cpu = [], []

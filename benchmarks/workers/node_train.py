@@ -1,6 +1,7 @@
 """BENCHMARK ONLY: `torchacco.train` on one emulated node, then `$TORCHACCO_NODE_REPORT_DIR/rank<R>.json`: the rank's
 peak memory, CPU and wall time, and its node (metrics.jsonl is rank 0's only)."""
 
+import contextlib
 import json
 import os
 import resource
@@ -25,17 +26,13 @@ def _report(started: float, code: int) -> None:
         "node_addr": os.environ.get("TORCHACCO_NODE_ADDR", ""),
         "node": int(os.environ.get("TORCHACCO_NODE_INDEX", -1)),
     }
-    try:
+    with contextlib.suppress(Exception):  # a report must never fail the run
         import torch
 
         if torch.cuda.is_available():
             record["peak_cuda_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    except Exception:  # a report must never fail the run
-        pass
-    try:
+    with contextlib.suppress(OSError):
         Path(folder, f"rank{rank}.json").write_text(json.dumps(record))
-    except OSError:
-        pass
 
 
 def slow_rank_args() -> list[str]:

@@ -82,9 +82,8 @@ def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
             raise SystemExit(f"efficiency-table: {name} measures {label!r}, not a variant of token-efficiency")
         diloco = diloco_settings(resolved(label, updates, lr))
         gaps = {"gaps": rows[label]["gap_pct"]} if "gap_pct" in rows[label] else {}  # loss at equal tokens, %
-        out[label] = {"values": values, **gaps, "source": f"bench_results/{name}.md"} | (
-            {"diloco": diloco} if diloco else {}
-        )
+        out[label] = {"values": values, **gaps, "source": f"bench_results/{name}.md"}
+        out[label] |= {"diloco": diloco} if diloco else {}
     return out
 
 
@@ -105,13 +104,12 @@ def pooled(label: str, parts: list[tuple[str, list[int], dict]]) -> dict | None:
         if unreached:
             raise SystemExit(f"efficiency-table: {label} in {unreached} never reached DDP's loss; only measured "
                              "ratios pool across files")  # fmt: skip
-    entry = dict(parts[0][2])
-    if "values" not in entry:
-        return entry
+    first = parts[0][2]
+    if "values" not in first:
+        return dict(first)
     values = [v for _, _, part in parts for v in part["values"]]
     mean, half = mean_ci(values)
-    del entry["values"]
-    entry.pop("gaps", None)
+    entry = {k: v for k, v in first.items() if k not in ("values", "gaps")}  # the pooled ones replace them
     if all("gaps" in part for _, _, part in parts):
         entry["gap_pct"] = round(statistics.fmean(g for _, _, part in parts for g in part["gaps"]), 2)
     return {"mean": round(mean, 4), "ci95": round(half, 4) if math.isfinite(half) else None, "seeds": len(values),

@@ -136,7 +136,7 @@ def markdown(results: list[dict], meta: dict) -> str:
              "| predicted (s) | error | met | × sooner than the baseline's whole run | × sooner than the baselines' "
              "time from their speed (the best; the best unbalanced) | loss vs loopback | wall s per run |",
              "|---|---|---:|---:|---:|---:|---:|---|---|---|---|---|"]  # fmt: skip
-    fmt = lambda x, f: "—" if x is None else format(x, f)  # noqa: E731
+    fmt = lambda x, f: "—" if x is None else format(x, f)
     for r in results:
         met = "—" if r["error"] is None else ("yes" if abs(r["error"]) <= TOLERANCE else "**no**")
         drift = ", ".join(f"{d:+.1e}" for d in r["loss_vs_loopback"].values()) or "—"
@@ -189,12 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     results = [validate(s, n, seed, tokens, speed, base, lr, out, budgets, args.fresh, args.calibration)
                for seed in seeds for s, n in pairs]  # fmt: skip
     against_runs(results)
-    errors = [abs(r["error"]) for r in results if r["error"] is not None]
-    mean_abs_error = statistics.fmean(errors) if errors else None
+    shown = [r for r in results if r["error"] is not None]
+    mean_abs_error = statistics.fmean(abs(r["error"]) for r in shown) if shown else None
     meta = common.meta(
         "end-to-end", argv, tokens=args.tokens, speed=args.speed, lr=f"{lr:g}", mean_abs_error=mean_abs_error
     )
-    shown = [r for r in results if r["error"] is not None]
     bars = {"predicted over measured time to target − 1 (%)": [
         (f"{r['setting']} {r['strategy']} s{r['seed']}", 100 * r["error"], 0) for r in shown]}  # fmt: skip
     common.write_report(out, args.name, {"meta": meta, "results": results}, markdown(results, meta),

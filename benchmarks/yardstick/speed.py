@@ -156,11 +156,9 @@ def slowdown(plan: ClusterPlan, folder: Path, seconds: float = 2.0) -> float:
     at once, the others' mean rate over the slow one's."""
     folder.mkdir(parents=True, exist_ok=True)
     logs = [folder / f"spin{i}.txt" for i in range(plan.nodes)]
+    spin = [sys.executable, "-c", SPIN.format(s=seconds)]
     with Cluster(plan) as cluster:
-        procs = [
-            cluster.launch(i, [sys.executable, "-c", SPIN.format(s=seconds)], log=logs[i]) for i in range(plan.nodes)
-        ]
-        for p in procs:
+        for p in [cluster.launch(i, spin, log=logs[i]) for i in range(plan.nodes)]:  # all started, then waited for
             p.wait()
     rates = [float(log.read_text().split()[-1]) for log in logs]
     return statistics.fmean(r for i, r in enumerate(rates) if i != plan.slow_node) / rates[plan.slow_node]
@@ -174,11 +172,11 @@ def loss_gaps(out: Path) -> dict[str, tuple[float, str]]:
         for table in sorted(out.glob("*token_efficiency*.json")) + sorted(out.glob("diloco_budgets*.json")):
             data = json.loads(table.read_text())
             meta = data.get("meta", {})
-            if meta.get("updates", 0) < 1000 or len(meta.get("seeds", [])) < 5:  # shorter runs, screens
+            short = meta.get("updates", 0) < 1000 or len(meta.get("seeds", [])) < 5  # shorter runs, screens
+            if short or meta.get("model", "GPT-Neo debug") != "GPT-Neo debug":
                 continue
-            if meta.get("model", "GPT-Neo debug") == "GPT-Neo debug":
-                rows = data.get("summary", {}).get(lr, {})
-                gaps |= {name: (row["mean_gap_pct"], lr) for name, row in rows.items() if "mean_gap_pct" in row}
+            rows = data.get("summary", {}).get(lr, {})
+            gaps |= {name: (row["mean_gap_pct"], lr) for name, row in rows.items() if "mean_gap_pct" in row}
     return gaps
 
 
@@ -218,7 +216,7 @@ def main(argv=None) -> int:
         params = json.loads((out / f"{args.calibration}.json").read_text())["calibration"].get("params")
     except ClusterError as e:
         parser.error(str(e))
-    names = lambda setting: args.strategies.split(",") if args.strategies else PER_SETTING.get(setting, [])  # noqa: E731
+    names = lambda setting: args.strategies.split(",") if args.strategies else PER_SETTING.get(setting, [])
     settings = [s for s in args.settings.split(",") if s] + [f"r{r}" for r in args.rates.split(",") if r]
     for setting in settings:
         if setting not in plan_of:
@@ -228,10 +226,9 @@ def main(argv=None) -> int:
                          "the CPU, not the links")  # fmt: skip
         plan, extra = plan_of[setting]
         try:
-            plan = dataclasses.replace(plan, **node_options(args))
+            plan_of[setting] = dataclasses.replace(plan, **node_options(args)), extra
         except ClusterError as e:
             parser.error(f"setting {setting}: {e}")
-        plan_of[setting] = plan, extra
         for name in names(setting):
             if name not in STRATEGIES:
                 parser.error(f"--strategies: unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
@@ -268,20 +265,15 @@ def main(argv=None) -> int:
                 rss.append([round(r["peak_rss_gib"], 4) for r in run.get("ranks", [])])
                 print(f"[speed] {setting} {name} #{repeat}: {times[-1]:.4f} s per update", flush=True)
             # "mean": seconds per recipe update's tokens (16 × 128), the time per update of all but mixed replicas
-            rows["strategies"][name] = {"seconds_per_update": times, "seconds_per_recipe_update": token_times,
-                                        "mean": statistics.fmean(token_times),
-                                        "peak_rss_gib_per_rank": rss}  # fmt: skip
-            if calibration:
-                rows["strategies"][name]["calibration"] = calibration
             mib = persistent_mib(train, plan.world_size, params, plan.ranks_per_node) if params else None
-            rows["strategies"][name] |= {
-                "persistent_mib": mib,
-                "fits": not (args.memory_budget_mib and mib) or mib <= args.memory_budget_mib,
-            }
+            fits = not (args.memory_budget_mib and mib) or mib <= args.memory_budget_mib
+            row = rows["strategies"][name] = {"seconds_per_update": times, "seconds_per_recipe_update": token_times,
+                                              "mean": statistics.fmean(token_times), "peak_rss_gib_per_rank": rss,
+                                              **({"calibration": calibration} if calibration else {}),
+                                              "persistent_mib": mib, "fits": fits}  # fmt: skip
             if virtual_times:
-                rows["strategies"][name] |= {"virtual_seconds": virtual_times,
-                                             "virtual_vs_real": statistics.fmean(virtual_times)
-                                             / statistics.fmean(token_times)}  # fmt: skip
+                virtual_vs_real = statistics.fmean(virtual_times) / statistics.fmean(token_times)
+                row |= {"virtual_seconds": virtual_times, "virtual_vs_real": virtual_vs_real}
         ran = rows["strategies"]
         synchronous = [n for n in ran if n.removesuffix("_balanced") in BASELINES and ran[n]["fits"]] or list(ran)
         best = rows["best_baseline"] = min(synchronous, key=lambda n: ran[n]["mean"])

@@ -158,10 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     if not result:
         parser.error(f"no setting of {args.speed} has a synchronous baseline ({', '.join(BASELINES)}) whose tokens "
                      f"{args.tokens} holds: give it DDP's with --same-update (e.g. zero1=ddp)")  # fmt: skip
-    by_level = {n: level(rows) for n, rows in at_levels(tokens[lr]).items()}
+    levels = at_levels(tokens[lr])
+    by_level = {n: level(rows) for n, rows in levels.items()}
+    targets = {n: next(row["target"] for name, row in rows.items() if name != DDP) for n, rows in levels.items()}
     meta = common.meta("time-to-target-table", argv, tokens=args.tokens, speed=args.speed, lr=lr, out=args.out)
-    targets = {n: next(row["target"] for name, row in rows.items() if name != DDP)
-               for n, rows in at_levels(tokens[lr]).items()}  # fmt: skip
     data = {"meta": meta, "settings": result, "levels": by_level, "targets": targets}
     bars = {f"setting {s}": [(n, r["sooner"], r["sooner_ci95"]) for n, r in rows["strategies"].items() if "sooner" in r]
             for s, rows in result.items()}  # fmt: skip

@@ -34,6 +34,8 @@ LB2, LB1 = "--training.local_batch_size 2 --eval.batches 8", "--training.local_b
 DILOCO = "--parallelism.replicas 2 --diloco.sync_every"  # 2 replicas of one rank, an outer step every H updates
 AVG = "--diloco.outer_lr 1 --diloco.outer_momentum 0"  # plain averaging
 STREAMING_AVG = f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true {AVG}"
+BF16 = f"{STREAMING_AVG} --diloco.outer_dtype bf16"  # the recommended Streaming DiLoCo (streaming_h10_avg)
+PIER = "--diloco.outer_lr 0.7 --diloco.outer_momentum 0.9 --diloco.outer_momentum_warmup 20"
 TOPK1 = "--diloco.outer_dtype int2 --diloco.topk 0.01"
 SLOW99 = "--optimizer.slow_beta 0.99 --optimizer.slow_weight 0.5"
 VARIANTS = {
@@ -55,8 +57,7 @@ VARIANTS = {
     "diloco_h10_n07m05": _dp(DDP, f"{DILOCO} 10 --diloco.outer_lr 0.7 --diloco.outer_momentum 0.5"),
     # Streaming DiLoCo: 2 fragments, each all-reduced in bf16 beside 1 inner update; eager: the replica goes on from
     # its own θ and moves that update onto the mean when it arrives
-    "streaming_h10_avg": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16"),
-    "streaming_h10_avg_acco": _dp(ACCO, f"{STREAMING_AVG} --diloco.outer_dtype bf16"),  # ACCO inside each replica
+    "streaming_h10_avg": _dp(DDP, BF16), "streaming_h10_avg_acco": _dp(ACCO, BF16),  # ACCO inside each replica
     "streaming_h50": _dp(DDP, f"{DILOCO} 50 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.outer_dtype bf16"),
     # the same Streaming DiLoCo sending 1% (3%, 10%) of each chunk of its pseudo-gradient in 2 (4) bits, error-fed;
     # with no decay of the residual (β = 1); after a warm start of 100 updates averaged in fp32
@@ -65,27 +66,22 @@ VARIANTS = {
        for k, code in ((0.01, "int2"), (0.03, "int2"), (0.1, "int4"))},
     # the per-token ablation of the bf16 Streaming DiLoCo: after a warm start of 100 updates averaged in fp32
     # (post-local SGD); with Nesterov (0.7, 0.9) whose momentum warms up over a fragment's first 20 outer steps (Pier)
-    "streaming_h10_avg_warm100": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 --diloco.warm_start 100"),
-    "streaming_h10_pier": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 --diloco.outer_lr 0.7 "
-                                   "--diloco.outer_momentum 0.9 --diloco.outer_momentum_warmup 20"),
-    "streaming_h10_pier_warm100": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 --diloco.outer_lr 0.7 "
-                                          "--diloco.outer_momentum 0.9 --diloco.outer_momentum_warmup 20 "
-                                          "--diloco.warm_start 100"),  # both
-    "streaming_h50_avg": _dp(DDP, f"{DILOCO} 50 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true "
-                                  f"{AVG} --diloco.outer_dtype bf16"),  # the recommended Streaming DiLoCo at H 50
+    "streaming_h10_avg_warm100": _dp(DDP, f"{BF16} --diloco.warm_start 100"),
+    "streaming_h10_pier": _dp(DDP, f"{BF16} {PIER}"),
+    "streaming_h10_pier_warm100": _dp(DDP, f"{BF16} {PIER} --diloco.warm_start 100"),  # both
+    "streaming_h50_avg": _dp(DDP, BF16.replace(" 10 ", " 50 ")),  # the recommended Streaming DiLoCo at H 50
     "streaming_h10_avg_topk1_int2_decay1": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.error_decay 1"),
     # outer lr 2: of 2 replicas' top-k, an element only one sent moves θ_global by half its value at outer lr 1
     "streaming_h10_avg_topk1_int2_outer2": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.outer_lr 2"),
     "streaming_h10_avg_topk1_int2_warm100": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.warm_start 100"),
     # QSR: H grows as (peak lr / lr)² up to a cap: from 10 to 40 (107 outer steps in 1,000 updates, H 10's 200), and
     # from 6 to 24 (181: syncing more often early, less late, for about H 10's bytes)
-    "streaming_h10_avg_qsr40": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 --diloco.sync_every_max 40"),
-    "streaming_h6_avg_qsr24": _dp(DDP, f"{STREAMING_AVG.replace(' 10 ', ' 6 ')} --diloco.outer_dtype bf16 "
-                                       "--diloco.sync_every_max 24"),
+    "streaming_h10_avg_qsr40": _dp(DDP, f"{BF16} --diloco.sync_every_max 40"),
+    "streaming_h6_avg_qsr24": _dp(DDP, f"{BF16.replace(' 10 ', ' 6 ')} --diloco.sync_every_max 24"),
     # slow momentum (MT-DAO): a second first moment of β 0.99 (half-life 69 updates) takes half of AdamW's direction;
     # DDP with the same optimizer is the baseline it must beat
     "ddp_slow99": _dp(DDP, SLOW99),
-    "streaming_h10_avg_slow99": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype bf16 {SLOW99}"),
+    "streaming_h10_avg_slow99": _dp(DDP, f"{BF16} {SLOW99}"),
 }  # fmt: skip
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
 
@@ -144,10 +140,6 @@ def tune(variant: str, lr: float, seeds: list[int], args, runs: Path, prefix: st
                        "val_loss": finals})  # fmt: skip
     best = min(scores, key=lambda s: s["mean_val_loss"])
     return {**best, "grid": scores}
-
-
-def gap(a: float, b: float) -> float:
-    return 100.0 * (a / b - 1.0)
 
 
 def updates_to_target(target: float, finals: dict[int, float]) -> tuple[float | None, bool]:
@@ -211,7 +203,7 @@ def summarize(runs: dict[tuple[float, str], list[list[dict]]]) -> dict:
                                                   "val_loss_along_run": along}  # fmt: skip
         if v == DDP:
             continue
-        gaps = [gap(x, y) for x, y in zip(finals, out[f"{lr:g}"][DDP]["val_loss"])]
+        gaps = [100.0 * (x / y - 1.0) for x, y in zip(finals, out[f"{lr:g}"][DDP]["val_loss"])]  # % over DDP's
         row |= {"gap_pct": gaps, "mean_gap_pct": statistics.fmean(gaps), "ci95_gap_pct": mean_ci(gaps)[1],
                 "sd_gap_pct": statistics.stdev(gaps) if len(gaps) > 1 else float("nan")}  # fmt: skip
     return out
@@ -241,13 +233,11 @@ def markdown(summary: dict, meta: dict) -> str:
                   "|---|---|---|---|---|"]  # fmt: skip
         for lr, rows in meta["tuned"].items():
             for v, t in rows.items():
-                if v == ZERO1 and t is rows.get(DDP):
-                    lines.append(
-                        f"| {lr} | {v} | DDP's (the noise floor: the same mathematics at the same settings) | | |"
-                    )
-                    continue
                 grid = "; ".join(f"{g['label']}: {g['mean_val_loss']:.4f}" for g in t["grid"])
-                lines.append(f"| {lr} | {v} | {t['label']} | {t['mean_val_loss']:.4f} | {grid} |")
+                chosen = f"{t['label']} | {t['mean_val_loss']:.4f} | {grid}"
+                if v == ZERO1 and t is rows.get(DDP):
+                    chosen = "DDP's (the noise floor: the same mathematics at the same settings) | |"
+                lines.append(f"| {lr} | {v} | {chosen} |")
     budgeted = [(lr, v, row) for lr, rows in summary.items() for v, row in rows.items() if "budgets" in row]
     if budgeted:
         lines += ["", "## Tokens to DDP's final loss", "",
@@ -332,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     if not all(re.fullmatch(r"[0-9]*\.?[0-9]+(e-?[0-9]+)?", x) for x in numbers):
         parser.error(f"--tune-outer and --tune-clip take non-negative numbers (e.g. 1:0 and 1,2), got {numbers}")
     scaled = lambda text, flag: sorted({round(args.updates * m) for m in budget_multiples(parser, text, flag)}
-                                       | {args.updates})  # noqa: E731  # fmt: skip
+                                       | {args.updates})  # fmt: skip
     budgets, levels = scaled(args.budgets, "--budgets"), scaled(args.levels, "--levels")
     if len(levels) > 1 and len(budgets) == 1:
         parser.error("--levels needs --budgets: a variant's tokens to each level are interpolated between its budgets "
