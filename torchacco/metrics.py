@@ -53,12 +53,8 @@ class MetricsLogger:
             return
         path = folder / "metrics.jsonl"
         # A resumed run continues the file from its checkpoint's step; a new run starts it afresh.
-        kept = (
-            [line for line in path.read_text().splitlines() if _step(line) <= keep_until_step]
-            if path.exists() and keep_until_step
-            else []
-        )
-        path.write_text("".join(line + "\n" for line in kept))
+        kept = path.read_text().splitlines() if path.exists() and keep_until_step else []
+        path.write_text("".join(line + "\n" for line in kept if _step(line) <= keep_until_step))
         self.jsonl = open(path, "a", buffering=1)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -69,10 +65,8 @@ class MetricsLogger:
         if not self.enabled:
             return
         # Strict JSON: a skipped update's NaN loss is written as null.
-        self.jsonl.write(
-            json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()})
-            + "\n"
-        )
+        strict = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+        self.jsonl.write(json.dumps(strict) + "\n")
         if self.writer is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
