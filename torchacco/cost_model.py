@@ -281,10 +281,9 @@ class _Update:
 
 
 def _all_reduce_in_backward(u: _Update) -> tuple[float, float, float, float]:
-    """ddp: k·c + E + P / opt_rate, E the all-reduce's end past the last backward (⅔c): DDP's buckets (torch's
-    default: 1 MiB, then 25 MiB each) fill at an even rate through that backward, each all-reduced once full and
-    once the one before is done: many small buckets give about max(0, V_ar − ⅔c) (each bucket's all-reduce pays
-    its latency too), a model in one bucket E = V_ar."""
+    """ddp: k·c + E + P / opt_rate, E the all-reduce's end past the last backward (⅔c) as DDP's buckets (torch's
+    default: 1 MiB, then 25 MiB each) fill (`bucketed_all_reduce_exposed_s`): many small buckets give about
+    max(0, V_ar − ⅔c) (each bucket's all-reduce pays its latency too), a model in one bucket E = V_ar."""
     comm = bucketed_all_reduce_exposed_s(u.work, u.hw, 2 / 3 * u.c_slow) + u.work.params / u.hw.opt_rate
     return u.period + comm, comm, u.hw.ar_factor * 2 * u.V, u.tokens
 

@@ -83,9 +83,7 @@ class MetricsLogger:
         if "tflops" in r:
             parts.append(f"{r['tflops']:.3g} TFLOP/s" + (f" ({100 * r['mfu']:.1f}% MFU)" if "mfu" in r else ""))
         parts += [f"mem {r['memory_gib']:.2f} GiB", f"gnorm {r['grad_norm']:.3f}"]
-        parts.append(
-            "data/compute/sync {:.0%}/{:.0%}/{:.0%}".format(r["share_data"], r["share_compute"], r["share_sync"])
-        )
+        parts.append(f"data/compute/sync {r['share_data']:.0%}/{r['share_compute']:.0%}/{r['share_sync']:.0%}")
         if "overlap" in r:  # overlapped schedules (acco, dpu, wp)
             mb = r["micro_batches_per_rank"]
             parts.append(
