@@ -34,14 +34,10 @@ updates hide it:
   diloco  t_in + Σ_f max(0, T_f − τ·t_in) / H
 
 Time to a target loss = the tokens a strategy needs for it / its tokens per second. The tokens are DDP's times the
-strategy's measured ratio in `torchacco/token_efficiency.json` (written by `python -m benchmarks efficiency-table`
-from `token-efficiency --budgets` runs, with their date, model and machine): the tokens it needed to reach DDP's final
-validation loss, as a multiple of DDP's. A strategy without an entry of its own takes that of the one whose update it
-computes in another floating-point order (its `update_of`; a balanced mode its plain strategy's); DDP is 1 by
-definition; a DiLoCo row takes an entry only with the same replicas, inner update and outer step. Where no measurement
-covers a strategy its time to loss is not measured (None); an entry can also say that the strategy did not reach DDP's
-loss within a multiple of DDP's tokens (`not_reached_within`), and it is never advised. The ratios were measured on a
-small model over a thousand updates: at another scale they are an extrapolation, which `predict` states.
+strategy's measured ratio in `torchacco/token_efficiency.json` (written by `python -m benchmarks efficiency-table`;
+`token_source` and `diloco_token_source` say which entry covers a row). Where none does, its time to loss is None and
+it is never advised. The ratios were measured on a small model: at another scale they are an extrapolation, which
+`predict` states.
 This is a bandwidth/latency model: it ignores CPU contention between the communication thread and compute, congestion,
 and kernels' own time.
 """
@@ -285,10 +281,9 @@ class _Update:
 
 
 def _all_reduce_in_backward(u: _Update) -> tuple[float, float, float, float]:
-    """ddp: k·c + E + P / opt_rate, E the all-reduce's end past the last backward (⅔c): DDP's buckets (torch's
-    default: 1 MiB, then 25 MiB each) fill at an even rate through that backward, each all-reduced once full and
-    once the one before is done: many small buckets give about max(0, V_ar − ⅔c) (each bucket's all-reduce pays
-    its latency too), a model in one bucket E = V_ar."""
+    """ddp: k·c + E + P / opt_rate, E the all-reduce's end past the last backward (⅔c) as DDP's buckets (torch's
+    default: 1 MiB, then 25 MiB each) fill (`bucketed_all_reduce_exposed_s`): many small buckets give about
+    max(0, V_ar − ⅔c) (each bucket's all-reduce pays its latency too), a model in one bucket E = V_ar."""
     comm = bucketed_all_reduce_exposed_s(u.work, u.hw, 2 / 3 * u.c_slow) + u.work.params / u.hw.opt_rate
     return u.period + comm, comm, u.hw.ar_factor * 2 * u.V, u.tokens
 
@@ -301,22 +296,18 @@ def _per_micro_batch(u: _Update) -> tuple[float, float, float, float]:
     nodes, A = 2·(N−1)/N · 8S/B (a gradient per node): (k−1)·max(c, 2v_ag) + max(c, 2v_ag + v_rs) + max(0, A − ⅔c)
     + P/G / opt_rate (without streams, A added whole)."""
     work, hw, k, c_slow, P = u.work, u.hw, u.work.micro_batches, u.c_slow, u.work.params
+    ag, rs, inter, opt = hw.ag_factor * u.V, hw.rs_factor * u.V, 0.0, u.opt_shard
     if u.traits.shards_within_node:
         node = collective_s(P * work.comm_bytes, dataclasses.replace(hw, nodes=1))  # the node's ring
-        inter = hw.ar_factor * 2 * collective_s(P * work.comm_bytes, dataclasses.replace(hw, ranks_per_node=1))
         ag, rs = hw.ag_factor * node, hw.rs_factor * node
-        if hw.streams:  # the shards' all-reduce across nodes hides under the last backward (as DDP's buckets)
-            step = (k - 1) * max(c_slow, 2 * ag) + max(c_slow, 2 * ag + rs) + max(0.0, inter - 2 / 3 * c_slow)
-        else:
-            step = k * (c_slow + 2 * ag) + rs + inter
-        step += P / hw.ranks_per_node / hw.opt_rate
-        return step, step - k * c_slow, k * 2 * ag + rs + inter, u.tokens
-    V_rs, V_ag = hw.rs_factor * u.V, hw.ag_factor * u.V
-    if hw.streams:
-        step = (k - 1) * max(c_slow, 2 * V_ag) + max(c_slow, 2 * V_ag + V_rs) + u.opt_shard
+        inter = hw.ar_factor * 2 * collective_s(P * work.comm_bytes, dataclasses.replace(hw, ranks_per_node=1))
+        opt = P / hw.ranks_per_node / hw.opt_rate
+    if hw.streams:  # hsdp's all-reduce across nodes hides under the last backward (as DDP's buckets)
+        step = (k - 1) * max(c_slow, 2 * ag) + max(c_slow, 2 * ag + rs) + max(0.0, inter - 2 / 3 * c_slow)
     else:
-        step = k * (c_slow + 2 * V_ag) + V_rs + u.opt_shard
-    return step, step - k * c_slow, k * 2 * V_ag + V_rs, u.tokens
+        step = k * (c_slow + 2 * ag) + rs + inter
+    step += opt
+    return step, step - k * c_slow, k * 2 * ag + rs + inter, u.tokens
 
 
 def _sharded_job(u: _Update) -> tuple[float, float, float, float]:
@@ -477,7 +468,6 @@ TOKEN_EFFICIENCY = Path(__file__).with_name("token_efficiency.json")
 # Cost-model modes that compute the plain strategy's update (a balanced mode splits the same batch by speed);
 # a bf16 estimate or an adaptive batch changes the update itself.
 PLAIN_UPDATE = ("deterministic", "balanced")
-_NOT_MATCHED = ("replicas", "inner", "ranks_per_replica")  # a DiLoCo entry's keys that are not [diloco] settings
 # [diloco] settings that say where the outer state lives or how a failure is survived, not what an outer step computes
 NOT_THE_UPDATE = ("offload", "fault_tolerant", "lighthouse", "min_replicas", "join_timeout_s", "round_timeout_s")
 

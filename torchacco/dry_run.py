@@ -153,14 +153,11 @@ def fake_world(rank: int, world: int, shape: tuple[int, ...]):
 
 def stage_params(cfg: Config, spec, args, cluster: Cluster) -> list[tuple[int, int, int]]:
     """Per pipeline stage, the parameter elements a rank of it stores, those of them in its transformer blocks,
-    and its blocks: read from the model built on the meta device with tensor and pipeline parallelism applied
-    (as the trainer does) for the cluster's world size."""
+    and its blocks: read from the model built on the meta device with tensor and pipeline parallelism (tp·pp > 1)
+    applied (as the trainer does) for the cluster's world size."""
     p = cfg.parallelism
     tp, pp, replicas = p.tensor_parallel_degree, p.pipeline_parallel_degree, p.replicas
     dp = cluster.world // (replicas * tp * pp)
-    if tp * pp == 1:
-        with torch.device("meta"):
-            return [_counts(spec.model_cls(args))]
     counts = []
     for stage in range(pp):
         rank = stage * dp * tp  # replica 0, dp 0, tp 0 of the stage: tensor-parallel ranks hold equal shards
@@ -235,8 +232,9 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
     total = sum(x.numel() for x in whole.parameters())
     largest = max(cm.fragment_sizes(whole, cfg.diloco.fragments)) / total if replicas > 1 else 1.0
     outer = cfg.diloco if replicas > 1 else None
+    stages = stage_params(cfg, spec, args, cluster) if tp * pp > 1 else [_counts(whole)]
     kinds = []
-    for stage, (numel, in_blocks, blocks) in enumerate(stage_params(cfg, spec, args, cluster)):
+    for stage, (numel, in_blocks, blocks) in enumerate(stages):
         memory = cm.layout_memory(cls, numel, group, dtype, DTYPES[p.reduce_dtype], options, outer, largest)
         if cfg.optimizer.slow_beta:  # a third fp32 moment beside AdamW's two
             memory = dataclasses.replace(memory, optimizer=memory.optimizer * 1.5)
@@ -254,11 +252,10 @@ def strategy_label(cfg: Config) -> str:
     plain self."""
     chosen, matched = cfg.parallelism.data_parallel, 0
     for label, (cls, _) in cm.variants().items():
-        extra = cm.VARIANTS[label][0] if label in cm.VARIANTS else ()
-        if cls.name != cfg.parallelism.data_parallel:
-            continue
+        extra = cm.variant_arguments(label)[2:]  # the variant's settings, past --parallelism.data_parallel NAME
         pairs = list(zip(extra[::2], extra[1::2]))
-        if len(pairs) > matched and all(_setting(cfg, name) == value for name, value in pairs):
+        sets_them = all(_setting(cfg, name) == value for name, value in pairs)
+        if cls.name == cfg.parallelism.data_parallel and len(pairs) > matched and sets_them:
             chosen, matched = label, len(pairs)
     return chosen
 
@@ -308,8 +305,7 @@ def _count(n: float) -> str:
 
 
 def report(run: DryRun, gpu_gib: float, prediction: dict, link, config: str) -> str:
-    cfg, t, p = run.cfg, run.cfg.training, run.cfg.parallelism
-    c = run.cluster
+    cfg, t, p, c = run.cfg, run.cfg.training, run.cfg.parallelism, run.cluster
     dtype = "bf16" if run.param_dtype == torch.bfloat16 else "fp32"
     label = strategy_label(cfg)
     strategy = p.data_parallel + (f" (the cost model's {label})" if label != p.data_parallel else "")

@@ -85,8 +85,7 @@ class VirtualLoss:
     """The trainer's loss under virtual compute: the model's output summed (zero) and the batch's token count."""
 
     def of_batch(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        labels = batch["labels"]
-        return model(batch["input_ids"]).sum(), (labels != IGNORE_INDEX).sum()
+        return model(batch["input_ids"]).sum(), (batch["labels"] != IGNORE_INDEX).sum()
 
     def context(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -158,7 +157,7 @@ def calibrate(cfg: Config, threads: int, repeats: int = 8) -> dict:
         optimizer.step()
     n = sum(p.numel() for p in model.parameters())
     per_param = (time.perf_counter() - t0) / repeats / n
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    median = lambda xs: sorted(xs)[len(xs) // 2]
     return {"forward_s": median(forward), "backward_s": median(backward), "block_share": median(share),
             "optimizer_s_per_param": per_param, "threads": threads}  # fmt: skip
 
@@ -166,11 +165,8 @@ def calibrate(cfg: Config, threads: int, repeats: int = 8) -> dict:
 def overrides(calibration: dict) -> list[str]:
     """Trainer arguments that run with `calibration`'s virtual compute."""
     keys = ("forward_s", "backward_s", "block_share", "optimizer_s_per_param")
-    return [
-        "--emulation.virtual_compute",
-        "true",
-        *(a for k in keys for a in (f"--emulation.{k}", repr(calibration[k]))),
-    ]
+    settings = (a for k in keys for a in (f"--emulation.{k}", repr(calibration[k])))
+    return ["--emulation.virtual_compute", "true", *settings]
 
 
 def main(argv: list[str] | None = None) -> int:

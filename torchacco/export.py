@@ -25,7 +25,6 @@ from torchacco.errors import UserError, run_cli
 def export_hf(model_name: str, kind, strategy, dims, folder: Path, dtype: str, tokenizer) -> Path | None:
     """θ (fp32 from the strategy's committed state) as a Hugging Face folder; rank 0 writes.
     A collective: every rank takes part. `kind`: the run's build.ModelKind."""
-
     from torchacco import hf_io, user_model
     from torchacco.blocks import unwrap
     from torchacco.device import DTYPES
@@ -38,14 +37,10 @@ def export_hf(model_name: str, kind, strategy, dims, folder: Path, dtype: str, t
     unwrapped = unwrap(strategy.model)
     if kind.foreign:  # a Hugging Face model passed to train(): its own save_pretrained
         return user_model.export(unwrapped, weights, folder, torch_dtype, tokenizer)
+    path = str(tokenizer.path) if tokenizer and tokenizer.path else None  # none when the tokenizer is held in memory
+    eos = tokenizer.eos_id if tokenizer else None
     return hf_io.save_hf(
-        folder,
-        model_name,
-        unwrapped.args,
-        weights,
-        dtype=torch_dtype,
-        tokenizer_path=str(tokenizer.path) if tokenizer and tokenizer.path else None,  # none when held in memory
-        eos_id=tokenizer.eos_id if tokenizer else None,
+        folder, model_name, unwrapped.args, weights, dtype=torch_dtype, tokenizer_path=path, eos_id=eos
     )
 
 

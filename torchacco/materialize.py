@@ -100,9 +100,7 @@ class ShardedInit(TorchFunctionMode):
 
 
 def _is_fresh(func, name: str) -> bool:
-    if getattr(func, "__module__", None) == "torch.nn.init":
-        return name in _FRESH_INIT
-    return name in _FRESH_METHODS
+    return name in (_FRESH_INIT if getattr(func, "__module__", None) == "torch.nn.init" else _FRESH_METHODS)
 
 
 def copy_shard(target: DTensor, whole: torch.Tensor) -> None:

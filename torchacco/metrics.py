@@ -53,12 +53,8 @@ class MetricsLogger:
             return
         path = folder / "metrics.jsonl"
         # A resumed run continues the file from its checkpoint's step; a new run starts it afresh.
-        kept = (
-            [line for line in path.read_text().splitlines() if _step(line) <= keep_until_step]
-            if path.exists() and keep_until_step
-            else []
-        )
-        path.write_text("".join(line + "\n" for line in kept))
+        kept = path.read_text().splitlines() if path.exists() and keep_until_step else []
+        path.write_text("".join(line + "\n" for line in kept if _step(line) <= keep_until_step))
         self.jsonl = open(path, "a", buffering=1)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -69,10 +65,8 @@ class MetricsLogger:
         if not self.enabled:
             return
         # Strict JSON: a skipped update's NaN loss is written as null.
-        self.jsonl.write(
-            json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()})
-            + "\n"
-        )
+        strict = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+        self.jsonl.write(json.dumps(strict) + "\n")
         if self.writer is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
@@ -89,9 +83,7 @@ class MetricsLogger:
         if "tflops" in r:
             parts.append(f"{r['tflops']:.3g} TFLOP/s" + (f" ({100 * r['mfu']:.1f}% MFU)" if "mfu" in r else ""))
         parts += [f"mem {r['memory_gib']:.2f} GiB", f"gnorm {r['grad_norm']:.3f}"]
-        parts.append(
-            "data/compute/sync {:.0%}/{:.0%}/{:.0%}".format(r["share_data"], r["share_compute"], r["share_sync"])
-        )
+        parts.append(f"data/compute/sync {r['share_data']:.0%}/{r['share_compute']:.0%}/{r['share_sync']:.0%}")
         if "overlap" in r:  # overlapped schedules (acco, dpu, wp)
             mb = r["micro_batches_per_rank"]
             parts.append(

@@ -193,8 +193,7 @@ def predict(args) -> dict:
         f"{verdict(preds, ttl, fits)}. ACCO costs {(mem[ACCO.name] - mem[ZeRO1.name]) / 2**30:.1f} GiB more per GPU "
         "than ZeRO-1 (its job's buffer: one fp32 parameter copy, as it sums bf16 gradients in fp32)."
     )
-    unmeasured = left_out(preds, ttl, fits, notes)
-    if unmeasured:
+    if unmeasured := left_out(preds, ttl, fits, notes):
         print(unmeasured)
     print(assumptions(args, recipe, sources))
     return {"workload": work.__dict__, "hardware": hw.__dict__, "predictions": preds}
@@ -211,9 +210,7 @@ def verdict(preds: dict, ttl: dict, fits: dict) -> str:
     if not advisable:
         return "none"
     soonest = min(advisable, key=ttl.get)
-    synchronous = [
-        label for label, (cls, mode) in cm.variants().items() if label == cls.name and not cls.traits.overlapped
-    ]
+    synchronous = [name for name, (cls, _) in cm.variants().items() if name == cls.name and not cls.traits.overlapped]
     baseline = min((s for s in synchronous if s in advisable), key=ttl.get, default=None)
     if baseline is None:
         return f"{soonest} (no synchronous baseline fits)"
@@ -222,13 +219,13 @@ def verdict(preds: dict, ttl: dict, fits: dict) -> str:
     return f"{soonest}, {ttl[baseline] / ttl[soonest]:.2f}× sooner than the best synchronous baseline, {baseline}"
 
 
-def left_out(preds: dict, ttl: dict, fits: dict, notes: dict | None = None) -> str:
+def left_out(preds: dict, ttl: dict, fits: dict, notes: dict) -> str:
     """One line naming the rows that fit and process tokens faster than the verdict's but have no time to loss:
     their loss per token is not measured, or was measured not to reach DDP's ('' when there are none)."""
     advisable = _advisable(ttl, fits)
     pace = preds[min(advisable, key=ttl.get)]["tokens_per_s"] if advisable else 0.0
     faster = [s for s in preds if fits[s] and ttl[s] is None and preds[s]["tokens_per_s"] > pace]
-    unreached = [s for s in faster if (notes or {}).get(s)]
+    unreached = [s for s in faster if notes.get(s)]
     unmeasured = [s for s in faster if s not in unreached]
     parts = [f"with no measured loss per token: {', '.join(unmeasured)}"] if unmeasured else []
     parts += [f"{s}, measured: {notes[s]} DDP needs" for s in unreached]

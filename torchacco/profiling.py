@@ -37,23 +37,14 @@ class Profiler:
         self.folder.mkdir(parents=True, exist_ok=True)
         warmup = 1 if cfg.start_step - first_step > 1 else 0
         wait = max(0, cfg.every - cfg.active_steps - warmup) if cfg.every else 0
-        when = schedule(
-            # the profiler's step k covers update first_step + k + 1
-            skip_first=max(0, cfg.start_step - 1 - first_step - warmup - wait),
-            wait=wait,
-            warmup=warmup,
-            active=cfg.active_steps,
-            repeat=0 if cfg.every else 1,
-        )
+        skip = max(0, cfg.start_step - 1 - first_step - warmup - wait)  # profiler step k: update first_step + k + 1
+        repeat = 0 if cfg.every else 1
+        when = schedule(skip_first=skip, wait=wait, warmup=warmup, active=cfg.active_steps, repeat=repeat)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        # every thread: the overlapped schedules' job runs on a thread of its own
+        all_threads = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
         self._prof = profile(
-            activities=activities,
-            schedule=when,
-            on_trace_ready=self._save,
-            record_shapes=False,
-            with_stack=False,
-            # The overlapped schedules' job runs on a thread of its own.
-            experimental_config=torch._C._profiler._ExperimentalConfig(profile_all_threads=True),
+            activities=activities, schedule=when, on_trace_ready=self._save, experimental_config=all_threads
         )
         self._prof.start()
 
