@@ -135,8 +135,8 @@ class DiLoCo(Strategy):
         self.in_flight: int | None = None  # the fragment whose Δ is being all-reduced
         self.arrived: torch.Tensor | None = None  # its mean, once waited for (by a checkpoint)
         # eager: θ̂ of the fragment in flight (the largest fragment's size, on the device)
-        size = max(b.numel() for b in self.backup)
-        self.eager = torch.zeros(size, dtype=torch.float32, device=device.torch) if options.eager else None
+        self._largest = max(b.numel() for b in self.backup)
+        self.eager = torch.zeros(self._largest, dtype=torch.float32, device=device.torch) if options.eager else None
         # Mixed replicas: each replica's inner updates this period (K_r), the period's slot, and timing
         self.active = [self.interval] * dims.replicas
         self.slot = 0
@@ -278,12 +278,14 @@ class DiLoCo(Strategy):
     def _mean(self, f: int, delta: torch.Tensor, tokens: float, group=None) -> torch.Tensor:
         """The replicas' token-weighted mean of Δ (of what top-k sends of it, error-fed), over `group` (a fault-tolerant
         round's) or the mesh's replica group."""
-        group = group or self.dims.replica_group
         if self.keep:
             return self._sparse_mean(f, delta, tokens)
+        return self._dense_mean(delta, tokens, group or self.dims.replica_group, self.wire)
+
+    def _dense_mean(self, delta: torch.Tensor, tokens: float, group, wire: str) -> torch.Tensor:
         if self.split_group is None:
-            return token_weighted_mean(delta, tokens, group, self.wire)
-        return split_token_weighted_mean(delta, tokens, group, self.wire, self.split_group)
+            return token_weighted_mean(delta, tokens, group, wire)
+        return split_token_weighted_mean(delta, tokens, group, wire, self.split_group)
 
     # Fault-tolerant replicas ----------------------------------------------------------------------
 
@@ -350,10 +352,7 @@ class DiLoCo(Strategy):
         sent = 0
         for f in range(self.options.fragments):
             delta, tokens = self._delta(f)
-            if self.split_group is None:
-                mean = token_weighted_mean(delta, tokens, self.dims.replica_group)
-            else:
-                mean = split_token_weighted_mean(delta, tokens, self.dims.replica_group, "fp32", self.split_group)
+            mean = self._dense_mean(delta, tokens, self.dims.replica_group, "fp32")
             self.backup[f].sub_(mean.to(self.backup[f].device))
             self._scatter(f, self.backup[f].to(self.device.torch))
             sent += delta.numel() if self.split_group is None else -(-delta.numel() // self.dims.dp_size)
@@ -445,8 +444,7 @@ class DiLoCo(Strategy):
     def state_dict(self) -> dict:
         if self.in_flight is not None and self.arrived is None:  # the transfer's result is part of the state
             self.arrived = self.runner.wait(self.stall_s)
-        size = max(b.numel() for b in self.backup)
-        self._arrived_buffer = torch.zeros(size, dtype=torch.float32, device=self.device.torch)
+        self._arrived_buffer = torch.zeros(self._largest, dtype=torch.float32, device=self.device.torch)
         if self.arrived is not None:
             self._arrived_buffer[: self.arrived.numel()] = self.arrived
         outer = {
