@@ -27,12 +27,8 @@ def launch_env() -> tuple[int, int, int, int]:
     env = os.environ
     if "RANK" not in env:
         return 0, 1, 0, 1
-    return (
-        int(env["RANK"]),
-        int(env["WORLD_SIZE"]),
-        int(env.get("LOCAL_RANK", 0)),
-        int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
-    )
+    world = int(env["WORLD_SIZE"])
+    return int(env["RANK"]), world, int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", world))
 
 
 FLIGHT_RECORDER = "flight_recorder"  # in the dump folder: each rank's last collectives, written on a hang

@@ -79,14 +79,10 @@ def check_tensor_parallel(
         )
     for name, size in plan.split_sizes(args):
         if size % tp:
-            hint = (
-                (
-                    f"; set [model] vocab_size to a multiple of {tp} (e.g. {-(-size // tp) * tp}: the extra rows are "
-                    "never predicted)"
-                )
-                if name == "vocab_size"
-                else ""
-            )
+            hint = ""
+            if name == "vocab_size":
+                hint = f"; set [model] vocab_size to a multiple of {tp} (e.g. {-(-size // tp) * tp}: the extra rows "
+                hint += "are never predicted)"
             raise UserError(
                 f"{where}: {name} = {size} is not divisible by [parallelism] tensor_parallel_degree = {tp}{hint}"
             )
