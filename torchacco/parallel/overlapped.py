@@ -192,7 +192,8 @@ class Overlapped(Strategy):
         return None
 
     def micro_batches(self):
-        target = self._period_micro_batches()
+        target = self.planner.period(self)  # this period's micro-batches, decided before its job is launched
+        target = self.balance.count() if target is None else target
         if self.planned is not None:
             self._launch(*self.planned)
             self.planned = None
@@ -206,11 +207,6 @@ class Overlapped(Strategy):
                 marks.append(self.device.mark())
                 if len(marks) > 1:
                     marks.popleft().synchronize()
-
-    def _period_micro_batches(self) -> int:
-        """This rank's micro-batches in the period about to start (before its job is launched)."""
-        n = self.planner.period(self)
-        return self.balance.count() if n is None else n
 
     def _job_running(self) -> bool:
         return self.runner.in_flight() and not self.runner.done()

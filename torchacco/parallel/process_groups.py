@@ -231,17 +231,15 @@ def on_one_rank(dims: ParallelDims, fn, main_only: bool = False, what: str = "pr
             raise
         store.set(f"{key}{dims.rank}", "ok")
     start = last_log = time.monotonic()
-    health.current().enter(f"waiting for rank(s) {', '.join(map(str, runners))} to {what}")
+    who = ", ".join(map(str, runners))
+    health.current().enter(f"waiting for rank(s) {who} to {what}")
     pending = [f"{key}{r}" for r in runners]
     while not store.check(pending):
         time.sleep(0.5 if time.monotonic() - start < 60 else 5.0)  # a long wait asks the store less often
         if time.monotonic() - last_log >= WAIT_LOG_S:
             last_log = time.monotonic()
-            print(
-                f"torchacco: rank {dims.rank}: waiting for rank(s) {', '.join(map(str, runners))} to {what} "
-                f"({last_log - start:.0f} s so far; no timeout applies)",
-                flush=True,
-            )
+            waited = f"{last_log - start:.0f} s so far; no timeout applies"
+            print(f"torchacco: rank {dims.rank}: waiting for rank(s) {who} to {what} ({waited})", flush=True)
     message = next((v[6:] for v in (store.get(k).decode() for k in pending) if v.startswith("error:")), None)
     if message:
         raise UserError(message)
