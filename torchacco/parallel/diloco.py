@@ -111,9 +111,8 @@ class DiLoCo(Strategy):
         # A replicated inner strategy over several ranks (ddp in a node): each rank sends its 1/dp of Δ to the
         # other replicas and the replica's ranks all-gather the rest, on a dp group of its own (the transfer
         # may run on a thread beside compute, whose gradient all-reduces use dims.dp_group).
-        self.split_group = None
-        if not inner.traits.shards_theta and dims.dp_size > 1:
-            self.split_group = group_per_row(dims.mesh, "dp", dims.timeout)
+        split = not inner.traits.shards_theta and dims.dp_size > 1
+        self.split_group = group_per_row(dims.mesh, "dp", dims.timeout) if split else None
         named = inner.theta.pieces()
         which = fragment_of(unwrap(inner.model), [n for n, _ in named], options.fragments)
         self.pieces = [[p for (_, p), f in zip(named, which) if f == frag] for frag in range(options.fragments)]
@@ -191,8 +190,8 @@ class DiLoCo(Strategy):
 
     def step(self, counts: Counts) -> UpdateResult | None:
         idle = self._idle()
-        if idle:
-            result = self._idle_step()
+        if idle:  # a slot this replica sits out
+            result = self._sat_out(self.clock(self.clock.tokens, self.nominal), self.nominal)
         else:
             result = self.inner.step(counts)
             if result is None or not result.committed:
@@ -223,11 +222,11 @@ class DiLoCo(Strategy):
         # Every replica consumes the same input tokens per inner update: the run's clock counts those that ran.
         return dataclasses.replace(result, consumed=self.nominal * computing, outer=outer)
 
-    def _idle_step(self) -> UpdateResult:
-        """A slot this replica sits out: θ and the optimizer state stay as they are."""
+    def _sat_out(self, lr: float, consumed: float, outer: dict | None = None) -> UpdateResult:
+        """An update this replica computed nothing for: θ and the optimizer state stay as they are, and it reports
+        its last update's loss and gradient norm."""
         loss, norm = self.last_seen
-        lr = self.clock(self.clock.tokens, self.nominal)
-        return UpdateResult(tokens=0.0, loss=loss, grad_norm=norm, lr=lr, committed=True, consumed=self.nominal)
+        return UpdateResult(0.0, loss, norm, lr, committed=True, consumed=consumed, outer=outer or {})
 
     def _fixed_periods(self) -> None:
         """`period`: the periods begun (each ends in one fragment's outer step, in turn); `next_outer`: the update
@@ -319,10 +318,7 @@ class DiLoCo(Strategy):
         if not self.link.join(lambda: self.updates > 0, self.options.join_timeout_s):
             return None
         outer = self._outer_step(self._due(), opened=True)
-        loss, norm = self.last_seen  # (the donor's: this replica computed nothing)
-        consumed = self.nominal * self.dims.replicas
-        return UpdateResult(tokens=0.0, loss=loss, grad_norm=norm, lr=float("nan"), committed=True,
-                            consumed=consumed, outer=outer)  # fmt: skip
+        return self._sat_out(float("nan"), self.nominal * self.dims.replicas, outer)  # (the donor's loss and norm)
 
     def _sparse_mean(self, f: int, delta: torch.Tensor, tokens: float) -> torch.Tensor:
         """e ← β·e + Δ; the replicas' token-weighted mean of their top-k of e; e ← e − what was sent.

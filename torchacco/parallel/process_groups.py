@@ -58,11 +58,10 @@ def dump_flight_recorder(dump_folder: Path, rank: int, dump=None, timeout_s: flo
     the dump failed or took over `timeout_s`."""
     if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or 0) <= 0:
         return None
+    c10d = torch._C._distributed_c10d
+    dump = dump or getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
     if dump is None:
-        c10d = torch._C._distributed_c10d
-        dump = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
-        if dump is None:
-            return None
+        return None
     env = os.environ
     prefix = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     path = Path(f"{prefix or dump_folder / FLIGHT_RECORDER / 'rank_'}{rank}")

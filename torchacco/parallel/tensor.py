@@ -60,11 +60,9 @@ def sequence_parallel_block(
     plan = {norm: SequenceParallel() for norm in norms}
     plan[attention] = PrepareModuleInput(input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest))
     plan[mlp] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    for name in first:
-        plan[f"{attention}.{name}"] = ColwiseParallel()
+    plan.update({f"{attention}.{name}": ColwiseParallel() for name in first})
     plan[f"{attention}.{last}"] = RowwiseParallel(output_layouts=Shard(1))
-    for name in mlp_first:
-        plan[f"{mlp}.{name}"] = ColwiseParallel()
+    plan.update({f"{mlp}.{name}": ColwiseParallel() for name in mlp_first})
     plan[f"{mlp}.{mlp_last}"] = RowwiseParallel(output_layouts=Shard(1))
     return plan
 
