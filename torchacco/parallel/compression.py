@@ -26,6 +26,7 @@ CHUNK = 4096  # elements per top-k chunk (offsets in 12 bits) and per scale of t
 SORT_CHUNKS = 1 << 14  # chunks sorted at once (64M elements: about 1 GiB of the sort's temporaries)
 CODE_BITS = {"int8": 8, "int4": 4, "int2": 2}
 VALUE_BITS = {"fp32": 32, "bf16": 16, **CODE_BITS}
+FLOATS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def keep_per_chunk(topk: float) -> int:
@@ -131,8 +132,7 @@ def compress(e: torch.Tensor, keep: int, wire: str) -> tuple[torch.Tensor, torch
         sent = dequantize_kept(codes, scales, bits)
         payload = [pack(codes, bits) if bits < 8 else codes.reshape(-1), as_bytes(scales)]
     else:
-        dtype = torch.float32 if wire == "fp32" else torch.bfloat16
-        sent = values.to(dtype)
+        sent = values.to(FLOATS[wire])
         payload = [as_bytes(sent)]
         sent = sent.float()
     dense = torch.zeros_like(chunks).scatter_(1, offsets, sent).view(-1)[: e.numel()]
@@ -152,8 +152,7 @@ def decompress(message: torch.Tensor, numel: int, keep: int, wire: str) -> torch
         scales = from_bytes(rest[code_bytes : code_bytes + 4 * chunks], torch.float32)
         values = dequantize_kept(codes.view(chunks, keep), scales, bits)
     else:
-        dtype = torch.float32 if wire == "fp32" else torch.bfloat16
-        values = from_bytes(rest, dtype).float().view(chunks, keep)
+        values = from_bytes(rest, FLOATS[wire]).float().view(chunks, keep)
     dense = torch.zeros(chunks, CHUNK, dtype=torch.float32, device=message.device)
     return dense.scatter_(1, offsets, values).view(-1)[:numel]
 

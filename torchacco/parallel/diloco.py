@@ -111,9 +111,8 @@ class DiLoCo(Strategy):
         # A replicated inner strategy over several ranks (ddp in a node): each rank sends its 1/dp of Δ to the
         # other replicas and the replica's ranks all-gather the rest, on a dp group of its own (the transfer
         # may run on a thread beside compute, whose gradient all-reduces use dims.dp_group).
-        self.split_group = None
-        if not inner.traits.shards_theta and dims.dp_size > 1:
-            self.split_group = group_per_row(dims.mesh, "dp", dims.timeout)
+        split = not inner.traits.shards_theta and dims.dp_size > 1
+        self.split_group = group_per_row(dims.mesh, "dp", dims.timeout) if split else None
         named = inner.theta.pieces()
         which = fragment_of(unwrap(inner.model), [n for n, _ in named], options.fragments)
         self.pieces = [[p for (_, p), f in zip(named, which) if f == frag] for frag in range(options.fragments)]
@@ -135,8 +134,8 @@ class DiLoCo(Strategy):
         self.in_flight: int | None = None  # the fragment whose Δ is being all-reduced
         self.arrived: torch.Tensor | None = None  # its mean, once waited for (by a checkpoint)
         # eager: θ̂ of the fragment in flight (the largest fragment's size, on the device)
-        size = max(b.numel() for b in self.backup)
-        self.eager = torch.zeros(size, dtype=torch.float32, device=device.torch) if options.eager else None
+        self._largest = max(b.numel() for b in self.backup)
+        self.eager = torch.zeros(self._largest, dtype=torch.float32, device=device.torch) if options.eager else None
         # Mixed replicas: each replica's inner updates this period (K_r), the period's slot, and timing
         self.active = [self.interval] * dims.replicas
         self.slot = 0
@@ -191,8 +190,8 @@ class DiLoCo(Strategy):
 
     def step(self, counts: Counts) -> UpdateResult | None:
         idle = self._idle()
-        if idle:
-            result = self._idle_step()
+        if idle:  # a slot this replica sits out
+            result = self._sat_out(self.clock(self.clock.tokens, self.nominal), self.nominal)
         else:
             result = self.inner.step(counts)
             if result is None or not result.committed:
@@ -223,11 +222,11 @@ class DiLoCo(Strategy):
         # Every replica consumes the same input tokens per inner update: the run's clock counts those that ran.
         return dataclasses.replace(result, consumed=self.nominal * computing, outer=outer)
 
-    def _idle_step(self) -> UpdateResult:
-        """A slot this replica sits out: θ and the optimizer state stay as they are."""
+    def _sat_out(self, lr: float, consumed: float, outer: dict | None = None) -> UpdateResult:
+        """An update this replica computed nothing for: θ and the optimizer state stay as they are, and it reports
+        its last update's loss and gradient norm."""
         loss, norm = self.last_seen
-        lr = self.clock(self.clock.tokens, self.nominal)
-        return UpdateResult(tokens=0.0, loss=loss, grad_norm=norm, lr=lr, committed=True, consumed=self.nominal)
+        return UpdateResult(0.0, loss, norm, lr, committed=True, consumed=consumed, outer=outer or {})
 
     def _fixed_periods(self) -> None:
         """`period`: the periods begun (each ends in one fragment's outer step, in turn); `next_outer`: the update
@@ -278,12 +277,14 @@ class DiLoCo(Strategy):
     def _mean(self, f: int, delta: torch.Tensor, tokens: float, group=None) -> torch.Tensor:
         """The replicas' token-weighted mean of Δ (of what top-k sends of it, error-fed), over `group` (a fault-tolerant
         round's) or the mesh's replica group."""
-        group = group or self.dims.replica_group
         if self.keep:
             return self._sparse_mean(f, delta, tokens)
+        return self._dense_mean(delta, tokens, group or self.dims.replica_group, self.wire)
+
+    def _dense_mean(self, delta: torch.Tensor, tokens: float, group, wire: str) -> torch.Tensor:
         if self.split_group is None:
-            return token_weighted_mean(delta, tokens, group, self.wire)
-        return split_token_weighted_mean(delta, tokens, group, self.wire, self.split_group)
+            return token_weighted_mean(delta, tokens, group, wire)
+        return split_token_weighted_mean(delta, tokens, group, wire, self.split_group)
 
     # Fault-tolerant replicas ----------------------------------------------------------------------
 
@@ -317,10 +318,7 @@ class DiLoCo(Strategy):
         if not self.link.join(lambda: self.updates > 0, self.options.join_timeout_s):
             return None
         outer = self._outer_step(self._due(), opened=True)
-        loss, norm = self.last_seen  # (the donor's: this replica computed nothing)
-        consumed = self.nominal * self.dims.replicas
-        return UpdateResult(tokens=0.0, loss=loss, grad_norm=norm, lr=float("nan"), committed=True,
-                            consumed=consumed, outer=outer)  # fmt: skip
+        return self._sat_out(float("nan"), self.nominal * self.dims.replicas, outer)  # (the donor's loss and norm)
 
     def _sparse_mean(self, f: int, delta: torch.Tensor, tokens: float) -> torch.Tensor:
         """e ← β·e + Δ; the replicas' token-weighted mean of their top-k of e; e ← e − what was sent.
@@ -350,10 +348,7 @@ class DiLoCo(Strategy):
         sent = 0
         for f in range(self.options.fragments):
             delta, tokens = self._delta(f)
-            if self.split_group is None:
-                mean = token_weighted_mean(delta, tokens, self.dims.replica_group)
-            else:
-                mean = split_token_weighted_mean(delta, tokens, self.dims.replica_group, "fp32", self.split_group)
+            mean = self._dense_mean(delta, tokens, self.dims.replica_group, "fp32")
             self.backup[f].sub_(mean.to(self.backup[f].device))
             self._scatter(f, self.backup[f].to(self.device.torch))
             sent += delta.numel() if self.split_group is None else -(-delta.numel() // self.dims.dp_size)
@@ -445,8 +440,7 @@ class DiLoCo(Strategy):
     def state_dict(self) -> dict:
         if self.in_flight is not None and self.arrived is None:  # the transfer's result is part of the state
             self.arrived = self.runner.wait(self.stall_s)
-        size = max(b.numel() for b in self.backup)
-        self._arrived_buffer = torch.zeros(size, dtype=torch.float32, device=self.device.torch)
+        self._arrived_buffer = torch.zeros(self._largest, dtype=torch.float32, device=self.device.torch)
         if self.arrived is not None:
             self._arrived_buffer[: self.arrived.numel()] = self.arrived
         outer = {

@@ -69,24 +69,29 @@ class FlatParams:
             else:
                 p.grad = view  # autograd adds into an existing .grad in place: no copy, no hook
 
+    def _in_shard(self):
+        """(index, first element in the slice, range in the slice) of each parameter in this rank's slice."""
+        start = self.rank * self.shard_numel
+        for i, (p, offset) in enumerate(zip(self.params, self.offsets)):
+            lo, hi = max(offset, start), min(offset + _local(p).numel(), start + self.shard_numel)
+            if lo < hi:
+                yield i, lo - offset, (lo - start, hi - start)
+
     def _shard_ranges(self, model: nn.Module, local: list[torch.Tensor]) -> torch.Tensor:
         """This rank's fp32 master slice, from the model's own (fp32) initial values so ZeRO-1
         starts exactly where a replicated optimizer would; and the slice's ranges that get weight
         decay and that tensor parallelism replicates."""
         skip = no_weight_decay_ids(model)
-        shard_start = self.rank * self.shard_numel
-        shard_end = shard_start + self.shard_numel
         master = torch.zeros(self.shard_numel, dtype=torch.float32, device=local[0].device)
         self.decay_ranges: list[tuple[int, int]] = []
         self.replicated_ranges: list[tuple[int, int]] = []  # in the shard: tp-replicated parameters
-        for p, t, start in zip(self.params, local, self.offsets):
-            lo, hi = max(start, shard_start), min(start + t.numel(), shard_end)
-            if lo < hi:
-                master[lo - shard_start : hi - shard_start].copy_(t.detach().reshape(-1)[lo - start : hi - start])
-                if id(p) not in skip:
-                    self.decay_ranges.append((lo - shard_start, hi - shard_start))
-                if self.tp > 1 and not _tp_sharded(p):
-                    self.replicated_ranges.append((lo - shard_start, hi - shard_start))
+        for i, first, (lo, hi) in self._in_shard():
+            p = self.params[i]
+            master[lo:hi].copy_(local[i].detach().reshape(-1)[first : first + hi - lo])
+            if id(p) not in skip:
+                self.decay_ranges.append((lo, hi))
+            if self.tp > 1 and not _tp_sharded(p):
+                self.replicated_ranges.append((lo, hi))
         return master
 
     def _place_parameters(self, model: nn.Module, local: list[torch.Tensor]) -> None:
@@ -169,13 +174,7 @@ class FlatParams:
 
     def shard_pieces(self, shard: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
         """(name, view of `shard`) for each parameter's elements in this rank's slice, in order."""
-        start, end = self.rank * self.shard_numel, (self.rank + 1) * self.shard_numel
-        pieces = []
-        for name, p, offset in zip(self.names, self.params, self.offsets):
-            lo, hi = max(offset, start), min(offset + _local(p).numel(), end)
-            if lo < hi:
-                pieces.append((name, shard[lo - start : hi - start]))
-        return pieces
+        return [(self.names[i], shard[lo:hi]) for i, _, (lo, hi) in self._in_shard()]
 
     def real_shard_numel(self) -> int:
         """Elements of this rank's slice that are parameters, not padding (possibly 0)."""

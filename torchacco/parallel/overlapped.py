@@ -192,7 +192,8 @@ class Overlapped(Strategy):
         return None
 
     def micro_batches(self):
-        target = self._period_micro_batches()
+        target = self.planner.period(self)  # this period's micro-batches, decided before its job is launched
+        target = self.balance.count() if target is None else target
         if self.planned is not None:
             self._launch(*self.planned)
             self.planned = None
@@ -206,11 +207,6 @@ class Overlapped(Strategy):
                 marks.append(self.device.mark())
                 if len(marks) > 1:
                     marks.popleft().synchronize()
-
-    def _period_micro_batches(self) -> int:
-        """This rank's micro-batches in the period about to start (before its job is launched)."""
-        n = self.planner.period(self)
-        return self.balance.count() if n is None else n
 
     def _job_running(self) -> bool:
         return self.runner.in_flight() and not self.runner.done()
@@ -311,8 +307,7 @@ class Overlapped(Strategy):
         if sys.exc_info()[0] is not None:
             self.runner.abandon()
             return
-        if self.runner.in_flight():
-            self.runner.wait(self.stall_s)  # the last job's all-gather can hang too
+        self.runner.wait(self.stall_s)  # the last job's all-gather, if any, can hang too
         self.runner.close()
 
     def state_dict(self) -> dict:
@@ -321,7 +316,13 @@ class Overlapped(Strategy):
         the planned job (ACCO's round parity)."""
         assert not self.runner.in_flight()
         world = self.flat.world
-        per_rank = dict(device_mesh=self.dims.dp_mesh, placements=[Shard(0)], run_check=False)
+
+        def per_rank(row: torch.Tensor) -> DTensor:  # this rank's row of a (world, n) tensor
+            n = row.shape[1]
+            return DTensor.from_local(
+                row, self.dims.dp_mesh, [Shard(0)], run_check=False, shape=(world, n), stride=(n, 1)
+            )
+
         # The counts behind A, without their compute time: a wall-clock reading is no state to resume.
         pending = self.pending.as_tensor(self.comm.device)[: Counts.FIELDS - 1].unsqueeze(0).contiguous()
         self._pending_buffer = pending  # DCP loads into it
@@ -336,15 +337,8 @@ class Overlapped(Strategy):
                 **self.balance.state_dict(),  # balanced mode's plan and measurements (the same on every rank)
                 "planned": "" if self.planned is None else f"{self.planned[0]}:{int(self.planned[1])}",
                 "params": self.flat.params_buffer,
-                "accumulator": DTensor.from_local(
-                    self.flat.grads.unsqueeze(0),
-                    **per_rank,
-                    shape=(world, self.flat.padded_numel),
-                    stride=(self.flat.padded_numel, 1),
-                ),
-                "pending": DTensor.from_local(
-                    pending, **per_rank, shape=(world, Counts.FIELDS - 1), stride=(Counts.FIELDS - 1, 1)
-                ),
+                "accumulator": per_rank(self.flat.grads.unsqueeze(0)),
+                "pending": per_rank(pending),
             },
         }
 

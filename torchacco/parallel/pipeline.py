@@ -65,12 +65,7 @@ def check_pipeline(plan: PipelinePlan | None, cfg, args, where: str) -> None:
 def layer_split(n_layers: int, stages: int) -> list[range]:
     """Contiguous layer ranges, the first stages one layer longer when it does not divide."""
     base, extra = divmod(n_layers, stages)
-    out, start = [], 0
-    for s in range(stages):
-        end = start + base + (s < extra)
-        out.append(range(start, end))
-        start = end
-    return out
+    return [range(s * base + min(s, extra), (s + 1) * base + min(s + 1, extra)) for s in range(stages)]
 
 
 class Layers(nn.ModuleDict):

@@ -27,12 +27,8 @@ def launch_env() -> tuple[int, int, int, int]:
     env = os.environ
     if "RANK" not in env:
         return 0, 1, 0, 1
-    return (
-        int(env["RANK"]),
-        int(env["WORLD_SIZE"]),
-        int(env.get("LOCAL_RANK", 0)),
-        int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
-    )
+    world = int(env["WORLD_SIZE"])
+    return int(env["RANK"]), world, int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", world))
 
 
 FLIGHT_RECORDER = "flight_recorder"  # in the dump folder: each rank's last collectives, written on a hang
@@ -62,11 +58,10 @@ def dump_flight_recorder(dump_folder: Path, rank: int, dump=None, timeout_s: flo
     the dump failed or took over `timeout_s`."""
     if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or 0) <= 0:
         return None
+    c10d = torch._C._distributed_c10d
+    dump = dump or getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
     if dump is None:
-        c10d = torch._C._distributed_c10d
-        dump = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
-        if dump is None:
-            return None
+        return None
     env = os.environ
     prefix = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     path = Path(f"{prefix or dump_folder / FLIGHT_RECORDER / 'rank_'}{rank}")
@@ -235,17 +230,15 @@ def on_one_rank(dims: ParallelDims, fn, main_only: bool = False, what: str = "pr
             raise
         store.set(f"{key}{dims.rank}", "ok")
     start = last_log = time.monotonic()
-    health.current().enter(f"waiting for rank(s) {', '.join(map(str, runners))} to {what}")
+    who = ", ".join(map(str, runners))
+    health.current().enter(f"waiting for rank(s) {who} to {what}")
     pending = [f"{key}{r}" for r in runners]
     while not store.check(pending):
         time.sleep(0.5 if time.monotonic() - start < 60 else 5.0)  # a long wait asks the store less often
         if time.monotonic() - last_log >= WAIT_LOG_S:
             last_log = time.monotonic()
-            print(
-                f"torchacco: rank {dims.rank}: waiting for rank(s) {', '.join(map(str, runners))} to {what} "
-                f"({last_log - start:.0f} s so far; no timeout applies)",
-                flush=True,
-            )
+            waited = f"{last_log - start:.0f} s so far; no timeout applies"
+            print(f"torchacco: rank {dims.rank}: waiting for rank(s) {who} to {what} ({waited})", flush=True)
     message = next((v[6:] for v in (store.get(k).decode() for k in pending) if v.startswith("error:")), None)
     if message:
         raise UserError(message)

@@ -40,14 +40,11 @@ class Replicated(Strategy):
     def __init__(
         self, model: nn.Module, dims: ParallelDims, plan: UpdatePlan, optimizer: OptimizerConfig, balance=False
     ):
-        self.model = model
-        self.dims = dims
-        self.accumulation = plan.micro_batches
+        self.model, self.dims = model, dims
+        self.accumulation, self.schedule, self.max_norm = plan.micro_batches, plan.schedule, plan.max_norm
         # balance_batches: every rank keeps one micro-batch, as DDP's all-reduce runs in its last backward
         self.balance = SpeedSplit(plan.micro_batches, dims.dp_size, dims.dp_rank, minimum=1) if balance else None
-        self.schedule = plan.schedule
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
-        self.max_norm = plan.max_norm
         self.optimizer = build_adamw(model, optimizer)
         self.theta = ModuleTheta(model, dims)
 

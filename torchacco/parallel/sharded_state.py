@@ -113,16 +113,9 @@ class ShardedOptimizerState:
 
     def state_dict(self) -> dict:
         s = self.optimizer.state
-        state = {
-            "optimizer": {
-                "master": self._sharded(s.master),
-                "exp_avg": self._sharded(s.exp_avg),
-                "exp_avg_sq": self._sharded(s.exp_avg_sq),
-                "step": s.step,
-            }
-        }
-        if s.exp_avg_slow is not None:
-            state["optimizer"]["exp_avg_slow"] = self._sharded(s.exp_avg_slow)
+        names = ("master", "exp_avg", "exp_avg_sq", "exp_avg_slow")
+        shards = {name: self._sharded(getattr(s, name)) for name in names if getattr(s, name) is not None}
+        state = {"optimizer": {**shards, "step": s.step}}
         if self.flat.mp_group is not None:  # tp/pp: which tensors this coordinate's buffer holds
             state["layout"] = self.flat.layout()
         return state

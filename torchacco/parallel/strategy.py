@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Iterator
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 import torch
@@ -52,13 +52,7 @@ class Counts:
     FIELDS: ClassVar[int] = 5  # as_tensor()'s length
 
     def __add__(self, other: Counts) -> Counts:
-        return Counts(
-            self.loss_tokens + other.loss_tokens,
-            self.loss_sum + other.loss_sum,
-            self.micro_batches + other.micro_batches,
-            self.consumed + other.consumed,
-            self.compute + other.compute,
-        )
+        return Counts(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def as_tensor(self, device) -> torch.Tensor:
         """(loss tokens, loss sum, micro-batches, consumed, compute seconds) as float64 on `device`."""

@@ -60,11 +60,9 @@ def sequence_parallel_block(
     plan = {norm: SequenceParallel() for norm in norms}
     plan[attention] = PrepareModuleInput(input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest))
     plan[mlp] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    for name in first:
-        plan[f"{attention}.{name}"] = ColwiseParallel()
+    plan.update({f"{attention}.{name}": ColwiseParallel() for name in first})
     plan[f"{attention}.{last}"] = RowwiseParallel(output_layouts=Shard(1))
-    for name in mlp_first:
-        plan[f"{mlp}.{name}"] = ColwiseParallel()
+    plan.update({f"{mlp}.{name}": ColwiseParallel() for name in mlp_first})
     plan[f"{mlp}.{mlp_last}"] = RowwiseParallel(output_layouts=Shard(1))
     return plan
 
@@ -79,14 +77,10 @@ def check_tensor_parallel(
         )
     for name, size in plan.split_sizes(args):
         if size % tp:
-            hint = (
-                (
-                    f"; set [model] vocab_size to a multiple of {tp} (e.g. {-(-size // tp) * tp}: the extra rows are "
-                    "never predicted)"
-                )
-                if name == "vocab_size"
-                else ""
-            )
+            hint = ""
+            if name == "vocab_size":
+                hint = f"; set [model] vocab_size to a multiple of {tp} (e.g. {-(-size // tp) * tp}: the extra rows "
+                hint += "are never predicted)"
             raise UserError(
                 f"{where}: {name} = {size} is not divisible by [parallelism] tensor_parallel_degree = {tp}{hint}"
             )

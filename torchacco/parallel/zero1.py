@@ -31,12 +31,8 @@ class ZeRO1(Strategy):
     def __init__(
         self, model, dims, plan: UpdatePlan, optimizer, reduce_dtype: torch.dtype = torch.float32, balance=False
     ):
-        self.model = model
-        self.reduce_dtype = reduce_dtype
-        self.dims = dims
-        self.accumulation = plan.micro_batches
-        self.schedule = plan.schedule
-        self.max_norm = plan.max_norm
+        self.model, self.dims, self.reduce_dtype = model, dims, reduce_dtype
+        self.accumulation, self.schedule, self.max_norm = plan.micro_batches, plan.schedule, plan.max_norm
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
         self.sharded = self.theta = ShardedOptimizerState(model, dims, plan.param_dtype, optimizer)
         self.balance = SpeedSplit(plan.micro_batches, dims.dp_size, dims.dp_rank) if balance else None
