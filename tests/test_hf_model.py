@@ -282,6 +282,9 @@ def test_blocks_are_found_without_knowing_the_architecture():
     assert blocks.blocks_of(Plain()) is None
     plain = Plain()
     assert blocks.compile_units(plain) == [plain]
+    assert blocks.block_list(plain) == []
+    plain.layers = nn.ModuleDict({"0": nn.Linear(2, 2), "1": nn.Linear(2, 2)})  # torchtitan's layout
+    assert blocks.block_list(plain) == blocks.compile_units(plain) == list(plain.layers.values())
 
 
 def test_the_adapter_returns_logits_and_gives_the_model_back():

@@ -28,11 +28,16 @@ def blocks_of(model: nn.Module) -> nn.Module | None:
     return max(declared or candidates, key=_numel, default=None)
 
 
+def block_list(model: nn.Module) -> list[nn.Module]:
+    """The blocks in order, [] for a model without: a ModuleDict's modules, not its keys."""
+    blocks = blocks_of(model)
+    return [] if blocks is None else list(blocks.values() if isinstance(blocks, nn.ModuleDict) else blocks)
+
+
 def _numel(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
 def compile_units(model: nn.Module) -> list[nn.Module]:
     """What `[model] compile` compiles: each block, or a blockless model whole."""
-    blocks = blocks_of(model)
-    return list(blocks) if blocks is not None else [model]
+    return block_list(model) if blocks_of(model) is not None else [model]

@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from torchacco import cost_model as cm
-from torchacco.blocks import blocks_of
+from torchacco.blocks import block_list
 from torchacco.build import model_args
 from torchacco.config import Config, load_config, parse_overrides
 from torchacco.device import DTYPES, Device
@@ -173,8 +173,7 @@ def stage_params(cfg: Config, spec, args, cluster: Cluster) -> list[tuple[int, i
 
 def _counts(model, numel=None) -> tuple[int, int, int]:
     numel = numel or (lambda m: sum(t.numel() for t in m.parameters()))
-    blocks = blocks_of(model) or []
-    blocks = list(blocks.values()) if isinstance(blocks, torch.nn.ModuleDict) else list(blocks)
+    blocks = block_list(model)
     return numel(model), sum(numel(b) for b in blocks), len(blocks)
 
 

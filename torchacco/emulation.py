@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
-from torchacco.blocks import blocks_of
+from torchacco.blocks import block_list, blocks_of
 from torchacco.errors import UserError
 from torchacco.loss import IGNORE_INDEX
 from torchacco.optim import ShardedAdamW, SlowMomentumAdamW, build_adamw
@@ -59,7 +59,7 @@ def virtualize(model: nn.Module, settings: Emulation, rank: int) -> None:
     per_block = settings.block_share / len(blocks)
     block_f, block_b = (factor * s * per_block for s in (settings.forward_s, settings.backward_s))
     rest_f, rest_b = (factor * s * (1 - settings.block_share) for s in (settings.forward_s, settings.backward_s))
-    units = list(blocks.values() if isinstance(blocks, nn.ModuleDict) else blocks)
+    units = block_list(model)
     for block in units:
         # the parameters are read at each call: FSDP swaps in the unsharded ones for forward
         block.forward = lambda x, *args, _block=block, **kwargs: _Wait.apply(x, block_f, block_b, *_block.parameters())
@@ -134,7 +134,7 @@ def calibrate(cfg: Config, threads: int, repeats: int = 8) -> dict:
     batch, loss_fn = {"input_ids": ids, "labels": ids}, TokenLoss(t.loss_chunks)
     in_blocks = [0.0]
     starts: dict[int, float] = {}
-    for block in blocks_of(model):
+    for block in block_list(model):
         block.register_forward_pre_hook(lambda m, a: starts.__setitem__(id(m), time.perf_counter()))
         block.register_forward_hook(lambda m, a, o: in_blocks.__setitem__(0, in_blocks[0] + time.perf_counter()
                                                                           - starts[id(m)]))  # fmt: skip

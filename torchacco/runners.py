@@ -6,6 +6,7 @@ job's kernels on a side stream, ordered against the compute stream by events.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -92,6 +93,16 @@ class ThreadRunner:
     def close(self) -> None:
         self._jobs.put(None)
         self._thread.join()
+
+    def drain(self, timeout_s: float) -> None:
+        """At the end of a run: wait for the job in flight, then stop. While an error unwinds, that
+        error is the one to report: the job's own (often the same peer failure) is dropped, and a
+        job stuck on a frozen peer is left to the process's exit."""
+        if sys.exc_info()[0] is not None:
+            self.abandon()
+            return
+        self.wait(timeout_s)  # the last job can hang too
+        self.close()
 
 
 class StreamRunner(ThreadRunner):

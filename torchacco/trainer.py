@@ -21,7 +21,7 @@ from torch.profiler import record_function
 
 from torchacco import data, emulation, fault_tolerance, health, preemption, run_folder, user_model
 from torchacco.activation_checkpoint import apply_activation_checkpoint
-from torchacco.blocks import blocks_of, compile_units
+from torchacco.blocks import block_list, compile_units
 from torchacco.build import ModelKind, build_data, build_model, build_strategy
 from torchacco.checkpoint import (
     Checkpointer,
@@ -243,8 +243,8 @@ def _model_parallel(cfg: Config, spec, dims: ParallelDims, device: Device, model
     data-parallel strategy comes last). (This rank's part of the model, its pipeline or None.)"""
     t = cfg.training
     model, pipeline = apply_model_parallel(model, spec, cfg, dims, device, loss_fn)
-    blocks = blocks_of(model)  # `model.layers`, or a Hugging Face model's decoder layers
-    apply_activation_checkpoint(blocks or [], t.activation_checkpoint, t.selective_checkpoint)
+    # `model.layers`, or a Hugging Face model's decoder layers
+    apply_activation_checkpoint(block_list(model), t.activation_checkpoint, t.selective_checkpoint)
     if cfg.model.compile:
         for unit in compile_units(model):
             unit.compile()

@@ -129,7 +129,7 @@ def _check_strategy(cfg: Config, dp_size: int) -> None:
     """The data-parallel strategy's traits against the config, then its own checks; a refusal lists the
     strategies that can."""
     p = cfg.parallelism
-    cls, model_parallel = strategy_class(p.data_parallel), model_parallel_label(p)
+    cls, model_parallel = strategy_class(p.data_parallel), _degrees_label(p)
     name = cls.name
     if model_parallel and not cls.traits.model_parallel:
         able = _able(lambda t: t.model_parallel)
@@ -312,7 +312,7 @@ def check_parallelism(p, world_size: int) -> int:
     return world_size // (replicas * tp * pp)
 
 
-def model_parallel_label(p) -> str:
+def _degrees_label(p) -> str:
     """'tp=2 × pp=2' for the [parallelism] degrees above 1; '' for none."""
     degrees = (("tp", p.tensor_parallel_degree), ("pp", p.pipeline_parallel_degree))
     return " × ".join(f"{name}={d}" for name, d in degrees if d > 1)

@@ -41,14 +41,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
 import time
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from torchacco.blocks import blocks_of, unwrap
+from torchacco.blocks import block_list, unwrap
 from torchacco.device import Device
 from torchacco.errors import UserError
 from torchacco.faults import in_outer_exchange, muted_from
@@ -72,13 +71,12 @@ def fragment_of(module: torch.nn.Module, names: list[str], fragments: int) -> li
     """The fragment of each parameter name: block i of L goes to fragment ⌊i·P / L⌋; parameters
     outside the blocks go with the first fragment before them (embeddings) or the last after
     them (final norm, output head)."""
-    blocks = blocks_of(module) or []
+    blocks = block_list(module)
     if fragments > max(len(blocks), 1):
         raise UserError(
             f"[diloco] fragments = {fragments} exceeds the {len(blocks)} transformer blocks of the model (on this "
             "rank's pipeline stage); use at most that many"
         )
-    blocks = list(blocks.values()) if isinstance(blocks, torch.nn.ModuleDict) else list(blocks)  # (not its keys)
     index = {id(b): i for i, b in enumerate(blocks)}
     prefixes = [(name + ".", index[id(m)]) for name, m in module.named_modules() if id(m) in index]
     out, after_blocks = [], False
@@ -424,11 +422,7 @@ class DiLoCo(Strategy):
 
     def close(self) -> None:
         if self.runner is not None:
-            if sys.exc_info()[0] is not None:
-                self.runner.abandon()
-            else:
-                self.runner.wait(self.stall_s)  # the last transfer can hang too
-                self.runner.close()
+            self.runner.drain(self.stall_s)
         self.inner.close()
 
     # State ------------------------------------------------------------------------------------------

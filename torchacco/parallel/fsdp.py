@@ -8,7 +8,7 @@ import contextlib
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from torchacco.blocks import blocks_of
+from torchacco.blocks import block_list
 from torchacco.device import DTYPES
 from torchacco.materialize import materialize
 from torchacco.parallel.ddp import DDP
@@ -42,7 +42,7 @@ class FSDP(Replicated):
     ):
         mp = MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=reduce_dtype)
         mesh = dims.dp_mesh if mesh is None else mesh
-        for block in blocks_of(model) or []:  # a foreign model without blocks is sharded as one unit
+        for block in block_list(model):  # a foreign model without blocks is sharded as one unit
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         self.roots = getattr(model, "stage_modules", None) or [model]
         for root in self.roots:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-import sys
 import time
 from dataclasses import replace
 
@@ -301,14 +300,7 @@ class Overlapped(Strategy):
             self.flat.params_buffer.copy_(self.comm)
 
     def close(self) -> None:
-        """Drain the job in flight. While an error unwinds, that error is the one to report: the
-        job's own (often the same peer failure) is dropped, and a job stuck on a frozen peer is
-        left to the process's exit."""
-        if sys.exc_info()[0] is not None:
-            self.runner.abandon()
-            return
-        self.runner.wait(self.stall_s)  # the last job's all-gather, if any, can hang too
-        self.runner.close()
+        self.runner.drain(self.stall_s)
 
     def state_dict(self) -> dict:
         """Between rounds: ZeRO-1's state, plus what the next rounds need — the compute
