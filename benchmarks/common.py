@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -97,7 +98,8 @@ def parser(command: str, doc: str, name: str | None = None, help: str = "the res
 
 
 def command(name: str, argv: list[str] | None) -> str:
-    return f"python -m benchmarks {name} " + " ".join(sys.argv[1:] if argv is None else argv)
+    """The command line as a shell reads it back (an empty argument quoted, not lost)."""
+    return f"python -m benchmarks {name} " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
 def records(folder: Path) -> list[dict]:
