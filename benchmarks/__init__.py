@@ -6,7 +6,7 @@ lists the commands; yardstick/ is time to a target loss, cluster/ the emulated c
 import sys
 
 if sys.argv[:1] == ["-m"] and "-m" in sys.orig_argv:  # `python -m benchmarks.<module>` is being located
-    from benchmarks.cli import FORMER, moved
+    from benchmarks.cli import COMMAND_OF, name_the_command
 
-    if sys.orig_argv[sys.orig_argv.index("-m") + 1] in FORMER:
-        raise SystemExit(moved(sys.orig_argv[sys.orig_argv.index("-m") + 1]))
+    if sys.orig_argv[sys.orig_argv.index("-m") + 1] in COMMAND_OF:
+        raise SystemExit(name_the_command(sys.orig_argv[sys.orig_argv.index("-m") + 1]))

@@ -45,26 +45,14 @@ MODULES = {
     "gpu-check": "benchmarks.gpu_check",
     "fault-goodput": "benchmarks.fault_goodput",
 }
-# commands that are gone: what measures the same now
-USE = "use python -m benchmarks"
-REPLACED = {
-    "throughput": f"{USE} speed --rates 50mbit,1gbit (a 2-node setting per link rate), then cost-model-check",
-    "heterogeneous": f"{USE} speed --settings c (4 nodes, one 4× slower; its measured slowdown is in the table)",
-    "convergence": f"{USE} token-efficiency (loss against tokens) and end-to-end (against wall-clock on the cluster)",
-    "memory": f"{USE} speed --malloc-mmap (peak RSS per rank), or ./run_train.sh --dry-run NxG (memory by part)",
-    "all": f"{USE} time-to-target",
-    "acco-reference": "tests/test_schedules.py checks ACCO's runs against its equations",
-}
-# `python -m <module>` forms the commands no longer take -> the command now
-FORMER = {**{m: c for c, m in MODULES.items() if m.startswith(("benchmarks.yardstick", "benchmarks.cost_model"))},
-          "benchmarks.time_to_target": "time-to-target-table", "benchmarks.token_efficiency": "token-efficiency",
-          "benchmarks.speed": "speed", "benchmarks.end_to_end": "end-to-end",
-          "benchmarks.efficiency_table": "efficiency-table", "benchmarks.compare": "compare"}  # fmt: skip
+# modules with no `__main__`: `python -m <module>` gets one line naming its command
+COMMAND_OF = {m: c for c, m in MODULES.items() if m.startswith(("benchmarks.yardstick.", "benchmarks.cost_model",
+                                                                 "benchmarks.compare"))}  # fmt: skip
 
 
-def moved(module: str) -> int:
-    """`python -m <module>`, a form these commands no longer take: one line naming the new one."""
-    command = FORMER.get(module, "--help")
+def name_the_command(module: str) -> int:
+    """`python -m <module>` of a command's module: one line naming the command."""
+    command = COMMAND_OF[module]
     print(error_line(f"run it as python -m benchmarks {command} (not python -m {module})"), file=sys.stderr)
     return 2
 
@@ -73,9 +61,6 @@ def run(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] and argv[0] in MODULES:
         return importlib.import_module(MODULES[argv[0]]).main(argv[1:]) or 0
-    if argv[:1] and argv[0] in REPLACED:
-        print(error_line(f"{argv[0]} is gone; {REPLACED[argv[0]]}"), file=sys.stderr)
-        return 2
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("command", choices=list(MODULES))

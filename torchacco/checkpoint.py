@@ -97,7 +97,7 @@ class HostStaging:
 
     def __call__(self, state: dict) -> dict:
         plain = _state_dicts(state)
-        pin = any(t.is_cuda for _, t in _leaves(plain))  # (a CPU run has nothing to pin)
+        pin = any(t.is_cuda for _, t in tensor_leaves(plain))  # (a CPU run has nothing to pin)
         if self.staged is None or not _same_shapes(plain, self.staged):
             self.staged = _create_cpu_state_dict(plain, pin_memory=pin)
         staged = _copy_state_dict(plain, self.staged, non_blocking=pin)  # (with this save's ints and strings)
@@ -152,21 +152,21 @@ def checkpoint_bytes(state: dict, n_params: int) -> int:
     at its global size (a sharded one once, as DCP writes it), plus AdamW's two fp32 moments per
     parameter where the optimizer creates them only at its first step (torch's AdamW, before training)."""
     total = optimizer = 0
-    for path, t in _leaves(_state_dicts(state), local=False):
+    for path, t in tensor_leaves(_state_dicts(state), local=False):
         size = t.numel() * t.element_size()  # a DTensor's numel() is its global one
         total += size
         optimizer += size if "optim" in path else 0
     return total + max(0, 8 * n_params - optimizer)
 
 
-def _leaves(value, path: str = "", local: bool = True):
+def tensor_leaves(value, path: str = "", local: bool = True):
     """(path, tensor) of every tensor in nested dicts, lists and tuples; `local`: a DTensor's local part."""
     if isinstance(value, dict):
         for k, v in value.items():
-            yield from _leaves(v, f"{path}/{k}", local)
+            yield from tensor_leaves(v, f"{path}/{k}", local)
     elif isinstance(value, list | tuple):
         for v in value:
-            yield from _leaves(v, path, local)
+            yield from tensor_leaves(v, path, local)
     elif isinstance(value, torch.Tensor):
         yield path, value.to_local() if local and isinstance(value, DTensor) else value
 

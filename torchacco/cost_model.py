@@ -523,12 +523,6 @@ def measured_entry(source: str, table: dict | None = None) -> dict:
     return _entries(table)[source]
 
 
-def tokens_ratio(label: str, table: dict | None = None) -> float | None:
-    """Tokens to DDP's final loss as a multiple of DDP's for a modelled strategy (None: not measured)."""
-    source = token_source(label, table)
-    return None if source is None else measured_entry(source, table).get("mean")
-
-
 def not_reached_note(source: str | None, table: dict | None = None) -> str | None:
     """For an entry that never reached DDP's loss: what the time-to-loss cell says instead of a time."""
     within = None if source is None else measured_entry(source, table).get("not_reached_within")
@@ -555,19 +549,6 @@ def memory_bytes(work: Workload, hw: Hardware, strategy: str, compute_bytes: flo
     sharded_over = hw.ranks_per_node if cls.traits.shards_within_node else hw.world
     dtype = {2: torch.bfloat16, 4: torch.float32}[compute_bytes]
     return layout_memory(cls, work.params, sharded_over, dtype, torch.float32).total
-
-
-def balance_bandwidth(work: Workload, hw: Hardware) -> float:
-    """The link rate (bits/s) at which ZeRO-1's exposed communication equals its compute."""
-    c = hw.micro_batch_s(work)
-    compute = work.micro_batches * c * hw.slow_factor - work.params / hw.world / hw.opt_rate
-    if compute <= 0 or hw.nodes < 2:
-        raise ValueError("no balance point: the optimizer step alone outlasts the compute, or one node")
-    bits = (hw.rs_factor + hw.ag_factor) * (hw.nodes - 1) / hw.nodes * 8 * work.params * work.comm_bytes
-    latency = 2 * (hw.nodes - 1) * hw.latency_s
-    if compute <= latency:
-        raise ValueError("no balance point: latency alone outlasts the compute")
-    return bits / (compute - latency)
 
 
 def model_workload(

@@ -35,7 +35,7 @@ from torchacco import cost_model as cm
 from torchacco.blocks import block_list
 from torchacco.build import model_args
 from torchacco.config import Config, load_config, parse_overrides
-from torchacco.device import DTYPES, Device
+from torchacco.device import DTYPES, Device, compute_dtype
 from torchacco.errors import UserError, run_cli
 from torchacco.loss import TokenLoss
 from torchacco.parallel.dims import ParallelDims, clear_dtensor_sharding_cache
@@ -130,13 +130,6 @@ def vocabulary(cfg: Config) -> tuple[int, str]:
     return 0, f"the flavor's: a run takes its tokenizer's, {cfg.tokenizer.path}, which is not here"
 
 
-def compute_dtype(training) -> torch.dtype:
-    """[training] mixed_precision on the cluster's GPUs (auto: bf16; a CPU run's auto is fp32)."""
-    if training.mixed_precision == "auto":
-        return torch.float32 if training.device == "cpu" else torch.bfloat16
-    return DTYPES[training.mixed_precision]
-
-
 @contextlib.contextmanager
 def fake_world(rank: int, world: int, shape: tuple[int, ...]):
     """A process group of `world` ranks that moves no data (torch's fake backend), seen from `rank`, and the
@@ -225,7 +218,7 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
     options = cfg.options(cls.traits.options)
     # the ranks a rank's state is divided over: a node's shard group, or all the data-parallel ranks
     group = shard_degree(options, dp, cluster.gpus_per_node, tp, pp) if cls.traits.shards_within_node else dp
-    dtype = compute_dtype(t)
+    dtype = compute_dtype(t.mixed_precision, Device("cpu" if t.device == "cpu" else "cuda"))  # a GPU cluster's
     with torch.device("meta"):
         whole = spec.model_cls(args)
     total = sum(x.numel() for x in whole.parameters())

@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from torchacco.checkpoint import tensor_leaves
 from torchacco.errors import PeerFailure, UserError
 
 ENV_REPLICA = "TORCHACCO_REPLICA"  # this job's replica, 0 .. replicas - 1
@@ -178,7 +179,7 @@ class ReplicaLink:
                 started = time.perf_counter()
                 state = super().recv_checkpoint(*args, **kwargs)
                 link.copy_s = time.perf_counter() - started
-                link.copy_bytes = sum(t.numel() * t.element_size() for t in _tensors(state))
+                link.copy_bytes = sum(t.numel() * t.element_size() for _, t in tensor_leaves(state, local=False))
                 return state
 
         link, dims, lighthouse = self, self.dims, self.lighthouse
@@ -302,17 +303,6 @@ def unmerged_updates(metrics: Path) -> tuple[int, int]:
     merged = max((r["step"] for r in records if "outer_step" in r), default=0)
     last = records[-1]["step"] if records else 0
     return (merged + 1, last) if last > merged else (0, 0)
-
-
-def _tensors(tree):
-    if isinstance(tree, dict):
-        for v in tree.values():
-            yield from _tensors(v)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from _tensors(v)
-    elif isinstance(tree, torch.Tensor):
-        yield tree
 
 
 def _local(tree):

@@ -336,10 +336,10 @@ class Overlapped(Strategy):
 
     def load_state_dict(self, state: dict) -> None:
         schedule = state["schedule"]
-        if schedule["name"].lower() != self.name:  # (older checkpoints hold the class name)
+        if schedule["name"] != self.name:
             raise UserError(
-                f"this checkpoint was saved by {schedule['name'].lower()}, not {self.name}; resume it "
-                f'with [parallelism] data_parallel = "{schedule["name"].lower()}"'
+                f"this checkpoint was saved by {schedule['name']}, not {self.name}; resume it "
+                f'with [parallelism] data_parallel = "{schedule["name"]}"'
             )
         assert schedule["world"] == self.flat.world, "the trainer checks the world size before loading"
         self.sharded.load_state_dict(state)  # P was saved as it was (θ̃, θ or a prediction) and loaded in place
