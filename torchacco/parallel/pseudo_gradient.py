@@ -3,9 +3,8 @@ low-precision formats it may travel in (docs/diloco.md).
 
 fp32 is one all-reduce. bf16 and the integer codes are all-gathered and summed in fp32 on
 arrival: a sum taken in the wire format would round at every hop, and the codes have no sum at
-all. int8 carries one fp32 scale per row of `ROW` elements (its largest magnitude / 127), so an
-element's error is at most half a step of its own row, |x|_max / 254; int4 and int2
-(`compression.quantize`, the same levels in fewer bits), at most |x|_max / 14 and |x|_max / 2.
+all. The codes (`compression.quantize`) carry one fp32 scale per row of `ROW` elements, so an element's
+error is at most half a step of its own row: |x|_max / 254 in int8, / 14 in int4, / 2 in int2.
 Top-k messages: `compression.py`.
 """
 
@@ -20,17 +19,6 @@ from torchacco.parallel.compression import CODE_BITS, as_bytes, dequantize, from
 
 ROW = 256  # elements per scale of the dense integer codes
 WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / ROW, "int4": 0.5 + 4.0 / ROW, "int2": 0.25 + 4.0 / ROW}
-
-
-def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 rows, fp32 scale per row) of a flat fp32 tensor, padded to whole rows."""
-    rows = torch.nn.functional.pad(x, (0, -x.numel() % ROW)).view(-1, ROW)
-    scales = rows.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127.0
-    return torch.round(rows / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
-
-
-def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
-    return (q.float() * scales[:, None]).view(-1)[:numel]
 
 
 def token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: str = "fp32") -> torch.Tensor:
@@ -49,14 +37,7 @@ def token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: str = "
         gathered = [torch.empty_like(payload) for _ in range(world)]
         dist.all_gather(gathered, payload, group=group)
         return torch.stack([g.float() for g in gathered]).sum(dim=0)
-    if wire != "int8":
-        return _dense_code_mean(delta * share, group, CODE_BITS[wire])
-    q, scales = quantize_int8(delta * share)
-    qs = [torch.empty_like(q) for _ in range(world)]
-    ss = [torch.empty_like(scales) for _ in range(world)]
-    dist.all_gather(qs, q, group=group)
-    dist.all_gather(ss, scales, group=group)
-    return torch.stack([dequantize_int8(a, b, delta.numel()) for a, b in zip(qs, ss)]).sum(dim=0)
+    return _dense_code_mean(delta * share, group, CODE_BITS[wire])
 
 
 def _dense_code_mean(x: torch.Tensor, group, bits: int) -> torch.Tensor:
