@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 
 from torchacco.config import DiLoCo as DiLoCoConfig
+from torchacco.device import PEAK_BF16_FLOPS
 from torchacco.errors import UserError
 from torchacco.parallel import registry
 from torchacco.parallel.balance import split_by_speed
@@ -98,12 +99,15 @@ def _strategy_of(label: str) -> str | None:
     return max((n for n in registry.names() if label.startswith(n + "_")), key=len, default=None)
 
 
-# Dense bf16 peak FLOP/s per device, intra-node bandwidth (bits/s per GPU per direction), memory (GiB).
+# Per device: dense bf16 peak FLOP/s (device.py's), intra-node bandwidth (bits/s per GPU per direction), memory (GiB).
 DEVICES = {
-    "H100": {"flops": 989e12, "intra_bps": 3.6e12, "opt_rate": 1e11, "memory_gib": 79.6},
-    "H200": {"flops": 989e12, "intra_bps": 3.6e12, "opt_rate": 1.4e11, "memory_gib": 139.8},
-    "A100": {"flops": 312e12, "intra_bps": 2.4e12, "opt_rate": 6e10, "memory_gib": 79.2},
-    "L40S": {"flops": 362e12, "intra_bps": 2.5e11, "opt_rate": 2.5e10, "memory_gib": 44.5},
+    name: {"flops": PEAK_BF16_FLOPS[name], **rest}
+    for name, rest in {
+        "H100": {"intra_bps": 3.6e12, "opt_rate": 1e11, "memory_gib": 79.6},
+        "H200": {"intra_bps": 3.6e12, "opt_rate": 1.4e11, "memory_gib": 139.8},
+        "A100": {"intra_bps": 2.4e12, "opt_rate": 6e10, "memory_gib": 79.2},
+        "L40S": {"intra_bps": 2.5e11, "opt_rate": 2.5e10, "memory_gib": 44.5},
+    }.items()
 }
 # Activation bytes per token, per block and per unit of width kept for backward, by [training]
 # activation_checkpoint, in bf16 (Korthikanti et al. 2022 with a fused attention: 34 without recompute;
