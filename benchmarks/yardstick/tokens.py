@@ -2,11 +2,11 @@
 
     .venv/bin/python -m benchmarks token-efficiency --updates 1000 --lrs 3e-3 --seeds 0,1,2,3,4 --variants ddp,acco
 
-One 2-rank gloo run at a time on the yardstick's recipe (common.recipe); each variant's final loss against DDP's with
-the same seed and lr; zero1 − ddp is the noise floor. --budgets: every variant but DDP also runs those multiples of
---updates and its tokens to DDP's final loss are interpolated between them; --levels: DDP runs those multiples too, each
-a target. Runs are kept under <out>/<--runs>/ and reused when complete (--fresh reruns them). Writes
-<out>/<--name>.{json,md,png}.
+One gloo run at a time (2 ranks; RANKS names variants on more) on the yardstick's recipe (common.recipe); each variant's
+final loss against DDP's with the same seed and lr; zero1 − ddp is the noise floor. --budgets: every variant but DDP
+also runs those multiples of --updates and its tokens to DDP's final loss are interpolated between them; --levels: DDP
+runs those multiples too, each a target. Runs are kept under <out>/<--runs>/ and reused when complete (--fresh reruns
+them). Writes <out>/<--name>.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -82,7 +82,11 @@ VARIANTS = {
     # DDP with the same optimizer is the baseline it must beat
     "ddp_slow99": _dp(DDP, SLOW99),
     "streaming_h10_avg_slow99": _dp(DDP, f"{BF16} {SLOW99}"),
+    # 4 replicas of one rank (4 sequences each): the same 16 sequences per update, and 2 evaluation batches per rank
+    # keep the same 32 validation sequences
+    "streaming_h10_avg_r4": _dp(DDP, f"{BF16} --parallelism.replicas 4 --eval.batches 2"),
 }  # fmt: skip
+RANKS = {"streaming_h10_avg_r4": 4}  # a variant's ranks where not 2
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
 
 
@@ -97,8 +101,8 @@ def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh:
     started, log = time.perf_counter(), folder.parent / f"{folder.name}.log"  # (with_suffix cuts at the lr's dot)
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
-        proc = subprocess.run(["./run_train.sh", *args], cwd=ROOT, env={**os.environ, "NPROC": "2"}, stdout=out,
-                              stderr=subprocess.STDOUT)  # fmt: skip
+        env = {**os.environ, "NPROC": str(RANKS.get(variant, 2))}
+        proc = subprocess.run(["./run_train.sh", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode:
         sys.exit(f"token-efficiency: {variant} lr {lr:g} seed {seed} failed; see {log}")
     print(f"[token-efficiency] {variant} lr {lr:g} seed {seed}: val {records(folder)[-1]['val_loss']:.4f} "
