@@ -20,11 +20,9 @@ from pathlib import Path
 from benchmarks import common
 from benchmarks.common import DDP, ROOT, mean_ci, recipe
 from benchmarks.yardstick.table import token_ratios
-from benchmarks.yardstick.tokens import VARIANTS
+from benchmarks.yardstick.tokens import RANKS, VARIANTS
 from torchacco.config import load_config
 from torchacco.cost_model import NOT_THE_UPDATE, TOKEN_EFFICIENCY
-
-RANKS = 2  # token-efficiency trains every variant on 2 ranks (NPROC=2)
 
 
 def resolved(label: str, updates: int, lr: float):
@@ -36,21 +34,21 @@ def recipe_sentence(cfg, updates: int) -> str:
     t, o, s = cfg.training, cfg.optimizer, cfg.lr_schedule
     return (
         f"{cfg.model.name} {cfg.model.flavor}, {cfg.tokenizer.vocab_size:,}-token BPE vocabulary, seq {t.seq_len}, "
-        f"{t.global_batch_size} sequences per update, {RANKS} ranks, AdamW β {o.beta1:g}/{o.beta2:g}, wd "
+        f"{t.global_batch_size} sequences per update, 2 ranks, AdamW β {o.beta1:g}/{o.beta2:g}, wd "
         f"{o.weight_decay:g}, gradient clipping at {t.max_norm:g}, {s.warmup_steps / updates:.0%} warm-up + "
         f"{s.decay}, lr {o.lr:g}, {updates:,} updates"
     )
 
 
-def diloco_settings(cfg) -> dict | None:
-    """A DiLoCo run's replicas, inner strategy and outer step (None: one replica, no outer step)."""
+def diloco_settings(cfg, ranks: int) -> dict | None:
+    """A DiLoCo run's replicas, inner strategy and outer step on `ranks` (None: one replica, no outer step)."""
     replicas = cfg.parallelism.replicas
     if replicas == 1:
         return None
     outer = {k: v for k, v in dataclasses.asdict(cfg.diloco).items() if k not in NOT_THE_UPDATE}
     # ranks_per_replica is recorded, not matched: DDP over G ranks computes the update of one rank with G× the
     # micro-batches, so what is matched is the inner strategy's update
-    inner = {"inner": cfg.parallelism.data_parallel, "ranks_per_replica": RANKS // replicas}
+    inner = {"inner": cfg.parallelism.data_parallel, "ranks_per_replica": ranks // replicas}
     return {"replicas": replicas, **inner, **outer}
 
 
@@ -80,7 +78,7 @@ def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
             continue
         if label not in VARIANTS:
             raise SystemExit(f"efficiency-table: {name} measures {label!r}, not a variant of token-efficiency")
-        diloco = diloco_settings(resolved(label, updates, lr))
+        diloco = diloco_settings(resolved(label, updates, lr), RANKS.get(label, 2))
         gaps = {"gaps": rows[label]["gap_pct"]} if "gap_pct" in rows[label] else {}  # loss at equal tokens, %
         out[label] = {"values": values, **gaps, "source": f"bench_results/{name}.md"}
         out[label] |= {"diloco": diloco} if diloco else {}
