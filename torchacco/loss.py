@@ -64,8 +64,3 @@ def value(loss: torch.Tensor) -> torch.Tensor:
     """The loss as a plain detached tensor (a vocab-parallel loss is a replicated DTensor)."""
     loss = loss.detach()
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
-
-
-def token_loss_sum(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of per-token cross-entropy losses and the number of tokens behind it (one piece)."""
-    return TokenLoss().of_batch(model, batch)

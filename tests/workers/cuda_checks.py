@@ -41,7 +41,7 @@ def acco_first_commit_equals_zero1():
     import overlap_worker as worker
 
     from torchacco.device import Device
-    from torchacco.loss import token_loss_sum
+    from torchacco.loss import TokenLoss
     from torchacco.parallel.process_groups import destroy, init_distributed
     from torchacco.parallel.strategy import Counts
 
@@ -58,7 +58,7 @@ def acco_first_commit_equals_zero1():
                 for ctx in dp.micro_batches():
                     batch = {k: v.cuda() for k, v in worker.micro_batch(0, index).items()}
                     with ctx:
-                        loss, n = token_loss_sum(dp.model, batch)
+                        loss, n = TokenLoss().of_batch(dp.model, batch)
                         loss.backward()
                     tokens, loss_sum, index, count = tokens + n.item(), loss_sum + loss.item(), index + 1, count + 1
                 dp.step(Counts(tokens, loss_sum, count, float(count * worker.BATCH * worker.SEQ)))

@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from torchacco.build import build_strategy
 from torchacco.config import Config
 from torchacco.device import Device, Stopwatch
-from torchacco.loss import token_loss_sum
+from torchacco.loss import TokenLoss
 from torchacco.lr import TokenSchedule
 from torchacco.parallel.process_groups import init_distributed
 from torchacco.parallel.strategy import Counts, UpdatePlan
@@ -151,7 +151,7 @@ def main(kind, out, commits, micro_batches, mode, delay):
             if rank == 1:
                 time.sleep(delay)  # a slow worker
             with ctx:
-                loss, count = token_loss_sum(dp.model, micro_batch(rank, index))
+                loss, count = TokenLoss().of_batch(dp.model, micro_batch(rank, index))
                 loss.backward()
             tokens, loss_sum, n, index = tokens + count.item(), loss_sum + loss.item(), n + 1, index + 1
         periods.append(n)
