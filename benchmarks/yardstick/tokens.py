@@ -38,6 +38,9 @@ BF16 = f"{STREAMING_AVG} --diloco.outer_dtype bf16"  # the recommended Streaming
 PIER = "--diloco.outer_lr 0.7 --diloco.outer_momentum 0.9 --diloco.outer_momentum_warmup 20"
 TOPK1 = "--diloco.outer_dtype int2 --diloco.topk 0.01"
 SLOW99 = "--optimizer.slow_beta 0.99 --optimizer.slow_weight 0.5"
+# 4 replicas of one rank: the same 16 sequences per update; 2 evaluation batches per rank keep the same 32 validation
+# sequences
+R4 = "--parallelism.replicas 4 --eval.batches 2"
 VARIANTS = {
     DDP: _dp(DDP), ZERO1: _dp(ZERO1), FSDP: _dp(FSDP),  # FSDP: DDP's update with everything sharded, another floor
     # DDP in other floating-point orders (4 or 8 micro-batches per rank): the noise floor at acco_share's batches
@@ -82,11 +85,11 @@ VARIANTS = {
     # DDP with the same optimizer is the baseline it must beat
     "ddp_slow99": _dp(DDP, SLOW99),
     "streaming_h10_avg_slow99": _dp(DDP, f"{BF16} {SLOW99}"),
-    # 4 replicas of one rank (4 sequences each): the same 16 sequences per update, and 2 evaluation batches per rank
-    # keep the same 32 validation sequences
-    "streaming_h10_avg_r4": _dp(DDP, f"{BF16} --parallelism.replicas 4 --eval.batches 2"),
+    # 4 replicas of one rank (4 sequences each); alone, and with the warm start and the warmed-up Nesterov
+    "streaming_h10_avg_r4": _dp(DDP, f"{BF16} {R4}"),
+    "streaming_h10_pier_warm100_r4": _dp(DDP, f"{BF16} {PIER} --diloco.warm_start 100 {R4}"),
 }  # fmt: skip
-RANKS = {"streaming_h10_avg_r4": 4}  # a variant's ranks where not 2
+RANKS = {"streaming_h10_avg_r4": 4, "streaming_h10_pier_warm100_r4": 4}  # a variant's ranks where not 2
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
 
 
