@@ -410,3 +410,15 @@ def test_ddps_buckets_are_the_ones_the_model_assumes(cap_mb, expected):
     modelled = cm.buckets(total, work.bucket_bytes, work.first_bucket_bytes)
     assert len(sizes) == len(modelled) == expected
     assert sizes == pytest.approx(modelled, rel=0.01)  # torch closes a bucket at the first parameter past the cap
+
+
+def test_predict_names_the_lr_a_ratio_was_tuned_to(monkeypatch):
+    from torchacco import predict
+
+    entry = {"mean": 1.4, "ci95": 0.05, "seeds": 5, "source": "bench_results/h50.md", "lr_multiple": 0.5}
+    monkeypatch.setattr(cm, "measured_entry", lambda source: entry)
+    assert predict._ratio("streaming_h50_avg") == (
+        "1.400 ± 0.050 (95% interval over 5 seeds, streaming_h50_avg at 0.5× the lr in bench_results/h50.md)"
+    )
+    del entry["lr_multiple"]  # measured at DDP's lr: nothing said
+    assert "streaming_h50_avg in bench_results" in predict._ratio("streaming_h50_avg")

@@ -281,6 +281,20 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
     assert pooled["acco"]["gap_pct"] == pytest.approx((0.2 + 0.8 + 1.0 + 0.1 + 1.1) / 5)  # loss at equal tokens
     # a seed of the second file never reached DDP's loss: the first file's seeds alone would be a chosen subset
     assert "streaming_h10_avg" not in pooled
+    # a tuned file: the entry is the chosen grid point's (its lr multiple and outer step), and pools with no other
+    point = {"lr": 0.0015, "extra": ["--diloco.outer_lr", "0.7", "--diloco.outer_momentum", "0.9"]}
+    result("tuned", {"ddp": ddp3, "streaming_h10_avg": {"tokens_to_target_ratio": [1.3, 1.2, 1.25]}}, seeds=(5, 6, 7))
+    data = json.loads((tmp_path / "tuned.json").read_text())
+    data["meta"]["tuned"] = {"0.003": {"ddp": {"lr": 0.003, "extra": []}, "streaming_h10_avg": point}}
+    (tmp_path / "tuned.json").write_text(json.dumps(data))
+    assert efficiency_table.main(["--tokens", "tuned", "--out", str(tmp_path), "--to", str(to)]) == 0
+    tuned = json.loads(to.read_text())["tokens_to_target"]["streaming_h10_avg"]
+    assert tuned["lr_multiple"] == 0.5 and (tuned["diloco"]["outer_lr"], tuned["diloco"]["outer_momentum"]) == (
+        0.7,
+        0.9,
+    )
+    with pytest.raises(SystemExit, match="streaming_h10_avg ran at other settings in diloco and tuned"):
+        efficiency_table.main([*args, "--tokens", "tuned"])
 
 
 def test_each_ddp_budget_is_a_target_level_and_every_variant_is_interpolated_to_each(monkeypatch, tmp_path):

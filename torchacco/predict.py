@@ -262,8 +262,9 @@ def _ratio(source: str) -> str:
             f"not reached within {entry['not_reached_within']:g}× (in {entry['seeds']} of {entry['seeds']} seeds; "
             f"{entry['gap_pct']:+.1f}% at equal tokens, {source} in {entry['source']})"
         )
+    at = f" at {entry['lr_multiple']:g}× the lr" if "lr_multiple" in entry else ""  # tuned apart from DDP's
     return (
-        f"{entry['mean']:.3f} ± {entry['ci95']:.3f} (95% interval over {entry['seeds']} seeds, {source} in "
+        f"{entry['mean']:.3f} ± {entry['ci95']:.3f} (95% interval over {entry['seeds']} seeds, {source}{at} in "
         f"{entry['source']})"
     )
 

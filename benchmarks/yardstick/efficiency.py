@@ -25,9 +25,10 @@ from torchacco.config import load_config
 from torchacco.cost_model import NOT_THE_UPDATE, TOKEN_EFFICIENCY
 
 
-def resolved(label: str, updates: int, lr: float):
-    """The trainer's config of a variant's run (seed 0; the seed changes nothing recorded here)."""
-    return load_config([*recipe(updates, lr, 0), *VARIANTS[label]])
+def resolved(label: str, updates: int, lr: float, extra: list[str] = ()):
+    """The trainer's config of a variant's run (seed 0; the seed changes nothing recorded here); `extra`: the
+    overrides of the tuning grid point it was measured at."""
+    return load_config([*recipe(updates, lr, 0), *VARIANTS[label], *extra])
 
 
 def recipe_sentence(cfg, updates: int) -> str:
@@ -55,9 +56,10 @@ def diloco_settings(cfg, ranks: int) -> dict | None:
 LEFT_OUT: dict = {}  # a variant a file measures but the table cannot hold (in any file: left out of the table)
 
 
-def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
+def entries(name: str, rows: dict, updates: int, lr: float, tuned: dict) -> dict[str, dict]:
     """One result file's measured variants as the table's entries (LEFT_OUT: said why on stderr); an entry keeps
-    its per-seed ratios (`values`) until the files are pooled."""
+    its per-seed ratios (`values`) until the files are pooled. `tuned`: each variant's chosen grid point, where the
+    file tuned them (an entry then records its lr as a multiple of the recipe's, and its outer step is the point's)."""
     ratios, bounds = token_ratios(rows)
     out = {}
     for label in sorted(set(rows) - set(ratios)):
@@ -78,9 +80,11 @@ def entries(name: str, rows: dict, updates: int, lr: float) -> dict[str, dict]:
             continue
         if label not in VARIANTS:
             raise SystemExit(f"efficiency-table: {name} measures {label!r}, not a variant of token-efficiency")
-        diloco = diloco_settings(resolved(label, updates, lr), RANKS.get(label, 2))
+        point = tuned.get(label, {"lr": lr, "extra": []})
+        diloco = diloco_settings(resolved(label, updates, lr, point["extra"]), RANKS.get(label, 2))
         gaps = {"gaps": rows[label]["gap_pct"]} if "gap_pct" in rows[label] else {}  # loss at equal tokens, %
-        out[label] = {"values": values, **gaps, "source": f"bench_results/{name}.md"}
+        at = {"lr_multiple": round(point["lr"] / lr, 4)} if not math.isclose(point["lr"], lr) else {}
+        out[label] = {"values": values, **gaps, **at, "source": f"bench_results/{name}.md"}
         out[label] |= {"diloco": diloco} if diloco else {}
     return out
 
@@ -98,6 +102,11 @@ def pooled(label: str, parts: list[tuple[str, list[int], dict]]) -> dict | None:
                 raise SystemExit(f"efficiency-table: {label} is measured in {seen[twice[0]]} and {name} with seed "
                                  f"{twice[0]}; pool files with distinct seeds")  # fmt: skip
             seen |= dict.fromkeys(seeds, name)
+        points = {json.dumps([entry.get("lr_multiple"), entry.get("diloco")]) for _, _, entry in parts}
+        if len(points) > 1:
+            names = " and ".join(name for name, _, _ in parts)
+            raise SystemExit(f"efficiency-table: {label} ran at other settings in {names} (a tuned lr or outer step); "
+                             "pool files of one setting")  # fmt: skip
         unreached = next((name for name, _, entry in parts if "values" not in entry), None)
         if unreached:
             raise SystemExit(f"efficiency-table: {label} in {unreached} never reached DDP's loss; only measured "
@@ -140,7 +149,8 @@ def table(out: Path, names: list[str], lr: str, command: str) -> dict:
     for name in names:
         meta, key, rows = read(out, name, lr)
         recipes.add((meta["updates"], key))
-        for label, entry in entries(name, rows, meta["updates"], float(key)).items():
+        tuned = meta.get("tuned", {}).get(key, {})
+        for label, entry in entries(name, rows, meta["updates"], float(key), tuned).items():
             parts.setdefault(label, []).append((name, meta.get("seeds", []), entry))
         metas.append(meta)
     if len(recipes) > 1:
