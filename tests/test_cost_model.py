@@ -353,7 +353,8 @@ def test_diloco_time_per_update_adds_the_exposed_outer_transfer_over_h_updates()
     assert plain["tokens_per_update"] == 2 * 2 * 1000
     # top-k (41 of 4096 in 2 bits): each element costs its message's bytes over 4096, one all-gather hop
     sparse = predict_diloco(work, hw, "zero1", sync_every=50, outer_dtype="int2", topk=0.01)
-    message = 3 * math.ceil(41 / 2) + math.ceil(41 * 2 / 8) + 4  # 12-bit offsets, 2-bit codes, one fp32 scale
+    # offsets: 41 × 6 low bits and a bitmap of 41 + 4096 / 2⁶ bits; 2-bit codes; one fp32 scale
+    message = math.ceil((41 * 6 + 41 + 64) / 8) + 41 * 2 / 8 + 4
     assert sparse["step_time_s"] == pytest.approx(inner + 8 * 1e6 * message / 4096 / 1e8 / 50)
     # DDP inside nodes of 4 ranks: each rank sends a quarter of Δ across, then the node all-gathers it in fp32
     four = Hardware(nodes=2, flops=1e12, bandwidth_bps=1e8, ranks_per_node=4, intra_bps=1e9)

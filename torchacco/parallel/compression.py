@@ -9,9 +9,9 @@ what it has not sent yet. At each outer step of a fragment,
     e ← e − c                           what Q and top-k dropped waits for the next outer step
 
 and the replicas exchange c as (offset, value) pairs (of equal magnitudes, the lowest offsets
-go): offsets within a chunk are 12 bits, values travel as `outer_dtype` (fp32, bf16, or 8/4/2-bit
-codes with one fp32 scale per chunk). Every rank's message has the same size, so the exchange is
-one all-gather of bytes; each message is decoded and summed in fp32, weighted by its tokens, in
+go): a chunk's k offsets in an Elias–Fano code (about 2 + log2(CHUNK / k) bits each, not 12),
+values as `outer_dtype` (fp32, bf16, or 8/4/2-bit codes with one fp32 scale per chunk). Every
+rank's message has the same size, so the exchange is one all-gather of bytes; each message is decoded and summed in fp32, weighted by its tokens, in
 rank order (the same result everywhere).
 """
 
@@ -22,7 +22,7 @@ import math
 import torch
 import torch.distributed as dist
 
-CHUNK = 4096  # elements per top-k chunk (offsets in 12 bits) and per scale of the sparse codes
+CHUNK = 4096  # elements per top-k chunk and per scale of the sparse codes
 SORT_CHUNKS = 1 << 14  # chunks sorted at once (64M elements: about 1 GiB of the sort's temporaries)
 CODE_BITS = {"int8": 8, "int4": 4, "int2": 2}
 VALUE_BITS = {"fp32": 32, "bf16": 16, **CODE_BITS}
@@ -79,15 +79,40 @@ def unpack(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     return ((packed.to(torch.int32)[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[:count].to(torch.uint8)
 
 
-def pack_offsets(offsets: torch.Tensor) -> torch.Tensor:
-    """12-bit offsets (< 4096), two to three bytes."""
-    a, b = torch.nn.functional.pad(offsets.reshape(-1).to(torch.int32), (0, offsets.numel() % 2)).view(-1, 2).T
-    return torch.stack([a & 0xFF, (a >> 8) | ((b & 0xF) << 4), b >> 4], dim=1).reshape(-1).to(torch.uint8)
+def offset_code(keep: int) -> tuple[int, int]:
+    """(low bits per offset, bytes per chunk) of the Elias–Fano code of a chunk's `keep` offsets: each
+    offset's low bits as they are, its high part x >> low as one set bit at (x >> low) + i in a bitmap of
+    keep + (CHUNK >> low) bits (i its rank in ascending order). low = ⌊log2(CHUNK / keep)⌋ makes it at most
+    2 + ⌈log2(CHUNK / keep)⌉ bits an offset, whatever the offsets are."""
+    low = (CHUNK // keep).bit_length() - 1
+    return low, -(-(keep * low + keep + (CHUNK >> low)) // 8)
 
 
-def unpack_offsets(packed: torch.Tensor, count: int) -> torch.Tensor:
-    x, y, z = packed.to(torch.int64).view(-1, 3).T
-    return torch.stack([x | ((y & 0xF) << 8), (y >> 4) | (z << 4)], dim=1).reshape(-1)[:count]
+def _bit_weights(n: int, device) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.int64, device=device)
+
+
+def encode_offsets(offsets: torch.Tensor) -> torch.Tensor:
+    """Rows of ascending offsets (< CHUNK), `keep` a row, as their Elias–Fano codes: (rows, bytes per chunk)."""
+    rows, keep = offsets.shape
+    low, nbytes = offset_code(keep)
+    bits = torch.zeros(rows, nbytes * 8, dtype=torch.uint8, device=offsets.device)
+    bits[:, : keep * low] = ((offsets[..., None] >> _bit_weights(low, offsets.device)) & 1).reshape(rows, keep * low)
+    bits.scatter_(1, keep * low + (offsets >> low) + _bit_weights(keep, offsets.device), 1)
+    return (bits.view(rows, nbytes, 8).long() << _bit_weights(8, offsets.device)).sum(-1).to(torch.uint8)
+
+
+def decode_offsets(codes: torch.Tensor, keep: int) -> torch.Tensor:
+    """`encode_offsets` undone: (rows, keep) ascending offsets. No host sync (no nonzero): each set bit of
+    the high bitmap goes to its rank's column by a running count."""
+    low, nbytes = offset_code(keep)
+    bits = ((codes.long()[..., None] >> _bit_weights(8, codes.device)) & 1).view(codes.shape[0], -1)
+    lows = (bits[:, : keep * low].reshape(codes.shape[0], keep, low) << _bit_weights(low, codes.device)).sum(-1)
+    high = bits[:, keep * low : keep * low + keep + (CHUNK >> low)]
+    column = torch.where(high.bool(), high.cumsum(1) - 1, keep)  # unset bits go to a spare column
+    where = torch.zeros(codes.shape[0], keep + 1, dtype=torch.int64, device=codes.device)
+    where.scatter_(1, column, _bit_weights(high.shape[1], codes.device).expand_as(high))
+    return ((where[:, :keep] - _bit_weights(keep, codes.device)) << low) | lows
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -104,7 +129,7 @@ def from_bytes(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def message_bytes(numel: int, keep: int, wire: str) -> int:
     """The size of one rank's message for `numel` elements."""
     chunks, bits = -(-numel // CHUNK), VALUE_BITS[wire]
-    offsets = 3 * math.ceil(chunks * keep / 2)
+    offsets = chunks * offset_code(keep)[1]
     if wire in CODE_BITS:
         values = math.ceil(chunks * keep * bits / 8) + 4 * chunks
     else:
@@ -114,7 +139,7 @@ def message_bytes(numel: int, keep: int, wire: str) -> int:
 
 def bytes_per_element(wire: str, topk: float) -> float:
     """The mean bytes on the wire per element of a large pseudo-gradient (the cost model's)."""
-    return message_bytes(CHUNK, keep_per_chunk(topk), wire) / CHUNK
+    return message_bytes(8 * CHUNK, keep_per_chunk(topk), wire) / (8 * CHUNK)  # (8 chunks' codes fill whole bytes)
 
 
 def compress(e: torch.Tensor, keep: int, wire: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,7 +148,9 @@ def compress(e: torch.Tensor, keep: int, wire: str) -> tuple[torch.Tensor, torch
     chunks = torch.nn.functional.pad(e, (0, -e.numel() % CHUNK)).view(-1, CHUNK)
     # A stable sort, not topk: equal magnitudes (AdamW's first updates are ±lr) go to the lowest offset,
     # the same on every device. SORT_CHUNKS at a time bound its temporary memory.
-    order = [b.abs().sort(dim=1, descending=True, stable=True).indices[:, :keep] for b in chunks.split(SORT_CHUNKS)]
+    # The kept offsets go in ascending order, as their code wants.
+    order = [b.abs().sort(dim=1, descending=True, stable=True).indices[:, :keep].sort(dim=1).values
+             for b in chunks.split(SORT_CHUNKS)]  # fmt: skip
     offsets = torch.cat(order)
     values = chunks.gather(1, offsets)
     if wire in CODE_BITS:
@@ -136,15 +163,16 @@ def compress(e: torch.Tensor, keep: int, wire: str) -> tuple[torch.Tensor, torch
         payload = [as_bytes(sent)]
         sent = sent.float()
     dense = torch.zeros_like(chunks).scatter_(1, offsets, sent).view(-1)[: e.numel()]
-    return torch.cat([pack_offsets(offsets), *payload]), dense
+    index = torch.cat([encode_offsets(b).view(-1) for b in offsets.split(SORT_CHUNKS)])
+    return torch.cat([index, *payload]), dense
 
 
 def decompress(message: torch.Tensor, numel: int, keep: int, wire: str) -> torch.Tensor:
     """The dense fp32 tensor of `numel` elements that `compress` sent as `message`."""
     chunks, bits = -(-numel // CHUNK), VALUE_BITS[wire]
-    n = chunks * keep
-    offset_bytes = 3 * math.ceil(n / 2)
-    offsets = unpack_offsets(message[:offset_bytes], n).view(chunks, keep)
+    n, offset_bytes = chunks * keep, chunks * offset_code(keep)[1]
+    codes = message[:offset_bytes].view(chunks, -1)
+    offsets = torch.cat([decode_offsets(b, keep) for b in codes.split(SORT_CHUNKS)])
     rest = message[offset_bytes:]
     if wire in CODE_BITS:
         code_bytes = math.ceil(n * bits / 8)
