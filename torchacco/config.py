@@ -205,7 +205,8 @@ class DiLoCo:
     topk: float = key(
         0.0,
         "fraction of every 4096-element chunk of the pseudo-gradient sent (its largest magnitudes, as Elias–Fano-coded "
-        "offsets and outer_dtype values); what is not sent is fed back into the next outer step's (SparseLoCo). 0 sends all",
+        "offsets and outer_dtype values); what is not sent is fed back into the next outer step's (SparseLoCo). 0 "
+        "sends all",
     )
     error_decay: float = key(0.95, "β with topk: the residual not yet sent is multiplied by β at each outer step")
     warm_start: int = key(

@@ -67,7 +67,8 @@ VARIANTS = {
     **{f"streaming_h10_avg_topk{round(k * 100)}_{code}": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype {code} "
                                                                   f"--diloco.topk {k}")
        for k, code in ((0.01, "int2"), (0.03, "int2"), (0.1, "int4"))},
-    "streaming_h10_avg_topk1p5_int2": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype int2 --diloco.topk 0.015"),  # 100×
+    # 1.5% in 2 bits: the largest top-k 100× smaller than bf16 on the wire
+    "streaming_h10_avg_topk1p5_int2": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype int2 --diloco.topk 0.015"),
     # the per-token ablation of the bf16 Streaming DiLoCo: after a warm start of 100 updates averaged in fp32
     # (post-local SGD); with Nesterov (0.7, 0.9) whose momentum warms up over a fragment's first 20 outer steps (Pier)
     "streaming_h10_avg_warm100": _dp(DDP, f"{BF16} --diloco.warm_start 100"),

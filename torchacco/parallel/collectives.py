@@ -20,7 +20,7 @@ from torchacco import health
 
 # torch 2.13 renamed the single-tensor collectives; keep working on older releases.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 RING_MIN_NUMEL = 1 << 16  # below this, a message's latency outweighs the bytes saved
 PIECE_NUMEL = 1 << 22  # ring messages are cut to this size: the staging buffer stays bounded
@@ -89,7 +89,7 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
         _before_collective("all_gather")
     health.current().entered("all_gather", _name(group))
     if not _use_ring(output, group):
-        _all_gather(output, input, group=group)
+        all_gather_single(output, input, group=group)
         return
     world, rank, send_to, recv_from = _neighbours(group)
     chunks = output.chunk(world)

@@ -9,10 +9,10 @@ what it has not sent yet. At each outer step of a fragment,
     e ← e − c                           what Q and top-k dropped waits for the next outer step
 
 and the replicas exchange c as (offset, value) pairs (of equal magnitudes, the lowest offsets
-go): a chunk's k offsets in an Elias–Fano code (about 2 + log2(CHUNK / k) bits each, not 12),
-values as `outer_dtype` (fp32, bf16, or 8/4/2-bit codes with one fp32 scale per chunk). Every
-rank's message has the same size, so the exchange is one all-gather of bytes; each message is decoded and summed in fp32, weighted by its tokens, in
-rank order (the same result everywhere).
+go): a chunk's k offsets in an Elias–Fano code (at most 2 + log2(CHUNK / k) bits each), values
+as `outer_dtype` (fp32, bf16, or 8/4/2-bit codes with one fp32 scale per chunk). Every rank's
+message has the same size, so the exchange is one all-gather of bytes; each message is decoded
+and summed in fp32, weighted by its tokens, in rank order (the same result everywhere).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import math
 
 import torch
 import torch.distributed as dist
+
+from torchacco.parallel.collectives import all_gather_single
 
 CHUNK = 4096  # elements per top-k chunk and per scale of the sparse codes
 SORT_CHUNKS = 1 << 14  # chunks sorted at once (64M elements: about 1 GiB of the sort's temporaries)
@@ -191,10 +193,10 @@ def sparse_token_weighted_mean(e: torch.Tensor, tokens: float, group, wire: str,
     message, sent = compress(e, keep, wire)
     world = dist.get_world_size(group)
     weights = torch.empty(world, dtype=torch.float64, device=e.device)
-    dist.all_gather_into_tensor(weights, torch.tensor([tokens], dtype=torch.float64, device=e.device), group=group)
+    all_gather_single(weights, torch.tensor([tokens], dtype=torch.float64, device=e.device), group=group)
     shares = (weights / weights.sum()).to(torch.float32)
     messages = torch.empty(world * message.numel(), dtype=torch.uint8, device=e.device)
-    dist.all_gather_into_tensor(messages, message, group=group)
+    all_gather_single(messages, message, group=group)
     messages = messages.view(world, -1)
     mean = torch.zeros_like(e)
     for r in range(world):  # in rank order: every rank sums alike

@@ -51,6 +51,7 @@ from torchacco.blocks import block_list, unwrap
 from torchacco.device import Device
 from torchacco.errors import UserError
 from torchacco.faults import in_outer_exchange, muted_from
+from torchacco.parallel.collectives import all_gather_single
 from torchacco.parallel.compression import CHUNK, keep_per_chunk, message_bytes, sparse_token_weighted_mean
 from torchacco.parallel.dims import group_per_row
 from torchacco.parallel.pseudo_gradient import (
@@ -245,7 +246,7 @@ class DiLoCo(Strategy):
         fast as its slowest rank): as many updates as fit in the fastest replica's K = H / P."""
         mine = sorted(self.durations)[len(self.durations) // 2] if self.durations else 0.0
         seconds = torch.zeros(self.dims.world_size, dtype=torch.float64, device=self.device.torch)
-        dist.all_gather_into_tensor(seconds, torch.tensor([mine], dtype=torch.float64, device=self.device.torch))
+        all_gather_single(seconds, torch.tensor([mine], dtype=torch.float64, device=self.device.torch))
         per_replica = seconds.view(self.dims.replicas, -1).max(dim=1).values.tolist()
         fastest, h = min(per_replica), self.interval
         if fastest <= 0:

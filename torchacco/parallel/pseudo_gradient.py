@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from torchacco.parallel.collectives import all_gather_single
 from torchacco.parallel.compression import CODE_BITS, as_bytes, dequantize, from_bytes, pack, quantize, unpack
 
 ROW = 256  # elements per scale of the dense integer codes
@@ -46,7 +47,7 @@ def _dense_code_mean(x: torch.Tensor, group, bits: int) -> torch.Tensor:
     message = torch.cat([pack(codes, bits), as_bytes(scales)])
     world = dist.get_world_size(group)
     messages = torch.empty(world * message.numel(), dtype=torch.uint8, device=x.device)
-    dist.all_gather_into_tensor(messages, message, group=group)
+    all_gather_single(messages, message, group=group)
     messages = messages.view(world, -1)
     code_bytes = codes.numel() * bits // 8
     out = torch.zeros(codes.numel(), dtype=torch.float32, device=x.device)
@@ -67,7 +68,7 @@ def split_across(
     outs = []
     for mine in fn(torch.nn.functional.pad(piece, (0, size - piece.numel()))):
         out = torch.empty(n * size, dtype=mine.dtype, device=mine.device)
-        dist.all_gather_into_tensor(out, mine.contiguous(), group=split_group)
+        all_gather_single(out, mine.contiguous(), group=split_group)
         outs.append(out[: x.numel()])
     return tuple(outs)
 
