@@ -182,6 +182,13 @@ def test_tuning_picks_each_variants_best_grid_point_on_its_own_seeds_and_reports
     report = (tmp_path / "t.md").read_text()
     assert "| 0.003 | diloco_h10 | lr×0.5 outer 1:0 |" in report
     assert "| 0.003 | zero1 | DDP's (the noise floor" in report
+    # A chosen point the variant already makes is its untuned runs: the same folders, not run again
+    folders = []
+    monkeypatch.setattr(te, "train", lambda *a, **k: folders.append(a[4].name) or fake_train(*a, **k))
+    te.main(["--updates", "10", "--seeds", "0", "--tune-seeds", "100", "--tune-lrs", "1", "--tune-outer", "1:0,2:0",
+             "--variants", "ddp,diloco_h10_avg", "--out", str(tmp_path), "--name", "t2"])  # fmt: skip
+    assert folders[-1] == "u10_lr0.003_diloco_h10_avg_s0"
+    assert not te.sets_already("diloco_h10", ["--diloco.outer_lr", "1"])  # Nesterov's outer lr is 0.7
     with pytest.raises(SystemExit):  # the same seeds for tuning and for the report: refused
         te.main(["--updates", "10", "--seeds", "0,1", "--tune-seeds", "1,2", "--out", str(tmp_path)])
 

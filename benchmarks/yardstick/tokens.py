@@ -151,6 +151,12 @@ def tune(variant: str, lr: float, seeds: list[int], args, runs: Path, prefix: st
     return {**best, "grid": scores}
 
 
+def sets_already(variant: str, extra) -> bool:
+    """Whether `variant` itself makes every override of `extra` (flag, value pairs): the same runs as without it."""
+    made = set(zip(VARIANTS[variant], VARIANTS[variant][1:]))
+    return all(pair in made for pair in zip(extra[::2], extra[1::2]))
+
+
 def updates_to_target(target: float, finals: dict[int, float]) -> tuple[float | None, bool]:
     """(updates to `target`, is_upper_bound) from final losses at several budgets (updates -> loss): linear between
     the first two that bracket it; the smallest budget and True if it reaches it; (None, False) if none does."""
@@ -354,7 +360,7 @@ def main(argv: list[str] | None = None) -> None:
                 point = tuned[f"{lr:g}"][v] = tuned[f"{lr:g}"][DDP]  # at DDP's settings, so not tuned apart
             elif tune_seeds:
                 point = tuned.setdefault(f"{lr:g}", {})[v] = tune(v, lr, tune_seeds, args, out / args.runs, prefix)
-            untuned = point["lr"] == lr and not point["extra"]  # the same runs as without tuning: the same folders
+            untuned = point["lr"] == lr and sets_already(v, point["extra"])  # the runs without tuning: their folders
             tag = "" if untuned else f"_at{point['lr']:g}" + "".join(f"_{x}" for x in point["extra"][1::2])
             for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
                 for n in budgets if v != DDP else levels:
