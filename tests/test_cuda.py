@@ -17,7 +17,14 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("check", ["stream_runner_overlaps_and_orders_with_events", "acco_first_commit_equals_zero1"])
+@pytest.mark.parametrize(
+    "check",
+    [
+        "stream_runner_overlaps_and_orders_with_events",
+        "acco_first_commit_equals_zero1",
+        "top_k_messages_match_the_cpu_bit_for_bit",
+    ],
+)
 def test_cuda_check(check):
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).parent / "workers" / "cuda_checks.py"), check],

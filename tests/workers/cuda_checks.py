@@ -70,6 +70,19 @@ def acco_first_commit_equals_zero1():
         destroy()
 
 
+def top_k_messages_match_the_cpu_bit_for_bit():
+    from torchacco.parallel.compression import compress, decompress, keep_per_chunk
+
+    g = torch.Generator().manual_seed(0)
+    e = torch.randn(5 * 4096 + 300, generator=g) * torch.logspace(-3, 2, 5 * 4096 + 300)
+    for topk, wire in ((0.01, "int2"), (0.1, "int4"), (0.6, "bf16")):  # 0.6: the offset code's low bits are 0
+        keep = keep_per_chunk(topk)
+        message, sent = compress(e, keep, wire)
+        on_gpu, sent_on_gpu = compress(e.cuda(), keep, wire)
+        assert torch.equal(on_gpu.cpu(), message) and torch.equal(sent_on_gpu.cpu(), sent), (topk, wire)
+        assert torch.equal(decompress(on_gpu, e.numel(), keep, wire).cpu(), sent), (topk, wire)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
     print("ok")
