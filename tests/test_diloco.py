@@ -104,8 +104,9 @@ def diloco_reference(
 ):  # fmt: skip
     """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco.py).
     `computed[r][t]`: whether replica r computed slot t (mixed replicas; all of them when None).
-    `topk`: (elements kept per chunk, code bits, error decay β): each replica sends the top-k of its
-    residual e ← β·e + Δ_r and keeps the rest. `warm`: after each of the first `warm` updates, every
+    `topk`: (elements kept per chunk, code bits, error decay β, over the senders): each replica sends the top-k
+    of its residual e ← β·e + Δ_r and keeps the rest; over the senders, an element's mean weighs only the
+    replicas that sent it. `warm`: after each of the first `warm` updates, every
     replica's θ becomes the token-weighted mean of theirs (the outer optimizer untouched). `h_max`: after
     each outer step the next comes min(h_max, max(H, ⌊H·(η_peak / η_t)²⌋)) / P updates later (QSR)."""
     reps = [Replica([r * dp + d for d in range(dp)]) for r in range(replicas)]
@@ -144,15 +145,17 @@ def diloco_reference(
         return mean
 
     def sparse_mean(f, total):
-        keep, bits, decay = topk
-        mean = torch.zeros(sum(b.numel() for b in backups[f]))
+        keep, bits, decay, over_senders = topk
+        mean, weight = torch.zeros(sum(b.numel() for b in backups[f])), torch.zeros(1)
         for r, rep in enumerate(reps):
             delta = torch.cat([(b.detach() - rep.params[i].detach()).reshape(-1) for b, i in zip(backups[f], frags[f])])
             e = delta if residuals[r][f] is None else decay * residuals[r][f] + delta
             sent = sparse_reference(e, keep, bits)
             residuals[r][f] = e - sent
             mean += tokens[r][f] / total * sent
+            weight = weight + tokens[r][f] / total * (sent != 0 if over_senders else 1)  # (codes are never 0)
             tokens[r][f] = 0.0
+        mean = mean / weight.clamp_min(1e-30)
         return [g.view_as(b) for g, b in zip(mean.split([b.numel() for b in backups[f]]), backups[f])]
 
     interval = H // P
@@ -235,6 +238,11 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         ("fsdp", dict(sync_every=2, outer_lr=1.0, outer_momentum=0.0, offload=1), 4),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, eager=1), 9),
         ("ddp", dict(sync_every=4, fragments=2, overlap_steps=1, topk=0.05, outer_dtype="int4", error_decay=0.9), 9),
+        (
+            "ddp",
+            dict(sync_every=4, fragments=2, overlap_steps=1, topk=0.02, outer_dtype="int2", topk_mean="senders"),
+            9,
+        ),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, warm_start=4), 9),
         ("ddp", dict(sync_every=2, fragments=2, outer_momentum_warmup=3), 12),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, sync_every_max=12), 23),
@@ -246,6 +254,7 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         "fsdp-averaging-offload",
         "zero1-eager",
         "ddp-topk-int4",
+        "ddp-topk-senders",
         "zero1-warm-start",
         "ddp-momentum-warmup",
         "zero1-qsr",
@@ -260,7 +269,8 @@ def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
     reference_keys |= dict(h_max=diloco.get("sync_every_max", 0))
     if "topk" in diloco:
         bits = {"int8": 8, "int4": 4, "int2": 2}[diloco["outer_dtype"]]
-        reference_keys |= dict(topk=(round(diloco["topk"] * 4096), bits, diloco["error_decay"]))
+        over_senders = diloco.get("topk_mean") == "senders"
+        reference_keys |= dict(topk=(round(diloco["topk"] * 4096), bits, diloco.get("error_decay", 0.95), over_senders))
     expected, spread, distinct_tokens = diloco_reference(updates, 2, replicas=2, dp=1, **reference_keys)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
     # The replicas saw different data and drifted apart (so the mean is a mean); the masked labels
@@ -467,6 +477,7 @@ def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
         ({"parallelism.replicas": 2, "diloco.warm_start": 100, "diloco.balance_replicas": True,
           "training.max_tokens": 10**6}, "use one of them"),
         ({"parallelism.replicas": 2, "diloco.error_decay": 0.5}, "topk = 0 sends all; set topk"),
+        ({"parallelism.replicas": 2, "diloco.topk_mean": "senders"}, "averages what topk sends, and topk = 0"),
         ({"parallelism.replicas": 2, "diloco.sync_every": 10, "diloco.sync_every_max": 5}, "of at least sync_every"),
         ({"parallelism.replicas": 2, "diloco.sync_every_max": 200, "diloco.fault_tolerant": True},
          "set sync_every_max = 0"),

@@ -209,6 +209,11 @@ class DiLoCo:
         "sends all",
     )
     error_decay: float = key(0.95, "β with topk: the residual not yet sent is multiplied by β at each outer step")
+    topk_mean: Literal["replicas", "senders"] = key(
+        "replicas",
+        "with topk, each element's token-weighted mean over every replica (one that did not send it counts 0) or "
+        "over the replicas that sent it",
+    )
     warm_start: int = key(
         0,
         "inner updates at the start after each of which the replicas average θ (fp32, all fragments; post-local "

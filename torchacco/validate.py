@@ -204,6 +204,9 @@ def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
         raise UserError(f"[diloco] error_decay = {d.error_decay:g} must be between 0 and 1")
     if d.error_decay != DiLoCo().error_decay and not d.topk:
         raise UserError("[diloco] error_decay applies to what topk leaves unsent, and topk = 0 sends all; set topk")
+    if d.topk_mean != DiLoCo().topk_mean and not d.topk:
+        raise UserError(f"[diloco] topk_mean = {d.topk_mean!r} averages what topk sends, and topk = 0 sends all; "
+                        "set topk")  # fmt: skip
     if d.outer_momentum_warmup < 0:
         raise UserError(f"[diloco] outer_momentum_warmup = {d.outer_momentum_warmup} must be 0 (none) or more")
     if d.warm_start < 0 or d.warm_start % interval:

@@ -171,6 +171,13 @@ def compress(e: torch.Tensor, keep: int, wire: str) -> tuple[torch.Tensor, torch
 
 def decompress(message: torch.Tensor, numel: int, keep: int, wire: str) -> torch.Tensor:
     """The dense fp32 tensor of `numel` elements that `compress` sent as `message`."""
+    offsets, values = decode(message, numel, keep, wire)
+    dense = torch.zeros(offsets.shape[0], CHUNK, dtype=torch.float32, device=message.device)
+    return dense.scatter_(1, offsets, values).view(-1)[:numel]
+
+
+def decode(message: torch.Tensor, numel: int, keep: int, wire: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets, fp32 values), each (chunks, keep), of the message `compress` sent for `numel` elements."""
     chunks, bits = -(-numel // CHUNK), VALUE_BITS[wire]
     n, offset_bytes = chunks * keep, chunks * offset_code(keep)[1]
     codes = message[:offset_bytes].view(chunks, -1)
@@ -183,13 +190,14 @@ def decompress(message: torch.Tensor, numel: int, keep: int, wire: str) -> torch
         values = dequantize_kept(codes.view(chunks, keep), scales, bits)
     else:
         values = from_bytes(rest, FLOATS[wire]).float().view(chunks, keep)
-    dense = torch.zeros(chunks, CHUNK, dtype=torch.float32, device=message.device)
-    return dense.scatter_(1, offsets, values).view(-1)[:numel]
+    return offsets, values
 
 
-def sparse_token_weighted_mean(e: torch.Tensor, tokens: float, group, wire: str, keep: int):
+def sparse_token_weighted_mean(e: torch.Tensor, tokens: float, group, wire: str, keep: int, over_senders=False):
     """(Σ_r (tokens_r / Σ_s tokens_s) · c_r over the ranks of `group`, this rank's c), c_r the top-k
-    message of rank r's `e`. No host sync: it runs on a CUDA side stream as it is."""
+    message of rank r's `e`; `over_senders`: each element's Σ_s runs over the ranks that sent it (none: 0),
+    so an element one replica sent moves by its value, not by its share of it. No host sync: it runs on a
+    CUDA side stream as it is."""
     message, sent = compress(e, keep, wire)
     world = dist.get_world_size(group)
     weights = torch.empty(world, dtype=torch.float64, device=e.device)
@@ -198,7 +206,14 @@ def sparse_token_weighted_mean(e: torch.Tensor, tokens: float, group, wire: str,
     messages = torch.empty(world * message.numel(), dtype=torch.uint8, device=e.device)
     all_gather_single(messages, message, group=group)
     messages = messages.view(world, -1)
-    mean = torch.zeros_like(e)
+    chunks = -(-e.numel() // CHUNK)
+    mean = torch.zeros(chunks, CHUNK, dtype=torch.float32, device=e.device)
+    senders = torch.zeros_like(mean) if over_senders else None
     for r in range(world):  # in rank order: every rank sums alike
-        mean.add_(decompress(messages[r], e.numel(), keep, wire) * shares[r])
-    return mean, sent
+        offsets, values = decode(messages[r], e.numel(), keep, wire)
+        mean.scatter_add_(1, offsets, values * shares[r])
+        if senders is not None:
+            senders.scatter_add_(1, offsets, shares[r].expand_as(values))
+    if senders is not None:
+        mean.div_(senders.clamp_min_(torch.finfo(torch.float32).tiny))
+    return mean.view(-1)[: e.numel()], sent

@@ -122,6 +122,7 @@ class DiLoCo(Strategy):
         self.momentum = [torch.zeros_like(b) for b in self.backup]
         # top-k: what this rank has not sent yet, per fragment (compression.py), where the outer state lives
         self.keep = keep_per_chunk(options.topk) if options.topk else 0
+        self.over_senders = options.topk_mean == "senders"
         self.residual = [torch.zeros_like(b) for b in self.backup] if self.keep else []
         self.tokens = [0.0] * options.fragments  # the replica's loss tokens since each fragment's last Δ
         self.updates = 0  # inner updates committed
@@ -327,7 +328,9 @@ class DiLoCo(Strategy):
         e = residual.to(delta.device).mul_(self.options.error_decay).add_(delta)
 
         def exchange(x: torch.Tensor):
-            return sparse_token_weighted_mean(x, tokens, self.dims.replica_group, self.wire, self.keep)
+            return sparse_token_weighted_mean(
+                x, tokens, self.dims.replica_group, self.wire, self.keep, self.over_senders
+            )
 
         if self.split_group is None:
             mean, sent = exchange(e)
