@@ -107,7 +107,7 @@ def encode_offsets(offsets: torch.Tensor) -> torch.Tensor:
 def decode_offsets(codes: torch.Tensor, keep: int) -> torch.Tensor:
     """`encode_offsets` undone: (rows, keep) ascending offsets. No host sync (no nonzero): each set bit of
     the high bitmap goes to its rank's column by a running count."""
-    low, nbytes = offset_code(keep)
+    low = offset_code(keep)[0]
     bits = ((codes.long()[..., None] >> _bit_weights(8, codes.device)) & 1).view(codes.shape[0], -1)
     lows = (bits[:, : keep * low].reshape(codes.shape[0], keep, low) << _bit_weights(low, codes.device)).sum(-1)
     high = bits[:, keep * low : keep * low + keep + (CHUNK >> low)]
