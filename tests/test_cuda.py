@@ -23,6 +23,7 @@ pytestmark = [
         "stream_runner_overlaps_and_orders_with_events",
         "acco_first_commit_equals_zero1",
         "top_k_messages_match_the_cpu_bit_for_bit",
+        "sparse_mean_on_nccl_is_what_was_sent",
     ],
 )
 def test_cuda_check(check):

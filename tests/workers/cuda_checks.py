@@ -83,6 +83,24 @@ def top_k_messages_match_the_cpu_bit_for_bit():
         assert torch.equal(decompress(on_gpu, e.numel(), keep, wire).cpu(), sent), (topk, wire)
 
 
+def sparse_mean_on_nccl_is_what_was_sent():
+    """The exchange's gathers, scatter-adds and the senders' division on the GPU: one rank's mean is its message."""
+    from torchacco.device import Device
+    from torchacco.parallel.compression import compress, keep_per_chunk, sparse_token_weighted_mean
+    from torchacco.parallel.process_groups import destroy, init_distributed
+
+    init_distributed(Device("cuda", 0))
+    try:
+        e = torch.randn(3 * 4096 + 77, generator=torch.Generator().manual_seed(1))
+        keep = keep_per_chunk(0.01)
+        _, sent = compress(e, keep, "int2")
+        for over_senders in (False, True):
+            mean, sent_on_gpu = sparse_token_weighted_mean(e.cuda(), 5.0, None, "int2", keep, over_senders)
+            assert torch.equal(sent_on_gpu.cpu(), sent) and torch.equal(mean.cpu(), sent), over_senders
+    finally:
+        destroy()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
     print("ok")

@@ -58,8 +58,8 @@ def quantize_kept(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
     all 2^b levels, (q − (2^b − 1)/2)·scale with scale = 2·max|row| / (2^b − 1) (2 bits: ±m/3, ±m). An
     element's error is at most max|row| / (2^b − 1)."""
     top = (1 << bits) - 1
-    scales = x.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) * (2.0 / top)
-    codes = torch.round(x / scales[:, None] + top / 2).clamp_(0, top)
+    scales = x.abs().amax(dim=1) * (2.0 / top)  # 0 for a row of zeros (a frozen parameter's), which then sends 0s
+    codes = torch.round(x / scales.clamp_min(torch.finfo(torch.float32).tiny)[:, None] + top / 2).clamp_(0, top)
     return codes.to(torch.uint8), scales
 
 
@@ -201,7 +201,7 @@ def sparse_token_weighted_mean(e: torch.Tensor, tokens: float, group, wire: str,
     message, sent = compress(e, keep, wire)
     world = dist.get_world_size(group)
     weights = torch.empty(world, dtype=torch.float64, device=e.device)
-    all_gather_single(weights, torch.tensor([tokens], dtype=torch.float64, device=e.device), group=group)
+    all_gather_single(weights, torch.full((1,), tokens, dtype=torch.float64, device=e.device), group=group)
     shares = (weights / weights.sum()).to(torch.float32)
     messages = torch.empty(world * message.numel(), dtype=torch.uint8, device=e.device)
     all_gather_single(messages, message, group=group)

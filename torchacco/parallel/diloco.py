@@ -277,9 +277,10 @@ class DiLoCo(Strategy):
     def _mean(self, f: int, delta: torch.Tensor, tokens: float, group=None) -> torch.Tensor:
         """The replicas' token-weighted mean of Δ (of what top-k sends of it, error-fed), over `group` (a fault-tolerant
         round's) or the mesh's replica group."""
+        group = group or self.dims.replica_group
         if self.keep:
-            return self._sparse_mean(f, delta, tokens)
-        return self._dense_mean(delta, tokens, group or self.dims.replica_group, self.wire)
+            return self._sparse_mean(f, delta, tokens, group)
+        return self._dense_mean(delta, tokens, group, self.wire)
 
     def _dense_mean(self, delta: torch.Tensor, tokens: float, group, wire: str) -> torch.Tensor:
         if self.split_group is None:
@@ -320,7 +321,7 @@ class DiLoCo(Strategy):
         outer = self._outer_step(self._due(), opened=True)
         return self._sat_out(float("nan"), self.nominal * self.dims.replicas, outer)  # (the donor's loss and norm)
 
-    def _sparse_mean(self, f: int, delta: torch.Tensor, tokens: float) -> torch.Tensor:
+    def _sparse_mean(self, f: int, delta: torch.Tensor, tokens: float, group) -> torch.Tensor:
         """e ← β·e + Δ; the replicas' token-weighted mean of their top-k of e; e ← e − what was sent.
         Every rank of a replicated inner strategy holds e alike: each sends its 1/n of the chunks, and
         they all-gather the mean and what was sent."""
@@ -328,9 +329,7 @@ class DiLoCo(Strategy):
         e = residual.to(delta.device).mul_(self.options.error_decay).add_(delta)
 
         def exchange(x: torch.Tensor):
-            return sparse_token_weighted_mean(
-                x, tokens, self.dims.replica_group, self.wire, self.keep, self.over_senders
-            )
+            return sparse_token_weighted_mean(x, tokens, group, self.wire, self.keep, self.over_senders)
 
         if self.split_group is None:
             mean, sent = exchange(e)

@@ -25,7 +25,7 @@ WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / ROW, "int4": 0.5 + 4
 def token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: str = "fp32") -> torch.Tensor:
     """Σ_r (tokens_r / Σ_s tokens_s) · Δ_r over the ranks of `group`, in fp32. The weights stay
     on the device (no host sync, so this runs on a CUDA side stream as it is)."""
-    weight = torch.tensor([tokens], dtype=torch.float64, device=delta.device)
+    weight = torch.full((1,), tokens, dtype=torch.float64, device=delta.device)  # (a kernel, not a host copy)
     dist.all_reduce(weight, group=group)
     share = (tokens / weight).to(torch.float32)
     if wire == "fp32":
