@@ -64,6 +64,26 @@ def test_time_to_target_multiplies_tokens_by_speed_against_the_best_baseline(tmp
     assert "zero1 (tokens as ddp)" in (tmp_path / "ttt.md").read_text()
 
 
+def test_time_to_target_reads_each_variants_tokens_from_the_first_of_several_files(tmp_path, capsys):
+    first = {"0.003": {"ddp": {"val_loss": [4.0, 3.9]}, "a": {"val_loss": [4.1, 4], "tokens_to_target_ratio": [2, 2]}}}
+    second = {"0.003": {"ddp": {"val_loss": [4.2, 4.1]}, "a": {"val_loss": [0, 0], "tokens_to_target_ratio": [9, 9]},
+                        "b": {"val_loss": [4.3, 4.2], "tokens_to_target_ratio": [1.5, 1.0]}}}  # fmt: skip
+    speed = {"b": {"plan": "2 nodes", "strategies": {"zero1": {"mean": 0.6}, "a": {"mean": 0.1}, "b": {"mean": 0.2}}}}
+    for name, data in (("one", {"summary": first}), ("two", {"summary": second}), ("spd", {"settings": speed})):
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    args = ["--speed", "spd", "--out", str(tmp_path), "--name", "ttt", "--same-update", "zero1=ddp"]
+    assert ttt.main(["--tokens", "one,two", *args]) == 0
+    rows = json.loads((tmp_path / "ttt.json").read_text())["settings"]["b"]["strategies"]
+    assert rows["a"]["sooner_per_seed"] == [pytest.approx(3.0), pytest.approx(3.0)]  # the first file's ratios
+    assert rows["b"]["sooner_per_seed"] == [pytest.approx(2.0), pytest.approx(3.0)]
+    assert "`" + str(tmp_path) + "/two.md`" in (tmp_path / "ttt.md").read_text()
+    second["0.003"]["b"]["val_loss"] = [4.3]  # one seed against the first file's two: no pairing
+    (tmp_path / "two.json").write_text(json.dumps({"summary": second}))
+    with pytest.raises(SystemExit):
+        ttt.main(["--tokens", "one,two", *args])
+    assert "ran different numbers of seeds" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

@@ -66,10 +66,26 @@ def combine(settings: dict, ratios: dict[str, list[float]]) -> dict:
     return out
 
 
+def merged(files: list[dict], parser) -> dict:
+    """Several token tables as one, per lr: each variant's row from the first file that holds it. A seed's ratio is to
+    DDP's run of its own file, so files pair by seed only when they ran as many."""
+    out = {}
+    for summary in files:
+        for lr, rows in summary.items():
+            for name, row in rows.items():
+                out.setdefault(lr, {}).setdefault(name, row)
+    for rows in out.values():
+        if len({len(row["val_loss"]) for row in rows.values()}) > 1:
+            parser.error("the --tokens files ran different numbers of seeds: give files of the same seeds")
+    return out
+
+
 def markdown(result: dict, meta: dict, by_level: dict, targets: dict) -> str:
+    where = meta.get("out", "bench_results")
+    files = ", ".join(f"`{where}/{name}.md`" for name in meta["tokens"].split(","))
     lines = ["# Time to DDP's final loss: tokens needed (loopback) × time per token (emulated cluster)", "",
-             f"{meta['date']}, {meta['machine']}. Tokens: `{meta.get('out', 'bench_results')}/{meta['tokens']}.md` (lr "
-             f"{meta['lr']}); speed: `{meta.get('out', 'bench_results')}/{meta['speed']}.md`.",
+             f"{meta['date']}, {meta['machine']}. Tokens: {files} (lr {meta['lr']}); speed: "
+             f"`{where}/{meta['speed']}.md`.",
              f"Command: `{meta['command']}`", "",
              "Sooner = the best synchronous baseline's time to the target over this strategy's, paired by seed, mean "
              "with its 95% interval. The target is DDP's final validation loss of the same seed."]  # fmt: skip
@@ -117,7 +133,8 @@ def markdown(result: dict, meta: dict, by_level: dict, targets: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = common.parser("time-to-target-table", __doc__, "time_to_target")
-    parser.add_argument("--tokens", required=True, help="a token-efficiency result name run with --budgets")
+    parser.add_argument("--tokens", required=True, help="token-efficiency result names run with --budgets, comma-"
+                        "separated: a variant's row comes from the first that holds it")  # fmt: skip
     parser.add_argument("--speed", required=True, help="a speed result name (benchmarks speed --name)")
     parser.add_argument("--lr", default="", help="the token table's learning rate (default: its only one)")
     parser.add_argument("--same-update", default="", help="A=B,...: strategy A computes B's update (the same "
@@ -125,10 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = ROOT / args.out
     try:
-        tokens = json.loads((out / f"{args.tokens}.json").read_text())["summary"]
+        files = [json.loads((out / f"{name}.json").read_text())["summary"] for name in args.tokens.split(",")]
         settings = json.loads((out / f"{args.speed}.json").read_text())["settings"]
     except (OSError, KeyError, json.JSONDecodeError) as e:
         parser.error(f"cannot read the results: {e}")
+    tokens = merged(files, parser)
     try:
         lr = f"{float(args.lr):g}" if args.lr else next(iter(tokens))
     except ValueError:

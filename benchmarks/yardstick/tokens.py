@@ -79,7 +79,8 @@ VARIANTS = {
     # outer lr 2: of 2 replicas' top-k, an element only one sent moves θ_global by half its value at outer lr 1
     "streaming_h10_avg_topk1_int2_outer2": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.outer_lr 2"),
     # each element averaged over the replicas that sent it, not over all of them
-    "streaming_h10_avg_topk1_int2_senders": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.topk_mean senders"),
+    **{f"streaming_h10_avg_topk{k}_int2_senders": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype int2 --diloco.topk "
+                                                        f"0.0{k} --diloco.topk_mean senders") for k in (1, 3)},
     "streaming_h10_avg_topk1_int2_warm100": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.warm_start 100"),
     # QSR: H grows as (peak lr / lr)² up to a cap: from 10 to 40 (107 outer steps in 1,000 updates, H 10's 200), and
     # from 6 to 24 (181: syncing more often early, less late, for about H 10's bytes)
