@@ -262,6 +262,10 @@ TABLE = {"tokens_to_target": {
     "zero1": {"mean": 1.001, "ci95": 0.002, "seeds": 5, "source": "bench_results/a.md"},
     "wp": {"not_reached_within": 1.25, "gap_pct": 15.0, "seeds": 2, "source": "bench_results/c.md"},
     "streaming_h10_avg": {"mean": 1.25, "ci95": 0.04, "seeds": 5, "source": "bench_results/b.md", "diloco": STREAMING},
+    **{f"streaming_h10_avg_topk1_int2{suffix}": {"mean": 1.4, "ci95": 0.1, "seeds": 5, "source": "bench_results/d.md",
+                                                 "diloco": {**STREAMING, "outer_dtype": "int2", "topk": 0.01,
+                                                            "topk_mean": mean}}
+       for suffix, mean in (("", "replicas"), ("_senders", "senders"))},
 }}  # fmt: skip
 
 
@@ -314,6 +318,12 @@ def test_a_diloco_row_takes_a_measurement_only_with_the_same_replicas_inner_upda
     ):  # fmt: skip  (an entry recording no topk measured the dense pseudo-gradient)
         assert source("ddp", **changed) is None, changed
     assert source("ddp", offload=True) == "streaming_h10_avg"  # where θ_global is kept, not what it is
+    # the residual's decay and the sparse mean change nothing without topk, and everything with it
+    assert source("ddp", error_decay=1.0, topk_mean="senders") == "streaming_h10_avg"
+    sparse = dict(topk=0.01, outer_dtype="int2")
+    assert source("ddp", **sparse) == "streaming_h10_avg_topk1_int2"
+    assert source("ddp", **sparse, topk_mean="senders") == "streaming_h10_avg_topk1_int2_senders"
+    assert source("ddp", **sparse, error_decay=1.0) is None
 
 
 def test_the_shipped_table_says_where_its_numbers_come_from():

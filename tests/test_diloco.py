@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from test_schedules import ROOT, run_worker
 
-from torchacco.config import Config
+from torchacco.config import Config, DiLoCo
 from torchacco.errors import UserError
 from torchacco.parallel.compression import CHUNK, sparse_token_weighted_mean
 from torchacco.parallel.pseudo_gradient import (
@@ -237,7 +237,19 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, mixing=0.5), 9),
         ("fsdp", dict(sync_every=2, outer_lr=1.0, outer_momentum=0.0, offload=1), 4),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, eager=1), 9),
-        ("ddp", dict(sync_every=4, fragments=2, overlap_steps=1, topk=0.05, outer_dtype="int4", error_decay=0.9), 9),
+        (
+            "ddp",
+            dict(
+                sync_every=4,
+                fragments=2,
+                overlap_steps=1,
+                topk=0.05,
+                outer_dtype="int4",
+                error_decay=0.9,
+                topk_mean="replicas",
+            ),
+            9,
+        ),
         (
             "ddp",
             dict(sync_every=4, fragments=2, overlap_steps=1, topk=0.02, outer_dtype="int2", topk_mean="senders"),
@@ -253,7 +265,7 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         "zero1-overlap-mixing",
         "fsdp-averaging-offload",
         "zero1-eager",
-        "ddp-topk-int4",
+        "ddp-topk-int4-replicas",
         "ddp-topk-senders",
         "zero1-warm-start",
         "ddp-momentum-warmup",
@@ -269,7 +281,7 @@ def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
     reference_keys |= dict(h_max=diloco.get("sync_every_max", 0))
     if "topk" in diloco:
         bits = {"int8": 8, "int4": 4, "int2": 2}[diloco["outer_dtype"]]
-        over_senders = diloco.get("topk_mean") == "senders"
+        over_senders = diloco.get("topk_mean", DiLoCo().topk_mean) == "senders"
         reference_keys |= dict(topk=(round(diloco["topk"] * 4096), bits, diloco.get("error_decay", 0.95), over_senders))
     expected, spread, distinct_tokens = diloco_reference(updates, 2, replicas=2, dp=1, **reference_keys)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
@@ -477,7 +489,7 @@ def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
         ({"parallelism.replicas": 2, "diloco.warm_start": 100, "diloco.balance_replicas": True,
           "training.max_tokens": 10**6}, "use one of them"),
         ({"parallelism.replicas": 2, "diloco.error_decay": 0.5}, "topk = 0 sends all; set topk"),
-        ({"parallelism.replicas": 2, "diloco.topk_mean": "senders"}, "averages what topk sends, and topk = 0"),
+        ({"parallelism.replicas": 2, "diloco.topk_mean": "replicas"}, "averages what topk sends, and topk = 0"),
         ({"parallelism.replicas": 2, "diloco.sync_every": 10, "diloco.sync_every_max": 5}, "of at least sync_every"),
         ({"parallelism.replicas": 2, "diloco.sync_every_max": 200, "diloco.fault_tolerant": True},
          "set sync_every_max = 0"),

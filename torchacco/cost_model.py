@@ -474,6 +474,7 @@ TOKEN_EFFICIENCY = Path(__file__).with_name("token_efficiency.json")
 PLAIN_UPDATE = ("deterministic", "balanced")
 # [diloco] settings that say where the outer state lives or how a failure is survived, not what an outer step computes
 NOT_THE_UPDATE = ("offload", "fault_tolerant", "lighthouse", "min_replicas", "join_timeout_s", "round_timeout_s")
+TOPK_ONLY = ("error_decay", "topk_mean")  # settings of the residual and the sparse mean: nothing without topk
 
 
 @functools.cache
@@ -510,12 +511,13 @@ def diloco_token_source(inner: str, replicas: int, outer, table: dict | None = N
     or None. The ranks inside a replica are not matched: they change the inner update's floating-point order, not the
     update."""
     settings, defaults = dataclasses.asdict(outer), dataclasses.asdict(type(outer)())
+    ignored = NOT_THE_UPDATE + (() if outer.topk else TOPK_ONLY)
     for name, entry in _entries(table).items():
         run = entry.get("diloco")
         if not run or run["replicas"] != replicas or _update(run["inner"]) != _update(inner):
             continue
         recorded = {**defaults, **run}  # a setting an entry does not record (it predates it) had its default
-        if all(settings[key] == recorded[key] for key in settings if key not in NOT_THE_UPDATE):
+        if all(settings[key] == recorded[key] for key in settings if key not in ignored):
             return name
     return None
 

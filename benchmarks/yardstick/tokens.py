@@ -36,7 +36,7 @@ AVG = "--diloco.outer_lr 1 --diloco.outer_momentum 0"  # plain averaging
 STREAMING_AVG = f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true {AVG}"
 BF16 = f"{STREAMING_AVG} --diloco.outer_dtype bf16"  # the recommended Streaming DiLoCo (streaming_h10_avg)
 PIER = "--diloco.outer_lr 0.7 --diloco.outer_momentum 0.9 --diloco.outer_momentum_warmup 20"
-TOPK1 = "--diloco.outer_dtype int2 --diloco.topk 0.01"
+TOPK1 = "--diloco.outer_dtype int2 --diloco.topk 0.01 --diloco.topk_mean replicas"  # SparseLoCo's mean
 SLOW99 = "--optimizer.slow_beta 0.99 --optimizer.slow_weight 0.5"
 # 4 replicas of one rank: the same 16 sequences per update; 2 evaluation batches per rank keep the same 32 validation
 # sequences
@@ -65,10 +65,10 @@ VARIANTS = {
     # the same Streaming DiLoCo sending 1% (3%, 10%) of each chunk of its pseudo-gradient in 2 (4) bits, error-fed;
     # with no decay of the residual (β = 1); after a warm start of 100 updates averaged in fp32
     **{f"streaming_h10_avg_topk{round(k * 100)}_{code}": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype {code} "
-                                                                  f"--diloco.topk {k}")
+                                                                  f"--diloco.topk {k} --diloco.topk_mean replicas")
        for k, code in ((0.01, "int2"), (0.03, "int2"), (0.1, "int4"))},
     # 1.5% in 2 bits: the largest top-k 100× smaller than bf16 on the wire
-    "streaming_h10_avg_topk1p5_int2": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype int2 --diloco.topk 0.015"),
+    "streaming_h10_avg_topk1p5_int2": _dp(DDP, f"{STREAMING_AVG} {TOPK1.replace('0.01', '0.015')}"),
     # the per-token ablation of the bf16 Streaming DiLoCo: after a warm start of 100 updates averaged in fp32
     # (post-local SGD); with Nesterov (0.7, 0.9) whose momentum warms up over a fragment's first 20 outer steps (Pier)
     "streaming_h10_avg_warm100": _dp(DDP, f"{BF16} --diloco.warm_start 100"),
