@@ -35,7 +35,7 @@ STRATEGIES = {  # every registered strategy's variants (balanced batches among t
         f"{v}_balanced": [*VARIANTS[v], "--diloco.balance_replicas", "true"]
         for v in ("diloco_h50", "diloco_h10_avg", STREAMING, SPARSE)
     },
-    **{name: VARIANTS[name] for name in (SPARSE, f"{SPARSE}_senders")},
+    **{name: VARIANTS[name] for name in (SPARSE, f"{SPARSE}_senders", "streaming_h10_avg_topk3_int2_senders")},
     # every gradient bucket 25 MiB (a set cap): this model's gradients in one bucket, all-reduced after the backward
     f"{DDP}_one_bucket": ["--parallelism.data_parallel", DDP, "--parallelism.bucket_cap_mb", "25"],
 }
