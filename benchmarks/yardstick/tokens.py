@@ -93,8 +93,9 @@ VARIANTS = {
     # 4 replicas of one rank (4 sequences each); alone, and with the warm start and the warmed-up Nesterov
     "streaming_h10_avg_r4": _dp(DDP, f"{BF16} {R4}"),
     "streaming_h10_pier_warm100_r4": _dp(DDP, f"{BF16} {PIER} --diloco.warm_start 100 {R4}"),
-    "streaming_h10_avg_topk3_int2_senders_r4": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype int2 --diloco.topk 0.03 "
-                                                        f"--diloco.topk_mean senders {R4}"),
+    **{f"streaming_h10_avg_topk3_int2{suffix}_r4": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype int2 --diloco.topk "
+                                                          f"0.03 --diloco.topk_mean {mean} {R4}")
+       for suffix, mean in (("", "replicas"), ("_senders", "senders"))},
 }  # fmt: skip
 RANKS = {name: 4 for name in VARIANTS if name.endswith("_r4")}  # a variant's ranks where not 2
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
