@@ -210,9 +210,9 @@ class DiLoCo:
     )
     error_decay: float = key(0.95, "β with topk: the residual not yet sent is multiplied by β at each outer step")
     topk_mean: Literal["replicas", "senders"] = key(
-        "senders",
-        "with topk, each element's token-weighted mean over the replicas that sent it, or over every replica (one "
-        "that did not send it counts 0: SparseLoCo's rule, which loses more per token)",
+        "replicas",
+        "with topk, each element's token-weighted mean over every replica (one that did not send it counts 0: "
+        "SparseLoCo's rule) or over the replicas that sent it (fewer tokens to a loss with 2 replicas, more with 4)",
     )
     warm_start: int = key(
         0,
