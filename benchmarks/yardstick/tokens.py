@@ -37,6 +37,7 @@ STREAMING_AVG = f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 --di
 BF16 = f"{STREAMING_AVG} --diloco.outer_dtype bf16"  # Streaming DiLoCo in bf16 (streaming_h10_avg)
 PIER = "--diloco.outer_lr 0.7 --diloco.outer_momentum 0.9 --diloco.outer_momentum_warmup 20"
 TOPK1 = "--diloco.outer_dtype int2 --diloco.topk 0.01 --diloco.topk_mean replicas"  # SparseLoCo's mean
+SENDERS3 = "--diloco.outer_dtype int2 --diloco.topk 0.03 --diloco.topk_mean senders"  # docs/diloco.md's, 2 replicas
 SLOW99 = "--optimizer.slow_beta 0.99 --optimizer.slow_weight 0.5"
 # 4 replicas of one rank: the same 16 sequences per update; 2 evaluation batches per rank keep the same 32 validation
 # sequences
@@ -82,6 +83,13 @@ VARIANTS = {
     **{f"streaming_h10_avg_topk{k}_int2_senders": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype int2 --diloco.topk "
                                                         f"0.0{k} --diloco.topk_mean senders") for k in (1, 3)},
     "streaming_h10_avg_topk1_int2_warm100": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.warm_start 100"),
+    # 3% over the senders with the bf16 wire's per-token techniques (warm start, Pier, both); 10% in 4 bits over them
+    "streaming_h10_avg_topk3_int2_senders_warm100": _dp(DDP, f"{STREAMING_AVG} {SENDERS3} --diloco.warm_start 100"),
+    "streaming_h10_pier_topk3_int2_senders": _dp(DDP, f"{STREAMING_AVG} {SENDERS3} {PIER}"),
+    "streaming_h10_pier_warm100_topk3_int2_senders": _dp(DDP, f"{STREAMING_AVG} {SENDERS3} {PIER} "
+                                                              "--diloco.warm_start 100"),
+    "streaming_h10_avg_topk10_int4_senders": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype int4 --diloco.topk 0.1 "
+                                                      "--diloco.topk_mean senders"),
     # QSR: H grows as (peak lr / lr)² up to a cap: from 10 to 40 (107 outer steps in 1,000 updates, H 10's 200), and
     # from 6 to 24 (181: syncing more often early, less late, for about H 10's bytes)
     "streaming_h10_avg_qsr40": _dp(DDP, f"{BF16} --diloco.sync_every_max 40"),
