@@ -106,7 +106,7 @@ def diloco_reference(
     `computed[r][t]`: whether replica r computed slot t (mixed replicas; all of them when None).
     `topk`: (elements kept per chunk, code bits, error decay β, over the senders): each replica sends the top-k
     of its residual e ← β·e + Δ_r and keeps the rest; over the senders, an element's mean weighs only the
-    replicas that sent it. `warm`: after each of the first `warm` updates, every
+    replicas that sent it, over at least half of the tokens. `warm`: after each of the first `warm` updates, every
     replica's θ becomes the token-weighted mean of theirs (the outer optimizer untouched). `h_max`: after
     each outer step the next comes min(h_max, max(H, ⌊H·(η_peak / η_t)²⌋)) / P updates later (QSR)."""
     reps = [Replica([r * dp + d for d in range(dp)]) for r in range(replicas)]
@@ -155,7 +155,7 @@ def diloco_reference(
             mean += tokens[r][f] / total * sent
             weight = weight + tokens[r][f] / total * (sent != 0 if over_senders else 1)  # (codes are never 0)
             tokens[r][f] = 0.0
-        mean = mean / weight.clamp_min(1e-30)
+        mean = mean / weight.clamp_min(0.5)  # over the senders: at least half of the tokens
         return [g.view_as(b) for g, b in zip(mean.split([b.numel() for b in backups[f]]), backups[f])]
 
     interval = H // P

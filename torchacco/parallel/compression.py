@@ -195,9 +195,10 @@ def decode(message: torch.Tensor, numel: int, keep: int, wire: str) -> tuple[tor
 
 def sparse_token_weighted_mean(e: torch.Tensor, tokens: float, group, wire: str, keep: int, over_senders=False):
     """(Σ_r (tokens_r / Σ_s tokens_s) · c_r over the ranks of `group`, this rank's c), c_r the top-k
-    message of rank r's `e`; `over_senders`: each element's Σ_s runs over the ranks that sent it (none: 0),
-    so an element one replica sent moves by its value, not by its share of it. No host sync: it runs on a
-    CUDA side stream as it is."""
+    message of rank r's `e`; `over_senders`: each element's Σ_s runs over the ranks that sent it, counting at
+    least half of all tokens (none sent it: 0). With 2 replicas an element one of them sent moves by its whole
+    value, not by half; with more, by at most twice its share, since the others send theirs later (error
+    feedback) and each would move it again. No host sync: it runs on a CUDA side stream as it is."""
     message, sent = compress(e, keep, wire)
     world = dist.get_world_size(group)
     weights = torch.empty(world, dtype=torch.float64, device=e.device)
@@ -215,5 +216,5 @@ def sparse_token_weighted_mean(e: torch.Tensor, tokens: float, group, wire: str,
         if senders is not None:
             senders.scatter_add_(1, offsets, shares[r].expand_as(values))
     if senders is not None:
-        mean.div_(senders.clamp_min_(torch.finfo(torch.float32).tiny))
+        mean.div_(senders.clamp_min_(0.5))
     return mean.view(-1)[: e.numel()], sent
