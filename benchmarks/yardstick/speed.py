@@ -34,7 +34,7 @@ STRATEGIES = {  # every registered strategy's variants (balanced batches among t
     # mixed replicas: a replica runs as many of a period's H inner updates as fit in the fastest one's time
     **{
         f"{v}_balanced": [*VARIANTS[v], "--diloco.balance_replicas", "true"]
-        for v in ("diloco_h50", "diloco_h10_avg", STREAMING, SPARSE)
+        for v in ("diloco_h50", "diloco_h10_avg", STREAMING, SPARSE, RECOMMENDED)
     },
     **{name: VARIANTS[name] for name in (SPARSE, f"{SPARSE}_senders", RECOMMENDED)},
     # every gradient bucket 25 MiB (a set cap): this model's gradients in one bucket, all-reduced after the backward
@@ -48,7 +48,7 @@ PER_SETTING = {  # the strategies each setting runs by default
           "diloco_h50_balanced"],
     "e": [*_ONE, SPARSE, f"{SPARSE}_senders"],
     "bm": [DDP, f"{DDP}_balanced", f"{ZERO1}_balanced", "diloco_h10_avg_balanced", f"{STREAMING}_balanced",
-           f"{SPARSE}_balanced"],
+           f"{RECOMMENDED}_balanced"],
     "n8x4": [DDP, ZERO1, ACCO],
 }  # fmt: skip
 WARMUP = 10  # updates left out of the timing
