@@ -319,10 +319,10 @@ def test_a_diloco_row_takes_a_measurement_only_with_the_same_replicas_inner_upda
         assert source("ddp", **changed) is None, changed
     assert source("ddp", offload=True) == "streaming_h10_avg"  # where θ_global is kept, not what it is
     # the residual's decay and the sparse mean change nothing without topk, and everything with it
-    assert source("ddp", error_decay=1.0, topk_mean="senders") == "streaming_h10_avg"
+    assert source("ddp", error_decay=1.0, topk_mean="replicas") == "streaming_h10_avg"
     sparse = dict(topk=0.01, outer_dtype="int2")
-    assert source("ddp", **sparse) == "streaming_h10_avg_topk1_int2"
-    assert source("ddp", **sparse, topk_mean="senders") == "streaming_h10_avg_topk1_int2_senders"
+    assert source("ddp", **sparse) == "streaming_h10_avg_topk1_int2_senders"  # the default mean
+    assert source("ddp", **sparse, topk_mean="replicas") == "streaming_h10_avg_topk1_int2"
     assert source("ddp", **sparse, error_decay=1.0) is None
 
 

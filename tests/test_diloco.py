@@ -489,7 +489,7 @@ def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
         ({"parallelism.replicas": 2, "diloco.warm_start": 100, "diloco.balance_replicas": True,
           "training.max_tokens": 10**6}, "use one of them"),
         ({"parallelism.replicas": 2, "diloco.error_decay": 0.5}, "topk = 0 sends all; set topk"),
-        ({"parallelism.replicas": 2, "diloco.topk_mean": "senders"}, "averages what topk sends, and topk = 0"),
+        ({"parallelism.replicas": 2, "diloco.topk_mean": "replicas"}, "averages what topk sends, and topk = 0"),
         ({"parallelism.replicas": 2, "diloco.sync_every": 10, "diloco.sync_every_max": 5}, "of at least sync_every"),
         ({"parallelism.replicas": 2, "diloco.sync_every_max": 200, "diloco.fault_tolerant": True},
          "set sync_every_max = 0"),

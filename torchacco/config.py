@@ -209,10 +209,11 @@ class DiLoCo:
         "sends all",
     )
     error_decay: float = key(0.95, "β with topk: the residual not yet sent is multiplied by β at each outer step")
-    topk_mean: Literal["replicas", "senders"] = key(
-        "replicas",
-        "with topk, each element's token-weighted mean over every replica (one that did not send it counts 0: "
-        "SparseLoCo's rule) or over the replicas that sent it (fewer tokens to a loss with 2 replicas, more with 4)",
+    topk_mean: Literal["senders", "replicas"] = key(
+        "senders",
+        "with topk, each element's token-weighted mean over the replicas that sent it, counted as at least half of "
+        "all tokens (an element moves by at most twice its share; less loss per token with 2 and 4 replicas), or over "
+        "every replica (one that did not send it counts 0: SparseLoCo's rule)",
     )
     warm_start: int = key(
         0,
