@@ -91,6 +91,9 @@ class Preemption:
             return
         if dims.world_size > 1:
             self.group = dims.new_group(backend="gloo")
+            # gloo connects a new group's pairs in turn: a rank that finished first and then exits on a mistake
+            # of its own (a bad tokenizer file) would leave a peer mid-connect with a traceback, not one line
+            dist.barrier(group=self.group)
         threading.Thread(target=self._watchdog, name="torchacco-preemption", daemon=True).start()
         if threading.current_thread() is threading.main_thread():  # signals can only be set there
             self._listen(parse_signals(cfg.signals))
