@@ -104,6 +104,8 @@ VARIANTS = {
     **{f"streaming_h10_avg_topk3_int2{suffix}_r4": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype int2 --diloco.topk "
                                                           f"0.03 --diloco.topk_mean {mean} {R4}")
        for suffix, mean in (("", "replicas"), ("_senders", "senders"))},
+    "streaming_h10_avg_topk3_int2_senders_warm100_r4": _dp(DDP, f"{STREAMING_AVG} {SENDERS3} --diloco.warm_start 100 "
+                                                                f"{R4}"),
 }  # fmt: skip
 RANKS = {name: 4 for name in VARIANTS if name.endswith("_r4")}  # a variant's ranks where not 2
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
