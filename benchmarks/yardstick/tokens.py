@@ -37,7 +37,7 @@ STREAMING_AVG = f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 --di
 BF16 = f"{STREAMING_AVG} --diloco.outer_dtype bf16"  # Streaming DiLoCo in bf16 (streaming_h10_avg)
 PIER = "--diloco.outer_lr 0.7 --diloco.outer_momentum 0.9 --diloco.outer_momentum_warmup 20"
 TOPK1 = "--diloco.outer_dtype int2 --diloco.topk 0.01 --diloco.topk_mean replicas"  # SparseLoCo's mean
-SENDERS3 = "--diloco.outer_dtype int2 --diloco.topk 0.03 --diloco.topk_mean senders"  # docs/diloco.md's, 2 replicas
+SENDERS3 = "--diloco.outer_dtype int2 --diloco.topk 0.03 --diloco.topk_mean senders"  # docs/diloco.md's recommendation
 SLOW99 = "--optimizer.slow_beta 0.99 --optimizer.slow_weight 0.5"
 # 4 replicas of one rank: the same 16 sequences per update; 2 evaluation batches per rank keep the same 32 validation
 # sequences

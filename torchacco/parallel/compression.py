@@ -193,6 +193,9 @@ def decode(message: torch.Tensor, numel: int, keep: int, wire: str) -> tuple[tor
     return offsets, values
 
 
+SENDERS_FLOOR = 0.5  # over the senders, the divisor's least share of all tokens: an element moves ≤ 2× its share
+
+
 def sparse_token_weighted_mean(e: torch.Tensor, tokens: float, group, wire: str, keep: int, over_senders=False):
     """(Σ_r (tokens_r / Σ_s tokens_s) · c_r over the ranks of `group`, this rank's c), c_r the top-k
     message of rank r's `e`; `over_senders`: each element's Σ_s runs over the ranks that sent it, counting at
@@ -216,5 +219,5 @@ def sparse_token_weighted_mean(e: torch.Tensor, tokens: float, group, wire: str,
         if senders is not None:
             senders.scatter_add_(1, offsets, shares[r].expand_as(values))
     if senders is not None:
-        mean.div_(senders.clamp_min_(0.5))
+        mean.div_(senders.clamp_min_(SENDERS_FLOOR))
     return mean.view(-1)[: e.numel()], sent
