@@ -6,7 +6,11 @@ lists the commands; yardstick/ is time to a target loss, cluster/ the emulated c
 import sys
 
 if sys.argv[:1] == ["-m"] and "-m" in sys.orig_argv:  # `python -m benchmarks.<module>` is being located
-    from benchmarks.cli import COMMAND_OF, name_the_command
+    from benchmarks.cli import COMMAND_OF
+    from torchacco.errors import error_line
 
-    if sys.orig_argv[sys.orig_argv.index("-m") + 1] in COMMAND_OF:
-        raise SystemExit(name_the_command(sys.orig_argv[sys.orig_argv.index("-m") + 1]))
+    module = sys.orig_argv[sys.orig_argv.index("-m") + 1]
+    if module in COMMAND_OF:
+        command = COMMAND_OF[module]
+        print(error_line(f"run it as python -m benchmarks {command} (not python -m {module})"), file=sys.stderr)
+        raise SystemExit(2)

@@ -27,7 +27,7 @@ import argparse
 import importlib
 import sys
 
-from torchacco.errors import error_line, run_cli
+from torchacco.errors import run_cli
 
 # command -> the module whose `main(argv)` runs it (imported when asked: gpu-check's parent needs no torch)
 MODULES = {
@@ -48,13 +48,6 @@ MODULES = {
 # modules with no `__main__`: `python -m <module>` gets one line naming its command
 COMMAND_OF = {m: c for c, m in MODULES.items() if m.startswith(("benchmarks.yardstick.", "benchmarks.cost_model",
                                                                  "benchmarks.compare"))}  # fmt: skip
-
-
-def name_the_command(module: str) -> int:
-    """`python -m <module>` of a command's module: one line naming the command."""
-    command = COMMAND_OF[module]
-    print(error_line(f"run it as python -m benchmarks {command} (not python -m {module})"), file=sys.stderr)
-    return 2
 
 
 def run(argv=None) -> int:

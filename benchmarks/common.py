@@ -16,17 +16,10 @@ from pathlib import Path
 import torch
 
 from torchacco import cost_model as cm
-from torchacco.parallel.acco import ACCO as _ACCO
-from torchacco.parallel.ddp import DDP as _DDP
-from torchacco.parallel.dpu import DPU as _DPU
-from torchacco.parallel.fsdp import FSDP as _FSDP
-from torchacco.parallel.hsdp import HSDP as _HSDP
-from torchacco.parallel.wp import WP as _WP
-from torchacco.parallel.zero1 import ZeRO1 as _ZeRO1
+from torchacco.parallel.registry import BUILT_IN
 
 ROOT = Path(__file__).resolve().parents[1]
-# read from the classes, so that a renamed strategy is followed and no name is spelled twice
-DDP, ZERO1, FSDP, HSDP, ACCO, DPU, WP = (cls.name for cls in (_DDP, _ZeRO1, _FSDP, _HSDP, _ACCO, _DPU, _WP))
+DDP, ZERO1, FSDP, HSDP, ACCO, DPU, WP = BUILT_IN  # the registry's names, so that none is spelled twice
 QUIET = ["--metrics.log_every", "1", "--metrics.tensorboard", "false", "--metrics.progress_bar", "false",
          "--checkpoint.enable", "false", "--checkpoint.export_hf", "false", "--acco.drift_every", "1"]  # fmt: skip
 
@@ -84,7 +77,6 @@ def update_s(record: dict) -> float:
 
 
 def bare_parser(command: str, doc: str) -> argparse.ArgumentParser:
-    """`python -m benchmarks <command>`'s parser, `doc` as its help."""
     return argparse.ArgumentParser(prog=f"python -m benchmarks {command}", description=doc,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
 

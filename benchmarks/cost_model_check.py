@@ -18,6 +18,7 @@ import os
 import re
 import statistics
 import time
+import timeit
 from pathlib import Path
 
 from benchmarks import common
@@ -33,6 +34,7 @@ TOLERANCE = 0.15  # the bar on the time per update's relative error
 RANKS = 2  # the calibration runs ZeRO-1 on 2 unshaped nodes of one rank
 THREADS = 1  # run_training's default: one compute thread per rank, so a rank uses at most one core
 PROBES = "cost_model_probes.json"
+MEASURED = dict(flops=1.0, streams=False)  # Hardware from measured times: flops unused (compute_s is measured)
 # Until every rank is done (a run's next collective waits for sends still on the wire); the mean over calls and
 # launches, as a ring's two directions share a TCP connection and take turns on some calls and some connections.
 UNTIL_ALL, LAUNCHES = ["--until", "all", "--repeats", "15", "--stat", "mean"], 3
@@ -129,11 +131,8 @@ def probe(settings: dict[str, ClusterPlan], params: float, out: Path, compute: b
         say(f"setting {name}: {row}")
     torch.set_num_threads(THREADS)  # torch's AdamW on one thread over the model's fp32 elements: elements per second
     param = torch.nn.Parameter(torch.randn(int(params)))
-    param.grad, optimizer, times = torch.randn(int(params)), torch.optim.AdamW([param], lr=1e-3), []
-    for _ in range(30):
-        started = time.perf_counter()
-        optimizer.step()
-        times.append(time.perf_counter() - started)
+    param.grad, optimizer = torch.randn(int(params)), torch.optim.AdamW([param], lr=1e-3)
+    times = timeit.repeat(optimizer.step, number=1, repeat=30)
     return {**found, "adamw_elements_per_s": params / statistics.median(times)}
 
 
@@ -206,19 +205,13 @@ def collective_factors(links: dict, collectives: dict) -> dict:
             "rings": factors("ring_reduce_scatter_s", "ring_all_gather_s")}  # fmt: skip
 
 
-def measured_hardware(links: dict, factors: dict, compute_s: float, slow_factor: float, opt_rate: float):
-    """Hardware from measured times (flops unused: compute_s is measured; no GPU streams)."""
-    kept = dict(compute_s=compute_s, slow_factor=slow_factor, opt_rate=opt_rate)
-    return cm.Hardware(**links, **factors, **kept, flops=1.0, streams=False)
-
-
 def hardware(plan: ClusterPlan, inputs: dict, links: dict, factors: dict, tokens_per_micro_batch: float):
     """The cluster as the cost model sees it: links, probed factors, each rank's compute at its cores."""
     cores = cores_per_rank(plan, inputs["cores"])
     per_token = [seconds_per_token_at(c, inputs) for c in cores]
     compute, slow = min(per_token) * tokens_per_micro_batch, max(per_token) / min(per_token)
     opt_rate = inputs["adamw_elements_per_s"] * min(cores)  # synchronous ranks wait for the slowest
-    return measured_hardware(links, factors, compute, slow, opt_rate)
+    return cm.Hardware(**links, **factors, **MEASURED, compute_s=compute, slow_factor=slow, opt_rate=opt_rate)
 
 
 def virtual_hardware(plan: ClusterPlan, calibration: dict, links: dict, factors: dict, inputs: dict) -> cm.Hardware:
@@ -226,8 +219,8 @@ def virtual_hardware(plan: ClusterPlan, calibration: dict, links: dict, factors:
     the probed host work, which queues for the cores where ranks outnumber them (they leave their waits together)."""
     host = inputs.get("virtual_overhead_s", 0.0) * max(1.0, plan.world_size / inputs["cores"])
     compute = calibration["forward_s"] + calibration["backward_s"] + host
-    slow = plan.slow_factor if plan.slow_node is not None else 1.0
-    return measured_hardware(links, factors, compute, slow, 1 / calibration["optimizer_s_per_param"])
+    slow, opt_rate = plan.slow_factor if plan.slow_node is not None else 1.0, 1 / calibration["optimizer_s_per_param"]
+    return cm.Hardware(**links, **factors, **MEASURED, compute_s=compute, slow_factor=slow, opt_rate=opt_rate)
 
 
 def shards_across_nodes(cfg, plan: ClusterPlan) -> None:
@@ -479,15 +472,14 @@ def main(argv: list[str] | None = None) -> int:
     by_plan = {plans_of[name][s][0].describe(): (f"{s} of {name}", plans_of[name][s][0]) for name, t in tables.items()
                for s in t["settings"] if s in plans_of[name]}  # fmt: skip
     wanted = dict(by_plan.values())  # one probe per plan
-    real = any(t.get("meta", {}).get("virtual_compute") != "on" for t in tables.values())
+    virtual = [t.get("meta", {}).get("virtual_compute") == "on" for t in tables.values()]
     try:
-        virtual = any(t.get("meta", {}).get("virtual_compute") == "on" for t in tables.values())
-        cached = probes_for(out, wanted, inputs["params"], args.probe, argv, compute=real, virtual=virtual)
+        cached = probes_for(
+            out, wanted, inputs["params"], args.probe, argv, compute=not all(virtual), virtual=any(virtual)
+        )
     except UserError as e:
         parser.error(str(e))
-    inputs["adamw_elements_per_s"] = cached["adamw_elements_per_s"]
-    if "virtual_overhead_s" in cached:
-        inputs["virtual_overhead_s"] = cached["virtual_overhead_s"]
+    inputs |= {key: cached[key] for key in ("adamw_elements_per_s", "virtual_overhead_s") if key in cached}
     if "compute_per_update_s" in cached:  # the calibration measured again beside the probes: today's machine
         inputs = {**inputs, **compute_inputs(cached["compute_per_update_s"], inputs["params"]), "compute_probed": True}
         if "cpu_per_update_s" in cached:  # ZeRO-1's CPU beyond its compute, per update and rank

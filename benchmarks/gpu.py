@@ -43,10 +43,8 @@ def cases(quick: bool) -> list[dict]:
     llama += [llama_case(layers=8, batch=2, compile=False, ac="selective"), llama_case(ZERO1), llama_case(ACCO)]
     llama += [llama_case(ac="selective"), llama_case(ac="full"), llama_case(chunks=1)]
     neo = [(s, c) for s in (ZERO1, ACCO, DDP, FSDP) for c in ((True, False) if s in (ZERO1, ACCO) else (False,))]
-    out = llama + [
-        {**NEO_125M, "name": f"125M {s} {COMPILED[c]}", "strategy": s, "compile": c, "chunks": 4} for s, c in neo
-    ]
-    return out[:1] + out[-2:] if quick else out
+    neo = [{**NEO_125M, "name": f"125M {s} {COMPILED[c]}", "strategy": s, "compile": c, "chunks": 4} for s, c in neo]
+    return [llama[0], *neo[-2:]] if quick else llama + neo
 
 
 class RandomTokens(IterableDataset):
@@ -91,8 +89,7 @@ def run_case(case: dict, out: Path, steps: int) -> dict:
     data = RandomTokens(args.vocab_size, case["seq"])
     train(cfg, model=model, datasets=(data, data))
     rows = records(out)
-    steady = rows[3:]
-    mean = lambda key: sum(r.get(key, 0.0) for r in steady) / len(steady)
+    mean = lambda key: sum(r.get(key, 0.0) for r in rows[3:]) / len(rows[3:])
     params = sum(p.numel() for p in model.parameters())
     return {**case, "params": params, "tokens_per_s": mean("tokens_per_s"), "mfu": mean("mfu"),
             "tflops": mean("tflops"), "peak_memory_gib": max(r["memory_gib"] for r in rows), "updates": len(rows),
@@ -100,25 +97,22 @@ def run_case(case: dict, out: Path, steps: int) -> dict:
             "torch": torch.__version__}  # fmt: skip
 
 
-def mfu(args) -> list[dict]:
+def mfu(args) -> None:
     results, out = [], Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for case in cases(args.quick):
         start = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.gpu", "case", case["name"], "--steps", str(args.steps)],
-            capture_output=True, text=True, timeout=args.timeout, cwd=ROOT,
-        )  # fmt: skip
+        argv = [sys.executable, "-m", "benchmarks.gpu", "case", case["name"], "--steps", str(args.steps)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         failure = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
         result = json.loads(line.removeprefix("RESULT ")) if line else {**case, "error": failure}
         result["seconds"] = time.perf_counter() - start
         print(json.dumps(result), flush=True)
         results.append(result)
-        (out / "gpu_mfu.json").write_text(json.dumps(results, indent=1))  # after each case: a cut run keeps its
+        (out / "gpu_mfu.json").write_text(json.dumps(results, indent=1))  # after each case: a cut run keeps them
         (out / "gpu_mfu.md").write_text(mfu_table(results))
     print(mfu_table(results))
-    return results
 
 
 def mfu_table(results: list[dict]) -> str:
@@ -216,5 +210,5 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # `python -m benchmarks.gpu case ...`: gpu_check.py runs each case so
+if __name__ == "__main__":  # `python -m benchmarks.gpu case ...`: mfu and gpu_check.py run each case so
     sys.exit(main())

@@ -31,9 +31,7 @@ from pathlib import Path
 from torchacco.errors import error_line
 
 ROOT = Path(__file__).resolve().parents[1]
-# The relative loss gap allowed between bf16 runs on two devices over the 6 updates: on the CPU,
-# bf16 against fp32 differed by 4e-4 (2026-11-26); the rest is room for two devices' kernels.
-BF16_REL = 0.01
+BF16_REL = 0.01  # the relative loss gap allowed between bf16 runs on two devices (CPU bf16 vs fp32: 4e-4)
 KEPT = 0.95  # a throughput figure passes at 95% of its 2026-11-22 value (run-to-run spread is a few %)
 CASE = "8B×8 fsdp compiled, selective AC, batch 2"  # benchmarks/gpu.py's case that throughput and torchtitan run
 TITAN = "0.2.2"  # the torchtitan that benchmarks/gpu_wheels.sh carries: 0.3.0 does not import with torch 2.11
@@ -55,8 +53,7 @@ class Step:
     child: list[str] | None = None  # the step's process; None: this module's `_step NAME`
 
 
-# Limits from the H100 run of 2026-11-27 (bench_results/gpu_check_2026-11-27.json): env 18 s, a CUDA test about
-# 25 s (13 of them), parity 94 s, throughput 67 s, stall 60 s.
+# Limits from the H100 run of 2026-11-27 (bench_results/gpu_check_2026-11-27.json) plus some room
 STEPS = [
     Step("env", 25, "carried wheels and torchacco installed offline; torch +cu, GPU name, NCCL version"),
     Step("cuda-tests", 330, "the suite's CUDA tests, -x"),
@@ -65,11 +62,6 @@ STEPS = [
     Step("stall", 70, "a stalled collective: the one-line diagnosis and flight_recorder/"),
     Step("torchtitan", 115, f"torchtitan {TITAN} (or 0.3.0) on the 8B×8 case: tokens/s and peak memory ratios"),
 ]
-
-
-def step_argv(step: Step, ctx) -> list[str]:
-    own = [sys.executable, "-m", "benchmarks.gpu_check", "_step", step.name, "--work", str(ctx.work)]
-    return step.child or own + ["--titan-assets", str(ctx.titan_assets), "--wheels", str(ctx.wheels)]
 
 
 def debug_run(ctx) -> list[str]:
@@ -108,14 +100,9 @@ PROBE = (
 )
 
 
-def cuda_test_files() -> list[str]:
-    tests = (ROOT / "tests").glob("test_*.py")
-    return sorted(str(p.relative_to(ROOT)) for p in tests if "not HAS_CUDA" in p.read_text())
-
-
 def plan(name: str, ctx) -> list[tuple[str, list[str], dict]]:
     """A step's commands: (label, argv, extra environment). The dry run prints and checks them."""
-    py, hf = sys.executable, str(ctx.work / "start" / "hf")
+    py, init = sys.executable, ("--model.init_from", str(ctx.work / "start" / "hf"), *BF16)
     acco = ("--parallelism.data_parallel", compared()[0])
     if name == "env":
         pip = [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
@@ -125,19 +112,19 @@ def plan(name: str, ctx) -> list[tuple[str, list[str], dict]]:
             ("install", [*pip, "--no-build-isolation", "-e", str(ROOT)], {}),
             ("probe", [py, "-c", PROBE], {}),
         ]
-    if name == "cuda-tests":
-        return [("pytest", [py, "-m", "pytest", "-x", "-q", "-m", "not faults", *cuda_test_files()], {})]
+    if name == "cuda-tests":  # the test files that skip without CUDA
+        tests = (p for p in (ROOT / "tests").glob("test_*.py") if "not HAS_CUDA" in p.read_text())
+        files = sorted(str(p.relative_to(ROOT)) for p in tests)
+        return [("pytest", [py, "-m", "pytest", "-x", "-q", "-m", "not faults", *files], {})]
     if name == "parity":
         start = train(ctx, "start", *acco, "--training.steps", "1", "--checkpoint.export_hf", "true")
         runs = [
-            (f"{k}_{d}", train(ctx, f"{k}_{d}", "--parallelism.data_parallel", k, "--model.init_from", hf, *BF16,
+            (f"{k}_{d}", train(ctx, f"{k}_{d}", "--parallelism.data_parallel", k, *init,
                                *SAVE * (k == acco[1] and d == "cuda"), device=d), CPU if d == "cpu" else {})
             for k in compared() for d in ("cuda", "cpu")
         ]  # fmt: skip
         step3 = str(ctx.work / "acco_cuda" / "checkpoint" / "step-00000003")
-        resumed = train(
-            ctx, "acco_resumed", *acco, "--model.init_from", hf, *BF16, *SAVE, "--checkpoint.load_path", step3
-        )
+        resumed = train(ctx, "acco_resumed", *acco, *init, *SAVE, "--checkpoint.load_path", step3)
         return [("start", start, {}), *runs, ("resumed", resumed, {})]
     if name == "throughput":
         gpu = [py, "-m", "benchmarks.gpu"]
@@ -191,7 +178,9 @@ def validate(argv: list[str]) -> list[str]:
 
 def run_step(step: Step, ctx, limit: float, env: dict) -> dict:
     started = time.monotonic()
-    proc = subprocess.Popen(step_argv(step, ctx), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    own = [sys.executable, "-m", "benchmarks.gpu_check", "_step", step.name, "--work", str(ctx.work)]
+    argv = step.child or own + ["--titan-assets", str(ctx.titan_assets), "--wheels", str(ctx.wheels)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env=env, start_new_session=True)  # fmt: skip
     timed_out = False
     try:
@@ -294,9 +283,11 @@ def outcome(problems: list[str]) -> str:
     return "failed: " + "; ".join(problems) if problems else "passed"
 
 
-def part(**found) -> dict:
+def part(problems: list[str], problem: str, **found) -> bool:
+    """Prints a check's `PART` line; where it failed (not found["ok"]), adds `problem` to `problems`."""
     print("PART " + json.dumps(found), flush=True)
-    return found
+    problems += [] if found["ok"] else [problem]
+    return found["ok"]
 
 
 def sh(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
@@ -326,12 +317,6 @@ def corpus(work: Path) -> None:
         (folder / f"doc{f}.txt").write_text("\n\n".join(paragraphs))
 
 
-def fresh(work: Path, *runs: str) -> None:
-    """No earlier run's folders: a run finds its own checkpoints there and resumes from them."""
-    for run in runs:
-        shutil.rmtree(work / run, ignore_errors=True)
-
-
 def losses(folder: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
@@ -343,15 +328,15 @@ def rel_gap(a: list[float], b: list[float]) -> float:
 
 
 def env_step(ctx) -> dict:
-    cmds = {label: (cmd, env) for label, cmd, env in plan("env", ctx)}
-    for label in ("wheels", "install"):
+    *installs, (_, probe, _) = plan("env", ctx)  # (the carried wheels), torchacco, the probe
+    problems = []
+    for label, cmd, env in installs:
         if label == "install" and importlib.util.find_spec("torchacco.models") is not None:
             continue  # an install (editable or not) is already there
-        if label in cmds:
-            proc = sh(*cmds[label])
-            if part(check=label, ok=proc.returncode == 0, output=tail(proc))["ok"] is False:
-                return {"status": f"failed: {label}: {tail(proc, 1)}"}
-    proc = sh(*cmds["probe"])
+        proc = sh(cmd, env)
+        if not part(problems, f"{label}: {tail(proc, 1)}", check=label, ok=proc.returncode == 0, output=tail(proc)):
+            return {"status": outcome(problems)}
+    proc = sh(probe)
     if proc.returncode != 0:
         return {"status": f"failed: probe: {tail(proc, 1)}"}
     info = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -376,32 +361,32 @@ def parity_step(ctx) -> dict:
     if not has_gpu():
         return {"status": "skipped: no GPU"}
     corpus(ctx.work)
-    runs = plan("parity", ctx)
-    fresh(ctx.work, "start", *(label for label, _, _ in runs[1:-1]), "acco_resumed")
-    problems = []
+    runs, problems = plan("parity", ctx), []
+    for run in ("start", *(label for label, _, _ in runs[1:-1]), "acco_resumed"):
+        shutil.rmtree(ctx.work / run, ignore_errors=True)  # a run would resume from an earlier one's checkpoints
     # the start run first (it also trains the tokenizer every run shares), the pairs side by side
     for batch in (runs[:1], runs[1:-1], runs[-1:]):
         with ThreadPoolExecutor(len(batch)) as pool:
             procs = list(pool.map(lambda r: sh(r[1], r[2]), batch))
         for (label, _, _), proc in zip(batch, procs):
             if proc.returncode != 0:
-                problems.append(f"{label}: exit {proc.returncode}: {tail(proc, 1)}")
-                part(check=label, ok=False, output=tail(proc))
+                why = f"{label}: exit {proc.returncode}: {tail(proc, 1)}"
+                part(problems, why, check=label, ok=False, output=tail(proc))
         if problems:
             return {"status": outcome(problems)}
-    exported = sorted(p.name for p in (ctx.work / "start" / "hf").iterdir())
-    if not part(check="export", ok="config.json" in exported and any(p.endswith(".safetensors") for p in exported),
-                files=exported)["ok"]:  # fmt: skip
-        problems.append(f"the export holds {exported}: no config.json with safetensors")
+    files = sorted(p.name for p in (ctx.work / "start" / "hf").iterdir())
+    exported = "config.json" in files and any(p.endswith(".safetensors") for p in files)
+    why = f"the export holds {files}: no config.json with safetensors"
+    part(problems, why, check="export", ok=exported, files=files)
     for kind in compared():
         gpu, cpu = losses(ctx.work / f"{kind}_cuda"), losses(ctx.work / f"{kind}_cpu")
         gap = rel_gap(gpu, cpu)
-        if not part(check=f"{kind} cuda vs cpu", ok=gap <= BF16_REL, gap=gap, cuda=gpu, cpu=cpu)["ok"]:
-            problems.append(f"{kind}: the CUDA losses are {gap:.3g} from the CPU's (allowed {BF16_REL})")
+        why = f"{kind}: the CUDA losses are {gap:.3g} from the CPU's (allowed {BF16_REL})"
+        part(problems, why, check=f"{kind} cuda vs cpu", ok=gap <= BF16_REL, gap=gap, cuda=gpu, cpu=cpu)
     full, resumed = losses(ctx.work / "acco_cuda")[3:], losses(ctx.work / "acco_resumed")
     gap = rel_gap(resumed, full)
-    if not part(check="resume from a CUDA checkpoint", ok=gap <= BF16_REL, gap=gap, full=full, resumed=resumed)["ok"]:
-        problems.append(f"resume: steps 4-6 are {gap:.3g} from the uninterrupted run's")
+    why = f"resume: steps 4-6 are {gap:.3g} from the uninterrupted run's"
+    part(problems, why, check="resume from a CUDA checkpoint", ok=gap <= BF16_REL, gap=gap, full=full, resumed=resumed)
     return {"status": outcome(problems), "tolerance": BF16_REL}
 
 
@@ -420,18 +405,16 @@ def throughput_step(ctx) -> dict:
     else:
         got = json.loads(line[7:])
         (ctx.work / "throughput.json").write_text(json.dumps(got))  # step 6 compares against it
-        ok = got["mfu"] >= KEPT * ref_mfu
-        part(check="mfu", ok=ok, mfu=got["mfu"], reference=ref_mfu, tokens_per_s=got["tokens_per_s"],
+        part(problems, f"MFU {got['mfu']:.1%} under {KEPT:.0%} of {ref_mfu:.1%}", check="mfu",
+             ok=got["mfu"] >= KEPT * ref_mfu, mfu=got["mfu"], reference=ref_mfu, tokens_per_s=got["tokens_per_s"],
              peak_memory_gib=got["peak_memory_gib"], device=got["device"], torch=got["torch"])  # fmt: skip
-        problems += [] if ok else [f"MFU {got['mfu']:.1%} under {KEPT:.0%} of {ref_mfu:.1%}"]
     proc = sh(overlap_cmd)
     if proc.returncode != 0:
         problems.append(f"overlap: {tail(proc, 1)}")
     else:
-        got = json.loads((ctx.work / "gpu_overlap.json").read_text())
-        ok = got["overlap"] >= KEPT * ref_overlap
-        part(check="overlap", ok=ok, overlap=got["overlap"], reference=ref_overlap)
-        problems += [] if ok else [f"overlap {got['overlap']:.1%} under {KEPT:.0%} of {ref_overlap:.1%}"]
+        got = json.loads((ctx.work / "gpu_overlap.json").read_text())["overlap"]
+        why = f"overlap {got:.1%} under {KEPT:.0%} of {ref_overlap:.1%}"
+        part(problems, why, check="overlap", ok=got >= KEPT * ref_overlap, overlap=got, reference=ref_overlap)
     return {"status": outcome(problems)}
 
 
@@ -439,31 +422,26 @@ def stall_step(ctx) -> dict:
     if not has_gpu():
         return {"status": "skipped: no GPU"}
     corpus(ctx.work)
-    fresh(ctx.work, "stall")
+    shutil.rmtree(ctx.work / "stall", ignore_errors=True)
     (_, cmd, env), = plan("stall", ctx)  # fmt: skip
     started = time.monotonic()
     proc = sh(cmd, env)
     errors = [x for x in proc.stderr.splitlines() if x.startswith("torchacco: error:")]
     recorder = ctx.work / "stall" / "flight_recorder"
     dumps = sorted(p.name for p in recorder.iterdir()) if recorder.is_dir() else []
-    diagnosed = proc.returncode != 0 and len(errors) == 1 and "made no progress" in errors[0]
-    part(check="diagnosis", ok=diagnosed, lines=errors, traceback="Traceback" in proc.stderr,
+    diagnosed, problems = proc.returncode != 0 and len(errors) == 1 and "made no progress" in errors[0], []
+    part(problems, f"no one-line diagnosis (exit {proc.returncode}: {tail(proc, 1)})", check="diagnosis",
+         ok=diagnosed, lines=errors, traceback="Traceback" in proc.stderr,
          seconds=round(time.monotonic() - started, 1))  # fmt: skip
-    part(check="flight recorder", ok=bool(dumps), files=dumps)
-    problems = [] if diagnosed else [f"no one-line diagnosis (exit {proc.returncode}: {tail(proc, 1)})"]
-    problems += [] if dumps else [f"nothing in {recorder}"]
+    part(problems, f"nothing in {recorder}", check="flight recorder", ok=bool(dumps), files=dumps)
     return {"status": outcome(problems)}
 
 
-def titan_version() -> str | None:
-    try:
-        return version("torchtitan")
-    except PackageNotFoundError:
-        return None
-
-
 def titan_step(ctx) -> dict:
-    titan = titan_version()
+    try:
+        titan = version("torchtitan")
+    except PackageNotFoundError:
+        titan = None
     missing = [m for m in TITAN_NEEDS.get(titan, TITAN_NEEDS[TITAN]) if importlib.util.find_spec(m) is None]
     assets = [str(ctx.titan_assets / "tests/assets" / a) for a in ("tokenizer", "c4_test")]
     missing += [a for a in assets if not Path(a).is_dir()]
@@ -509,10 +487,9 @@ def titan_run(ctx) -> int:
     for key, value in local.items():
         os.environ.setdefault(key, value)
     os.chdir(ctx.titan_assets)  # its configs name ./tests/assets/... relative to the working directory
-    # torchtitan resets the peak at each log line; kept, the peak is the whole run's, as torchacco's
-    # memory_gib (the most allocated, not reserved)
+    # torchtitan resets the peak at each log line: kept, it is the whole run's, as torchacco's memory_gib (allocated)
     torch.cuda.reset_peak_memory_stats = lambda *args, **kwargs: None
-    trainer = (titan_trainer_030 if titan_version() == "0.3.0" else titan_trainer_022)(ctx, case)
+    trainer = (titan_trainer_030 if version("torchtitan") == "0.3.0" else titan_trainer_022)(ctx, case)
     trainer.train()
     trainer.close()
     print(f"TITAN_PEAK_GIB {torch.cuda.max_memory_allocated() / 2**30:.3f}", flush=True)

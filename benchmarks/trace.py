@@ -19,29 +19,18 @@ class Kernels:
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
+    merged: list[tuple[float, float]] = []
     for start, end in sorted(spans):
         if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
         else:
-            merged.append([start, end])
-    return [(a, b) for a, b in merged]
+            merged.append((start, end))
+    return merged
 
 
 def _length(spans) -> float:
-    return sum(b - a for a, b in spans)
-
-
-def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        total += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
+    """The time covered by `spans` (overlapping ones counted once)."""
+    return sum(b - a for a, b in _union(spans))
 
 
 def split_kernels(trace: Path) -> tuple[Kernels, Kernels]:
@@ -64,12 +53,11 @@ def overlap(trace: Path) -> dict:
     """Kernel time of the job and of compute, and the share of the job's that ran beside compute kernels (its overlap;
     exposed: the rest)."""
     job, compute = split_kernels(trace)
-    job_spans, compute_spans = _union(job.spans), _union(compute.spans)
-    hidden = _intersection(job_spans, compute_spans)
-    job_us = _length(job_spans)
+    job_us, compute_us = _length(job.spans), _length(compute.spans)
+    hidden = max(0.0, job_us + compute_us - _length(job.spans + compute.spans))  # the time both ran
     return {
         "job_kernel_ms": job_us / 1e3,
-        "compute_kernel_ms": _length(compute_spans) / 1e3,
+        "compute_kernel_ms": compute_us / 1e3,
         "job_hidden_ms": hidden / 1e3,
         "job_exposed_ms": (job_us - hidden) / 1e3,
         "overlap": hidden / job_us if job_us else 0.0,

@@ -5,9 +5,8 @@
   expensive ops) and recomputes the cheap element-wise ones (norms, activations, RoPE).
 - selective, by layer ("k", a number): every k-th block is checkpointed fully, the others not.
 
-Each block's `forward` is wrapped in place (non-reentrant `torch.utils.checkpoint`), so the
-parameter names — and with them checkpoints, flat buffers and exports — stay those of the model.
-Applied after tensor parallelism and before `torch.compile` and data parallelism.
+Each block's `forward` is wrapped in place (non-reentrant `torch.utils.checkpoint`), so the parameter names,
+checkpoints and exports stay the model's. Applied after tensor parallelism, before compile and data parallelism.
 """
 
 from __future__ import annotations
@@ -51,12 +50,10 @@ def apply_activation_checkpoint(blocks, mode: str, selective: str = "op") -> int
         return 0
     every = int(selective) if mode == "selective" and selective != "op" else 1
     by_op = mode == "selective" and selective == "op"
-    wrapped = 0
-    for i, block in enumerate(blocks):
-        if i % every == every - 1:
-            _checkpoint_forward(block, by_op)
-            wrapped += 1
-    return wrapped
+    chosen = [block for i, block in enumerate(blocks) if i % every == every - 1]
+    for block in chosen:
+        _checkpoint_forward(block, by_op)
+    return len(chosen)
 
 
 def _checkpoint_forward(block: nn.Module, by_op: bool) -> None:

@@ -25,9 +25,9 @@ from torchacco.spec import ModelSpec
 
 @dataclass(frozen=True)
 class ModelKind:
-    """Whose model a run trains, decided once where the model enters: torchacco's own (a models/
-    folder: `.args`, parallel plans, a Hugging Face adapter) or a foreign one passed to train()
-    (a Hugging Face causal LM, or any module giving logits), which torchacco/user_model.py adapts."""
+    """Whose model a run trains, decided once where the model enters: torchacco's own (a models/ folder: `.args`,
+    parallel plans, a Hugging Face adapter) or a foreign one passed to train() (a Hugging Face causal LM, or any module
+    giving logits), which torchacco/user_model.py adapts."""
 
     foreign: bool
     label: str  # for the run's first log line
@@ -39,7 +39,6 @@ class ModelKind:
         return ModelKind(False, f"{model_cfg.name}/{model_cfg.flavor}")
 
     def flops_per_token(self, model: nn.Module, seq_len: int) -> float:
-
         return user_model.flops_per_token(model, seq_len) if self.foreign else model.args.flops_per_token(seq_len)
 
 
@@ -59,9 +58,9 @@ def model_args(spec: ModelSpec, model: Model, vocab_size: int = 0):
 def build_model(
     spec: ModelSpec, model_cfg: Model, vocab_size: int, seed: int, device: Device, deferred: bool = False
 ) -> nn.Module:
-    """Built on the meta device, initialised from `seed` (or loaded from [model] init_from) on
-    `device`. `deferred`: left on meta until `materialize(model)`, so that parallelism applied in
-    between makes each rank allocate its own shards only (torchacco/materialize.py)."""
+    """Built on the meta device, initialised from `seed` (or loaded from [model] init_from) on `device`. `deferred`:
+    left on meta until `materialize(model)`, so that parallelism applied in between makes each rank allocate its own
+    shards only (torchacco/materialize.py)."""
     args = model_args(spec, model_cfg, vocab_size)
     if vocab_size > args.vocab_size:
         raise UserError(
@@ -70,22 +69,20 @@ def build_model(
         )
     with torch.device("meta"):
         model = spec.model_cls(args)
-    load = None
-    if model_cfg.init_from:
 
-        def load(full: nn.Module) -> None:
-            _, _, weights = hf_io.load_hf(model_cfg.init_from, model_cfg.name, lazy=True)
-            hf_io.load_into(full, weights)
+    def load(full: nn.Module) -> None:
+        _, _, weights = hf_io.load_hf(model_cfg.init_from, model_cfg.name, lazy=True)
+        hf_io.load_into(full, weights)
 
-    materialize.defer(model, device.torch, seed, load)
+    materialize.defer(model, device.torch, seed, load if model_cfg.init_from else None)
     if not deferred:
         materialize.materialize(model)
     return model
 
 
 def build_data(data_cfg: Data, tokenizer_cfg: Tokenizer, seq_len: int, seed: int, dims: ParallelDims):
-    """(tokenizer, train set, validation set) of this rank's data-parallel shard. Local rank 0
-    fetches and tokenizes first; the others read its cache."""
+    """(tokenizer, train set, validation set) of this rank's data-parallel shard. Local rank 0 fetches and tokenizes
+    first; the others read its cache."""
 
     def prepare() -> None:
         time.sleep(faults.data_delay(dims.rank))  # an injected slow corpus (TORCHACCO_FAULT=slow_data@...)
@@ -98,13 +95,12 @@ def build_data(data_cfg: Data, tokenizer_cfg: Tokenizer, seq_len: int, seed: int
 
 
 def build_strategy(model: nn.Module, cfg: Config, dims: ParallelDims, plan: UpdatePlan, device: Device) -> Strategy:
-    """The configured strategy over `model` (this rank's part of it, after tensor/pipeline parallelism),
-    inside DiLoCo's outer step when the run has several replicas (`plan` is then one replica's)."""
+    """The configured strategy over `model` (this rank's part of it, after tensor/pipeline parallelism), inside DiLoCo's
+    outer step when the run has several replicas (`plan` is then one replica's)."""
     cls = strategy_class(cfg.parallelism.data_parallel)
     if dims.replicas == 1:
         return cls.from_config(model, cfg, dims, plan, device)
     clock = Clock(plan.schedule) if cfg.diloco.balance_replicas else None
-    inner = cls.from_config(
-        model, cfg, dims, plan if clock is None else dataclasses.replace(plan, schedule=clock), device
-    )
-    return DiLoCo(inner, dims, cfg.diloco, device, clock)
+    if clock is not None:
+        plan = dataclasses.replace(plan, schedule=clock)
+    return DiLoCo(cls.from_config(model, cfg, dims, plan, device), dims, cfg.diloco, device, clock)

@@ -1,14 +1,13 @@
 """Training checkpoints with torch.distributed.checkpoint (DCP).
 
-A checkpoint is taken between two updates and holds everything needed to continue exactly, under the keys of
+A checkpoint, taken between two updates, holds everything needed to continue exactly under the keys of
 `checkpoint_state()`, the one schema the trainer and `torchacco.export` share: `train` (step, tokens, dp size),
-`<strategy key>` (weights, sharded optimizer state, schedule position and, for the overlapped schedules, the
-compute parameters, accumulators and round parity; "dp", or one key per (pp, tp) coordinate or per stage, as the
-strategy class says) and `rank<r>` (data-loader position, RNG state).
+`<strategy key>` (weights, optimizer and schedule state; "dp", or one key per (pp, tp) coordinate or stage, as
+the strategy class says) and `rank<r>` (data-loader position, RNG state).
 
-A save writes `<dump_folder>/<checkpoint.folder>/step-00000100.tmp/` and rank 0 renames it to `step-00000100/`
-once every rank has finished, so a `step-N` folder is always complete; a crash mid-save leaves only a `.tmp` that
-the next save removes. The folder must be shared by all nodes (a network filesystem on clusters).
+A save writes `<dump_folder>/<checkpoint.folder>/step-00000100.tmp/`, which rank 0 renames to `step-00000100/`
+once every rank has finished: a `step-N` folder is always complete, and the next save removes a crash's `.tmp`.
+The folder must be shared by all nodes.
 """
 
 from __future__ import annotations
@@ -38,11 +37,9 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 
 class TrainState(Stateful):
     def __init__(self, dp_size: int = 1):
-        self.step = 0
-        self.tokens = 0.0
+        self.step, self.tokens = 0, 0.0
         self.dp_size = dp_size  # ranks reading different data (replicas × dp) of the run that saved it, after a load
-        self.skipped = 0  # updates skipped for a non-finite loss or gradient
-        self.skips_in_a_row = 0
+        self.skipped = self.skips_in_a_row = 0  # updates skipped for a non-finite loss or gradient
 
     def state_dict(self) -> dict:
         return dict(vars(self))
@@ -88,9 +85,8 @@ def _state_dicts(value):
 
 
 class HostStaging:
-    """A copy of the state in host memory that training can no longer change (asynchronous saves):
-    pinned on CUDA, so the GPU copies into it directly and keeps no second copy of the state. The
-    buffers are allocated at the first save and reused while the state keeps its shapes."""
+    """A host copy of the state that training can no longer change (asynchronous saves): pinned on CUDA, so
+    the GPU keeps no second copy. Allocated at the first save, reused while the state keeps its shapes."""
 
     def __init__(self):
         self.staged = None
@@ -111,9 +107,8 @@ SHARED_CHECK_TRIES = 6  # 0.5 s apart
 
 
 def check_shared(folder: Path, dims) -> None:
-    """Refuse, before training, a checkpoint folder that some node does not see (a disk of each
-    node's own): every rank writes its part of a checkpoint into one folder, which rank 0 then
-    publishes, so on node-local disks the first save would fail or leave parts behind."""
+    """Refuse, before training, a checkpoint folder that some node does not see (a node-local disk), where
+    the first save would fail or leave parts behind: every rank writes into the one folder rank 0 publishes."""
     from torchacco.parallel.process_groups import on_one_rank
 
     if dims.world_size == dims.local_world_size:
@@ -148,9 +143,8 @@ def check_shared(folder: Path, dims) -> None:
 
 
 def checkpoint_bytes(state: dict, n_params: int) -> int:
-    """The bytes a checkpoint of `state` writes over all ranks, read from the state itself: each tensor
-    at its global size (a sharded one once, as DCP writes it), plus AdamW's two fp32 moments per
-    parameter where the optimizer creates them only at its first step (torch's AdamW, before training)."""
+    """The bytes a checkpoint of `state` writes over all ranks: each tensor at its global size (a sharded one
+    once), plus AdamW's two fp32 moments per parameter where torch's AdamW creates them only at its first step."""
     total = optimizer = 0
     for path, t in tensor_leaves(_state_dicts(state), local=False):
         size = t.numel() * t.element_size()  # a DTensor's numel() is its global one
@@ -184,8 +178,7 @@ def _same_shapes(a, b) -> bool:
 class Checkpointer:
     def __init__(self, folder: Path, rank: int, keep: int, async_save: bool, timeout: timedelta | None = None):
         self.folder, self.rank, self.keep, self.async_save = folder, rank, keep, async_save
-        # Checkpoint collectives run on their own group, so an asynchronous save never
-        # interleaves with the training collectives.
+        # their own group: an asynchronous save never interleaves with the training collectives
         self.group = dist.new_group(backend="gloo", timeout=timeout)
         self.in_flight: tuple | None = None
         self.staging = HostStaging()
@@ -201,11 +194,8 @@ class Checkpointer:
         self._on_rank_0(final, lambda: _fresh_folder(tmp))
         with self._write_errors(final):
             if self.async_save:
-                self.in_flight = (
-                    dcp.async_save(self.staging(state), checkpoint_id=tmp, process_group=self.group),
-                    tmp,
-                    final,
-                )
+                future = dcp.async_save(self.staging(state), checkpoint_id=tmp, process_group=self.group)
+                self.in_flight = (future, tmp, final)
             else:
                 dcp.save(state, checkpoint_id=tmp, process_group=self.group)
                 self._publish(tmp, final)
@@ -225,7 +215,7 @@ class Checkpointer:
         try:
             yield
         except (OSError, CheckpointException) as e:
-            causes = [f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values()] or [e]
+            causes = _causes(e) or [e]
             reason = next((c.strerror for c in causes if isinstance(c, OSError) and c.strerror), None)
             reason = reason or str(causes[0]).strip().splitlines()[-1][:160]
             free = shutil.disk_usage(self.folder).free / 2**20 if self.folder.exists() else 0.0
@@ -252,8 +242,8 @@ class Checkpointer:
                 shutil.rmtree(stale, ignore_errors=True)
 
     def _on_rank_0(self, final: Path, fn) -> None:
-        """Rank 0 alone changes the folder while the others wait; its failure (a mkdir or rename
-        refused) fails every rank at once with its message, not after the collective timeout."""
+        """Rank 0 alone changes the folder while the others wait; its failure fails every rank at once with its
+        message, not after the collective timeout."""
         error = None
         if self.rank == 0:
             try:
@@ -275,13 +265,12 @@ class Checkpointer:
         try:
             dcp.load(state, checkpoint_id=path, process_group=self.group)
         except CheckpointException as e:  # a BaseException: DCP failed on some rank
-            causes = [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]  # (exception, traceback)
-            if causes and isinstance(causes[0], UserError):
-                raise causes[0] from None
-            cause = str(causes[0]).strip().splitlines()[0][:160] if causes and str(causes[0]).strip() else "unknown"
-            if causes and (
-                any(w in cause.lower() for w in ("mismatch", "missing key")) or isinstance(causes[0], KeyError)
-            ):
+            causes = _causes(e)
+            first = causes[0] if causes else None
+            if isinstance(first, UserError):
+                raise first from None
+            cause = str(first).strip().splitlines()[0][:160] if causes and str(first).strip() else "unknown"
+            if causes and (any(w in cause.lower() for w in ("mismatch", "missing key")) or isinstance(first, KeyError)):
                 raise UserError(
                     f"cannot resume from {path}: it does not match this run's model, optimizer or data_parallel "
                     f"strategy ({cause}); resume with the config it was saved with, or start a new --job.dump_folder"
@@ -290,12 +279,17 @@ class Checkpointer:
             hint = f"--checkpoint.load_path {earlier[-1]}" if earlier else "a new --job.dump_folder"
             raise UserError(
                 f"cannot read checkpoint {path}, it may be corrupted "
-                f"({type(causes[0]).__name__ if causes else 'error'}: {cause}); resume from an earlier one with {hint}"
+                f"({type(first).__name__ if causes else 'error'}: {cause}); resume from an earlier one with {hint}"
             ) from None
 
     def close(self) -> None:
         self.wait()
         dist.destroy_process_group(self.group)
+
+
+def _causes(e: BaseException) -> list:
+    """The exceptions behind a DCP failure (its `failures` hold (exception, traceback) pairs)."""
+    return [f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values()]
 
 
 def _fresh_folder(tmp: Path) -> None:
@@ -312,8 +306,8 @@ def checkpoint_state(strategy, state: TrainState, loader, dims, with_rank_state:
 def resume(
     c: CheckpointConfig, folder: Path, dims, strategy, state: TrainState, loader, timeout: timedelta
 ) -> tuple[Checkpointer | None, str | None]:
-    """The checkpointer (None when checkpoints are off) and, after loading the checkpoint to
-    resume from (if any), a line saying what was resumed."""
+    """The checkpointer (None when checkpoints are off) and, after loading the checkpoint to resume from (if
+    any), a line saying what was resumed."""
     if not c.enable:
         return None, None
     checkpointer = Checkpointer(folder / c.folder, dims.rank, c.keep, c.async_save, timeout)
@@ -328,14 +322,11 @@ def resume(
             f"{state.dp_size} data-parallel ranks; resume it on {state.dp_size} ranks (this run has "
             f"{dims.data_size})"
         )
-    # Weights and optimizer state reshard onto any number of ranks; each rank's position in
-    # its data shard only means something for the same number of ranks.
+    # Weights and optimizer state reshard onto any number of ranks; a rank's data position only on as many ranks
     checkpointer.load(path, checkpoint_state(strategy, state, loader, dims, with_rank_state=same_ranks))
     message = f"resumed from {path} at step {state.step} ({int(state.tokens):,} tokens)"
     if not same_ranks:
-        message += (
-            f"; data-parallel ranks changed ({state.dp_size} -> {dims.data_size}): weights and optimizer "
-            "state resharded, the data order restarts"
-        )
+        message += f"; data-parallel ranks changed ({state.dp_size} -> {dims.data_size}): weights and optimizer "
+        message += "state resharded, the data order restarts"
     state.dp_size = dims.data_size
     return checkpointer, message

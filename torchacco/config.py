@@ -1,11 +1,10 @@
 """Typed configuration: small dataclass sections, loaded from TOML, overridden from the CLI.
 
-`load_config(["--config", "x.toml", "--training.steps", "20"])` returns a `Config`.
-Each key is declared once, with its type (`Literal[...]` for a fixed set of choices), its
-default and a line of help: the loader checks values against it and `docs/configuration.md`
-is generated from it (`python -m torchacco.config > docs/configuration.md`). Unknown sections
-or keys list the valid ones; a wrong type names the file, the key and the expected type. Every
-error is a `UserError` (one line for the user, no traceback).
+`load_config(["--config", "x.toml", "--training.steps", "20"])` returns a `Config`. Each key is declared once, with its
+type (`Literal[...]` for a fixed set of choices), its default and a line of help: the loader checks values against it
+and `docs/configuration.md` is generated from it (`python -m torchacco.config > docs/configuration.md`). Unknown
+sections or keys list the valid ones; a wrong type names the file, the key and the expected type. Every error is a
+`UserError` (one line for the user, no traceback).
 """
 
 from __future__ import annotations
@@ -31,23 +30,15 @@ class Job:
     dump_folder: str = key("outputs/run", "every output of the run goes here")
     description: str = key("", "free text, kept in config.toml")
     overwrite: bool = key(False, "replace a different run's outputs in dump_folder (the same run always resumes)")
-    cluster: str = key(
-        "",
-        "the cluster the config is written for, NODESxGPUS per node (e.g. 4x8): what `--dry-run` checks when given "
-        "no size (docs/performance.md)",
-    )
+    cluster: str = key("", "the cluster it is written for, NODESxGPUS (e.g. 4x8): what a bare `--dry-run` checks")
 
 
 @dataclass
 class Model:
-    name: str = key(
-        "gpt_neo", "a folder of models/, or an importable module path (pkg.module) whose `spec` is a ModelSpec"
-    )
+    name: str = key("gpt_neo", "a folder of models/, or an importable module (pkg.module) whose `spec` is a ModelSpec")
     flavor: str = key("debug", "one of the model's flavors (sizes)")
     vocab_size: int = key(0, "0: the tokenizer's vocabulary size")
-    compile: bool = key(
-        False, "torch.compile each transformer block (a model passed to train() that has no blocks: the whole model)"
-    )
+    compile: bool = key(False, "torch.compile each transformer block (a train() model without blocks: the whole model)")
     init_from: str = key("", "a Hugging Face folder (config.json + safetensors): its architecture and weights")
 
 
@@ -61,19 +52,14 @@ class Tokenizer:
 class Data:
     dataset: str = key(
         "embedded",
-        '"embedded" (Shakespeare, Milton, KJV bible), or a file, folder or glob pattern of .txt, .jsonl, '
-        "Alpaca .json or .parquet files (docs/data.md)",
+        '"embedded" (Shakespeare, Milton, KJV) or a file, folder, glob of .txt, .jsonl, Alpaca .json, .parquet',
     )
     format: Literal["auto", "text", "jsonl", "alpaca", "parquet"] = key(
         "auto",
         "how to read the dataset files. auto: by suffix and content; .jsonl records and .parquet rows with "
         "instruction and output are Alpaca. parquet: the text_field column, needs pyarrow (torchacco[parquet])",
     )
-    text_field: str = key(
-        "text",
-        "the field of .jsonl records (the column of .parquet files, or of a datasets.Dataset passed to train()) "
-        "holding the text",
-    )
+    text_field: str = key("text", "the text's field of .jsonl records (column of .parquet, or of a train() Dataset)")
     validation: str = key("", "separate validation file, folder or glob pattern; empty: split off val_fraction")
     val_fraction: float = key(0.02, "share of the documents held out for validation")
     cache_dir: str = key("", "token caches and the embedded corpus; empty: $TORCHACCO_CACHE or ~/.cache/torchacco")
@@ -83,9 +69,7 @@ class Data:
 class Training:
     seq_len: int = key(256, "tokens per sequence")
     local_batch_size: int = key(8, "sequences per micro-batch on one rank")
-    global_batch_size: int = key(
-        0, "sequences per optimizer update over all ranks; 0: local × data-parallel ranks (no accumulation)"
-    )
+    global_batch_size: int = key(0, "sequences per update, all ranks; 0: local × data-parallel ranks, no accumulation")
     steps: int = key(100, "optimizer updates")
     max_tokens: int = key(0, "stop after this many tokens (all ranks); 0: no limit")
     max_norm: float = key(1.0, "gradient clipping by global norm; 0 disables")
@@ -96,18 +80,12 @@ class Training:
         "none", "recompute activations in backward instead of keeping them: every block (full), or selectively"
     )
     selective_checkpoint: str = key(
-        "op",
-        "with activation_checkpoint = selective: 'op' keeps matmul and attention outputs and recomputes the "
-        "rest; a number k checkpoints every k-th block",
+        "op", "selective: 'op' keeps matmul and attention outputs, recomputes the rest; k checkpoints every k-th block"
     )
-    loss_chunks: int = key(
-        1, "pieces of the sequence the fp32 cross-entropy runs over (fp32 logits exist for one piece at a time)"
-    )
+    loss_chunks: int = key(1, "pieces of the sequence the cross-entropy runs over (fp32 logits for one at a time)")
     num_threads: int = key(0, "CPU threads per rank; 0: cores / local ranks")
     collective_timeout_s: float = key(1800.0, "a collective waiting longer than this fails the run (a dead peer)")
-    on_nonfinite: Literal["abort", "skip"] = key(
-        "abort", "a NaN/Inf loss or gradient: abort the run, or skip the update"
-    )
+    on_nonfinite: Literal["abort", "skip"] = key("abort", "NaN/Inf loss or gradient: abort the run, or skip the update")
     max_skips_in_a_row: int = key(3, "with on_nonfinite = skip: abort after this many consecutive skipped updates")
 
 
@@ -119,9 +97,7 @@ class Optimizer:
     beta2: float = key(0.95, "AdamW β2")
     eps: float = key(1e-8, "AdamW ε")
     weight_decay: float = key(0.1, "decoupled weight decay; not applied to norms, biases and embeddings")
-    slow_beta: float = key(
-        0.0, "β of a second, slow first moment mixed into the step (MT-DAO's slow momentum, e.g. 0.99); 0: off"
-    )
+    slow_beta: float = key(0.0, "β of a second, slow first moment in the step (MT-DAO's, e.g. 0.99); 0: off")
     slow_weight: float = key(0.5, "with slow_beta: the slow moment's share of the step's direction; β1's has the rest")
 
 
@@ -145,23 +121,16 @@ class Parallelism:
     )
     reduce_dtype: Literal["fp32", "bf16"] = key(
         "fp32",
-        "fsdp, zero1 and the overlapped schedules (acco, dpu, wp): the dtype gradients are summed over the "
-        "data-parallel ranks in when computing in bf16 (a ring rounds at every hop; fp32 as FSDP2's default). "
-        "acco, dpu, wp: fp32 makes the job's buffer fp32 (2 more bytes per parameter)",
+        "computing in bf16, fsdp, zero1, acco, dpu, wp: the dtype gradients are summed in over the dp ranks (a ring "
+        "rounds at every hop; fp32 as FSDP2's default); acco, dpu, wp: fp32 costs 2 more bytes per parameter",
     )
-    tensor_parallel_degree: int = key(
-        1, "ranks sharing each layer's matmuls (inside a node); dp = world / (replicas × tp × pp)"
-    )
+    tensor_parallel_degree: int = key(1, "ranks sharing each layer's matmuls, in a node; dp = world / (replicas·tp·pp)")
     pipeline_parallel_degree: int = key(1, "pipeline stages, split by layer")
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = key(
         "1f1b", "pipeline schedule; interleaved_1f1b runs two stages per rank"
     )
     pipeline_microbatches: int = key(0, "pieces each local batch is split into; 0: the number of stages")
-    loss_parallel: bool = key(
-        True,
-        "with tensor parallelism (and no pipeline): the logits stay split by vocabulary "
-        "and the loss is computed on the shards",
-    )
+    loss_parallel: bool = key(True, "tp without pp: logits stay split by vocabulary, the loss computed on the shards")
     balance_batches: bool = key(
         False,
         "split each update's micro-batches between the data-parallel ranks by their measured speed, the global "
@@ -182,20 +151,14 @@ class DiLoCo:
     outer_lr: float = key(0.7, "the outer Nesterov SGD's learning rate (1 with momentum 0: plain averaging)")
     outer_momentum: float = key(0.9, "the outer Nesterov SGD's momentum")
     outer_momentum_warmup: int = key(
-        0, "W: the k-th outer step of a fragment uses momentum outer_momentum · min(1, k / W) (Pier); 0: from the first"
+        0, "W: the k-th outer step of a fragment has momentum outer_momentum · min(1, k / W) (Pier); 0: off"
     )
     fragments: int = key(
-        1,
-        "P: Streaming DiLoCo's fragments (contiguous groups of blocks); one syncs every H / P updates, in turn",
+        1, "P: Streaming DiLoCo's fragments (contiguous blocks), one syncing every H/P updates in turn"
     )
-    overlap_steps: int = key(
-        0,
-        "τ: inner updates a fragment's all-reduce runs beside (on the side runner) before its outer step; below H / P",
-    )
+    overlap_steps: int = key(0, "τ: inner updates a fragment's all-reduce runs beside before its outer step; < H / P")
     mixing: float = key(
-        0.0,
-        "α: after an overlapped outer step, θ ← (1 − α)·θ_global + α·θ_local (0 drops the τ local updates of "
-        "that fragment; the Streaming DiLoCo paper's ablation uses 0.5)",
+        0.0, "α: after an overlapped outer step, θ ← (1 − α)·θ_global + α·θ_local (0 drops τ local updates; paper: 0.5)"
     )
     outer_dtype: Literal["fp32", "bf16", "int8", "int4", "int2"] = key(
         "fp32",
@@ -204,16 +167,15 @@ class DiLoCo:
     )
     topk: float = key(
         0.0,
-        "fraction of every 4096-element chunk of the pseudo-gradient sent (its largest magnitudes, as Elias–Fano-coded "
-        "offsets and outer_dtype values); what is not sent is fed back into the next outer step's (SparseLoCo). 0 "
-        "sends all",
+        "fraction of each 4096-element chunk of the pseudo-gradient sent: its largest magnitudes (Elias–Fano-coded "
+        "offsets, outer_dtype values); the rest is fed into the next outer step's (SparseLoCo). 0 sends all",
     )
     error_decay: float = key(0.95, "β with topk: the residual not yet sent is multiplied by β at each outer step")
     topk_mean: Literal["senders", "replicas"] = key(
         "senders",
         "with topk, each element's token-weighted mean over the replicas that sent it, counted as at least half of "
-        "all tokens (an element moves by at most twice its share; less loss per token with 2 and 4 replicas), or over "
-        "every replica (one that did not send it counts 0: SparseLoCo's rule)",
+        "all tokens (an element moves by at most twice its share; less loss per token with 2 and 4 replicas), or "
+        "over every replica (0 for one that did not send it: SparseLoCo's rule)",
     )
     warm_start: int = key(
         0,
@@ -228,9 +190,8 @@ class DiLoCo:
     offload: bool = key(False, "keep θ_global and the outer momentum in CPU memory (pinned with CUDA)")
     eager: bool = key(
         False,
-        "with overlap_steps: while a fragment's all-reduce is in flight, continue from the outer step taken with "
-        "this replica's own pseudo-gradient, and move the local updates onto the true outer step when it arrives "
-        "(arXiv 2502.12996)",
+        "with overlap_steps: while a fragment's all-reduce is in flight, continue from the outer step of this "
+        "replica's own pseudo-gradient, then move the local updates onto the true one (arXiv 2502.12996)",
     )
     balance_replicas: bool = key(
         False,
@@ -244,21 +205,16 @@ class DiLoCo:
         "rejoins at an outer step with the live state copied from a peer (docs/reliability.md)",
     )
     lighthouse: str = key(
-        "",
-        "with fault_tolerant: the lighthouse's address (http://host:port); empty: $TORCHFT_LIGHTHOUSE, or the one "
-        "./run_train.sh starts on a single machine",
+        "", "with fault_tolerant: the lighthouse (http://host:port); empty: $TORCHFT_LIGHTHOUSE, or run_train.sh's own"
     )
     min_replicas: int = key(1, "with fault_tolerant: the replicas an outer step needs to commit")
     join_timeout_s: float = key(
-        60.0,
-        "with fault_tolerant: how long an outer step waits for a live replica that has not reached it before it goes "
-        "on without that replica's pseudo-gradient",
+        60.0, "with fault_tolerant: how long an outer step waits for a late live replica, then goes on without it"
     )
     round_timeout_s: float = key(
         300.0,
-        "with fault_tolerant: an outer step's exchange that waits longer than this fails, and the round runs again "
-        "without the replica that stalled (a frozen machine, a cut link); set it above the pseudo-gradient's time "
-        "over the slowest link",
+        "with fault_tolerant: an outer step's exchange waiting longer than this fails; the round runs again without "
+        "the stalled replica (a frozen machine, a cut link); set it above the pseudo-gradient's time on the worst link",
     )
 
 
@@ -299,9 +255,7 @@ class Preemption:
         "from the signal, the most time to finish the update and save; past it a rank exits without the "
         "checkpoint (the previous one stays). Keep it below the time your scheduler gives before SIGKILL",
     )
-    exit_code: int = key(
-        75, "the exit code after a preemption with checkpoints on (75: EX_TEMPFAIL, 'try again'); requeue on it"
-    )
+    exit_code: int = key(75, "exit code after a preemption with checkpoints on (75: EX_TEMPFAIL); requeue on it")
 
 
 @dataclass
@@ -311,9 +265,7 @@ class Profiling:
     active_steps: int = key(2, "updates per trace")
     every: int = key(0, "trace again every this many updates; 0: once")
     memory_snapshot: bool = key(
-        False,
-        "CUDA: also record the allocator's history over the first trace "
-        "(memory_step<N>.pickle, for pytorch.org/memory_viz)",
+        False, "CUDA: the allocator's history over the first trace too (memory_step<N>.pickle, pytorch.org/memory_viz)"
     )
     folder: str = key("profile", "inside the dump folder")
 
@@ -322,9 +274,7 @@ class Profiling:
 class Emulation:
     """Speed on the emulated cluster as on GPUs (torchacco/emulation.py; the benchmarks' --virtual-compute)."""
 
-    virtual_compute: bool = key(
-        False, "forward, backward and AdamW become timed waits that hold no CPU (speed only: no losses)"
-    )
+    virtual_compute: bool = key(False, "forward, backward, AdamW: timed waits holding no CPU (speed only: no losses)")
     forward_s: float = key(0.0, "one micro-batch's forward, in seconds (`python -m torchacco.emulation` measures it)")
     backward_s: float = key(0.0, "one micro-batch's backward, in seconds")
     block_share: float = key(0.5, "the share of forward and backward in the blocks; the rest is embedding, head, loss")
@@ -356,8 +306,8 @@ class Config:
     )
 
     def section(self, name: str):
-        """A section by its TOML name, a strategy's included (one registered after this config was built gets
-        its defaults)."""
+        """A section by its TOML name, a strategy's included (one registered after this config was built gets its
+        defaults)."""
         strategy = registry.option_sections().get(name)
         return getattr(self, name) if strategy is None else self.strategy_options.setdefault(name, strategy())
 
@@ -377,10 +327,8 @@ class Config:
     def to_toml(self) -> str:
         lines = []
         for section, values in self.to_dict().items():
-            lines.append(f"[{section}]")
             # JSON's literals and escapes are TOML's; non-ASCII text stays as it is (TOML has no \ud83d pairs).
-            lines += [f"{k} = {json.dumps(v, ensure_ascii=False)}" for k, v in values.items()]
-            lines.append("")
+            lines += [f"[{section}]", *(f"{k} = {json.dumps(v, ensure_ascii=False)}" for k, v in values.items()), ""]
         return "\n".join(lines)
 
 
@@ -407,16 +355,9 @@ def choices(section: str, name: str) -> tuple | None:
     return typing.get_args(expected) if typing.get_origin(expected) is Literal else None
 
 
-def default(f: dataclasses.Field):
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
-
-
 def _convert(value, expected: type, where: str, from_cli: bool):
     """Check a TOML value's type, or convert a CLI string to the field's type."""
-    if typing.get_origin(expected) is Literal:
-        allowed = typing.get_args(expected)
-        if value not in allowed:
-            raise UserError(f"{where} = {value!r} is not one of: {', '.join(allowed)}")
+    if typing.get_origin(expected) is Literal:  # `_set` checks the choices
         return value
     if from_cli and expected is not str:
         text = value.strip()
@@ -531,8 +472,9 @@ def reference_markdown() -> str:
         for f in dataclasses.fields(cls):
             allowed = choices(section, f.name)
             kind = " \\| ".join(f"`{c}`" for c in allowed) if allowed else types_[f.name].__name__
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             out.append(
-                f"| `{f.name}` | {kind} | `{json.dumps(default(f), ensure_ascii=False)}` | "
+                f"| `{f.name}` | {kind} | `{json.dumps(default, ensure_ascii=False)}` | "
                 f"{f.metadata['help'].replace('|', chr(92) + '|')} |"
             )
         out.append("")

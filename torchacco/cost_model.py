@@ -1,45 +1,27 @@
 """A cost model for the data-parallel strategies: time per update, and time to a target loss.
 
-    python -m torchacco.predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 \\
-        --bandwidth 100gbit --device H100 --seq-len 8192 --local-batch 1 --micro-batches 4
+`torchacco/predict.py` is its command line; the benchmarks in `benchmarks/` check it against measured runs.
 
-(`torchacco/predict.py` is that command line; the benchmarks in `benchmarks/` check the model
-against measured runs.)
-
-Inputs: the model (parameters, FLOPs per token), tokens per micro-batch and micro-batches per
-update (k), the achieved FLOP/s of one rank, the inter-node bandwidth B and latency L per link,
-the ranks (N nodes × G per node), the sharded optimizer's speed, and one rank slower by a factor.
-
-Per update, with c the compute time of one micro-batch (c_slow on the slowest rank), S the bytes of
-one gradient (or parameter) buffer on the wire, and W = N·G ranks:
+Inputs: the model (parameters P, FLOPs per token), tokens per micro-batch and micro-batches per update (k), the achieved
+FLOP/s of one rank, the inter-node bandwidth B and latency L per link, the ranks (N nodes × G per node, W = N·G), the
+sharded optimizer's speed, and one rank slower by a factor. Per update, with c the compute time of one micro-batch and S
+the bytes of one gradient (or parameter) buffer on the wire:
 
   one reduce-scatter or all-gather  V = (N-1)/N · 8S/B + (N-1)·L + (G-1)/G · 8S/B_intra   (hierarchical ring)
   as measured for a backend         V_rs = f_rs·V, V_ag = f_ag·V, V_ar = f_ar·2V  (f = 1 for NCCL and
                                     torchacco's gloo rings; gloo's own reduce-scatter is ~2)
   the sharded job                   M = V_rs + P/W / opt_rate + V_ag
 
-The formula follows what the strategy class declares (its traits: `communication`, `overlapped`,
-`periods_per_update`), one function per communication kind (`FORMULAS`), so a new strategy is modelled
-by the traits it shares. Synchronous strategies run at the slowest rank's pace, or balanced ([parallelism]
-balance_batches: ddp, zero1) at the makespan of the update's k·W micro-batches split by speed.
+The formula follows the strategy's traits (`communication`, `overlapped`, `periods_per_update`), one function per
+communication kind (`FORMULAS`), so a new strategy is modelled by the traits it shares. Synchronous strategies run at
+the slowest rank's pace, or balanced ([parallelism] balance_batches) at the makespan of the update's k·W micro-batches
+split by speed. DiLoCo: `predict_diloco`.
 
-DiLoCo (docs/diloco.md; one replica per node, the inner strategy over the node's G ranks): the inner
-update's time t_in from the formula above on one node, plus the outer step's exposed transfer averaged
-over H updates. Fragment f's pseudo-gradient crosses the link once per H updates, D_f = P_f elements
-× wire bytes per node, P_f its parameters (the first fragment holds the embedding; P/F without the model)
-(a sharded inner strategy's ranks send their shards; ddp's, whose ranks all hold all of θ, 1/G of it
-each, then all-gather the fp32 mean in the node); fp32 is an all-reduce, 2(N-1)/N · 8D_f/B, bf16, the
-integer codes and top-k messages are all-gathered, (N-1) · 8D_f/B, each at its probed factor; τ inner
-updates hide it:
-  diloco  t_in + Σ_f max(0, T_f − τ·t_in) / H
-
-Time to a target loss = the tokens a strategy needs for it / its tokens per second. The tokens are DDP's times the
-strategy's measured ratio in `torchacco/token_efficiency.json` (written by `python -m benchmarks efficiency-table`;
-`token_source` and `diloco_token_source` say which entry covers a row). Where none does, its time to loss is None and
-it is never advised. The ratios were measured on a small model: at another scale they are an extrapolation, which
-`predict` states.
-This is a bandwidth/latency model: it ignores CPU contention between the communication thread and compute, congestion,
-and kernels' own time.
+Time to a target loss = the tokens a strategy needs for it / its tokens per second: DDP's tokens times the strategy's
+ratio measured in `torchacco/token_efficiency.json` (`python -m benchmarks efficiency-table` writes it; `token_source`
+and `diloco_token_source` say which entry covers a row; none: no time, never advised). The ratios were measured on a
+small model: at another scale they are an extrapolation, which `predict` states. A bandwidth/latency model: it ignores
+CPU contention between the communication thread and compute, congestion, and kernels' own time.
 """
 
 import dataclasses
@@ -79,8 +61,7 @@ ESTIMATE_SHARES = {"share875": 0.875}  # an estimating strategy's mode -> the sh
 
 
 def variants() -> dict[str, tuple[type, str]]:
-    """The modelled strategies: label -> (registered strategy class, mode), each registered strategy's plain self
-    (mode 'deterministic') followed by its `VARIANTS`."""
+    """label -> (registered strategy class, mode): each strategy's plain self ('deterministic'), then its `VARIANTS`."""
     out = {}
     for name, cls in registry.strategies().items():
         out[name] = (cls, "deterministic")
@@ -252,8 +233,8 @@ def ddp_buckets(bucket_cap_mb: float) -> dict:
 
 
 def bucketed_all_reduce_exposed_s(work: Workload, hw: Hardware, backward_s: float) -> float:
-    """How long DDP's gradient all-reduce runs past the end of the last backward: the buckets fill at an even
-    rate through the backward (`backward_s`), and each is all-reduced once it is full and the one before is done."""
+    """How long DDP's gradient all-reduce runs past the end of the last backward: the buckets fill at an even rate
+    through the backward (`backward_s`), and each is all-reduced once it is full and the one before is done."""
     total = work.params * DDP_GRADIENT_BYTES  # torch fills the buckets with the gradients' own bytes
     done = filled = 0.0
     for size in buckets(total, work.bucket_bytes, work.first_bucket_bytes):
@@ -265,8 +246,8 @@ def bucketed_all_reduce_exposed_s(work: Workload, hw: Hardware, backward_s: floa
 
 @dataclasses.dataclass(frozen=True)
 class _Update:
-    """What every formula reads: the workload, the cluster, the strategy's traits and mode, and the
-    quantities of the module's docstring."""
+    """What every formula reads: the workload, the cluster, the strategy's traits and mode, and the quantities of the
+    module's docstring."""
 
     work: Workload
     hw: Hardware
@@ -285,17 +266,16 @@ class _Update:
 
 
 def _all_reduce_in_backward(u: _Update) -> tuple[float, float, float, float]:
-    """ddp: k·c + E + P / opt_rate, E the all-reduce's end past the last backward (⅔c) as DDP's buckets (torch's
-    default: 1 MiB, then 25 MiB each) fill (`bucketed_all_reduce_exposed_s`): many small buckets give about
-    max(0, V_ar − ⅔c) (each bucket's all-reduce pays its latency too), a model in one bucket E = V_ar."""
+    """ddp: k·c + E + P / opt_rate, E the all-reduce's end past the last backward (⅔c) as DDP's buckets fill
+    (`bucketed_all_reduce_exposed_s`): about max(0, V_ar − ⅔c) for many small buckets, V_ar for a model in one."""
     comm = bucketed_all_reduce_exposed_s(u.work, u.hw, 2 / 3 * u.c_slow) + u.work.params / u.hw.opt_rate
     return u.period + comm, comm, u.hw.ar_factor * 2 * u.V, u.tokens
 
 
 def _per_micro_batch(u: _Update) -> tuple[float, float, float, float]:
-    """fsdp: (k−1)·max(c, 2V_ag) + max(c, 2V_ag + V_rs) + P/W / opt_rate (prefetched all-gathers; the
-    reduce-scatter only on the last micro-batch); without streams (CPU), where FSDP2 waits for each collective where
-    it issues it, k·(c + 2V_ag) + V_rs + P/W / opt_rate.
+    """fsdp: (k−1)·max(c, 2V_ag) + max(c, 2V_ag + V_rs) + P/W / opt_rate (prefetched all-gathers; the reduce-scatter
+    only on the last micro-batch); without streams (CPU), where FSDP2 waits for each collective where it issues it,
+    k·(c + 2V_ag) + V_rs + P/W / opt_rate.
     hsdp (inside a node): the same over the node's G ranks (v: the node's ring), plus the shards' all-reduce across
     nodes, A = 2·(N−1)/N · 8S/B (a gradient per node): (k−1)·max(c, 2v_ag) + max(c, 2v_ag + v_rs) + max(0, A − ⅔c)
     + P/G / opt_rate (without streams, A added whole)."""
@@ -316,9 +296,9 @@ def _per_micro_batch(u: _Update) -> tuple[float, float, float, float]:
 
 def _sharded_job(u: _Update) -> tuple[float, float, float, float]:
     """zero1 (synchronous): k·c + M. Overlapped: p rounds of max(k/p·c, M) (acco: p = 2; dpu, wp: p = 1); acco at
-    estimate_share s: max(s·k·c, M) + max((1 − s)·k·c, M). Their modes: balanced splits each round's k/p·W
-    micro-batches by speed (rounds of max(makespan, M)); adaptive keeps every rank computing during the job, up to
-    max_growth × k/p micro-batches per round (the batch grows); a bf16 estimate halves the estimate round's bytes."""
+    estimate_share s: max(s·k·c, M) + max((1 − s)·k·c, M). Their modes: balanced splits each round's k/p·W micro-batches
+    by speed (rounds of max(makespan, M)); adaptive keeps every rank computing during the job, up to max_growth × k/p
+    micro-batches per round (the batch grows); a bf16 estimate halves the estimate round's bytes."""
     work, hw, mode, traits, times, M = u.work, u.hw, u.mode, u.traits, u.times, u.M
     if not traits.overlapped:
         return u.period + M, M, M, u.tokens
@@ -361,18 +341,15 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
     if strategy not in known:
         raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(known)}")
     cls, mode = known[strategy]
-    traits = cls.traits
-    W, P, k = hw.world, work.params, work.micro_batches
+    traits, W, k = cls.traits, hw.world, work.micro_batches
     c = hw.micro_batch_s(work)
     times = hw.compute_times(c)
-    V = collective_s(P * work.comm_bytes, hw)
-    opt_shard = P / W / hw.opt_rate
+    V = collective_s(work.params * work.comm_bytes, hw)
+    opt_shard = work.params / W / hw.opt_rate
     M = hw.rs_factor * V + opt_shard + hw.ag_factor * V  # reduce-scatter, sharded AdamW, all-gather
-    # the compute of an update: k micro-batches at the slowest rank's pace, or balanced, the makespan of
-    # the k·W micro-batches split by speed (DDP keeps one on every rank)
-    minimum = 1 if traits.communication == "all_reduce_in_backward" else 0
     period = k * max(times)
-    if mode == "balanced" and not traits.overlapped:
+    if mode == "balanced" and not traits.overlapped:  # DDP keeps at least one micro-batch on every rank
+        minimum = 1 if traits.communication == "all_reduce_in_backward" else 0
         period = max(n * t for n, t in zip(split_by_speed(k * W, times, minimum), times))
     update = _Update(work, hw, traits, mode, times, period, V, M, opt_shard, W * k * work.tokens_per_micro_batch)
     step, comm, job, tokens = FORMULAS[traits.communication](update)
@@ -386,9 +363,12 @@ def predict_diloco(
     work: Workload, hw: Hardware, inner: str, sync_every: int, fragments: int = 1, overlap_steps: int = 0,
     outer_dtype: str = "fp32", fragment_params: list[float] | None = None, topk: float = 0.0,
 ) -> dict:  # fmt: skip
-    """Time per update of DiLoCo with one replica per node and `inner` over each node's ranks.
-    `fragment_params`: each fragment's parameters (`model_fragment_params`; the first holds the embedding), else
-    an even split. The transfer takes the probed factor of its collective (fp32: all-reduce; else all-gather)."""
+    """Time per update of DiLoCo (docs/diloco.md) with one replica per node and `inner` over each node's G ranks:
+    t_in + Σ_f max(0, T_f − τ·t_in) / H, t_in the inner update's time on one node. T_f: fragment f's pseudo-gradient
+    over the link, D_f = P_f elements × wire bytes (`fragment_params`, from `model_fragment_params`: the first holds
+    the embedding; else P/F each); fp32 is an all-reduce, 2(N−1)/N · 8D_f/B, bf16, the integer codes and top-k messages
+    are all-gathered, (N−1) · 8D_f/B, each at its probed factor. A sharded inner strategy's ranks send their shards;
+    ddp's, whose ranks all hold all of θ, 1/G of it each, then all-gather the fp32 mean in the node."""
     cls, _ = variants()[inner]
     node = dataclasses.replace(hw, nodes=1)
     inside = predict(work, node, inner)
@@ -402,8 +382,6 @@ def predict_diloco(
     wire = bytes_per_element(outer_dtype, topk) if topk else WIRE_BYTES[outer_dtype]
 
     def transfer_s(params: float) -> float:
-        # A node's ranks send Δ once between them: a sharded inner strategy's shards, or a replicated one's 1/g
-        # each (then all-gathered in fp32 inside the node).
         if n == 1:
             return 0.0
         link = factor * hops * 8 * params * wire / hw.bandwidth_bps if hw.bandwidth_bps else 0.0
@@ -449,9 +427,8 @@ def fragment_sizes(module: torch.nn.Module, fragments: int) -> list[float]:
 
 
 def layout_memory(cls, params: float, group: int, dtype, reduce_dtype, options=None, outer=None, largest=1.0):
-    """A rank's persistent `MemoryParts` for `params` elements stored on it over `group` data-parallel ranks: the
-    strategy's own count (`Strategy.memory`), plus DiLoCo's outer state when `outer` (a [diloco] section) is given
-    (`DiLoCo.outer_memory`; `largest`: the largest fragment's share). The one count predict and the dry run use."""
+    """A rank's persistent `MemoryParts` for `params` elements over `group` data-parallel ranks (`Strategy.memory`),
+    plus DiLoCo's outer state for a [diloco] section `outer` (`largest`: the largest fragment's share of θ)."""
     memory = cls.memory(params, group, dtype, reduce_dtype, options)
     return memory if outer is None else memory + DiLoCo.outer_memory(params, cls, group, outer, largest)
 
@@ -459,9 +436,8 @@ def layout_memory(cls, params: float, group: int, dtype, reduce_dtype, options=N
 def diloco_memory_bytes(
     work: Workload, hw: Hardware, inner: str, offload: bool = False, outer=None, largest: float = 1.0
 ) -> float:
-    """The inner strategy's persistent bytes over a node's ranks, plus θ_global and the outer momentum
-    (fp32) of this rank's part of θ, unless offloaded to CPU memory (`DiLoCo.outer_memory`). `outer`: the
-    [diloco] section (its offload, topk's residual and eager's θ̂ of the largest fragment, `largest` of θ)."""
+    """The inner strategy's persistent bytes over a node's ranks plus DiLoCo's outer state of this rank's part of θ
+    (`DiLoCo.outer_memory`; `outer`: the [diloco] section, else its defaults with `offload`)."""
     cls, _ = variants()[inner]
     outer = DiLoCoConfig(offload=offload) if outer is None else outer
     return layout_memory(cls, work.params, hw.ranks_per_node, torch.bfloat16, torch.float32, outer=outer,
@@ -488,8 +464,8 @@ def _entries(table: dict | None) -> dict[str, dict]:
 
 
 def _update(label: str) -> str:
-    """The label whose update `label` computes: itself, or for a plain-update mode its strategy's (or the one
-    whose update that strategy computes)."""
+    """The label whose update `label` computes: itself, or for a plain-update mode its strategy's (or the one whose
+    update that strategy computes)."""
     if label not in variants():
         return label
     cls, mode = variants()[label]
@@ -497,8 +473,8 @@ def _update(label: str) -> str:
 
 
 def token_source(label: str, table: dict | None = None) -> str | None:
-    """The measured entry whose tokens `label` needs: its own, else (a plain-update mode) its strategy's, else that
-    of the strategy whose update it computes; DDP, the reference, is its own. None: no measurement covers it."""
+    """The measured entry whose tokens `label` needs: its own, else (a plain-update mode) its strategy's, else that of
+    the strategy whose update it computes; DDP, the reference, is its own. None: no measurement covers it."""
     measured = {name for name, entry in _entries(table).items() if "diloco" not in entry} | {DDP.name}
     cls, mode = variants()[label]
     plain = (cls.name, cls.traits.update_of) if mode in PLAIN_UPDATE else ()
@@ -507,8 +483,8 @@ def token_source(label: str, table: dict | None = None) -> str | None:
 
 def diloco_token_source(inner: str, replicas: int, outer, table: dict | None = None) -> str | None:
     """The measured DiLoCo entry for `replicas` replicas with `inner` inside and the outer step `outer` (a
-    `torchacco.config.DiLoCo`): one with the same replicas, inner update and [diloco] settings (but NOT_THE_UPDATE),
-    or None. The ranks inside a replica are not matched: they change the inner update's floating-point order, not the
+    `torchacco.config.DiLoCo`): one with the same replicas, inner update and [diloco] settings (but NOT_THE_UPDATE), or
+    None. The ranks inside a replica are not matched: they change the inner update's floating-point order, not the
     update."""
     settings, defaults = dataclasses.asdict(outer), dataclasses.asdict(type(outer)())
     ignored = NOT_THE_UPDATE + (() if outer.topk else TOPK_ONLY)
@@ -536,8 +512,8 @@ def not_reached_note(source: str | None, table: dict | None = None) -> str | Non
 
 
 def time_to_loss(preds: dict[str, dict], target_tokens: float, ratios: dict[str, float | None]) -> dict:
-    """Predicted seconds to the loss DDP reaches in `target_tokens` tokens: each row's measured ratio of those
-    tokens at its tokens/s; None where its ratio is not measured."""
+    """Predicted seconds to the loss DDP reaches in `target_tokens` tokens: each row's measured ratio of those tokens at
+    its tokens/s; None where its ratio is not measured."""
     return {
         s: None if ratios.get(s) is None else ratios[s] * target_tokens / p["tokens_per_s"] for s, p in preds.items()
     }
@@ -549,8 +525,8 @@ def predict_all(work: Workload, hw: Hardware, strategies=None) -> dict[str, dict
 
 
 def memory_bytes(work: Workload, hw: Hardware, strategy: str, compute_bytes: float = 2.0) -> float:
-    """Persistent bytes per rank: parameters, gradients, optimizer state and buffers, as the
-    strategy class counts them (`Strategy.memory`, with its default options and an fp32 reduction)."""
+    """Persistent bytes per rank: parameters, gradients, optimizer state and buffers, as the strategy class counts them
+    (`Strategy.memory`, with its default options and an fp32 reduction)."""
     cls, _ = variants()[strategy]
     sharded_over = hw.ranks_per_node if cls.traits.shards_within_node else hw.world
     dtype = {2: torch.bfloat16, 4: torch.float32}[compute_bytes]
@@ -596,10 +572,10 @@ def model_parallel_layout(
 ) -> tuple[Workload, Hardware]:
     """The data-parallel problem of a run with tensor and pipeline parallelism, for `predict`: each (pp, tp)
     coordinate's ranks run the strategy over `local_params` (a rank's part of the model) on a ring of the dp ranks
-    holding that part; a rank computes 1/(tp·pp) of the FLOPs, plus the pipeline's bubble over `pieces`
-    micro-batches per step ((pp − 1) / (pieces · stages_per_rank) more). The dp ranks of a coordinate sit tp
-    ranks apart, G/tp to a node; the tp·pp coordinates of a node share its link. The tensor- and
-    pipeline-parallel traffic itself is not modelled (inside a node: NVLink)."""
+    holding that part; a rank computes 1/(tp·pp) of the FLOPs, plus the pipeline's bubble over `pieces` micro-batches
+    per step ((pp − 1) / (pieces · stages_per_rank) more). The dp ranks of a coordinate sit tp ranks apart, G/tp to a
+    node; the tp·pp coordinates of a node share its link. The tensor- and pipeline-parallel traffic itself is not
+    modelled (inside a node: NVLink)."""
     if tp * pp == 1:
         return work, hw
     g, dp = hw.ranks_per_node, hw.world // (tp * pp)
@@ -625,10 +601,8 @@ def format_table(
     fits: dict | None = None,
     notes: dict[str, str | None] | None = None,
 ) -> str:
-    """Markdown: per strategy the time per update, tokens/s, exposed communication, and (when given)
-    memory per rank and time to the target loss relative to the soonest measured strategy that fits (`fits`:
-    strategy -> whether its memory fits the device; one that does not says so instead; a time of None: its loss
-    per token is not measured)."""
+    """Markdown: per strategy the time per update, tokens/s, exposed communication, and (when given) memory per rank and
+    time to the target loss against the soonest that fits (`fits`: strategy -> bool; a time of None: not measured)."""
     columns = ["strategy", "time per update (s)", "tokens/update", "tokens/s", "exposed comm (s)", "overlap"]
     if ttl:
         columns += ["time to loss (s)", "vs soonest"]

@@ -1,8 +1,7 @@
 """The device seam: with `runners.py`, the only code that asks which device it is on.
 
-Everything else receives a `Device` and calls its methods (memory statistics, peak
-FLOP/s, synchronisation, the collective backend, the communication runner) instead of
-branching on CUDA.
+Everything else receives a `Device` and calls its methods (memory statistics, peak FLOP/s, synchronisation, the
+collective backend, the communication runner) instead of branching on CUDA.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ import os
 import resource
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -45,7 +45,7 @@ class Device:
     def mark(self):
         """A point in the compute stream's work that `.synchronize()` waits for (CPU: already reached)."""
         if self.type != "cuda":
-            return _Reached()
+            return SimpleNamespace(synchronize=lambda: None)
         event = torch.cuda.Event()
         event.record()
         return event
@@ -81,15 +81,10 @@ class Device:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-class _Reached:
-    def synchronize(self) -> None:
-        pass
-
-
 class Stopwatch:
-    """The time of the work issued between `start()` and `stop()`, read later with `seconds()`
-    without stalling the code that issued it: on CPU the wall time; on CUDA two events on the
-    compute stream (`seconds()` waits for the second, so call it where waiting costs nothing)."""
+    """The time of the work issued between `start()` and `stop()`, read later with `seconds()` without stalling
+    the code that issued it: on CPU the wall time; on CUDA two events on the compute stream (`seconds()` waits for
+    the second, so call it where waiting costs nothing)."""
 
     def __init__(self, cuda: bool):
         self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None

@@ -59,9 +59,6 @@ class Cluster:
     def world(self) -> int:
         return self.nodes * self.gpus_per_node
 
-    def __str__(self) -> str:
-        return f"{self.nodes}x{self.gpus_per_node}"
-
 
 def parse_cluster(text: str, where: str = "--dry-run") -> Cluster:
     """'4x8' -> 4 nodes of 8 GPUs."""
@@ -132,8 +129,8 @@ def vocabulary(cfg: Config) -> tuple[int, str]:
 
 @contextlib.contextmanager
 def fake_world(rank: int, world: int, shape: tuple[int, ...]):
-    """A process group of `world` ranks that moves no data (torch's fake backend), seen from `rank`, and the
-    run's mesh over it."""
+    """A process group of `world` ranks that moves no data (torch's fake backend), seen from `rank`, and the run's mesh
+    over it."""
     if dist.is_initialized():
         raise RuntimeError("a dry run builds its own fake process group: none may be initialised")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
@@ -144,36 +141,34 @@ def fake_world(rank: int, world: int, shape: tuple[int, ...]):
         dist.destroy_process_group()
 
 
-def stage_params(cfg: Config, spec, args, cluster: Cluster) -> list[tuple[int, int, int]]:
-    """Per pipeline stage, the parameter elements a rank of it stores, those of them in its transformer blocks,
-    and its blocks: read from the model built on the meta device with tensor and pipeline parallelism (tp·pp > 1)
-    applied (as the trainer does) for the cluster's world size."""
+def stage_params(cfg: Config, spec, args, cluster: Cluster, dp: int) -> list[tuple[int, int, int]]:
+    """Per pipeline stage, the parameter elements a rank of it stores, those of them in its transformer blocks, and its
+    blocks: read from the model built on the meta device with tensor and pipeline parallelism (tp·pp > 1) applied (as
+    the trainer does) for the cluster's world size."""
     p = cfg.parallelism
-    tp, pp, replicas = p.tensor_parallel_degree, p.pipeline_parallel_degree, p.replicas
-    dp = cluster.world // (replicas * tp * pp)
+    tp, pp = p.tensor_parallel_degree, p.pipeline_parallel_degree
     counts = []
     for stage in range(pp):
         rank = stage * dp * tp  # replica 0, dp 0, tp 0 of the stage: tensor-parallel ranks hold equal shards
-        with fake_world(rank, cluster.world, (replicas, pp, dp, tp)) as mesh:
+        with fake_world(rank, cluster.world, (p.replicas, pp, dp, tp)) as mesh:
             dims = ParallelDims(cluster.world, rank, rank % cluster.gpus_per_node, cluster.gpus_per_node, mesh)
             with torch.device("meta"):
                 model = spec.model_cls(args)
             loss = TokenLoss(cfg.training.loss_chunks, tp > 1 and pp == 1 and p.loss_parallel)
             model, _ = apply_model_parallel(model, spec, cfg, dims, Device("cpu"), loss)
-            counts.append(_counts(model, local_numel))
+            counts.append(_counts(model))
     return counts
 
 
-def _counts(model, numel=None) -> tuple[int, int, int]:
-    numel = numel or (lambda m: sum(t.numel() for t in m.parameters()))
+def _counts(model) -> tuple[int, int, int]:
     blocks = block_list(model)
-    return numel(model), sum(numel(b) for b in blocks), len(blocks)
+    return local_numel(model), sum(local_numel(b) for b in blocks), len(blocks)
 
 
 def activations(cfg: Config, args, stage: int) -> float:
-    """One rank's activations at the peak of a micro-batch (`cost_model`'s estimate): its blocks' saved
-    tensors for the micro-batches in flight on its stage (1F1B: pp − stage of the pieces; GPipe: all; interleaved
-    counted as 1F1B), 1/tp of them on each tensor-parallel rank, and on the last stage one loss chunk's logits."""
+    """One rank's activations at the peak of a micro-batch (`cost_model`'s estimate): its blocks' saved tensors for the
+    micro-batches in flight on its stage (1F1B: pp − stage of the pieces; GPipe: all; interleaved counted as 1F1B), 1/tp
+    of them on each tensor-parallel rank, and on the last stage one loss chunk's logits."""
     t, p = cfg.training, cfg.parallelism
     tp, pp = p.tensor_parallel_degree, p.pipeline_parallel_degree
     tokens = t.local_batch_size * t.seq_len
@@ -221,10 +216,10 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
     dtype = compute_dtype(t.mixed_precision, Device("cpu" if t.device == "cpu" else "cuda"))  # a GPU cluster's
     with torch.device("meta"):
         whole = spec.model_cls(args)
-    total = sum(x.numel() for x in whole.parameters())
+    total = local_numel(whole)
     largest = max(cm.fragment_sizes(whole, cfg.diloco.fragments)) / total if replicas > 1 else 1.0
     outer = cfg.diloco if replicas > 1 else None
-    stages = stage_params(cfg, spec, args, cluster) if tp * pp > 1 else [_counts(whole)]
+    stages = stage_params(cfg, spec, args, cluster, dp) if tp * pp > 1 else [_counts(whole)]
     kinds = []
     for stage, (numel, in_blocks, blocks) in enumerate(stages):
         memory = cm.layout_memory(cls, numel, group, dtype, DTYPES[p.reduce_dtype], options, outer, largest)
@@ -234,14 +229,12 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
         label = f"pp stage {stage}" if pp > 1 else "every rank"
         kinds.append(RankMemory(label, stage * dp * tp, cluster.world // pp, numel, memory, gathered,
                                 activations(cfg, args, stage)))  # fmt: skip
-    per_update = t.global_batch_size or t.local_batch_size * dp * replicas
-    micro = per_update // (t.local_batch_size * dp * replicas)
+    micro = t.global_batch_size // (t.local_batch_size * dp * replicas) if t.global_batch_size else 1
     return DryRun(cfg, cluster, dp, tp, pp, replicas, args, total, dtype, micro, kinds, notes)
 
 
 def strategy_label(cfg: Config) -> str:
-    """The cost model's row for the configured strategy: its variant whose options the config sets, else its
-    plain self."""
+    """The cost model's row for the configured strategy: its variant whose options the config sets, else itself."""
     chosen, matched = cfg.parallelism.data_parallel, 0
     for label, (cls, _) in cm.variants().items():
         extra = cm.variant_arguments(label)[2:]  # the variant's settings, past --parallelism.data_parallel NAME
@@ -259,8 +252,8 @@ def _setting(cfg: Config, option: str) -> str:
 
 
 def time_per_update(run: DryRun, link) -> dict:
-    """The cost model's prediction for the run's layout on the cluster of `link` (`cm.add_cluster_arguments`), the
-    whole model at the config's micro-batch with the worst rank's activations."""
+    """The cost model's prediction for the run's layout on the cluster of `link` (`cm.add_cluster_arguments`), the whole
+    model at the config's micro-batch with the worst rank's activations."""
     t, p, c = run.cfg.training, run.cfg.parallelism, run.cluster
     work = cm.Workload(
         params=float(run.params), flops_per_token=float(run.args.flops_per_token(t.seq_len)),
@@ -274,8 +267,8 @@ def time_per_update(run: DryRun, link) -> dict:
 
 
 def layout_prediction(run: DryRun, work: cm.Workload, hw: cm.Hardware) -> dict:
-    """The cost model's row for the run's own layout on `hw` (`predict`'s with tensor and pipeline parallelism,
-    or `predict_diloco`'s with replicas)."""
+    """The cost model's row for the run's own layout on `hw` (`predict`'s with tensor and pipeline parallelism, or
+    `predict_diloco`'s with replicas)."""
     cfg = run.cfg
     label = strategy_label(cfg)
     if run.replicas > 1:
@@ -307,10 +300,9 @@ def report(run: DryRun, gpu_gib: float, prediction: dict, link, config: str) -> 
         f"torchacco dry run: {config} on {c.nodes} node(s) × {c.gpus_per_node} GPUs = {c.world} ranks "
         "(meta device: no GPU, no data)",
         f"model {cfg.model.name} {cfg.model.flavor}: {_count(run.params)} parameters; " + "; ".join(run.notes),
-        f"layout: dp {run.dp} × tp {run.tp} × pp {run.pp} × replicas {run.replicas}; {strategy}; "
-        f"{run.micro_batches} micro-batches of {t.local_batch_size} × {t.seq_len} tokens per rank and update; "
-        f"{dtype} compute, {p.reduce_dtype} reduction; activation_checkpoint {t.activation_checkpoint}, "
-        f"loss_chunks {t.loss_chunks}",
+        f"layout: dp {run.dp} × tp {run.tp} × pp {run.pp} × replicas {run.replicas}; {strategy}; {run.micro_batches} "
+        f"micro-batches of {t.local_batch_size} × {t.seq_len} tokens per rank and update; {dtype} compute, "
+        f"{p.reduce_dtype} reduction; activation_checkpoint {t.activation_checkpoint}, loss_chunks {t.loss_chunks}",
     ]
     columns = ["ranks", "params (its tp/pp part)", "weights", "gradients", "master", "optimizer", "buffers", "gathered",
                "activations", "peak (GiB)"]  # fmt: skip

@@ -2,14 +2,13 @@
 communicates.
 
 With `[emulation] virtual_compute` (the benchmarks' `--virtual-compute` sets it from `calibrate()`):
-- each transformer block's forward and backward, and the rest of the model's (embedding, head and loss, at the
-  end of forward and the start of backward), become sleeps of their calibrated durations, which hold no CPU;
-- AdamW's elementwise work becomes a sleep per element, wherever it runs (the side runner's job included);
+- each block's forward and backward, and the rest of the model's (embedding, head and loss), become sleeps of
+  their calibrated durations, which hold no CPU; AdamW's elementwise work becomes a sleep per element;
 - everything that communicates stays real: parameters and gradients have the model's sizes, and the strategy's
   hooks, buffers, schedules and collectives run as they do.
 
-Gradients are zeros and nothing is learned: losses are not computed and are logged as null. Speed is what this
-measures. A slow rank (`slow_ranks`) waits `slow_factor` times as long, as a slower GPU would compute.
+Gradients are zeros: losses are not computed and are logged as null; speed is what this measures. A slow rank
+(`slow_ranks`) waits `slow_factor` times as long, as a slower GPU would compute.
 """
 
 from __future__ import annotations
@@ -97,8 +96,9 @@ def install_optimizer_waits(seconds_per_element: float, factor: float = 1.0) -> 
     runner too). DiLoCo's outer step, a few elementwise operations per outer step, stays real."""
     per = seconds_per_element * factor
 
-    def sharded_update(self, p, m, v, grad, lr, step, offset=0, slow=None):
-        time.sleep(p.numel() * per)
+    def sharded_update(self, slices, grad, lr, step, offset):
+        time.sleep(slices[0].numel() * per)
+        return slices[0]
 
     def adamw_step(self, closure=None):
         time.sleep(sum(p.numel() for g in self.param_groups for p in g["params"]) * per)
@@ -112,10 +112,6 @@ def install(model: nn.Module, settings: Emulation, rank: int) -> VirtualLoss:
     virtualize(model, settings, rank)
     install_optimizer_waits(settings.optimizer_s_per_param, slowness(settings, rank))
     return VirtualLoss()
-
-
-# Calibration: `python -m torchacco.emulation --config FILE [overrides]` prints the [emulation] durations of
-# one micro-batch of the config's shape, measured here with the given threads.
 
 
 def calibrate(cfg: Config, threads: int, repeats: int = 8) -> dict:
@@ -132,15 +128,13 @@ def calibrate(cfg: Config, threads: int, repeats: int = 8) -> dict:
     vocab = model_args(spec, cfg.model, cfg.tokenizer.vocab_size).vocab_size
     ids = torch.randint(0, vocab, (t.local_batch_size, t.seq_len))
     batch, loss_fn = {"input_ids": ids, "labels": ids}, TokenLoss(t.loss_chunks)
-    in_blocks = [0.0]
-    starts: dict[int, float] = {}
+    spans: list[float] = []  # -start and end of each block's forward: their sum is the time in blocks
     for block in block_list(model):
-        block.register_forward_pre_hook(lambda m, a: starts.__setitem__(id(m), time.perf_counter()))
-        block.register_forward_hook(lambda m, a, o: in_blocks.__setitem__(0, in_blocks[0] + time.perf_counter()
-                                                                          - starts[id(m)]))  # fmt: skip
+        block.register_forward_pre_hook(lambda m, a: spans.append(-time.perf_counter()))
+        block.register_forward_hook(lambda m, a, o: spans.append(time.perf_counter()))
     forward, backward, share = [], [], []
     for i in range(repeats + 2):  # two to warm up
-        in_blocks[0] = 0.0
+        spans.clear()
         t0 = time.perf_counter()
         loss, _ = loss_fn.of_batch(model, batch)
         t1 = time.perf_counter()
@@ -149,7 +143,7 @@ def calibrate(cfg: Config, threads: int, repeats: int = 8) -> dict:
         if i >= 2:
             forward.append(t1 - t0)
             backward.append(t2 - t1)
-            share.append(in_blocks[0] / (t1 - t0))
+            share.append(sum(spans) / (t1 - t0))
     optimizer = build_adamw(model, cfg.optimizer)
     optimizer.step()
     t0 = time.perf_counter()

@@ -5,11 +5,8 @@ import sys
 
 
 class UserError(Exception):
-    """A mistake the user can fix (config, path, shape, world size).
-
-    The message must say what is wrong, where, and what to do. Entry points print it
-    as one line and exit non-zero instead of showing a traceback.
-    """
+    """A mistake the user can fix (config, path, shape, world size). The message says what is wrong, where, and
+    what to do; entry points print it as one line and exit non-zero instead of showing a traceback."""
 
 
 class PeerFailure(UserError):
@@ -27,8 +24,8 @@ def error_line(message: str) -> str:
 
 
 def print_error(message: str) -> None:
-    """Print the error line with one write: ranks of a job share the launcher's stderr, and a
-    message and its newline written apart interleave with another rank's line."""
+    """Print the error line with one write: ranks of a job share the launcher's stderr, and a message and its
+    newline written apart interleave with another rank's line."""
     line = error_line(message) + "\n"
     sys.stderr.flush()
     try:
@@ -41,9 +38,9 @@ def print_error(message: str) -> None:
 
 
 class Stalled(RuntimeError):
-    """A wait on communication outlasted its deadline: a peer stalled, or a collective hangs. NCCL
-    never raises in Python for a hung collective (its watchdog aborts the process at the collective
-    timeout, with no cause), so the compute side gives up first and the run's diagnosis says who."""
+    """A wait on communication outlasted its deadline: a peer stalled, or a collective hangs. NCCL never raises for a
+    hung collective (its watchdog aborts the process at the collective timeout), so the compute side gives up first
+    and the run's diagnosis says who."""
 
 
 class Terminated(BaseException):
@@ -51,9 +48,8 @@ class Terminated(BaseException):
 
 
 class Preempted(Exception):
-    """Every rank stopped at the same update on a preemption signal (torchacco/preemption.py), after
-    saving a checkpoint when checkpoints are on. Not an error: the process should exit with
-    `exit_code`, which asks the scheduler to requeue the job (the same command resumes)."""
+    """Every rank stopped at the same update on a preemption signal (torchacco/preemption.py), after saving a
+    checkpoint when checkpoints are on. Not an error: the process exits with `exit_code`, to be requeued."""
 
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)

@@ -5,10 +5,9 @@ Writes the committed parameters θ of a training checkpoint as a Hugging Face fo
 `[model] init_from` / `torchacco.generate` read. RUN_DIR is the run's dump folder (its
 config.toml says how it was trained); the checkpoint defaults to its latest.
 
-It rebuilds the run's strategy and model layout on CPU and reads the checkpoint under the
-same keys as the trainer (`checkpoint.checkpoint_state`): in one process when the model was
-not split, else on tensor × pipeline-parallel processes (it starts them itself), since each
-(pp, tp) coordinate's part is saved on its own. DCP reshards any number of data-parallel ranks.
+It rebuilds the run's strategy and model layout on CPU and reads the checkpoint under the trainer's keys
+(`checkpoint.checkpoint_state`): in one process when the model was not split, else on one process per
+(pp, tp) coordinate (it starts them itself), whose parts are saved apart. DCP reshards any data-parallel size.
 """
 
 from __future__ import annotations
@@ -19,17 +18,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+from torchacco import hf_io, user_model
+from torchacco.blocks import unwrap
+from torchacco.build import ModelKind, build_data, build_model, build_strategy
+from torchacco.checkpoint import Checkpointer
+from torchacco.config import load_config
+from torchacco.device import DTYPES, Device
 from torchacco.errors import UserError, run_cli
+from torchacco.lr import TokenSchedule
+from torchacco.parallel.model_parallel import apply_model_parallel, gather_stages
+from torchacco.parallel.process_groups import destroy, init_distributed
+from torchacco.parallel.strategy import UpdatePlan
+from torchacco.spec import get_model_spec
 
 
 def export_hf(model_name: str, kind, strategy, dims, folder: Path, dtype: str, tokenizer) -> Path | None:
-    """θ (fp32 from the strategy's committed state) as a Hugging Face folder; rank 0 writes.
-    A collective: every rank takes part. `kind`: the run's build.ModelKind."""
-    from torchacco import hf_io, user_model
-    from torchacco.blocks import unwrap
-    from torchacco.device import DTYPES
-    from torchacco.parallel.model_parallel import gather_stages
-
+    """θ (fp32 from the strategy's committed state) as a Hugging Face folder; rank 0 writes. A collective:
+    every rank takes part. `kind`: the run's build.ModelKind."""
     torch_dtype = DTYPES[dtype]
     weights = gather_stages(strategy.theta.full_state_dict(), dims)
     if not dims.is_main:
@@ -39,31 +46,16 @@ def export_hf(model_name: str, kind, strategy, dims, folder: Path, dtype: str, t
         return user_model.export(unwrapped, weights, folder, torch_dtype, tokenizer)
     path = str(tokenizer.path) if tokenizer and tokenizer.path else None  # none when the tokenizer is held in memory
     eos = tokenizer.eos_id if tokenizer else None
-    return hf_io.save_hf(
-        folder, model_name, unwrapped.args, weights, dtype=torch_dtype, tokenizer_path=path, eos_id=eos
-    )
+    return hf_io.save_hf(folder, model_name, unwrapped.args, weights, torch_dtype, tokenizer_path=path, eos_id=eos)
 
 
 def _run_config(run_dir: Path, dtype: str):
-    from torchacco.config import load_config
-
     if not (run_dir / "config.toml").is_file():
         raise UserError(f"{run_dir} is not a torchacco run folder (no config.toml); pass the run's --job.dump_folder")
     return load_config(["--config", str(run_dir / "config.toml"), "--checkpoint.export_dtype", dtype])
 
 
 def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str) -> Path | None:
-    import torch
-
-    from torchacco.build import ModelKind, build_data, build_model, build_strategy
-    from torchacco.checkpoint import Checkpointer
-    from torchacco.device import Device
-    from torchacco.lr import TokenSchedule
-    from torchacco.parallel.model_parallel import apply_model_parallel
-    from torchacco.parallel.process_groups import destroy, init_distributed
-    from torchacco.parallel.strategy import UpdatePlan
-    from torchacco.spec import get_model_spec
-
     cfg = _run_config(run_dir, dtype)
     p = cfg.parallelism
     device = Device("cpu")

@@ -1,15 +1,12 @@
 """Fault-tolerant DiLoCo replicas ([diloco] fault_tolerant; docs/reliability.md).
 
-Each replica is a torchrun job of its own, so a failure stops one replica, not the run. The replicas
-meet through torchft (pytorch/torchft): its lighthouse keeps the quorum of live replicas, each rank's
-`Manager` reconfigures a process group over the ranks that hold the same part of the model in every
-live replica, and a replica behind the others copies their live state from one of them over HTTP.
+Each replica is a torchrun job of its own, so a failure stops one replica, not the run. They meet through
+torchft: its lighthouse keeps the quorum of live replicas, each rank's `Manager` keeps a process group over the
+ranks holding the same part of the model in every live replica, and a replica behind copies a live one's state.
 
-One outer step is one torchft round: `start_quorum` (a replica behind the others heals there), the
-token-weighted exchange over the round's group, `should_commit`. A round that fails (a replica died
-in it) is not committed and runs again with the replicas then present. The merge weighs each
-pseudo-gradient by its tokens, so a replica that healed in the round (its Δ is not one) sends zeros
-with weight 0, and a lost replica simply has none.
+One outer step is one torchft round: `start_quorum` (a replica behind heals there), the token-weighted exchange,
+`should_commit`. A failed round is not committed and runs again with the replicas then present. A replica that
+healed in the round sends zeros with weight 0 (its Δ is not one); a lost replica sends none.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from torchacco.checkpoint import tensor_leaves
 from torchacco.errors import PeerFailure, UserError
@@ -130,12 +128,12 @@ def _quiet_torchft() -> None:
     os.environ.setdefault("RUST_LOG", "warn")
 
 
-def start_lighthouse(min_replicas: int, join_timeout_s: float):
+def start_lighthouse(min_replicas: int, join_timeout_s: float, bind: str = "[::]:0"):
     """torchft's lighthouse in this process (`.address()`, `.shutdown()`)."""
     _quiet_torchft()
     from torchft.coordination import LighthouseServer
 
-    return LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=int(join_timeout_s * 1000),
+    return LighthouseServer(bind=bind, min_replicas=min_replicas, join_timeout_ms=int(join_timeout_s * 1000),
                             heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)  # fmt: skip
 
 
@@ -153,8 +151,7 @@ class ReplicaLink:
         self.layout = layout  # what a peer's state must match to be copied here, rank for rank
         self.healed = False
         self.present = replicas  # replicas in the last round
-        self.heal_s = self.copy_s = 0.0  # the last heal: from asking for the round, and the copy alone
-        self.copy_bytes = 0
+        self.copy_s, self.copy_bytes = 0.0, 0  # the last heal's copy alone (without the wait for the round)
         self._state: tuple[Callable[[], dict], Callable[[dict], None]] | None = None
 
     def heal_with(self, save: Callable[[], dict], load: Callable[[dict], None]) -> None:
@@ -212,7 +209,6 @@ class ReplicaLink:
             hostname=os.environ["MASTER_ADDR"],  # where the other replicas reach this one's manager
             timeout=timeout,
             quorum_timeout=dims.timeout,
-            connect_timeout=timedelta(seconds=60),
             # (a heal copies about four times the pseudo-gradient's bytes: θ_global, momentum, the inner state)
             checkpoint_transport=TimedTransport(timeout=4 * timeout, num_chunks=0),
         )
@@ -234,9 +230,9 @@ class ReplicaLink:
         self.healed = False
         started = time.perf_counter()
         self.manager.start_quorum()
-        if self.healed:
-            self.heal_s = time.perf_counter() - started  # the wait for the others' round, the copy included
-            self.log(f"torchacco: replica {self.replica} healed from a live replica in {self.heal_s:.1f} s (the copy: "
+        if self.healed:  # (the time includes the wait for the others' round)
+            self.log(f"torchacco: replica {self.replica} healed from a live replica in "
+                     f"{time.perf_counter() - started:.1f} s (the copy: "
                      f"{self.copy_bytes / 2**20:.1f} MiB in {self.copy_s:.2f} s)")  # fmt: skip
 
     def join(self, running: Callable[[], bool], wait_s: float) -> bool:
@@ -307,8 +303,6 @@ def unmerged_updates(metrics: Path) -> tuple[int, int]:
 
 def _local(tree):
     """A state with every DTensor as this rank's local tensor (a peer at the same rank holds the same shard)."""
-    from torch.distributed.tensor import DTensor
-
     if isinstance(tree, dict):
         return {k: _local(v) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
@@ -319,8 +313,6 @@ def _local(tree):
 def copy_into(target, received):
     """`received` (a peer's `_local` state) written into `target` (this rank's own state of the same shape):
     tensors in place (a DTensor's local shard), the rest replaced."""
-    from torch.distributed.tensor import DTensor
-
     if isinstance(target, dict) and isinstance(received, dict):
         return {k: copy_into(target.get(k), v) for k, v in received.items()}
     if isinstance(target, (list, tuple)) and isinstance(received, (list, tuple)) and len(target) == len(received):
@@ -343,12 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--join-timeout-s", type=float, default=60.0)
     parser.add_argument("--bind", default="[::]:29510")
     args = parser.parse_args(argv)
-    _quiet_torchft()
-    from torchft.coordination import LighthouseServer
-
-    server = LighthouseServer(bind=args.bind, min_replicas=args.min_replicas,
-                              join_timeout_ms=int(args.join_timeout_s * 1000),
-                              heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)  # fmt: skip
+    server = start_lighthouse(args.min_replicas, args.join_timeout_s, args.bind)
     print(f"torchacco: lighthouse at {server.address()}; set {ENV_LIGHTHOUSE}={server.address()}", flush=True)
     try:
         while True:

@@ -3,28 +3,23 @@
 Comma-separated faults, each `WHAT@[replicaN:]rankR:stepS[:periodP]` (with `replicaN`, rank R of DiLoCo's
 replica N only; in a fault-tolerant run, R counts within the replica's job):
 - `kill`: the rank SIGKILLs itself as it starts computing step S (a lost worker);
-- `nan`: the rank's loss is NaN for the compute period(s) of step S (period P only, counted from 1
-  within the step: ACCO computes each step in two periods, the estimate's and the commit's). Under
-  pipeline parallelism the loss exists on the last stage only: name one of its ranks;
-- `stall`: from step S on, the rank's next reduce-scatter or all-gather never starts, as a hung NCCL
-  collective: nothing raises, the process lives on (the overlapped schedules' timed wait is what
-  notices).
-- `hang`: from step S on, the rank's next reduce-scatter or all-gather is replaced by a receive
-  that no peer sends: the rank waits inside the communication library, as in a hung NCCL kernel,
-  and so do the peers in their collective;
-- `freeze`: `freeze@replicaN:rankR:stepS:Ts`: from step S on, in the rank's next fault-tolerant outer step, once
-  its first message is out, the whole process stops (SIGSTOP, its heartbeats too: a frozen machine, a stalled
-  link) for T seconds, then goes on;
-- `pause`: `pause@[replicaN:]rankR:stepS:Ts`: the rank sleeps T seconds as it starts step S (a straggler: it
-  lives, and a fault-tolerant replica's heartbeats go on), so that the others, or a restarting replica, catch up;
-- `mute`: `mute@replicaN:stepS`: from the first outer step at update S or later on, replica N's pseudo-gradients
-  weigh nothing in the merge (its tokens count 0): the reference for a replica lost at step S;
-- `slow_data`: `slow_data@rankR:Ns` adds N seconds to the rank's data preparation (a corpus slow
-  to fetch or tokenize), which the other ranks wait out without a collective deadline.
-A fault fires the first time its rank reaches its step in a launch, on whichever attempt that
-is, and never again in that launch: the launcher's store (which outlives torchrun's restarts)
-records it. So a run restarted after a fault goes on as if nothing happened, and a later fault
-still fires on the restarted attempt (kill@rank1:step2,kill@rank0:step5 loses a worker twice).
+- `nan`: the rank's loss is NaN for the compute period(s) of step S (period P only, counted from 1 within the step:
+  ACCO computes each step in two periods). Under pipeline parallelism name a rank of the last stage;
+- `stall`: from step S on, the rank's next reduce-scatter or all-gather never starts, as a hung NCCL collective:
+  nothing raises, the process lives on (the overlapped schedules' timed wait is what notices);
+- `hang`: from step S on, the rank's next reduce-scatter or all-gather is a receive that no peer sends: the rank
+  waits inside the communication library, as in a hung NCCL kernel, and so do the peers in their collective;
+- `freeze@replicaN:rankR:stepS:Ts`: from step S on, once the rank's next fault-tolerant outer step has sent its
+  first message, the whole process stops (SIGSTOP, heartbeats too: a frozen machine) for T seconds, then goes on;
+- `pause@[replicaN:]rankR:stepS:Ts`: the rank sleeps T seconds as it starts step S (a straggler: it lives, and a
+  fault-tolerant replica's heartbeats go on), so that the others, or a restarting replica, catch up;
+- `mute@replicaN:stepS`: from the first outer step at update S or later on, replica N's pseudo-gradients weigh
+  nothing in the merge (its tokens count 0): the reference for a replica lost at step S;
+- `slow_data@rankR:Ns` adds N seconds to the rank's data preparation (a corpus slow to fetch or tokenize), which
+  the other ranks wait out without a collective deadline.
+A fault fires the first time its rank reaches its step in a launch, on whichever attempt that is, and never again
+in that launch: the launcher's store (which outlives torchrun's restarts) records it. So a restarted run goes on as
+if nothing happened, and a later fault still fires (kill@rank1:step2,kill@rank0:step5 loses a worker twice).
 """
 
 from __future__ import annotations
@@ -32,15 +27,19 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 
+import torch
 import torch.distributed as dist
 
 from torchacco.errors import UserError
 
-FAULT = re.compile(r"^(kill|nan|stall|hang)@(?:replica(\d+):)?rank(\d+):step(\d+)(?::period(\d+))?$")
-TIMED = re.compile(r"^(freeze|pause)@(?:replica(\d+):)?rank(\d+):step(\d+):(\d+(?:\.\d+)?)s$")
+FAULT = re.compile(
+    r"^(kill|nan|stall|hang|freeze|pause)@(?:replica(\d+):)?rank(\d+):step(\d+)(?::period(\d+)|:(\d+(?:\.\d+)?)s)?$"
+)
+TIMED = ("freeze", "pause")  # the faults that take seconds; the others may take a period
 MUTE = re.compile(r"^mute@replica(\d+):step(\d+)$")
 SLOW_DATA = re.compile(r"^slow_data@rank(\d+):(\d+(?:\.\d+)?)s$")
 FIRED_KEY = "torchacco/fault-fired/"
@@ -52,22 +51,17 @@ class Faults:
         for item in filter(None, (s.strip() for s in spec.split(","))):
             if SLOW_DATA.match(item) or MUTE.match(item):
                 continue  # (data_delay's, muted_from's)
-            timed = TIMED.match(item)
-            if timed:
-                what, on_replica, r, step, seconds = timed.groups()
-                if int(r) == rank and (on_replica is None or int(on_replica) == replica):
-                    self.faults.append((item, what, int(step), float(seconds)))
-                continue
             m = FAULT.match(item)
-            if not m:
+            if not m or (m[6] is None) == (m[1] in TIMED):
                 raise UserError(
                     f"TORCHACCO_FAULT: cannot parse {item!r}; expected e.g. kill@rank1:step5, "
                     "nan@rank0:step3:period1, kill@replica1:rank0:step5, freeze@replica1:rank0:step5:20s, "
                     "pause@rank0:step5:20s, mute@replica1:step5 or slow_data@rank0:30s"
                 )
-            what, on_replica, r, step, period = m.groups()
+            what, on_replica, r, step, period, seconds = m.groups()
             if int(r) == rank and (on_replica is None or int(on_replica) == replica):
-                self.faults.append((item, what, int(step), int(period) if period else None))
+                arg = float(seconds) if seconds else int(period) if period else None
+                self.faults.append((item, what, int(step), arg))
         self.store = store if store is not None else dist.HashStore()  # no launcher: once per process
         self._step, self._period = None, 0
 
@@ -77,27 +71,25 @@ class Faults:
         self._step = step
         poison = False
         global _freeze_s
-        for item, what, at, period in self.faults:  # (a freeze's or a pause's `period` holds its seconds)
+        for item, what, at, arg in self.faults:  # (`arg`: a freeze's or a pause's seconds, else the period)
+            other_period = what not in TIMED and arg not in (None, self._period)
+            if at != step or other_period or not self._first_time(item, what):
+                continue
             if what == "freeze":
-                if at == step and self._first_time(item, what):
-                    _freeze_s = period
-                continue
-            if what == "pause":
-                if at == step and self._first_time(item, what):
-                    time.sleep(period)
-                continue
-            if at == step and period in (None, self._period) and self._first_time(item, what):
-                if what == "kill":
-                    from torchacco import health
+                _freeze_s = arg
+            elif what == "pause":
+                time.sleep(arg)
+            elif what == "kill":
+                from torchacco import health
 
-                    health.current().flush()  # so the survivors can tell where this rank died
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if what in ("stall", "hang"):
-                    from torchacco.parallel.collectives import set_collective_hook
+                health.current().flush()  # so the survivors can tell where this rank died
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif what in ("stall", "hang"):
+                from torchacco.parallel.collectives import set_collective_hook
 
-                    stuck = _receive_forever if what == "hang" else lambda name, never=threading.Event(): never.wait()
-                    set_collective_hook(stuck)
-                    continue
+                stuck = _receive_forever if what == "hang" else lambda name, never=threading.Event(): never.wait()
+                set_collective_hook(stuck)
+            else:
                 poison = True
         return poison
 
@@ -117,8 +109,6 @@ def in_outer_exchange() -> None:
     global _freeze_s
     if _freeze_s is None:
         return
-    import subprocess
-
     seconds, _freeze_s = _freeze_s, None
     subprocess.Popen(["sh", "-c", f"sleep {seconds:g}; kill -CONT {os.getpid()}"], start_new_session=True)
     os.kill(os.getpid(), signal.SIGSTOP)
@@ -126,8 +116,6 @@ def in_outer_exchange() -> None:
 
 def _receive_forever(name: str) -> None:
     """Inside the communication library until the group's timeout: a receive no peer answers."""
-    import torch
-
     peer = (dist.get_rank() + 1) % dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
     dist.recv(torch.zeros(1, device=device), src=peer, tag=7_777)  # (a tag no other message uses)
@@ -141,15 +129,16 @@ def from_env(rank: int, replica: int = 0) -> Faults:
     return Faults(os.environ.get("TORCHACCO_FAULT", ""), rank, store, replica)
 
 
+def _matches(pattern: re.Pattern, spec: str | None) -> list[re.Match]:
+    spec = os.environ.get("TORCHACCO_FAULT", "") if spec is None else spec
+    return [m for m in (pattern.match(item.strip()) for item in spec.split(",")) if m]
+
+
 def muted_from(replica: int) -> int | None:
     """The step from which `mute` faults silence this replica's pseudo-gradients, if any."""
-    found = (MUTE.match(item.strip()) for item in os.environ.get("TORCHACCO_FAULT", "").split(","))
-    steps = [int(m.group(2)) for m in found if m and int(m.group(1)) == replica]
-    return min(steps) if steps else None
+    return min((int(m[2]) for m in _matches(MUTE, None) if int(m[1]) == replica), default=None)
 
 
 def data_delay(rank: int, spec: str | None = None) -> float:
     """Seconds that `slow_data` faults add to this rank's data preparation."""
-    spec = os.environ.get("TORCHACCO_FAULT", "") if spec is None else spec
-    found = (SLOW_DATA.match(item.strip()) for item in spec.split(","))
-    return sum(float(m.group(2)) for m in found if m and int(m.group(1)) == rank)
+    return sum(float(m[2]) for m in _matches(SLOW_DATA, spec) if int(m[1]) == rank)

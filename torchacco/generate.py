@@ -12,10 +12,14 @@ import json
 import sys
 from pathlib import Path
 
+import tokenizers
 import torch
 import torch.nn as nn
 
+from torchacco.data.tokenizer import EOS_CANDIDATES
 from torchacco.errors import UserError, run_cli
+from torchacco.hf_io import load_hf, load_into
+from torchacco.spec import get_model_spec
 
 
 @torch.no_grad()
@@ -28,12 +32,9 @@ def generate(
     eos_id: int | None,
     generator: torch.Generator | None = None,
 ) -> list[int]:
-    """The tokens that follow `token_ids` (not including them), at most `max_tokens`, up to EOS (excluded).
-
-    temperature 0 is greedy; otherwise logits / temperature, keep the `top_k` largest (None or 0:
-    all), and sample with `generator` (a CPU generator; sampling happens on the CPU). The context
-    fed to the model is the last `model.args.max_seq_len` tokens.
-    """
+    """The tokens that follow `token_ids`, at most `max_tokens`, up to EOS (excluded). temperature 0 is greedy;
+    else sample logits / temperature on the CPU with `generator`, from the `top_k` largest (None or 0: all).
+    The model sees the last `model.args.max_seq_len` tokens."""
     if temperature < 0:
         raise UserError(f"--temperature must be >= 0 (0 is greedy), got {temperature}")
     model.eval()
@@ -68,8 +69,6 @@ def _device(choice: str) -> torch.device:
 
 def _eos_id(tokenizer, config_eos) -> int | None:
     """config.json's eos_token_id, else the tokenizer's end-of-text token, else None (no stop)."""
-    from torchacco.data.tokenizer import EOS_CANDIDATES
-
     if isinstance(config_eos, list):  # Llama 3.1 lists several; the first ends plain text
         config_eos = config_eos[0] if config_eos else None
     if isinstance(config_eos, int):
@@ -79,11 +78,6 @@ def _eos_id(tokenizer, config_eos) -> int | None:
 
 
 def run(opts: argparse.Namespace) -> str:
-    import tokenizers
-
-    from torchacco.hf_io import load_hf, load_into
-    from torchacco.spec import get_model_spec
-
     folder = Path(opts.model).expanduser()
     if not folder.is_dir():
         raise UserError(f"model folder not found: {folder}")
@@ -94,7 +88,6 @@ def run(opts: argparse.Namespace) -> str:
     if opts.max_tokens < 0 or opts.top_k < 0:
         raise UserError("--max-tokens and --top-k must be >= 0")
     device = _device(opts.device)
-
     tokenizer = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     name, args, state_dict = load_hf(folder)
     if tokenizer.get_vocab_size(with_added_tokens=True) > args.vocab_size:

@@ -1,15 +1,13 @@
 """Where each rank is, so a failed collective can name the rank that stopped and what it was doing.
 
-Every rank publishes a heartbeat (a counter, the training loop's phase, the communication job's, and how many
-reduce-scatters and all-gathers it entered per group) to the launcher's store from a daemon thread, once a second
-however short the steps are, so the store's load does not grow with the step rate and the loop only sets strings.
-`flush()` publishes at once (an injected kill does, so its phase is exact).
+Every rank publishes a heartbeat (a counter, the loop's phase, the communication job's, and the reduce-scatters and
+all-gathers it entered per group) to the launcher's store from a daemon thread, once a second however short the
+steps are: the store's load does not grow with the step rate, and the loop only sets strings.
 
-When a collective fails, `diagnose()` reads every heartbeat twice a few seconds apart: a rank whose counter did
-not move is dead or frozen, and its last phase (at most a second old) says where it stopped. When every rank is
-alive, one that entered fewer of its group's collectives is the one the others wait for. Store reads have a
-deadline (`READ_TIMEOUT_S`): an unreachable store must not hold the diagnosis past torchrun's 30 s between
-SIGTERM and SIGKILL.
+When a collective fails, `diagnose()` reads every heartbeat twice a few seconds apart: a rank whose counter did not
+move is dead or frozen, and its last phase says where it stopped. When every rank is alive, one that entered fewer
+of its group's collectives is the one the others wait for. Store reads have a deadline (`READ_TIMEOUT_S`): an
+unreachable store must not hold the diagnosis past torchrun's 30 s between SIGTERM and SIGKILL.
 """
 
 from __future__ import annotations
@@ -51,15 +49,13 @@ class Heartbeat:
         self.comm = phase
 
     def entered(self, op: str, group: str) -> None:
-        """A reduce-scatter or all-gather of `group` (a short name the group's ranks agree on) starts.
-        A group's ranks enter the same sequence of them, so one that entered fewer than the others is
-        the one they wait for. (Counted per group: DiLoCo's replicas take different numbers of steps.)"""
+        """A reduce-scatter or all-gather of `group` (a name its ranks agree on) starts. (Counted per group:
+        DiLoCo's replicas take different numbers of steps.)"""
         count = self.collectives.setdefault(group, [0, op])
-        count[0] += 1
-        count[1] = op
+        count[:] = count[0] + 1, op
 
     def flush(self, timeout_s: float = 2.0) -> None:
-        """Publish the current phase now, and wait until it is."""
+        """Publish the current phase now, and wait until it is (an injected kill does, so its phase is exact)."""
         if self._thread is None:
             return
         with self._cond:
@@ -147,9 +143,9 @@ class Heartbeat:
 
 
 def behind(beats: dict[int, dict], named: int = 4) -> str | None:
-    """Every rank alive (`beats`: each rank's last heartbeat): the ranks that have not entered the
-    reduce-scatter or all-gather the others of their group are in, and where they are instead; None
-    when none lags. (A rank that never entered one of a group's collectives is not compared.)"""
+    """Every rank alive (`beats`: each rank's last heartbeat): the ranks that have not entered the reduce-scatter
+    or all-gather the others of their group are in, and where they are instead; None when none lags. (A rank that
+    never entered one of a group's collectives is not compared.)"""
     said, late_ranks = [], set()
     groups = {g for b in beats.values() for g in b.get("collectives", {})}
     for group in sorted(groups):
@@ -178,9 +174,8 @@ _exit_timer: threading.Timer | None = None
 
 
 def report(message: str) -> bool:
-    """Print a failure's one line now, once per process, and end the process if its teardown then
-    outlasts TEARDOWN_S: tearing a process group down beside a dead peer can block, and torchrun
-    SIGKILLs a survivor 30 s after its SIGTERM, so a line printed after the teardown can be lost.
+    """Print a failure's one line now, once per process, and end the process if its teardown then outlasts
+    TEARDOWN_S: a teardown beside a dead peer can block past torchrun's SIGKILL, and a line printed after it be lost.
     False when a failure was reported already (the line is not printed again)."""
     global _exit_timer
     with _report_lock:
@@ -226,9 +221,8 @@ def stop() -> None:
 
 
 class SigtermGuard:
-    """SIGTERM raises `Terminated` in the main thread (once it is back in Python: a collective
-    blocked on a dead peer fails first), or is held while a failure is being diagnosed
-    (torchrun waits 30 s after SIGTERM before it sends SIGKILL)."""
+    """SIGTERM raises `Terminated` in the main thread (once it is back in Python: a collective blocked on a dead peer
+    fails first), or is held while a failure is being diagnosed (torchrun sends SIGKILL 30 s after SIGTERM)."""
 
     def __init__(self):
         self.deferred = False

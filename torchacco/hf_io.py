@@ -4,12 +4,10 @@
     name, args, state_dict = load_hf(folder)       # torchacco names, fp32
     load_into(model, state_dict)                   # strict, with shape errors that name the tensor
 
-A folder written here loads with `transformers.AutoModelForCausalLM.from_pretrained(folder)`,
-and a folder from the Hub or `save_pretrained` loads here, for the models whose `ModelSpec`
-has an `HFAdapter` (names and config.json are the adapter's business; files are ours).
-Layout, as `save_pretrained` writes it: `model.safetensors`, or, above `max_shard_bytes`,
-`model-00001-of-0000N.safetensors` + `model.safetensors.index.json`. A tied head is not
-written; transformers re-ties it from `tie_word_embeddings`.
+A folder written here loads with `transformers.AutoModelForCausalLM.from_pretrained(folder)`, and one from the
+Hub or `save_pretrained` loads here, for models whose `ModelSpec` has an `HFAdapter` (which owns names and
+config.json). Layout as `save_pretrained` writes it: `model.safetensors`, or above `max_shard_bytes`
+`model-00001-of-0000N.safetensors` + `model.safetensors.index.json`; a tied head is re-tied, not written.
 """
 
 from __future__ import annotations
@@ -20,8 +18,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import tokenizers
 import torch
 import torch.nn as nn
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from torch.distributed.tensor import DTensor
 
 from torchacco.errors import UserError
@@ -50,11 +51,8 @@ def save_hf(
     tokenizer_path: str | None = None,
     eos_id: int | None = None,
 ) -> Path:
-    """Write `state_dict` (torchacco names, full tensors) as a Hugging Face folder; returns its path.
-
-    The folder appears complete or not at all: everything is written beside it, then renamed.
-    An existing export there is replaced; a folder holding anything else is refused.
-    """
+    """Write `state_dict` (torchacco names, full tensors) as a Hugging Face folder; returns its path. The folder
+    appears complete or not at all (written beside it, then renamed); it replaces an earlier export only."""
     spec = _adapter_spec(model_name)
     folder = Path(folder).expanduser()
     dtype_name = next((name for name, d in _DTYPES.items() if d == dtype), None)
@@ -70,12 +68,8 @@ def save_hf(
     if eos_id is not None:  # GPT-2 style: one end-of-text token that also starts a sequence
         config.update(bos_token_id=eos_id, eos_token_id=eos_id)
 
-    hf_sd = _contiguous_unshared(
-        {k: v.detach().to(device="cpu", dtype=dtype) for k, v in spec.hf.to_hf(state_dict, args).items()}
-    )
+    hf_sd = _contiguous_unshared({k: v.detach().to("cpu", dtype) for k, v in spec.hf.to_hf(state_dict, args).items()})
     shards = _split(hf_sd, max_shard_bytes)
-
-    from safetensors.torch import save_file
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")  # mkdir, not mkdtemp: umask permissions
@@ -128,6 +122,7 @@ def _check_replaceable(folder: Path) -> None:
 
 
 def _swap_into_place(tmp: Path, folder: Path) -> None:
+    """Replace `folder` by `tmp`, restoring the old one if the second rename fails."""
     if not folder.exists():
         os.replace(tmp, folder)
         return
@@ -146,8 +141,7 @@ def _contiguous_unshared(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     seen, out = set(), {}
     for k, t in sd.items():
         t = t.contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        if t.untyped_storage().data_ptr() in seen or t.untyped_storage().nbytes() != t.numel() * t.element_size():
             t = t.clone()
         seen.add(t.untyped_storage().data_ptr())
         out[k] = t
@@ -171,8 +165,6 @@ def _tokenizer_config(tokenizer_json: Path, eos_id: int | None) -> dict:
     """What `AutoTokenizer.from_pretrained(folder)` needs besides tokenizer.json."""
     cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
     if eos_id is not None:
-        import tokenizers
-
         token = tokenizers.Tokenizer.from_file(str(tokenizer_json)).id_to_token(eos_id)
         if token is not None:
             cfg.update(bos_token=token, eos_token=token)
@@ -183,22 +175,20 @@ def _tokenizer_config(tokenizer_json: Path, eos_id: int | None) -> dict:
 
 
 class OnDisk:
-    """A safetensors tensor not read yet: its shape now, its fp32 values on `load()`, so that a rank
-    filling its shard of a large model holds one whole tensor at a time, never the model."""
+    """A safetensors tensor not read yet: its shape now, its fp32 values on `load()` (a rank filling its shard
+    of a large model holds one whole tensor at a time, never the model)."""
 
     def __init__(self, path: Path, name: str, shape: tuple[int, ...]):
         self.path, self.name, self.shape = path, name, torch.Size(shape)
 
     def load(self) -> torch.Tensor:
-        from safetensors import safe_open
-
         with safe_open(self.path, framework="pt") as f:
             return f.get_tensor(self.name).to(torch.float32)
 
 
 def load_hf(folder, model_name: str | None = None, lazy: bool = False) -> tuple[str, Any, dict[str, torch.Tensor]]:
-    """Read a Hugging Face folder: (model name, args, fp32 state dict in torchacco names). `lazy`:
-    its values are `OnDisk` tensors, read one by one as `load_into` fills the model."""
+    """Read a Hugging Face folder: (model name, args, fp32 state dict in torchacco names); `lazy`: its values
+    are `OnDisk` tensors, read one by one as `load_into` fills the model."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise UserError(f"Hugging Face model folder not found: {folder}")
@@ -216,7 +206,7 @@ def load_hf(folder, model_name: str | None = None, lazy: bool = False) -> tuple[
         raise UserError(
             f"{config_path}: model_type {model_type!r} is not supported; torchacco reads: {', '.join(_HF_MODEL_TYPES)}"
         )
-    if model_name is not None and model_name != name:
+    if model_name not in (None, name):
         raise UserError(
             f"{folder} holds a {model_type} model ({name}), but the config asks for '{model_name}'; "
             f'set [model] name = "{name}" or point at a {model_name} folder'
@@ -227,16 +217,12 @@ def load_hf(folder, model_name: str | None = None, lazy: bool = False) -> tuple[
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{config_path} cannot be read as a {name} config ({type(e).__name__}: {e})") from None
 
-    hf_sd = _read_safetensors(folder, lazy)
-    sd = spec.hf.from_hf(hf_sd, args)
+    sd = spec.hf.from_hf(_read_safetensors(folder, lazy), args)
     order = _check_against_args(spec, args, sd, folder)
     return name, args, {k: sd[k] if lazy else sd[k].to(torch.float32) for k in order}
 
 
 def _read_safetensors(folder: Path, lazy: bool) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
     def on_disk(path: Path) -> dict[str, OnDisk]:
         with safe_open(path, framework="pt") as f:
             return {k: OnDisk(path, k, tuple(f.get_slice(k).get_shape())) for k in f.keys()}
@@ -248,20 +234,19 @@ def _read_safetensors(folder: Path, lazy: bool) -> dict[str, torch.Tensor]:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UserError(f"{index_path} is not a valid safetensors index ({e}); re-export the model") from None
         files = list(dict.fromkeys(weight_map.values()))
-        for f in files:
-            if not (folder / f).is_file():
-                raise UserError(
-                    f"{index_path} lists shard {f}, which is missing from {folder}; "
-                    f"copy the whole folder or re-export it"
-                )
+        if lost := [f for f in files if not (folder / f).is_file()]:
+            raise UserError(
+                f"{index_path} lists shard {lost[0]}, which is missing from {folder}; "
+                "copy the whole folder or re-export it"
+            )
     elif (folder / WEIGHTS).is_file():
         files, weight_map = [WEIGHTS], None
     else:
         files, weight_map = sorted(p.name for p in folder.glob("*.safetensors")), None
         if not files:
             raise UserError(
-                f"{folder} has no safetensors weights ({WEIGHTS} or {INDEX}); "
-                f"export the model with safetensors (PyTorch .bin files are not read)"
+                f"{folder} has no safetensors weights ({WEIGHTS} or {INDEX}); export the model with safetensors "
+                "(PyTorch .bin files are not read)"
             )
 
     sd = {}

@@ -1,10 +1,8 @@
 """torchrun, minus its tracebacks: a failed worker already printed why, and a rendezvous that times out gets one
-line saying what to check. A `-m torchacco.train` launch first checks its config here, in the launcher's
-process, so a mistake is one line before any worker starts.
-
-Preemption ([preemption], torchacco/preemption.py): torchrun forwards the configured signals to the workers
-(SIGUSR1 only when asked to: `--signals-to-handle`), then waits `--shutdown-timeout` seconds before it SIGKILLs
-them; the launcher sets both from the config and exits with the requeue code."""
+line saying what to check. A `-m torchacco.train` launch first checks its config here, so a mistake is one line
+before any worker starts. With [preemption], torchrun forwards the configured signals to the workers
+(`--signals-to-handle`) and waits `--shutdown-timeout` before it SIGKILLs them: the launcher sets both from the
+config, and exits with the requeue code."""
 
 from __future__ import annotations
 
@@ -129,14 +127,13 @@ def main() -> int:
         # torchrun forwarded the signal and waited for the workers; rank 0 said where they stopped.
         return requeue.get(e.sigval, 128 + e.sigval)
     except ChildFailedError as e:
-        failures = e.failures
         # The workers got a preemption signal without the launcher (or before it) and stopped on their own.
-        stopped = [f.exitcode for f in failures.values() if f.exitcode in requeue.values()]
+        stopped = [f.exitcode for f in e.failures.values() if f.exitcode in requeue.values()]
         if stopped:
             return stopped[0]
-        rank, failure = min(failures.items())
+        rank, failure = min(e.failures.items())
         print(
-            f"torchacco: {len(failures)} worker(s) failed (first: rank {rank}, {describe(failure.exitcode)}); "
+            f"torchacco: {len(e.failures)} worker(s) failed (first: rank {rank}, {describe(failure.exitcode)}); "
             "see the messages above",
             file=sys.stderr,
         )

@@ -1,15 +1,11 @@
 """The training loss: the sum of per-token cross-entropies, and the number of tokens behind it.
 
-Strategies divide the summed gradients by the all-reduced token count, so masked (instruction)
-data and uneven workers are weighted per token.
-
-Two things keep the loss from multiplying the logits' memory:
-- chunks: the cross-entropy runs over pieces of the sequence, each upcast to fp32 and
-  checkpointed (recomputed in backward), so fp32 logits and their softmax exist for one piece
-  at a time; the logits themselves are held once, in the compute dtype.
-- vocab_parallel (tensor parallelism): the logits stay split by vocabulary over the tp ranks and
-  the cross-entropy is computed on the shards (DTensor's `loss_parallel`), so no rank holds the
-  whole vocabulary's logits.
+Strategies divide the summed gradients by the all-reduced token count, so masked data and uneven workers are
+weighted per token. Two things keep the loss from multiplying the logits' memory:
+- chunks: the cross-entropy runs over pieces of the sequence, each upcast to fp32 and checkpointed, so fp32
+  logits and their softmax exist for one piece at a time.
+- vocab_parallel (tensor parallelism): the logits stay split by vocabulary over the tp ranks (DTensor's
+  `loss_parallel`), so no rank holds the whole vocabulary's logits.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""Building a model sharded from the start: construct on the meta device, parallelise there, then allocate and
-initialise only this rank's shard.
+"""Building a model sharded from the start: construct on meta, parallelise there, then allocate and initialise
+only this rank's shard, with the values of the whole model initialised on one device from the same seed.
 
-torchtitan's order, with one addition: the values are the same as those of a model initialised whole on one
-device from the same seed, on every layout. `init_weights()` runs over the full model's module tree; each random
-initialiser that meets a sharded parameter (a DTensor, from tensor parallelism or FSDP) draws the whole tensor
-from the seeded generator, as the unsharded model would, keeps this rank's slice and frees the rest; one that
-meets a parameter another pipeline stage owns (still on meta) draws it too and throws it away, so the generator
-advances exactly as it does for the whole model. The transient is one parameter, never the model.
-
-A model built here waits for `materialize(model)`: the trainer calls it after tensor and pipeline parallelism,
-and a strategy that shards θ itself (FSDP) calls it after sharding, before it builds its optimizer.
+`init_weights()` runs over the full module tree; a random initialiser that meets a sharded parameter (DTensor)
+draws the whole tensor, keeps this rank's slice and frees the rest; one that meets a parameter another pipeline
+stage owns (still on meta) draws it and throws it away, so the generator advances as for the whole model. The
+transient is one parameter. The trainer calls `materialize(model)` after tensor and pipeline parallelism; FSDP
+calls it after sharding, before it builds its optimizer.
 """
 
 from __future__ import annotations
@@ -23,9 +19,8 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.overrides import TorchFunctionMode
 
-# Initialisers whose result does not depend on the tensor's contents: drawing the whole tensor
-# and slicing equals initialising the slice of the whole. Other in-place ops (mul_, clamp_, ...)
-# act elementwise, which DTensor applies to the local shard itself.
+# Initialisers whose result ignores the tensor's contents (draw whole, then slice); other in-place ops act
+# elementwise, which DTensor applies to the local shard itself.
 _FRESH_METHODS = {
     "normal_", "uniform_", "random_", "bernoulli_", "exponential_", "geometric_", "log_normal_", "cauchy_",
 }  # fmt: skip
@@ -37,8 +32,8 @@ _pending: weakref.WeakKeyDictionary[nn.Module, Callable[[], None]] = weakref.Wea
 
 
 def defer(model: nn.Module, device: torch.device, seed: int, load: Callable[[nn.Module], None] | None = None) -> None:
-    """Record how to materialise `model` (on meta): allocate on `device`, initialise from `seed`
-    over the full module tree as it is now (before pipeline stages prune it), then `load(full)`."""
+    """Record how to materialise `model` (on meta): allocate on `device`, initialise from `seed` over the module
+    tree as it is now (before pipeline stages prune it), then `load(full)`."""
     full = _shadow(model)
 
     def run() -> None:
@@ -53,16 +48,15 @@ def defer(model: nn.Module, device: torch.device, seed: int, load: Callable[[nn.
 
 
 def _shadow(module: nn.Module) -> nn.Module:
-    """The module tree as it is now, sharing its parameters and buffers: what parallelism later
-    prunes, replaces or wraps (pipeline stages, checkpoint wrappers) stays in the shadow."""
+    """The module tree as it is now, sharing parameters and buffers: what parallelism later prunes or wraps
+    stays in the shadow."""
     shadow = copy.copy(module)
     shadow._modules = {name: None if m is None else _shadow(m) for name, m in module._modules.items()}
     return shadow
 
 
 def materialize(model: nn.Module) -> None:
-    """Allocate and initialise a model that `defer` recorded (this rank's shards only); a model
-    built otherwise is left as it is."""
+    """Allocate and initialise a model that `defer` recorded (this rank's shards only); else a no-op."""
     run = _pending.pop(model, None)
     if run is not None:
         run()
@@ -73,8 +67,8 @@ def is_deferred(model: nn.Module) -> bool:
 
 
 class ShardedInit(TorchFunctionMode):
-    """Random initialisers of sharded or absent (meta) tensors draw the whole tensor on `device`,
-    then keep this rank's part: the seeded generator advances as for the unsharded model."""
+    """Random initialisers of sharded or absent (meta) tensors draw the whole tensor on `device`, then keep
+    this rank's part."""
 
     def __init__(self, device: torch.device):
         super().__init__()

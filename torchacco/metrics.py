@@ -1,8 +1,5 @@
-"""Training metrics: a console line, TensorBoard scalars and `metrics.jsonl`, from rank 0.
-
-Every record is one dict; the console, TensorBoard and the JSON lines file all show the
-same numbers, so scripts and people never disagree about a run.
-"""
+"""Training metrics from rank 0: one dict per record, shown alike as a console line, TensorBoard scalars and
+`metrics.jsonl`, so scripts and people never disagree about a run."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """AdamW: torch's, for replicated and FSDP parameters, and a sharded one over flat buffers.
 
-`ShardedAdamW` owns one rank's fp32 slice of the flattened parameters and its moments.
-`step()` commits an update; `peek()` returns the parameters the same update would give
-without touching any state (ACCO's estimate, WP's prediction).
+`ShardedAdamW` owns one rank's fp32 slice of the flattened parameters and its moments; `step()` commits an
+update, `peek()` returns the parameters it would give without touching any state (ACCO's estimate).
 
-With `[optimizer] slow_beta`, both keep a second, slow first moment s (MT-DAO, arXiv 2510.05361)
-and step along (1 − ω)·m̂ + ω·ŝ, both bias-corrected: a direction that remembers more than β1's
-few updates, which is what the replicas of local-update schedules lose between syncs.
+With `[optimizer] slow_beta`, both keep a second, slow first moment s (MT-DAO, arXiv 2510.05361) and step along
+(1 − ω)·m̂ + ω·ŝ, both bias-corrected: a direction that remembers more than β1's few updates, which is what the
+replicas of local-update schedules lose between syncs.
 """
 
 from __future__ import annotations
@@ -101,74 +100,48 @@ class AdamWState:
 class ShardedAdamW:
     """AdamW over a 1-D fp32 shard; decoupled weight decay on the `decay_ranges` only.
 
-    The gradient may be in any dtype and is scaled (1 / token count, clipping) as it is read;
-    updates work a chunk of the shard at a time, and `out` (any dtype) may be the gradient's
-    own buffer, since each chunk is read before it is written. So an update's working memory
-    is a few chunks, not fp32 copies of the shard: it runs beside the next micro-batch's
-    activations in the overlapped schedules.
+    The gradient (any dtype) is scaled (1 / token count, clipping) as it is read, a chunk at a time, and `out`
+    (any dtype) may be the gradient's own buffer, since each chunk is read before it is written: an update's
+    working memory is a few chunks, not fp32 copies of the shard, beside the next micro-batch's activations.
     """
 
     def __init__(self, master: torch.Tensor, decay_ranges: list[tuple[int, int]], cfg: OptimizerConfig):
         assert master.dtype == torch.float32 and master.ndim == 1
-        self.state = AdamWState(master, torch.zeros_like(master), torch.zeros_like(master))
-        if cfg.slow_beta:
-            self.state.exp_avg_slow = torch.zeros_like(master)
-        self.decay_ranges = decay_ranges
-        self.cfg = cfg
+        slow = torch.zeros_like(master) if cfg.slow_beta else None
+        self.state = AdamWState(master, torch.zeros_like(master), torch.zeros_like(master), exp_avg_slow=slow)
+        self.decay_ranges, self.cfg = decay_ranges, cfg
 
-    def step(
-        self,
-        grad: torch.Tensor,
-        lr: float,
-        scale: float = 1.0,
-        out: torch.Tensor | None = None,
-        predict: bool = False,
-        chunk: int | None = None,
-    ) -> torch.Tensor:
-        """Commit one step with the gradient `grad * scale`: master, m, v and step advance. `out`
-        receives the new master shard — or, with `predict`, the shard one more step with the same
-        gradient would give (weight prediction). Returns the master shard."""
+    def step(self, grad, lr: float, scale: float = 1.0, out=None, predict: bool = False, chunk=None) -> torch.Tensor:
+        """Commit one step with the gradient `grad * scale`: master, m, v and step advance. `out` receives the
+        new master shard, or with `predict` the shard one more step with the same gradient would give (weight
+        prediction). Returns the master shard."""
         s = self.state
         s.step += 1
         for part, offset in self._chunks(chunk):
             g = self._scaled(grad[part], scale)
-            p, m, v, slow = s.master[part], s.exp_avg[part], s.exp_avg_sq[part], self._slow(part)
-            self._update(p, m, v, g, lr, s.step, offset, slow)
+            p = self._update(self._slices(part), g, lr, s.step, offset)
             if predict:
-                p, m, v, slow = p.clone(), m.clone(), v.clone(), None if slow is None else slow.clone()
-                self._update(p, m, v, g, lr, s.step + 1, offset, slow)
+                p = self._update(self._slices(part, clone=True), g, lr, s.step + 1, offset)
             if out is not None:
                 out[part].copy_(p)
         return s.master
 
-    def peek(
-        self,
-        grad: torch.Tensor,
-        lr: float,
-        scale: float = 1.0,
-        out: torch.Tensor | None = None,
-        chunk: int | None = None,
-        grad_weight: float = 1.0,
-        damping: float = 1.0,
-    ) -> torch.Tensor:
-        """The master shard after `step(grad, lr, scale)`, written into `out` (a new fp32 tensor
-        by default), leaving m, v, step and master untouched (ACCO's estimate).
+    def peek(self, grad, lr: float, scale=1.0, out=None, chunk=None, grad_weight=1.0, damping=1.0) -> torch.Tensor:
+        """The master shard after `step(grad, lr, scale)`, written into `out` (a new fp32 tensor by default),
+        leaving m, v, step and master untouched (ACCO's estimate).
 
-        ACCO's estimate variants (`[acco] estimate_grad_weight`, `estimate_damping`): the gradient
-        stepped with is `w · grad·scale + (1 − w) · m̂`, m̂ the bias-corrected first moment (the
-        smoothed past gradients; before any commit there is none and w is 1); the result is
-        `θ + γ · (Opt(θ, ·) − θ)`. w = γ = 1 is the plain step."""
+        ACCO's estimate variants (`[acco] estimate_grad_weight`, `estimate_damping`): the gradient stepped with
+        is `w · grad·scale + (1 − w) · m̂`, m̂ the bias-corrected first moment (before any commit there is none
+        and w is 1); the result is `θ + γ · (Opt(θ, ·) − θ)`. w = γ = 1 is the plain step."""
         s = self.state
         out = torch.empty_like(s.master) if out is None else out
         w = grad_weight if s.step > 0 else 1.0
         for part, offset in self._chunks(chunk):
             g = self._scaled(grad[part], scale)
-            p, m, v = s.master[part].clone(), s.exp_avg[part].clone(), s.exp_avg_sq[part].clone()
-            slow = self._slow(part)
-            slow = None if slow is None else slow.clone()
+            slices = self._slices(part, clone=True)
             if w != 1.0:
-                g.mul_(w).add_(m, alpha=(1 - w) / (1 - self.cfg.beta1**s.step))
-            self._update(p, m, v, g, lr, s.step + 1, offset, slow)
+                g.mul_(w).add_(slices[1], alpha=(1 - w) / (1 - self.cfg.beta1**s.step))
+            p = self._update(slices, g, lr, s.step + 1, offset)
             if damping != 1.0:
                 theta = s.master[part]
                 p.sub_(theta).mul_(damping).add_(theta)
@@ -176,8 +149,8 @@ class ShardedAdamW:
         return out
 
     def _chunks(self, chunk: int | None):
-        """(slice, offset) over the shard. By default a 32nd of it, between 64 Ki and 4 Mi
-        elements: bounded working memory without thousands of tiny kernels on a large shard."""
+        """(slice, offset) over the shard; by default a 32nd of it, between 64 Ki and 4 Mi elements: bounded
+        working memory without thousands of tiny kernels."""
         n = self.state.master.numel()
         chunk = chunk or min(max(-(-n // 32), 1 << 16), 1 << 22)
         for start in range(0, n, chunk):
@@ -188,16 +161,20 @@ class ShardedAdamW:
         g = grad.to(torch.float32, copy=True)  # a copy: `out` may overwrite grad's buffer
         return g.mul_(scale) if scale != 1.0 else g
 
-    def _slow(self, part: slice) -> torch.Tensor | None:
-        slow = self.state.exp_avg_slow
-        return None if slow is None else slow[part]
+    def _slices(self, part: slice, clone: bool = False) -> tuple:
+        """(master, m, v, slow moment or None) over `part`: views of the state, or copies."""
+        s = self.state
+        slow = None if s.exp_avg_slow is None else s.exp_avg_slow[part]
+        views = (s.master[part], s.exp_avg[part], s.exp_avg_sq[part], slow)
+        return tuple(None if t is None else t.clone() for t in views) if clone else views
 
-    def _update(self, p, m, v, grad, lr, step, offset: int = 0, slow=None) -> None:
-        """One AdamW step on a slice of the shard that starts at `offset`."""
-        c = self.cfg
-        if c.weight_decay:
+    def _update(self, slices: tuple, grad, lr, step, offset: int) -> torch.Tensor:
+        """One AdamW step on (p, m, v, slow), a slice of the shard that starts at `offset`; returns p."""
+        p, m, v, slow = slices
+        if self.cfg.weight_decay:
             for start, end in self.decay_ranges:
                 lo, hi = max(start - offset, 0), min(end - offset, p.numel())
                 if lo < hi:
-                    p[lo:hi].mul_(1 - lr * c.weight_decay)
-        adamw_update(p, m, v, grad, lr, step, c, slow)
+                    p[lo:hi].mul_(1 - lr * self.cfg.weight_decay)
+        adamw_update(p, m, v, grad, lr, step, self.cfg, slow)
+        return p

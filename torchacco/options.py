@@ -1,8 +1,7 @@
 """The leaf every config section is declared with (imports nothing of torchacco but its errors).
 
-`key()` declares one key: its default and the line of help the configuration reference shows.
-`Options` is the base of a strategy's own section: `section` names the TOML table it is read
-from (`[acco]`), and the config holds one instance per section in `Config.strategy_options`.
+`key()` declares one key: its default and the line of help the configuration reference shows. `Options` is the base of a
+strategy's own section: `section` names its TOML table (`[acco]`); `Config.strategy_options` holds one of each.
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ from typing import ClassVar, Literal
 
 
 def key(default, help: str, choices=None):
-    """A config key: its default and the one line the configuration reference shows. `choices`, a
-    function returning the accepted values, is for a set that is known only at run time (the
+    """A config key. `choices`, a function returning the accepted values, is for a set known only at run time (the
     registered strategies); `default` may then be such a function too."""
     metadata = {"help": help, "choices": choices}
     if callable(default):
@@ -23,8 +21,7 @@ def key(default, help: str, choices=None):
 
 @dataclass
 class Options:
-    """A strategy's options: a dataclass of `key`s read from the TOML section `section` (two
-    strategies that truly share options name the same class)."""
+    """A strategy's options, read from the TOML table `section` (strategies that share options name one class)."""
 
     section: ClassVar[str]
 
@@ -45,8 +42,7 @@ class OverlappedOptions(Options):
     max_growth: float = key(2.0, "adaptive: a rank runs at most this multiple of its period's micro-batches; 0: no cap")
     lr_batch_scaling: float = key(
         0.5,
-        "adaptive: the lr is scaled by (update's tokens / nominal tokens)^this; 0.5 is Adam's square-root rule, "
-        "0 turns it off",
+        "adaptive: the lr is scaled by (update's tokens / nominal tokens)^this; 0.5: Adam's square-root rule; 0: off",
     )
     estimate_comm: Literal["full", "bf16"] = key(
         "full",
@@ -55,35 +51,29 @@ class OverlappedOptions(Options):
     )
     dpu_warmup_steps: int = key(0, "dpu: synchronous updates before the one-step delay starts")
     drift_every: int = key(10, "acco: log ‖θ̃ − θ‖ / ‖θ‖ every this many commits; 0 disables")
-    # The estimate θ̃ = Opt(θ, g̃) steps with half the update's batch. Variants (docs/acco.md, "The estimate"):
-    # blend g̃ with the smoothed past gradients, or take only part of the step. 1 and 1: the paper's estimate.
+    # Variants of the estimate θ̃ = Opt(θ, g̃), which steps with half the update's batch (docs/acco.md, "The estimate").
     estimate_grad_weight: float = key(
         1.0,
         "acco: the estimate steps with w·g̃ + (1 − w)·m̂ (g̃ the half-batch gradient, m̂ Adam's bias-corrected first "
         "moment); 1: g̃ alone (the paper), 0: the moments alone",
     )
     estimate_damping: float = key(1.0, "acco: θ̃ = θ + γ·(Opt(θ, g̃) − θ), only this share γ of the estimate's step")
-    # The commit's gradient at θ̃ carries h·e, the estimate's error through the curvature; counting those tokens more
-    # weakens e's feedback (e' ∝ (1 − weight share at θ̃)·e) at the price of a less even mean (docs/acco.md).
+    # counting the tokens at θ̃ more weakens the feedback of the estimate's error e (e' ∝ (1 − their weight share)·e),
+    # at the price of a less even mean (docs/acco.md)
     estimate_token_weight: float = key(
         1.0,
-        "acco: each token computed at the estimate θ̃ counts this many times in the commit's weighted token mean "
-        "(1: the plain mean, the paper)",
+        "acco: each token computed at θ̃ counts this many times in the commit's token mean (1: the plain mean, paper)",
     )
-    # A half batch's gradient norm carries twice the noise of the commit's, so clipping by it scales the estimate's
-    # gradient below the commit's: in the linear model that lowers the largest stable lr·h (docs/acco.md).
+    # a half batch's norm carries twice the commit's noise: clipping by it lowers the largest stable lr·h (docs/acco.md)
     estimate_clip: Literal["own", "commit"] = key(
         "own",
         "acco: the gradient norm that decides the estimate's clipping: 'own' (the half batch's, the paper) or "
         "'commit' (the last commit's, so the estimate is clipped as its commit will likely be)",
     )
-    # The estimate's error e = θ̃ − θ feeds back as e' ≈ −lr·(1 − β1)·h·(1 − share)·e along a curvature h (docs/acco.md):
-    # a larger share of the batch at θ̃ raises the largest stable lr·h toward DDP's, but leaves a shorter period at θ to
-    # hide the estimate's communication behind.
+    # e = θ̃ − θ feeds back as e' ≈ −lr·(1 − β1)·h·(1 − share)·e along a curvature h (docs/acco.md): a larger share
+    # raises the largest stable lr·h toward DDP's, but leaves a shorter period at θ to hide the estimate's transfer
     estimate_share: float = key(
-        0.5,
-        "acco, deterministic: share of each update's micro-batches computed at the estimate θ̃ (the rest at θ); 0.5 "
-        "is the paper's halves",
+        0.5, "acco, deterministic: share of each update's micro-batches computed at θ̃ (the rest at θ); 0.5: the paper's"
     )
 
 

@@ -100,12 +100,11 @@ def outer_step(args) -> DiLoCo:
 
 
 def rows(args, work: cm.Workload, hw: cm.Hardware) -> tuple[dict, dict, dict]:
-    """Per row (every strategy, and with several nodes DiLoCo over each synchronous one): the prediction, the
-    memory per GPU and the measured entry whose tokens it needs (None: not measured)."""
-    table = cm.token_table()
+    """Per row (every strategy, and with several nodes DiLoCo over each synchronous one): the prediction, the memory per
+    GPU and the measured entry whose tokens it needs (None: not measured)."""
     preds = cm.predict_all(work, hw)
     mem = {s: cm.memory_bytes(work, hw, s) for s in preds}
-    sources = {s: cm.token_source(s, table) for s in preds}
+    sources = {s: cm.token_source(s) for s in preds}
     if args.nodes > 1:  # DiLoCo, one replica per node, over each synchronous strategy inside it
         outer = outer_step(args)
         sizes = cm.model_fragment_params(args.model, args.flavor, outer.fragments)
@@ -116,13 +115,13 @@ def rows(args, work: cm.Workload, hw: cm.Hardware) -> tuple[dict, dict, dict]:
                 preds[row["strategy"]] = row
                 mem[row["strategy"]] = cm.diloco_memory_bytes(work, hw, label, outer=outer,
                                                                largest=max(sizes) / sum(sizes))  # fmt: skip
-                sources[row["strategy"]] = cm.diloco_token_source(label, args.nodes, outer, table)
+                sources[row["strategy"]] = cm.diloco_token_source(label, args.nodes, outer)
     return preds, mem, sources
 
 
 def from_config(args):
-    """With --config: the dry run of the config on the cluster (its validation: one line for a mistake), and
-    `args` set from the config (the model, micro-batch, activation checkpointing, loss chunks)."""
+    """With --config: the dry run of the config on the cluster (its validation: one line for a mistake), and `args` set
+    from the config (the model, micro-batch, activation checkpointing, loss chunks)."""
     if not args.config:
         return None
     cfg = load_config(["--config", args.config])
@@ -136,21 +135,16 @@ def from_config(args):
     per_update = run.micro_batches * t.local_batch_size * run.dp * run.replicas
     args.seq_len, args.local_batch = t.seq_len, t.local_batch_size
     args.micro_batches = max(1, per_update // (t.local_batch_size * args.nodes * args.gpus_per_node))
-    args.activation_checkpoint, args.loss_chunks, args.bucket_cap_mb = (
-        t.activation_checkpoint, t.loss_chunks, p.bucket_cap_mb
-    )  # fmt: skip
+    args.activation_checkpoint, args.loss_chunks = t.activation_checkpoint, t.loss_chunks
+    args.bucket_cap_mb = p.bucket_cap_mb
     return run
 
 
 def config_row(run, work: cm.Workload, hw: cm.Hardware) -> tuple[str, dict, str | None]:
     """The config's own layout as a row (its label names the layout), its prediction and its measured entry."""
     label = dry_run.strategy_label(run.cfg)
-    layout = (
-        [f"tp {run.tp}"] * (run.tp > 1)
-        + [f"pp {run.pp}"] * (run.pp > 1)
-        + [f"{run.replicas} replicas"] * (run.replicas > 1)
-    )
-    row = f"{label}, {' × '.join(layout) or 'dp only'} (the config's)"
+    layout = {f"tp {run.tp}": run.tp > 1, f"pp {run.pp}": run.pp > 1, f"{run.replicas} replicas": run.replicas > 1}
+    row = f"{label}, {' × '.join(part for part, on in layout.items() if on) or 'dp only'} (the config's)"
     work = dataclasses.replace(work, micro_batches=max(1, run.micro_batches))  # per rank of its dp ranks
     source = cm.diloco_token_source(label, run.replicas, run.cfg.diloco) if run.replicas > 1 else cm.token_source(label)
     return row, {**dry_run.layout_prediction(run, work, hw), "strategy": row}, source
@@ -220,8 +214,8 @@ def verdict(preds: dict, ttl: dict, fits: dict) -> str:
 
 
 def left_out(preds: dict, ttl: dict, fits: dict, notes: dict) -> str:
-    """One line naming the rows that fit and process tokens faster than the verdict's but have no time to loss:
-    their loss per token is not measured, or was measured not to reach DDP's ('' when there are none)."""
+    """One line naming the rows that fit and process tokens faster than the verdict's but have no time to loss: their
+    loss per token is not measured, or was measured not to reach DDP's ('' when there are none)."""
     advisable = _advisable(ttl, fits)
     pace = preds[min(advisable, key=ttl.get)]["tokens_per_s"] if advisable else 0.0
     faster = [s for s in preds if fits[s] and ttl[s] is None and preds[s]["tokens_per_s"] > pace]
@@ -270,8 +264,7 @@ def _ratio(source: str) -> str:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    predict(args)
+    predict(build_parser().parse_args(argv))
     return 0
 
 

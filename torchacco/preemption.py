@@ -1,22 +1,20 @@
 """Preemption: a scheduler's stop signal ends the run at an update, with a checkpoint to resume from.
 
-SLURM sends SIGUSR1 ahead of the time limit (`--signal=USR1@120`) and SIGTERM on preemption; `torchacco.launch`
-forwards both to the workers, whose handler only records the signal. At each update boundary (for the overlapped
-schedules a committed update, between rounds, when no job is in flight and a checkpoint may be taken) the ranks
-agree with a one-number all-reduce on a gloo group of their own (no GPU sync, no group shared with the
-communication thread), so every rank stops at the same step even when the signal reaches them at different times.
-They save a checkpoint there (unless one was just saved) and exit with `[preemption] exit_code`, the code to
-requeue on; the same command then resumes from that checkpoint.
+SLURM sends SIGUSR1 ahead of the time limit and SIGTERM on preemption; `torchacco.launch` forwards both to the
+workers, whose handler only records the signal. At each update boundary (no job in flight, a checkpoint may be
+taken) the ranks agree with a one-number all-reduce on a gloo group of their own (no GPU sync, no group shared with
+the communication thread), so all stop at the same step, save a checkpoint and exit with `[preemption] exit_code`,
+the code to requeue on; the same command then resumes.
 
-A watchdog bounds the whole stop at `[preemption] grace_s` from the signal: past it the rank exits with the same
-code, without the checkpoint (saves are atomic, the previous one stays). torchrun stops the survivors of a dead
-worker with the same SIGTERM and SIGKILLs them 30 s later, so a rank that has not reached a boundary PEER_CHECK_S
-after the signal reads the heartbeats (torchacco/health.py): if a peer stopped beating, it prints the diagnosis
-and exits at once.
+A watchdog bounds the stop at `[preemption] grace_s` from the signal: past it the rank exits with the same code,
+without the checkpoint (saves are atomic). torchrun stops the survivors of a dead worker with the same SIGTERM and
+SIGKILLs them 30 s later, so a rank PEER_CHECK_S past the signal without a boundary reads the heartbeats
+(torchacco/health.py): if a peer stopped beating, it prints the diagnosis and exits at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -99,10 +97,9 @@ class Preemption:
             self._listen(parse_signals(cfg.signals))
 
     def _listen(self, signals: list[signal.Signals]) -> None:
-        """Python runs a signal's handler in the main thread once that thread is back in Python, which
-        a rank blocked in a collective on a frozen peer never is; the interpreter's C handler also
-        writes the signal's number to the wakeup fd at once, so a thread reading it sees the signal
-        in time (and the watchdog can end such a rank)."""
+        """Python runs a handler once the main thread is back in Python, which a rank blocked in a collective on a
+        frozen peer never is; the C handler writes the signal's number to the wakeup fd at once, so a thread reading
+        it sees the signal in time (and the watchdog can end such a rank)."""
         for sig in signals:
             self._previous[sig] = signal.signal(sig, self._handle)
         self._wakeup, writer = socket.socketpair()
@@ -112,16 +109,11 @@ class Preemption:
         mine = {int(s) for s in signals}
 
         def read() -> None:
-            while True:
-                try:
-                    numbers = self._wakeup.recv(64)
-                except OSError:
-                    return
-                if not numbers:
-                    return
-                for number in numbers:
-                    if number in mine:
-                        self._handle(number, None)
+            with contextlib.suppress(OSError):  # (closed: the run is over)
+                while numbers := self._wakeup.recv(64):
+                    for number in numbers:
+                        if number in mine:
+                            self._handle(number, None)
 
         threading.Thread(target=read, name="torchacco-preemption-signals", daemon=True).start()
 
@@ -132,17 +124,15 @@ class Preemption:
             self._signalled.set()
 
     def agreed(self, wait: bool = False) -> bool:
-        """At an update boundary, on every rank together: did any rank have a stop signal at the
-        previous boundary? That boundary's all-reduce ran beside this update's compute, so no update
-        waits for its round trip, which on a shaped link is the queue of a transfer in flight (a
-        job's); a signal is acted on one update later. `wait`: at this boundary's own all-reduce
-        (where boundaries are far apart: DiLoCo's outer steps)."""
+        """At an update boundary, on every rank together: did any rank have a stop signal at the previous one?
+        That boundary's all-reduce ran beside this update's compute, so no update waits for its round trip (on a
+        shaped link, behind a job's transfer); a signal is acted on one update later. `wait`: at this boundary's
+        own all-reduce (where boundaries are far apart: DiLoCo's outer steps)."""
         if not self.enabled:
             return False
         if self.group is None:
             return bool(self.signum)
-        # Only all-reduced values count: a signal arriving meanwhile waits for the next boundary,
-        # so no rank stops alone.
+        # Only all-reduced values count: a signal arriving meanwhile waits for the next boundary, so no rank stops alone
         agreed = self._arrived()
         flag = torch.tensor([self.signum], dtype=torch.int32)
         self._pending = (flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True))
@@ -162,8 +152,7 @@ class Preemption:
         return int(flag.item())
 
     def stop(self, step: int, checkpointer, state) -> None:
-        """Save a checkpoint of `step` (`state()` gives it; None: saved at this step already) and
-        raise Preempted."""
+        """Save a checkpoint of `step` (`state()` gives it; None: saved at this step already); raise Preempted."""
         name = signal.Signals(self.signum).name
         code = exit_code(self.cfg, checkpointer is not None, self.signum)
         if checkpointer is None:
@@ -207,10 +196,9 @@ class Preemption:
         os._exit(exit_code(self.cfg, self.checkpoints, self.signum))
 
     def _exit_if_a_peer_died(self) -> bool:
-        """torchrun stops the survivors of a dead worker with SIGTERM, a preemption signal too, and
-        SIGKILLs them 30 s later. A survivor blocked on the dead peer (in a collective that never fails,
-        as NCCL's, or a wait on its result) never reaches the boundary; unless the ranks agreed on a stop
-        (then a peer that stopped beating has just exited after its save), name the dead rank and exit."""
+        """A survivor blocked on a dead peer (in a collective that never fails, as NCCL's) never reaches the
+        boundary before torchrun's SIGKILL; unless the ranks agreed on a stop (then a silent peer has just exited
+        after its save), name the dead rank and exit."""
         if self.group is None or self._agreed:
             return False
         beat = health.current()
@@ -238,8 +226,8 @@ class Preemption:
         self._stand_down.set()
         self._signalled.set()  # lets the watchdog thread end
         if self.group is not None:
-            # Every rank started the same agreements: one still in flight is finished before the
-            # group goes, unless the run failed (a dead peer would never answer it).
+            # Every rank started the same agreements: one in flight is finished before the group goes, unless the
+            # run failed (a dead peer would never answer it).
             if self._pending is not None and clean:
                 self._arrived()
             if self._pending is None:

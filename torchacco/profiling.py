@@ -3,12 +3,10 @@
     <dump_folder>/profile/rank<r>/trace_step<N>.json      open in chrome://tracing or Perfetto
     <dump_folder>/profile/rank<r>/memory_step<N>.pickle   CUDA allocator history (pytorch.org/memory_viz)
 
-Every thread is traced, so the overlapped schedules' communication thread shows beside the
-compute: the loop labels `torchacco/forward_backward`, `torchacco/evaluation` and
-`torchacco/checkpoint_save`; the sharded job `torchacco/job:<kind>` with its phases
-`torchacco/job/reduce_scatter`, `.../norm_and_counts`, `.../optimizer_<kind>`, `.../all_gather`;
-the compute side's wait for a job `torchacco/wait_for_job`. On CUDA the job's kernels run on
-their own stream, so the trace shows them beside the compute stream's.
+Every thread is traced, so the overlapped schedules' communication thread shows beside the compute. Labels:
+`torchacco/forward_backward`, `torchacco/evaluation`, `torchacco/checkpoint_save`; the sharded job
+`torchacco/job:<kind>` with `torchacco/job/reduce_scatter`, `.../norm_and_counts`, `.../optimizer_<kind>`,
+`.../all_gather`; the compute side's `torchacco/wait_for_job`.
 """
 
 from __future__ import annotations
@@ -41,7 +39,6 @@ class Profiler:
         repeat = 0 if cfg.every else 1
         when = schedule(skip_first=skip, wait=wait, warmup=warmup, active=cfg.active_steps, repeat=repeat)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        # every thread: the overlapped schedules' job runs on a thread of its own
         all_threads = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
         self._prof = profile(
             activities=activities, schedule=when, on_trace_ready=self._save, experimental_config=all_threads

@@ -1,10 +1,8 @@
 """The dump folder: one run's outputs, never mixed with another run's.
 
-A folder holding a run (its `config.toml`) is reused only by the same run — the same config
-but for the keys listed in `MAY_CHANGE`, which do not change what is trained (so a run can be
-resumed with more steps, another eval cadence or a longer timeout). Anything else would resume
-another run's checkpoints as if they were this one's; `--job.overwrite true` removes the old
-run's outputs first.
+A folder holding a run (its `config.toml`) is reused only by the same run: the same config but for `MAY_CHANGE`,
+keys that do not change what is trained (so a run can be resumed with more steps, another eval cadence or a longer
+timeout). Anything else would resume another run's checkpoints; `--job.overwrite true` removes them first.
 """
 
 from __future__ import annotations
@@ -57,23 +55,22 @@ def prepare(cfg: Config, folder: Path) -> None:
             # Not knowing what the folder holds, never delete it, even when told to overwrite.
             raise UserError(
                 f"dump folder {folder} holds a run whose config.toml cannot be read "
-                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); torchacco will not "
-                "delete it: choose another --job.dump_folder, or remove that folder yourself"
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); torchacco will not delete it: choose "
+                "another --job.dump_folder, or remove that folder yourself"
             ) from None
         changed = differences(old, cfg)
         if changed and not cfg.job.overwrite:
             shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
             raise UserError(
-                f"dump folder {folder} holds a different run (differs in {shown}); resuming it would "
-                "mix the two. Choose another --job.dump_folder, or pass --job.overwrite true to "
-                "delete that run's outputs"
+                f"dump folder {folder} holds a different run (differs in {shown}); resuming it would mix the two. "
+                "Choose another --job.dump_folder, or pass --job.overwrite true to delete that run's outputs"
             )
         if changed:
             _remove_outputs(folder, old.checkpoint.folder, cfg)
     elif folder.is_dir() and any(_foreign(folder)) and not cfg.job.overwrite:
         raise UserError(
-            f"dump folder {folder} is not empty and holds no torchacco run; choose another "
-            "--job.dump_folder (or pass --job.overwrite true to write into it anyway)"
+            f"dump folder {folder} is not empty and holds no torchacco run; choose another --job.dump_folder (or "
+            "pass --job.overwrite true to write into it anyway)"
         )
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -101,8 +98,8 @@ def _remove_outputs(folder: Path, checkpoint_folder: str, cfg: Config) -> None:
     for what, value in inputs.items():
         if value and any(Path(value).resolve().is_relative_to(p.resolve()) for p in paths):
             raise UserError(
-                f"--job.overwrite true would delete {what} = {value}, which this run reads; copy it "
-                "out of the dump folder first, or choose another --job.dump_folder"
+                f"--job.overwrite true would delete {what} = {value}, which this run reads; copy it out of the dump "
+                "folder first, or choose another --job.dump_folder"
             )
     for path in paths:
         if path.is_dir():
@@ -116,7 +113,7 @@ def check_space(folder: Path, need: int, n_params: int) -> None:
     free = shutil.disk_usage(folder).free
     if free < need:
         raise UserError(
-            f"dump folder {folder} has {free / 2**30:.2f} GiB free but a checkpoint of this "
-            f"{n_params / 1e6:.1f}M-parameter run needs about {need / 2**30:.2f} GiB; free some space, "
-            "choose another --job.dump_folder, or set [checkpoint] enable = false"
+            f"dump folder {folder} has {free / 2**30:.2f} GiB free but a checkpoint of this {n_params / 1e6:.1f}M-"
+            f"parameter run needs about {need / 2**30:.2f} GiB; free some space, choose another --job.dump_folder, "
+            "or set [checkpoint] enable = false"
         )

@@ -1,6 +1,5 @@
-"""Runners: "start this job beside the compute; is it done?; wait" — the half of the device
-seam that the overlapped schedules use. A thread on CPU; on CUDA a thread that issues the
-job's kernels on a side stream, ordered against the compute stream by events.
+"""Runners: "start this job beside the compute; is it done?; wait" — the half of the device seam that the
+overlapped schedules use. A thread on CPU; on CUDA a thread that issues the job's kernels on a side stream.
 """
 
 from __future__ import annotations
@@ -23,15 +22,14 @@ _stuck = threading.Event()  # a job was given up unfinished: its thread or kerne
 
 
 def left_stuck() -> bool:
-    """Was a job abandoned while its thread still ran? Then the interpreter's finalization can abort
-    ("terminate called without an active exception") when that thread wakes: end with os._exit."""
+    """Was a job abandoned while its thread still ran? Then the interpreter's finalization can abort ("terminate
+    called without an active exception") when that thread wakes: end with os._exit."""
     return _stuck.is_set()
 
 
 def stall_deadline_s(collective_timeout: timedelta) -> float:
-    """How long the compute side waits for a job before it gives up and diagnoses: long before the
-    collective timeout, when NCCL's watchdog aborts the process without a word (a minute before it,
-    or a fifth of it when it is short), so the diagnosis has time to read every rank's heartbeat."""
+    """How long the compute side waits for a job before it gives up and diagnoses: a minute (or a fifth) before the
+    collective timeout, when NCCL's watchdog aborts the process without a word, so the diagnosis has time."""
     timeout = collective_timeout.total_seconds()
     return max(timeout - 60.0, 0.8 * timeout)
 
@@ -39,9 +37,8 @@ def stall_deadline_s(collective_timeout: timedelta) -> float:
 class ThreadRunner:
     """Runs one job at a time beside the compute, on a communication thread.
 
-    Collectives are issued only by this thread while a job is in flight, so every rank
-    issues them in the same order. gloo and NCCL release the GIL while they wait. The thread
-    is a daemon: a job stuck on a frozen peer never keeps the process from exiting.
+    Collectives are issued only by this thread while a job is in flight, so every rank issues them in the same
+    order. The thread is a daemon: a job stuck on a frozen peer never keeps the process from exiting.
     """
 
     def __init__(self):
@@ -71,8 +68,8 @@ class ThreadRunner:
         return self._future is None or self._future.done()
 
     def wait(self, timeout_s: float | None = None) -> Any:
-        """The job's result (re-raising its error); None when nothing was in flight. A job still
-        running after `timeout_s` raises `Stalled` (the job is abandoned: its thread is a daemon)."""
+        """The job's result (re-raising its error); None when nothing was in flight. A job still running after
+        `timeout_s` raises `Stalled` (the job is abandoned: its thread is a daemon)."""
         if self._future is None:
             return None
         future, self._future = self._future, None
@@ -95,9 +92,8 @@ class ThreadRunner:
         self._thread.join()
 
     def drain(self, timeout_s: float) -> None:
-        """At the end of a run: wait for the job in flight, then stop. While an error unwinds, that
-        error is the one to report: the job's own (often the same peer failure) is dropped, and a
-        job stuck on a frozen peer is left to the process's exit."""
+        """At the end of a run: wait for the job in flight, then stop. While an error unwinds, that error is the one
+        to report: the job's own is dropped, and a job stuck on a frozen peer is left to the process's exit."""
         if sys.exc_info()[0] is not None:
             self.abandon()
             return
@@ -106,15 +102,14 @@ class ThreadRunner:
 
 
 class StreamRunner(ThreadRunner):
-    """CUDA: the job's kernels run on a side stream, ordered against the compute stream by
-    events. The thread only issues them (and blocks on the job's own host syncs), so the
-    compute side never blocks: `done()` polls the event with `query()`."""
+    """CUDA: the job's kernels run on a side stream, ordered against the compute stream by events. The thread only
+    issues them (and blocks on the job's own host syncs), so the compute side never blocks: `done()` polls."""
 
     def __init__(self, device: torch.device):
         super().__init__()
         self.device = device
-        # High priority, as FSDP2's communication streams: the job's small kernels (norm, AdamW
-        # chunks, copies) run as soon as they are ready instead of queueing behind compute kernels.
+        # High priority, as FSDP2's communication streams: the job's small kernels (norm, AdamW chunks, copies) run
+        # as soon as they are ready instead of queueing behind compute kernels.
         self.stream = torch.cuda.Stream(device, priority=-1)
         self._done_event: torch.cuda.Event | None = None
 
@@ -145,8 +140,8 @@ class StreamRunner(ThreadRunner):
         result = super().wait(timeout_s)
         if self._done_event is not None:
             done, self._done_event = self._done_event, None
-            # The thread has issued the job; its kernels (the last all-gather) may still hang on the
-            # GPU, where a blocking wait would end only in NCCL's watchdog: poll within the deadline.
+            # The thread has issued the job; its kernels may still hang on the GPU, where a blocking wait would end
+            # only in NCCL's watchdog: poll within the deadline.
             waited = time.monotonic() - start
             wait_for_event(done, None if timeout_s is None else timeout_s - waited, waited)
             torch.cuda.current_stream().wait_event(done)
@@ -154,8 +149,8 @@ class StreamRunner(ThreadRunner):
 
 
 def wait_for_event(event, timeout_s: float | None, waited_s: float = 0.0, poll_s: float = 0.0002) -> None:
-    """Wait until `event.query()`, raising `Stalled` past `timeout_s` (None: no deadline; `waited_s`:
-    how long the job had been waited for already, for the message)."""
+    """Wait until `event.query()`, raising `Stalled` past `timeout_s` (None: no deadline; `waited_s`: how long the
+    job had been waited for already, for the message)."""
     deadline = None if timeout_s is None else time.monotonic() + max(timeout_s, 0.0)
     while not event.query():
         if deadline is not None and time.monotonic() > deadline:

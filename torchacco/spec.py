@@ -1,10 +1,9 @@
 """What a model folder in `models/` provides, and how torchacco finds it.
 
-A model folder `models/<name>/` plugs in by exposing `spec = ModelSpec(...)` from its
-`__init__.py`; `get_model_spec(name)` imports `torchacco.models.<name>` on demand (or, for a
-dotted name such as `my_package.my_model`, that module from the Python path), so adding a
-model — its tensor-parallel plan and pipeline split included — never means editing
-`torchacco/`. docs/adding_a_model.md walks through one.
+A model folder `models/<name>/` plugs in by exposing `spec = ModelSpec(...)` from its `__init__.py`;
+`get_model_spec(name)` imports `torchacco.models.<name>` on demand (or, for a dotted name such as `my_package.my_model`,
+that module from the Python path), so adding a model — its tensor-parallel plan and pipeline split included — never
+means editing `torchacco/`. docs/adding_a_model.md walks through one.
 
 The model class contract (kept small so parallelism can be applied from outside):
 - `ModelCls(args)` builds on the meta device without allocating;
@@ -14,12 +13,12 @@ The model class contract (kept small so parallelism can be applied from outside)
   `torch.compile`, activation checkpointing and `fully_shard`;
 - `model(tokens[B, T]) -> logits[B, T, vocab]`.
 
-The args dataclass provides `vocab_size`, `max_seq_len`, `dim`, `n_layers` and
-`flops_per_token(seq_len) -> float` (forward + backward, for MFU).
+The args dataclass provides `vocab_size`, `max_seq_len`, `dim`, `n_layers` and `flops_per_token(seq_len) -> float`
+(forward + backward, for MFU).
 
-A model passed to `train(cfg, model=...)` without this contract (no `.args`: a Hugging Face
-causal LM, say) is adapted from outside by torchacco/user_model.py and trains under the
-data-parallel strategies only: tensor and pipeline parallelism need the plans below.
+A model passed to `train(cfg, model=...)` without this contract (no `.args`: a Hugging Face causal LM, say) is adapted
+from outside by torchacco/user_model.py and trains under the data-parallel strategies only: tensor and pipeline
+parallelism need the plans below.
 """
 
 from __future__ import annotations
@@ -52,9 +51,8 @@ def renaming_adapter(
     hf_config: Callable[[Any], dict],
     args_from_hf_config: Callable[[dict], Any],
 ) -> HFAdapter:
-    """The adapter of a model whose Hugging Face checkpoint is its own tensors under other
-    names: `name_map(args)` gives ours -> theirs; `ignored(hf_name, args)` names HF tensors
-    to drop on the way in (a tied head, old buffers)."""
+    """The adapter of a model whose Hugging Face checkpoint is its own tensors under other names: `name_map(args)` gives
+    ours -> theirs; `ignored(hf_name, args)` names HF tensors to drop on the way in (a tied head, old buffers)."""
 
     def to_hf(state_dict: dict, args) -> dict:
         names = name_map(args)
@@ -79,11 +77,10 @@ def renaming_adapter(
 class TensorParallelPlan:
     """How tensor parallelism splits the model (applied by torchacco/parallel/tensor.py).
 
-    `plans(model, loss_parallel)` returns (the plan of top-level modules, the plan of one block):
-    dicts of module path -> DTensor ParallelStyle, as `parallelize_module` takes; an untied output
-    head uses `tensor.head_layouts(loss_parallel)` (logits split by vocabulary for the loss).
-    `split_sizes(args)` lists the (name, size) of every dimension split tp ways, so each is checked
-    before launch."""
+    `plans(model, loss_parallel)` returns (the plan of top-level modules, the plan of one block): dicts of module path
+    -> DTensor ParallelStyle, as `parallelize_module` takes; an untied output head uses
+    `tensor.head_layouts(loss_parallel)` (logits split by vocabulary for the loss). `split_sizes(args)` lists the (name,
+    size) of every dimension split tp ways, so each is checked before launch."""
 
     plans: Callable[[nn.Module, bool], tuple[dict, dict]]
     split_sizes: Callable[[Any], list[tuple[str, int]]]
@@ -93,11 +90,10 @@ class TensorParallelPlan:
 class PipelinePlan:
     """How pipeline parallelism cuts the model into stages (applied by torchacco/parallel/pipeline.py).
 
-    `unsupported(args)` says why a configuration cannot be split (None: it can). `prune(model,
-    first, last)` removes the modules that a rank holding no first (or no last) stage does not need;
-    `stage(model, layer_ids, first, last, seq_shards)` is a module running one stage over the
-    model's own submodules (`seq_shards`: tp under sequence parallelism, the factor by which
-    activations between stages are shorter than the sequence)."""
+    `unsupported(args)` says why a configuration cannot be split (None: it can). `prune(model, first, last)` removes the
+    modules that a rank holding no first (or no last) stage does not need; `stage(model, layer_ids, first, last,
+    seq_shards)` is a module running one stage over the model's own submodules (`seq_shards`: tp under sequence
+    parallelism, the factor by which activations between stages are shorter than the sequence)."""
 
     unsupported: Callable[[Any], str | None]
     prune: Callable[[nn.Module, bool, bool], None] | None = None
@@ -118,8 +114,7 @@ class ModelSpec:
             raise UserError(
                 f"model '{self.name}' has no flavor '{flavor}'; choose one of: {', '.join(sorted(self.flavors))}"
             )
-        overrides = {k: v for k, v in overrides.items() if v is not None}
-        return replace(self.flavors[flavor], **overrides)
+        return replace(self.flavors[flavor], **{k: v for k, v in overrides.items() if v is not None})
 
 
 def available_models() -> list[str]:

@@ -1,9 +1,6 @@
-"""The one training loop. Strategies (DDP, ZeRO-1, FSDP, ACCO, DPU, WP) decide how gradients
-become updates; the loop owns data, loss, metrics, evaluation, checkpoints and stopping.
-
-Usable from Python: `train(cfg, model=..., datasets=(train, val), tokenizer=...)`, also with a
-Hugging Face model and texts (torchacco/user_model.py, data/texts.py; docs/python_api.md).
-"""
+"""The one training loop. Strategies decide how gradients become updates; the loop owns data, loss,
+metrics, evaluation, checkpoints and stopping. From Python: `train(cfg, model=..., datasets=..., tokenizer=...)`
+(docs/python_api.md)."""
 
 from __future__ import annotations
 
@@ -76,13 +73,9 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     if device.type == "cuda":
         nccl_flight_recorder(Path(cfg.job.dump_folder))
     p = cfg.parallelism
-    dims = init_distributed(
-        device,
-        cfg.training.collective_timeout_s,
-        p.tensor_parallel_degree,
-        p.pipeline_parallel_degree,
-        1 if replica is not None else p.replicas,  # a fault-tolerant job is one replica
-    )
+    replicas = 1 if replica is not None else p.replicas  # a fault-tolerant job is one replica
+    timeout = cfg.training.collective_timeout_s
+    dims = init_distributed(device, timeout, p.tensor_parallel_degree, p.pipeline_parallel_degree, replicas)
     if replica is not None:
         say = print if dims.rank == 0 else lambda *args, **kwargs: None
         degrees = f"tp {p.tensor_parallel_degree}, pp {p.pipeline_parallel_degree}"
@@ -111,18 +104,13 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
         if not isinstance(e, Terminated):  # the evidence first: the collectives each rank entered
             dump_flight_recorder(Path(cfg.job.dump_folder), dims.rank)
         diagnosis = heartbeat.diagnose()
-        if isinstance(e, Terminated):
-            cause = "stopped by SIGTERM"
-        elif isinstance(e, Stalled):
-            cause = str(e)
-        else:
-            cause = f"a collective failed ({str(e).strip().splitlines()[-1][:120]})"
         if isinstance(e, Terminated) and "stopped responding" not in diagnosis:
             raise Terminated() from None  # a plain SIGTERM: exit quietly with 143
-        message = (
-            f"rank {dims.rank}: {cause} during its {where}: {diagnosis}; [training] collective_timeout_s = "
-            f"{cfg.training.collective_timeout_s:g}"
-        )
+        cause = "stopped by SIGTERM" if isinstance(e, Terminated) else str(e)
+        if not isinstance(e, Terminated | Stalled):
+            cause = f"a collective failed ({cause.strip().splitlines()[-1][:120]})"
+        message = f"rank {dims.rank}: {cause} during its {where}: {diagnosis}; "
+        message += f"[training] collective_timeout_s = {timeout:g}"
         health.report(message)  # now: the teardown below can block beside a dead peer
         raise PeerFailure(message, reported=True) from None
     finally:
@@ -143,7 +131,6 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
 
 
 def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, model, datasets, tokenizer) -> dict:
-    """Build the run's parts, resume, run the loop, export."""
     t = cfg.training
     folder = Path(cfg.job.dump_folder)
     on_one_rank(dims, lambda: run_folder.prepare(cfg, folder), main_only=True, what="check the dump folder")
@@ -166,7 +153,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     strategy, pipeline = parallelize(cfg, spec, dims, device, model, loss_fn, plan)
     run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline, n_params)
     if dims.link is not None:
-        dims.link.heal_with(*_heal_state(run))
+        dims.link.heal_with(run.heal_state, run.load_heal_state)
     run.log.info(
         f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | "
         f"{strategy.name} × {dims.dp_size}{model_parallel_label(dims, strategy.model)}{_replicas(cfg, dims)} on "
@@ -197,8 +184,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
 
 
 def _datasets(cfg: Config, dims: ParallelDims, datasets, tokenizer):
-    """(tokenizer, train set, validation set) of this rank: the configured data, or the datasets
-    passed to train()."""
+    """(tokenizer, train set, validation set) of this rank: configured, or passed to train()."""
     t = cfg.training
     if datasets is None:
         tokenizer, train_set, val_set = build_data(cfg.data, cfg.tokenizer, t.seq_len, t.seed, dims)
@@ -227,9 +213,8 @@ def _model(cfg: Config, spec, device: Device, kind: ModelKind, model, vocab: int
 
 
 def parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss, plan):
-    """Model parallelism, then the data-parallel strategy: (the strategy, the pipeline or None). A
-    model built on meta (build_model(deferred=True)) is allocated and initialised in between, after
-    tensor and pipeline parallelism (or, for FSDP, after sharding): each rank holds only its part."""
+    """Model parallelism, then the data-parallel strategy: (strategy, pipeline or None). A model on meta is
+    materialised in between (for FSDP, after sharding), so each rank allocates only its part."""
     model, pipeline = _model_parallel(cfg, spec, dims, device, model, loss_fn)
     if not strategy_class(cfg.parallelism.data_parallel).traits.shards_module:
         materialize(model)
@@ -239,11 +224,9 @@ def parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn
 
 
 def _model_parallel(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss):
-    """In torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile (the
-    data-parallel strategy comes last). (This rank's part of the model, its pipeline or None.)"""
+    """torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile."""
     t = cfg.training
     model, pipeline = apply_model_parallel(model, spec, cfg, dims, device, loss_fn)
-    # `model.layers`, or a Hugging Face model's decoder layers
     apply_activation_checkpoint(block_list(model), t.activation_checkpoint, t.selective_checkpoint)
     if cfg.model.compile:
         for unit in compile_units(model):
@@ -261,24 +244,6 @@ def _replicas(cfg: Config, dims: ParallelDims) -> str:
     return f" × {dims.replicas} replicas (DiLoCo, H {h}{streaming}, outer {wire})"
 
 
-def _heal_state(run: Run):
-    """(save, load) of what a fault-tolerant replica copies from a live one: the loop's counts, the strategy's
-    state (θ_global, the outer momentum, the inner strategy's) and the data position, which every replica
-    shares (each reads its own shard, in step)."""
-
-    def save() -> dict:
-        return {"train": run.state.state_dict(), "strategy": run.strategy.state_dict(),
-                "loader": run.train_loader.state_dict()}  # fmt: skip
-
-    def load(state: dict) -> None:
-        run.state.load_state_dict(fault_tolerance.copy_into(run.state.state_dict(), state["train"]))
-        run.strategy.load_state_dict(fault_tolerance.copy_into(run.strategy.state_dict(), state["strategy"]))
-        run.train_loader.load_state_dict(state["loader"])
-        run.batches.restart()
-
-    return save, load
-
-
 def _start(
     cfg: Config, dims: ParallelDims, device: Device, strategy: Strategy, sets, loss_fn, pipeline, n_params: int
 ) -> Run:
@@ -288,7 +253,7 @@ def _start(
     state = TrainState(dims.data_size)
     if cfg.checkpoint.enable:  # before anything is written: the bytes this run's checkpoints take
         need = checkpoint_bytes(checkpoint_state(strategy, state, train_loader, dims), n_params)
-        space = lambda: run_folder.check_space(folder, need, n_params)  # noqa: E731
+        space = lambda: run_folder.check_space(folder, need, n_params)
         on_one_rank(dims, space, main_only=True, what="check the free space")
     health.current().enter("checkpoint load")
     timeout = timedelta(seconds=t.collective_timeout_s)
@@ -297,31 +262,15 @@ def _start(
     # which a resumed run cuts back to its checkpoint)
     unmerged = fault_tolerance.unmerged_updates(folder / "metrics.jsonl") if dims.link is not None else (0, 0)
     m = cfg.metrics
-    log = MetricsLogger(
-        folder, dims.is_main, m.tensorboard, m.progress_bar, t.steps, state.step, max_tokens=t.max_tokens
-    )
+    log = MetricsLogger(folder, dims.is_main, m.tensorboard, m.progress_bar, t.steps, state.step, t.max_tokens)
     if cfg.checkpoint.enable:
         log.info(f"torchacco: a checkpoint takes about {need / 2**20:,.1f} MiB ({folder / cfg.checkpoint.folder})")
     if resumed:
         log.info(f"torchacco: {resumed}")
     profiler = Profiler(cfg.profiling, folder, dims.rank, device, state.step)
-    batches = Batches(train_loader)  # after a resume: continues where the checkpoint left off
+    batches = iter(train_loader)  # after a resume: continues where the checkpoint left off
     return Run(strategy, state, train_loader, val_loader, log, None, checkpointer, loss_fn, pipeline, profiler, batches,
                unmerged)  # fmt: skip
-
-
-class Batches:
-    """The training batches, from the loader's position; `restart()` after the position was replaced."""
-
-    def __init__(self, loader):
-        self.loader = loader
-        self.restart()
-
-    def restart(self) -> None:
-        self.batches = iter(self.loader)
-
-    def __next__(self):
-        return next(self.batches)
 
 
 @dataclass
@@ -338,17 +287,29 @@ class Run:
     loss_fn: TokenLoss
     pipeline: object | None
     profiler: Profiler
-    batches: Batches
+    batches: object  # iter(train_loader), renewed when a heal replaces the loader's position
     unmerged: tuple[int, int] = (0, 0)  # a fault-tolerant replica's lost updates (fault_tolerance.unmerged_updates)
+
+    # What a fault-tolerant replica copies from a live one: the loop's counts, the strategy's state and the data
+    # position (every replica reads its own shard, in step).
+    def heal_state(self) -> dict:
+        return {"train": self.state.state_dict(), "strategy": self.strategy.state_dict(),
+                "loader": self.train_loader.state_dict()}  # fmt: skip
+
+    def load_heal_state(self, state: dict) -> None:
+        self.state.load_state_dict(fault_tolerance.copy_into(self.state.state_dict(), state["train"]))
+        self.strategy.load_state_dict(fault_tolerance.copy_into(self.strategy.state_dict(), state["strategy"]))
+        self.train_loader.load_state_dict(state["loader"])
+        self.batches = iter(self.train_loader)  # from the position just loaded
 
 
 def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
     strategy, state, throughput, loss_fn, pipeline = run.strategy, run.state, run.throughput, run.loss_fn, run.pipeline
     t = cfg.training
-    batches = run.batches
     dtype = compute_dtype(t.mixed_precision, device)
     autocast = dtype if strategy.traits.autocast_compute and dtype != torch.float32 else None
     summary = {}
+    snapshot = lambda: checkpoint_state(strategy, state, run.train_loader, dims)  # what a checkpoint saves now
     if dims.link is not None and (joined := strategy.join()) is not None:
         state.step += 1  # the outer step it healed into, as the others count it
         state.tokens += joined.consumed
@@ -357,9 +318,7 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
                f"{(last - first + 1) * joined.consumed / dims.replicas:,.0f} tokens lost)" if last else ""  # fmt: skip
         run.log.info(f"torchacco: replica {dims.replica_rank} joined the run at step {state.step}{lost}")
         if run.checkpointer is not None and cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0:
-            run.checkpointer.save(
-                state.step, checkpoint_state(strategy, state, run.train_loader, dims)
-            )  # as the others
+            run.checkpointer.save(state.step, snapshot())  # as the others
     device.reset_peak_memory()
     throughput.restart(state.tokens)
     heartbeat = health.current()
@@ -368,7 +327,7 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
     while state.step < t.steps:
         heartbeat.enter(f"compute (step {state.step + 1})")
         poison = faults.before_period(state.step + 1)
-        counts = compute_period(strategy, loss_fn, batches, device, autocast, throughput.times, pipeline, poison)
+        counts = compute_period(strategy, loss_fn, run.batches, device, autocast, throughput.times, pipeline, poison)
         heartbeat.enter(f"{strategy.traits.sync_phase} (step {state.step + 1})")
         with throughput.timing("sync"):
             result = strategy.step(counts)
@@ -409,35 +368,30 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
         if saved:
             heartbeat.enter(f"checkpoint save (step {step})")
             with record_function("torchacco/checkpoint_save"):
-                run.checkpointer.save(step, checkpoint_state(strategy, state, run.train_loader, dims))
+                run.checkpointer.save(step, snapshot())
             throughput.restart(tokens_seen)
         run.profiler.step(step)
         if done:
             break
-        # A stop signal on any rank: every rank stops here, after a checkpoint. Asked where the ranks
-        # meet (DiLoCo's replicas: at outer steps), so that it never paces one replica by another.
+        # A stop signal on any rank: every rank stops here, after a checkpoint. Asked where the ranks meet
+        # (DiLoCo's replicas: at outer steps), so that it never paces one replica by another.
         ranks_met = cfg.parallelism.replicas == 1 or bool(result.outer)
         if ranks_met and preempt.agreed(wait=cfg.parallelism.replicas > 1):
-            state_now = None if saved else lambda: checkpoint_state(strategy, state, run.train_loader, dims)
-            preempt.stop(step, run.checkpointer, state_now)
+            preempt.stop(step, run.checkpointer, None if saved else snapshot)
     summary["steps"] = state.step
     return summary
 
 
 def _count_nonfinite(t, state: TrainState, result) -> str | None:
-    """Apply [training] on_nonfinite to an update whose loss or gradient was NaN/Inf: the reason
-    to stop, if any. The job already left θ as it was; every rank decides alike (the numbers
-    were gathered)."""
+    """Apply [training] on_nonfinite to an update whose loss or gradient was NaN/Inf (θ is already left as it
+    was): the reason to stop, if any. Every rank decides alike (the numbers were gathered)."""
     if not result.skipped:
         state.skips_in_a_row = 0
         return None
     state.skipped += 1
     state.skips_in_a_row += 1
-    source = (
-        f"the loss of rank(s) {', '.join(map(str, result.nonfinite_ranks))}"
-        if result.nonfinite_ranks
-        else "the gradients"
-    )
+    ranks = ", ".join(map(str, result.nonfinite_ranks))
+    source = f"the loss of rank(s) {ranks}" if result.nonfinite_ranks else "the gradients"
     advice = "lower [optimizer] lr, raise [lr_schedule] warmup_steps, or check the data"
     if t.on_nonfinite == "abort":
         return (
@@ -455,18 +409,10 @@ def _count_nonfinite(t, state: TrainState, result) -> str | None:
 
 
 def compute_period(
-    strategy: Strategy,
-    loss_fn: TokenLoss,
-    batches,
-    device: Device,
-    autocast,
-    times: dict,
-    pipeline=None,
-    poison: bool = False,
+    strategy: Strategy, loss_fn: TokenLoss, batches, device: Device, autocast, times: dict, pipeline=None, poison=False
 ) -> Counts:
-    """Forward and backward over one compute period's micro-batches: what this rank computed.
-    With a pipeline, each micro-batch is one schedule step (its loss sum is 0 except on the
-    last stage)."""
+    """Forward and backward over one compute period's micro-batches: what this rank computed. With a
+    pipeline, each micro-batch is one schedule step (its loss sum is 0 except on the last stage)."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=device.torch)
     tokens = torch.zeros((), dtype=torch.int64, device=device.torch)
     consumed, n = 0, 0
@@ -500,6 +446,5 @@ def compute_period(
         n += 1
         times["data"] += t1 - t0
         times["compute"] += time.perf_counter() - t1  # on CUDA: the time to issue the kernels
-    # No host sync here: the counts stay on the device, and the GPU keeps working on the queued
-    # kernels while the strategy ends the period.
+    # No host sync: the counts stay on the device, which keeps working while the strategy ends the period.
     return Counts(tokens, loss_sum, n, float(consumed), (watch.stop(),))

@@ -2,16 +2,11 @@
 `PreTrainedModel` such as an `AutoModelForCausalLM`, or any module mapping token ids [B, T] to logits
 [B, T, vocab] (or to an object holding them as `.logits`, or a tuple whose first element they are).
 
-Such a model trains under the data-parallel strategies (DDP, ZeRO-1, FSDP, ACCO, DPU, WP). It is adapted from
-outside, so its parameter names, and with them checkpoints and exports, stay its own: a forward hook hands the
-loss the logits; HF's `use_cache` is turned off for the call (a KV cache is dead weight in training); the hooks
-are removed when train() returns.
-
-Its blocks (the unit of FSDP sharding, activation checkpointing and `[model] compile`) are found without knowing
-the architecture: the `nn.ModuleList` of the classes the model declares unsplittable (`_no_split_modules`, which
-HF models list), else the largest ModuleList of modules of one class. Without blocks, FSDP shards the model as
-one unit, compile compiles the whole model, and activation checkpointing is refused. Tensor and pipeline
-parallelism need a plan that only a torchacco model folder provides (models/<name>/, see torchacco/spec.py).
+Such a model trains under the data-parallel strategies only (tensor and pipeline parallelism need a plan from
+a models/<name>/ folder). It is adapted from outside, so its parameter names, checkpoints and exports stay its
+own: a forward hook hands the loss the logits, HF's `use_cache` is off (a KV cache is dead weight in training),
+and the hooks are removed when train() returns. Its blocks are found by torchacco.blocks.blocks_of; without
+them FSDP shards it as one unit, compile compiles it whole and activation checkpointing is refused.
 """
 
 from __future__ import annotations
@@ -67,8 +62,8 @@ class Adapter:
 
 
 def adapt(model: nn.Module) -> Adapter:
-    """Hook `model` so that `model(input_ids)` returns logits; put it in training mode (HF's
-    from_pretrained returns it in eval mode, which would turn dropout off)."""
+    """Hook `model` so that `model(input_ids)` returns logits; put it in training mode (from_pretrained returns
+    it in eval mode, which would turn dropout off)."""
     adapter = Adapter()
     if "use_cache" in inspect.signature(model.forward).parameters:
         adapter.handles.append(model.register_forward_pre_hook(_no_cache, with_kwargs=True))
@@ -96,9 +91,8 @@ def _logits(module, args, output):
 
 
 def flops_per_token(model: nn.Module, seq_len: int) -> float:
-    """Forward + backward FLOPs per token, as torchacco's models count them: 6 × the weights used
-    in matmuls (embedding lookups are free; a tied head is not) + 12 × layers × width × seq_len
-    for attention, when the model's config gives its width (`hidden_size`); else 6 × parameters."""
+    """Forward + backward FLOPs per token, as torchacco's models count them: 6 × the matmul weights (embedding
+    lookups are free, a tied head is not) + 12 × layers × hidden_size × seq_len; without a width, 6 × params."""
     params = {id(p): p.numel() for p in model.parameters()}
     lookups = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -123,9 +117,8 @@ def check_vocabulary(model: nn.Module, vocab_size: int) -> None:
 
 
 def export(model: nn.Module, weights: dict, folder: Path, dtype: torch.dtype, tokenizer) -> Path:
-    """θ as a Hugging Face folder through the model's own `save_pretrained` (config.json and
-    safetensors under its own names), with the tokenizer: a transformers one by its own
-    save_pretrained, else as tokenizer.json."""
+    """θ as a Hugging Face folder by the model's own `save_pretrained`, with the tokenizer (a transformers one
+    by its own save_pretrained, else as tokenizer.json)."""
     model.save_pretrained(folder, state_dict={k: v.to(dtype) for k, v in weights.items()})
     if getattr(tokenizer, "hf", None) is not None:
         tokenizer.hf.save_pretrained(folder)

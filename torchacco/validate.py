@@ -1,9 +1,8 @@
 """Checks of a config that need no data and no process group, so mistakes surface before launch.
 
-`python -m torchacco.validate --config FILE [overrides]` runs them alone. The launcher
-(`torchacco.launch`) runs them in its own process before it starts any worker, so a bad key,
-type, path or batch size is one line on the terminal instead of the same error from every
-rank; WORLD_SIZE is the number of processes to check for when run alone.
+`python -m torchacco.validate --config FILE [overrides]` runs them alone. The launcher (`torchacco.launch`) runs them in
+its own process before it starts any worker, so a bad key, type, path or batch size is one line on the terminal instead
+of the same error from every rank; WORLD_SIZE is the number of processes to check for when run alone.
 """
 
 from __future__ import annotations
@@ -36,18 +35,17 @@ def validate(
     own_data: bool = False,
     here: bool = True,
 ) -> ModelKind:
-    """`model` and `own_data`: a model or datasets passed to train() replace the configured ones,
-    whose checks are then skipped (the model's own are made instead). `here` = False skips what
-    depends on this machine (the files the run reads, its devices): a dry run for a cluster.
-    Returns whose model the run trains (decided here, where the model enters)."""
+    """`model` and `own_data`: a model or datasets passed to train() replace the configured ones, whose checks are then
+    skipped (the model's own are made instead). `here` = False skips what depends on this machine (the files the run
+    reads, its devices): a dry run for a cluster. Returns whose model the run trains (decided here, where the model
+    enters)."""
     kind = ModelKind.of(model, cfg.model)
-    foreign = kind.foreign
-    if foreign:
+    if kind.foreign:
         user_model.check(cfg, model)  # first: tp/pp is the model's limit, whatever the degrees and strategy
     dp_size = check_parallelism(cfg.parallelism, fault_tolerance.job_world(world_size, cfg))
     _check_folders_and_paths(cfg, here)
     _check_training(cfg, dp_size)
-    if not foreign:
+    if not kind.foreign:
         _check_model(cfg, model)
     if here:
         _check_data(cfg, own_data)
@@ -55,8 +53,7 @@ def validate(
     return kind
 
 
-def _check_folders_and_paths(cfg: Config, here: bool = True) -> None:
-
+def _check_folders_and_paths(cfg: Config, here: bool) -> None:
     for section, name in (("checkpoint", cfg.checkpoint.folder), ("profiling", cfg.profiling.folder)):
         folder = Path(name)
         if not name.strip() or folder.is_absolute() or ".." in folder.parts or folder == Path("."):
@@ -126,8 +123,8 @@ def _check_emulation(cfg: Config) -> None:
 
 
 def _check_strategy(cfg: Config, dp_size: int) -> None:
-    """The data-parallel strategy's traits against the config, then its own checks; a refusal lists the
-    strategies that can."""
+    """The data-parallel strategy's traits against the config, then its own checks; a refusal lists the strategies that
+    can."""
     p = cfg.parallelism
     cls, model_parallel = strategy_class(p.data_parallel), _degrees_label(p)
     name = cls.name
@@ -279,7 +276,6 @@ def _check_data(cfg: Config, own_data: bool) -> None:
 
 
 def _check_devices(t, local_world_size: int | None) -> None:
-
     if t.device == "cuda" and not torch.cuda.is_available():
         raise UserError("[training] device = 'cuda' but CUDA is not available; use --training.device cpu (or auto)")
     local_world = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -322,7 +318,6 @@ def _degrees_label(p) -> str:
 
 
 def _check_profiling(p, device: str) -> None:
-
     if not p.enable:
         return
     for key in ("start_step", "active_steps"):

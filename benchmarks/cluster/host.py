@@ -14,19 +14,9 @@ from pathlib import Path
 from benchmarks.cluster.plan import CGROUP_V1_CPU, CGROUP_V2, ClusterError
 
 
-def detect_cgroup() -> str | None:
-    """'v1' when the v1 cpu controller is mounted, 'v2' when the unified hierarchy offers cpu, else None."""
-    if (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():
-        return "v1"
-    controllers = CGROUP_V2 / "cgroup.controllers"
-    if controllers.exists() and "cpu" in controllers.read_text().split():
-        return "v2"
-    return None
-
-
 def preflight(need_cgroup: bool = False, need_netem: bool = False) -> str | None:
-    """Check root, ip/tc, network namespaces (and tc tbf, netem, cgroups when needed): the cgroup kind, or a
-    ClusterError naming what is missing."""
+    """Check root, ip/tc, network namespaces (and tc tbf, netem, cgroups when needed): the cgroup kind ('v1', 'v2' or
+    None), or a ClusterError naming what is missing."""
     if sys.platform != "linux":
         raise ClusterError("the emulated cluster needs Linux (network namespaces, tc, cgroups)")
     if os.geteuid() != 0:
@@ -36,7 +26,11 @@ def preflight(need_cgroup: bool = False, need_netem: bool = False) -> str | None
         if shutil.which(tool) is None:
             raise ClusterError(f"`{tool}` not found; install iproute2")
     _probe_kernel(need_netem)
-    kind = detect_cgroup()
+    controllers = CGROUP_V2 / "cgroup.controllers"
+    if (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():  # the v1 cpu controller is mounted
+        kind = "v1"
+    else:  # the unified hierarchy, if it offers cpu
+        kind = "v2" if controllers.exists() and "cpu" in controllers.read_text().split() else None
     if need_cgroup and kind is None:
         raise ClusterError("no cgroup cpu controller (v1 /sys/fs/cgroup/cpu or v2 with 'cpu' in cgroup.controllers); "
                            "a slow worker / CPU quota cannot be emulated")  # fmt: skip
@@ -85,8 +79,8 @@ def run_quietly(cmd: list[str]) -> None:
             subprocess.run(cmd, capture_output=True, timeout=30)
 
 
-def stale_namespaces(prefix_re: str = r"tacc(\d+)(sw|n\d+)") -> list[str]:
+def stale_namespaces() -> list[str]:
     """Namespaces left by an emulator run whose process is gone (a SIGKILL)."""
     proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    found = (re.fullmatch(prefix_re, line.split()[0]) for line in proc.stdout.splitlines() if line.split())
+    found = (re.fullmatch(r"tacc(\d+)(sw|n\d+)", line.split()[0]) for line in proc.stdout.splitlines() if line.split())
     return [m.group(0) for m in found if m and not Path(f"/proc/{m.group(1)}").exists()]

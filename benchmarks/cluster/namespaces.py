@@ -19,13 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Cluster:
-    """Context manager: builds the plan, launches per-node commands, always tears down."""
-
     def __init__(self, plan: ClusterPlan, verbose: bool = False):
-        self.plan, self.verbose = plan, verbose
+        self.plan, self.verbose, self._built, self._old_handlers = plan, verbose, False, {}
         self.procs: list[subprocess.Popen] = []
-        self._built = False
-        self._old_handlers = {}
 
     def __enter__(self) -> Cluster:
         quotas = any(self.plan.cores(i) is not None for i in range(self.plan.nodes))
@@ -75,7 +71,11 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def kill_all(self) -> None:
+    def teardown(self) -> None:
+        """Kill the launched process groups (SIGTERM, then SIGKILL after 10 s), remove what was built."""
+        if not self._built:
+            return
+        self._built = False
         for proc in self.procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -89,12 +89,6 @@ class Cluster:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.procs = []
-
-    def teardown(self) -> None:
-        if not self._built:
-            return
-        self._built = False
-        self.kill_all()
         for cmd in self.plan.teardown_commands():
             host.run_quietly(cmd)
         for sig, handler in self._old_handlers.items():

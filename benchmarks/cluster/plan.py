@@ -41,8 +41,6 @@ def node_options(args) -> dict:
 
 @dataclasses.dataclass
 class ClusterPlan:
-    """What to build: pure data. `setup_commands()` / `teardown_commands()` are the shell commands."""
-
     nodes: int = 2
     # a node's ranks share its namespace, quota and link; their traffic to one another stays on its loopback
     ranks_per_node: int = 1
@@ -65,12 +63,11 @@ class ClusterPlan:
             self.prefix = f"tacc{os.getpid() % 100000}"
         if not re.fullmatch(r"[a-z][a-z0-9]{0,10}", self.prefix):
             raise ClusterError(f"cluster prefix {self.prefix!r} must be 1-11 lowercase letters/digits")
-        if not 1 <= self.nodes <= 200:
-            raise ClusterError(f"--nodes must be between 1 and 200, got {self.nodes}")
+        for flag, value, most in (("--nodes", self.nodes, 200), ("--ranks-per-node", self.ranks_per_node, 16)):
+            if not 1 <= value <= most:
+                raise ClusterError(f"{flag} must be between 1 and {most}, got {value}")
         if not re.fullmatch(r"10\.\d{1,3}\.\d{1,3}", self.subnet):
             raise ClusterError(f"subnet {self.subnet!r} must be the first three octets of a 10.x.y.0/24")
-        if not 1 <= self.ranks_per_node <= 16:
-            raise ClusterError(f"--ranks-per-node must be between 1 and 16, got {self.ranks_per_node}")
         if self.slow_node is not None and not 0 <= self.slow_node < self.nodes:
             raise ClusterError(f"--slow-node {self.slow_node} is not a node (0..{self.nodes - 1})")
         if self.slow_factor < 1:
@@ -89,7 +86,6 @@ class ClusterPlan:
                 raise ClusterError(f"node {i}'s {cores:g} cores are under the kernel's 1 ms quota in a period of "
                                    f"{self.cpu_period_us / 1000:g} ms; give a longer --cpu-period-ms")  # fmt: skip
 
-    # names ---------------------------------------------------------------------------------
     @property
     def switch(self) -> str:
         return f"{self.prefix}sw"
@@ -111,15 +107,13 @@ class ClusterPlan:
         root = CGROUP_V1_CPU if self.cgroup == "v1" else CGROUP_V2
         return root / self.namespace(i)
 
-    # commands ------------------------------------------------------------------------------
     def shaping_commands(self, ns: str, dev: str) -> list[list[str]]:
         inside = dev == "lo"  # the node's own traffic: its loopback, whose packets are up to 64 KiB
         rate_bps, latency_ms = (self.node_rate_bps, 0.0) if inside else (self.rate_bps, self.latency_ms)
         if rate_bps is None and not latency_ms:
             return []
         add_qdisc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev]
-        cmds = []
-        parent = ["root"]
+        cmds, parent = [], ["root"]
         if latency_ms:
             cmds.append([*add_qdisc, "root", "handle", "1:", "netem", "delay", f"{latency_ms:g}ms"])
             parent = ["parent", "1:1"]

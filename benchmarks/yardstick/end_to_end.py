@@ -190,10 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                for seed in seeds for s, n in pairs]  # fmt: skip
     against_runs(results)
     shown = [r for r in results if r["error"] is not None]
-    mean_abs_error = statistics.fmean(abs(r["error"]) for r in shown) if shown else None
-    meta = common.meta(
-        "end-to-end", argv, tokens=args.tokens, speed=args.speed, lr=f"{lr:g}", mean_abs_error=mean_abs_error
-    )
+    mae = statistics.fmean(abs(r["error"]) for r in shown) if shown else None
+    meta = common.meta("end-to-end", argv, tokens=args.tokens, speed=args.speed, lr=f"{lr:g}", mean_abs_error=mae)
     bars = {"predicted over measured time to target − 1 (%)": [
         (f"{r['setting']} {r['strategy']} s{r['seed']}", 100 * r["error"], 0) for r in shown]}  # fmt: skip
     common.write_report(out, args.name, {"meta": meta, "results": results}, markdown(results, meta),

@@ -78,13 +78,11 @@ def persistent_mib(train: list[str], world: int, params: float, ranks_per_node: 
 
 
 def seconds_per_token(records: list[dict], warmup: int = WARMUP) -> float:
-    kept = records[warmup:]
-    return sum(map(update_s, kept)) / sum(r["tokens_per_update"] for r in kept)
+    return sum(map(update_s, records[warmup:])) / sum(r["tokens_per_update"] for r in records[warmup:])
 
 
 def seconds_per_update(records: list[dict], warmup: int = WARMUP) -> float:
-    kept = records[warmup:]
-    return sum(map(update_s, kept)) / len(kept)
+    return sum(map(update_s, records[warmup:])) / len(records[warmup:])
 
 
 def compute_s(record: dict) -> float:
@@ -149,15 +147,13 @@ def plans(out: Path, calibration: str = "time_to_loss", rates: str = "",
     }  # fmt: skip
 
 
-SPIN = "import time\nt=time.perf_counter(); n=0\nwhile time.perf_counter()-t<{s}: n+=1\nprint(n)"
-
-
 def slowdown(plan: ClusterPlan, folder: Path, seconds: float = 2.0) -> float:
     """The slow node's measured slowdown (a quota alone is not exact on a shared machine): busy loops in every node
     at once, the others' mean rate over the slow one's."""
     folder.mkdir(parents=True, exist_ok=True)
     logs = [folder / f"spin{i}.txt" for i in range(plan.nodes)]
-    spin = [sys.executable, "-c", SPIN.format(s=seconds)]
+    busy = f"import time\nt=time.perf_counter(); n=0\nwhile time.perf_counter()-t<{seconds}: n+=1\nprint(n)"
+    spin = [sys.executable, "-c", busy]
     with Cluster(plan) as cluster:
         for p in [cluster.launch(i, spin, log=logs[i]) for i in range(plan.nodes)]:  # all started, then waited for
             p.wait()
@@ -309,12 +305,9 @@ def markdown(results: dict, meta: dict) -> str:
                   "| strategy | s per update's tokens (repeats) | speed vs best baseline | vs its unbalanced self "
                   "| val loss vs ddp at equal tokens (%) | peak RSS per rank (MiB) |",
                   "|---|---|---:|---:|---:|---|"]  # fmt: skip
-        if any(row.get("persistent_mib") for row in rows["strategies"].values()):
-            lines[-2] += " state per rank (MiB) |"
-            lines[-1] += "---:|"
-        if any("virtual_vs_real" in row for row in rows["strategies"].values()):
-            lines[-2] += " virtual / real |"
-            lines[-1] += "---:|"
+        for key, head in (("persistent_mib", " state per rank (MiB) |"), ("virtual_vs_real", " virtual / real |")):
+            if any(row.get(key) for row in rows["strategies"].values()):
+                lines[-2], lines[-1] = lines[-2] + head, lines[-1] + "---:|"
         for name, row in rows["strategies"].items():
             each = ", ".join(f"{t:.4f}" for t in row.get("seconds_per_recipe_update", row["seconds_per_update"]))
             gap = "—" if row["gap_pct"] is None else f"{row['gap_pct'][0]:+.2f} (lr {float(row['gap_pct'][1]):g})"

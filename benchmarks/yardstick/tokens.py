@@ -12,6 +12,7 @@ them). Writes <out>/<--name>.{json,md,png}.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import re
@@ -36,12 +37,17 @@ AVG = "--diloco.outer_lr 1 --diloco.outer_momentum 0"  # plain averaging
 STREAMING_AVG = f"{DILOCO} 10 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.eager true {AVG}"
 BF16 = f"{STREAMING_AVG} --diloco.outer_dtype bf16"  # Streaming DiLoCo in bf16 (streaming_h10_avg)
 PIER = "--diloco.outer_lr 0.7 --diloco.outer_momentum 0.9 --diloco.outer_momentum_warmup 20"
-TOPK1 = "--diloco.outer_dtype int2 --diloco.topk 0.01 --diloco.topk_mean replicas"  # SparseLoCo's mean
-SENDERS3 = "--diloco.outer_dtype int2 --diloco.topk 0.03 --diloco.topk_mean senders"  # docs/diloco.md's recommendation
 SLOW99 = "--optimizer.slow_beta 0.99 --optimizer.slow_weight 0.5"
-# 4 replicas of one rank: the same 16 sequences per update; 2 evaluation batches per rank keep the same 32 validation
-# sequences
-R4 = "--parallelism.replicas 4 --eval.batches 2"
+R4 = "--parallelism.replicas 4 --eval.batches 2"  # 4 replicas of one rank; 2 eval batches each read the same 32
+WARM = "--diloco.warm_start 100"  # a warm start of 100 updates averaged in fp32 (post-local SGD)
+
+
+def _topk(k: float, code: str = "int2", mean: str = "replicas", more: str = "") -> list[str]:
+    """Streaming DiLoCo sending a share `k` of each chunk of its pseudo-gradient in `code`, error-fed, each element
+    averaged over all replicas or over the `senders` (SparseLoCo's mean: replicas)."""
+    return _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype {code} --diloco.topk {k} --diloco.topk_mean {mean} {more}")
+
+
 VARIANTS = {
     DDP: _dp(DDP), ZERO1: _dp(ZERO1), FSDP: _dp(FSDP),  # FSDP: DDP's update with everything sharded, another floor
     # DDP in other floating-point orders (4 or 8 micro-batches per rank): the noise floor at acco_share's batches
@@ -63,49 +69,39 @@ VARIANTS = {
     # its own θ and moves that update onto the mean when it arrives
     "streaming_h10_avg": _dp(DDP, BF16), "streaming_h10_avg_acco": _dp(ACCO, BF16),  # ACCO inside each replica
     "streaming_h50": _dp(DDP, f"{DILOCO} 50 --diloco.fragments 2 --diloco.overlap_steps 1 --diloco.outer_dtype bf16"),
-    # the same Streaming DiLoCo sending 1% (3%, 10%) of each chunk of its pseudo-gradient in 2 (4) bits, error-fed;
-    # with no decay of the residual (β = 1); after a warm start of 100 updates averaged in fp32
-    **{f"streaming_h10_avg_topk{round(k * 100)}_{code}": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype {code} "
-                                                                  f"--diloco.topk {k} --diloco.topk_mean replicas")
-       for k, code in ((0.01, "int2"), (0.03, "int2"), (0.1, "int4"))},
-    # 1.5% in 2 bits: the largest top-k 100× smaller than bf16 on the wire
-    "streaming_h10_avg_topk1p5_int2": _dp(DDP, f"{STREAMING_AVG} {TOPK1.replace('0.01', '0.015')}"),
-    # the per-token ablation of the bf16 Streaming DiLoCo: after a warm start of 100 updates averaged in fp32
-    # (post-local SGD); with Nesterov (0.7, 0.9) whose momentum warms up over a fragment's first 20 outer steps (Pier)
-    "streaming_h10_avg_warm100": _dp(DDP, f"{BF16} --diloco.warm_start 100"),
+    # the same sending 1% (3%, 10%; 1.5%: the largest 100× smaller than bf16 on the wire) in 2 (4) bits
+    **{f"streaming_h10_avg_topk{round(k * 100)}_{code}": _topk(k, code) for k, code in ((0.01, "int2"), (0.03, "int2"),
+                                                                                        (0.1, "int4"))},
+    "streaming_h10_avg_topk1p5_int2": _topk(0.015),
+    # the per-token ablation of the bf16 Streaming DiLoCo: after the warm start; with Nesterov (0.7, 0.9) whose
+    # momentum warms up over a fragment's first 20 outer steps (Pier)
+    "streaming_h10_avg_warm100": _dp(DDP, f"{BF16} {WARM}"),
     "streaming_h10_pier": _dp(DDP, f"{BF16} {PIER}"),
-    "streaming_h10_pier_warm100": _dp(DDP, f"{BF16} {PIER} --diloco.warm_start 100"),  # both
+    "streaming_h10_pier_warm100": _dp(DDP, f"{BF16} {PIER} {WARM}"),  # both
     "streaming_h50_avg": _dp(DDP, BF16.replace(" 10 ", " 50 ")),  # the recommended Streaming DiLoCo at H 50
-    "streaming_h10_avg_topk1_int2_decay1": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.error_decay 1"),
+    "streaming_h10_avg_topk1_int2_decay1": _topk(0.01, more="--diloco.error_decay 1"),  # no decay of the residual
     # outer lr 2: of 2 replicas' top-k, an element only one sent moves θ_global by half its value at outer lr 1
-    "streaming_h10_avg_topk1_int2_outer2": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.outer_lr 2"),
+    "streaming_h10_avg_topk1_int2_outer2": _topk(0.01, more="--diloco.outer_lr 2"),
     # each element averaged over the replicas that sent it, not over all of them
-    **{f"streaming_h10_avg_topk{k}_int2_senders": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype int2 --diloco.topk "
-                                                        f"0.0{k} --diloco.topk_mean senders") for k in (1, 3)},
-    "streaming_h10_avg_topk1_int2_warm100": _dp(DDP, f"{STREAMING_AVG} {TOPK1} --diloco.warm_start 100"),
-    # 3% over the senders with the bf16 wire's per-token techniques (warm start, Pier, both); 10% in 4 bits over them
-    "streaming_h10_avg_topk3_int2_senders_warm100": _dp(DDP, f"{STREAMING_AVG} {SENDERS3} --diloco.warm_start 100"),
-    "streaming_h10_pier_topk3_int2_senders": _dp(DDP, f"{STREAMING_AVG} {SENDERS3} {PIER}"),
-    "streaming_h10_pier_warm100_topk3_int2_senders": _dp(DDP, f"{STREAMING_AVG} {SENDERS3} {PIER} "
-                                                              "--diloco.warm_start 100"),
-    "streaming_h10_avg_topk10_int4_senders": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype int4 --diloco.topk 0.1 "
-                                                      "--diloco.topk_mean senders"),
-    # QSR: H grows as (peak lr / lr)² up to a cap: from 10 to 40 (107 outer steps in 1,000 updates, H 10's 200), and
-    # from 6 to 24 (181: syncing more often early, less late, for about H 10's bytes)
+    **{f"streaming_h10_avg_topk{k}_int2_senders": _topk(k / 100, mean="senders") for k in (1, 3)},
+    "streaming_h10_avg_topk1_int2_warm100": _topk(0.01, more=WARM),
+    # 3% over the senders (docs/diloco.md's recommendation) with the bf16 wire's per-token techniques; 10% in 4 bits
+    "streaming_h10_avg_topk3_int2_senders_warm100": _topk(0.03, mean="senders", more=WARM),
+    "streaming_h10_pier_topk3_int2_senders": _topk(0.03, mean="senders", more=PIER),
+    "streaming_h10_pier_warm100_topk3_int2_senders": _topk(0.03, mean="senders", more=f"{PIER} {WARM}"),
+    "streaming_h10_avg_topk10_int4_senders": _topk(0.1, "int4", "senders"),
+    # QSR: H grows as (peak lr / lr)² up to a cap: 10 to 40, and 6 to 24 (more often early, less late: H 10's bytes)
     "streaming_h10_avg_qsr40": _dp(DDP, f"{BF16} --diloco.sync_every_max 40"),
     "streaming_h6_avg_qsr24": _dp(DDP, f"{BF16.replace(' 10 ', ' 6 ')} --diloco.sync_every_max 24"),
-    # slow momentum (MT-DAO): a second first moment of β 0.99 (half-life 69 updates) takes half of AdamW's direction;
-    # DDP with the same optimizer is the baseline it must beat
+    # slow momentum (MT-DAO): a second first moment of β 0.99 takes half of AdamW's direction; ddp_slow99 its baseline
     "ddp_slow99": _dp(DDP, SLOW99),
     "streaming_h10_avg_slow99": _dp(DDP, f"{BF16} {SLOW99}"),
     # 4 replicas of one rank (4 sequences each); alone, and with the warm start and the warmed-up Nesterov
     "streaming_h10_avg_r4": _dp(DDP, f"{BF16} {R4}"),
-    "streaming_h10_pier_warm100_r4": _dp(DDP, f"{BF16} {PIER} --diloco.warm_start 100 {R4}"),
-    **{f"streaming_h10_avg_topk3_int2{suffix}_r4": _dp(DDP, f"{STREAMING_AVG} --diloco.outer_dtype int2 --diloco.topk "
-                                                          f"0.03 --diloco.topk_mean {mean} {R4}")
+    "streaming_h10_pier_warm100_r4": _dp(DDP, f"{BF16} {PIER} {WARM} {R4}"),
+    **{f"streaming_h10_avg_topk3_int2{suffix}_r4": _topk(0.03, mean=mean, more=R4)
        for suffix, mean in (("", "replicas"), ("_senders", "senders"))},
-    "streaming_h10_avg_topk3_int2_senders_warm100_r4": _dp(DDP, f"{STREAMING_AVG} {SENDERS3} --diloco.warm_start 100 "
-                                                                f"{R4}"),
+    "streaming_h10_avg_topk3_int2_senders_warm100_r4": _topk(0.03, mean="senders", more=f"{WARM} {R4}"),
 }  # fmt: skip
 RANKS = {name: 4 for name in VARIANTS if name.endswith("_r4")}  # a variant's ranks where not 2
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
@@ -117,8 +113,7 @@ def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh:
     if done and not fresh and done[-1].get("step") == updates and "val_loss" in done[-1]:
         return done
     args = [*recipe(updates, lr, seed, flavor=flavor), *QUIET, *VARIANTS[variant], *extra]
-    args += ["--training.num_threads", "1"]
-    args += ["--job.dump_folder", str(folder), "--job.overwrite", "true"]
+    args += ["--training.num_threads", "1", "--job.dump_folder", str(folder), "--job.overwrite", "true"]
     started, log = time.perf_counter(), folder.parent / f"{folder.name}.log"  # (with_suffix cuts at the lr's dot)
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
@@ -126,9 +121,10 @@ def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh:
         proc = subprocess.run(["./run_train.sh", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode:
         sys.exit(f"token-efficiency: {variant} lr {lr:g} seed {seed} failed; see {log}")
-    print(f"[token-efficiency] {variant} lr {lr:g} seed {seed}: val {records(folder)[-1]['val_loss']:.4f} "
+    done = records(folder)
+    print(f"[token-efficiency] {variant} lr {lr:g} seed {seed}: val {done[-1]['val_loss']:.4f} "
           f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
-    return records(folder)
+    return done
 
 
 def tuning_grid(variant: str, lr: float, lr_multiples: list[float], outer: list[str], clips: list[str]) -> list:
@@ -136,18 +132,17 @@ def tuning_grid(variant: str, lr: float, lr_multiples: list[float], outer: list[
     ("LR:MOMENTUM") and clipping norm."""
     diloco = "--parallelism.replicas" in VARIANTS[variant]
     points = []
-    for m in lr_multiples:
-        for o in outer if diloco and outer else [None]:
-            for c in clips if diloco and clips else [None]:
-                label, extra = f"lr×{m:g}", []
-                if o is not None:
-                    olr, momentum = o.split(":")
-                    label += f" outer {olr}:{momentum}"
-                    extra += ["--diloco.outer_lr", olr, "--diloco.outer_momentum", momentum]
-                if c is not None:
-                    label += f" clip {c}"
-                    extra += ["--training.max_norm", c]
-                points.append((label, lr * m, tuple(extra)))
+    outer, clips = (outer or [None], clips or [None]) if diloco else ([None], [None])
+    for m, o, c in itertools.product(lr_multiples, outer, clips):
+        label, extra = f"lr×{m:g}", []
+        if o is not None:
+            olr, momentum = o.split(":")
+            label += f" outer {olr}:{momentum}"
+            extra += ["--diloco.outer_lr", olr, "--diloco.outer_momentum", momentum]
+        if c is not None:
+            label += f" clip {c}"
+            extra += ["--training.max_norm", c]
+        points.append((label, lr * m, tuple(extra)))
     return points
 
 
@@ -366,8 +361,8 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     out = ROOT / args.out
-    name = args.name or ("token_efficiency" if args.flavor == "debug" else f"{args.flavor}_token_efficiency")
-    prefix = "" if args.flavor == "debug" else f"{args.flavor}_"  # the debug model's runs keep their names
+    prefix = "" if args.flavor == "debug" else f"{args.flavor}_"  # the debug model's runs and results keep their names
+    name = args.name or f"{prefix}token_efficiency"
     runs, by_budget, tuned = {}, {}, {}  # (lr, variant) -> each seed's records of the base run; -> {budget: finals}
     for lr in lrs:
         for v in variants:  # DDP first: the others are paired with it
