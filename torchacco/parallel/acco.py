@@ -1,5 +1,5 @@
-"""ACCO: each update computed over two periods, at the estimate θ̃ and at θ, while the sharded
-job of the previous period runs beside them (docs/acco.md; the rounds in overlapped.py)."""
+"""ACCO: each update computed over two periods, at the estimate θ̃ and at θ, while the sharded job of the previous
+period runs beside them (docs/acco.md; the rounds in overlapped.py)."""
 
 from __future__ import annotations
 
@@ -17,20 +17,14 @@ ADVICE_AT_COMMIT = 20  # past compilation and the first, slower updates
 
 
 def share_advice(share: float, compute_s: float, job_s: float, micro_batches: int) -> str | None:
-    """One line when the other measured estimate_share fits this run better (docs/acco.md).
-
-    With C the compute of an update and M one job, rounds cost max(s·C, M) + max((1 − s)·C, M):
-    0.875 costs halves' time where M ≤ C/8 or M ≥ 7C/8, and min(M − C/8, 7C/8 − M) more between.
-    Near DDP's largest stable learning rate it reached DDP's loss with about 5% fewer tokens."""
+    """One line when the other measured estimate_share fits this run better (docs/acco.md). With C an update's
+    compute and M one job, rounds cost max(s·C, M) + max((1 − s)·C, M): 0.875 costs halves' time where M ≤ C/8 or
+    M ≥ 7C/8, and min(M − C/8, 7C/8 − M) more between."""
     if compute_s <= 0 or share not in (0.5, 0.875):
         return None
     ratio, extra = job_s / compute_s, min(job_s - compute_s / 8, 7 * compute_s / 8 - job_s)
     if share == 0.5 and extra <= 0:
-        needs = (
-            ""
-            if micro_batches % 8 == 0
-            else f"; it needs a multiple of 8 micro-batches per rank (here {micro_batches})"
-        )
+        needs = f"; it needs a multiple of 8 micro-batches per rank (here {micro_batches})" if micro_batches % 8 else ""
         return (
             f"[acco] a job takes {ratio:.0%} of an update's compute here, so estimate_share = 0.875 would cost no "
             "time (as for any job under 12.5% or over 87.5% of it) and, near DDP's largest stable learning "

@@ -1,7 +1,6 @@
-"""An update's accounting, the same for every strategy: gather each rank's `Counts` (and any
-scalars the strategy adds, such as its share of ‖g‖²) in one small collective, refuse an
-update without a token in the loss, name the ranks whose loss was non-finite, and report
-the update as an `UpdateResult`."""
+"""An update's accounting, the same for every strategy: gather each rank's `Counts` (and any scalars the strategy adds,
+such as its share of ‖g‖²) in one small collective, refuse an update without a token in the loss, name the ranks whose
+loss was non-finite, and report the update as an `UpdateResult`."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from torchacco.errors import UserError
-from torchacco.parallel.collectives import all_gather, global_ranks, union_over
+from torchacco.parallel.collectives import all_gather
 from torchacco.parallel.strategy import Counts, UpdateResult
 
 
@@ -32,10 +31,16 @@ class GatheredCounts:
         return self.rows[:, self.scalars + field].tolist()
 
     def nonfinite_ranks(self, group: dist.ProcessGroup, mp_group: dist.ProcessGroup | None, device) -> list[int]:
-        """Global ranks whose own loss was NaN/Inf, named by any rank of their tp × pp block (a
-        pipeline's loss exists on its last stage only): a collective over `mp_group`."""
-        bad = [r for r, v in enumerate(self._column(1)) if not math.isfinite(v)]
-        return union_over(mp_group, global_ranks(group, bad), device)
+        """Global ranks whose own loss was NaN/Inf, named by any rank of their tp × pp block (a pipeline's loss exists
+        on its last stage only): a collective over `mp_group`, the union of what its ranks found."""
+        members = dist.get_process_group_ranks(group)
+        bad = [members[r] for r, v in enumerate(self._column(1)) if not math.isfinite(v)]
+        if mp_group is None:
+            return sorted(bad)
+        marks = torch.zeros(dist.get_world_size(), dtype=torch.int32, device=device)
+        marks[bad] = 1
+        dist.all_reduce(marks, op=dist.ReduceOp.MAX, group=mp_group)
+        return marks.nonzero().flatten().tolist()
 
     def require_tokens(self) -> None:
         if self.tokens <= 0:
@@ -59,9 +64,7 @@ class GatheredCounts:
         )
 
 
-def gather_counts(
-    local: Counts, group: dist.ProcessGroup, device, scalars: torch.Tensor | None = None
-) -> GatheredCounts:
+def gather_counts(local: Counts, group: dist.ProcessGroup, device, scalars=None) -> GatheredCounts:
     """Every rank's `scalars` (float64, 1-D) and `local` counts, in one all-gather."""
     mine = local.as_tensor(device)
     if scalars is not None:

@@ -1,11 +1,9 @@
 """Balanced batches: each update's micro-batches split between the data-parallel ranks by their
 measured speed, the global batch fixed (`[parallelism] balance_batches`; ACCO's `balanced` mode).
 
-A slow or throttled GPU gets fewer micro-batches, so the ranks finish their share of an update
-together instead of waiting for the slowest (Cannikin, arXiv 2402.05302, does this for DDP). Every
-update is normalised by the all-reduced token count, so it is the same token-weighted mean of the
-same batch whatever the split. The speeds come from the gathered counts of the previous updates,
-so every rank plans alike without a collective of its own.
+A slow GPU gets fewer micro-batches, so the ranks finish together (as Cannikin, arXiv 2402.05302, for DDP); the
+update, normalised by the all-reduced token count, is the same whatever the split. The speeds come from the
+previous updates' gathered counts, so every rank plans alike without a collective of its own.
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ class SpeedSplit:
 
 
 def split_by_speed(total: int, seconds_per_micro_batch: list[float], minimum: int = 0) -> list[int]:
-    """Micro-batches per rank, `total` in all and at least `minimum` each, that minimise the time of
-    the rank finishing last: each one goes to the rank that would finish it soonest (optimal for
-    equal micro-batches)."""
+    """Micro-batches per rank, `total` in all and at least `minimum` each, that minimise the time of the rank finishing
+    last: each one goes to the rank that would finish it soonest (optimal for equal micro-batches)."""
     counts = [minimum] * len(seconds_per_micro_batch)
     finish = [((minimum + 1) * s, r) for r, s in enumerate(seconds_per_micro_batch)]  # (finish with one more, rank)
     heapq.heapify(finish)

@@ -1,10 +1,8 @@
 """The sharded job's two big collectives, as fast as the backend allows.
 
-NCCL's reduce-scatter and all-gather run near their ring ideal, so they are used as they are.
-gloo's do not: its reduce-scatter moves an all-reduce's bytes (about 2× the ideal) and its
-all-gather takes 1.3–1.6× the ideal on a shaped link. For gloo, both run here as rings of
-point-to-point messages, which move exactly (W−1)/W of the buffer per rank. Both work in place
-on a flat buffer whose length is a multiple of the group size, rank r's shard being chunk r.
+NCCL's run near their ring ideal and are used as they are. gloo's reduce-scatter moves an all-reduce's bytes and
+its all-gather takes 1.3–1.6× the ideal on a shaped link, so for gloo both run here as rings of point-to-point
+messages, (W−1)/W of the buffer per rank. Both work in place on a flat buffer, rank r's shard being chunk r.
 """
 
 from __future__ import annotations
@@ -38,17 +36,15 @@ def add_return_group(group: dist.ProcessGroup, back: dist.ProcessGroup) -> None:
 
 
 def set_collective_hook(hook: Callable[[str], None] | None) -> None:
-    """Call `hook(name)` before each reduce-scatter and all-gather here (name: "reduce_scatter" or
-    "all_gather"); None removes it. A seam for benchmarks that emulate a slow interconnect on one
-    machine (benchmarks/workers/delayed_train.py sleeps in it); training never sets one."""
+    """Call `hook(name)` before each reduce-scatter and all-gather here ("reduce_scatter" or "all_gather"; None
+    removes it): benchmarks emulate a slow interconnect with it (benchmarks/workers/delayed_train.py)."""
     global _before_collective
     _before_collective = hook
 
 
 def _name(group) -> str:
-    """A short name of `group` that its ranks agree on: a checksum of its members (for the heartbeat).
-    Not cached: a cache holding the group would keep it alive past destroy_process_group(), and gloo's
-    threads would then be torn down at interpreter exit ("terminate called without an active exception")."""
+    """A short name of `group` that its ranks agree on (for the heartbeat). Not cached: a cache would keep the group
+    alive past destroy_process_group(), and gloo would abort at interpreter exit."""
     if not dist.is_initialized():
         return "-"
     members = ",".join(map(str, dist.get_process_group_ranks(group or dist.group.WORLD)))
@@ -120,25 +116,6 @@ def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group,
         works = [dist.isend(send, dst, group=ahead), dist.irecv(recv, src, group=behind)]
     for work in works:
         work.wait()
-
-
-# Small collectives over rank lists and scalars --------------------------------------------
-
-
-def global_ranks(group: dist.ProcessGroup, ranks: list[int]) -> list[int]:
-    """`ranks` of `group` as ranks of the whole job."""
-    members = dist.get_process_group_ranks(group)
-    return [members[r] for r in ranks]
-
-
-def union_over(group: dist.ProcessGroup | None, ranks: list[int], device) -> list[int]:
-    """The union of the (global) `ranks` every member of `group` holds: a collective of them all."""
-    if group is None:
-        return sorted(ranks)
-    marks = torch.zeros(dist.get_world_size(), dtype=torch.int32, device=device)
-    marks[ranks] = 1
-    dist.all_reduce(marks, op=dist.ReduceOp.MAX, group=group)
-    return marks.nonzero().flatten().tolist()
 
 
 def all_reduce_sum(values: list[float], device: torch.device, group=None) -> list[float]:

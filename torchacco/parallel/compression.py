@@ -1,18 +1,13 @@
-"""Compressed pseudo-gradients (`[diloco] topk`, 4- and 2-bit codes): what the outer step sends
-when the link between replicas is the bottleneck (docs/diloco.md#compression).
-
-Top-k with error feedback, as SparseLoCo (arXiv 2508.15706): each rank keeps a residual e of
-what it has not sent yet. At each outer step of a fragment,
+"""Compressed pseudo-gradients (`[diloco] topk`, 4- and 2-bit codes) for a slow link between replicas
+(docs/diloco.md#compression). Top-k with error feedback, as SparseLoCo (arXiv 2508.15706), at each outer step:
 
     e ← β·e + Δ_r                       β: [diloco] error_decay
-    c = Q(top-k of e, per chunk)        the k largest magnitudes of every CHUNK elements
+    c = Q(top-k of e, per chunk)        the k largest magnitudes of every CHUNK elements (ties: lowest offset)
     e ← e − c                           what Q and top-k dropped waits for the next outer step
 
-and the replicas exchange c as (offset, value) pairs (of equal magnitudes, the lowest offsets
-go): a chunk's k offsets in an Elias–Fano code (at most 2 + log2(CHUNK / k) bits each), values
-as `outer_dtype` (fp32, bf16, or 8/4/2-bit codes with one fp32 scale per chunk). Every rank's
-message has the same size, so the exchange is one all-gather of bytes; each message is decoded
-and summed in fp32, weighted by its tokens, in rank order (the same result everywhere).
+A message is a chunk's k offsets in an Elias–Fano code and its values as `outer_dtype` (fp32, bf16, or codes with
+one fp32 scale per chunk), the same size on every rank: one all-gather of bytes, decoded and summed in fp32 in
+rank order (the same result everywhere).
 """
 
 from __future__ import annotations
@@ -148,9 +143,8 @@ def compress(e: torch.Tensor, keep: int, wire: str) -> tuple[torch.Tensor, torch
     """(the message: bytes, what it decodes to: dense fp32 like e) of the `keep` largest magnitudes of
     every chunk of the flat fp32 tensor e."""
     chunks = torch.nn.functional.pad(e, (0, -e.numel() % CHUNK)).view(-1, CHUNK)
-    # A stable sort, not topk: equal magnitudes (AdamW's first updates are ±lr) go to the lowest offset,
-    # the same on every device. SORT_CHUNKS at a time bound its temporary memory.
-    # The kept offsets go in ascending order, as their code wants.
+    # A stable sort, not topk: equal magnitudes (AdamW's first updates are ±lr) go to the lowest offset on every
+    # device; SORT_CHUNKS at a time bound its memory; the kept offsets go in ascending order, as their code wants.
     order = [b.abs().sort(dim=1, descending=True, stable=True).indices[:, :keep].sort(dim=1).values
              for b in chunks.split(SORT_CHUNKS)]  # fmt: skip
     offsets = torch.cat(order)
@@ -197,11 +191,9 @@ SENDERS_FLOOR = 0.5  # over the senders, the divisor's least share of all tokens
 
 
 def sparse_token_weighted_mean(e: torch.Tensor, tokens: float, group, wire: str, keep: int, over_senders=False):
-    """(Σ_r (tokens_r / Σ_s tokens_s) · c_r over the ranks of `group`, this rank's c), c_r the top-k
-    message of rank r's `e`; `over_senders`: each element's Σ_s runs over the ranks that sent it, counting at
-    least half of all tokens (none sent it: 0). With 2 replicas an element one of them sent moves by its whole
-    value, not by half; with more, by at most twice its share, since the others send theirs later (error
-    feedback) and each would move it again. No host sync: it runs on a CUDA side stream as it is."""
+    """(Σ_r (tokens_r / Σ_s tokens_s) · c_r over the ranks of `group`, this rank's c), c_r the top-k message of rank
+    r's `e`; `over_senders`: each element's Σ_s runs over the ranks that sent it, at least half of all tokens (so an
+    element moves by at most twice its share: the others send theirs later). No host sync (a CUDA side stream's)."""
     message, sent = compress(e, keep, wire)
     world = dist.get_world_size(group)
     weights = torch.empty(world, dtype=torch.float64, device=e.device)

@@ -1,9 +1,8 @@
-"""DiLoCo and Streaming DiLoCo: [parallelism] replicas train apart, each with its own
-data-parallel strategy over its ranks (ddp, zero1, fsdp or acco, unchanged), and meet in an
-outer step (docs/diloco.md).
+"""DiLoCo and Streaming DiLoCo: [parallelism] replicas train apart, each with its own data-parallel
+strategy (ddp, zero1, fsdp or acco, unchanged), and meet in an outer step (docs/diloco.md: the
+schedule, eager, top-k, warm start, QSR and balance_replicas in full).
 
-For each fragment f of the model (contiguous blocks; the whole model when P = 1), every H inner
-updates:
+For each fragment f of the model (contiguous blocks; the whole model when P = 1), every H inner updates:
 
     Δ_r = θ_global − θ_r                  replica r's pseudo-gradient
     Δ̄   = Σ_r (n_r / Σ_s n_s) · Δ_r       n_r: its loss tokens since f's previous Δ
@@ -11,30 +10,13 @@ updates:
     θ_global ← θ_global − η·(Δ̄ + μ·m)
     θ_r ← θ_global
 
-Streaming DiLoCo: fragment f's outer step comes after inner update t when t is a multiple of
-H / P and f = (t / (H / P) − 1) mod P. With τ > 0 its Δ is taken τ updates earlier and
-all-reduced on the side runner (a CUDA stream or a thread) while those updates run; then
-θ_r ← (1 − α)·θ_global + α·θ_r. Eager (arXiv 2502.12996): when Δ_r is taken, the replica
-continues from θ̂ = the outer step with Δ_r in place of Δ̄ (the momentum untouched); when Δ̄
-arrives, the true outer step is taken and θ_r ← θ_global + (θ_r − θ̂) keeps the τ local updates.
+Fragment f's outer step follows inner update t when t is a multiple of H / P and f = (t / (H / P) − 1) mod P.
+With τ > 0, Δ is taken τ updates earlier and all-reduced on the side runner; then θ_r ← (1 − α)·θ_global + α·θ_r.
+Eager: meanwhile the replica continues from θ̂, the outer step with its own Δ_r for Δ̄ (m untouched); when Δ̄
+arrives, θ_r ← θ_global + (θ_r − θ̂) keeps the τ local updates.
 
-With `topk`, each rank sends the top-k of its error-fed residual instead of Δ_r (compression.py). A
-warm start (`warm_start`) averages θ after each of the first updates; `outer_momentum_warmup` ramps μ; with
-`sync_every_max` each outer step sets the next period from its update's learning rate η_t (QSR): H_t / P updates,
-H_t = min(H_max, max(H, ⌊H·(η_peak / η_t)²⌋)).
-
-Mixed replicas (`balance_replicas`): every period between two outer steps is still K = H / P loop
-iterations on every rank (so evaluation, checkpoints, stopping and each fragment's outer step stay in
-step), but replica r computes only the first K_r of them and idles the rest, K_r = max(1, ⌊K · s_min
-/ s_r⌋) with s_r its measured seconds per inner update (the slowest of its ranks; all-gathered at each
-outer step, K for every replica in the first period). The run's token clock counts the replicas that
-computed each slot, and every replica's learning-rate clock is that clock over R (so `[training]
-max_tokens` is required); the token-weighted merge gives a replica that ran fewer updates its share.
-
-The outer state covers the pieces of θ the inner strategy keeps on this rank
-(`Strategy.theta`): with a sharded inner strategy (zero1, acco, fsdp) θ_global and m are
-this rank's shard, and the all-reduce runs between the ranks holding that shard in each replica
-(`dims.replica_group`). Evaluation and export read θ_global.
+The outer state covers the pieces of θ this rank holds (`Strategy.theta`): under a sharded inner strategy θ_global
+and m are this rank's shard, all-reduced between the ranks holding it (`dims.replica_group`).
 """
 
 from __future__ import annotations
@@ -69,9 +51,8 @@ if TYPE_CHECKING:
 
 
 def fragment_of(module: torch.nn.Module, names: list[str], fragments: int) -> list[int]:
-    """The fragment of each parameter name: block i of L goes to fragment ⌊i·P / L⌋; parameters
-    outside the blocks go with the first fragment before them (embeddings) or the last after
-    them (final norm, output head)."""
+    """The fragment of each parameter name: block i of L goes to fragment ⌊i·P / L⌋; parameters outside the blocks go
+    with the first fragment before them (embeddings) or the last after them (final norm, output head)."""
     blocks = block_list(module)
     if fragments > max(len(blocks), 1):
         raise UserError(
@@ -95,21 +76,17 @@ class DiLoCo(Strategy):
     """The outer step over an inner strategy (`build.build_strategy` wraps one in it when replicas > 1)."""
 
     def __init__(self, inner: Strategy, dims, options: DiLoCoConfig, device: Device, clock: Clock | None = None):
-        """`clock`: with balance_replicas, the schedule the inner strategy was built with (`build_strategy`)."""
         self.inner, self.dims, self.device, self.clock = inner, dims, device, clock
         self.link = dims.link  # fault_tolerant: the replicas meet through torchft (torchacco/fault_tolerance.py)
         self.merged_tokens = 0.0  # fault_tolerant: the loss tokens behind the last outer step's merge
         self.muted_from = muted_from(dims.replica_rank)  # an injected fault (faults.py): a lost replica's reference
         self.theta = GlobalTheta(self)
-        # each rank holds its own shard of θ_global and of the momentum
-        self.traits = dataclasses.replace(inner.traits, resume_needs_same_ranks=True)
-        self.name = inner.name
-        self.options = options
+        self.traits = dataclasses.replace(inner.traits, resume_needs_same_ranks=True)  # per-rank θ_global and m
+        self.name, self.options = inner.name, options
         self.interval = options.sync_every // options.fragments  # inner updates between two outer steps
         self.tau, self.alpha, self.wire = options.overlap_steps, options.mixing, options.outer_dtype
-        # A replicated inner strategy over several ranks (ddp in a node): each rank sends its 1/dp of Δ to the
-        # other replicas and the replica's ranks all-gather the rest, on a dp group of its own (the transfer
-        # may run on a thread beside compute, whose gradient all-reduces use dims.dp_group).
+        # A replicated inner strategy over several ranks: each sends its 1/dp of Δ and they all-gather the rest, on
+        # a dp group of its own (the transfer may run on a thread beside compute's dims.dp_group all-reduces).
         split = not inner.traits.shards_theta and dims.dp_size > 1
         self.split_group = group_per_row(dims.mesh, "dp", dims.timeout) if split else None
         named = inner.theta.pieces()
@@ -120,42 +97,33 @@ class DiLoCo(Strategy):
         self.backup = [self._gather(f).to(home).pin_memory() if pin else self._gather(f).to(home).clone()
                        for f in range(options.fragments)]  # fmt: skip
         self.momentum = [torch.zeros_like(b) for b in self.backup]
-        # top-k: what this rank has not sent yet, per fragment (compression.py), where the outer state lives
         self.keep = keep_per_chunk(options.topk) if options.topk else 0
         self.over_senders = options.topk_mean == "senders"
-        self.residual = [torch.zeros_like(b) for b in self.backup] if self.keep else []
+        self.residual = [torch.zeros_like(b) for b in self.backup] if self.keep else []  # top-k: not sent yet
         self.tokens = [0.0] * options.fragments  # the replica's loss tokens since each fragment's last Δ
         self.updates = 0  # inner updates committed
-        self.outer_steps = 0
-        self.peak_lr = 0.0  # sync_every_max: the largest learning rate so far
+        self.outer_steps, self.peak_lr = 0, 0.0  # peak_lr: sync_every_max's largest learning rate so far
         self._fixed_periods()
         self.runner = device.runner() if self.tau else None
         self.stall_s = stall_deadline_s(dims.timeout)
         self.in_flight: int | None = None  # the fragment whose Δ is being all-reduced
         self.arrived: torch.Tensor | None = None  # its mean, once waited for (by a checkpoint)
-        # eager: θ̂ of the fragment in flight (the largest fragment's size, on the device)
         self._largest = max(b.numel() for b in self.backup)
+        # eager: θ̂ of the fragment in flight
         self.eager = torch.zeros(self._largest, dtype=torch.float32, device=device.torch) if options.eager else None
-        # Mixed replicas: each replica's inner updates this period (K_r), the period's slot, and timing
-        self.active = [self.interval] * dims.replicas
-        self.slot = 0
+        self.active, self.slot = [self.interval] * dims.replicas, 0  # balance_replicas: K_r, the period's slot
         self.durations: list[float] = []  # this period's wall seconds per inner update
         self.stamp = time.perf_counter()
         self.nominal = 0.0  # this replica's input tokens per inner update (its share of the recipe's)
         self.last_seen = (0.0, 0.0)  # the loss and gradient norm its idle slots report: its last update's
 
     @staticmethod
-    def outer_memory(
-        numel: float, inner: type[Strategy], dp_size: int, options: DiLoCoConfig, largest_fragment: float = 1.0
-    ) -> MemoryParts:
-        """θ_global, the outer momentum and with topk the residual (fp32) of the θ this rank holds (its shard under
-        a sharded inner strategy), on the device unless offloaded, and eager's θ̂ of the largest fragment
-        (`largest_fragment`: its share of the parameters)."""
+    def outer_memory(numel: float, inner: type[Strategy], dp_size: int, options, largest_fragment=1.0) -> MemoryParts:
+        """fp32 θ_global, momentum and topk's residual of the θ this rank holds, on the device unless offloaded,
+        and eager's θ̂ of the largest fragment (`largest_fragment`: its share of the parameters)."""
         held = numel / dp_size if inner.traits.shards_theta else numel
         outer = 0.0 if options.offload else (3 if options.topk else 2) * 4 * held
         return MemoryParts(buffers=outer + (4 * held * largest_fragment if options.eager else 0.0))
-
-    # θ's pieces, one flat fp32 tensor per fragment -------------------------------------------------
 
     def _gather(self, f: int) -> torch.Tensor:
         """This rank's θ for fragment f, flat (a one-element placeholder when the rank holds none of it)."""
@@ -175,8 +143,6 @@ class DiLoCo(Strategy):
         for f, flat in enumerate(flats):
             self._scatter(f, flat.to(self.device.torch))
         self.inner.theta.written()
-
-    # The loop's interface -------------------------------------------------------------------------
 
     @property
     def model(self):
@@ -204,8 +170,7 @@ class DiLoCo(Strategy):
             own = 0.0 if idle else self.nominal  # the tokens the inner strategy committed, then the correction
             self.clock.tokens += own
             self.clock.tokens += self.nominal * computing / self.dims.replicas - own
-        self.updates += 1
-        self.slot += 1
+        self.updates, self.slot = self.updates + 1, self.slot + 1
         self.tokens = [n + result.tokens for n in self.tokens]
         t, outer = self.updates, {}
         self.peak_lr = max(self.peak_lr, result.lr)
@@ -223,8 +188,7 @@ class DiLoCo(Strategy):
         return dataclasses.replace(result, consumed=self.nominal * computing, outer=outer)
 
     def _sat_out(self, lr: float, consumed: float, outer: dict | None = None) -> UpdateResult:
-        """An update this replica computed nothing for: θ and the optimizer state stay as they are, and it reports
-        its last update's loss and gradient norm."""
+        """An update this replica computed nothing for: θ stays, and it reports its last loss and gradient norm."""
         loss, norm = self.last_seen
         return UpdateResult(0.0, loss, norm, lr, committed=True, consumed=consumed, outer=outer or {})
 
@@ -286,8 +250,6 @@ class DiLoCo(Strategy):
         if self.split_group is None:
             return token_weighted_mean(delta, tokens, group, wire)
         return split_token_weighted_mean(delta, tokens, group, wire, self.split_group)
-
-    # Fault-tolerant replicas ----------------------------------------------------------------------
 
     def _due(self) -> int:
         """The fragment whose outer step follows inner update `updates`."""
@@ -427,8 +389,6 @@ class DiLoCo(Strategy):
         if self.runner is not None:
             self.runner.drain(self.stall_s)
         self.inner.close()
-
-    # State ------------------------------------------------------------------------------------------
 
     def checkpoint_key(self, dims) -> str:
         # Replicas hold different θ between outer steps: one key each.

@@ -1,11 +1,8 @@
 """The device mesh and a rank's place in it.
 
-The mesh is 4-D, ("replica", "pp", "dp", "tp"): tensor-parallel ranks are neighbours (one node's
-fast links), then data parallel, then pipeline stages, then replicas outermost (the slowest
-links: a replica trains on its own between the outer steps of docs/diloco.md). A rank's
-coordinates are (replica, pp_rank, dp_rank, tp_rank); dp = world / (replicas × tp × pp).
-Without replicas (the default, one) the "replica" dimension has size 1. Setting up the default process group
-(rendezvous, diagnosis of a rank that never joins) is `process_groups.py`'s.
+The mesh is 4-D, ("replica", "pp", "dp", "tp"): tensor-parallel ranks are neighbours (one node's fast links),
+replicas outermost (the slowest links: docs/diloco.md); dp = world / (replicas × tp × pp), and without replicas
+the "replica" dimension has size 1. The default process group is `process_groups.py`'s.
 """
 
 from __future__ import annotations
@@ -46,92 +43,34 @@ class ParallelDims:
         """A process group with the run's collective timeout (torch's subgroups default to their own)."""
         return dist.new_group(ranks, timeout=self.timeout, backend=backend)
 
-    @property
-    def tp_mesh(self) -> DeviceMesh:
-        return self.mesh["tp"]
+    # The mesh's dimensions: their submeshes, sizes and this rank's coordinate.
+    tp_mesh = property(lambda self: self.mesh["tp"])
+    pp_mesh = property(lambda self: self.mesh["pp"])
+    dp_mesh = property(lambda self: self.mesh["dp"])
+    tp_size = property(lambda self: self.mesh["tp"].size())
+    pp_size = property(lambda self: self.mesh["pp"].size())
+    dp_size = property(lambda self: self.mesh["dp"].size())
+    tp_rank = property(lambda self: self.mesh["tp"].get_local_rank())
+    pp_rank = property(lambda self: self.mesh["pp"].get_local_rank())
+    dp_rank = property(lambda self: self.mesh["dp"].get_local_rank())
+    dp_group = property(lambda self: self.mesh["dp"].get_group())
+    tp_enabled = property(lambda self: self.tp_size > 1)
+    pp_enabled = property(lambda self: self.pp_size > 1)
+    is_main = property(lambda self: self.rank == 0)
 
-    @property
-    def pp_mesh(self) -> DeviceMesh:
-        return self.mesh["pp"]
-
-    @property
-    def tp_size(self) -> int:
-        return self.mesh["tp"].size()
-
-    @property
-    def pp_size(self) -> int:
-        return self.mesh["pp"].size()
-
-    @property
-    def tp_rank(self) -> int:
-        return self.mesh["tp"].get_local_rank()
-
-    @property
-    def pp_rank(self) -> int:
-        return self.mesh["pp"].get_local_rank()
-
-    @property
-    def tp_enabled(self) -> bool:
-        return self.tp_size > 1
-
-    @property
-    def pp_enabled(self) -> bool:
-        return self.pp_size > 1
-
-    @property
-    def model_parallel(self) -> bool:
-        """Is a model replica split over several ranks (tp or pp)?"""
-        return self.tp_enabled or self.pp_enabled
-
-    @property
-    def dp_mesh(self) -> DeviceMesh:
-        return self.mesh["dp"]
-
-    @property
-    def dp_group(self) -> dist.ProcessGroup:
-        return self.dp_mesh.get_group()
-
-    @property
-    def dp_rank(self) -> int:
-        return self.dp_mesh.get_local_rank()
-
-    @property
-    def dp_size(self) -> int:
-        return self.dp_mesh.size()
-
-    @property
-    def replicas(self) -> int:
-        return self.link.replicas if self.link else self.mesh["replica"].size()
-
-    @property
-    def replica_rank(self) -> int:
-        return self.link.replica if self.link else self.mesh["replica"].get_local_rank()
-
-    @property
-    def replica_group(self) -> dist.ProcessGroup:
-        """This rank and the ranks holding the same part of the model in the other replicas (the outer step's)."""
-        return self.mesh["replica"].get_group()
-
-    @property
-    def data_rank(self) -> int:
-        """This rank's data shard: replicas × dp ranks read different data."""
-        return self.replica_rank * self.dp_size + self.dp_rank
-
-    @property
-    def data_size(self) -> int:
-        return self.replicas * self.dp_size
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+    model_parallel = property(lambda self: self.tp_enabled or self.pp_enabled)  # a model replica over several ranks
+    replicas = property(lambda self: self.link.replicas if self.link else self.mesh["replica"].size())
+    replica_rank = property(lambda self: self.link.replica if self.link else self.mesh["replica"].get_local_rank())
+    # This rank and the ranks holding the same part of the model in the other replicas (the outer step's).
+    replica_group = property(lambda self: self.mesh["replica"].get_group())
+    # This rank's data shard: replicas × dp ranks read different data.
+    data_rank = property(lambda self: self.replica_rank * self.dp_size + self.dp_rank)
+    data_size = property(lambda self: self.replicas * self.dp_size)
 
 
-def build_dims(
-    device: Device, tp: int, pp: int, local_rank: int, local_world: int, timeout: timedelta, replicas: int = 1
-) -> ParallelDims:
+def build_dims(device: Device, tp: int, pp: int, local_rank, local_world, timeout, replicas=1) -> ParallelDims:
     """The mesh over the initialised default group, every subgroup with `timeout`."""
-    world = dist.get_world_size()
-    rank = dist.get_rank()
+    world, rank = dist.get_world_size(), dist.get_rank()
     if world % (replicas * tp * pp):
         raise UserError(
             f"{world} ranks are not divisible by replicas × tensor_parallel_degree × pipeline_parallel_degree = "
@@ -198,9 +137,8 @@ def _data_group(mesh: DeviceMesh, timeout: timedelta) -> dist.ProcessGroup:
 
 
 def group_per_row(mesh: DeviceMesh, dim: str, timeout: timedelta) -> dist.ProcessGroup:
-    """This rank's group along mesh dimension `dim`, as a group of its own: the mesh's group of that
-    dimension may be in use on another thread (two threads must never share a group). Every rank
-    must call it, in the same order."""
+    """This rank's group along mesh dimension `dim`, as a group of its own: the mesh's group of that dimension may be in
+    use on another thread (two threads must never share a group). Every rank must call it, in the same order."""
     axis = mesh.mesh_dim_names.index(dim)
     rows = mesh.mesh.movedim(axis, -1).reshape(-1, mesh.mesh.shape[axis]).tolist()
     backend = dist.get_backend()  # on NCCL, high-priority streams, as the mesh's dp and replica groups

@@ -1,18 +1,11 @@
-"""Flat buffers: the trainable parameters as views into one contiguous tensor.
+"""Flat buffers: the trainable parameters as views into one contiguous tensor, so the optimizer-sharding
+collectives are single calls and each data-parallel rank gets an equal slice (padded to a multiple of the world
+size: any world size works, even ranks whose slice is only padding).
 
-One contiguous buffer makes the optimizer-sharding collectives single calls
-(reduce-scatter of gradients, all-gather of parameters) and gives each data-parallel
-rank an equal slice. Padding makes the length a multiple of the world size, so any
-world size works, including ranks whose slice is only padding.
-
-Rank r's slice starts at r × ceil(numel / world): DTensor's layout for a 1-D tensor of
-`numel` elements sharded over the ranks. So the fp32 master slice and the AdamW moments
-are exactly the local shards of unpadded DTensors, which DCP can save and reshard onto
-another world size. (That is why there is no extra alignment padding per rank.)
-
-Under tensor or pipeline parallelism the buffer holds this rank's *local* shards (a
-DTensor parameter's `to_local()`), and the data-parallel group is the ranks with the same
-(pp, tp) coordinates, so the buffers of a group line up element for element.
+Rank r's slice starts at r × ceil(numel / world), DTensor's layout of a 1-D tensor sharded over the ranks: the
+fp32 master slice and the AdamW moments are the local shards of unpadded DTensors, which DCP can reshard onto
+another world size (hence no alignment padding per rank). Under tensor or pipeline parallelism the buffer holds
+this rank's local shards, and its dp group's buffers line up element for element.
 """
 
 from __future__ import annotations
@@ -35,22 +28,12 @@ def padded_numel(numel: int, world: int) -> int:
 
 class FlatParams:
     def __init__(
-        self,
-        model: nn.Module,
-        group: dist.ProcessGroup,
-        dtype: torch.dtype,
-        grad_dtype: torch.dtype = torch.float32,
-        tp: int = 1,
-        mp_group: dist.ProcessGroup | None = None,
-        owns_loss: bool = True,
+        self, model: nn.Module, group, dtype: torch.dtype, grad_dtype=torch.float32, tp=1, mp_group=None, owns_loss=True
     ):
-        self.group = group
-        # Model parallelism: the gradient norm and loss are summed over mp_group (the tp × pp
-        # block); parameters replicated over tp count 1/tp each there, and only one rank of
-        # the block (owns_loss) reports the loss.
-        self.tp, self.mp_group, self.owns_loss = tp, mp_group, owns_loss
-        self.world = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
+        # Model parallelism: ‖g‖² and the loss are summed over mp_group (the tp × pp block), where tp-replicated
+        # parameters count 1/tp each and one rank of the block (owns_loss) reports the loss.
+        self.group, self.tp, self.mp_group, self.owns_loss = group, tp, mp_group, owns_loss
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # shared weights once
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]

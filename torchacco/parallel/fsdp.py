@@ -30,18 +30,9 @@ class FSDP(Replicated):
         update_of=DDP.name,  # DDP's update, with parameters, gradients and optimizer state sharded
     )
 
-    def __init__(
-        self,
-        model,
-        dims,
-        plan,
-        optimizer,
-        reduce_dtype: torch.dtype = torch.float32,
-        reshard_after_forward: bool = True,
-        mesh=None,  # the data-parallel mesh to shard over (HSDP's is 2-D); dims.dp_mesh by default
-    ):
+    def __init__(self, model, dims, plan, optimizer, reduce_dtype=torch.float32, reshard_after_forward=True, mesh=None):
         mp = MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=reduce_dtype)
-        mesh = dims.dp_mesh if mesh is None else mesh
+        mesh = dims.dp_mesh if mesh is None else mesh  # the data-parallel mesh to shard over (HSDP's is 2-D)
         for block in block_list(model):  # a foreign model without blocks is sharded as one unit
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         self.roots = getattr(model, "stage_modules", None) or [model]

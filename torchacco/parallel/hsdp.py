@@ -1,11 +1,9 @@
 """HSDP: FSDP2 sharded inside a node and replicated across nodes.
 
-`fully_shard` over a 2-D data-parallel mesh ("dp_replicate", "dp_shard"): parameters, gradients
-and AdamW's state are sharded over the `[hsdp] shard_degree` ranks of a node (FSDP's memory over
-that many ranks), and after each update's gradient reduce-scatter inside the node, every shard is
-all-reduced with its copies on the other nodes. The slow inter-node links carry one gradient per
-node and update, as DDP's all-reduce does, while the per-micro-batch all-gathers stay on the
-node's fast links.
+`fully_shard` over a 2-D data-parallel mesh ("dp_replicate", "dp_shard"): parameters, gradients and AdamW's state
+are sharded over the `[hsdp] shard_degree` ranks of a node, and each shard's reduced gradient is all-reduced with
+its copies on the other nodes: the slow links carry one gradient per node and update, as DDP's, while the
+per-micro-batch all-gathers stay on the node's fast links.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
-"""The overlapped schedules' shared machinery: the sharded optimizer state's job run beside the
-next compute period, one round behind; a `Planner` (acco.py, dpu.py, wp.py) plans the rounds.
+"""The overlapped schedules' shared machinery: the sharded optimizer state's job run beside the next compute
+period, one round behind; a `Planner` (acco.py, dpu.py, wp.py) plans the rounds (docs/acco.md).
 
-Buffers (docs/acco.md): the compute side owns the parameter buffer P (what forward and
-backward read) and the gradient accumulator A; the job owns the communication buffer C —
-gradients in, parameters out — the one extra parameter copy (compute dtype) over ZeRO-1. The fp32 master
-shard and AdamW moments are ZeRO-1's, untouched except by committing jobs.
-
-At every round boundary (`step()`) the compute side
-  1. waits for the job in flight — deterministic mode after a fixed number of micro-batches;
-     adaptive mode keeps accumulating until it is done — and swaps in the parameters it
-     produced: P ← C;
-  2. plans the next job; when the next period starts (`micro_batches()`), hands its
-     accumulator over (C ← A), launches the job on the runner and zeroes A or keeps adding.
-Launching at the start of a period means that between rounds — where the loop logs,
-evaluates and stops — no job is in flight and the master shards hold exactly θ.
-The schedules differ in their planner: which job, and whether A is zeroed (ACCO's also shapes
-its periods and its estimate jobs).
+The compute side owns the parameter buffer P and the gradient accumulator A; the job owns the buffer C (gradients
+in, parameters out), the one extra parameter copy over ZeRO-1. At every round boundary (`step()`) the compute side
+waits for the job in flight (adaptive mode keeps accumulating until it is done) and swaps in its parameters,
+P ← C, then plans the next job; when the next period starts (`micro_batches()`) it hands A over (C ← A), launches
+the job and zeroes A or keeps adding. So between rounds, where the loop logs, evaluates and stops, no job is in
+flight and the master shards hold exactly θ.
 """
 
 from __future__ import annotations
@@ -31,7 +22,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.profiler import record_function
 
 from torchacco import health
-from torchacco.device import DTYPES, Device
+from torchacco.device import DTYPES
 from torchacco.errors import UserError
 from torchacco.options import OverlappedOptions
 from torchacco.parallel.balance import SpeedSplit
@@ -55,8 +46,7 @@ OVERLAPPED = Traits(
 
 
 class Planner:
-    """A schedule's rounds (`Overlapped(planner=...)`): this base commits every round with A zeroed (WP
-    predicting as it commits); DPU's and ACCO's planners add to it."""
+    """A schedule's rounds: this base commits every round with A zeroed (WP predicting as it commits)."""
 
     # An estimate job's variant: (gradient weight, damping, the norm that clips it; None: its own)
     estimate: tuple[float, float, float | None] = (1.0, 1.0, None)
@@ -71,8 +61,7 @@ class Planner:
         return self.kind, False
 
     def period(self, schedule: Overlapped) -> int | None:
-        """This rank's micro-batches in the period about to start where the planner decides them (None: the
-        balancer's count)."""
+        """This rank's micro-batches in the period about to start (None: the balancer's count)."""
         return None
 
     def finished(self, schedule: Overlapped, finished: UpdateResult | None) -> UpdateResult | None:
@@ -93,19 +82,10 @@ class Planner:
 
 
 class Overlapped(Strategy):
-    """The sharded optimizer state's job, run on a communication runner one round behind; `planner`
-    plans each round. A schedule's class declares its traits and builds its planner (`planner_for`)."""
+    """The sharded job one round behind; a schedule's class declares its traits and its planner (`planner_for`)."""
 
     def __init__(
-        self,
-        model,
-        dims,
-        plan,
-        optimizer,
-        acco: OverlappedOptions,
-        device: Device,
-        reduce_dtype=torch.float32,
-        planner: Planner | None = None,
+        self, model, dims, plan, optimizer, acco: OverlappedOptions, device, reduce_dtype=torch.float32, planner=None
     ):
         self.model, self.dims = model, dims
         self.planner = Planner() if planner is None else planner
@@ -124,11 +104,9 @@ class Overlapped(Strategy):
         self.comm = torch.zeros(params.numel(), dtype=comm_dtype, device=params.device)
         self.reduce_out = _fp32_reduce_out(self.comm, params.dtype, self.flat.rank) if wide else None
         self.job_buffer = self.reduce_out if wide else self.comm  # where the job's parameters land: P ← it
-        self.runner = device.runner()
+        self.runner, self.device = device.runner(), device
         self.stall_s = stall_deadline_s(dims.timeout)  # a job running longer: a peer stalled
-        self.device = device
-        self.mode = acco.mode
-        self.max_growth = acco.max_growth  # bounds an adaptive period (0: no bound)
+        self.mode, self.max_growth = acco.mode, acco.max_growth  # max_growth bounds an adaptive period (0: no bound)
         self.lr_batch_scaling = acco.lr_batch_scaling if acco.mode == "adaptive" else 0.0
         self.nominal_tokens = plan.tokens_per_update
         self.estimate_in_bf16 = acco.estimate_comm == "bf16" and params.dtype == torch.float32
@@ -136,8 +114,7 @@ class Overlapped(Strategy):
         self.balance = SpeedSplit(self.accumulation, self.flat.world, self.flat.rank)
         self.pending = Counts()  # what A holds
         self.planned: tuple[str, bool] | None = None  # the job to launch when the next period starts
-        self.exposed = 0.0  # seconds the compute side waited on jobs since the last commit
-        self.job_seconds = 0.0  # seconds the jobs since the last commit took
+        self.exposed = self.job_seconds = 0.0  # since the last commit: seconds waited on jobs, seconds they took
         self.commits = 0  # committed updates (ACCO's drift cadence, DPU's warm-up)
 
     @classmethod
@@ -303,9 +280,8 @@ class Overlapped(Strategy):
         self.runner.drain(self.stall_s)
 
     def state_dict(self) -> dict:
-        """Between rounds: ZeRO-1's state, plus what the next rounds need — the compute
-        parameters P (θ̃, θ or WP's prediction), this rank's accumulator and its counts, and
-        the planned job (ACCO's round parity)."""
+        """Between rounds: ZeRO-1's state, plus what the next rounds need — the compute parameters P (θ̃, θ or WP's
+        prediction), this rank's accumulator and its counts, and the planned job (ACCO's round parity)."""
         assert not self.runner.in_flight()
         world = self.flat.world
 
@@ -366,8 +342,7 @@ class Overlapped(Strategy):
 
 
 def job_buffer_dtype(param_dtype: torch.dtype, reduce_dtype: torch.dtype, world: int) -> torch.dtype:
-    """C's dtype: the compute dtype, or fp32 where the job sums lower-precision gradients over several ranks in
-    fp32."""
+    """C's dtype: the compute dtype, or fp32 where the job sums lower-precision gradients over several ranks in fp32."""
     wide = reduce_dtype == torch.float32 and param_dtype != torch.float32 and world > 1
     return torch.float32 if wide else param_dtype
 

@@ -1,14 +1,10 @@
 """Pipeline parallelism with torch.distributed.pipelining, split by layer.
 
-Each pp rank keeps only its stages' layers of the full model (the model object stays, so
-parameter names stay those of the full model: checkpoints and exports need no renaming).
-A stage is a thin module over those shared pieces, provided by the model folder (its
-`PipelinePlan`): e.g. embedding (first stage), its blocks, norm and head (last stage).
-One training micro-batch of the loop is one schedule step, which splits it into
-`pipeline_microbatches` pieces and runs their forwards and backwards (GPipe, 1F1B or
-interleaved 1F1B, two stages per rank). The schedule's loss is the sum of token losses (no
-scaling by the number of pieces), so the gradients are the same sum-of-token-loss gradients
-as without a pipeline, and the strategies normalise them the same way.
+Each pp rank keeps only its stages' layers of the full model object, so parameter names stay the full model's
+(checkpoints and exports need no renaming); a stage is a thin module over them from the model folder's
+`PipelinePlan`. One micro-batch of the loop is one schedule step over `pipeline_microbatches` pieces (GPipe, 1F1B
+or interleaved 1F1B, two stages per rank), its loss the unscaled sum of token losses: the strategies normalise
+the gradients as without a pipeline.
 """
 
 from __future__ import annotations
@@ -111,9 +107,7 @@ class Pipeline:
         return self._run(self.schedule.eval, batch)
 
 
-def split_stages(
-    model: nn.Module, plan: PipelinePlan, cfg, dims: ParallelDims, device, loss: TokenLoss | None = None
-) -> tuple[nn.Module, Pipeline]:
+def split_stages(model: nn.Module, plan: PipelinePlan, cfg, dims: ParallelDims, device, loss=None) -> tuple:
     """Prune `model` to this rank's stages; (the pruned model, its pipeline)."""
     pp, v = dims.pp_size, stages_per_rank(cfg)
     n_stages = pp * v
@@ -122,18 +116,12 @@ def split_stages(
     first, last = 0 in mine, n_stages - 1 in mine
     model.layers = Layers({str(i): model.layers[i] for s in mine for i in ranges[s]})
     plan.prune(model, first, last)
-    group = dims.pp_mesh.get_group()
+    group, tp, on = dims.pp_mesh.get_group(), dims.tp_size, device.torch
     stages = [
-        PipelineStage(
-            plan.stage(model, ranges[s], s == 0, s == n_stages - 1, dims.tp_size),
-            s,
-            n_stages,
-            device.torch,
-            group=group,
-        )
+        PipelineStage(plan.stage(model, ranges[s], s == 0, s == n_stages - 1, tp), s, n_stages, on, group=group)
         for s in mine
     ]
-    # A plain list, not submodules (the parameters keep their full-model names): FSDP makes
-    # each stage module a root, since the schedule calls them and never model.forward.
+    # A plain list, not submodules (the parameters keep their full-model names): FSDP makes each stage module a root,
+    # since the schedule calls them and never model.forward.
     model.stage_modules = [stage.submod for stage in stages]
     return model, Pipeline(stages, cfg, first, last, loss or TokenLoss())

@@ -35,10 +35,8 @@ FLIGHT_RECORDER = "flight_recorder"  # in the dump folder: each rank's last coll
 
 
 def nccl_flight_recorder(dump_folder: Path) -> None:
-    """Before the process group exists: NCCL's flight recorder on, unless the user set it. Each rank
-    keeps its last 2,000 collectives and, when one times out, writes them to
-    <dump_folder>/flight_recorder/rank_<r>, so a hang leaves every rank's collective order on disk
-    (`python -m torch.distributed.flight_recorder.fr_trace` reads them)."""
+    """Before the process group exists: NCCL's flight recorder on, unless the user set it. Each rank keeps its last
+    2,000 collectives and writes them to <dump_folder>/flight_recorder/rank_<r> on a timeout (`fr_trace` reads them)."""
     prefix = str(dump_folder / FLIGHT_RECORDER / "rank_")
     defaults = {
         "TORCH_FR_BUFFER_SIZE": "2000",
@@ -52,10 +50,9 @@ def nccl_flight_recorder(dump_folder: Path) -> None:
 
 
 def dump_flight_recorder(dump_folder: Path, rank: int, dump=None, timeout_s: float = 5.0) -> Path | None:
-    """Write this rank's flight recorder (its last collectives) where NCCL's own timeout dump goes,
-    now: a hang is diagnosed before the collective timeout, and the process exits before NCCL would
-    dump. None when the recorder is off (TORCH_FR_BUFFER_SIZE unset or 0), this torch has none, or
-    the dump failed or took over `timeout_s`."""
+    """Write this rank's flight recorder where NCCL's timeout dump goes, now (a hang is diagnosed, and the process
+    exits, before NCCL would dump). None when the recorder is off, this torch has none, or the dump failed or took
+    over `timeout_s`."""
     if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or 0) <= 0:
         return None
     c10d = torch._C._distributed_c10d
@@ -75,17 +72,14 @@ def dump_flight_recorder(dump_folder: Path, rank: int, dump=None, timeout_s: flo
         except (OSError, RuntimeError):
             pass  # the diagnosis matters more than its evidence
 
-    # On a thread, with a deadline: the recorder's lock may be held by a watchdog stuck beside the
-    # hang, and the diagnosis must still be printed before torchrun's SIGKILL.
+    # With a deadline: a watchdog stuck beside the hang may hold the recorder's lock, and the diagnosis must go first.
     writer = threading.Thread(target=write, name="torchacco-flight-recorder", daemon=True)
     writer.start()
     writer.join(timeout_s)
     return written[0] if written else None
 
 
-def init_distributed(
-    device: Device, timeout_s: float = 1800.0, tp: int = 1, pp: int = 1, replicas: int = 1
-) -> ParallelDims:
+def init_distributed(device: Device, timeout_s: float = 1800.0, tp=1, pp=1, replicas=1) -> ParallelDims:
     timeout = timedelta(seconds=timeout_s)
     _, _, local_rank, local_world = launch_env()
     if dist.is_initialized():
@@ -98,7 +92,7 @@ def init_distributed(
         return build_dims(device, tp, pp, local_rank, local_world, timeout, replicas)
     if int(os.environ.get("WORLD_SIZE", 1)) > local_world:
         check_gloo_interface()  # several nodes: gloo groups (CPU runs; preemption, checkpoints) cross them
-    store, rank, world = next(dist.rendezvous("env://", timeout=kwargs["timeout"]))
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
     store = attempt_store(store, rank, world, timeout_s)
     with _diagnosed_setup(store, rank, world, timeout_s):
         dist.init_process_group(store=store, rank=rank, world_size=world, **kwargs)
@@ -106,9 +100,8 @@ def init_distributed(
 
 
 def check_gloo_interface() -> None:
-    """gloo binds to the address this host's name resolves to, unless GLOO_SOCKET_IFNAME names an
-    interface. A name that resolves to a loopback address (Debian's 127.0.1.1, say) makes every
-    other node connect to itself and wait until the timeout: say so before."""
+    """gloo binds to the address the host's name resolves to unless GLOO_SOCKET_IFNAME names an interface: a loopback
+    address (Debian's 127.0.1.1) makes every other node connect to itself until the timeout. Say so before."""
     if os.environ.get("GLOO_SOCKET_IFNAME") or _loopback(os.environ.get("MASTER_ADDR", "127.0.0.1")):
         return  # an interface named, or every "node" on this host (tests, one machine)
     host = socket.gethostname()
@@ -133,9 +126,8 @@ def _loopback(name: str) -> bool:
 
 @contextlib.contextmanager
 def _diagnosed_setup(store: dist.Store, rank: int, world: int, timeout_s: float):
-    """While the process groups are set up, a rank that died or stalled makes the others' waits fail
-    at the timeout: say which rank, in one line, instead of a store traceback. A heartbeat of its own
-    (the run's starts once the groups exist) tells the dead from the merely slow."""
+    """A rank that died or stalls while the groups are set up: name it in one line, not a store traceback (a
+    heartbeat of its own tells the dead from the slow)."""
     beat = health.Heartbeat(dist.PrefixStore("torchacco/setup/", store), rank, world)
     beat.enter("process-group setup")
     try:
@@ -153,13 +145,9 @@ def _diagnosed_setup(store: dist.Store, rank: int, world: int, timeout_s: float)
 
 
 def attempt_store(store: dist.Store, rank: int, world: int, timeout_s: float) -> dist.Store:
-    """The part of the launcher's key-value store that belongs to this launch attempt.
-
-    torchrun's elastic agent keeps its store across worker restarts, so restarted workers would
-    read the dead workers' gloo addresses and wait for them until the timeout. Rank 0 names the
-    attempt with a fresh nonce and hands it to each rank under a key that rank just made up,
-    which no earlier attempt can have written.
-    """
+    """The part of the launcher's store that belongs to this launch attempt: torchrun keeps its store across worker
+    restarts, where restarted workers would wait for the dead ones' gloo addresses. Rank 0 names the attempt with a
+    fresh nonce and hands it to each rank under a key that rank just made up, which no earlier attempt wrote."""
     prefix = "torchacco/attempt/"
     if rank != 0:
         mine = uuid.uuid4().hex
@@ -204,11 +192,9 @@ _calls = 0  # on_one_rank's calls so far: the same on every rank, so each call h
 
 
 def on_one_rank(dims: ParallelDims, fn, main_only: bool = False, what: str = "prepare") -> None:
-    """Run `fn` on each node's local rank 0 (or on rank 0 alone: `main_only`) while the others wait;
-    a UserError there fails every rank, so no rank is left waiting for one that has given up.
-
-    The others wait on the launcher's store, not in a collective: a data preparation that takes
-    hours outlasts no collective timeout. A waiting rank says every WAIT_LOG_S what it waits for."""
+    """Run `fn` on each node's local rank 0 (or on rank 0 alone: `main_only`) while the others wait on the store (not
+    in a collective, which an hours-long preparation would outlast), saying every WAIT_LOG_S what they wait for; a
+    UserError there fails every rank."""
     global _calls
     if not dist.is_initialized():
         fn()
@@ -246,8 +232,6 @@ def on_one_rank(dims: ParallelDims, fn, main_only: bool = False, what: str = "pr
 
 def destroy(barrier: bool = True) -> None:
     if dist.is_initialized():
-        if barrier:
-            # Without it a rank can tear gloo down while a peer still uses it, and the peer
-            # aborts ("terminate called without an active exception").
+        if barrier:  # else a rank can tear gloo down while a peer uses it ("terminate called without an active ...")
             dist.barrier()
         dist.destroy_process_group()

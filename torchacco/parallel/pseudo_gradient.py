@@ -1,12 +1,7 @@
-"""The outer step's wire: the token-weighted mean of the replicas' pseudo-gradients, and the
-low-precision formats it may travel in (docs/diloco.md).
-
-fp32 is one all-reduce. bf16 and the integer codes are all-gathered and summed in fp32 on
-arrival: a sum taken in the wire format would round at every hop, and the codes have no sum at
-all. The codes (`compression.quantize`) carry one fp32 scale per row of `ROW` elements, so an element's
-error is at most half a step of its own row: |x|_max / 254 in int8, / 14 in int4, / 2 in int2.
-Top-k messages: `compression.py`.
-"""
+"""The outer step's wire: the token-weighted mean of the replicas' pseudo-gradients (docs/diloco.md). fp32 is one
+all-reduce; bf16 and the integer codes are all-gathered and summed in fp32 (a sum in the wire format would round at
+every hop; codes have no sum), with one fp32 scale per `ROW` elements: an element's error is at most |x|_max / 254
+in int8, / 14 in int4, / 2 in int2 (its row's)."""
 
 from __future__ import annotations
 
@@ -74,10 +69,9 @@ def split_across(
 
 
 def split_token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: str, split_group) -> torch.Tensor:
-    """`token_weighted_mean` of a Δ that every rank of `split_group` holds alike (a replicated inner
-    strategy's ranks in one replica): each rank takes its 1/n of Δ over `group`, and `split_group`
-    all-gathers the pieces. The link between replicas carries Δ once per replica instead of once
-    per rank. Pieces are whole rows, so bf16 and the integer codes give the unsplit mean element for
-    element, and fp32 does up to the order of its sum over more than two replicas."""
+    """`token_weighted_mean` of a Δ that every rank of `split_group` holds alike (a replicated inner strategy's ranks in
+    one replica): each rank takes its 1/n of Δ over `group`, and `split_group` all-gathers the pieces. The link between
+    replicas carries Δ once per replica instead of once per rank. Pieces are whole rows, so bf16 and the integer codes
+    give the unsplit mean element for element, and fp32 does up to the order of its sum over more than two replicas."""
     (mean,) = split_across(lambda piece: (token_weighted_mean(piece, tokens, group, wire),), delta, split_group, ROW)
     return mean

@@ -1,9 +1,8 @@
 """The data-parallel strategies by name: `[parallelism] data_parallel` picks one.
 
-A built-in strategy is one line of `BUILT_IN`: its name, its class and its options section. The
-class is imported when first asked for, so building a config imports no strategy (nor torch). A
-user's class joins with `register`. The config's choices and sections, the configuration
-reference, the cost model and the benchmarks' strategy lists follow these.
+A built-in strategy is one line of `BUILT_IN`, its class imported when first asked for (building a config imports
+no strategy, nor torch); a user's class joins with `register`. The config's choices and sections, the
+configuration reference, the cost model and the benchmarks' strategy lists follow these.
 """
 
 from __future__ import annotations

@@ -37,9 +37,7 @@ class Replicated(Strategy):
     """The base of DDP and FSDP: a torch wrapper reduces the gradients inside backward (`_sync`
     says when), then torch's AdamW steps over the module's own parameters."""
 
-    def __init__(
-        self, model: nn.Module, dims: ParallelDims, plan: UpdatePlan, optimizer: OptimizerConfig, balance=False
-    ):
+    def __init__(self, model, dims: ParallelDims, plan: UpdatePlan, optimizer: OptimizerConfig, balance=False):
         self.model, self.dims = model, dims
         self.accumulation, self.schedule, self.max_norm = plan.micro_batches, plan.schedule, plan.max_norm
         # balance_batches: every rank keeps one micro-batch, as DDP's all-reduce runs in its last backward

@@ -1,15 +1,11 @@
-"""The sharded job: the one communication round ZeRO-1, ACCO, DPU and WP share.
-
-reduce-scatter gradients → gather per-rank counts → normalise by the global token count →
-clip → AdamW on this rank's fp32 shard (commit, or peek for an estimate) → all-gather the
-new parameters. ZeRO-1 runs it synchronously after the last micro-batch; the overlapped
-schedules run it beside the next compute period, on the communication runner.
+"""The sharded job, the one communication round ZeRO-1, ACCO, DPU and WP share: reduce-scatter gradients → gather
+per-rank counts → normalise by the global token count → clip → AdamW on this rank's fp32 shard (commit, or peek
+for an estimate) → all-gather the new parameters. Each phase is labelled for the profiler (`torchacco/job/...`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch.profiler import record_function
@@ -26,22 +22,13 @@ COMMIT_AND_PREDICT = "commit_and_predict"  # θ ← Opt(θ, ḡ), then gather Op
 
 
 def reduce_update_gather(
-    flat: FlatParams,
-    opt: ShardedAdamW,
-    grads: torch.Tensor,  # full flat sum-of-token-loss gradients of this rank (the send buffer; overwritten)
-    local: Counts,  # this rank's contribution
-    lr_for: Callable[[float], float],  # global tokens consumed by this update -> learning rate
-    kind: str,
-    out: torch.Tensor,  # full flat buffer that receives the new parameters (may be `grads`)
-    max_norm: float,
-    # ESTIMATE: (gradient weight w, damping γ) as ShardedAdamW.peek takes them, and the norm that decides its
-    # clipping (None: its own; [acco] estimate_clip = 'commit': the last commit's)
-    estimate: tuple[float, float, float | None] = (1.0, 1.0, None),
+    flat: FlatParams, opt: ShardedAdamW, grads, local: Counts, lr_for, kind, out, max_norm, estimate=(1.0, 1.0, None)
 ) -> UpdateResult:
-    """In place: the reduced gradient shard lands in this rank's slice of `grads`, the new
-    parameters in its slice of `out`, from which the all-gather fills the rest. Beyond the
-    buffers it is given, the job only holds the optimizer's few working chunks. Each phase is
-    labelled for the profiler (`torchacco/job/...`)."""
+    """`grads`: this rank's full flat sum-of-token-loss gradients, reduced in place into its slice; `local`: its
+    counts; `lr_for`: global tokens consumed -> lr; `out`: the full flat buffer for the new parameters (may be
+    `grads`), this rank's slice written and the rest all-gathered. An ESTIMATE's `estimate`: (gradient weight,
+    damping) as ShardedAdamW.peek takes them, and the norm that decides its clipping (None: its own). The job holds
+    nothing beyond these buffers but the optimizer's few working chunks."""
     group = flat.group
     grad = flat.shard(grads)
     with record_function("torchacco/job/reduce_scatter"):

@@ -1,8 +1,6 @@
-"""The sharded optimizer state that ZeRO-1 and the overlapped schedules share: the parameters
-as views of one flat buffer, a flat gradient accumulator, this rank's fp32 master shard and
-its AdamW moments, and the job that turns accumulated gradients into new parameters
-(`sharded_job.reduce_update_gather`). ZeRO-1 runs the job synchronously; the overlapped
-schedules (`overlapped.py`) run it beside the next compute period."""
+"""The sharded optimizer state that ZeRO-1 and the overlapped schedules share: the parameters as views of one flat
+buffer, a flat gradient accumulator, this rank's fp32 master shard and AdamW moments, and the job that turns
+accumulated gradients into new parameters (`sharded_job.reduce_update_gather`)."""
 
 from __future__ import annotations
 
@@ -30,26 +28,18 @@ class ShardedOptimizerState:
     """ZeRO-1's state and job, and the `Theta` of the strategies that keep it (zero1, acco, dpu, wp)."""
 
     def __init__(
-        self,
-        model: nn.Module,
-        dims: ParallelDims,
-        param_dtype: torch.dtype,
-        optimizer: OptimizerConfig,
-        grad_dtype: torch.dtype = GRAD_DTYPE,
+        self, model: nn.Module, dims: ParallelDims, param_dtype, optimizer: OptimizerConfig, grad_dtype=GRAD_DTYPE
     ):
         self.dims = dims
         self.flat = FlatParams(
-            model,
-            dims.dp_group,
-            dtype=param_dtype,
-            grad_dtype=grad_dtype,
-            tp=dims.tp_size,
-            mp_group=dims.mp_group,
-            owns_loss=dims.tp_rank == 0,
+            model, dims.dp_group, param_dtype, grad_dtype, dims.tp_size, dims.mp_group, dims.tp_rank == 0
         )
         if dims.mp_group is not None:
             self.flat.layout()  # a collective: now, while every rank is here
         self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, optimizer)
+        # P, the flat buffer forward and backward read; A, the accumulator backward adds into; this rank's fp32
+        # slice of θ (padding included), what an outer step works on
+        self.params, self.grads, self.master = self.flat.params_buffer, self.flat.grads, self.optimizer.state.master
 
     @staticmethod
     def memory(numel: float, dp_size: int, param_dtype: torch.dtype, grad_dtype: torch.dtype = GRAD_DTYPE):
@@ -61,23 +51,6 @@ class ShardedOptimizerState:
             weights=full * param_dtype.itemsize, gradients=full * grad_dtype.itemsize, master=4 * shard,
             optimizer=8 * shard,  # exp_avg and exp_avg_sq
         )  # fmt: skip
-
-    @property
-    def params(self) -> torch.Tensor:
-        """P: the full flat buffer forward and backward read (the compute dtype)."""
-        return self.flat.params_buffer
-
-    @property
-    def grads(self) -> torch.Tensor:
-        """A: the full flat accumulator backward adds into."""
-        return self.flat.grads
-
-    @property
-    def master(self) -> torch.Tensor:
-        """This rank's fp32 slice of θ (padding included): what an outer step would work on."""
-        return self.optimizer.state.master
-
-    # θ (`strategy.Theta`): the master shards ------------------------------------------------------
 
     def pieces(self) -> list[tuple[str, torch.Tensor]]:
         """The master shard's piece of each parameter (the outer step's view of θ)."""
@@ -97,8 +70,6 @@ class ShardedOptimizerState:
     def gather_master(self, out: torch.Tensor) -> None:
         """`out` ← θ, from every rank's master shard."""
         gather_master(self.flat, self.optimizer, out)
-
-    # Checkpoints ------------------------------------------------------------------------------
 
     def _sharded(self, shard: torch.Tensor) -> DTensor:
         """This rank's slice as the local shard of an unpadded 1-D DTensor: DCP saves it and

@@ -1,21 +1,12 @@
 """The interface the training loop drives, and what each data-parallel strategy declares.
 
-A strategy turns this rank's sum-of-token-loss gradients into updates normalised by the
-all-reduced token count:
-
-- `micro_batches()` yields one context per micro-batch of a compute period (DDP and FSDP
-  skip gradient sync on all but the last; adaptive ACCO decides as it goes how many to run);
-- `step(counts)` ends the period and returns the `UpdateResult` of the update completed now,
-  or None (an overlapped schedule's round that commits nothing);
-- `evaluation()` gives the module holding the committed parameters θ; `close()` drains;
-- `state_dict()` / `load_state_dict()` (DCP `Stateful`) hold everything needed to resume
-  exactly between two updates; its `theta` is where θ lives (`Theta`: for DiLoCo's outer step
-  and the export).
-
-What the rest of torchacco needs to know about a strategy — whether its communication runs
-beside compute, whether it composes with tensor/pipeline parallelism, how many compute periods
-an update spans, how its checkpoint is keyed and resumed, what it asks of the config — is
-declared here, by the class, so no caller asks for a strategy by name.
+A strategy turns this rank's sum-of-token-loss gradients into updates normalised by the all-reduced token count:
+`micro_batches()` yields one context per micro-batch of a compute period (DDP and FSDP skip gradient sync on all
+but the last; adaptive ACCO decides as it goes how many to run); `step(counts)` ends the period and returns the
+`UpdateResult` of the update completed now, or None (a round that commits nothing); `evaluation()` gives the
+module holding θ; `state_dict()` / `load_state_dict()` (DCP `Stateful`) resume exactly between two updates.
+What the rest of torchacco needs to know about a strategy is declared by its class (`Traits`, the classmethods),
+so no caller asks for a strategy by name.
 """
 
 from __future__ import annotations
@@ -39,9 +30,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Counts:
-    """What one rank contributed to an update (or one period of it). The loss fields may be
-    tensors on the compute device and the compute time stopwatches, so ending a period never
-    waits for the GPU; `as_tensor()` reads them where a wait costs nothing."""
+    """What one rank contributed to an update (or one period of it). The loss fields may be device tensors and the
+    compute time stopwatches, so ending a period never waits for the GPU; `as_tensor()` reads them later."""
 
     loss_tokens: float = 0.0  # tokens in the loss: the normaliser
     loss_sum: float = 0.0  # sum of their token losses
@@ -58,8 +48,7 @@ class Counts:
         """(loss tokens, loss sum, micro-batches, consumed, compute seconds) as float64 on `device`."""
         seconds = sum(watch.seconds() for watch in self.compute)
         values = [self.loss_tokens, self.loss_sum, self.micro_batches, self.consumed, seconds]
-        # float64 from the start: a Python float (counts restored from a checkpoint) through
-        # torch.tensor's default float32 would lose the low bits of a float64 loss sum.
+        # float64 from the start: through torch.tensor's default float32 a restored loss sum would lose its low bits.
         values = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64) for v in values]
         return torch.stack([v.to(device=device, dtype=torch.float64) for v in values])
 
@@ -114,18 +103,10 @@ class UpdatePlan:
 
     @classmethod
     def from_config(
-        cls,
-        training: Training,
-        optimizer: Optimizer,
-        lr_schedule: LRSchedule,
-        dp_size: int,
-        param_dtype: torch.dtype = torch.float32,
-        replicas: int = 1,
+        cls, t: Training, optimizer: Optimizer, lr_schedule: LRSchedule, dp_size, param_dtype=torch.float32, replicas=1
     ) -> UpdatePlan:
-        """The plan of a run over `dp_size` data-parallel ranks per replica; with several replicas, one
-        replica's: its share of the global batch, its schedule over its tokens. One line for a global batch
-        the ranks cannot split."""
-        t = training
+        """The plan of a run over `dp_size` data-parallel ranks per replica; with several replicas, one replica's: its
+        share of the global batch, its schedule over its tokens. One line for a global batch the ranks cannot split."""
         per_step = t.local_batch_size * dp_size * replicas
         if t.global_batch_size % per_step:
             ranks = f"data-parallel ranks = {t.local_batch_size} × {dp_size}"
@@ -163,17 +144,13 @@ class Traits:
     periods_per_update: int = 1  # compute periods (and jobs) per committed update
     model_parallel: bool = True  # composes with tensor and pipeline parallelism
     balances: bool = True  # runs [parallelism] balance_batches (ranks may run unequal micro-batches)
-    # Why DiLoCo's replicas (docs/diloco.md) cannot run it inside; "": they can (between updates its
-    # `theta.pieces()` are θ).
-    replicas_refused: str = ""
+    replicas_refused: str = ""  # why DiLoCo's replicas cannot run it inside ("": its theta.pieces() are θ)
     resume_needs_same_ranks: bool = False  # its checkpoints hold per-rank state
     autocast_compute: bool = False  # fp32 weights, forward/backward autocast to the compute dtype
     shards_theta: bool = False  # theta.pieces() are this rank's shard of θ (not all of it)
-    # Its constructor shards the module's parameters (FSDP2) and then calls materialize(model): a
-    # model built on meta reaches it unallocated (torchacco/materialize.py); others get it allocated.
+    # Its constructor shards the module (FSDP2), then materializes it: a model built on meta reaches it unallocated.
     shards_module: bool = False
-    # per_micro_batch inside a node only, and one all-reduce of each shard across nodes per update (HSDP)
-    shards_within_node: bool = False
+    shards_within_node: bool = False  # HSDP: per_micro_batch in a node, one all-reduce per shard across nodes
     options: type[Options] | None = None  # its own config section (`cfg.strategy_options[options.section]`)
     # The strategy whose update this one computes in another floating-point order: its loss per token is that
     # one's, so the cost model reads that one's measured token efficiency (None: its own, or none measured).
@@ -192,8 +169,6 @@ class Strategy(abc.ABC):
         if "traits" in cls.__dict__:
             cls.name = cls.traits.name
 
-    # What the class says about a run, before anything is built ------------------------------
-
     @classmethod
     def check_config(cls, cfg: Config, dp_size: int, model_parallel: str) -> str | None:
         """Why this strategy cannot run `cfg` (one line), or None; `model_parallel` names the tp/pp
@@ -201,12 +176,9 @@ class Strategy(abc.ABC):
         return None
 
     @classmethod
-    def memory(
-        cls, numel: float, dp_size: int, param_dtype: torch.dtype, reduce_dtype: torch.dtype, options=None
-    ) -> MemoryParts:
-        """The bytes a rank keeps from its first update on, by part, for `numel` parameter elements stored on
-        it (its tensor/pipeline-parallel part of the model) over `dp_size` data-parallel ranks; `options` is
-        the strategy's options section (its defaults when None). The cost model's and the dry run's figure."""
+    def memory(cls, numel: float, dp_size: int, param_dtype: torch.dtype, reduce_dtype, options=None) -> MemoryParts:
+        """The bytes a rank keeps from its first update on, by part, for `numel` parameter elements stored on it over
+        `dp_size` data-parallel ranks (`options`: its options section, None: the defaults); the cost model's figure."""
         raise NotImplementedError(f"{cls.name} does not count its memory (Strategy.memory)")
 
     @classmethod
@@ -217,16 +189,13 @@ class Strategy(abc.ABC):
 
     @classmethod
     def checkpoint_key(cls, dims) -> str:
-        """The key of the strategy's state in a checkpoint: one per part of the model that a rank's
-        state covers. Without tp/pp the whole model is one part."""
+        """The key of the strategy's state in a checkpoint: one per part of the model a rank's state covers."""
         return "dp"
 
     @classmethod
     def from_config(cls, model: torch.nn.Module, cfg: Config, dims, plan: UpdatePlan, device) -> Strategy:
         """The strategy over `model` (this rank's part of it, after tensor/pipeline parallelism)."""
         raise NotImplementedError(f"{cls.name} is not built from a config")
-
-    # The loop's interface -------------------------------------------------------------------
 
     @abc.abstractmethod
     def micro_batches(self) -> Iterator[contextlib.AbstractContextManager]: ...
@@ -240,8 +209,6 @@ class Strategy(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 (most strategies hold nothing to drain)
         """Drain anything in flight (an overlapped schedule's job) and stop its helpers."""
-
-    # State ----------------------------------------------------------------------------------
 
     @abc.abstractmethod
     def state_dict(self) -> dict: ...

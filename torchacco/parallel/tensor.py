@@ -1,18 +1,13 @@
 """Tensor parallelism (Megatron-style, with sequence parallelism), applied from outside the model.
 
-Each block's first matmuls are split by output columns (attention heads, MLP hidden units)
-and its last ones by input rows, so a block costs one all-gather in and one reduce-scatter
-out. Between blocks the residual stream stays split along the sequence (sequence
-parallelism): norms and residual adds run on T/tp tokens per rank, and their (replicated)
-weights get gradients summed over the sequence shards by DTensor.
+Each block's first matmuls are split by output columns (heads, MLP hidden units) and its last ones by input rows:
+one all-gather in and one reduce-scatter out per block. Between blocks the residual stream stays split along the
+sequence, so norms run on T/tp tokens and DTensor sums their replicated weights' gradients. Embeddings are split by
+vocabulary rows; the logits are gathered whole (or kept split for a vocabulary-parallel loss).
 
-Embeddings are split by vocabulary rows; the logits are gathered whole at the end, so the
-loss and everything downstream see a plain tensor.
-
-Each model folder provides its plan (`models/<name>/parallelize.py`, a `TensorParallelPlan`
-in its ModelSpec): dicts of module path → ParallelStyle, built with `sequence_parallel_block`
-for the blocks. After sharding, attention modules count their local heads (the one hook the
-model code needs: integer `n_heads` / `n_kv_heads` attributes are divided by tp).
+Each model folder provides its plan (`models/<name>/parallelize.py`, a `TensorParallelPlan`): module path →
+ParallelStyle, the blocks' from `sequence_parallel_block`. After sharding, integer `n_heads` / `n_kv_heads`
+attributes are divided by tp (the one hook the model code needs).
 """
 
 from __future__ import annotations
@@ -31,28 +26,11 @@ from torch.distributed.tensor.parallel import (
 from torchacco.errors import UserError
 from torchacco.spec import TensorParallelPlan
 
-__all__ = [
-    "ColwiseParallel",
-    "RowwiseParallel",
-    "SequenceParallel",
-    "Replicate",
-    "Shard",
-    "sequence_parallel_block",
-    "head_layouts",
-    "check_tensor_parallel",
-    "apply_tensor_parallel",
-]
+__all__ = ["ColwiseParallel", "RowwiseParallel", "SequenceParallel", "Replicate", "Shard"]  # for the model folders
 
 
 def sequence_parallel_block(
-    attention: str,
-    first: list[str],
-    last: str,
-    mlp: str,
-    mlp_first: list[str],
-    mlp_last: str,
-    norms: list[str],
-    extra_inputs: int = 0,
+    attention: str, first: list[str], last: str, mlp: str, mlp_first: list[str], mlp_last: str, norms, extra_inputs=0
 ) -> dict:
     """One decoder block: norms on sequence shards; attention and MLP gather the sequence in,
     split heads/hidden units, and scatter the sequence out."""
@@ -67,9 +45,7 @@ def sequence_parallel_block(
     return plan
 
 
-def check_tensor_parallel(
-    plan: TensorParallelPlan | None, args, tp: int, seq_len: int, where: str, model_name: str
-) -> None:
+def check_tensor_parallel(plan: TensorParallelPlan | None, args, tp: int, seq_len: int, where: str, model_name) -> None:
     if plan is None:
         raise UserError(
             f"{where} has no tensor-parallel plan (models/{model_name}/parallelize.py, "
@@ -99,9 +75,7 @@ def head_layouts(loss_parallel: bool) -> dict:
     return dict(input_layouts=Shard(1), output_layouts=Replicate())
 
 
-def apply_tensor_parallel(
-    model: nn.Module, tp_mesh: DeviceMesh, plan: TensorParallelPlan, loss_parallel: bool = False
-) -> None:
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: TensorParallelPlan, loss_parallel=False) -> None:
     tp = tp_mesh.size()
     top, block_plan = plan.plans(model, loss_parallel)
     for block in model.layers:

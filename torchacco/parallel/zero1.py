@@ -28,9 +28,7 @@ class ZeRO1(Strategy):
         update_of=DDP.name,  # DDP's AdamW step on the all-reduced gradient, with the state sharded
     )
 
-    def __init__(
-        self, model, dims, plan: UpdatePlan, optimizer, reduce_dtype: torch.dtype = torch.float32, balance=False
-    ):
+    def __init__(self, model, dims, plan: UpdatePlan, optimizer, reduce_dtype=torch.float32, balance=False):
         self.model, self.dims, self.reduce_dtype = model, dims, reduce_dtype
         self.accumulation, self.schedule, self.max_norm = plan.micro_batches, plan.schedule, plan.max_norm
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
