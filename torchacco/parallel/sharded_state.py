@@ -32,7 +32,13 @@ class ShardedOptimizerState:
     ):
         self.dims = dims
         self.flat = FlatParams(
-            model, dims.dp_group, param_dtype, grad_dtype, dims.tp_size, dims.mp_group, dims.tp_rank == 0
+            model,
+            dims.dp_group,
+            param_dtype,
+            grad_dtype,
+            tp=dims.tp_size,
+            mp_group=dims.mp_group,
+            owns_loss=dims.tp_rank == 0,
         )
         if dims.mp_group is not None:
             self.flat.layout()  # a collective: now, while every rank is here
