@@ -104,3 +104,17 @@ def test_building_a_config_imports_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_a_run_without_pipeline_parallelism_imports_no_dynamo():
+    """torch.distributed.pipelining imports torch._dynamo, seconds of every process's start on a CPU host: the
+    launcher and the trainer import it only for a pipelined run (parallel/pipeline.py), so a run without one
+    starts that much sooner."""
+    code = (
+        "import sys, torchacco.launch, torchacco.trainer; "
+        "heavy = ('torch._dynamo', 'torch.distributed.pipelining'); "
+        "print(sorted({m for m in sys.modules if m.startswith(heavy)}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout

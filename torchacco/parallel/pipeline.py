@@ -9,16 +9,28 @@ the gradients as without a pipeline.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn as nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from torchacco.errors import UserError
 from torchacco.loss import IGNORE_INDEX, TokenLoss
 from torchacco.parallel.dims import ParallelDims
 from torchacco.spec import PipelinePlan
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import PipelineStage
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
+
+
+def _pipelining():
+    """torch.distributed.pipelining, imported on first use: it imports torch._dynamo, seconds of every process's
+    start on a CPU host, so only a pipelined run pays for it."""
+    import torch.distributed.pipelining
+
+    return torch.distributed.pipelining
 
 
 def stages_per_rank(cfg) -> int:
@@ -77,8 +89,8 @@ class Pipeline:
 
     def __init__(self, stages: list[PipelineStage], cfg, first: bool, last: bool, loss: TokenLoss):
         self.stages, self.first, self.last = stages, first, last
-        n, kind = microbatches(cfg), SCHEDULES[cfg.parallelism.pipeline_schedule]
-        stage = stages if kind is ScheduleInterleaved1F1B else stages[0]
+        n, kind = microbatches(cfg), getattr(_pipelining(), SCHEDULES[cfg.parallelism.pipeline_schedule])
+        stage = stages if cfg.parallelism.pipeline_schedule == "interleaved_1f1b" else stages[0]
         self.loss, self.poison = loss, False
         self.schedule = kind(stage, n_microbatches=n, loss_fn=self._loss, scale_grads=False)
 
@@ -118,7 +130,9 @@ def split_stages(model: nn.Module, plan: PipelinePlan, cfg, dims: ParallelDims, 
     plan.prune(model, first, last)
     group, tp, on = dims.pp_mesh.get_group(), dims.tp_size, device.torch
     stages = [
-        PipelineStage(plan.stage(model, ranges[s], s == 0, s == n_stages - 1, tp), s, n_stages, on, group=group)
+        _pipelining().PipelineStage(
+            plan.stage(model, ranges[s], s == 0, s == n_stages - 1, tp), s, n_stages, on, group=group
+        )
         for s in mine
     ]
     # A plain list, not submodules (the parameters keep their full-model names): FSDP makes each stage module a root,
