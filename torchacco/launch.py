@@ -7,6 +7,7 @@ config, and exits with the requeue code."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import signal
@@ -151,4 +152,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    gc.freeze()  # exit then skips collecting torch's object graph, over a second of every launch's end
+    sys.exit(code)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -32,4 +33,5 @@ if __name__ == "__main__":
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    gc.freeze()  # exit then skips collecting torch's object graph, over a second of every rank's end
     sys.exit(code)
