@@ -260,6 +260,7 @@ def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_
 def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_diloco_runs_settings(tmp_path, capsys):
     from benchmarks.yardstick import efficiency as efficiency_table
     from torchacco import cost_model as cm
+    from torchacco.config import DiLoCo
 
     def result(name, rows, seeds=(0, 1)):
         meta = {"date": "2026-11-24", "machine": "2-core test", "updates": 1000, "command": f"token_efficiency {name}",
@@ -267,7 +268,10 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
         (tmp_path / f"{name}.json").write_text(json.dumps({"meta": meta, "summary": {"0.003": rows}}))
 
     ddp = {"val_loss": [4.0, 3.9]}
-    result("diloco", {"ddp": ddp, "streaming_h10_avg": {"tokens_to_target_ratio": [1.2, 1.3]}})
+    h50 = {"val_loss": [4.2, 4.1], "mean_gap_pct": 7.7, "tokens_to_target_ratio": [None, None],
+           "budgets": {"1000": [4.2, 4.1], "1600": [4.0, 3.95]}}  # fmt: skip
+    result("diloco", {"ddp": ddp, "streaming_h10_avg": {"tokens_to_target_ratio": [1.2, 1.3]},
+                      "streaming_h50_avg_topk3_int2_senders": h50})  # fmt: skip
     result("sync", {"ddp": ddp, "acco": {"tokens_to_target_ratio": [1.01, 1.03], "gap_pct": [0.2, 0.8]},
                     "dpu": {"tokens_to_target_ratio": [1.0, 1.2], "ratio_is_upper_bound": [True, False]},
                     "wp": {"tokens_to_target_ratio": [1.1, None]},
@@ -278,7 +282,12 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
     assert efficiency_table.main(args) == 0
     table = json.loads(to.read_text())
     # dpu only a bound, wp a seed short; acco_w0 reached it in no seed: recorded as such
-    assert set(table["tokens_to_target"]) == {"streaming_h10_avg", "acco", "acco_w0"}
+    assert set(table["tokens_to_target"]) == {
+        "streaming_h10_avg",
+        "streaming_h50_avg_topk3_int2_senders",
+        "acco",
+        "acco_w0",
+    }
     assert table["tokens_to_target"]["acco_w0"] == {"not_reached_within": 1.25, "gap_pct": 10.0, "seeds": 2,
                                                     "source": "bench_results/sync.md"}  # fmt: skip
     assert "dpu left out (only a bound)" in capsys.readouterr().err
@@ -289,6 +298,14 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
     assert streaming["replicas"] == 2 and streaming["inner"] == "ddp" and streaming["ranks_per_replica"] == 1
     assert (streaming["sync_every"], streaming["fragments"], streaming["outer_dtype"], streaming["eager"]) == (
         10, 2, "bf16", True)  # fmt: skip
+    # a DiLoCo variant that never reached DDP's loss keeps its outer step: predict finds it by a config's settings
+    unreached = table["tokens_to_target"]["streaming_h50_avg_topk3_int2_senders"]
+    assert unreached["not_reached_within"] == 1.6 and unreached["gap_pct"] == 7.7
+    assert (unreached["diloco"]["sync_every"], unreached["diloco"]["topk"]) == (50, 0.03)
+    outer = DiLoCo(sync_every=50, fragments=2, overlap_steps=1, eager=True, outer_lr=1, outer_momentum=0,
+                   outer_dtype="int2", topk=0.03, topk_mean="senders")  # fmt: skip
+    source = cm.diloco_token_source("ddp", 2, outer, table)
+    assert cm.not_reached_note(source, table) == "not reached in 1.6× the tokens"
     assert "lr 0.003, 1,000 updates" in table["model"] and table["date"] == "2026-11-24"
     assert table["commands"][:2] == ["token_efficiency diloco", "token_efficiency sync"]
     assert cm.measured_entry(cm.token_source("acco_balanced", table), table)["mean"] == pytest.approx(1.02)

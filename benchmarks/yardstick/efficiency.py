@@ -62,12 +62,20 @@ def entries(name: str, rows: dict, updates: int, lr: float, tuned: dict) -> dict
     file tuned them (an entry then records its lr as a multiple of the recipe's, and its outer step is the point's)."""
     ratios, bounds = token_ratios(rows)
     out = {}
+
+    def settings(label: str) -> dict:  # a DiLoCo variant's outer step, at the grid point it ran at
+        if label not in VARIANTS:
+            raise SystemExit(f"efficiency-table: {name} measures {label!r}, not a variant of token-efficiency")
+        point = tuned.get(label, {"lr": lr, "extra": []})
+        diloco = diloco_settings(resolved(label, updates, lr, point["extra"]), RANKS.get(label, 2))
+        return {"diloco": diloco} if diloco else {}
+
     for label in sorted(set(rows) - set(ratios)):
         row = rows[label]
         if row.get("budgets") and not any(r is not None for r in row.get("tokens_to_target_ratio", [])):
             out[label] = {"not_reached_within": max(int(n) for n in row["budgets"]) / updates,
                           "gap_pct": round(row["mean_gap_pct"], 2), "seeds": len(row["val_loss"]),
-                          "source": f"bench_results/{name}.md"}  # fmt: skip
+                          "source": f"bench_results/{name}.md", **settings(label)}  # fmt: skip
         else:
             print(f"[efficiency-table] {name}: {label} left out (a seed never reached DDP's loss)", file=sys.stderr)
             out[label] = LEFT_OUT
@@ -78,14 +86,10 @@ def entries(name: str, rows: dict, updates: int, lr: float, tuned: dict) -> dict
             print(f"[efficiency-table] {name}: {label} left out (only a bound)", file=sys.stderr)
             out[label] = LEFT_OUT
             continue
-        if label not in VARIANTS:
-            raise SystemExit(f"efficiency-table: {name} measures {label!r}, not a variant of token-efficiency")
         point = tuned.get(label, {"lr": lr, "extra": []})
-        diloco = diloco_settings(resolved(label, updates, lr, point["extra"]), RANKS.get(label, 2))
         gaps = {"gaps": rows[label]["gap_pct"]} if "gap_pct" in rows[label] else {}  # loss at equal tokens, %
         at = {"lr_multiple": round(point["lr"] / lr, 4)} if not math.isclose(point["lr"], lr) else {}
-        out[label] = {"values": values, **gaps, **at, "source": f"bench_results/{name}.md"}
-        out[label] |= {"diloco": diloco} if diloco else {}
+        out[label] = {"values": values, **gaps, **at, "source": f"bench_results/{name}.md", **settings(label)}
     return out
 
 

@@ -90,6 +90,7 @@ VARIANTS = {
     "streaming_h10_pier_topk3_int2_senders": _topk(0.03, mean="senders", more=PIER),
     "streaming_h10_pier_warm100_topk3_int2_senders": _topk(0.03, mean="senders", more=f"{PIER} {WARM}"),
     "streaming_h10_avg_topk10_int4_senders": _topk(0.1, "int4", "senders"),
+    "streaming_h50_avg_topk3_int2_senders": _topk(0.03, mean="senders", more="--diloco.sync_every 50"),  # at H 50
     # QSR: H grows as (peak lr / lr)² up to a cap: 10 to 40, and 6 to 24 (more often early, less late: H 10's bytes)
     "streaming_h10_avg_qsr40": _dp(DDP, f"{BF16} --diloco.sync_every_max 40"),
     "streaming_h6_avg_qsr24": _dp(DDP, f"{BF16.replace(' 10 ', ' 6 ')} --diloco.sync_every_max 24"),
