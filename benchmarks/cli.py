@@ -13,7 +13,6 @@ The cost model (`torchacco.cost_model`):
     cost-model-check      its time per update against the cluster's measured speed (--probe: measure its inputs)
 Tools:
     cluster               one training run on the emulated cluster: cluster [options] -- <torchacco.train arguments>
-    compare               training variants side by side on one machine
     gpu                   the GPU benchmarks: gpu mfu|overlap
     gpu-check             the CUDA paths in one short GPU lease (its parent process needs no torch)
     fault-goodput         fault-tolerant DiLoCo replicas on the cluster, with and without a replica killed repeatedly
@@ -40,14 +39,12 @@ MODULES = {
     "predict": "torchacco.predict",
     "cost-model-check": "benchmarks.cost_model_check",
     "cluster": "benchmarks.cluster.__main__",
-    "compare": "benchmarks.compare",
     "gpu": "benchmarks.gpu",
     "gpu-check": "benchmarks.gpu_check",
     "fault-goodput": "benchmarks.fault_goodput",
 }
 # modules with no `__main__`: `python -m <module>` gets one line naming its command
-COMMAND_OF = {m: c for c, m in MODULES.items() if m.startswith(("benchmarks.yardstick.", "benchmarks.cost_model",
-                                                                 "benchmarks.compare"))}  # fmt: skip
+COMMAND_OF = {m: c for c, m in MODULES.items() if m.startswith(("benchmarks.yardstick.", "benchmarks.cost_model"))}
 
 
 def run(argv=None) -> int:
