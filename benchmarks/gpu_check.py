@@ -5,7 +5,7 @@ group with its own time limit (a hang costs that step's limit, not the lease); t
 (bench_results/gpu_check_<date>.json) is rewritten after each step. Where a command may run only 10 minutes, run it
 as two: `--steps env,cuda-tests,parity`, then `--steps env,throughput,stall,torchtitan`. The env step installs the
 wheels in --wheels (benchmarks/gpu_wheels.sh) offline; throughput compares against bench_results/gpu_{mfu,overlap}.json;
-torchtitan runs the same case in the torchtitan installed (0.2.2, carried, on torch 2.11; or 0.3.0). A step whose
+torchtitan runs the same case in torchtitan 0.2.2 (carried: 0.3.0 does not import with torch 2.11). A step whose
 needs are absent (no GPU, no torchtitan, a torch torchtitan does not import with) is "skipped: <reason>".
 """
 
@@ -34,14 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BF16_REL = 0.01  # the relative loss gap allowed between bf16 runs on two devices (CPU bf16 vs fp32: 4e-4)
 KEPT = 0.95  # a throughput figure passes at 95% of its 2026-11-22 value (run-to-run spread is a few %)
 CASE = "8B×8 fsdp compiled, selective AC, batch 2"  # benchmarks/gpu.py's case that throughput and torchtitan run
-TITAN = "0.2.2"  # the torchtitan that benchmarks/gpu_wheels.sh carries: 0.3.0 does not import with torch 2.11
-# Per torchtitan version run, the modules it needs beyond torchacco's (0.2.2's MoE kernels import triton, which a
-# CUDA torch brings; datasets imports httpx), and the module whose import shows that it imports with this torch
-TITAN_NEEDS = {
-    "0.2.2": ("torchtitan", "torchdata", "datasets", "tyro", "einops", "triton", "httpx"),
-    "0.3.0": ("torchtitan", "torchdata", "torch_checkpointing", "datasets", "tyro", "einops", "spmd_types"),
-}
-TITAN_ENTRY = {"0.2.2": "torchtitan.train", "0.3.0": "torchtitan.models.llama3.config_registry"}
+TITAN = "0.2.2"  # the torchtitan that benchmarks/gpu_wheels.sh carries
+# the modules it needs beyond torchacco's (its MoE kernels import triton, which a CUDA torch brings; datasets imports
+# httpx); importing torchtitan.train shows that it imports with this torch
+TITAN_NEEDS = ("torchtitan", "torchdata", "datasets", "tyro", "einops", "triton", "httpx")
 NEEDS = ("torch", "torchdata", "tokenizers", "safetensors", "tensorboard", "torchacco.models", "pytest")
 
 
@@ -60,7 +56,7 @@ STEPS = [
     Step("parity", 110, "acco/zero1/fsdp, CUDA vs CPU, bf16, one safetensors export; resume from a CUDA checkpoint"),
     Step("throughput", 90, "8B×8 compiled MFU and ACCO's overlap against 2026-11-22"),
     Step("stall", 70, "a stalled collective: the one-line diagnosis and flight_recorder/"),
-    Step("torchtitan", 115, f"torchtitan {TITAN} (or 0.3.0) on the 8B×8 case: tokens/s and peak memory ratios"),
+    Step("torchtitan", 115, f"torchtitan {TITAN} on the 8B×8 case: tokens/s and peak memory ratios"),
 ]
 
 
@@ -442,17 +438,17 @@ def titan_step(ctx) -> dict:
         titan = version("torchtitan")
     except PackageNotFoundError:
         titan = None
-    missing = [m for m in TITAN_NEEDS.get(titan, TITAN_NEEDS[TITAN]) if importlib.util.find_spec(m) is None]
+    missing = [m for m in TITAN_NEEDS if importlib.util.find_spec(m) is None]
     assets = [str(ctx.titan_assets / "tests/assets" / a) for a in ("tokenizer", "c4_test")]
     missing += [a for a in assets if not Path(a).is_dir()]
     if missing:
         return {"status": f"skipped: torchtitan cannot run here: missing {', '.join(missing)}"}
     if not has_gpu():
         return {"status": "skipped: no GPU"}
-    if titan not in TITAN_NEEDS:
-        return {"status": f"skipped: torchtitan {titan} is installed; the comparison is for {' or '.join(TITAN_NEEDS)}"}
-    probe = subprocess.run([sys.executable, "-c", f"import {TITAN_ENTRY[titan]}"], capture_output=True, text=True)
-    if probe.returncode != 0:  # e.g. 0.3.0 imports DataParallelMeshDims, which torch 2.11 lacks
+    if titan != TITAN:  # e.g. 0.3.0 imports DataParallelMeshDims, which torch 2.11 lacks
+        return {"status": f"skipped: torchtitan {titan} is installed; the comparison is for {TITAN}"}
+    probe = subprocess.run([sys.executable, "-c", "import torchtitan.train"], capture_output=True, text=True)
+    if probe.returncode != 0:
         why = f"does not import with torch {version('torch')}: {tail(probe, 1)}"
         return {"status": f"skipped: torchtitan {titan} {why}"}
     (_, cmd, _), = plan("torchtitan", ctx)  # fmt: skip
@@ -474,10 +470,15 @@ def titan_step(ctx) -> dict:
 
 
 def titan_run(ctx) -> int:
-    """torchtitan on CASE in this process (a world of 1): its Llama 3 8B cut to 8 layers, seq 8192 × 2, selective
-    AC, compiled, bf16 compute with fp32 parameters, as torchacco's case. Its own test assets hold the tokenizer and
-    the data (the machine has no network)."""
+    """torchtitan on CASE in this process (a world of 1): its Llama 3 8B cut to an 8-layer flavor registered for the
+    run, seq 8192 × 2, as its llama3_8b.toml (selective AC by op, lr 3e-4), compiled, as torchacco's case. Its
+    defaults keep checkpoints, validation, profiling and TensorBoard off; in a world of 1 it shards nothing and
+    autocasts to bf16 over fp32 parameters. Its own test assets hold the tokenizer and the data (no network there)."""
     import torch
+    from torchtitan.config import ConfigManager
+    from torchtitan.models.llama3 import llama3_args
+    from torchtitan.tools.logging import init_logger
+    from torchtitan.train import Trainer
 
     from benchmarks.gpu import cases
 
@@ -489,37 +490,6 @@ def titan_run(ctx) -> int:
     os.chdir(ctx.titan_assets)  # its configs name ./tests/assets/... relative to the working directory
     # torchtitan resets the peak at each log line: kept, it is the whole run's, as torchacco's memory_gib (allocated)
     torch.cuda.reset_peak_memory_stats = lambda *args, **kwargs: None
-    trainer = (titan_trainer_030 if version("torchtitan") == "0.3.0" else titan_trainer_022)(ctx, case)
-    trainer.train()
-    trainer.close()
-    print(f"TITAN_PEAK_GIB {torch.cuda.max_memory_allocated() / 2**30:.3f}", flush=True)
-    return 0
-
-
-def titan_trainer_030(ctx, case: dict):
-    """0.3.0: its llama3_8b config from the config registry, edited."""
-    from torchtitan.config import CompileConfig
-    from torchtitan.models.llama3.config_registry import llama3_8b
-
-    cfg = llama3_8b()
-    cfg.model_spec.model.layers = cfg.model_spec.model.layers[: case["layers"]]
-    cfg.hf_assets_path, cfg.dataloader.dataset = "./tests/assets/tokenizer", "c4_test"
-    cfg.training.seq_len, cfg.training.local_batch_size, cfg.training.steps = case["seq"], case["batch"], 12
-    cfg.compile = CompileConfig(enable=case["compile"])
-    cfg.profiler.enable_profiling, cfg.metrics.enable_tensorboard, cfg.metrics.log_freq = False, False, 1
-    cfg.checkpoint.enable, cfg.validator.enable, cfg.dump_folder = False, False, str(ctx.work / "titan")
-    return cfg.build()
-
-
-def titan_trainer_022(ctx, case: dict):
-    """0.2.2: a JobConfig from command-line overrides, as its llama3_8b.toml (selective AC by op, lr 3e-4) on an
-    8-layer flavor of its 8B registered for the run. Its defaults keep checkpoints, validation, profiling and
-    TensorBoard off; in a world of 1 it shards nothing and autocasts to bf16 over fp32 parameters."""
-    from torchtitan.config import ConfigManager
-    from torchtitan.models.llama3 import llama3_args
-    from torchtitan.tools.logging import init_logger
-    from torchtitan.train import Trainer
-
     flavor = f"8B_{case['layers']}_layers"
     llama3_args[flavor] = dataclasses.replace(llama3_args["8B"], n_layers=case["layers"])
     init_logger()  # its train.py main does this; without it the `tps:` lines are not logged
@@ -531,7 +501,11 @@ def titan_trainer_022(ctx, case: dict):
         *["--compile.enable"] * case["compile"], "--metrics.log_freq", "1",
         "--job.dump_folder", str(ctx.work / "titan"),
     ])  # fmt: skip
-    return Trainer(cfg)
+    trainer = Trainer(cfg)
+    trainer.train()
+    trainer.close()
+    print(f"TITAN_PEAK_GIB {torch.cuda.max_memory_allocated() / 2**30:.3f}", flush=True)
+    return 0
 
 
 RUNS = {"env": env_step, "cuda-tests": cuda_tests_step, "parity": parity_step, "throughput": throughput_step,
