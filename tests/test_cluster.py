@@ -287,6 +287,43 @@ def _check_netns() -> str | None:
     return None
 
 
+_SINK = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print('ready', flush=True)
+c, _ = s.accept(); n = 0
+while True:
+    b = c.recv(1 << 20)
+    if not b: break
+    n += len(b)
+c.sendall(b'k'); print(n, flush=True)
+"""
+_SOURCE = """
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
+buf = b'x' * (1 << 20); total = int(float(sys.argv[3]) * 2**20); t = time.perf_counter(); sent = 0
+while sent < total:
+    c.sendall(buf); sent += len(buf)
+c.shutdown(socket.SHUT_WR); c.recv(1); print(sent * 8 / (time.perf_counter() - t), flush=True)
+"""
+
+
+def measure_link(cluster, src: int = 1, dst: int = 0, megabytes: float = 8, port: int = 29399) -> float:
+    """Bits per second of one TCP stream from node src to node dst (checks the shaping)."""
+    plan = cluster.plan
+    sink = subprocess.Popen(plan.node_command(dst, [sys.executable, "-c", _SINK, plan.address(dst), str(port)]),
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        sink.stdout.readline()
+        source = [sys.executable, "-c", _SOURCE, plan.address(dst), str(port), str(megabytes)]
+        out = subprocess.run(plan.node_command(src, source), capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, f"node {src} cannot reach node {dst} at {plan.address(dst)}:{port}: {out.stderr}"
+        return float(out.stdout.strip())
+    finally:
+        sink.kill()
+        sink.wait()
+
+
 @pytest.mark.integration
 @pytest.mark.slow  # two emulated nodes built, trained on and removed
 @pytest.mark.skipif(_netns_available() is not None, reason=str(_netns_available()))
@@ -294,7 +331,7 @@ def test_two_node_cluster_smoke(tiny_corpus, cache_dir, tmp_path):
     """2 namespaces, shaped links, rendezvous over 10.77.0.0/24, gloo between them; everything removed after."""
     plan = ClusterPlan(nodes=2, rate_bps=500e6, slow_node=1, slow_factor=2)
     with cl.Cluster(plan) as cluster:
-        goodput = cl.measure_link(cluster, megabytes=8)
+        goodput = measure_link(cluster, megabytes=8)
         assert 0.5 * 500e6 < goodput < 1.3 * 500e6  # the tbf burst lets a short transfer exceed the rate a little
     args = tiny_args(tiny_corpus, cache_dir, tmp_path / "unused")
     args = args[: args.index("--job.dump_folder")]  # run_training chooses the folder

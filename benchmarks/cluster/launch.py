@@ -1,5 +1,6 @@
 """Training on the cluster: one torchrun agent per node inside its namespace, rendezvous at node 0, gloo over the
-namespaces' links; then the run's records and per-rank reports, or one line saying which node failed and why."""
+namespaces' links; then the run's records and per-rank reports (or the collectives' times), or one line saying which
+node failed and why."""
 
 from __future__ import annotations
 
@@ -100,6 +101,13 @@ def run_nodes(plan: ClusterPlan, module: str, args: list[str], folder: Path, tim
         if failed is not None:
             raise ClusterError(f"node {failed} failed: {_last_error(folder / f'node{failed}.log')} (logs: {logs})")
     return time.perf_counter() - started
+
+
+def probe_collectives(plan: ClusterPlan, folder: Path, numel: int, port: int = 29400, timeout_s: float = 600,
+                      extra: list[str] = ()) -> dict:  # fmt: skip
+    """Seconds of each collective of `numel` fp32 over the cluster (`extra`: more collective_probe.py options)."""
+    run_nodes(plan, "benchmarks.workers.collective_probe", ["--numel", str(numel), *extra], folder, timeout_s, port)
+    return json.loads((folder / "collectives.json").read_text())
 
 
 def last_error(output: str, default: str = "no output") -> str:
