@@ -10,6 +10,7 @@ import pytest
 from conftest import ROOT
 
 from torchacco import cost_model as cm
+from torchacco.errors import UserError
 
 WORK = cm.Workload(params=1e6, flops_per_token=1e3, tokens_per_micro_batch=1e3, micro_batches=2, comm_bytes=4)
 
@@ -159,7 +160,7 @@ def test_model_workload_from_a_model_folder():
     w = cm.model_workload("gpt_neo", "tiny", 256, 4, 2, vocab_size=10000, comm_bytes=4)
     assert w.params == pytest.approx(5.85e6, rel=0.01)
     assert w.tokens_per_micro_batch == 1024
-    with pytest.raises(ValueError, match="no flavor"):
+    with pytest.raises(UserError, match="no flavor 'huge'"):  # the trainer's own line
         cm.model_workload("gpt_neo", "huge", 256, 4, 2)
     with pytest.raises(ValueError):
         cm.Workload(params=0, flops_per_token=1, tokens_per_micro_batch=1)

@@ -71,8 +71,7 @@ def variants() -> dict[str, tuple[type, str]]:
 
 def variant_arguments(label: str) -> list[str]:
     """The trainer arguments that select a modelled strategy (`variants()`'s label)."""
-    name = label if label in registry.names() else _strategy_of(label)
-    return ["--parallelism.data_parallel", name, *(VARIANTS[label][0] if label in VARIANTS else ())]
+    return ["--parallelism.data_parallel", variants()[label][0].name, *VARIANTS.get(label, ((),))[0]]
 
 
 def _strategy_of(label: str) -> str | None:
@@ -148,10 +147,6 @@ class Hardware:
         if self.compute_s is not None:
             return self.compute_s
         return work.flops_per_token * work.tokens_per_micro_batch / self.flops
-
-    def compute_times(self, c: float) -> list[float]:
-        """Each rank's compute time per micro-batch (rank 0 is the slow one)."""
-        return [c * self.slow_factor] + [c] * (self.world - 1)
 
 
 def hardware(device: str, nodes: int, gpus_per_node: int, mfu: float, bandwidth: str, latency_ms: float, **more):
@@ -343,7 +338,7 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
     cls, mode = known[strategy]
     traits, W, k = cls.traits, hw.world, work.micro_batches
     c = hw.micro_batch_s(work)
-    times = hw.compute_times(c)
+    times = [c * hw.slow_factor] + [c] * (W - 1)  # each rank's seconds per micro-batch, rank 0 the slow one
     V = collective_s(work.params * work.comm_bytes, hw)
     opt_shard = work.params / W / hw.opt_rate
     M = hw.rs_factor * V + opt_shard + hw.ag_factor * V  # reduce-scatter, sharded AdamW, all-gather
@@ -355,8 +350,7 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
     step, comm, job, tokens = FORMULAS[traits.communication](update)
     overlap = 1.0 - comm / job if job > 0 else 1.0
     return {"strategy": strategy, "step_time_s": step, "tokens_per_update": tokens, "tokens_per_s": tokens / step,
-            "exposed_comm_s": comm, "overlap": min(1.0, max(0.0, overlap)), "compute_s": c, "job_s": M,
-            "collective_s": V}  # fmt: skip
+            "exposed_comm_s": comm, "overlap": min(1.0, max(0.0, overlap)), "compute_s": c, "job_s": M}  # fmt: skip
 
 
 def predict_diloco(
@@ -396,26 +390,15 @@ def predict_diloco(
     return {"strategy": f"diloco_h{sync_every} ({inner} inside{wire_label})", "step_time_s": step,
             "tokens_per_update": tokens, "tokens_per_s": tokens / step,
             "exposed_comm_s": step - t_in + inside["exposed_comm_s"],
-            "overlap": max(0.0, 1.0 - exposed * sync_every / sum(transfers)) if sum(transfers) else 1.0,
-            "compute_s": t_in, "job_s": max(transfers), "collective_s": max(transfers),
-            "outer_exposed_s": exposed}  # fmt: skip
+            "overlap": max(0.0, 1.0 - exposed * sync_every / sum(transfers)) if sum(transfers) else 1.0}  # fmt: skip
 
 
 def model_fragment_params(model: str, flavor: str, fragments: int, vocab_size: int | None = None) -> list[float]:
     """The parameters of each of DiLoCo's fragments of a model folder's flavor, as the trainer splits it
     (`diloco.fragment_of`, on the meta device: nothing is allocated)."""
-    spec, args = flavor_args(model, flavor, vocab_size)
-    with torch.device("meta"):
-        return fragment_sizes(spec.model_cls(args), fragments)
-
-
-def flavor_args(model: str, flavor: str, vocab_size: int | None = None):
-    """A model folder's spec and its flavor's ModelArgs, with `vocab_size` when given."""
     spec = get_model_spec(model)
-    if flavor not in spec.flavors:
-        raise ValueError(f"model {model!r} has no flavor {flavor!r}; one of {', '.join(spec.flavors)}")
-    args = spec.flavors[flavor]
-    return spec, dataclasses.replace(args, vocab_size=vocab_size) if vocab_size else args
+    with torch.device("meta"):
+        return fragment_sizes(spec.model_cls(spec.args(flavor, vocab_size=vocab_size or None)), fragments)
 
 
 def fragment_sizes(module: torch.nn.Module, fragments: int) -> list[float]:
@@ -538,7 +521,7 @@ def model_workload(
     comm_bytes: float = 2.0, activation_checkpoint: str = "selective", loss_chunks: int = 8,
 ) -> Workload:  # fmt: skip
     """A Workload from a model folder's flavor (parameters, FLOPs per token and activations from its ModelArgs)."""
-    _, args = flavor_args(model, flavor, vocab_size)
+    args = get_model_spec(model).args(flavor, vocab_size=vocab_size or None)
     return Workload(
         params=float(args.num_params()),
         flops_per_token=float(args.flops_per_token(seq_len)),
@@ -581,7 +564,7 @@ def model_parallel_layout(
     g, dp = hw.ranks_per_node, hw.world // (tp * pp)
     per_node = max(1, min(dp, g // tp)) if g % tp == 0 else 1
     c = hw.micro_batch_s(work)
-    bubble = 1 + (pp - 1) / (pieces * stages_per_rank) if pp > 1 else 1.0
+    bubble = 1 + (pp - 1) / (pieces * stages_per_rank)
     sharing = max(1, g // per_node)  # rings through one node's link at once
     ring = dataclasses.replace(
         hw, nodes=-(-dp // per_node), ranks_per_node=per_node, compute_s=c / (tp * pp) * bubble,
@@ -628,7 +611,7 @@ def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def _time_versus(seconds: float | None, soonest: float | None, fits: bool, note: str = "not measured") -> str:
+def _time_versus(seconds: float | None, soonest: float | None, fits: bool, note: str) -> str:
     """The time-to-loss cells: seconds and the ratio to the soonest, or `note` (no time), or 'does not fit'."""
     if seconds is None:
         return f"{note} | —" if fits else f"{note} | does not fit"

@@ -43,7 +43,7 @@ from torchacco.parallel.hsdp import shard_degree
 from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
 from torchacco.parallel.pipeline import layer_split, microbatches, stages_per_rank
 from torchacco.parallel.registry import strategy_class
-from torchacco.parallel.strategy import MemoryParts
+from torchacco.parallel.strategy import MemoryParts, UpdatePlan
 from torchacco.spec import get_model_spec
 from torchacco.validate import validate
 
@@ -97,6 +97,7 @@ class DryRun:
     params: int  # the whole model's
     param_dtype: torch.dtype
     micro_batches: int  # per rank and update
+    fragment_params: list[float]  # of each of DiLoCo's fragments (with replicas; else the whole model's)
     kinds: list[RankMemory]
     notes: list[str]
 
@@ -114,16 +115,9 @@ def vocabulary(cfg: Config) -> tuple[int, str]:
     if not cfg.tokenizer.path:
         return cfg.tokenizer.vocab_size, "the BPE trained on the data, [tokenizer] vocab_size"
     if Path(cfg.tokenizer.path).is_file():
-        from tokenizers import Tokenizer
+        from torchacco.data.tokenizer import Tokenizer  # the trainer's reader, and its line for a file it cannot use
 
-        try:
-            size = Tokenizer.from_file(cfg.tokenizer.path).get_vocab_size()
-        except Exception as e:  # the tokenizers library raises its own kinds
-            raise UserError(
-                f"[tokenizer] path = {cfg.tokenizer.path} is not a tokenizer.json the tokenizers library reads "
-                f"({type(e).__name__}); point it at a Hugging Face tokenizer.json"
-            ) from None
-        return size, f"the tokenizer's, {cfg.tokenizer.path}"
+        return Tokenizer(cfg.tokenizer.path).vocab_size, f"the tokenizer's, {cfg.tokenizer.path}"
     return 0, f"the flavor's: a run takes its tokenizer's, {cfg.tokenizer.path}, which is not here"
 
 
@@ -217,7 +211,8 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
     with torch.device("meta"):
         whole = spec.model_cls(args)
     total = local_numel(whole)
-    largest = max(cm.fragment_sizes(whole, cfg.diloco.fragments)) / total if replicas > 1 else 1.0
+    fragments = cm.fragment_sizes(whole, cfg.diloco.fragments) if replicas > 1 else [float(total)]
+    largest = max(fragments) / total
     outer = cfg.diloco if replicas > 1 else None
     stages = stage_params(cfg, spec, args, cluster, dp) if tp * pp > 1 else [_counts(whole)]
     kinds = []
@@ -229,8 +224,8 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
         label = f"pp stage {stage}" if pp > 1 else "every rank"
         kinds.append(RankMemory(label, stage * dp * tp, cluster.world // pp, numel, memory, gathered,
                                 activations(cfg, args, stage)))  # fmt: skip
-    micro = t.global_batch_size // (t.local_batch_size * dp * replicas) if t.global_batch_size else 1
-    return DryRun(cfg, cluster, dp, tp, pp, replicas, args, total, dtype, micro, kinds, notes)
+    micro = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp, replicas=replicas).micro_batches
+    return DryRun(cfg, cluster, dp, tp, pp, replicas, args, total, dtype, micro, fragments, kinds, notes)
 
 
 def strategy_label(cfg: Config) -> str:
@@ -273,11 +268,9 @@ def layout_prediction(run: DryRun, work: cm.Workload, hw: cm.Hardware) -> dict:
     label = strategy_label(cfg)
     if run.replicas > 1:
         d = cfg.diloco
-        sizes = cm.model_fragment_params(cfg.model.name, cfg.model.flavor, d.fragments, run.args.vocab_size)
         replicas = dataclasses.replace(hw, nodes=run.replicas, ranks_per_node=run.cluster.world // run.replicas)
-        return cm.predict_diloco(
-            work, replicas, label, d.sync_every, d.fragments, d.overlap_steps, d.outer_dtype, sizes, d.topk
-        )
+        outer = (d.sync_every, d.fragments, d.overlap_steps, d.outer_dtype, run.fragment_params, d.topk)
+        return cm.predict_diloco(work, replicas, label, *outer)
 
     local = max(k.params for k in run.kinds)  # the slowest coordinate's ring carries the largest part
     pieces = microbatches(cfg) if run.pp > 1 else 1
@@ -304,12 +297,11 @@ def report(run: DryRun, gpu_gib: float, prediction: dict, link, config: str) -> 
         f"micro-batches of {t.local_batch_size} × {t.seq_len} tokens per rank and update; {dtype} compute, "
         f"{p.reduce_dtype} reduction; activation_checkpoint {t.activation_checkpoint}, loss_chunks {t.loss_chunks}",
     ]
-    columns = ["ranks", "params (its tp/pp part)", "weights", "gradients", "master", "optimizer", "buffers", "gathered",
-               "activations", "peak (GiB)"]  # fmt: skip
+    parts = [f.name for f in dataclasses.fields(MemoryParts)]  # weights, gradients, master, optimizer, buffers
+    columns = ["ranks", "params (its tp/pp part)", *parts, "gathered", "activations", "peak (GiB)"]
     rows = []
     for k in run.kinds:
-        m = k.memory
-        cells = [m.weights, m.gradients, m.master, m.optimizer, m.buffers, k.gathered, k.activations, k.peak]
+        cells = [*dataclasses.astuple(k.memory), k.gathered, k.activations, k.peak]
         row = [f"{k.label} (rank {k.rank}, {k.ranks} ranks)", _count(k.params)]
         rows.append(row + [f"{x / GIB:.1f}" for x in cells])
     lines += ["", cm.markdown_table(columns, rows)]
@@ -344,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, rest = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    args, rest = build_parser().parse_known_args(argv)  # None: sys.argv[1:]
     cfg = load_config(rest)
     if not args.dry_run and not cfg.job.cluster:
         raise UserError("--dry-run needs the cluster's size, e.g. --dry-run 4x8 (nodes × GPUs per node)")

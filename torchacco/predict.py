@@ -26,7 +26,7 @@ from torchacco.config import Config, DiLoCo, Parallelism, load_config
 from torchacco.errors import UserError, run_cli
 from torchacco.parallel.acco import ACCO
 from torchacco.parallel.ddp import DDP
-from torchacco.parallel.registry import strategy_class
+from torchacco.parallel.registry import strategies, strategy_class
 from torchacco.parallel.zero1 import ZeRO1
 from torchacco.validate import check_diloco
 
@@ -108,8 +108,8 @@ def rows(args, work: cm.Workload, hw: cm.Hardware) -> tuple[dict, dict, dict]:
     if args.nodes > 1:  # DiLoCo, one replica per node, over each synchronous strategy inside it
         outer = outer_step(args)
         sizes = cm.model_fragment_params(args.model, args.flavor, outer.fragments)
-        for label, (cls, _) in cm.variants().items():
-            if label == cls.name and not cls.traits.overlapped and not cls.traits.replicas_refused:
+        for label, cls in strategies().items():
+            if not cls.traits.overlapped and not cls.traits.replicas_refused:
                 row = cm.predict_diloco(work, hw, label, outer.sync_every, outer.fragments, outer.overlap_steps,
                                         outer.outer_dtype, sizes, outer.topk)  # fmt: skip
                 preds[row["strategy"]] = row
@@ -131,10 +131,9 @@ def from_config(args):
     # the DiLoCo rows' outer step; they model neither balanced replicas nor fault tolerance (the config's row does)
     outer = dataclasses.replace(cfg.diloco, balance_replicas=False, fault_tolerant=False)
     args.config_diloco = outer if run.replicas > 1 else None
-    # the alternatives run the config's global batch with every rank data-parallel
-    per_update = run.micro_batches * t.local_batch_size * run.dp * run.replicas
+    # the alternatives run the config's global batch with every rank data-parallel: tp·pp times its dp ranks
     args.seq_len, args.local_batch = t.seq_len, t.local_batch_size
-    args.micro_batches = max(1, per_update // (t.local_batch_size * args.nodes * args.gpus_per_node))
+    args.micro_batches = max(1, run.micro_batches // (run.tp * run.pp))
     args.activation_checkpoint, args.loss_chunks = t.activation_checkpoint, t.loss_chunks
     args.bucket_cap_mb = p.bucket_cap_mb
     return run
@@ -150,8 +149,8 @@ def config_row(run, work: cm.Workload, hw: cm.Hardware) -> tuple[str, dict, str 
     return row, {**dry_run.layout_prediction(run, work, hw), "strategy": row}, source
 
 
-def predict(args) -> dict:
-    """Print the table and the verdict; returns the workload, hardware and predictions."""
+def predict(args) -> None:
+    """Print the table and the verdict."""
     run = from_config(args)
     work, hw = workload_and_hardware(args)
     preds, mem, sources = rows(args, work, hw)
@@ -190,7 +189,6 @@ def predict(args) -> dict:
     if unmeasured := left_out(preds, ttl, fits, notes):
         print(unmeasured)
     print(assumptions(args, recipe, sources))
-    return {"workload": work.__dict__, "hardware": hw.__dict__, "predictions": preds}
 
 
 def _advisable(ttl: dict, fits: dict) -> list[str]:
@@ -204,7 +202,7 @@ def verdict(preds: dict, ttl: dict, fits: dict) -> str:
     if not advisable:
         return "none"
     soonest = min(advisable, key=ttl.get)
-    synchronous = [name for name, (cls, _) in cm.variants().items() if name == cls.name and not cls.traits.overlapped]
+    synchronous = [name for name, cls in strategies().items() if not cls.traits.overlapped]
     baseline = min((s for s in synchronous if s in advisable), key=ttl.get, default=None)
     if baseline is None:
         return f"{soonest} (no synchronous baseline fits)"
