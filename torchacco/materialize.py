@@ -1,11 +1,7 @@
 """Building a model sharded from the start: construct on meta, parallelise there, then allocate and initialise
-only this rank's shard, with the values of the whole model initialised on one device from the same seed.
-
-`init_weights()` runs over the full module tree; a random initialiser that meets a sharded parameter (DTensor)
-draws the whole tensor, keeps this rank's slice and frees the rest; one that meets a parameter another pipeline
-stage owns (still on meta) draws it and throws it away, so the generator advances as for the whole model. The
-transient is one parameter. The trainer calls `materialize(model)` after tensor and pipeline parallelism; FSDP
-calls it after sharding, before it builds its optimizer.
+only this rank's shard, with the values of the whole model initialised on one device from the same seed
+(docs/architecture.md, "Order of application"). The trainer calls `materialize(model)` after tensor and pipeline
+parallelism; FSDP calls it after sharding, before it builds its optimizer.
 """
 
 from __future__ import annotations
