@@ -77,7 +77,8 @@ class ShardedInit(TorchFunctionMode):
             args = (kwargs.pop("tensor"),)
         target = args[0] if args else None
         sharded = isinstance(target, DTensor)
-        if (sharded or getattr(target, "is_meta", False)) and _is_fresh(func, name):
+        fresh = _FRESH_INIT if getattr(func, "__module__", None) == "torch.nn.init" else _FRESH_METHODS
+        if (sharded or getattr(target, "is_meta", False)) and name in fresh:
             whole = torch.empty(target.shape, dtype=target.dtype, device=self.device)
             func(whole, *args[1:], **kwargs)
             if sharded:
@@ -87,10 +88,6 @@ class ShardedInit(TorchFunctionMode):
             copy_shard(target, args[1].expand(target.shape))
             return target
         return func(*args, **kwargs)
-
-
-def _is_fresh(func, name: str) -> bool:
-    return name in (_FRESH_INIT if getattr(func, "__module__", None) == "torch.nn.init" else _FRESH_METHODS)
 
 
 def copy_shard(target: DTensor, whole: torch.Tensor) -> None:

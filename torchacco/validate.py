@@ -124,8 +124,9 @@ def _check_emulation(cfg: Config) -> None:
 def _check_strategy(cfg: Config, dp_size: int) -> None:
     """The data-parallel strategy's traits against the config, then its own checks; a refusal lists the strategies that
     can."""
-    p = cfg.parallelism
-    cls, model_parallel = strategy_class(p.data_parallel), _degrees_label(p)
+    p, cls = cfg.parallelism, strategy_class(cfg.parallelism.data_parallel)
+    degrees = {"tp": p.tensor_parallel_degree, "pp": p.pipeline_parallel_degree}
+    model_parallel = " × ".join(f"{n}={d}" for n, d in degrees.items() if d > 1)  # 'tp=2 × pp=2'; '' for none
     name = cls.name
     if model_parallel and not cls.traits.model_parallel:
         able = _able(lambda t: t.model_parallel)
@@ -303,12 +304,6 @@ def check_parallelism(p, world_size: int) -> int:
             f"[parallelism] pipeline_microbatches must be 0 (auto) or positive, got {p.pipeline_microbatches}"
         )
     return world_size // n
-
-
-def _degrees_label(p) -> str:
-    """'tp=2 × pp=2' for the [parallelism] degrees above 1; '' for none."""
-    degrees = (("tp", p.tensor_parallel_degree), ("pp", p.pipeline_parallel_degree))
-    return " × ".join(f"{name}={d}" for name, d in degrees if d > 1)
 
 
 def _check_profiling(p, device: str) -> None:
