@@ -1,11 +1,7 @@
 """Building a model sharded from the start: construct on meta, parallelise there, then allocate and initialise
-only this rank's shard, with the values of the whole model initialised on one device from the same seed.
-
-`init_weights()` runs over the full module tree; a random initialiser that meets a sharded parameter (DTensor)
-draws the whole tensor, keeps this rank's slice and frees the rest; one that meets a parameter another pipeline
-stage owns (still on meta) draws it and throws it away, so the generator advances as for the whole model. The
-transient is one parameter. The trainer calls `materialize(model)` after tensor and pipeline parallelism; FSDP
-calls it after sharding, before it builds its optimizer.
+only this rank's shard, with the values of the whole model initialised on one device from the same seed
+(docs/architecture.md, "Order of application"). The trainer calls `materialize(model)` after tensor and pipeline
+parallelism; FSDP calls it after sharding, before it builds its optimizer.
 """
 
 from __future__ import annotations
@@ -81,7 +77,8 @@ class ShardedInit(TorchFunctionMode):
             args = (kwargs.pop("tensor"),)
         target = args[0] if args else None
         sharded = isinstance(target, DTensor)
-        if (sharded or getattr(target, "is_meta", False)) and _is_fresh(func, name):
+        fresh = _FRESH_INIT if getattr(func, "__module__", None) == "torch.nn.init" else _FRESH_METHODS
+        if (sharded or getattr(target, "is_meta", False)) and name in fresh:
             whole = torch.empty(target.shape, dtype=target.dtype, device=self.device)
             func(whole, *args[1:], **kwargs)
             if sharded:
@@ -91,10 +88,6 @@ class ShardedInit(TorchFunctionMode):
             copy_shard(target, args[1].expand(target.shape))
             return target
         return func(*args, **kwargs)
-
-
-def _is_fresh(func, name: str) -> bool:
-    return name in (_FRESH_INIT if getattr(func, "__module__", None) == "torch.nn.init" else _FRESH_METHODS)
 
 
 def copy_shard(target: DTensor, whole: torch.Tensor) -> None:

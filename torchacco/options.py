@@ -51,27 +51,22 @@ class OverlappedOptions(Options):
     )
     dpu_warmup_steps: int = key(0, "dpu: synchronous updates before the one-step delay starts")
     drift_every: int = key(10, "acco: log ‖θ̃ − θ‖ / ‖θ‖ every this many commits; 0 disables")
-    # Variants of the estimate θ̃ = Opt(θ, g̃), which steps with half the update's batch (docs/acco.md, "The estimate").
+    # Variants of the estimate θ̃ = Opt(θ, g̃), a step with half the update's batch (docs/acco.md, "The estimate").
     estimate_grad_weight: float = key(
         1.0,
         "acco: the estimate steps with w·g̃ + (1 − w)·m̂ (g̃ the half-batch gradient, m̂ Adam's bias-corrected first "
         "moment); 1: g̃ alone (the paper), 0: the moments alone",
     )
     estimate_damping: float = key(1.0, "acco: θ̃ = θ + γ·(Opt(θ, g̃) − θ), only this share γ of the estimate's step")
-    # counting the tokens at θ̃ more weakens the feedback of the estimate's error e (e' ∝ (1 − their weight share)·e),
-    # at the price of a less even mean (docs/acco.md)
     estimate_token_weight: float = key(
         1.0,
         "acco: each token computed at θ̃ counts this many times in the commit's token mean (1: the plain mean, paper)",
     )
-    # a half batch's norm carries twice the commit's noise: clipping by it lowers the largest stable lr·h (docs/acco.md)
     estimate_clip: Literal["own", "commit"] = key(
         "own",
         "acco: the gradient norm that decides the estimate's clipping: 'own' (the half batch's, the paper) or "
         "'commit' (the last commit's, so the estimate is clipped as its commit will likely be)",
     )
-    # e = θ̃ − θ feeds back as e' ≈ −lr·(1 − β1)·h·(1 − share)·e along a curvature h (docs/acco.md): a larger share
-    # raises the largest stable lr·h toward DDP's, but leaves a shorter period at θ to hide the estimate's transfer
     estimate_share: float = key(
         0.5, "acco, deterministic: share of each update's micro-batches computed at θ̃ (the rest at θ); 0.5: the paper's"
     )

@@ -8,10 +8,9 @@ timeout). Anything else would resume another run's checkpoints; `--job.overwrite
 from __future__ import annotations
 
 import shutil
-import tomllib
 from pathlib import Path
 
-from torchacco.config import Config, config_from_dict
+from torchacco.config import Config, config_from_dict, load_toml
 from torchacco.errors import UserError
 
 MAY_CHANGE = {
@@ -50,13 +49,12 @@ def prepare(cfg: Config, folder: Path) -> None:
         raise UserError(f"--job.dump_folder {folder} is a file; choose a folder")
     if recorded.is_file():
         try:
-            old = config_from_dict(tomllib.loads(recorded.read_text()), str(recorded))
-        except (UserError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            old = config_from_dict(load_toml(recorded), str(recorded))
+        except UserError as e:
             # Not knowing what the folder holds, never delete it, even when told to overwrite.
             raise UserError(
-                f"dump folder {folder} holds a run whose config.toml cannot be read "
-                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); torchacco will not delete it: choose "
-                "another --job.dump_folder, or remove that folder yourself"
+                f"dump folder {folder} holds a run whose config.toml cannot be read ({e}); torchacco will not delete "
+                "it: choose another --job.dump_folder, or remove that folder yourself"
             ) from None
         changed = differences(old, cfg)
         if changed and not cfg.job.overwrite:
@@ -74,7 +72,7 @@ def prepare(cfg: Config, folder: Path) -> None:
         )
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        recorded.write_text(cfg.to_toml())
+        recorded.write_text(cfg.to_toml(), encoding="utf-8")  # as load_toml reads it
     except OSError as e:
         raise UserError(
             f"cannot write to dump folder {folder}: {e.strerror}; choose another --job.dump_folder"

@@ -18,13 +18,9 @@ import torch
 
 from torchacco.errors import Stalled
 
-_stuck = threading.Event()  # a job was given up unfinished: its thread or kernels may sit in the comm library
-
-
-def left_stuck() -> bool:
-    """Was a job abandoned while its thread still ran? Then the interpreter's finalization can abort ("terminate
-    called without an active exception") when that thread wakes: end with os._exit."""
-    return _stuck.is_set()
+# Set when a job was given up unfinished: its thread or kernels may sit in the comm library, and the interpreter's
+# finalization can abort ("terminate called without an active exception") when that thread wakes: end with os._exit.
+left_stuck = threading.Event()
 
 
 def stall_deadline_s(collective_timeout: timedelta) -> float:
@@ -76,7 +72,7 @@ class ThreadRunner:
         try:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
-            _stuck.set()
+            left_stuck.set()
             raise Stalled(
                 f"the communication job made no progress for {timeout_s:.0f} s (Timed out waiting for it)"
             ) from None
@@ -84,7 +80,7 @@ class ThreadRunner:
     def abandon(self) -> None:
         """Forget the job in flight (while another error ends the run): nothing waits for it."""
         if self._future is not None and not self._future.done():
-            _stuck.set()
+            left_stuck.set()
         self._future = None
 
     def close(self) -> None:
@@ -154,7 +150,7 @@ def wait_for_event(event, timeout_s: float | None, waited_s: float = 0.0, poll_s
     deadline = None if timeout_s is None else time.monotonic() + max(timeout_s, 0.0)
     while not event.query():
         if deadline is not None and time.monotonic() > deadline:
-            _stuck.set()  # kernels still queued behind the hung collective
+            left_stuck.set()  # kernels still queued behind the hung collective
             raise Stalled(
                 f"the communication job's kernels made no progress for {waited_s + timeout_s:.0f} s "
                 "(Timed out waiting for it)"

@@ -3,22 +3,9 @@
 A model folder `models/<name>/` plugs in by exposing `spec = ModelSpec(...)` from its `__init__.py`;
 `get_model_spec(name)` imports `torchacco.models.<name>` on demand (or, for a dotted name such as `my_package.my_model`,
 that module from the Python path), so adding a model — its tensor-parallel plan and pipeline split included — never
-means editing `torchacco/`. docs/adding_a_model.md walks through one.
-
-The model class contract (kept small so parallelism can be applied from outside):
-- `ModelCls(args)` builds on the meta device without allocating;
-- `model.init_weights()` initialises every parameter and buffer after `to_empty()`,
-  deterministically given torch's RNG state;
-- `model.layers` is an `nn.ModuleList` of transformer blocks: the unit of
-  `torch.compile`, activation checkpointing and `fully_shard`;
-- `model(tokens[B, T]) -> logits[B, T, vocab]`.
-
-The args dataclass provides `vocab_size`, `max_seq_len`, `dim`, `n_layers` and `flops_per_token(seq_len) -> float`
-(forward + backward, for MFU).
-
-A model passed to `train(cfg, model=...)` without this contract (no `.args`: a Hugging Face causal LM, say) is adapted
-from outside by torchacco/user_model.py and trains under the data-parallel strategies only: tensor and pipeline
-parallelism need the plans below.
+means editing `torchacco/`. docs/adding_a_model.md walks through one and states the model class's contract (built on
+meta, `init_weights()`, `layers`, `args`). A model passed to `train(cfg, model=...)` without `.args` (a Hugging Face
+causal LM, say) is adapted from outside by torchacco/user_model.py and trains under data parallelism only.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ if __name__ == "__main__":
     code = main()
     from torchacco.runners import left_stuck
 
-    if left_stuck():  # a communication thread still inside gloo or NCCL: finalizing beside it can abort
+    if left_stuck.is_set():  # a communication thread still inside gloo or NCCL: finalizing beside it can abort
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -2,11 +2,8 @@
 `PreTrainedModel` such as an `AutoModelForCausalLM`, or any module mapping token ids [B, T] to logits
 [B, T, vocab] (or to an object holding them as `.logits`, or a tuple whose first element they are).
 
-Such a model trains under the data-parallel strategies only (tensor and pipeline parallelism need a plan from
-a models/<name>/ folder). It is adapted from outside, so its parameter names, checkpoints and exports stay its
-own: a forward hook hands the loss the logits, HF's `use_cache` is off (a KV cache is dead weight in training),
-and the hooks are removed when train() returns. Its blocks are found by torchacco.blocks.blocks_of; without
-them FSDP shards it as one unit, compile compiles it whole and activation checkpointing is refused.
+It is adapted from outside, so its parameter names, checkpoints and exports stay its own; what it supports is
+docs/python_api.md's "What is supported with a Hugging Face model".
 """
 
 from __future__ import annotations

@@ -61,11 +61,10 @@ def _check_folders_and_paths(cfg: Config, here: bool) -> None:
                 f'[{section}] folder = {name!r} must name a folder inside the dump folder (e.g. "{section}"); to '
                 f"keep it elsewhere, choose --job.dump_folder there"
             )
-    if here:
-        _check_profiling(cfg.profiling, cfg.training.device)
     check_preemption(cfg.preemption)
     if not here:
         return
+    _check_profiling(cfg.profiling, cfg.training.device)
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
     if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
@@ -125,8 +124,9 @@ def _check_emulation(cfg: Config) -> None:
 def _check_strategy(cfg: Config, dp_size: int) -> None:
     """The data-parallel strategy's traits against the config, then its own checks; a refusal lists the strategies that
     can."""
-    p = cfg.parallelism
-    cls, model_parallel = strategy_class(p.data_parallel), _degrees_label(p)
+    p, cls = cfg.parallelism, strategy_class(cfg.parallelism.data_parallel)
+    degrees = {"tp": p.tensor_parallel_degree, "pp": p.pipeline_parallel_degree}
+    model_parallel = " × ".join(f"{n}={d}" for n, d in degrees.items() if d > 1)  # 'tp=2 × pp=2'; '' for none
     name = cls.name
     if model_parallel and not cls.traits.model_parallel:
         able = _able(lambda t: t.model_parallel)
@@ -154,9 +154,9 @@ def _able(test) -> str:
 
 def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
     """The [diloco] and replica settings that cannot run, each as one line."""
-    d, replicas = cfg.diloco, cfg.parallelism.replicas
+    d, replicas, defaults = cfg.diloco, cfg.parallelism.replicas, DiLoCo()
     if replicas == 1:
-        changed = [f.name for f in dataclasses.fields(d) if getattr(d, f.name) != getattr(DiLoCo(), f.name)]
+        changed = [f.name for f in dataclasses.fields(d) if getattr(d, f.name) != getattr(defaults, f.name)]
         if changed:
             raise UserError(
                 f"[diloco] {', '.join(changed)} set, but [parallelism] replicas = 1 has no outer step; set replicas "
@@ -199,11 +199,10 @@ def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
         raise UserError(f"[diloco] topk = {d.topk:g} is the fraction of the pseudo-gradient sent: use 0 (all) to 1")
     if not 0.0 <= d.error_decay <= 1.0:
         raise UserError(f"[diloco] error_decay = {d.error_decay:g} must be between 0 and 1")
-    if d.error_decay != DiLoCo().error_decay and not d.topk:
-        raise UserError("[diloco] error_decay applies to what topk leaves unsent, and topk = 0 sends all; set topk")
-    if d.topk_mean != DiLoCo().topk_mean and not d.topk:
-        raise UserError(f"[diloco] topk_mean = {d.topk_mean!r} averages what topk sends, and topk = 0 sends all; "
-                        "set topk")  # fmt: skip
+    needs_topk = {"error_decay": "applies to what topk leaves unsent", "topk_mean": "averages what topk sends"}
+    for name, what in needs_topk.items():
+        if getattr(d, name) != getattr(defaults, name) and not d.topk:
+            raise UserError(f"[diloco] {name} = {getattr(d, name)!r} {what}, and topk = 0 sends all; set topk")
     if d.outer_momentum_warmup < 0:
         raise UserError(f"[diloco] outer_momentum_warmup = {d.outer_momentum_warmup} must be 0 (none) or more")
     if d.warm_start < 0 or d.warm_start % interval:
@@ -290,17 +289,13 @@ def check_parallelism(p, world_size: int) -> int:
     for key, value in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp), ("replicas", replicas)):
         if value < 1:
             raise UserError(f"[parallelism] {key} must be at least 1, got {value}")
-    if world_size % (replicas * tp * pp):
-        if replicas > 1:
-            n = replicas * tp * pp
-            raise UserError(
-                f"{world_size} ranks are not divisible by [parallelism] replicas × tensor_parallel_degree × "
-                f"pipeline_parallel_degree = {replicas} × {tp} × {pp} = {n}; launch a multiple of {n} ranks "
-                "(NPROC × NNODES) or change replicas"
-            )
+    if world_size % (n := replicas * tp * pp):
+        factors = {"replicas": replicas} if replicas > 1 else {}  # named only when there are several
+        factors |= {"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp}
         raise UserError(
-            f"{world_size} ranks are not divisible by [parallelism] tensor_parallel_degree × pipeline_parallel_degree "
-            f"= {tp} × {pp} = {tp * pp}; launch a multiple of {tp * pp} ranks (NPROC × NNODES) or change the degrees"
+            f"{world_size} ranks are not divisible by [parallelism] {' × '.join(factors)} = "
+            f"{' × '.join(map(str, factors.values()))} = {n}; launch a multiple of {n} ranks (NPROC × NNODES) or "
+            f"change {'replicas' if replicas > 1 else 'the degrees'}"
         )
     if p.bucket_cap_mb < 0:
         raise UserError(f"[parallelism] bucket_cap_mb must be 0 (torch's default) or positive, got {p.bucket_cap_mb:g}")
@@ -308,13 +303,7 @@ def check_parallelism(p, world_size: int) -> int:
         raise UserError(
             f"[parallelism] pipeline_microbatches must be 0 (auto) or positive, got {p.pipeline_microbatches}"
         )
-    return world_size // (replicas * tp * pp)
-
-
-def _degrees_label(p) -> str:
-    """'tp=2 × pp=2' for the [parallelism] degrees above 1; '' for none."""
-    degrees = (("tp", p.tensor_parallel_degree), ("pp", p.pipeline_parallel_degree))
-    return " × ".join(f"{name}={d}" for name, d in degrees if d > 1)
+    return world_size // n
 
 
 def _check_profiling(p, device: str) -> None:
