@@ -72,11 +72,11 @@ def exit_code(p, checkpoints: bool, signum: int) -> int:
 
 
 class Preemption:
-    """The preemption handling of one train() call; without a config, one that never stops."""
+    """The preemption handling of one train() call (a collective: every rank creates it)."""
 
-    def __init__(self, cfg=None, dims=None, checkpoints: bool = False):
-        self.cfg, self.rank, self.checkpoints = cfg, dims.rank if dims else 0, checkpoints
-        self.enabled = cfg is not None and cfg.enable
+    def __init__(self, cfg, dims, checkpoints: bool):
+        self.cfg, self.rank, self.checkpoints = cfg, dims.rank, checkpoints
+        self.enabled = cfg.enable
         self.signum = 0  # the signal this rank acts on (0: none yet)
         self.group = None
         self._pending: tuple | None = None  # the agreement started at the last boundary
@@ -233,25 +233,3 @@ class Preemption:
             if self._pending is None:
                 dist.destroy_process_group(self.group)
             self.group = None
-
-
-_current: Preemption | None = None
-
-
-def start(cfg, dims, checkpoints: bool) -> Preemption:
-    """Handle `cfg`'s signals for this process's run (a collective: every rank calls it)."""
-    global _current
-    _current = Preemption(cfg, dims, checkpoints)
-    return _current
-
-
-def current() -> Preemption:
-    return _current if _current is not None else Preemption()
-
-
-def stop_handling(clean: bool = True) -> None:
-    """`clean`: every rank ended the run at the same update (finished or preempted)."""
-    global _current
-    if _current is not None:
-        _current.close(clean)
-    _current = None
