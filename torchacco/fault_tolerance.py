@@ -159,9 +159,6 @@ class ReplicaLink:
         """What a replica behind the others copies from one of them: `save()` on the donor, `load()` here. Then
         this replica joins torchft: only once it can train, so that the others never wait for it to start."""
         self._state = (save, load)
-        self._connect()
-
-    def _connect(self) -> None:
         _quiet_torchft()
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
         from torchft.checkpointing.http_transport import HTTPTransport
