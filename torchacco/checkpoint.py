@@ -1,13 +1,7 @@
-"""Training checkpoints with torch.distributed.checkpoint (DCP).
+"""Training checkpoints with torch.distributed.checkpoint (DCP), taken between two updates (docs/checkpoints.md).
 
-A checkpoint, taken between two updates, holds everything needed to continue exactly under the keys of
-`checkpoint_state()`, the one schema the trainer and `torchacco.export` share: `train` (step, tokens, dp size),
-`<strategy key>` (weights, optimizer and schedule state; "dp", or one key per (pp, tp) coordinate or stage, as
-the strategy class says) and `rank<r>` (data-loader position, RNG state).
-
-A save writes `<dump_folder>/<checkpoint.folder>/step-00000100.tmp/`, which rank 0 renames to `step-00000100/`
-once every rank has finished: a `step-N` folder is always complete, and the next save removes a crash's `.tmp`.
-The folder must be shared by all nodes.
+`checkpoint_state()` is the one schema the trainer and `torchacco.export` share. A save writes `step-N.tmp/`, which
+rank 0 renames to `step-N/` once every rank has finished: a `step-N` folder is always complete.
 """
 
 from __future__ import annotations

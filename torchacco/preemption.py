@@ -1,15 +1,8 @@
-"""Preemption: a scheduler's stop signal ends the run at an update, with a checkpoint to resume from.
-
-SLURM sends SIGUSR1 ahead of the time limit and SIGTERM on preemption; `torchacco.launch` forwards both to the
-workers, whose handler only records the signal. At each update boundary (no job in flight, a checkpoint may be
-taken) the ranks agree with a one-number all-reduce on a gloo group of their own (no GPU sync, no group shared with
-the communication thread), so all stop at the same step, save a checkpoint and exit with `[preemption] exit_code`,
-the code to requeue on; the same command then resumes.
-
-A watchdog bounds the stop at `[preemption] grace_s` from the signal: past it the rank exits with the same code,
-without the checkpoint (saves are atomic). torchrun stops the survivors of a dead worker with the same SIGTERM and
-SIGKILLs them 30 s later, so a rank PEER_CHECK_S past the signal without a boundary reads the heartbeats
-(torchacco/health.py): if a peer stopped beating, it prints the diagnosis and exits at once.
+"""Preemption: a scheduler's stop signal ends the run at an update, with a checkpoint to resume from
+(docs/reliability.md#preemption). The signal handler only records the signal; the ranks agree at update boundaries
+on a gloo group of their own (no GPU sync, no group shared with the communication thread). torchrun stops the
+survivors of a dead worker with the same SIGTERM and SIGKILLs them 30 s later, so a rank PEER_CHECK_S past the
+signal without a boundary reads the heartbeats: if a peer stopped beating, it prints the diagnosis and exits at once.
 """
 
 from __future__ import annotations
