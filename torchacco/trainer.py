@@ -20,14 +20,7 @@ from torchacco import data, emulation, fault_tolerance, health, preemption, run_
 from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.blocks import block_list, compile_units
 from torchacco.build import ModelKind, build_data, build_model, build_strategy
-from torchacco.checkpoint import (
-    Checkpointer,
-    TrainState,
-    check_shared,
-    checkpoint_bytes,
-    checkpoint_state,
-    resume,
-)
+from torchacco.checkpoint import Checkpointer, TrainState, check_shared, checkpoint_bytes, checkpoint_state, resume
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
 from torchacco.errors import PeerFailure, Preempted, Stalled, Terminated, UserError
