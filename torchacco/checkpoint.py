@@ -1,13 +1,7 @@
-"""Training checkpoints with torch.distributed.checkpoint (DCP).
+"""Training checkpoints with torch.distributed.checkpoint (DCP), taken between two updates (docs/checkpoints.md).
 
-A checkpoint, taken between two updates, holds everything needed to continue exactly under the keys of
-`checkpoint_state()`, the one schema the trainer and `torchacco.export` share: `train` (step, tokens, dp size),
-`<strategy key>` (weights, optimizer and schedule state; "dp", or one key per (pp, tp) coordinate or stage, as
-the strategy class says) and `rank<r>` (data-loader position, RNG state).
-
-A save writes `<dump_folder>/<checkpoint.folder>/step-00000100.tmp/`, which rank 0 renames to `step-00000100/`
-once every rank has finished: a `step-N` folder is always complete, and the next save removes a crash's `.tmp`.
-The folder must be shared by all nodes.
+`checkpoint_state()` is the one schema the trainer and `torchacco.export` share. A save writes `step-N.tmp/`, which
+rank 0 renames to `step-N/` once every rank has finished: a `step-N` folder is always complete.
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.tensor import DTensor
+from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map
 
 from torchacco.config import Checkpoint as CheckpointConfig
 from torchacco.errors import UserError
@@ -75,13 +69,9 @@ def step_dirs(folder: Path) -> list[tuple[int, Path]]:
     return sorted((int(m.group(1)), p) for m, p in found if m)
 
 
-def _state_dicts(value):
-    """`value` with every Stateful replaced by its state dict (what DCP would save of it)."""
-    if isinstance(value, Stateful):
-        value = value.state_dict()
-    if isinstance(value, dict):
-        return {k: _state_dicts(v) for k, v in value.items()}
-    return value
+def _state_dicts(state: dict) -> dict:
+    """`state` with each Stateful replaced by its state dict (what DCP saves of it)."""
+    return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
 
 
 class HostStaging:
@@ -94,7 +84,7 @@ class HostStaging:
     def __call__(self, state: dict) -> dict:
         plain = _state_dicts(state)
         pin = any(t.is_cuda for _, t in tensor_leaves(plain))  # (a CPU run has nothing to pin)
-        if self.staged is None or not _same_shapes(plain, self.staged):
+        if self.staged is None or _layout(plain) != _layout(self.staged):
             self.staged = _create_cpu_state_dict(plain, pin_memory=pin)
         staged = _copy_state_dict(plain, self.staged, non_blocking=pin)  # (with this save's ints and strings)
         if pin:
@@ -146,33 +136,21 @@ def checkpoint_bytes(state: dict, n_params: int) -> int:
     """The bytes a checkpoint of `state` writes over all ranks: each tensor at its global size (a sharded one
     once), plus AdamW's two fp32 moments per parameter where torch's AdamW creates them only at its first step."""
     total = optimizer = 0
-    for path, t in tensor_leaves(_state_dicts(state), local=False):
+    for path, t in tensor_leaves(_state_dicts(state)):
         size = t.numel() * t.element_size()  # a DTensor's numel() is its global one
         total += size
         optimizer += size if "optim" in path else 0
     return total + max(0, 8 * n_params - optimizer)
 
 
-def tensor_leaves(value, path: str = "", local: bool = True):
-    """(path, tensor) of every tensor in nested dicts, lists and tuples; `local`: a DTensor's local part."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from tensor_leaves(v, f"{path}/{k}", local)
-    elif isinstance(value, list | tuple):
-        for v in value:
-            yield from tensor_leaves(v, path, local)
-    elif isinstance(value, torch.Tensor):
-        yield path, value.to_local() if local and isinstance(value, DTensor) else value
+def tensor_leaves(tree) -> list[tuple[str, torch.Tensor]]:
+    """(path, tensor) of every tensor in nested dicts, lists and tuples (a DTensor whole, at its global size)."""
+    return [(keystr(path), t) for path, t in tree_flatten_with_path(tree)[0] if isinstance(t, torch.Tensor)]
 
 
-def _same_shapes(a, b) -> bool:
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_shapes(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple):
-        return isinstance(b, list | tuple) and len(a) == len(b) and all(map(_same_shapes, a, b))
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
-    return True
+def _layout(tree):
+    """`tree` with each tensor as its (shape, dtype) and every other value as None: what a staging copy keeps."""
+    return tree_map(lambda x: (x.shape, x.dtype) if isinstance(x, torch.Tensor) else None, tree)
 
 
 class Checkpointer:

@@ -14,7 +14,6 @@ Gradients are zeros: losses are not computed and are logged as null; speed is wh
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -25,7 +24,7 @@ import torch.nn as nn
 
 from torchacco.blocks import block_list, blocks_of
 from torchacco.errors import UserError
-from torchacco.loss import IGNORE_INDEX
+from torchacco.loss import TokenLoss
 from torchacco.optim import ShardedAdamW, SlowMomentumAdamW, build_adamw
 
 if TYPE_CHECKING:
@@ -80,14 +79,11 @@ def slowness(settings: Emulation, rank: int) -> float:
     return settings.slow_factor if rank in slow else 1.0
 
 
-class VirtualLoss:
-    """The trainer's loss under virtual compute: the model's output summed (zero) and the batch's token count."""
+class VirtualLoss(TokenLoss):
+    """The trainer's loss under virtual compute: the model's output summed (zero), over the batch's token count."""
 
-    def of_batch(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        return model(batch["input_ids"]).sum(), (batch["labels"] != IGNORE_INDEX).sum()
-
-    def context(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return logits.sum()
 
 
 def install_optimizer_waits(seconds_per_element: float, factor: float = 1.0) -> None:
@@ -119,7 +115,6 @@ def calibrate(cfg: Config, threads: int, repeats: int = 8) -> dict:
     threads (medians over `repeats`): forward (with the loss), backward, the blocks' share, AdamW per element."""
     from torchacco.build import build_model, model_args
     from torchacco.device import Device
-    from torchacco.loss import TokenLoss
     from torchacco.spec import get_model_spec
 
     torch.set_num_threads(threads)

@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 
 import torch
 from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_map_only
 
 from torchacco.checkpoint import tensor_leaves
 from torchacco.errors import PeerFailure, UserError
@@ -158,9 +159,6 @@ class ReplicaLink:
         """What a replica behind the others copies from one of them: `save()` on the donor, `load()` here. Then
         this replica joins torchft: only once it can train, so that the others never wait for it to start."""
         self._state = (save, load)
-        self._connect()
-
-    def _connect(self) -> None:
         _quiet_torchft()
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
         from torchft.checkpointing.http_transport import HTTPTransport
@@ -176,7 +174,7 @@ class ReplicaLink:
                 started = time.perf_counter()
                 state = super().recv_checkpoint(*args, **kwargs)
                 link.copy_s = time.perf_counter() - started
-                link.copy_bytes = sum(t.numel() * t.element_size() for _, t in tensor_leaves(state, local=False))
+                link.copy_bytes = sum(t.numel() * t.element_size() for _, t in tensor_leaves(state))
                 return state
 
         link, dims, lighthouse = self, self.dims, self.lighthouse
@@ -215,7 +213,8 @@ class ReplicaLink:
         self.manager.register_state_dict_fn("torchacco", self._load, self._save)
 
     def _save(self) -> dict:
-        return {"layout": self.layout, **_local(self._state[0]())}
+        # every DTensor as this rank's local tensor (a peer at the same rank holds the same shard)
+        return {"layout": self.layout, **tree_map_only(DTensor, DTensor.to_local, self._state[0]())}
 
     def _load(self, state: dict) -> None:
         if state["layout"] != self.layout:
@@ -301,17 +300,8 @@ def unmerged_updates(metrics: Path) -> tuple[int, int]:
     return (merged + 1, last) if last > merged else (0, 0)
 
 
-def _local(tree):
-    """A state with every DTensor as this rank's local tensor (a peer at the same rank holds the same shard)."""
-    if isinstance(tree, dict):
-        return {k: _local(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_local(v) for v in tree)
-    return tree.to_local() if isinstance(tree, DTensor) else tree
-
-
 def copy_into(target, received):
-    """`received` (a peer's `_local` state) written into `target` (this rank's own state of the same shape):
+    """`received` (a peer's state, its DTensors local) written into `target` (this rank's own state of the same shape):
     tensors in place (a DTensor's local shard), the rest replaced."""
     if isinstance(target, dict) and isinstance(received, dict):
         return {k: copy_into(target.get(k), v) for k, v in received.items()}

@@ -1,14 +1,7 @@
-"""Where each rank is, so a failed collective can name the rank that stopped and what it was doing.
-
-Every rank publishes a heartbeat (a counter, the loop's phase, the communication job's, and the reduce-scatters and
-all-gathers it entered per group) to the launcher's store from a daemon thread, once a second however short the
-steps are: the store's load does not grow with the step rate, and the loop only sets strings.
-
-When a collective fails, `diagnose()` reads every heartbeat twice a few seconds apart: a rank whose counter did not
-move is dead or frozen, and its last phase says where it stopped. When every rank is alive, one that entered fewer
-of its group's collectives is the one the others wait for. Store reads have a deadline (`READ_TIMEOUT_S`): an
-unreachable store must not hold the diagnosis past torchrun's 30 s between SIGTERM and SIGKILL.
-"""
+"""Where each rank is, so a failed collective can name the rank that stopped and what it was doing
+(docs/reliability.md#how-diagnosis-works). Heartbeats go to the launcher's store from a daemon thread once a second
+however short the steps are: the store's load does not grow with the step rate, and the loop only sets strings.
+Store reads have a deadline: an unreachable store must not hold the diagnosis past torchrun's SIGKILL."""
 
 from __future__ import annotations
 

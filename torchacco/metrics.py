@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -125,12 +124,6 @@ class Throughput:
     def restart(self, tokens: float) -> None:
         self.start, self.tokens = time.perf_counter(), tokens
         self.times = {"data": 0.0, "compute": 0.0, "sync": 0.0}
-
-    @contextlib.contextmanager
-    def timing(self, phase: str):
-        start = time.perf_counter()
-        yield
-        self.times[phase] += time.perf_counter() - start
 
     def since_last(self, tokens: float, result) -> dict:
         tps = (tokens - self.tokens) / (time.perf_counter() - self.start)

@@ -1,15 +1,8 @@
-"""Preemption: a scheduler's stop signal ends the run at an update, with a checkpoint to resume from.
-
-SLURM sends SIGUSR1 ahead of the time limit and SIGTERM on preemption; `torchacco.launch` forwards both to the
-workers, whose handler only records the signal. At each update boundary (no job in flight, a checkpoint may be
-taken) the ranks agree with a one-number all-reduce on a gloo group of their own (no GPU sync, no group shared with
-the communication thread), so all stop at the same step, save a checkpoint and exit with `[preemption] exit_code`,
-the code to requeue on; the same command then resumes.
-
-A watchdog bounds the stop at `[preemption] grace_s` from the signal: past it the rank exits with the same code,
-without the checkpoint (saves are atomic). torchrun stops the survivors of a dead worker with the same SIGTERM and
-SIGKILLs them 30 s later, so a rank PEER_CHECK_S past the signal without a boundary reads the heartbeats
-(torchacco/health.py): if a peer stopped beating, it prints the diagnosis and exits at once.
+"""Preemption: a scheduler's stop signal ends the run at an update, with a checkpoint to resume from
+(docs/reliability.md#preemption). The signal handler only records the signal; the ranks agree at update boundaries
+on a gloo group of their own (no GPU sync, no group shared with the communication thread). torchrun stops the
+survivors of a dead worker with the same SIGTERM and SIGKILLs them 30 s later, so a rank PEER_CHECK_S past the
+signal without a boundary reads the heartbeats: if a peer stopped beating, it prints the diagnosis and exits at once.
 """
 
 from __future__ import annotations
@@ -72,11 +65,11 @@ def exit_code(p, checkpoints: bool, signum: int) -> int:
 
 
 class Preemption:
-    """The preemption handling of one train() call; without a config, one that never stops."""
+    """The preemption handling of one train() call (a collective: every rank creates it)."""
 
-    def __init__(self, cfg=None, dims=None, checkpoints: bool = False):
-        self.cfg, self.rank, self.checkpoints = cfg, dims.rank if dims else 0, checkpoints
-        self.enabled = cfg is not None and cfg.enable
+    def __init__(self, cfg, dims, checkpoints: bool):
+        self.cfg, self.rank, self.checkpoints = cfg, dims.rank, checkpoints
+        self.enabled = cfg.enable
         self.signum = 0  # the signal this rank acts on (0: none yet)
         self.group = None
         self._pending: tuple | None = None  # the agreement started at the last boundary
@@ -233,25 +226,3 @@ class Preemption:
             if self._pending is None:
                 dist.destroy_process_group(self.group)
             self.group = None
-
-
-_current: Preemption | None = None
-
-
-def start(cfg, dims, checkpoints: bool) -> Preemption:
-    """Handle `cfg`'s signals for this process's run (a collective: every rank calls it)."""
-    global _current
-    _current = Preemption(cfg, dims, checkpoints)
-    return _current
-
-
-def current() -> Preemption:
-    return _current if _current is not None else Preemption()
-
-
-def stop_handling(clean: bool = True) -> None:
-    """`clean`: every rank ended the run at the same update (finished or preempted)."""
-    global _current
-    if _current is not None:
-        _current.close(clean)
-    _current = None

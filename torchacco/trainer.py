@@ -20,14 +20,7 @@ from torchacco import data, emulation, fault_tolerance, health, preemption, run_
 from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.blocks import block_list, compile_units
 from torchacco.build import ModelKind, build_data, build_model, build_strategy
-from torchacco.checkpoint import (
-    Checkpointer,
-    TrainState,
-    check_shared,
-    checkpoint_bytes,
-    checkpoint_state,
-    resume,
-)
+from torchacco.checkpoint import Checkpointer, TrainState, check_shared, checkpoint_bytes, checkpoint_state, resume
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
 from torchacco.errors import PeerFailure, Preempted, Stalled, Terminated, UserError
@@ -84,11 +77,11 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     heartbeat = health.start(dims.rank, dims.world_size)
     sigterm = health.SigtermGuard()
     # After SigtermGuard: SIGTERM, when a preemption signal, ends the run at the next update instead.
-    preempt = preemption.start(cfg.preemption, dims, cfg.checkpoint.enable)
+    preempt = preemption.Preemption(cfg.preemption, dims, cfg.checkpoint.enable)
     clean = False
     adapter = user_model.adapt(model) if kind.foreign else None
     try:
-        summary = _train(cfg, dims, device, kind, model, datasets, tokenizer)
+        summary = _train(cfg, dims, device, kind, model, datasets, tokenizer, preempt)
         clean = True
         return summary
     except Preempted:
@@ -117,7 +110,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
         try:
             if adapter is not None:
                 adapter.remove()
-            preemption.stop_handling(clean)
+            preempt.close(clean)  # clean: every rank ended the run at the same update (finished or preempted)
             if dims.link is not None:
                 dims.link.close()
             sigterm.restore()
@@ -130,7 +123,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
             health.torn_down()
 
 
-def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, model, datasets, tokenizer) -> dict:
+def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, model, datasets, tokenizer, preempt):
     t = cfg.training
     folder = Path(cfg.job.dump_folder)
     on_one_rank(dims, lambda: run_folder.prepare(cfg, folder), main_only=True, what="check the dump folder")
@@ -166,7 +159,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
                      "not computed (logged as null), speed is what this run measures")  # fmt: skip
     run.throughput = Throughput(flops_per_token, dims.world_size, device, dtype)
     try:
-        summary = _loop(cfg, dims, device, run)
+        summary = _loop(cfg, dims, device, run, preempt)
         if cfg.checkpoint.export_hf:
             health.current().enter("export to Hugging Face format")
             exported = export_hf(
@@ -303,7 +296,7 @@ class Run:
         self.batches = iter(self.train_loader)  # from the position just loaded
 
 
-def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
+def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run, preempt: preemption.Preemption) -> dict:
     strategy, state, throughput, loss_fn, pipeline = run.strategy, run.state, run.throughput, run.loss_fn, run.pipeline
     t = cfg.training
     dtype = compute_dtype(t.mixed_precision, device)
@@ -323,14 +316,14 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run) -> dict:
     throughput.restart(state.tokens)
     heartbeat = health.current()
     faults = from_env(dims.rank, dims.replica_rank)
-    preempt = preemption.current()
     while state.step < t.steps:
         heartbeat.enter(f"compute (step {state.step + 1})")
         poison = faults.before_period(state.step + 1)
         counts = compute_period(strategy, loss_fn, run.batches, device, autocast, throughput.times, pipeline, poison)
         heartbeat.enter(f"{strategy.traits.sync_phase} (step {state.step + 1})")
-        with throughput.timing("sync"):
-            result = strategy.step(counts)
+        sync_start = time.perf_counter()
+        result = strategy.step(counts)
+        throughput.times["sync"] += time.perf_counter() - sync_start
         if result is None or not result.committed:
             continue  # an overlapped schedule's non-committing round
         state.step += 1
