@@ -141,6 +141,11 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
             id="unknown-selective-checkpoint",
         ),
         pytest.param(["--training.loss_chunks", "0"], ["loss_chunks must be positive"], id="zero-loss-chunks"),
+        pytest.param(
+            ["--training.global_batch_size", "-16"],
+            ["global_batch_size must be 0 (no accumulation) or positive, got -16"],
+            id="negative-global-batch",
+        ),
         pytest.param(["--metrics.log_every", "0"], ["[metrics] log_every must be at least 1"], id="zero-log-every"),
         pytest.param(
             ["--parallelism.bucket_cap_mb", "-1"],

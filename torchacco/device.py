@@ -14,6 +14,8 @@ from types import SimpleNamespace
 
 import torch
 
+from torchacco.errors import UserError
+
 # Dense bf16 peak FLOP/s of common accelerators, for MFU. Unknown devices report no MFU.
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
 
@@ -110,8 +112,17 @@ class Stopwatch:
 
 
 def select_device(requested: str, local_rank: int) -> Device:
-    """validate() has checked that CUDA is there when asked for, with a GPU per local rank."""
-    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+    available = torch.cuda.is_available()
+    if requested == "cuda" and not available:
+        raise UserError(
+            "[training] device = 'cuda' but CUDA is not available on this machine; use --training.device cpu (or auto)"
+        )
+    if requested == "cuda" or (requested == "auto" and available):
+        if local_rank >= torch.cuda.device_count():
+            raise UserError(
+                f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); "
+                "launch at most one process per GPU (NGPU)"
+            )
         torch.cuda.set_device(local_rank)
         return Device("cuda", local_rank)
     return Device("cpu")

@@ -107,7 +107,7 @@ def rows(args, work: cm.Workload, hw: cm.Hardware) -> tuple[dict, dict, dict]:
     sources = {s: cm.token_source(s) for s in preds}
     if args.nodes > 1:  # DiLoCo, one replica per node, over each synchronous strategy inside it
         outer = outer_step(args)
-        sizes = cm.model_fragment_params(args.model, args.flavor, outer.fragments)
+        sizes = cm.model_fragment_params(args.model, args.flavor, outer.fragments, args.vocab_size or None)
         for label, cls in strategies().items():
             if not cls.traits.overlapped and not cls.traits.replicas_refused:
                 row = cm.predict_diloco(work, hw, label, outer.sync_every, outer.fragments, outer.overlap_steps,

@@ -83,6 +83,9 @@ def _check_training(cfg: Config, dp_size: int) -> None:
     for key in ("seq_len", "local_batch_size", "steps", "collective_timeout_s", "max_skips_in_a_row", "loss_chunks"):
         if getattr(t, key) <= 0:
             raise UserError(f"[training] {key} must be positive, got {getattr(t, key)}")
+    if t.global_batch_size < 0:
+        batch = t.global_batch_size
+        raise UserError(f"[training] global_batch_size must be 0 (no accumulation) or positive, got {batch}")
     UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp_size, replicas=cfg.parallelism.replicas)
     o = cfg.optimizer
     if not 0 <= o.slow_beta < 1:

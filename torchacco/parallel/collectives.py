@@ -37,7 +37,7 @@ def add_return_group(group: dist.ProcessGroup, back: dist.ProcessGroup) -> None:
 
 def set_collective_hook(hook: Callable[[str], None] | None) -> None:
     """Call `hook(name)` before each reduce-scatter and all-gather here ("reduce_scatter" or "all_gather"; None
-    removes it): benchmarks emulate a slow interconnect with it (benchmarks/workers/delayed_train.py)."""
+    removes it): benchmarks/gpu.py delays ACCO's jobs with it, torchacco/faults.py injects a stuck collective."""
     global _before_collective
     _before_collective = hook
 
