@@ -94,6 +94,16 @@ def test_predict_evaluates_the_configs_own_layout_beside_the_alternatives(capsys
     assert own.split("|")[3] == plain.split("|")[3]  # the same global batch: 256 × 8192 tokens per update
 
 
+def test_predict_times_the_configs_row_as_the_dry_run_does(capsys):
+    """Both read the wire's bytes from the config's dtypes (bf16 gathers, fp32 reductions: 3 bytes per element)."""
+    config = "train_configs/llama3_8b_zero1.toml"
+    assert predict.main(["--config", config, "--nodes", "4", "--gpus-per-node", "8"]) == 0
+    own = next(line for line in capsys.readouterr().out.splitlines() if "(the config's)" in line)
+    out = dry(capsys, "--config", config, "--dry-run", "4x8")
+    dry_s = float(re.search(r"time per update: ([\d.]+) s", out).group(1))
+    assert float(own.split("|")[2]) == pytest.approx(dry_s, rel=0.01)
+
+
 def test_tensor_parallelism_across_a_node_moves_the_same_bytes_over_its_link():
     """tp = G: each of a node's G rings carries 1/G of the model, and the G rings share the node's link."""
     work = cm.Workload(params=8e9, flops_per_token=5e10, tokens_per_micro_batch=8192, micro_batches=8)

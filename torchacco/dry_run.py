@@ -246,6 +246,12 @@ def _setting(cfg: Config, option: str) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def wire_bytes(param_dtype: torch.dtype, reduce_dtype: str) -> float:
+    """Bytes per element on the wire: gradients reduced in [parallelism] reduce_dtype, parameters gathered in the
+    compute dtype, half the traffic each."""
+    return (param_dtype.itemsize + (4 if reduce_dtype == "fp32" else 2)) / 2
+
+
 def time_per_update(run: DryRun, link) -> dict:
     """The cost model's prediction for the run's layout on the cluster of `link` (`cm.add_cluster_arguments`), the whole
     model at the config's micro-batch with the worst rank's activations."""
@@ -253,8 +259,7 @@ def time_per_update(run: DryRun, link) -> dict:
     work = cm.Workload(
         params=float(run.params), flops_per_token=float(run.args.flops_per_token(t.seq_len)),
         tokens_per_micro_batch=float(t.local_batch_size * t.seq_len), micro_batches=max(1, run.micro_batches),
-        # gradients are reduced in [parallelism] reduce_dtype and parameters gathered in the compute dtype
-        comm_bytes=(run.param_dtype.itemsize + (4 if p.reduce_dtype == "fp32" else 2)) / 2,
+        comm_bytes=wire_bytes(run.param_dtype, p.reduce_dtype),
         activation_bytes=run.worst.activations, **cm.ddp_buckets(p.bucket_cap_mb),
     )  # fmt: skip
     hw = cm.hardware(link.device, c.nodes, c.gpus_per_node, link.mfu, link.bandwidth, link.latency_ms)

@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=8192)
     p.add_argument("--local-batch", type=int, default=1)
     p.add_argument("--micro-batches", type=int, default=2, help="per GPU and update (ZeRO-1's accumulation)")
-    p.add_argument("--comm-bytes", type=float, default=2.0, help="bytes per element on the wire (bf16: 2)")
+    p.add_argument("--comm-bytes", type=float, help="bytes per element on the wire (default: --config's dtypes, as the "
+                   "dry run; else bf16's 2)")  # fmt: skip
     p.add_argument("--bucket-cap-mb", type=float, default=Parallelism().bucket_cap_mb,
                    help="the gradient buckets of ddp, in MiB; 0: torch's")  # fmt: skip
     p.add_argument("--memory-gib", type=float, default=None, help="memory per GPU (default: the device's)")
@@ -73,7 +74,8 @@ def workload_and_hardware(args) -> tuple[cm.Workload, cm.Hardware]:
     try:
         work = cm.model_workload(
             args.model, args.flavor, args.seq_len, args.local_batch, args.micro_batches, args.vocab_size or None,
-            comm_bytes=args.comm_bytes, activation_checkpoint=args.activation_checkpoint, loss_chunks=args.loss_chunks,
+            comm_bytes=2.0 if args.comm_bytes is None else args.comm_bytes,
+            activation_checkpoint=args.activation_checkpoint, loss_chunks=args.loss_chunks,
         )  # fmt: skip
         if not (math.isfinite(args.bucket_cap_mb) and args.bucket_cap_mb >= 0):
             raise ValueError(f"--bucket-cap-mb must be 0 (torch's default) or positive, got {args.bucket_cap_mb:g}")
@@ -136,6 +138,8 @@ def from_config(args):
     args.micro_batches = max(1, run.micro_batches // (run.tp * run.pp))
     args.activation_checkpoint, args.loss_chunks = t.activation_checkpoint, t.loss_chunks
     args.bucket_cap_mb = p.bucket_cap_mb
+    if args.comm_bytes is None:
+        args.comm_bytes = dry_run.wire_bytes(run.param_dtype, p.reduce_dtype)
     return run
 
 
