@@ -71,7 +71,8 @@ def variants() -> dict[str, tuple[type, str]]:
 
 def variant_arguments(label: str) -> list[str]:
     """The trainer arguments that select a modelled strategy (`variants()`'s label)."""
-    return ["--parallelism.data_parallel", variants()[label][0].name, *VARIANTS.get(label, ((),))[0]]
+    extra = VARIANTS[label][0] if label in VARIANTS else ()
+    return ["--parallelism.data_parallel", variants()[label][0].name, *extra]
 
 
 def _strategy_of(label: str) -> str | None:
