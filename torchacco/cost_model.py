@@ -508,13 +508,12 @@ def predict_all(work: Workload, hw: Hardware, strategies=None) -> dict[str, dict
     return {s: predict(work, hw, s) for s in (strategies or variants())}
 
 
-def memory_bytes(work: Workload, hw: Hardware, strategy: str, compute_bytes: float = 2.0) -> float:
+def memory_bytes(work: Workload, hw: Hardware, strategy: str) -> float:
     """Persistent bytes per rank: parameters, gradients, optimizer state and buffers, as the strategy class counts them
-    (`Strategy.memory`, with its default options and an fp32 reduction)."""
+    (`Strategy.memory`, with its default options, bf16 compute and an fp32 reduction)."""
     cls, _ = variants()[strategy]
     sharded_over = hw.ranks_per_node if cls.traits.shards_within_node else hw.world
-    dtype = {2: torch.bfloat16, 4: torch.float32}[compute_bytes]
-    return layout_memory(cls, work.params, sharded_over, dtype, torch.float32).total
+    return layout_memory(cls, work.params, sharded_over, torch.bfloat16, torch.float32).total
 
 
 def model_workload(
