@@ -165,21 +165,17 @@ def activations(cfg: Config, args, stage: int) -> float:
     of them on each tensor-parallel rank, and on the last stage one loss chunk's logits."""
     t, p = cfg.training, cfg.parallelism
     tp, pp = p.tensor_parallel_degree, p.pipeline_parallel_degree
-    tokens = t.local_batch_size * t.seq_len
-    if pp == 1:
-        kept = cm.block_activation_bytes(args, tokens, t.activation_checkpoint, t.selective_checkpoint, tp=tp)
-        split = tp if tp > 1 and p.loss_parallel else 1
-        return kept + cm.loss_activation_bytes(args, tokens, t.loss_chunks, split)
-    pieces, v = microbatches(cfg), stages_per_rank(cfg)
-    ranges = layer_split(args.n_layers, pp * v)
-    blocks = sum(len(ranges[stage + k * pp]) for k in range(v))
+    pieces, v = (microbatches(cfg), stages_per_rank(cfg)) if pp > 1 else (1, 1)
+    blocks = sum(len(stage_layers) for stage_layers in layer_split(args.n_layers, pp * v)[stage::pp])
     in_flight = pieces if p.pipeline_schedule == "gpipe" else min(pieces, pp - stage)
-    piece = tokens / pieces
+    piece = t.local_batch_size * t.seq_len / pieces
     kept = cm.block_activation_bytes(
         args, piece * in_flight, t.activation_checkpoint, t.selective_checkpoint, blocks=blocks, tp=tp
     )
-    last = stage + (v - 1) * pp == pp * v - 1
-    return kept + (cm.loss_activation_bytes(args, piece, t.loss_chunks) if last else 0.0)
+    if stage + (v - 1) * pp != pp * v - 1:  # its last virtual stage is not the model's: no logits
+        return kept
+    split = tp if tp > 1 and pp == 1 and p.loss_parallel else 1  # the logits split by vocabulary, as in stage_params
+    return kept + cm.loss_activation_bytes(args, piece, t.loss_chunks, split)
 
 
 def plan(cfg: Config, cluster: Cluster) -> DryRun:
@@ -278,8 +274,7 @@ def layout_prediction(run: DryRun, work: cm.Workload, hw: cm.Hardware) -> dict:
         return cm.predict_diloco(work, replicas, label, *outer)
 
     local = max(k.params for k in run.kinds)  # the slowest coordinate's ring carries the largest part
-    pieces = microbatches(cfg) if run.pp > 1 else 1
-    work, hw = cm.model_parallel_layout(work, hw, run.tp, run.pp, local, pieces, stages_per_rank(cfg))
+    work, hw = cm.model_parallel_layout(work, hw, run.tp, run.pp, local, microbatches(cfg), stages_per_rank(cfg))
     return cm.predict(work, hw, label)
 
 
