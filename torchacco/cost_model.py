@@ -228,18 +228,6 @@ def ddp_buckets(bucket_cap_mb: float) -> dict:
     return {} if not bucket_cap_mb else {"bucket_bytes": int(bucket_cap_mb * 2**20), "first_bucket_bytes": None}
 
 
-def bucketed_all_reduce_exposed_s(work: Workload, hw: Hardware, backward_s: float) -> float:
-    """How long DDP's gradient all-reduce runs past the end of the last backward: the buckets fill at an even rate
-    through the backward (`backward_s`), and each is all-reduced once it is full and the one before is done."""
-    total = work.params * DDP_GRADIENT_BYTES  # torch fills the buckets with the gradients' own bytes
-    done = filled = 0.0
-    for size in buckets(total, work.bucket_bytes, work.first_bucket_bytes):
-        filled += size
-        wire = size * work.comm_bytes / DDP_GRADIENT_BYTES
-        done = max(done, backward_s * filled / total) + hw.ar_factor * 2 * collective_s(wire, hw)
-    return max(0.0, done - backward_s)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Update:
     """What every formula reads: the workload, the cluster, the strategy's traits and mode, and the quantities of the
@@ -262,10 +250,18 @@ class _Update:
 
 
 def _all_reduce_in_backward(u: _Update) -> tuple[float, float, float, float]:
-    """ddp: k·c + E + P / opt_rate, E the all-reduce's end past the last backward (⅔c) as DDP's buckets fill
-    (`bucketed_all_reduce_exposed_s`): about max(0, V_ar − ⅔c) for many small buckets, V_ar for a model in one."""
-    comm = bucketed_all_reduce_exposed_s(u.work, u.hw, 2 / 3 * u.c_slow) + u.work.params / u.hw.opt_rate
-    return u.period + comm, comm, u.hw.ar_factor * 2 * u.V, u.tokens
+    """ddp: k·c + E + P / opt_rate, E the all-reduce's end past the last backward (⅔c): DDP's buckets fill at an even
+    rate through it, and each is all-reduced once it is full and the one before is done. About max(0, V_ar − ⅔c) for
+    many small buckets, V_ar for a model in one."""
+    work, hw, backward_s = u.work, u.hw, 2 / 3 * u.c_slow
+    total = work.params * DDP_GRADIENT_BYTES  # torch fills the buckets with the gradients' own bytes
+    done = filled = 0.0
+    for size in buckets(total, work.bucket_bytes, work.first_bucket_bytes):
+        filled += size
+        wire = size * work.comm_bytes / DDP_GRADIENT_BYTES
+        done = max(done, backward_s * filled / total) + hw.ar_factor * 2 * collective_s(wire, hw)
+    comm = max(0.0, done - backward_s) + work.params / hw.opt_rate
+    return u.period + comm, comm, hw.ar_factor * 2 * u.V, u.tokens
 
 
 def _per_micro_batch(u: _Update) -> tuple[float, float, float, float]:
