@@ -3,15 +3,11 @@
     ./run_train.sh --config train_configs/llama3_8b_acco.toml --dry-run 4x8 [--dry-run-gpu-gib 80]
     python -m torchacco.dry_run --config FILE --dry-run NODESxGPUS [--section.key VALUE ...]
 
-For NODES nodes of GPUS GPUs each, with no GPU, no data and no process started, it validates the config
-for that world size (the launcher's checks, one line for a mistake: exit 1), builds the model on the meta
-device and applies tensor and pipeline parallelism over a fake process group of the real world size, then
-prints per rank (per pipeline stage when there are several) the parameters it stores and its memory by
-part: the strategy's own byte count (`Strategy.memory`: what its constructor allocates), DiLoCo's outer
-state, and one micro-batch's activations (`cost_model.block_activation_bytes`), their sum the peak. Then
-whether that peak fits `--dry-run-gpu-gib` and the cost model's time per update for the layout. `--dry-run`
-with no size takes [job] cluster. The vocabulary is [model] vocab_size, the tokenizer's when its file is
-here, else the flavor's (said so). Exit 0 whether or not it fits: a dry run reports.
+With no GPU, no data and no process started: the launcher's checks for that world size (a mistake is one line: exit 1),
+the model on the meta device with its tensor and pipeline parallelism over a fake process group of that size, and per
+rank (per pipeline stage when there are several) its memory by part, their peak against `--dry-run-gpu-gib` and the
+cost model's time per update. `--dry-run` with no size takes [job] cluster. Exit 0 whether or not it fits: a dry run
+reports (docs/performance.md says what it counts).
 """
 
 from __future__ import annotations

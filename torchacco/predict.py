@@ -3,14 +3,13 @@
     python -m torchacco.predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 --bandwidth 100gbit
     python -m torchacco.predict --config train_configs/llama3_8b_acco.toml --nodes 4 --gpus-per-node 8
 
-With --config, the model, batch, activation checkpointing and loss chunks are the config's, and a first row
-evaluates the config's own layout (its strategy with its tensor and pipeline parallelism or replicas; memory
-from the dry run, `torchacco/dry_run.py`) beside the pure data-parallel alternatives, which run the same
-global batch over every rank. Prints, per strategy, the cost model's time per update, tokens/s, exposed
-communication, memory per GPU and time to a target loss (`torchacco/cost_model.py` holds the model and its
-assumptions). The time to loss needs the strategy's loss per token, measured in
-`torchacco/token_efficiency.json`; where no measurement covers a strategy it says "not measured" and never
-advises it. It needs no GPU, no root and no data: only the model's shape and the cluster's numbers.
+Prints, per strategy, the cost model's time per update, tokens/s, exposed communication, memory per GPU and time to a
+target loss (`torchacco/cost_model.py` holds the model and its assumptions). The time to loss needs the strategy's loss
+per token, measured in `torchacco/token_efficiency.json`; a strategy no measurement covers says "not measured" and is
+never advised. With --config, the model, batch, activation checkpointing and loss chunks are the config's, and a first
+row evaluates the config's own layout (its tensor and pipeline parallelism or replicas; memory from the dry run) beside
+the pure data-parallel alternatives, which run the same global batch over every rank. It needs no GPU, no root and no
+data: only the model's shape and the cluster's numbers.
 """
 
 from __future__ import annotations
