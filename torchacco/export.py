@@ -49,19 +49,12 @@ def export_hf(model_name: str, kind, strategy, dims, folder: Path, dtype: str, t
     return hf_io.save_hf(folder, model_name, unwrapped.args, weights, torch_dtype, tokenizer_path=path, eos_id=eos)
 
 
-def _run_config(run_dir: Path, dtype: str):
-    if not (run_dir / "config.toml").is_file():
-        raise UserError(f"{run_dir} is not a torchacco run folder (no config.toml); pass the run's --job.dump_folder")
-    return load_config(["--config", str(run_dir / "config.toml"), "--checkpoint.export_dtype", dtype])
-
-
-def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str) -> Path | None:
-    cfg = _run_config(run_dir, dtype)
+def export(cfg, run_dir: Path, checkpoint: Path | None, out: Path | None) -> Path | None:
     p = cfg.parallelism
     device = Device("cpu")
     dims = init_distributed(device, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree)
     try:
-        checkpointer = Checkpointer(run_dir / cfg.checkpoint.folder, dims.rank, keep=0, async_save=False)
+        checkpointer = Checkpointer(run_dir / cfg.checkpoint.folder, dims, keep=0, async_save=False)
         checkpoint = checkpoint or checkpointer.latest()
         if checkpoint is None:
             raise UserError(
@@ -75,9 +68,8 @@ def export(run_dir: Path, checkpoint: Path | None, out: Path | None, dtype: str)
         strategy = build_strategy(model, cfg, dims, plan, device)
         checkpointer.load(checkpoint, {strategy.checkpoint_key(dims): strategy.theta.weights_state_dict()})
         checkpointer.close()
-        path = export_hf(
-            cfg.model.name, ModelKind.of(None, cfg.model), strategy, dims, out or run_dir / "hf", dtype, tokenizer
-        )
+        kind, dtype = ModelKind.of(None, cfg.model), cfg.checkpoint.export_dtype
+        path = export_hf(cfg.model.name, kind, strategy, dims, out or run_dir / "hf", dtype, tokenizer)
         strategy.close()
         return path
     finally:
@@ -96,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
 
     def run() -> None:
-        p = _run_config(opts.run_dir, opts.dtype).parallelism
+        if not (opts.run_dir / "config.toml").is_file():
+            raise UserError(
+                f"{opts.run_dir} is not a torchacco run folder (no config.toml); pass the run's --job.dump_folder"
+            )
+        cfg = load_config(["--config", str(opts.run_dir / "config.toml"), "--checkpoint.export_dtype", opts.dtype])
+        p = cfg.parallelism
         if p.replicas > 1:
             raise UserError(
                 f"{opts.run_dir} trained {p.replicas} DiLoCo replicas, whose checkpoints are not exported offline yet; "
@@ -110,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError(f"the export on {ranks} processes failed; see the messages above")
             print(f"torchacco: exported {opts.out or opts.run_dir / 'hf'}")
             return
-        path = export(opts.run_dir, opts.checkpoint, opts.out, opts.dtype)
+        path = export(cfg, opts.run_dir, opts.checkpoint, opts.out)
         if path is not None:
             print(f"torchacco: exported {path}")
 
