@@ -25,7 +25,6 @@ from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map
 
 from torchacco.config import Checkpoint as CheckpointConfig
 from torchacco.errors import UserError
-from torchacco.parallel.process_groups import on_one_rank
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -100,6 +99,8 @@ SHARED_CHECK_TRIES = 6  # 0.5 s apart
 def check_shared(folder: Path, dims) -> None:
     """Refuse, before training, a checkpoint folder that some node does not see (a node-local disk), where
     the first save would fail or leave parts behind: every rank writes into the one folder rank 0 publishes."""
+    from torchacco.parallel.process_groups import on_one_rank
+
     if dims.world_size == dims.local_world_size:
         return  # one node
     store = dist.distributed_c10d._get_default_store()
@@ -153,8 +154,8 @@ def _layout(tree):
 
 
 class Checkpointer:
-    def __init__(self, folder: Path, dims, keep: int, async_save: bool, timeout: timedelta | None = None):
-        self.folder, self.dims, self.keep, self.async_save = folder, dims, keep, async_save
+    def __init__(self, folder: Path, rank: int, keep: int, async_save: bool, timeout: timedelta | None = None):
+        self.folder, self.rank, self.keep, self.async_save = folder, rank, keep, async_save
         # their own group: an asynchronous save never interleaves with the training collectives
         self.group = dist.new_group(backend="gloo", timeout=timeout)
         self.in_flight: tuple | None = None
@@ -168,7 +169,7 @@ class Checkpointer:
         self.wait()
         final = self.folder / f"step-{step:08d}"
         tmp = final.with_name(final.name + ".tmp")
-        self._on_rank_0(final, lambda: _fresh_folder(tmp), what=f"make {tmp.name}")
+        self._on_rank_0(final, lambda: _fresh_folder(tmp))
         with self._write_errors(final):
             if self.async_save:
                 future = dcp.async_save(self.staging(state), checkpoint_id=tmp, process_group=self.group)
@@ -206,7 +207,7 @@ class Checkpointer:
 
     def _publish(self, tmp: Path, final: Path) -> None:
         dist.barrier(group=self.group)  # every rank has written its part
-        self._on_rank_0(final, lambda: self._rename(tmp, final), what=f"publish {final.name}")
+        self._on_rank_0(final, lambda: self._rename(tmp, final))
 
     def _rename(self, tmp: Path, final: Path) -> None:
         if final.exists():
@@ -218,10 +219,20 @@ class Checkpointer:
             if stale != tmp:
                 shutil.rmtree(stale, ignore_errors=True)
 
-    def _on_rank_0(self, final: Path, fn, what: str) -> None:
+    def _on_rank_0(self, final: Path, fn) -> None:
         """Rank 0 alone changes the folder while the others wait; its failure fails every rank at once with its
         message, not after the collective timeout."""
-        on_one_rank(self.dims, self._write_errors(final)(fn), main_only=True, what=what)
+        error = None
+        if self.rank == 0:
+            try:
+                with self._write_errors(final):
+                    fn()
+            except UserError as e:
+                error = str(e)
+        shared = [error]
+        dist.broadcast_object_list(shared, src=0, group=self.group)
+        if shared[0]:
+            raise UserError(shared[0])
 
     def load(self, path: Path, state: dict) -> None:
         if not (path / ".metadata").is_file():
@@ -277,7 +288,7 @@ def resume(
     any), a line saying what was resumed."""
     if not c.enable:
         return None, None
-    checkpointer = Checkpointer(folder / c.folder, dims, c.keep, c.async_save, timeout)
+    checkpointer = Checkpointer(folder / c.folder, dims.rank, c.keep, c.async_save, timeout)
     path = Path(c.load_path) if c.load_path else checkpointer.latest() if c.resume else None
     if path is None:
         return checkpointer, None

@@ -26,7 +26,7 @@ def main(run_dir: str, checkpoint: str, out: str) -> None:
     model = build_model(get_model_spec(cfg.model.name), cfg.model, tokenizer.vocab_size, cfg.training.seed, device)
     plan = UpdatePlan(2, TokenSchedule(1e-3, 0, 1000), cfg.training.max_norm, torch.float32)
     dp = build_strategy(model, cfg, dims, plan, device)
-    checkpointer = Checkpointer(Path(out), dims, keep=0, async_save=False)
+    checkpointer = Checkpointer(Path(out), dims.rank, keep=0, async_save=False)
     state = TrainState(dims.dp_size)
     checkpointer.load(Path(checkpoint), {"train": state, "dp": dp})
     checkpointer.save(state.step, {"train": state, "dp": dp})
