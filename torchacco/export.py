@@ -54,7 +54,7 @@ def export(cfg, run_dir: Path, checkpoint: Path | None, out: Path | None) -> Pat
     device = Device("cpu")
     dims = init_distributed(device, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree)
     try:
-        checkpointer = Checkpointer(run_dir / cfg.checkpoint.folder, dims, keep=0, async_save=False)
+        checkpointer = Checkpointer(run_dir / cfg.checkpoint.folder, dims.rank, keep=0, async_save=False)
         checkpoint = checkpoint or checkpointer.latest()
         if checkpoint is None:
             raise UserError(
