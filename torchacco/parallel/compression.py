@@ -17,13 +17,13 @@ import math
 import torch
 import torch.distributed as dist
 
+from torchacco.device import DTYPES
 from torchacco.parallel.collectives import all_gather_single
 
 CHUNK = 4096  # elements per top-k chunk and per scale of the sparse codes
 SORT_CHUNKS = 1 << 14  # chunks sorted at once (64M elements: about 1 GiB of the sort's temporaries)
 CODE_BITS = {"int8": 8, "int4": 4, "int2": 2}
 VALUE_BITS = {"fp32": 32, "bf16": 16, **CODE_BITS}
-FLOATS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def keep_per_chunk(topk: float) -> int:
@@ -155,7 +155,7 @@ def compress(e: torch.Tensor, keep: int, wire: str) -> tuple[torch.Tensor, torch
         sent = dequantize_kept(codes, scales, bits)
         payload = [pack(codes, bits) if bits < 8 else codes.reshape(-1), as_bytes(scales)]
     else:
-        sent = values.to(FLOATS[wire])
+        sent = values.to(DTYPES[wire])
         payload = [as_bytes(sent)]
         sent = sent.float()
     dense = torch.zeros_like(chunks).scatter_(1, offsets, sent).view(-1)[: e.numel()]
@@ -183,7 +183,7 @@ def decode(message: torch.Tensor, numel: int, keep: int, wire: str) -> tuple[tor
         scales = from_bytes(rest[code_bytes : code_bytes + 4 * chunks], torch.float32)
         values = dequantize_kept(codes.view(chunks, keep), scales, bits)
     else:
-        values = from_bytes(rest, FLOATS[wire]).float().view(chunks, keep)
+        values = from_bytes(rest, DTYPES[wire]).float().view(chunks, keep)
     return offsets, values
 
 
