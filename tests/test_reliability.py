@@ -417,6 +417,7 @@ def test_the_diagnosis_gives_up_on_a_store_that_does_not_answer(monkeypatch):
         client.set(f"{health.BEAT_KEY}1", '{"beat": 1, "where": "compute (step 1)"}')
         beat = health.Heartbeat(client, rank=0, world=2, interval_s=0.2)
         os.kill(host.pid, signal.SIGSTOP)
+        _wait_until_stopped(host.pid)  # a thread still running on another core could answer the first read
         monkeypatch.setattr(health, "READ_TIMEOUT_S", 1.0)
         said, start = [], time.monotonic()
         reader = threading.Thread(target=lambda: said.append(beat.diagnose(watch_s=0.1)), daemon=True)
@@ -430,6 +431,20 @@ def test_the_diagnosis_gives_up_on_a_store_that_does_not_answer(monkeypatch):
         host.wait()
     # Two reads and the 2.5 s between them fit in torchrun's 30 s from SIGTERM to SIGKILL.
     assert 2 * health.READ_TIMEOUT_S + 2.5 < 30
+
+
+def _wait_until_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Until every thread of `pid` is in the stopped state: kill() returns before the stop takes effect."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = [open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0] for t in tasks]
+        if all(s in "Tt" for s in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop within {timeout_s} s")
 
 
 class _CountingStore:
