@@ -208,6 +208,11 @@ def test_tuning_picks_each_variants_best_grid_point_on_its_own_seeds_and_reports
     te.main(["--updates", "10", "--seeds", "0", "--tune-seeds", "100", "--tune-lrs", "1", "--tune-outer", "1:0,2:0",
              "--variants", "ddp,diloco_h10_avg", "--out", str(tmp_path), "--name", "t2"])  # fmt: skip
     assert folders[-1] == "u10_lr0.003_diloco_h10_avg_s0"
+    # Clipping is tuned for every variant, DDP too: a tighter norm helps DDP's full batch as well
+    te.main(["--updates", "10", "--seeds", "0", "--tune-seeds", "100", "--tune-lrs", "1", "--tune-clip", "1,0.5",
+             "--variants", "ddp", "--out", str(tmp_path), "--name", "t3"])  # fmt: skip
+    grid = json.loads((tmp_path / "t3.json").read_text())["meta"]["tuned"]["0.003"]["ddp"]["grid"]
+    assert [g["extra"] for g in grid] == [["--training.max_norm", "1"], ["--training.max_norm", "0.5"]]
     assert not te.sets_already("diloco_h10", ["--diloco.outer_lr", "1"])  # Nesterov's outer lr is 0.7
     with pytest.raises(SystemExit):  # the same seeds for tuning and for the report: refused
         te.main(["--updates", "10", "--seeds", "0,1", "--tune-seeds", "1,2", "--out", str(tmp_path)])

@@ -129,11 +129,11 @@ def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh:
 
 
 def tuning_grid(variant: str, lr: float, lr_multiples: list[float], outer: list[str], clips: list[str]) -> list:
-    """(label, lr, extra overrides) per grid point: each lr multiple; a DiLoCo variant's also each outer step
-    ("LR:MOMENTUM") and clipping norm."""
+    """(label, lr, extra overrides) per grid point: each lr multiple and clipping norm; a DiLoCo variant's also
+    each outer step ("LR:MOMENTUM")."""
     diloco = "--parallelism.replicas" in VARIANTS[variant]
     points = []
-    outer, clips = (outer or [None], clips or [None]) if diloco else ([None], [None])
+    outer, clips = (outer or [None]) if diloco else [None], clips or [None]
     for m, o, c in itertools.product(lr_multiples, outer, clips):
         label, extra = f"lr×{m:g}", []
         if o is not None:
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
                         "apart from --seeds, and report each at its best grid point")  # fmt: skip
     parser.add_argument("--tune-lrs", default="0.5,1,2", help="the tuning grid: multiples of each --lrs")
     parser.add_argument("--tune-outer", default="1:0,0.7:0.9", help="DiLoCo variants' tuning grid: outer lr:momentum")
-    parser.add_argument("--tune-clip", default="", help="DiLoCo variants' tuning grid: --training.max_norm values")
+    parser.add_argument("--tune-clip", default="", help="every variant's tuning grid: --training.max_norm values")
     args = parser.parse_args(argv)
     tune_seeds = [int(x) for x in args.tune_seeds.split(",") if x]
     args.tune_lrs = budget_multiples(parser, args.tune_lrs, "--tune-lrs", "--lrs")
