@@ -51,22 +51,24 @@ class Replica:
         """One inner AdamW update over its ranks' next micro-batches; the loss tokens behind it. `global_moments`: the
         run's M replicas, AdamW's second moment and the clipping as `[diloco] global_batch_moments` has them."""
         self.opt.zero_grad(set_to_none=True)
-        tokens, consumed, first = 0, 0, None
+        tokens, consumed, firsts = 0, 0, []  # each rank's first micro-batch's gradient sums
         for _ in range(micro_batches):
             for rank in self.ranks:
+                before = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in self.params]
                 batch = worker.micro_batch(rank, self.index)
                 logits = self.model(batch["input_ids"])
                 F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), reduction="sum").backward()
                 tokens += (batch["labels"] != -100).sum().item()
                 consumed += worker.BATCH * worker.SEQ
-            first = [p.grad.clone() for p in self.params] if first is None else first
+                if len(firsts) < len(self.ranks):
+                    firsts.append([p.grad - b for p, b in zip(self.params, before)])
             self.index += 1
         for p in self.params:
             p.grad /= tokens
         lr = self.schedule(self.consumed, consumed)
         self.consumed += consumed
         if global_moments:
-            self.step_for_the_global_batch(first, micro_batches, tokens, global_moments, lr)
+            self.step_for_the_global_batch(firsts, micro_batches * len(self.ranks), tokens, global_moments, lr)
             return float(tokens)
         torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
         for group in self.opt.param_groups:
@@ -74,12 +76,14 @@ class Replica:
         self.opt.step()
         return float(tokens)
 
-    def step_for_the_global_batch(self, first, n: int, tokens: int, replicas: int, lr: float) -> None:
+    def step_for_the_global_batch(self, firsts, n: int, tokens: int, replicas: int, lr: float) -> None:
         """ḡ's second moment and norm less the noise the other replicas' batches would average away, estimated from
-        the first micro-batch's gradient g₁ = n·(its sum) / tokens; each at least 1/M of ḡ's own. AdamW by hand."""
+        each rank's first micro-batch's gradient g₁ = n·(its sum) / tokens (the ranks' (g₁ − ḡ)² averaged), n the
+        replica's micro-batches; each at least 1/M of ḡ's own. AdamW by hand."""
         k = (1 - 1 / replicas) / (n - 1)
         grads = [p.grad for p in self.params]
-        corrected = [g * g - k * (f * n / tokens - g) ** 2 for f, g in zip(first, grads)]
+        spread = [sum((f[i] * n / tokens - g) ** 2 for f in firsts) / len(firsts) for i, g in enumerate(grads)]
+        corrected = [g * g - k * s for s, g in zip(spread, grads)]
         own = sum((g * g).sum() for g in grads)
         norm = max(sum(c.sum() for c in corrected), own / replicas).sqrt()
         squares = [torch.maximum(c, g * g / replicas) for c, g in zip(corrected, grads)]
@@ -347,6 +351,17 @@ def test_ddp_inside_replicas_of_two_ranks_with_the_transfer_beside_compute_equal
     diloco = dict(sync_every=4, fragments=2, overlap_steps=1)
     run = run_diloco(tmp_path, "ddp", 9, 1, nproc=4, **diloco)
     expected, _, _ = diloco_reference(9, 1, replicas=2, dp=2, H=4, P=2, tau=1)
+    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+@pytest.mark.slow
+def test_global_batch_moments_over_a_replicas_two_ddp_ranks_equal_their_equations(tmp_path):
+    """Each rank's first micro-batch against the replica's reduced gradient, the squares averaged over its ranks."""
+    diloco = dict(sync_every=2, outer_lr=1.0, outer_momentum=0.0, global_batch_moments=1)
+    run = run_diloco(tmp_path, "ddp", 4, 2, nproc=4, **diloco)
+    expected, _, _ = diloco_reference(4, 2, replicas=2, dp=2, H=2, lr=1.0, mu=0.0, global_moments=True)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
 
 

@@ -37,9 +37,10 @@ class GlobalBatchMoments:
         torch._foreach_mul_(deviation, micro_batches / tokens)  # g₁: the first micro-batch's sum over its T / N tokens
         torch._foreach_sub_(deviation, grads)
         torch._foreach_mul_(deviation, deviation)
-        if self.group_size > 1:
-            for d in deviation:
-                dist.all_reduce(d, op=dist.ReduceOp.AVG, group=self.group)
+        if self.group_size > 1:  # one all-reduce of the flattened squares
+            flat = torch.cat([d.reshape(-1) for d in deviation])
+            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.group)
+            deviation = [f.view_as(d) for f, d in zip(flat.split([d.numel() for d in deviation]), deviation)]
         k = (1 - 1 / self.replicas) / (micro_batches - 1)
         own = torch._foreach_mul(grads, grads)
         squares = torch._foreach_add(own, deviation, alpha=-k)
