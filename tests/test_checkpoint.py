@@ -67,6 +67,8 @@ SLOW = pytest.mark.slow
         # the slow moment: torch-optimizer state on DTensors (FSDP), and sharded state inside DiLoCo (ZeRO-1)
         pytest.param("fsdp", ["--optimizer.slow_beta", "0.99"], marks=SLOW),
         pytest.param("zero1", [*REPLICAS_2, *"--diloco.sync_every 2 --optimizer.slow_beta 0.99".split()], marks=SLOW),
+        # AdamW stepped by torchacco's elementwise update, its second moment fed the global batch's estimate
+        pytest.param("ddp", [*REPLICAS_2, *"--diloco.sync_every 2 --diloco.global_batch_moments 1".split()], marks=SLOW),
     ],
     ids=[
         "ddp",
@@ -83,6 +85,7 @@ SLOW = pytest.mark.slow
         "diloco-ddp-qsr",
         "fsdp-slow-momentum",
         "diloco-zero1-slow-momentum",
+        "diloco-ddp-global-batch-moments",
     ],
 )
 @pytest.mark.exact
