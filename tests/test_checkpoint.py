@@ -18,6 +18,7 @@ args = six_step_args
 REPLICAS_2 = ("--parallelism.replicas", "2")
 STREAMING = [*REPLICAS_2, *"--diloco.sync_every 4 --diloco.fragments 2 --diloco.overlap_steps 1".split()]
 STREAMING += "--diloco.mixing 0.5 --diloco.outer_dtype bf16".split()
+GLOBAL_MOMENTS = [*REPLICAS_2, *"--diloco.sync_every 2 --diloco.global_batch_moments 1".split()]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ SLOW = pytest.mark.slow
         pytest.param("fsdp", ["--optimizer.slow_beta", "0.99"], marks=SLOW),
         pytest.param("zero1", [*REPLICAS_2, *"--diloco.sync_every 2 --optimizer.slow_beta 0.99".split()], marks=SLOW),
         # AdamW stepped by torchacco's elementwise update, its second moment fed the global batch's estimate
-        pytest.param("ddp", [*REPLICAS_2, *"--diloco.sync_every 2 --diloco.global_batch_moments 1".split()], marks=SLOW),
+        pytest.param("ddp", GLOBAL_MOMENTS, marks=SLOW),
     ],
     ids=[
         "ddp",

@@ -290,7 +290,7 @@ def test_global_batch_moments_estimate_the_global_batchs_square_from_one_replica
     assert own.square().sum().item() == pytest.approx(expected + n * sigma**2 / micro_batches * (1 - 1 / replicas),
                                                       rel=0.01)  # fmt: skip
     assert torch.all(squares[p] >= own.square() / replicas) and torch.all(squares[p] <= own.square())
-    moments.first = [micro[0] * tokens_per_micro]  # the same update, clipped at half its estimated norm
+    moments.first = {p: micro[0] * tokens_per_micro}  # the same update, clipped at half its estimated norm
     p.grad = own.clone()
     clipped_norm, clipped = moments.clip([p], micro_batches, tokens, max_norm=norm / 2)
     assert clipped_norm == pytest.approx(norm)

@@ -22,18 +22,19 @@ import torch.distributed as dist
 class GlobalBatchMoments:
     def __init__(self, replicas: int, group: dist.ProcessGroup, group_size: int):
         self.replicas, self.group, self.group_size = replicas, group, group_size
-        self.first: list[torch.Tensor] | None = None
+        self.first: dict = {}
 
-    def keep_first(self, params: list[torch.Tensor]) -> None:
+    def keep_first(self, params) -> None:
         """After the first micro-batch's backward (not yet reduced): its token-loss gradient sums."""
-        self.first = [p.grad.detach().clone() for p in params]
+        self.first = {p: p.grad.detach().clone() for p in params if p.grad is not None}
 
     @torch.no_grad()
     def clip(self, params: list, micro_batches: int, tokens: float, max_norm: float) -> tuple[float, dict]:
         """With each .grad the replica's per-token mean ḡ over `micro_batches` and `tokens`: clip it as the global
         batch would be, and return (that norm, each parameter's square for AdamW's second moment)."""
-        grads, deviation = [p.grad for p in params], self.first
-        self.first = None
+        grads = [p.grad for p in params]
+        deviation = [self.first[p] if p in self.first else torch.zeros_like(p.grad) for p in params]
+        self.first = {}
         torch._foreach_mul_(deviation, micro_batches / tokens)  # g₁: the first micro-batch's sum over its T / N tokens
         torch._foreach_sub_(deviation, grads)
         torch._foreach_mul_(deviation, deviation)

@@ -64,7 +64,7 @@ class Replicated(Strategy):
             if watch is not None:
                 self._timed.append(watch.stop())
             if i == 0 and self.moments:
-                self.moments.keep_first([p for p in self.model.parameters() if p.grad is not None])
+                self.moments.keep_first(self.model.parameters())
 
     def _own_speed(self, counts: Counts) -> Counts:
         """A rank's compute time for balancing, from its micro-batches without sync: the last one's
