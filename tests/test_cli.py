@@ -186,11 +186,6 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
             id="estimate-share-out-of-range",
         ),
         pytest.param(
-            ["--parallelism.data_parallel", "acco", "--acco.estimate_token_weight", "0"],
-            ["estimate_token_weight = 0 must be > 0"],
-            id="estimate-token-weight-zero",
-        ),
-        pytest.param(
             ["--preemption.signals", "SIGTERM,SIGKILL"],
             ["[preemption] signals: 'SIGKILL' is not one of", "SIGUSR1"],
             id="uncatchable-preemption-signal",

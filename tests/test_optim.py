@@ -117,27 +117,6 @@ def test_peek_is_step_without_side_effects():
     assert torch.equal(peeked, sharded.step(grad, 5e-3).clone())
 
 
-def test_peek_variants_blend_the_first_moment_and_damp_the_step():
-    _, _, sharded = _reference_and_sharded()
-    for _ in range(3):
-        sharded.step(torch.randn(50), 1e-2)  # non-trivial, biased moments
-    before = copy.deepcopy(sharded.state)
-    grad, w, gamma = torch.randn(50), 0.25, 0.5
-    m_hat = before.exp_avg / (1 - sharded.cfg.beta1**before.step)
-    blended = sharded.peek(grad, 5e-3, scale=0.5, grad_weight=w)
-    # w·(grad·scale) + (1 − w)·m̂ is the gradient a plain peek would step with.
-    torch.testing.assert_close(blended, sharded.peek(w * 0.5 * grad + (1 - w) * m_hat, 5e-3), rtol=1e-6, atol=1e-7)
-    moments_only = sharded.peek(grad, 5e-3, grad_weight=0.0)
-    torch.testing.assert_close(moments_only, sharded.peek(m_hat, 5e-3), rtol=1e-6, atol=1e-7)
-    damped = sharded.peek(grad, 5e-3, damping=gamma, chunk=7)
-    full = sharded.peek(grad, 5e-3)
-    torch.testing.assert_close(damped, before.master + gamma * (full - before.master), rtol=1e-6, atol=1e-7)
-    for name in ("master", "exp_avg", "exp_avg_sq"):
-        assert torch.equal(getattr(sharded.state, name), getattr(before, name)), name
-    fresh = _reference_and_sharded()[2]  # before the first commit there are no moments: the gradient alone
-    assert torch.equal(fresh.peek(grad, 5e-3, grad_weight=0.0), fresh.peek(grad, 5e-3))
-
-
 def test_peek_at_round_zero_uses_bias_correction_of_step_one():
     _, _, sharded = _reference_and_sharded(weight_decay=0.0)
     grad = torch.randn(50)

@@ -138,7 +138,7 @@ class Reference:
         return new
 
 
-def acco_reference(periods, commits, lr_scaling=None, share=0.5, clip_by_commit=False, token_weight=1.0):
+def acco_reference(periods, commits, lr_scaling=None, share=0.5, clip_by_commit=False):
     ref = Reference(periods, lr_scaling)
     theta = ref.theta()
     g_est, n_est, c_est = ref.gradients_at(theta, 0)  # θ̃_0 = θ_0
@@ -146,8 +146,8 @@ def acco_reference(periods, commits, lr_scaling=None, share=0.5, clip_by_commit=
     theta_est = ref.adamw(theta, g_est, n_est, c_est / share, commit=False)  # ESTIMATE 0: no commit yet, own norm
     for t in range(commits):
         g, n, c = ref.gradients_at(theta, 2 * t + 1)  # ESTIMATE round: g_t at θ_t ...
-        # ... then COMMIT with g̃_t + g_t, the tokens at θ̃ counted `token_weight` times
-        theta = ref.adamw(theta, token_weight * g_est + g, token_weight * n_est + n, c_est + c, commit=True)
+        # ... then COMMIT with g̃_t + g_t
+        theta = ref.adamw(theta, g_est + g, n_est + n, c_est + c, commit=True)
         if t + 1 < commits:
             g_est, n_est, c_est = ref.gradients_at(theta_est, 2 * t + 2)  # COMMIT round: g̃_{t+1} at θ̃_{t+1}
             clip_norm = ref.commit_norm if clip_by_commit else None
@@ -229,15 +229,6 @@ def test_acco_with_the_estimate_clipped_by_the_last_commits_norm_equals_its_equa
     expected = acco_reference(run["periods"], commits=6, clip_by_commit=True)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
     # The option changes the trajectory: clipping is active in this worker, and a half batch's norm differs.
-    assert not torch.allclose(expected, acco_reference(run["periods"], commits=6), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.integration
-@pytest.mark.exact
-def test_acco_with_the_tokens_at_the_estimate_counted_more_equals_its_equations(tmp_path):
-    run = run_worker(tmp_path, "acco", commits=6, micro_batches=2, env={"TORCHACCO_TEST_ESTIMATE_TOKEN_WEIGHT": "1.5"})
-    expected = acco_reference(run["periods"], commits=6, token_weight=1.5)
-    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(expected, acco_reference(run["periods"], commits=6), rtol=1e-5, atol=1e-5)
 
 

@@ -275,26 +275,27 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
     ddp = {"val_loss": [4.0, 3.9]}
     h50 = {"val_loss": [4.2, 4.1], "mean_gap_pct": 7.7, "tokens_to_target_ratio": [None, None],
            "budgets": {"1000": [4.2, 4.1], "1600": [4.0, 3.95]}}  # fmt: skip
+    never = {"val_loss": [4.4, 4.3], "mean_gap_pct": 10.0, "tokens_to_target_ratio": [None, None],
+             "budgets": {"1000": [4.4, 4.3], "1250": [4.2, 4.1]}}  # fmt: skip
     result("diloco", {"ddp": ddp, "streaming_h10_avg": {"tokens_to_target_ratio": [1.2, 1.3]},
                       "streaming_h50_avg_topk3_int2_senders": h50})  # fmt: skip
     result("sync", {"ddp": ddp, "acco": {"tokens_to_target_ratio": [1.01, 1.03], "gap_pct": [0.2, 0.8]},
                     "dpu": {"tokens_to_target_ratio": [1.0, 1.2], "ratio_is_upper_bound": [True, False]},
                     "wp": {"tokens_to_target_ratio": [1.1, None]},
-                    "acco_w0": {"val_loss": [4.4, 4.3], "mean_gap_pct": 10.0, "tokens_to_target_ratio": [None, None],
-                                "budgets": {"1000": [4.4, 4.3], "1250": [4.2, 4.1]}}})  # fmt: skip
+                    "acco_clip_commit": never})  # fmt: skip
     to = tmp_path / "table.json"
     args = ["--tokens", "diloco", "--tokens", "sync", "--out", str(tmp_path), "--to", str(to)]
     assert efficiency_table.main(args) == 0
     table = json.loads(to.read_text())
-    # dpu only a bound, wp a seed short; acco_w0 reached it in no seed: recorded as such
+    # dpu only a bound, wp a seed short; acco_clip_commit reached it in no seed: recorded as such
     assert set(table["tokens_to_target"]) == {
         "streaming_h10_avg",
         "streaming_h50_avg_topk3_int2_senders",
         "acco",
-        "acco_w0",
+        "acco_clip_commit",
     }
-    assert table["tokens_to_target"]["acco_w0"] == {"not_reached_within": 1.25, "gap_pct": 10.0, "seeds": 2,
-                                                    "source": "bench_results/sync.md"}  # fmt: skip
+    assert table["tokens_to_target"]["acco_clip_commit"] == {"not_reached_within": 1.25, "gap_pct": 10.0, "seeds": 2,
+                                                             "source": "bench_results/sync.md"}  # fmt: skip
     assert "dpu left out (only a bound)" in capsys.readouterr().err
     acco = table["tokens_to_target"]["acco"]
     assert acco["mean"] == pytest.approx(1.02) and acco["seeds"] == 2 and acco["source"] == "bench_results/sync.md"

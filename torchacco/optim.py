@@ -136,26 +136,14 @@ class ShardedAdamW:
                 out[part].copy_(p)
         return s.master
 
-    def peek(self, grad, lr: float, scale=1.0, out=None, chunk=None, grad_weight=1.0, damping=1.0) -> torch.Tensor:
+    def peek(self, grad, lr: float, scale=1.0, out=None, chunk=None) -> torch.Tensor:
         """The master shard after `step(grad, lr, scale)`, written into `out` (a new fp32 tensor by default),
-        leaving m, v, step and master untouched (ACCO's estimate).
-
-        ACCO's estimate variants (`[acco] estimate_grad_weight`, `estimate_damping`): the gradient stepped with
-        is `w · grad·scale + (1 − w) · m̂`, m̂ the bias-corrected first moment (before any commit there is none
-        and w is 1); the result is `θ + γ · (Opt(θ, ·) − θ)`. w = γ = 1 is the plain step."""
+        leaving m, v, step and master untouched (ACCO's estimate)."""
         s = self.state
         out = torch.empty_like(s.master) if out is None else out
-        w = grad_weight if s.step > 0 else 1.0
         for part, offset in self._chunks(chunk):
             g = self._scaled(grad[part], scale)
-            slices = self._slices(part, clone=True)
-            if w != 1.0:
-                g.mul_(w).add_(slices[1], alpha=(1 - w) / (1 - self.cfg.beta1**s.step))
-            p = self._update(slices, g, lr, s.step + 1, offset)
-            if damping != 1.0:
-                theta = s.master[part]
-                p.sub_(theta).mul_(damping).add_(theta)
-            out[part].copy_(p)
+            out[part].copy_(self._update(self._slices(part, clone=True), g, lr, s.step + 1, offset))
         return out
 
     def _chunks(self, chunk: int | None):

@@ -52,16 +52,6 @@ class OverlappedOptions(Options):
     dpu_warmup_steps: int = key(0, "dpu: synchronous updates before the one-step delay starts")
     drift_every: int = key(10, "acco: log ‖θ̃ − θ‖ / ‖θ‖ every this many commits; 0 disables")
     # Variants of the estimate θ̃ = Opt(θ, g̃), a step with half the update's batch (docs/acco.md, "The estimate").
-    estimate_grad_weight: float = key(
-        1.0,
-        "acco: the estimate steps with w·g̃ + (1 − w)·m̂ (g̃ the half-batch gradient, m̂ Adam's bias-corrected first "
-        "moment); 1: g̃ alone (the paper), 0: the moments alone",
-    )
-    estimate_damping: float = key(1.0, "acco: θ̃ = θ + γ·(Opt(θ, g̃) − θ), only this share γ of the estimate's step")
-    estimate_token_weight: float = key(
-        1.0,
-        "acco: each token computed at θ̃ counts this many times in the commit's token mean (1: the plain mean, paper)",
-    )
     estimate_clip: Literal["own", "commit"] = key(
         "own",
         "acco: the gradient norm that decides the estimate's clipping: 'own' (the half batch's, the paper) or "

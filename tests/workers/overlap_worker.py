@@ -103,9 +103,6 @@ def config(kind: str, mode: str) -> Config:
     cfg.strategy_options["acco"].estimate_comm = os.environ.get("TORCHACCO_TEST_ESTIMATE_COMM", "full")
     cfg.strategy_options["acco"].estimate_share = float(os.environ.get("TORCHACCO_TEST_ESTIMATE_SHARE", "0.5"))
     cfg.strategy_options["acco"].estimate_clip = os.environ.get("TORCHACCO_TEST_ESTIMATE_CLIP", "own")
-    cfg.strategy_options["acco"].estimate_token_weight = float(
-        os.environ.get("TORCHACCO_TEST_ESTIMATE_TOKEN_WEIGHT", "1")
-    )
     cfg.training.max_norm = 0.5  # low enough that clipping is active
     cfg.parallelism.replicas = REPLICAS
     cfg.parallelism.reduce_dtype = os.environ.get("TORCHACCO_TEST_REDUCE", "fp32")

@@ -61,18 +61,17 @@ class AccoPlanner(Planner):
 
     def __init__(self, acco: OverlappedOptions, micro_batches: int):
         super().__init__(ESTIMATE)
-        self.weight_damping = (acco.estimate_grad_weight, acco.estimate_damping)
         self.clip_by_commit = acco.estimate_clip == "commit"
         self.commit_norm: float | None = None  # then: the last commit's gradient norm
-        self.token_weight, self.share = acco.estimate_token_weight, acco.estimate_share
+        self.share = acco.estimate_share
         self.drift_every = acco.drift_every
         # Deterministic periods of unequal length: the one at θ̃ (hiding the commit) and the one at θ (the estimate).
         self.at_estimate = round(acco.estimate_share * micro_batches)
         self.at_theta = micro_batches - self.at_estimate
 
     @property
-    def estimate(self) -> tuple[float, float, float | None]:
-        return (*self.weight_damping, self.commit_norm)  # None: clipped by its own norm
+    def estimate_clip_norm(self) -> float | None:
+        return self.commit_norm  # None: clipped by its own norm
 
     def plan(self, finished):
         if finished is None or finished.committed:
@@ -129,12 +128,6 @@ class ACCO(Overlapped):
         if reason := super().check_config(cfg, dp_size, model_parallel):
             return reason
         a = cfg.options(OverlappedOptions)
-        if not 0 <= a.estimate_grad_weight <= 1:
-            return f"[acco] estimate_grad_weight = {a.estimate_grad_weight:g} must be in [0, 1]"
-        if not 0 < a.estimate_damping <= 1:
-            return f"[acco] estimate_damping = {a.estimate_damping:g} must be in (0, 1]"
-        if not a.estimate_token_weight > 0:
-            return f"[acco] estimate_token_weight = {a.estimate_token_weight:g} must be > 0 (1: the plain one)"
         if not 0 < a.estimate_share < 1:
             return f"[acco] estimate_share = {a.estimate_share:g} must be between 0 and 1 (0.5: the paper)"
         t = cfg.training

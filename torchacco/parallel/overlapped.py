@@ -48,9 +48,7 @@ OVERLAPPED = Traits(
 class Planner:
     """A schedule's rounds: this base commits every round with A zeroed (WP predicting as it commits)."""
 
-    # An estimate job's variant: (gradient weight, damping, the norm that clips it; None: its own)
-    estimate: tuple[float, float, float | None] = (1.0, 1.0, None)
-    token_weight = 1.0  # how many times a token computed at θ̃ counts in the commit's mean
+    estimate_clip_norm: float | None = None  # the norm that clips an estimate job; None: its own
     share = 0.5  # of an update's micro-batches computed at θ̃
 
     def __init__(self, kind: str = COMMIT):
@@ -146,8 +144,7 @@ class Overlapped(Strategy):
             reason = "only acco has an estimate round" if not estimates else "the compute dtype is bf16 already"
             return f"[acco] estimate_comm = 'bf16' does nothing here ({reason}); set it to 'full'"
         defaults = OverlappedOptions()
-        for option in ("estimate_share", "estimate_grad_weight", "estimate_damping", "estimate_clip",
-                       "estimate_token_weight"):  # fmt: skip
+        for option in ("estimate_share", "estimate_clip"):
             value, default = getattr(a, option), getattr(defaults, option)
             if not estimates and value != default:
                 return (
@@ -202,7 +199,8 @@ class Overlapped(Strategy):
         send = self.comm.view(torch.bfloat16)[: self.comm.numel()] if bf16 else self.comm
         self.job_buffer = send if self.reduce_out is None else self.reduce_out
         send.copy_(self.flat.grads)
-        sharded, comm, out, local, estimate = self.sharded, send, self.job_buffer, self.pending, self.planner.estimate
+        sharded, comm, out, local = self.sharded, send, self.job_buffer, self.pending
+        clip_norm = self.planner.estimate_clip_norm
         lr_for = self.lr_for()
         if kind == ESTIMATE:
             # The estimate uses the commit's lr: the commit will span this period and the next,
@@ -216,18 +214,12 @@ class Overlapped(Strategy):
             heartbeat.comm_phase(f"communication job ({kind}: reduce-scatter, optimizer, all-gather)")
             start = time.perf_counter()
             with record_function(f"torchacco/job:{kind}"):
-                result = sharded.run_job(comm, local, lr_for, kind, out, self.max_norm, estimate)
+                result = sharded.run_job(comm, local, lr_for, kind, out, self.max_norm, clip_norm)
             result.seconds = time.perf_counter() - start
             heartbeat.comm_phase("")
             return result
 
         self.runner.launch(job)
-        if kind == ESTIMATE and self.planner.token_weight != 1.0:  # the commit's tokens at θ̃ count k times
-            k = self.planner.token_weight
-            self.flat.grads.mul_(k)
-            self.pending = replace(
-                self.pending, loss_tokens=self.pending.loss_tokens * k, loss_sum=self.pending.loss_sum * k
-            )
         if not keep_accumulating:
             self.flat.grads.zero_()
             self.pending = Counts()

@@ -22,13 +22,13 @@ COMMIT_AND_PREDICT = "commit_and_predict"  # θ ← Opt(θ, ḡ), then gather Op
 
 
 def reduce_update_gather(
-    flat: FlatParams, opt: ShardedAdamW, grads, local: Counts, lr_for, kind, out, max_norm, estimate=(1.0, 1.0, None)
+    flat: FlatParams, opt: ShardedAdamW, grads, local: Counts, lr_for, kind, out, max_norm, estimate_clip_norm=None
 ) -> UpdateResult:
     """`grads`: this rank's full flat sum-of-token-loss gradients, reduced in place into its slice; `local`: its
     counts; `lr_for`: global tokens consumed -> lr; `out`: the full flat buffer for the new parameters (may be
-    `grads`), this rank's slice written and the rest all-gathered. An ESTIMATE's `estimate`: (gradient weight,
-    damping) as ShardedAdamW.peek takes them, and the norm that decides its clipping (None: its own). The job holds
-    nothing beyond these buffers but the optimizer's few working chunks."""
+    `grads`), this rank's slice written and the rest all-gathered. An ESTIMATE's `estimate_clip_norm`: the norm that
+    decides its clipping (None: its own). The job holds nothing beyond these buffers but the optimizer's few working
+    chunks."""
     group = flat.group
     grad = flat.shard(grads)
     with record_function("torchacco/job/reduce_scatter"):
@@ -54,7 +54,7 @@ def reduce_update_gather(
     counts.require_tokens()
     grad_norm = math.sqrt(sq_norm) / tokens
     scale = 1.0 / tokens  # the gradient of the mean token loss ...
-    clip_norm = estimate[2] if kind == ESTIMATE and estimate[2] is not None else grad_norm
+    clip_norm = estimate_clip_norm if kind == ESTIMATE and estimate_clip_norm is not None else grad_norm
     if max_norm and clip_norm > max_norm:
         scale *= max_norm / (clip_norm + 1e-6)  # ... clipped
 
@@ -62,7 +62,7 @@ def reduce_update_gather(
     send = flat.shard(out)
     with record_function(f"torchacco/job/optimizer_{kind}"):
         if kind == ESTIMATE:
-            opt.peek(grad, lr, scale, out=send, grad_weight=estimate[0], damping=estimate[1])
+            opt.peek(grad, lr, scale, out=send)
         else:
             opt.step(grad, lr, scale, out=send, predict=kind == COMMIT_AND_PREDICT)
     with record_function("torchacco/job/all_gather"):

@@ -67,11 +67,11 @@ class ShardedOptimizerState:
         self.gather_master(self.params)
 
     def run_job(
-        self, grads, counts: Counts, lr_for, kind: str, out: torch.Tensor, max_norm: float, estimate=(1.0, 1.0, None)
+        self, grads, counts: Counts, lr_for, kind: str, out: torch.Tensor, max_norm: float, clip_norm=None
     ) -> UpdateResult:
-        """reduce-scatter `grads` → AdamW on this rank's shard (`kind`; an ESTIMATE's variant
-        `estimate`) → all-gather into `out`."""
-        return reduce_update_gather(self.flat, self.optimizer, grads, counts, lr_for, kind, out, max_norm, estimate)
+        """reduce-scatter `grads` → AdamW on this rank's shard (`kind`; an ESTIMATE clipped by `clip_norm` if given)
+        → all-gather into `out`."""
+        return reduce_update_gather(self.flat, self.optimizer, grads, counts, lr_for, kind, out, max_norm, clip_norm)
 
     def gather_master(self, out: torch.Tensor) -> None:
         """`out` ← θ, from every rank's master shard."""
