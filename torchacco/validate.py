@@ -155,8 +155,8 @@ def _able(test) -> str:
     return ", ".join(f"'{name}'" for name, cls in strategies().items() if test(cls.traits))
 
 
-def check_diloco(cfg: Config, inner: type[Strategy], dp_size: int) -> None:
-    """The [diloco] and replica settings that cannot run, each as one line."""
+def check_diloco(cfg: Config, inner: type[Strategy], dp_size: int | None = None) -> None:
+    """The [diloco] and replica settings that cannot run, each as one line (those of the batch with `dp_size`)."""
     d, replicas, defaults = cfg.diloco, cfg.parallelism.replicas, DiLoCo()
     if replicas == 1:
         changed = [f.name for f in dataclasses.fields(d) if getattr(d, f.name) != getattr(defaults, f.name)]
@@ -246,13 +246,15 @@ def check_diloco(cfg: Config, inner: type[Strategy], dp_size: int) -> None:
         )
 
 
-def _check_global_batch_moments(cfg: Config, inner: type[Strategy], dp_size: int) -> None:
+def _check_global_batch_moments(cfg: Config, inner: type[Strategy], dp_size: int | None) -> None:
     """Each rank's first micro-batch against the replica's gradient: before any reduction, and not the only one."""
     if not inner.traits.global_batch_moments:
         raise UserError(
             f"[diloco] global_batch_moments is not built for data_parallel = '{inner.name}' inside the replicas; use "
             f"one of {_able(lambda t: t.global_batch_moments)}, or global_batch_moments = false"
         )
+    if dp_size is None:
+        return
     t, replicas = cfg.training, cfg.parallelism.replicas
     micro = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp_size, replicas=replicas).micro_batches
     balance, least = cfg.parallelism.balance_batches, 2 * t.local_batch_size * dp_size * replicas
