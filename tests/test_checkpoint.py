@@ -18,7 +18,6 @@ args = six_step_args
 REPLICAS_2 = ("--parallelism.replicas", "2")
 STREAMING = [*REPLICAS_2, *"--diloco.sync_every 4 --diloco.fragments 2 --diloco.overlap_steps 1".split()]
 STREAMING += "--diloco.mixing 0.5 --diloco.outer_dtype bf16".split()
-GLOBAL_MOMENTS = [*REPLICAS_2, *"--diloco.sync_every 2 --diloco.global_batch_moments 1".split()]
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +67,6 @@ SLOW = pytest.mark.slow
         # the slow moment: torch-optimizer state on DTensors (FSDP), and sharded state inside DiLoCo (ZeRO-1)
         pytest.param("fsdp", ["--optimizer.slow_beta", "0.99"], marks=SLOW),
         pytest.param("zero1", [*REPLICAS_2, *"--diloco.sync_every 2 --optimizer.slow_beta 0.99".split()], marks=SLOW),
-        # AdamW stepped by torchacco's elementwise update, its second moment fed the global batch's estimate
-        pytest.param("ddp", GLOBAL_MOMENTS, marks=SLOW),
     ],
     ids=[
         "ddp",
@@ -86,7 +83,6 @@ SLOW = pytest.mark.slow
         "diloco-ddp-qsr",
         "fsdp-slow-momentum",
         "diloco-zero1-slow-momentum",
-        "diloco-ddp-global-batch-moments",
     ],
 )
 @pytest.mark.exact

@@ -47,59 +47,26 @@ class Replica:
         )
         self.schedule, self.consumed = worker.schedule(), 0.0
 
-    def update(self, micro_batches: int, global_moments: int = 0) -> float:
-        """One inner AdamW update over its ranks' next micro-batches; the loss tokens behind it. `global_moments`: the
-        run's M replicas, AdamW's second moment and the clipping as `[diloco] global_batch_moments` has them."""
+    def update(self, micro_batches: int) -> float:
+        """One inner AdamW update over its ranks' next micro-batches; the loss tokens behind it."""
         self.opt.zero_grad(set_to_none=True)
-        tokens, consumed, firsts = 0, 0, []  # each rank's first micro-batch's gradient sums
+        tokens, consumed = 0, 0
         for _ in range(micro_batches):
             for rank in self.ranks:
-                before = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in self.params]
                 batch = worker.micro_batch(rank, self.index)
                 logits = self.model(batch["input_ids"])
                 F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), reduction="sum").backward()
                 tokens += (batch["labels"] != -100).sum().item()
                 consumed += worker.BATCH * worker.SEQ
-                if len(firsts) < len(self.ranks):
-                    firsts.append([p.grad - b for p, b in zip(self.params, before)])
             self.index += 1
         for p in self.params:
             p.grad /= tokens
-        lr = self.schedule(self.consumed, consumed)
-        self.consumed += consumed
-        if global_moments:
-            self.step_for_the_global_batch(firsts, micro_batches * len(self.ranks), tokens, global_moments, lr)
-            return float(tokens)
         torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
         for group in self.opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = self.schedule(self.consumed, consumed)
         self.opt.step()
+        self.consumed += consumed
         return float(tokens)
-
-    def step_for_the_global_batch(self, firsts, n: int, tokens: int, replicas: int, lr: float) -> None:
-        """ḡ's second moment and norm less the noise the other replicas' batches would average away, estimated from
-        each rank's first micro-batch's gradient g₁ = n·(its sum) / tokens (the ranks' (g₁ − ḡ)² averaged), n the
-        replica's micro-batches; each at least 1/M of ḡ's own. AdamW by hand."""
-        k = (1 - 1 / replicas) / (n - 1)
-        grads = [p.grad for p in self.params]
-        spread = [sum((f[i] * n / tokens - g) ** 2 for f in firsts) / len(firsts) for i, g in enumerate(grads)]
-        corrected = [g * g - k * s for s, g in zip(spread, grads)]
-        own = sum((g * g).sum() for g in grads)
-        norm = max(sum(c.sum() for c in corrected), own / replicas).sqrt()
-        squares = [torch.maximum(c, g * g / replicas) for c, g in zip(corrected, grads)]
-        f = min(1.0, self.max_norm / (norm.item() + 1e-6))
-        o = worker.config("zero1", "deterministic").optimizer
-        for group in self.opt.param_groups:
-            for p in group["params"]:
-                i = next(j for j, q in enumerate(self.params) if q is p)
-                state = self.opt.state.setdefault(p, {"t": 0, "m": torch.zeros_like(p), "v": torch.zeros_like(p)})
-                state["t"] += 1
-                with torch.no_grad():
-                    p.mul_(1 - lr * group["weight_decay"])
-                    state["m"] = o.beta1 * state["m"] + (1 - o.beta1) * f * grads[i]
-                    state["v"] = o.beta2 * state["v"] + (1 - o.beta2) * f * f * squares[i]
-                    m_hat, v_hat = state["m"] / (1 - o.beta1 ** state["t"]), state["v"] / (1 - o.beta2 ** state["t"])
-                    p.sub_(lr * m_hat / (v_hat.sqrt() + o.eps))
 
 
 def fragments_of_tiny_model(fragments: int) -> list[list[int]]:
@@ -133,7 +100,7 @@ def sparse_reference(e: torch.Tensor, keep: int, bits: int | None) -> torch.Tens
 
 def diloco_reference(
     updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9, eager=False, computed=None,
-    topk=None, warm=0, mu_warmup=0, h_max=0, global_moments=False,
+    topk=None, warm=0, mu_warmup=0, h_max=0,
 ):  # fmt: skip
     """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco.py).
     `computed[r][t]`: whether replica r computed slot t (mixed replicas; all of them when None).
@@ -141,8 +108,7 @@ def diloco_reference(
     of its residual e ← β·e + Δ_r and keeps the rest; over the senders, an element's mean weighs only the
     replicas that sent it, over at least half of the tokens. `warm`: after each of the first `warm` updates, every
     replica's θ becomes the token-weighted mean of theirs (the outer optimizer untouched). `h_max`: after
-    each outer step the next comes min(h_max, max(H, ⌊H·(η_peak / η_t)²⌋)) / P updates later (QSR).
-    `global_moments`: each replica's AdamW as `Replica.step_for_the_global_batch`."""
+    each outer step the next comes min(h_max, max(H, ⌊H·(η_peak / η_t)²⌋)) / P updates later (QSR)."""
     reps = [Replica([r * dp + d for d in range(dp)]) for r in range(replicas)]
     frags = fragments_of_tiny_model(P)
     # θ_global per fragment, as parameters of torch's Nesterov SGD
@@ -201,7 +167,7 @@ def diloco_reference(
         for r, rep in enumerate(reps):
             if not ran[r]:
                 continue
-            n = rep.update(micro_batches, replicas if global_moments else 0)
+            n = rep.update(micro_batches)
             tokens[r] = [x + n for x in tokens[r]]
             token_counts.add((t, r, n))
         if computed is not None:  # each replica's lr clock: the tokens of the replicas that ran, over R
@@ -292,7 +258,6 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, warm_start=4), 9),
         ("ddp", dict(sync_every=2, fragments=2, outer_momentum_warmup=3), 12),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, sync_every_max=12), 23),
-        ("ddp", dict(sync_every=2, outer_lr=1.0, outer_momentum=0.0, global_batch_moments=1), 6),
     ],
     ids=[
         "ddp",
@@ -305,7 +270,6 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         "zero1-warm-start",
         "ddp-momentum-warmup",
         "zero1-qsr",
-        "ddp-global-batch-moments",
     ],
 )
 def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
@@ -315,7 +279,6 @@ def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
     reference_keys |= dict(mu=diloco.get("outer_momentum", 0.9), eager=bool(diloco.get("eager", 0)))
     reference_keys |= dict(warm=diloco.get("warm_start", 0), mu_warmup=diloco.get("outer_momentum_warmup", 0))
     reference_keys |= dict(h_max=diloco.get("sync_every_max", 0))
-    reference_keys |= dict(global_moments=bool(diloco.get("global_batch_moments")))
     if "topk" in diloco:
         bits = {"int8": 8, "int4": 4, "int2": 2}[diloco["outer_dtype"]]
         over_senders = diloco.get("topk_mean", DiLoCo().topk_mean) == "senders"
@@ -351,17 +314,6 @@ def test_ddp_inside_replicas_of_two_ranks_with_the_transfer_beside_compute_equal
     diloco = dict(sync_every=4, fragments=2, overlap_steps=1)
     run = run_diloco(tmp_path, "ddp", 9, 1, nproc=4, **diloco)
     expected, _, _ = diloco_reference(9, 1, replicas=2, dp=2, H=4, P=2, tau=1)
-    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.integration
-@pytest.mark.exact
-@pytest.mark.slow
-def test_global_batch_moments_over_a_replicas_two_ddp_ranks_equal_their_equations(tmp_path):
-    """Each rank's first micro-batch against the replica's reduced gradient, the squares averaged over its ranks."""
-    diloco = dict(sync_every=2, outer_lr=1.0, outer_momentum=0.0, global_batch_moments=1)
-    run = run_diloco(tmp_path, "ddp", 4, 2, nproc=4, **diloco)
-    expected, _, _ = diloco_reference(4, 2, replicas=2, dp=2, H=2, lr=1.0, mu=0.0, global_moments=True)
     torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
 
 
@@ -543,10 +495,6 @@ def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
          "set sync_every_max = 0"),
         ({"parallelism.replicas": 2, "diloco.topk": 0.01, "diloco.error_decay": -1}, "between 0 and 1"),
         ({"parallelism.replicas": 2, "optimizer.slow_beta": 1.0}, "must be in [0, 1) (0: off)"),
-        ({"parallelism.replicas": 2, "diloco.global_batch_moments": True, "parallelism.data_parallel": "zero1"},
-         "not built for data_parallel = 'zero1' inside the replicas; use one of 'ddp'"),
-        ({"parallelism.replicas": 2, "diloco.global_batch_moments": True, "parallelism.data_parallel": "ddp"},
-         "(this run: 1, balance_batches False); set [training] global_batch_size = 32 or more"),
         ({"parallelism.replicas": 2, "optimizer.slow_weight": 0.0}, "slow_weight = 0 must be in (0, 1]"),
     ],
 )  # fmt: skip

@@ -152,13 +152,3 @@ def test_the_slow_moment_adds_half_of_adamws_moments_to_the_estimate(strategy):
     )  # fmt: skip
     assert slow.optimizer == 1.5 * plain.optimizer > 0
     assert slow.total - plain.total == plain.optimizer / 2
-
-
-def test_global_batch_moments_add_a_copy_of_the_gradients_to_the_estimate():
-    """`[diloco] global_batch_moments` keeps the first micro-batch's gradient until the update."""
-    base = ["--parallelism.replicas", "2", "--diloco.sync_every", "10", "--training.global_batch_size", "32"]
-    plain, kept = (
-        dry_run.plan(load_config([*base, *extra]), dry_run.Cluster(1, 2)).kinds[0].memory
-        for extra in ([], ["--diloco.global_batch_moments", "true"])
-    )
-    assert kept.buffers - plain.buffers == plain.gradients > 0 and kept.total - plain.total == plain.gradients

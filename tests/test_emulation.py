@@ -14,7 +14,7 @@ from torchacco import emulation
 from torchacco.config import Emulation, load_config
 from torchacco.errors import UserError
 from torchacco.models.gpt_neo import GPTNeo, ModelArgs
-from torchacco.optim import ElementwiseAdamW, ShardedAdamW
+from torchacco.optim import ShardedAdamW, SlowMomentumAdamW
 from torchacco.validate import validate
 
 VIRTUAL = ["--emulation.virtual_compute", "true", "--emulation.forward_s", "0.01", "--emulation.backward_s", "0.02",
@@ -55,7 +55,7 @@ def test_adamw_becomes_a_wait_per_element(monkeypatch):
     # restored after the test: the install patches the classes for the process (a training worker's)
     monkeypatch.setattr(ShardedAdamW, "_update", ShardedAdamW._update)
     monkeypatch.setattr(torch.optim.AdamW, "step", torch.optim.AdamW.step)
-    monkeypatch.setattr(ElementwiseAdamW, "step", ElementwiseAdamW.step)
+    monkeypatch.setattr(SlowMomentumAdamW, "step", SlowMomentumAdamW.step)
     waits = []  # the seconds each step asks to sleep: exact, where a wall clock on a loaded machine is not
     monkeypatch.setattr(emulation.time, "sleep", waits.append)
 
@@ -74,7 +74,7 @@ def test_adamw_becomes_a_wait_per_element(monkeypatch):
     p = torch.nn.Parameter(torch.zeros(200_000))
     assert waited(torch.optim.AdamW([p]).step) == pytest.approx(0.2)
     slow = load_config(["--optimizer.slow_beta", "0.99"]).optimizer  # the slow moment's forms wait alike
-    sharded, replicated = ShardedAdamW(torch.zeros(200_000), [], slow), ElementwiseAdamW([{"params": [p]}], slow)
+    sharded, replicated = ShardedAdamW(torch.zeros(200_000), [], slow), SlowMomentumAdamW([{"params": [p]}], slow)
     for step in (lambda: sharded.step(grad, lr=1.0), replicated.step):
         assert waited(step) == pytest.approx(0.2)
     assert not sharded.state.master.any() and not p.any()

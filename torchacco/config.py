@@ -182,11 +182,6 @@ class DiLoCo:
         "inner updates at the start after each of which the replicas average θ (fp32, all fragments; post-local "
         "SGD) before the outer steps begin; a multiple of sync_every / fragments",
     )
-    global_batch_moments: bool = key(
-        False,
-        "each replica's AdamW second moment and clipping norm estimated for the global batch, not its own share of "
-        "it, from its first micro-batch's deviation (no communication); needs ddp inside and ≥ 2 micro-batches",
-    )
     sync_every_max: int = key(
         0,
         "QSR (arXiv 2310.14423): above sync_every, H grows as the learning rate decays, H_t = min(sync_every_max, "

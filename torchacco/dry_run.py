@@ -212,8 +212,6 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
         memory = cm.layout_memory(cls, numel, group, dtype, DTYPES[p.reduce_dtype], options, outer, largest)
         if cfg.optimizer.slow_beta:  # a third fp32 moment beside AdamW's two
             memory = dataclasses.replace(memory, optimizer=memory.optimizer * 1.5)
-        if outer is not None and outer.global_batch_moments:  # the first micro-batch's gradient, kept for the update
-            memory = dataclasses.replace(memory, buffers=memory.buffers + memory.gradients)
         gathered = cls.gathered_memory(p, in_blocks / max(blocks, 1), numel - in_blocks, blocks, dtype)
         label = f"pp stage {stage}" if pp > 1 else "every rank"
         kinds.append(RankMemory(label, stage * dp * tp, cluster.world // pp, numel, memory, gathered,

@@ -25,7 +25,7 @@ import torch.nn as nn
 from torchacco.blocks import block_list, blocks_of
 from torchacco.errors import UserError
 from torchacco.loss import TokenLoss
-from torchacco.optim import ElementwiseAdamW, ShardedAdamW, build_adamw
+from torchacco.optim import ShardedAdamW, SlowMomentumAdamW, build_adamw
 
 if TYPE_CHECKING:
     from torchacco.config import Config, Emulation
@@ -100,7 +100,7 @@ def install_optimizer_waits(seconds_per_element: float, factor: float = 1.0) -> 
         time.sleep(sum(p.numel() for g in self.param_groups for p in g["params"]) * per)
 
     ShardedAdamW._update = sharded_update
-    torch.optim.AdamW.step = ElementwiseAdamW.step = adamw_step
+    torch.optim.AdamW.step = SlowMomentumAdamW.step = adamw_step
 
 
 def install(model: nn.Module, settings: Emulation, rank: int) -> VirtualLoss:

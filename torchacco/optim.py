@@ -30,9 +30,8 @@ def no_weight_decay_ids(model: nn.Module) -> set[int]:
     return ids
 
 
-def build_adamw(model: nn.Module, cfg: OptimizerConfig, elementwise: bool = False) -> torch.optim.Optimizer:
-    """torch's AdamW, or `ElementwiseAdamW` with `slow_beta` or when asked (`elementwise`: its second moment can be
-    fed another square than grad², DiLoCo's `global_batch_moments`)."""
+def build_adamw(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    """torch's AdamW, or `SlowMomentumAdamW` with `slow_beta`."""
     skip = no_weight_decay_ids(model)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
@@ -40,24 +39,18 @@ def build_adamw(model: nn.Module, cfg: OptimizerConfig, elementwise: bool = Fals
         {"params": [p for p in params if id(p) in skip], "weight_decay": 0.0},
     ]
     groups = [g for g in groups if g["params"]]
-    if cfg.slow_beta or elementwise:
-        return ElementwiseAdamW(groups, cfg)
+    if cfg.slow_beta:
+        return SlowMomentumAdamW(groups, cfg)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
 
 
-def adamw_update(
-    p, m, v, grad, lr: float, step: int, cfg: OptimizerConfig, slow=None, decay: float = 0.0, grad_sq=None
-) -> None:
+def adamw_update(p, m, v, grad, lr: float, step: int, cfg: OptimizerConfig, slow=None, decay: float = 0.0) -> None:
     """One AdamW step in place, elementwise (so any slice of a tensor steps as the whole would);
-    with `slow`, the slow moment is mixed into the direction. `decay` is the weight decay of `p`; `grad_sq`, what
-    the second moment averages in place of grad²."""
+    with `slow`, the slow moment is mixed into the direction. `decay` is the weight decay of `p`."""
     if decay:
         p.mul_(1 - lr * decay)
     m.mul_(cfg.beta1).add_(grad, alpha=1 - cfg.beta1)
-    if grad_sq is None:
-        v.mul_(cfg.beta2).addcmul_(grad, grad, value=1 - cfg.beta2)
-    else:
-        v.mul_(cfg.beta2).add_(grad_sq, alpha=1 - cfg.beta2)
+    v.mul_(cfg.beta2).addcmul_(grad, grad, value=1 - cfg.beta2)
     bias1 = 1 - cfg.beta1**step
     denom = v.sqrt().div_(math.sqrt(1 - cfg.beta2**step)).add_(cfg.eps)
     if slow is None:
@@ -69,14 +62,13 @@ def adamw_update(
     p.addcdiv_(direction, denom, value=-lr)
 
 
-class ElementwiseAdamW(torch.optim.Optimizer):
-    """AdamW as `adamw_update` per parameter, for replicated and FSDP parameters (DTensors included), so ZeRO-1's
-    sharded steps equal DDP's: with the slow first moment, or a second moment fed `grad_sq[p]` in place of grad²."""
+class SlowMomentumAdamW(torch.optim.Optimizer):
+    """AdamW with the slow first moment, for replicated and FSDP parameters (DTensors included):
+    `adamw_update` per parameter, so ZeRO-1's sharded steps equal DDP's."""
 
     def __init__(self, groups: list[dict], cfg: OptimizerConfig):
         super().__init__(groups, {"lr": cfg.lr, "weight_decay": cfg.weight_decay})
         self.cfg = cfg
-        self.grad_sq: dict | None = None  # parameter -> what v averages at the next step (then cleared)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -87,15 +79,13 @@ class ElementwiseAdamW(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.tensor(0.0)
-                    for name in ("exp_avg", "exp_avg_sq", "exp_avg_slow")[: 3 if self.cfg.slow_beta else 2]:
+                    for name in ("exp_avg", "exp_avg_sq", "exp_avg_slow"):
                         state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
                 adamw_update(
                     p, state["exp_avg"], state["exp_avg_sq"], p.grad, group["lr"], int(state["step"].item()),
-                    self.cfg, slow=state.get("exp_avg_slow"), decay=group["weight_decay"],
-                    grad_sq=None if self.grad_sq is None else self.grad_sq[p],
+                    self.cfg, slow=state["exp_avg_slow"], decay=group["weight_decay"],
                 )  # fmt: skip
-        self.grad_sq = None
 
 
 @dataclass

@@ -147,7 +147,7 @@ def _check_strategy(cfg: Config, dp_size: int) -> None:
         )
     if reason := cls.check_config(cfg, dp_size, model_parallel):
         raise UserError(reason)
-    check_diloco(cfg, cls, dp_size)
+    check_diloco(cfg, cls)
 
 
 def _able(test) -> str:
@@ -155,8 +155,8 @@ def _able(test) -> str:
     return ", ".join(f"'{name}'" for name, cls in strategies().items() if test(cls.traits))
 
 
-def check_diloco(cfg: Config, inner: type[Strategy], dp_size: int | None = None) -> None:
-    """The [diloco] and replica settings that cannot run, each as one line (those of the batch with `dp_size`)."""
+def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
+    """The [diloco] and replica settings that cannot run, each as one line."""
     d, replicas, defaults = cfg.diloco, cfg.parallelism.replicas, DiLoCo()
     if replicas == 1:
         changed = [f.name for f in dataclasses.fields(d) if getattr(d, f.name) != getattr(defaults, f.name)]
@@ -238,31 +238,9 @@ def check_diloco(cfg: Config, inner: type[Strategy], dp_size: int | None = None)
             "its learning-rate schedule are measured in tokens; set it (e.g. --training.max_tokens 1000000000)"
         )
     fault_tolerance.check_config(cfg)
-    if d.global_batch_moments:
-        _check_global_batch_moments(cfg, inner, dp_size)
     if d.outer_lr <= 0 or not 0.0 <= d.outer_momentum < 1.0:
         raise UserError(
             f"[diloco] outer_lr = {d.outer_lr:g} must be positive and outer_momentum = {d.outer_momentum:g} in [0, 1)"
-        )
-
-
-def _check_global_batch_moments(cfg: Config, inner: type[Strategy], dp_size: int | None) -> None:
-    """Each rank's first micro-batch against the replica's gradient: before any reduction, and not the only one."""
-    if not inner.traits.global_batch_moments:
-        raise UserError(
-            f"[diloco] global_batch_moments is not built for data_parallel = '{inner.name}' inside the replicas; use "
-            f"one of {_able(lambda t: t.global_batch_moments)}, or global_batch_moments = false"
-        )
-    if dp_size is None:
-        return
-    t, replicas = cfg.training, cfg.parallelism.replicas
-    micro = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp_size, replicas=replicas).micro_batches
-    balance, least = cfg.parallelism.balance_batches, 2 * t.local_batch_size * dp_size * replicas
-    if micro < 2 or balance:
-        raise UserError(
-            f"[diloco] global_batch_moments compares each rank's first micro-batch with its update, which needs 2 or "
-            f"more micro-batches per rank and update (this run: {micro}, balance_batches {balance}); set [training] "
-            f"global_batch_size = {least} or more and balance_batches = false, or global_batch_moments = false"
         )
 
 

@@ -39,8 +39,7 @@ BF16 = f"{STREAMING_AVG} --diloco.outer_dtype bf16"  # Streaming DiLoCo in bf16 
 PIER = "--diloco.outer_lr 0.7 --diloco.outer_momentum 0.9 --diloco.outer_momentum_warmup 20"
 SLOW99 = "--optimizer.slow_beta 0.99 --optimizer.slow_weight 0.5"
 R4 = "--parallelism.replicas 4 --eval.batches 2"  # 4 replicas of one rank; 2 eval batches each read the same 32
-WARM = "--diloco.warm_start 100"
-GBM = "--diloco.global_batch_moments true"  # a warm start of 100 updates averaged in fp32 (post-local SGD)
+WARM = "--diloco.warm_start 100"  # a warm start of 100 updates averaged in fp32 (post-local SGD)
 
 
 def _topk(k: float, code: str = "int2", mean: str = "replicas", more: str = "") -> list[str]:
@@ -60,8 +59,6 @@ VARIANTS = {
     "acco_share75_clip_commit": _dp(ACCO, f"{LB2} --acco.estimate_share 0.75 --acco.estimate_clip commit"),
     **{f"diloco_h{h}": _dp(DDP, f"{DILOCO} {h}") for h in (10, 50, 100)},
     **{f"diloco_h{h}_avg": _dp(DDP, f"{DILOCO} {h} {AVG}") for h in (1, 10, 20, 50)},
-    # AdamW's second moment and clipping estimated for the global batch (at H 1: the floor without local steps)
-    **{f"diloco_h{h}_avg_gbm": _dp(DDP, f"{DILOCO} {h} {AVG} {GBM}") for h in (1, 10)},
     # Nesterov whose steady-state step is 1.4× the replicas' mean displacement (outer lr / (1 − momentum)), not 7×
     "diloco_h10_n07m05": _dp(DDP, f"{DILOCO} 10 --diloco.outer_lr 0.7 --diloco.outer_momentum 0.5"),
     # Streaming DiLoCo: 2 fragments, each all-reduced in bf16 beside 1 inner update; eager: the replica goes on from
@@ -89,7 +86,6 @@ VARIANTS = {
     "streaming_h10_pier_topk3_int2_senders": _topk(0.03, mean="senders", more=PIER),
     "streaming_h10_pier_warm100_topk3_int2_senders": _topk(0.03, mean="senders", more=f"{PIER} {WARM}"),
     "streaming_h10_avg_topk10_int4_senders": _topk(0.1, "int4", "senders"),
-    "streaming_h10_avg_topk3_int2_senders_gbm": _topk(0.03, mean="senders", more=GBM),
     "streaming_h50_avg_topk3_int2_senders": _topk(0.03, mean="senders", more="--diloco.sync_every 50"),  # at H 50
     # QSR: H grows as (peak lr / lr)² up to a cap: 10 to 40, and 6 to 24 (more often early, less late: H 10's bytes)
     "streaming_h10_avg_qsr40": _dp(DDP, f"{BF16} --diloco.sync_every_max 40"),

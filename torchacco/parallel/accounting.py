@@ -25,7 +25,7 @@ class GatheredCounts:
     def __post_init__(self):
         sums = self.rows.sum(0).tolist()  # column by column: every rank adds in the same order
         self.scalar_sums = sums[: self.scalars]
-        self.tokens, self.loss_sum, self.micro_batches, self.consumed, _ = sums[self.scalars :]
+        self.tokens, self.loss_sum, _, self.consumed, _ = sums[self.scalars :]
 
     def _column(self, field: int) -> list[float]:
         return self.rows[:, self.scalars + field].tolist()

@@ -21,15 +21,14 @@ class DDP(Replicated):
         "gradient all-reduce and optimizer step",
         model_parallel=False,  # torch DDP cannot broadcast or bucket DTensor parameters, nor wrap pipeline stages
         autocast_compute=True,
-        global_batch_moments=True,
     )
 
-    def __init__(self, model, dims, plan, optimizer, bucket_cap_mb: float = 0.0, balance: bool = False, moments=False):
+    def __init__(self, model, dims, plan, optimizer, bucket_cap_mb: float = 0.0, balance: bool = False):
         # an unset cap (None) is what gets torch's small first bucket; a given one makes every bucket that size
         wrapped = DistributedDataParallel(
             model, process_group=dims.dp_group, bucket_cap_mb=bucket_cap_mb or None, gradient_as_bucket_view=True
         )
-        super().__init__(wrapped, dims, plan, optimizer, balance, moments)
+        super().__init__(wrapped, dims, plan, optimizer, balance)
 
     @classmethod
     def memory(cls, numel, dp_size, param_dtype, reduce_dtype, options=None):
@@ -39,8 +38,7 @@ class DDP(Replicated):
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
         p = cfg.parallelism
-        moments = dims.replicas > 1 and cfg.diloco.global_batch_moments
-        return cls(model, dims, plan, cfg.optimizer, p.bucket_cap_mb, p.balance_batches, moments)
+        return cls(model, dims, plan, cfg.optimizer, p.bucket_cap_mb, p.balance_batches)
 
     def _sync(self, last):
         return contextlib.nullcontext() if last else self.model.no_sync()

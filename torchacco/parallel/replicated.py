@@ -26,7 +26,6 @@ from torchacco.device import Stopwatch
 from torchacco.optim import build_adamw
 from torchacco.parallel.accounting import gather_counts
 from torchacco.parallel.balance import SpeedSplit
-from torchacco.parallel.batch_moments import GlobalBatchMoments
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan, UpdateResult
 
@@ -38,17 +37,13 @@ class Replicated(Strategy):
     """The base of DDP and FSDP: a torch wrapper reduces the gradients inside backward (`_sync`
     says when), then torch's AdamW steps over the module's own parameters."""
 
-    def __init__(
-        self, model, dims: ParallelDims, plan: UpdatePlan, optimizer: OptimizerConfig, balance=False, moments=False
-    ):
+    def __init__(self, model, dims: ParallelDims, plan: UpdatePlan, optimizer: OptimizerConfig, balance=False):
         self.model, self.dims = model, dims
         self.accumulation, self.schedule, self.max_norm = plan.micro_batches, plan.schedule, plan.max_norm
         # balance_batches: every rank keeps one micro-batch, as DDP's all-reduce runs in its last backward
         self.balance = SpeedSplit(plan.micro_batches, dims.dp_size, dims.dp_rank, minimum=1) if balance else None
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
-        self.optimizer = build_adamw(model, optimizer, elementwise=moments)
-        # [diloco] global_batch_moments: AdamW's second moment and clipping estimated for all replicas' batch
-        self.moments = GlobalBatchMoments(dims.replicas, dims.dp_group, dims.dp_size) if moments else None
+        self.optimizer = build_adamw(model, optimizer)
         self.theta = ModuleTheta(model, dims)
 
     def _sync(self, last: bool):
@@ -63,8 +58,6 @@ class Replicated(Strategy):
             yield self._sync(last)
             if watch is not None:
                 self._timed.append(watch.stop())
-            if i == 0 and self.moments:
-                self.moments.keep_first(self.model.parameters())
 
     def _own_speed(self, counts: Counts) -> Counts:
         """A rank's compute time for balancing, from its micro-batches without sync: the last one's
@@ -83,17 +76,13 @@ class Replicated(Strategy):
         params = [p for p in self.model.parameters() if p.grad is not None]
         # The reduction averaged over ranks; rescale the mean of sums to a per-token mean.
         torch._foreach_mul_([p.grad for p in params], self.dims.dp_size / gathered.tokens)
-        if self.moments:
-            norm, self.optimizer.grad_sq = self.moments.clip(
-                params, int(gathered.micro_batches), gathered.tokens, self.max_norm
-            )
-        elif self.dims.pp_enabled:
+        if self.dims.pp_enabled:
             norm, loss_sum = self._clip_over_stages(params, loss_sum)
         else:
             norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm or float("inf"), foreach=True)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
-        norm = float(norm)
+        norm = norm.item()
         lr = self.schedule(self.consumed, gathered.consumed)
         # The norm is of the reduced gradients and the loss of gathered sums: every rank agrees.
         skipped = not (math.isfinite(norm) and math.isfinite(loss_sum))

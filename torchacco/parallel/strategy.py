@@ -146,7 +146,6 @@ class Traits:
     balances: bool = True  # runs [parallelism] balance_batches (ranks may run unequal micro-batches)
     replicas_refused: str = ""  # why DiLoCo's replicas cannot run it inside ("": its theta.pieces() are θ)
     resume_needs_same_ranks: bool = False  # its checkpoints hold per-rank state
-    global_batch_moments: bool = False  # runs [diloco] global_batch_moments (gradients local until the last micro)
     autocast_compute: bool = False  # fp32 weights, forward/backward autocast to the compute dtype
     shards_theta: bool = False  # theta.pieces() are this rank's shard of θ (not all of it)
     # Its constructor shards the module (FSDP2), then materializes it: a model built on meta reaches it unallocated.
