@@ -32,15 +32,19 @@ def strategy_variants() -> dict[str, list[str]]:
             for label, (_, mode) in cm.variants().items()}  # fmt: skip
 
 
-def recipe(updates: int, lr: float, seed: int, extra: list[str] = (), flavor: str = "debug") -> list[str]:
+def recipe(
+    updates: int, lr: float, seed: int, extra: list[str] = (), flavor: str = "debug", batch: int = 16
+) -> list[str]:
     """The yardstick's recipe on 2 ranks, as trainer arguments: GPT-Neo `flavor` (debug; a larger one to check a
     finding on), 1k BPE vocabulary, seq 128, 16 sequences per update, 5% warm-up then cosine, an evaluation of 4
-    batches per rank every tenth of the run."""
+    batches per rank every tenth of the run. `updates` counts updates of 16 sequences, so another global `batch` runs
+    the same tokens (warm-up and evaluations at the same tokens) in 16 / batch times the updates."""
+    per = lambda n: str(max(1, n * 16 // batch))  # n updates of 16 sequences in updates of `batch`
     return ["--config", "train_configs/default.toml", "--model.flavor", flavor, "--tokenizer.vocab_size", "1024",
-            "--training.seq_len", "128", "--training.local_batch_size", "4", "--training.global_batch_size", "16",
-            "--training.steps", str(10 * updates), "--training.max_tokens", str(updates * 16 * 128),
-            "--lr_schedule.warmup_steps", str(max(1, updates // 20)), "--optimizer.lr", str(lr),
-            "--eval.every", str(max(1, updates // 10)), "--eval.batches", "4", "--training.seed", str(seed),
+            "--training.seq_len", "128", "--training.local_batch_size", "4", "--training.global_batch_size", str(batch),
+            "--training.steps", per(10 * updates), "--training.max_tokens", str(updates * 16 * 128),
+            "--lr_schedule.warmup_steps", per(max(1, updates // 20)), "--optimizer.lr", str(lr),
+            "--eval.every", per(max(1, updates // 10)), "--eval.batches", "4", "--training.seed", str(seed),
             *extra]  # fmt: skip
 
 

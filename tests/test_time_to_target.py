@@ -114,6 +114,9 @@ def test_time_to_target_names_a_mistake_in_one_line(tmp_path, capsys, extra, mes
         (["--tune-lrs", "x"], "--tune-lrs takes comma-separated multiples of --lrs"),
         (["--tune-outer", "0.7"], "--tune-outer takes comma-separated LR:MOMENTUM pairs"),
         (["--tune-clip", "one"], "--tune-outer and --tune-clip take non-negative numbers"),
+        (["--tune-batch", "12"], "--tune-batch takes multiples of 8 that divide 16 × --updates"),
+        (["--tune-batch", "8,x"], "--tune-batch takes multiples of 8"),
+        (["--tune-batch", "0"], "--tune-batch takes multiples of 8"),
     ],
 )
 def test_token_efficiency_arguments_it_cannot_run_are_one_line(args, message, capsys):
@@ -129,7 +132,7 @@ def test_another_flavor_trains_that_model_in_runs_of_its_own(monkeypatch, tmp_pa
 
     trained = []
 
-    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=()):
+    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=(), batch=16):
         trained.append((folder.name, te.recipe(updates, lr, seed, flavor=flavor)))
         folder.mkdir(parents=True)
         (folder / "metrics.jsonl").write_text(
@@ -157,7 +160,7 @@ def test_the_token_efficiency_report_gives_the_mean_gaps_95_percent_interval(mon
 
     losses = {("ddp", 0): 4.0, ("ddp", 1): 4.0, ("ddp", 2): 5.0, ("acco", 0): 4.04, ("acco", 1): 4.0, ("acco", 2): 5.1}
 
-    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=()):
+    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=(), batch=16):
         folder.mkdir(parents=True)
         record = {"step": updates, "tokens": 64 * updates, "loss": 5.0, "val_loss": losses[(variant, seed)]}
         (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
@@ -179,7 +182,7 @@ def test_tuning_picks_each_variants_best_grid_point_on_its_own_seeds_and_reports
 
     ran = []
 
-    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=()):
+    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=(), batch=16):
         ran.append((variant, lr, seed, tuple(extra)))
         best = 0.006 if variant == "ddp" else 0.0015  # DDP's best at 2× the base lr, DiLoCo's at ½× with outer 1:0
         loss = 4.0 + abs(lr - best) * 10 + (0.0 if extra[:4] == ("--diloco.outer_lr", "1") else 0.01) + seed * 1e-3
@@ -216,6 +219,36 @@ def test_tuning_picks_each_variants_best_grid_point_on_its_own_seeds_and_reports
     assert not te.sets_already("diloco_h10", ["--diloco.outer_lr", "1"])  # Nesterov's outer lr is 0.7
     with pytest.raises(SystemExit):  # the same seeds for tuning and for the report: refused
         te.main(["--updates", "10", "--seeds", "0,1", "--tune-seeds", "1,2", "--out", str(tmp_path)])
+
+
+def test_the_batch_is_tuned_at_equal_tokens_and_the_chosen_batch_runs_the_reported_seeds(monkeypatch, tmp_path):
+    from benchmarks.yardstick import tokens as te
+
+    # Another global batch runs the same tokens: the warm-up, evaluations and step limit scale by 16 / batch
+    keys = ("--training.global_batch_size", "--training.max_tokens", "--lr_schedule.warmup_steps", "--eval.every")
+    flags = lambda args: [args[args.index(k) + 1] for k in keys]
+    assert flags(te.recipe(1000, 3e-3, 0)) == ["16", "2048000", "50", "100"]
+    assert flags(te.recipe(1000, 3e-3, 0, batch=8)) == ["8", "2048000", "100", "200"]
+    ran = []
+
+    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=(), batch=16):
+        ran.append((variant, seed, updates, batch, folder.name))
+        loss = 4.0 + (0.05 if (batch == 8) == (variant == "ddp") else 0.0)  # DDP's best batch 16, DiLoCo's 8
+        folder.mkdir(parents=True, exist_ok=True)
+        record = {"step": updates * 16 // batch, "tokens": 2048 * updates, "loss": loss, "val_loss": loss}
+        (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        return te.records(folder)
+
+    monkeypatch.setattr(te, "train", fake_train)
+    grid = ["--tune-seeds", "100", "--tune-lrs", "1", "--tune-outer", "1:0", "--tune-batch", "8,16"]
+    te.main(["--updates", "10", "--seeds", "0", *grid, "--variants", "ddp,diloco_h10_avg", "--out", str(tmp_path)])
+    tuned = json.loads((tmp_path / "token_efficiency.json").read_text())["meta"]["tuned"]["0.003"]
+    assert (tuned["ddp"]["batch"], tuned["diloco_h10_avg"]["batch"]) == (16, 8)
+    assert [g["label"] for g in tuned["ddp"]["grid"]] == ["lr×1 batch 8", "lr×1 batch 16"]
+    reported = [r for r in ran if r[1] == 0]
+    assert reported == [("ddp", 0, 10, 16, "u10_lr0.003_ddp_s0"),
+                        ("diloco_h10_avg", 0, 10, 8, "u10_lr0.003_diloco_h10_avg_b8_s0")]  # fmt: skip
+    assert "| 0.003 | diloco_h10_avg | lr×1 outer 1:0 batch 8 |" in (tmp_path / "token_efficiency.md").read_text()
 
 
 def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_time_against_the_prediction(
@@ -351,7 +384,7 @@ def test_each_ddp_budget_is_a_target_level_and_every_variant_is_interpolated_to_
     finals = {("ddp", 500): [4.2, 4.3], ("ddp", 1000): [4.0, 4.1],
               ("acco", 500): [4.3, 4.4], ("acco", 1000): [4.1, 4.15], ("acco", 1500): [3.9, 4.0]}  # fmt: skip
 
-    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=()):
+    def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=(), batch=16):
         folder.mkdir(parents=True)
         record = {"step": updates, "tokens": 64 * updates, "loss": 5.0, "val_loss": finals[(variant, updates)][seed]}
         (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")

@@ -104,12 +104,15 @@ RANKS = {name: 4 for name in VARIANTS if name.endswith("_r4")}  # a variant's ra
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
 
 
-def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh: bool, flavor: str, extra=()):
-    """One run's records (kept ones when complete); `extra`: a tuning grid point's overrides after the variant's."""
+def train(
+    variant: str, lr: float, seed: int, updates: int, folder: Path, fresh: bool, flavor: str, extra=(), batch: int = 16
+):
+    """One run's records (kept ones when complete); `extra`: a tuning grid point's overrides after the variant's;
+    `batch`: the global batch, in sequences, that runs the tokens of `updates` updates of 16."""
     done = records(folder)
-    if done and not fresh and done[-1].get("step") == updates and "val_loss" in done[-1]:
+    if done and not fresh and done[-1].get("step") == updates * 16 // batch and "val_loss" in done[-1]:
         return done
-    args = [*recipe(updates, lr, seed, flavor=flavor), *QUIET, *VARIANTS[variant], *extra]
+    args = [*recipe(updates, lr, seed, flavor=flavor, batch=batch), *QUIET, *VARIANTS[variant], *extra]
     args += ["--training.num_threads", "1", "--job.dump_folder", str(folder), "--job.overwrite", "true"]
     started, log = time.perf_counter(), folder.parent / f"{folder.name}.log"  # (with_suffix cuts at the lr's dot)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -124,13 +127,15 @@ def train(variant: str, lr: float, seed: int, updates: int, folder: Path, fresh:
     return done
 
 
-def tuning_grid(variant: str, lr: float, lr_multiples: list[float], outer: list[str], clips: list[str]) -> list:
-    """(label, lr, extra overrides) per grid point: each lr multiple and clipping norm; a DiLoCo variant's also
-    each outer step ("LR:MOMENTUM")."""
+def tuning_grid(
+    variant: str, lr: float, lr_multiples: list[float], outer: list[str], clips: list[str], batches: list[int] = ()
+) -> list:
+    """(label, lr, extra overrides, global batch) per grid point: each lr multiple, clipping norm and batch; a DiLoCo
+    variant's also each outer step ("LR:MOMENTUM")."""
     diloco = "--parallelism.replicas" in VARIANTS[variant]
     points = []
     outer, clips = (outer or [None]) if diloco else [None], clips or [None]
-    for m, o, c in itertools.product(lr_multiples, outer, clips):
+    for m, o, c, b in itertools.product(lr_multiples, outer, clips, batches or [16]):
         label, extra = f"lr×{m:g}", []
         if o is not None:
             olr, momentum = o.split(":")
@@ -139,24 +144,30 @@ def tuning_grid(variant: str, lr: float, lr_multiples: list[float], outer: list[
         if c is not None:
             label += f" clip {c}"
             extra += ["--training.max_norm", c]
-        points.append((label, lr * m, tuple(extra)))
+        points.append((label + (f" batch {b}" if batches else ""), lr * m, tuple(extra), b))
     return points
 
 
 def tune(variant: str, lr: float, seeds: list[int], args, runs: Path, prefix: str) -> dict:
     """The grid point of `variant` with the lowest mean final validation loss over the tuning `seeds`."""
     scores = []
-    for label, point_lr, extra in tuning_grid(variant, lr, args.tune_lrs, args.tune_outer, args.tune_clip):
-        tag = "".join(f"_{x}" for x in extra[1::2])  # the grid point's values
+    grid = tuning_grid(variant, lr, args.tune_lrs, args.tune_outer, args.tune_clip, args.tune_batch)
+    for label, point_lr, extra, batch in grid:
+        tag = "".join(f"_{x}" for x in extra[1::2]) + batch_tag(batch)  # the grid point's values
         finals = [
             train(variant, point_lr, seed, args.updates, runs / f"{prefix}tune_u{args.updates}_lr{point_lr:g}_{variant}"
-                  f"{tag}_s{seed}", args.fresh, args.flavor, extra)[-1]["val_loss"]
+                  f"{tag}_s{seed}", args.fresh, args.flavor, extra, batch)[-1]["val_loss"]
             for seed in seeds
         ]  # fmt: skip
-        scores.append({"label": label, "lr": point_lr, "extra": list(extra), "mean_val_loss": statistics.fmean(finals),
-                       "val_loss": finals})  # fmt: skip
+        scores.append({"label": label, "lr": point_lr, "extra": list(extra), "batch": batch,
+                       "mean_val_loss": statistics.fmean(finals), "val_loss": finals})  # fmt: skip
     best = min(scores, key=lambda s: s["mean_val_loss"])
     return {**best, "grid": scores}
+
+
+def batch_tag(batch: int) -> str:
+    """A run folder's mark of a global batch other than the recipe's 16 (whose runs keep their names)."""
+    return "" if batch == 16 else f"_b{batch}"
 
 
 def sets_already(variant: str, extra) -> bool:
@@ -306,7 +317,7 @@ def plot(summary: dict, out: Path) -> None:
             low, high = zip(*((m - d, m + d) for m, d in zip(along["mean"], along["sd"])))
             ax.fill_between(along["tokens"], low, high, color=line.get_color(), alpha=0.2)
             for n, vals in (row.get("budgets") or row.get("levels_val_loss") or {}).items():
-                ax.errorbar(int(n) * along["tokens_per_update"], statistics.fmean(vals), fmt="o", ms=3,
+                ax.errorbar(int(n) * 16 * 128, statistics.fmean(vals), fmt="o", ms=3,
                             yerr=statistics.stdev(vals) if len(vals) > 1 else 0.0, color=line.get_color())  # fmt: skip
         start = len(along["tokens"]) * 2 // 5  # the last 60% of the run, where the gaps are small against the loss
         bottoms = [min(r["val_loss_along_run"]["mean"]) for r in rows.values()]
@@ -334,11 +345,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tune-lrs", default="0.5,1,2", help="the tuning grid: multiples of each --lrs")
     parser.add_argument("--tune-outer", default="1:0,0.7:0.9", help="DiLoCo variants' tuning grid: outer lr:momentum")
     parser.add_argument("--tune-clip", default="", help="every variant's tuning grid: --training.max_norm values")
+    parser.add_argument("--tune-batch", default="", help="every variant's tuning grid: global batches in sequences "
+                        "(multiples of 8; 16 is the recipe's), each run for the same tokens")  # fmt: skip
     args = parser.parse_args(argv)
     tune_seeds = [int(x) for x in args.tune_seeds.split(",") if x]
     args.tune_lrs = budget_multiples(parser, args.tune_lrs, "--tune-lrs", "--lrs")
     args.tune_outer = [x for x in args.tune_outer.split(",") if x]
     args.tune_clip = [x for x in args.tune_clip.split(",") if x]
+    if not re.fullmatch(r"([0-9]+(,[0-9]+)*)?", args.tune_batch) or any(
+        int(b) < 8 or int(b) % 8 or 16 * args.updates % int(b) for b in args.tune_batch.split(",") if b
+    ):
+        parser.error(
+            f"--tune-batch takes multiples of 8 that divide 16 × --updates (e.g. 8,16), got {args.tune_batch!r}"
+        )
+    args.tune_batch = [int(b) for b in args.tune_batch.split(",") if b]
     if any(x.count(":") != 1 for x in args.tune_outer):
         parser.error(f"--tune-outer takes comma-separated LR:MOMENTUM pairs (e.g. 1:0,0.7:0.9), got {args.tune_outer}")
     numbers = [x for pair in args.tune_outer for x in pair.split(":")] + args.tune_clip
@@ -363,17 +383,20 @@ def main(argv: list[str] | None = None) -> None:
     runs, by_budget, tuned = {}, {}, {}  # (lr, variant) -> each seed's records of the base run; -> {budget: finals}
     for lr in lrs:
         for v in variants:  # DDP first: the others are paired with it
-            point = {"lr": lr, "extra": []}
+            point = {"lr": lr, "extra": [], "batch": 16}
             if tune_seeds and v == ZERO1 and DDP in tuned.get(f"{lr:g}", {}):  # the noise floor: DDP's mathematics
                 point = tuned[f"{lr:g}"][v] = tuned[f"{lr:g}"][DDP]  # at DDP's settings, so not tuned apart
             elif tune_seeds:
                 point = tuned.setdefault(f"{lr:g}", {})[v] = tune(v, lr, tune_seeds, args, out / args.runs, prefix)
             untuned = point["lr"] == lr and sets_already(v, point["extra"])  # the runs without tuning: their folders
             tag = "" if untuned else f"_at{point['lr']:g}" + "".join(f"_{x}" for x in point["extra"][1::2])
+            tag += batch_tag(point["batch"])
             for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
                 for n in budgets if v != DDP else levels:
                     folder = out / args.runs / f"{prefix}u{n}_lr{lr:g}_{v}{tag}_s{seed}"
-                    records_ = train(v, point["lr"], seed, n, folder, args.fresh, args.flavor, tuple(point["extra"]))
+                    records_ = train(
+                        v, point["lr"], seed, n, folder, args.fresh, args.flavor, tuple(point["extra"]), point["batch"]
+                    )
                     by_budget.setdefault((lr, v), {}).setdefault(n, []).append(records_[-1]["val_loss"])
                 base = out / args.runs / f"{prefix}u{args.updates}_lr{lr:g}_{v}{tag}_s{seed}"
                 runs.setdefault((lr, v), []).append(records(base))
