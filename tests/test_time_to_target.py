@@ -117,6 +117,7 @@ def test_time_to_target_names_a_mistake_in_one_line(tmp_path, capsys, extra, mes
         (["--tune-batch", "12"], "--tune-batch takes multiples of 8 that divide 16 × --updates"),
         (["--tune-batch", "8,x"], "--tune-batch takes multiples of 8"),
         (["--tune-batch", "0"], "--tune-batch takes multiples of 8"),
+        (["--tune-batch", "8", "--variants", "ddp,ddp_b8"], "leave out the variants that set their own"),
     ],
 )
 def test_token_efficiency_arguments_it_cannot_run_are_one_line(args, message, capsys):
@@ -249,6 +250,10 @@ def test_the_batch_is_tuned_at_equal_tokens_and_the_chosen_batch_runs_the_report
     assert reported == [("ddp", 0, 10, 16, "u10_lr0.003_ddp_s0"),
                         ("diloco_h10_avg", 0, 10, 8, "u10_lr0.003_diloco_h10_avg_b8_s0")]  # fmt: skip
     assert "| 0.003 | diloco_h10_avg | lr×1 outer 1:0 batch 8 |" in (tmp_path / "token_efficiency.md").read_text()
+    # A variant that sets its own batch runs it at the recipe's tokens, in folders of its own name
+    ran.clear()
+    te.main(["--updates", "10", "--seeds", "0", "--variants", "ddp,ddp_b8", "--out", str(tmp_path), "--name", "b"])
+    assert ran[1] == ("ddp_b8", 0, 10, 8, "u10_lr0.003_ddp_b8_s0")
 
 
 def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_time_against_the_prediction(

@@ -52,6 +52,7 @@ VARIANTS = {
     DDP: _dp(DDP), ZERO1: _dp(ZERO1), FSDP: _dp(FSDP),  # FSDP: DDP's update with everything sharded, another floor
     # DDP in other floating-point orders (4 or 8 micro-batches per rank): the noise floor at acco_share's batches
     "ddp_lb2": _dp(DDP, LB2), "ddp_lb1": _dp(DDP, LB1), ACCO: _dp(ACCO),
+    **{f"{v}_b8": _dp(v, "--training.global_batch_size 8") for v in (DDP, ZERO1)},  # 8 sequences an update, same tokens
     "acco_share75": _dp(ACCO, f"{LB2} --acco.estimate_share 0.75"),  # 3 of 4 micro-batches per rank at θ̃
     DPU: _dp(DPU), WP: _dp(WP),  # one-update-stale gradients
     "acco_clip_commit": _dp(ACCO, "--acco.estimate_clip commit"),  # the estimate clipped by the last commit's norm
@@ -135,7 +136,7 @@ def tuning_grid(
     diloco = "--parallelism.replicas" in VARIANTS[variant]
     points = []
     outer, clips = (outer or [None]) if diloco else [None], clips or [None]
-    for m, o, c, b in itertools.product(lr_multiples, outer, clips, batches or [16]):
+    for m, o, c, b in itertools.product(lr_multiples, outer, clips, batches or [variant_batch(variant)]):
         label, extra = f"lr×{m:g}", []
         if o is not None:
             olr, momentum = o.split(":")
@@ -153,7 +154,7 @@ def tune(variant: str, lr: float, seeds: list[int], args, runs: Path, prefix: st
     scores = []
     grid = tuning_grid(variant, lr, args.tune_lrs, args.tune_outer, args.tune_clip, args.tune_batch)
     for label, point_lr, extra, batch in grid:
-        tag = "".join(f"_{x}" for x in extra[1::2]) + batch_tag(batch)  # the grid point's values
+        tag = "".join(f"_{x}" for x in extra[1::2]) + batch_tag(variant, batch)  # the grid point's values
         finals = [
             train(variant, point_lr, seed, args.updates, runs / f"{prefix}tune_u{args.updates}_lr{point_lr:g}_{variant}"
                   f"{tag}_s{seed}", args.fresh, args.flavor, extra, batch)[-1]["val_loss"]
@@ -165,9 +166,15 @@ def tune(variant: str, lr: float, seeds: list[int], args, runs: Path, prefix: st
     return {**best, "grid": scores}
 
 
-def batch_tag(batch: int) -> str:
-    """A run folder's mark of a global batch other than the recipe's 16 (whose runs keep their names)."""
-    return "" if batch == 16 else f"_b{batch}"
+def variant_batch(variant: str) -> int:
+    """The global batch a variant sets (the recipe's 16 where it sets none): its warm-up and evaluations follow."""
+    args = VARIANTS[variant]
+    return int(args[args.index("--training.global_batch_size") + 1]) if "--training.global_batch_size" in args else 16
+
+
+def batch_tag(variant: str, batch: int) -> str:
+    """A run folder's mark of a tuned batch other than the variant's own (whose runs keep their names)."""
+    return "" if batch == variant_batch(variant) else f"_b{batch}"
 
 
 def sets_already(variant: str, extra) -> bool:
@@ -377,20 +384,22 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    if args.tune_batch and any(variant_batch(v) != 16 for v in variants):
+        parser.error("--tune-batch tunes the recipe's batch: leave out the variants that set their own (_b8)")
     out = ROOT / args.out
     prefix = "" if args.flavor == "debug" else f"{args.flavor}_"  # the debug model's runs and results keep their names
     name = args.name or f"{prefix}token_efficiency"
     runs, by_budget, tuned = {}, {}, {}  # (lr, variant) -> each seed's records of the base run; -> {budget: finals}
     for lr in lrs:
         for v in variants:  # DDP first: the others are paired with it
-            point = {"lr": lr, "extra": [], "batch": 16}
+            point = {"lr": lr, "extra": [], "batch": variant_batch(v)}
             if tune_seeds and v == ZERO1 and DDP in tuned.get(f"{lr:g}", {}):  # the noise floor: DDP's mathematics
                 point = tuned[f"{lr:g}"][v] = tuned[f"{lr:g}"][DDP]  # at DDP's settings, so not tuned apart
             elif tune_seeds:
                 point = tuned.setdefault(f"{lr:g}", {})[v] = tune(v, lr, tune_seeds, args, out / args.runs, prefix)
             untuned = point["lr"] == lr and sets_already(v, point["extra"])  # the runs without tuning: their folders
             tag = "" if untuned else f"_at{point['lr']:g}" + "".join(f"_{x}" for x in point["extra"][1::2])
-            tag += batch_tag(point["batch"])
+            tag += batch_tag(v, point["batch"])
             for seed in seeds:  # one run at a time: the machine's two cores are the two ranks
                 for n in budgets if v != DDP else levels:
                     folder = out / args.runs / f"{prefix}u{n}_lr{lr:g}_{v}{tag}_s{seed}"
