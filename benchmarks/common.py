@@ -32,6 +32,9 @@ def strategy_variants() -> dict[str, list[str]]:
             for label, (_, mode) in cm.variants().items()}  # fmt: skip
 
 
+TOKENS_PER_UPDATE = 16 * 128  # the recipe's update: 16 sequences of 128 tokens
+
+
 def recipe(
     updates: int, lr: float, seed: int, extra: list[str] = (), flavor: str = "debug", batch: int = 16
 ) -> list[str]:
@@ -42,7 +45,7 @@ def recipe(
     per = lambda n: str(max(1, n * 16 // batch))  # n updates of 16 sequences in updates of `batch`
     return ["--config", "train_configs/default.toml", "--model.flavor", flavor, "--tokenizer.vocab_size", "1024",
             "--training.seq_len", "128", "--training.local_batch_size", "4", "--training.global_batch_size", str(batch),
-            "--training.steps", per(10 * updates), "--training.max_tokens", str(updates * 16 * 128),
+            "--training.steps", per(10 * updates), "--training.max_tokens", str(updates * TOKENS_PER_UPDATE),
             "--lr_schedule.warmup_steps", per(max(1, updates // 20)), "--optimizer.lr", str(lr),
             "--eval.every", per(max(1, updates // 10)), "--eval.batches", "4", "--training.seed", str(seed),
             *extra]  # fmt: skip

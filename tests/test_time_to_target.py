@@ -118,6 +118,10 @@ def test_time_to_target_names_a_mistake_in_one_line(tmp_path, capsys, extra, mes
         (["--tune-batch", "8,x"], "--tune-batch takes multiples of 8"),
         (["--tune-batch", "0"], "--tune-batch takes multiples of 8"),
         (["--tune-batch", "8", "--variants", "ddp,ddp_b8"], "leave out the variants that set their own"),
+        (
+            ["--tune-batch", "8", "--variants", "ddp,streaming_h10_avg_topk3_int2_senders_warm100_r4"],
+            "_warm100_r4 splits its batch into micro-batches over its ranks in multiples of 16 sequences",
+        ),
     ],
 )
 def test_token_efficiency_arguments_it_cannot_run_are_one_line(args, message, capsys):
@@ -250,6 +254,11 @@ def test_the_batch_is_tuned_at_equal_tokens_and_the_chosen_batch_runs_the_report
     assert reported == [("ddp", 0, 10, 16, "u10_lr0.003_ddp_s0"),
                         ("diloco_h10_avg", 0, 10, 8, "u10_lr0.003_diloco_h10_avg_b8_s0")]  # fmt: skip
     assert "| 0.003 | diloco_h10_avg | lr×1 outer 1:0 batch 8 |" in (tmp_path / "token_efficiency.md").read_text()
+    # `predict` times every update at the recipe's batch: the measured table takes no run at another
+    from benchmarks.yardstick import efficiency as efficiency_table
+
+    with pytest.raises(SystemExit, match="ran diloco_h10_avg at a batch of 8; the table holds runs at the recipe's 16"):
+        efficiency_table.main(["--tokens", "token_efficiency", "--out", str(tmp_path), "--to", str(tmp_path / "t")])
     # A variant that sets its own batch runs it at the recipe's tokens, in folders of its own name
     ran.clear()
     te.main(["--updates", "10", "--seeds", "0", "--variants", "ddp,ddp_b8", "--out", str(tmp_path), "--name", "b"])

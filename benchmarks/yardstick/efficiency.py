@@ -20,7 +20,7 @@ from pathlib import Path
 from benchmarks import common
 from benchmarks.common import DDP, ROOT, mean_ci, recipe
 from benchmarks.yardstick.table import token_ratios
-from benchmarks.yardstick.tokens import RANKS, VARIANTS
+from benchmarks.yardstick.tokens import RANKS, VARIANTS, variant_batch
 from torchacco.config import load_config
 from torchacco.cost_model import NOT_THE_UPDATE, TOKEN_EFFICIENCY
 
@@ -89,7 +89,6 @@ def entries(name: str, rows: dict, updates: int, lr: float, tuned: dict) -> dict
         point = tuned.get(label, {"lr": lr, "extra": []})
         gaps = {"gaps": rows[label]["gap_pct"]} if "gap_pct" in rows[label] else {}  # loss at equal tokens, %
         at = {"lr_multiple": round(point["lr"] / lr, 4)} if not math.isclose(point["lr"], lr) else {}
-        at |= {"batch": point["batch"]} if point.get("batch", 16) != 16 else {}  # sequences per update
         out[label] = {"values": values, **gaps, **at, "source": f"bench_results/{name}.md", **settings(label)}
     return out
 
@@ -107,11 +106,10 @@ def pooled(label: str, parts: list[tuple[str, list[int], dict]]) -> dict | None:
                 raise SystemExit(f"efficiency-table: {label} is measured in {seen[twice[0]]} and {name} with seed "
                                  f"{twice[0]}; pool files with distinct seeds")  # fmt: skip
             seen |= dict.fromkeys(seeds, name)
-        points = {json.dumps([entry.get(k) for k in ("lr_multiple", "batch", "diloco")]) for _, _, entry in parts}
+        points = {json.dumps([entry.get("lr_multiple"), entry.get("diloco")]) for _, _, entry in parts}
         if len(points) > 1:
             names = " and ".join(name for name, _, _ in parts)
-            raise SystemExit(f"efficiency-table: {label} ran at other settings in {names} (a tuned lr, batch or outer "
-                             "step); "
+            raise SystemExit(f"efficiency-table: {label} ran at other settings in {names} (a tuned lr or outer step); "
                              "pool files of one setting")  # fmt: skip
         unreached = next((name for name, _, entry in parts if "values" not in entry), None)
         if unreached:
@@ -156,9 +154,11 @@ def table(out: Path, names: list[str], lr: str, command: str) -> dict:
         meta, key, rows = read(out, name, lr)
         recipes.add((meta["updates"], key))
         tuned = meta.get("tuned", {}).get(key, {})
-        if tuned.get(DDP, {}).get("batch", 16) != 16:  # predict times DDP's update at the recipe's batch
-            raise SystemExit(f"efficiency-table: {name} tuned DDP to a batch of {tuned[DDP]['batch']}; the table's "
-                             "ratios are against DDP at the recipe's 16 sequences")  # fmt: skip
+        batches = {v: tuned.get(v, {}).get("batch", variant_batch(v) if v in VARIANTS else 16) for v in rows}
+        off = next((v for v, b in batches.items() if b != 16), None)  # predict times every update at the recipe's
+        if off:
+            raise SystemExit(f"efficiency-table: {name} ran {off} at a batch of {batches[off]}; the table holds runs "
+                             "at the recipe's 16 sequences: leave out --tune-batch and the _b8 variants")  # fmt: skip
         for label, entry in entries(name, rows, meta["updates"], float(key), tuned).items():
             parts.setdefault(label, []).append((name, meta.get("seeds", []), entry))
         metas.append(meta)

@@ -19,7 +19,7 @@ from pathlib import Path
 from benchmarks import common
 from benchmarks.cluster import Cluster, ClusterPlan, parse_rate, run_training
 from benchmarks.cluster.plan import ClusterError, add_node_options, node_options
-from benchmarks.common import ACCO, DDP, FSDP, HSDP, QUIET, ROOT, ZERO1, recipe, update_s
+from benchmarks.common import ACCO, DDP, FSDP, HSDP, QUIET, ROOT, TOKENS_PER_UPDATE, ZERO1, recipe, update_s
 from benchmarks.yardstick.tokens import VARIANTS
 
 BASELINES = (DDP, ZERO1, FSDP, HSDP)
@@ -53,7 +53,6 @@ PER_SETTING = {  # the strategies each setting runs by default
     "n8x4": [DDP, ZERO1, ACCO],
 }  # fmt: skip
 WARMUP = 10  # updates left out of the timing
-TOKENS_PER_UPDATE = 16 * 128  # the recipe's global batch: an update of every strategy but mixed replicas
 CALIBRATION_HELP = "the file under --out whose 'calibration' sets the link rates of settings a and b (without .json)"
 MMAP = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}  # freed buffers over 64 KiB go back at once
 

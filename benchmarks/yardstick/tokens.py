@@ -111,7 +111,7 @@ def train(
     """One run's records (kept ones when complete); `extra`: a tuning grid point's overrides after the variant's;
     `batch`: the global batch, in sequences, that runs the tokens of `updates` updates of 16."""
     done = records(folder)
-    if done and not fresh and done[-1].get("step") == updates * 16 // batch and "val_loss" in done[-1]:
+    if done and not fresh and done[-1].get("step") == -(-updates * 16 // batch) and "val_loss" in done[-1]:
         return done
     args = [*recipe(updates, lr, seed, flavor=flavor, batch=batch), *QUIET, *VARIANTS[variant], *extra]
     args += ["--training.num_threads", "1", "--job.dump_folder", str(folder), "--job.overwrite", "true"]
@@ -166,10 +166,19 @@ def tune(variant: str, lr: float, seeds: list[int], args, runs: Path, prefix: st
     return {**best, "grid": scores}
 
 
+def variant_flag(variant: str, flag: str, default: int) -> int:
+    args = VARIANTS[variant]
+    return int(args[args.index(flag) + 1]) if flag in args else default
+
+
 def variant_batch(variant: str) -> int:
     """The global batch a variant sets (the recipe's 16 where it sets none): its warm-up and evaluations follow."""
-    args = VARIANTS[variant]
-    return int(args[args.index("--training.global_batch_size") + 1]) if "--training.global_batch_size" in args else 16
+    return variant_flag(variant, "--training.global_batch_size", 16)
+
+
+def batch_unit(variant: str) -> int:
+    """The sequences a variant's global batch must be a multiple of: its ranks × its micro-batch."""
+    return RANKS.get(variant, 2) * variant_flag(variant, "--training.local_batch_size", 4)
 
 
 def batch_tag(variant: str, batch: int) -> str:
@@ -324,7 +333,7 @@ def plot(summary: dict, out: Path) -> None:
             low, high = zip(*((m - d, m + d) for m, d in zip(along["mean"], along["sd"])))
             ax.fill_between(along["tokens"], low, high, color=line.get_color(), alpha=0.2)
             for n, vals in (row.get("budgets") or row.get("levels_val_loss") or {}).items():
-                ax.errorbar(int(n) * 16 * 128, statistics.fmean(vals), fmt="o", ms=3,
+                ax.errorbar(int(n) * common.TOKENS_PER_UPDATE, statistics.fmean(vals), fmt="o", ms=3,
                             yerr=statistics.stdev(vals) if len(vals) > 1 else 0.0, color=line.get_color())  # fmt: skip
         start = len(along["tokens"]) * 2 // 5  # the last 60% of the run, where the gaps are small against the loss
         bottoms = [min(r["val_loss_along_run"]["mean"]) for r in rows.values()]
@@ -386,6 +395,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     if args.tune_batch and any(variant_batch(v) != 16 for v in variants):
         parser.error("--tune-batch tunes the recipe's batch: leave out the variants that set their own (_b8)")
+    split = next(((v, b) for v in variants for b in args.tune_batch if b % batch_unit(v)), None)
+    if split:
+        parser.error(f"--tune-batch {split[1]}: {split[0]} splits its batch into micro-batches over its ranks in "
+                     f"multiples of {batch_unit(split[0])} sequences; give batches that are")  # fmt: skip
     out = ROOT / args.out
     prefix = "" if args.flavor == "debug" else f"{args.flavor}_"  # the debug model's runs and results keep their names
     name = args.name or f"{prefix}token_efficiency"
