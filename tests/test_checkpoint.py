@@ -64,6 +64,10 @@ SLOW = pytest.mark.slow
         ),  # fmt: skip
         # QSR: the next outer step's update, grown from the learning rate, is state too
         pytest.param("ddp", [*REPLICAS_2, *"--diloco.sync_every 2 --diloco.sync_every_max 8".split()], marks=SLOW),
+        # the outer momentum's decay: the peak learning rate is state too
+        pytest.param(
+            "ddp", [*REPLICAS_2, *"--diloco.sync_every 2 --diloco.outer_momentum_decay true".split()], marks=SLOW
+        ),  # fmt: skip
         # the slow moment: torch-optimizer state on DTensors (FSDP), and sharded state inside DiLoCo (ZeRO-1)
         pytest.param("fsdp", ["--optimizer.slow_beta", "0.99"], marks=SLOW),
         pytest.param("zero1", [*REPLICAS_2, *"--diloco.sync_every 2 --optimizer.slow_beta 0.99".split()], marks=SLOW),
@@ -81,6 +85,7 @@ SLOW = pytest.mark.slow
         "diloco-ddp-eager",
         "diloco-zero1-topk-int2",
         "diloco-ddp-qsr",
+        "diloco-ddp-momentum-decay",
         "fsdp-slow-momentum",
         "diloco-zero1-slow-momentum",
     ],

@@ -100,7 +100,7 @@ def sparse_reference(e: torch.Tensor, keep: int, bits: int | None) -> torch.Tens
 
 def diloco_reference(
     updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9, eager=False, computed=None,
-    topk=None, warm=0, mu_warmup=0, h_max=0,
+    topk=None, warm=0, mu_warmup=0, h_max=0, mu_decay=False,
 ):  # fmt: skip
     """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco.py).
     `computed[r][t]`: whether replica r computed slot t (mixed replicas; all of them when None).
@@ -108,7 +108,8 @@ def diloco_reference(
     of its residual e ← β·e + Δ_r and keeps the rest; over the senders, an element's mean weighs only the
     replicas that sent it, over at least half of the tokens. `warm`: after each of the first `warm` updates, every
     replica's θ becomes the token-weighted mean of theirs (the outer optimizer untouched). `h_max`: after
-    each outer step the next comes min(h_max, max(H, ⌊H·(η_peak / η_t)²⌋)) / P updates later (QSR)."""
+    each outer step the next comes min(h_max, max(H, ⌊H·(η_peak / η_t)²⌋)) / P updates later (QSR). `mu_decay`: the
+    momentum is also multiplied by η_t / η_peak."""
     reps = [Replica([r * dp + d for d in range(dp)]) for r in range(replicas)]
     frags = fragments_of_tiny_model(P)
     # θ_global per fragment, as parameters of torch's Nesterov SGD
@@ -194,9 +195,9 @@ def diloco_reference(
             mean = in_flight.pop(f) if tau else pseudo_gradient_mean(f)
             for b, g in zip(backups[f], mean):
                 b.grad = g
-            if mu_warmup:  # fragment f's k-th outer step: μ·min(1, k / W)
-                steps[f] += 1
-                outer[f].param_groups[0]["momentum"] = mu * min(1.0, steps[f] / mu_warmup)
+            steps[f] += 1  # fragment f's k-th outer step: μ·min(1, k / W), times η_t / η_peak with the decay
+            momentum = mu * (min(1.0, steps[f] / mu_warmup) if mu_warmup else 1.0)
+            outer[f].param_groups[0]["momentum"] = momentum * (lr_t / peak if mu_decay else 1.0)
             outer[f].step()
             with torch.no_grad():
                 for r, rep in enumerate(reps):
@@ -258,6 +259,7 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, warm_start=4), 9),
         ("ddp", dict(sync_every=2, fragments=2, outer_momentum_warmup=3), 12),
         ("zero1", dict(sync_every=4, fragments=2, overlap_steps=1, sync_every_max=12), 23),
+        ("ddp", dict(sync_every=2, fragments=2, outer_momentum_warmup=3, outer_momentum_decay=1), 12),
     ],
     ids=[
         "ddp",
@@ -270,6 +272,7 @@ def run_diloco(tmp_path, kind, updates, micro_batches, nproc=2, replicas=2, **di
         "zero1-warm-start",
         "ddp-momentum-warmup",
         "zero1-qsr",
+        "ddp-momentum-warmup-and-decay",
     ],
 )
 def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
@@ -278,7 +281,7 @@ def test_diloco_equals_its_equations(tmp_path, kind, diloco, updates):
     reference_keys |= dict(alpha=diloco.get("mixing", 0.0), lr=diloco.get("outer_lr", 0.7))
     reference_keys |= dict(mu=diloco.get("outer_momentum", 0.9), eager=bool(diloco.get("eager", 0)))
     reference_keys |= dict(warm=diloco.get("warm_start", 0), mu_warmup=diloco.get("outer_momentum_warmup", 0))
-    reference_keys |= dict(h_max=diloco.get("sync_every_max", 0))
+    reference_keys |= dict(h_max=diloco.get("sync_every_max", 0), mu_decay=bool(diloco.get("outer_momentum_decay")))
     if "topk" in diloco:
         bits = {"int8": 8, "int4": 4, "int2": 2}[diloco["outer_dtype"]]
         over_senders = diloco.get("topk_mean", DiLoCo().topk_mean) == "senders"
@@ -493,6 +496,8 @@ def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
         ({"parallelism.replicas": 2, "diloco.sync_every": 10, "diloco.sync_every_max": 5}, "of at least sync_every"),
         ({"parallelism.replicas": 2, "diloco.sync_every_max": 200, "diloco.fault_tolerant": True},
          "set sync_every_max = 0"),
+        ({"parallelism.replicas": 2, "diloco.outer_momentum_decay": True, "diloco.fault_tolerant": True},
+         "set outer_momentum_decay = false"),
         ({"parallelism.replicas": 2, "diloco.topk": 0.01, "diloco.error_decay": -1}, "between 0 and 1"),
         ({"parallelism.replicas": 2, "optimizer.slow_beta": 1.0}, "must be in [0, 1) (0: off)"),
         ({"parallelism.replicas": 2, "optimizer.slow_weight": 0.0}, "slow_weight = 0 must be in (0, 1]"),

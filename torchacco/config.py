@@ -153,6 +153,11 @@ class DiLoCo:
     outer_momentum_warmup: int = key(
         0, "W: the k-th outer step of a fragment has momentum outer_momentum · min(1, k / W) (Pier); 0: off"
     )
+    outer_momentum_decay: bool = key(
+        False,
+        "the outer momentum also follows the inner learning rate down (Pier): μ·η_t / η_peak at the outer step after "
+        "an update at η_t, η_peak the largest so far",
+    )
     fragments: int = key(
         1, "P: Streaming DiLoCo's fragments (contiguous blocks), one syncing every H/P updates in turn"
     )

@@ -62,7 +62,8 @@ def check_config(cfg) -> None:
         return
     refused = [(d.overlap_steps, "overlap_steps = 0"), (d.eager, "eager = false"), (d.topk, "topk = 0"),
                (d.balance_replicas, "balance_replicas = false"), (d.warm_start, "warm_start = 0"),
-               (d.sync_every_max, "sync_every_max = 0")]  # fmt: skip
+               (d.sync_every_max, "sync_every_max = 0"),
+               (d.outer_momentum_decay, "outer_momentum_decay = false")]  # fmt: skip
     for value, fix in refused:
         if value:
             raise UserError(

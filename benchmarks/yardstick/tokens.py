@@ -75,6 +75,7 @@ VARIANTS = {
     "streaming_h10_avg_warm100": _dp(DDP, f"{BF16} {WARM}"),
     "streaming_h10_pier": _dp(DDP, f"{BF16} {PIER}"),
     "streaming_h10_pier_warm100": _dp(DDP, f"{BF16} {PIER} {WARM}"),  # both
+    "streaming_h10_pier_decay": _dp(DDP, f"{BF16} {PIER} --diloco.outer_momentum_decay true"),  # μ follows the lr
     "streaming_h50_avg": _dp(DDP, BF16.replace(" 10 ", " 50 ")),  # the recommended Streaming DiLoCo at H 50
     "streaming_h10_avg_topk1_int2_decay1": _topk(0.01, more="--diloco.error_decay 1"),  # no decay of the residual
     # outer lr 2: of 2 replicas' top-k, an element only one sent moves θ_global by half its value at outer lr 1

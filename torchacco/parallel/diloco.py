@@ -102,7 +102,8 @@ class DiLoCo(Strategy):
         self.residual = [torch.zeros_like(b) for b in self.backup] if self.keep else []  # top-k: not sent yet
         self.tokens = [0.0] * options.fragments  # the replica's loss tokens since each fragment's last Δ
         self.updates = 0  # inner updates committed
-        self.outer_steps, self.peak_lr = 0, 0.0  # peak_lr: sync_every_max's largest learning rate so far
+        # the largest learning rate so far (sync_every_max, outer_momentum_decay) and the last update's
+        self.outer_steps, self.peak_lr, self.lr = 0, 0.0, 0.0
         self._fixed_periods()
         self.runner = device.runner() if self.tau else None
         self.stall_s = stall_deadline_s(dims.timeout)
@@ -173,7 +174,7 @@ class DiLoCo(Strategy):
         self.updates, self.slot = self.updates + 1, self.slot + 1
         self.tokens = [n + result.tokens for n in self.tokens]
         t, outer = self.updates, {}
-        self.peak_lr = max(self.peak_lr, result.lr)
+        self.peak_lr, self.lr = max(self.peak_lr, result.lr), result.lr
         if t <= self.options.warm_start:
             outer = self._average()
         elif t == self.next_outer:
@@ -301,9 +302,14 @@ class DiLoCo(Strategy):
         return mean
 
     def _momentum(self, n: int) -> float:
-        """μ of the run's n-th outer step: its fragment's k-th, μ·min(1, k / W) over a warm-up of W."""
+        """μ of the run's n-th outer step: its fragment's k-th, μ·min(1, k / W) over a warm-up of W; with the decay,
+        times η_t / η_peak of the last update."""
         warmup, mu = self.options.outer_momentum_warmup, self.options.outer_momentum
-        return mu if not warmup else mu * min(1.0, ((n - 1) // self.options.fragments + 1) / warmup)
+        if warmup:
+            mu *= min(1.0, ((n - 1) // self.options.fragments + 1) / warmup)
+        if self.options.outer_momentum_decay and self.peak_lr > 0:
+            mu *= self.lr / self.peak_lr
+        return mu
 
     def _average(self) -> dict:
         """Warm start: θ_global ← the replicas' token-weighted mean of θ_r, in fp32, for every fragment, and θ_r ←
@@ -410,6 +416,7 @@ class DiLoCo(Strategy):
             "nominal": self.nominal,
             "last_seen": list(self.last_seen),
             **({"qsr": [self.period, self.next_outer, self.peak_lr]} if self.options.sync_every_max else {}),
+            **({"peak_lr": self.peak_lr} if self.options.outer_momentum_decay else {}),
             **({"clock": self.clock.tokens} if self.clock is not None else {}),
             "arrived": self._arrived_buffer,
             **({"eager": self.eager} if self.eager is not None else {}),
@@ -431,6 +438,8 @@ class DiLoCo(Strategy):
             self.period, self.next_outer, self.peak_lr = outer["qsr"]
         else:
             self._fixed_periods()
+        if self.options.outer_momentum_decay:
+            self.peak_lr = outer["peak_lr"]
         if self.clock is not None:
             if "clock" not in outer:
                 raise UserError(
