@@ -85,6 +85,8 @@ VARIANTS = {
     "streaming_h10_avg_topk1_int2_warm100": _topk(0.01, more=WARM),
     # 3% over the senders (docs/diloco.md's recommendation) with the bf16 wire's per-token techniques; 10% in 4 bits
     "streaming_h10_avg_topk3_int2_senders_warm100": _topk(0.03, mean="senders", more=WARM),
+    # at 8 sequences an update: the same first 10% of the tokens
+    "streaming_h10_avg_topk3_int2_senders_warm200": _topk(0.03, mean="senders", more=WARM.replace("100", "200")),
     "streaming_h10_pier_topk3_int2_senders": _topk(0.03, mean="senders", more=PIER),
     "streaming_h10_pier_warm100_topk3_int2_senders": _topk(0.03, mean="senders", more=f"{PIER} {WARM}"),
     "streaming_h10_avg_topk10_int4_senders": _topk(0.1, "int4", "senders"),
