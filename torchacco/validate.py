@@ -208,6 +208,10 @@ def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
             raise UserError(f"[diloco] {name} = {getattr(d, name)!r} {what}, and topk = 0 sends all; set topk")
     if d.outer_momentum_warmup < 0:
         raise UserError(f"[diloco] outer_momentum_warmup = {d.outer_momentum_warmup} must be 0 (none) or more")
+    for name in ("outer_momentum_warmup", "outer_momentum_decay"):
+        if getattr(d, name) and not d.outer_momentum:
+            raise UserError(f"[diloco] {name} scales the outer momentum, and outer_momentum = 0 (plain averaging); set "
+                            f"outer_momentum above 0 (e.g. 0.9), or leave {name} out")  # fmt: skip
     if d.warm_start < 0 or d.warm_start % interval:
         raise UserError(
             f"[diloco] warm_start = {d.warm_start} must be a multiple of sync_every / fragments = {interval} (the "
