@@ -272,7 +272,6 @@ def main(argv: list[str] | None = None) -> int:
         injector = Injector(plan, kinds, args.every, args.outage_s)
         result["faulted"] = run(plan, train, folder / "faulted", injector, args.timeout_s)
         write_report(args.out, "fault_goodput", result, markdown(result), lambda path: draw(folder, result, path))
-        print(markdown(result))
 
     return run_cli(measure)
 
