@@ -230,8 +230,7 @@ def ddp_buckets(bucket_cap_mb: float) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class _Update:
-    """What every formula reads: the workload, the cluster, the strategy's traits and mode, and the quantities of the
-    module's docstring."""
+    """What every formula reads (V and M as in the module's docstring)."""
 
     work: Workload
     hw: Hardware
@@ -434,9 +433,9 @@ TOPK_ONLY = ("error_decay", "topk_mean")  # settings of the residual and the spa
 
 
 @functools.cache
-def token_table(path: Path = TOKEN_EFFICIENCY) -> dict:
+def token_table() -> dict:
     """The measured token-efficiency table shipped with torchacco (`benchmarks efficiency-table` writes it)."""
-    return json.loads(path.read_text(encoding="utf-8"))
+    return json.loads(TOKEN_EFFICIENCY.read_text(encoding="utf-8"))
 
 
 def _entries(table: dict | None) -> dict[str, dict]:
@@ -499,9 +498,9 @@ def time_to_loss(preds: dict[str, dict], target_tokens: float, ratios: dict[str,
     }
 
 
-def predict_all(work: Workload, hw: Hardware, strategies=None) -> dict[str, dict]:
-    """Every registered variant's prediction (or those named)."""
-    return {s: predict(work, hw, s) for s in (strategies or variants())}
+def predict_all(work: Workload, hw: Hardware) -> dict[str, dict]:
+    """Every registered variant's prediction."""
+    return {s: predict(work, hw, s) for s in variants()}
 
 
 def memory_bytes(work: Workload, hw: Hardware, strategy: str) -> float:

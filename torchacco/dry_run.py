@@ -241,7 +241,7 @@ def _setting(cfg: Config, option: str) -> str:
 def wire_bytes(param_dtype: torch.dtype, reduce_dtype: str) -> float:
     """Bytes per element on the wire: gradients reduced in [parallelism] reduce_dtype, parameters gathered in the
     compute dtype, half the traffic each."""
-    return (param_dtype.itemsize + (4 if reduce_dtype == "fp32" else 2)) / 2
+    return (param_dtype.itemsize + DTYPES[reduce_dtype].itemsize) / 2
 
 
 def time_per_update(run: DryRun, link) -> dict:

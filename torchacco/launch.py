@@ -140,12 +140,11 @@ def main() -> int:
         )
         return 1
     except RendezvousError as e:
-        print(
-            f"torchacco: error: the nodes did not all join the rendezvous ({type(e).__name__}: "
+        print_error(
+            f"the nodes did not all join the rendezvous ({type(e).__name__}: "
             f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else 'no detail'}); check that NNODES nodes "
             "were started with the same MASTER_ADDR, MASTER_PORT and RDZV_ID, that node 0 is reachable on "
-            "MASTER_PORT, and RDZV_TIMEOUT",
-            file=sys.stderr,
+            "MASTER_PORT, and RDZV_TIMEOUT"
         )
         return 1
     return 0
