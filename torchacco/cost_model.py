@@ -150,19 +150,19 @@ class Hardware:
         return work.flops_per_token * work.tokens_per_micro_batch / self.flops
 
 
-def hardware(device: str, nodes: int, gpus_per_node: int, mfu: float, bandwidth: str, latency_ms: float, **more):
-    """A Hardware of `nodes` × `gpus_per_node` of a `DEVICES` entry at `mfu` (one line for an unknown device)."""
-    dev = DEVICES.get(device)
+def hardware(link, nodes: int, gpus_per_node: int, **more) -> Hardware:
+    """The Hardware of `nodes` × `gpus_per_node` GPUs that `link`, `add_cluster_arguments`' options, describe."""
+    dev = DEVICES.get(link.device)
     if dev is None:
-        raise UserError(f"unknown --device {device!r}; one of {', '.join(DEVICES)}")
+        raise UserError(f"unknown --device {link.device!r}; one of {', '.join(DEVICES)}")
     return Hardware(
-        nodes=nodes, ranks_per_node=gpus_per_node, flops=dev["flops"] * mfu, bandwidth_bps=parse_rate(bandwidth),
-        latency_s=latency_ms / 1000, intra_bps=dev["intra_bps"], opt_rate=dev["opt_rate"], **more,
+        nodes=nodes, ranks_per_node=gpus_per_node, flops=dev["flops"] * link.mfu, intra_bps=dev["intra_bps"],
+        bandwidth_bps=parse_rate(link.bandwidth), latency_s=link.latency_ms / 1000, opt_rate=dev["opt_rate"], **more,
     )  # fmt: skip
 
 
 def add_cluster_arguments(parser) -> None:
-    """The command-line options of `hardware` that predict and the dry run share."""
+    """The command-line options `hardware` reads, which predict and the dry run share."""
     parser.add_argument("--device", default="H100", help=f"the cost model's GPU: one of {', '.join(DEVICES)}")
     parser.add_argument("--mfu", type=float, default=0.4)
     parser.add_argument("--bandwidth", default="100gbit", help="inter-node link per node and direction")

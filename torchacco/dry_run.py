@@ -247,15 +247,14 @@ def wire_bytes(param_dtype: torch.dtype, reduce_dtype: str) -> float:
 def time_per_update(run: DryRun, link) -> dict:
     """The cost model's prediction for the run's layout on the cluster of `link` (`cm.add_cluster_arguments`), the whole
     model at the config's micro-batch with the worst rank's activations."""
-    t, p, c = run.cfg.training, run.cfg.parallelism, run.cluster
+    t, p = run.cfg.training, run.cfg.parallelism
     work = cm.Workload(
         params=float(run.params), flops_per_token=float(run.args.flops_per_token(t.seq_len)),
         tokens_per_micro_batch=float(t.local_batch_size * t.seq_len), micro_batches=max(1, run.micro_batches),
         comm_bytes=wire_bytes(run.param_dtype, p.reduce_dtype),
         activation_bytes=run.worst.activations, **cm.ddp_buckets(p.bucket_cap_mb),
     )  # fmt: skip
-    hw = cm.hardware(link.device, c.nodes, c.gpus_per_node, link.mfu, link.bandwidth, link.latency_ms)
-    return layout_prediction(run, work, hw)
+    return layout_prediction(run, work, cm.hardware(link, run.cluster.nodes, run.cluster.gpus_per_node))
 
 
 def layout_prediction(run: DryRun, work: cm.Workload, hw: cm.Hardware) -> dict:

@@ -81,8 +81,7 @@ def workload_and_hardware(args) -> tuple[cm.Workload, cm.Hardware]:
         work = dataclasses.replace(work, **cm.ddp_buckets(args.bucket_cap_mb))
     except ValueError as e:
         raise UserError(str(e)) from None
-    hw = cm.hardware(args.device, args.nodes, args.gpus_per_node, args.mfu, args.bandwidth, args.latency_ms,
-                     slow_factor=args.slow_factor, max_growth=args.max_growth)  # fmt: skip
+    hw = cm.hardware(args, args.nodes, args.gpus_per_node, slow_factor=args.slow_factor, max_growth=args.max_growth)
     if args.flops:
         hw.flops = args.flops
     return work, hw
