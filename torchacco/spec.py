@@ -49,13 +49,9 @@ def renaming_adapter(
 
     def from_hf(hf_state_dict: dict, args) -> dict:
         ours = {theirs: k for k, theirs in name_map(args).items()}
-        out = {}
-        for k, v in hf_state_dict.items():
-            if k in ours:
-                out[ours[k]] = v
-            elif not ignored(k, args):
-                raise UserError(f"{label} from_hf: unexpected tensor '{k}' for a {args.n_layers}-layer model")
-        return out
+        if unexpected := [k for k in hf_state_dict if k not in ours and not ignored(k, args)]:
+            raise UserError(f"{label} from_hf: unexpected tensor '{unexpected[0]}' for a {args.n_layers}-layer model")
+        return {ours[k]: v for k, v in hf_state_dict.items() if k in ours}
 
     return HFAdapter(to_hf, from_hf, hf_config, args_from_hf_config)
 
