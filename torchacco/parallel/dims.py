@@ -8,6 +8,7 @@ the "replica" dimension has size 1. The default process group is `process_groups
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -122,30 +123,26 @@ def group_options(backend: str, timeout: timedelta, high_priority: bool = False)
 
 def _model_parallel_group(mesh: DeviceMesh, tp: int, pp: int, timeout: timedelta) -> dist.ProcessGroup | None:
     """The ranks of this rank's (tp × pp) block, i.e. the same (replica, dp) coordinate."""
-    if tp * pp == 1:
-        return None
-    replicas, _, dp, _ = mesh.mesh.shape
-    rows = mesh.mesh.permute(0, 2, 1, 3).reshape(replicas * dp, tp * pp).tolist()  # one per (replica, dp)
-    return _own_group(rows, timeout)
+    return None if tp * pp == 1 else _own_group(mesh, ("pp", "tp"), timeout)
 
 
 def _data_group(mesh: DeviceMesh, timeout: timedelta) -> dist.ProcessGroup:
     """The ranks of this rank's (pp, tp) coordinate over every replica and dp rank."""
-    replicas, pp, dp, tp = mesh.mesh.shape
-    rows = mesh.mesh.permute(1, 3, 0, 2).reshape(pp * tp, replicas * dp).tolist()
-    return _own_group(rows, timeout)
+    return _own_group(mesh, ("replica", "dp"), timeout)
 
 
 def group_per_row(mesh: DeviceMesh, dim: str, timeout: timedelta) -> dist.ProcessGroup:
     """This rank's group along mesh dimension `dim`, as a group of its own: the mesh's group of that dimension may be in
     use on another thread (two threads must never share a group). Every rank must call it, in the same order."""
-    axis = mesh.mesh_dim_names.index(dim)
-    rows = mesh.mesh.movedim(axis, -1).reshape(-1, mesh.mesh.shape[axis]).tolist()
     backend = dist.get_backend()  # on NCCL, high-priority streams, as the mesh's dp and replica groups
-    return _own_group(rows, timeout, group_options(backend, timeout, True) if backend == "nccl" else None)
+    return _own_group(mesh, (dim,), timeout, group_options(backend, timeout, True) if backend == "nccl" else None)
 
 
-def _own_group(rows: list[list[int]], timeout: timedelta, options=None) -> dist.ProcessGroup:
+def _own_group(mesh: DeviceMesh, names: tuple[str, ...], timeout: timedelta, options=None) -> dist.ProcessGroup:
+    """The ranks that differ from this one only along the mesh dimensions `names`, as a new group of their own."""
+    axes = [mesh.mesh_dim_names.index(name) for name in names]
+    rest = [a for a in range(mesh.mesh.ndim) if a not in axes]
+    rows = mesh.mesh.permute(*rest, *axes).reshape(-1, math.prod(mesh.mesh.shape[a] for a in axes)).tolist()
     mine = None
     for row in rows:  # every rank creates every group, in the same order
         group = dist.new_group(row, timeout=timeout, pg_options=options)
