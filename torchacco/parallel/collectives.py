@@ -51,16 +51,18 @@ def _name(group) -> str:
     return f"{zlib.crc32(members.encode()):08x}"
 
 
-def _use_ring(tensor: torch.Tensor, group) -> bool:
+def _enter(name: str, tensor: torch.Tensor, group) -> bool:
+    """Before collective `name`: the hook, then the heartbeat (a stall in the hook never enters); whether it runs here
+    as a ring."""
+    if _before_collective is not None:
+        _before_collective(name)
+    health.current().entered(name, _name(group))
     return dist.get_backend(group) == "gloo" and dist.get_world_size(group) > 1 and tensor.numel() >= RING_MIN_NUMEL
 
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
     """`output` ← this rank's chunk of the sum of every rank's `input` (output may be that chunk of input)."""
-    if _before_collective is not None:
-        _before_collective("reduce_scatter")
-    health.current().entered("reduce_scatter", _name(group))  # (after the hook: a stall there never enters)
-    if not _use_ring(input, group):
+    if not _enter("reduce_scatter", input, group):
         _reduce_scatter(output, input, group=group)
         return
     world, rank, send_to, recv_from = _neighbours(group)
@@ -81,10 +83,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None) -> Non
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
     """`output` ← every rank's `input`, in rank order (input may be this rank's chunk of output)."""
-    if _before_collective is not None:
-        _before_collective("all_gather")
-    health.current().entered("all_gather", _name(group))
-    if not _use_ring(output, group):
+    if not _enter("all_gather", output, group):
         all_gather_single(output, input, group=group)
         return
     world, rank, send_to, recv_from = _neighbours(group)
