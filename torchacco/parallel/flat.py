@@ -19,6 +19,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from torchacco.optim import no_weight_decay_ids
+from torchacco.parallel.dims import ParallelDims
 
 
 def padded_numel(numel: int, world: int) -> int:
@@ -27,13 +28,12 @@ def padded_numel(numel: int, world: int) -> int:
 
 
 class FlatParams:
-    def __init__(
-        self, model: nn.Module, group, dtype: torch.dtype, grad_dtype=torch.float32, tp=1, mp_group=None, owns_loss=True
-    ):
+    def __init__(self, model: nn.Module, dims: ParallelDims, dtype: torch.dtype, grad_dtype: torch.dtype):
         # Model parallelism: ‖g‖² and the loss are summed over mp_group (the tp × pp block), where tp-replicated
-        # parameters count 1/tp each and one rank of the block (owns_loss) reports the loss.
-        self.group, self.tp, self.mp_group, self.owns_loss = group, tp, mp_group, owns_loss
-        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        # parameters count 1/tp each and one rank of the block (owns_loss: tp rank 0) reports the loss.
+        self.group, self.mp_group = dims.dp_group, dims.mp_group
+        self.tp, self.owns_loss = dims.tp_size, dims.tp_rank == 0
+        self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # shared weights once
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
@@ -85,12 +85,7 @@ class FlatParams:
             if isinstance(p, DTensor):
                 # A new DTensor parameter over the view, in the module's slot (torch.compile
                 # cannot trace a DTensor whose local tensor was swapped in place).
-                self.params[i] = nn.Parameter(
-                    DTensor.from_local(
-                        view, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
-                    ),
-                    p.requires_grad,
-                )
+                self.params[i] = nn.Parameter(_dtensor_like(p, view), p.requires_grad)
                 path, _, attr = name.rpartition(".")
                 setattr(model.get_submodule(path), attr, self.params[i])
             else:
@@ -141,14 +136,9 @@ class FlatParams:
         tp for sharded parameters)."""
         out = {}
         for name, p, o in zip(self.names, self.params, self.offsets):
-            if isinstance(p, DTensor):
-                shape = _local(p).shape
-                local = flat[o : o + shape.numel()].view(shape)
-                out[name] = DTensor.from_local(
-                    local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
-                ).full_tensor()
-            else:
-                out[name] = flat[o : o + p.numel()].view_as(p)
+            shape = _local(p).shape
+            local = flat[o : o + shape.numel()].view(shape)
+            out[name] = _dtensor_like(p, local).full_tensor() if isinstance(p, DTensor) else local
         return out
 
     def shard(self, full: torch.Tensor) -> torch.Tensor:
@@ -177,6 +167,11 @@ def _local(p: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():  # no autograd edge: only read
             return p.to_local()
     return p
+
+
+def _dtensor_like(p: DTensor, local: torch.Tensor) -> DTensor:
+    """`local` as the local shard of a DTensor laid out as `p`."""
+    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
 
 
 def _tp_sharded(p: torch.Tensor) -> bool:

@@ -31,15 +31,7 @@ class ShardedOptimizerState:
         self, model: nn.Module, dims: ParallelDims, param_dtype, optimizer: OptimizerConfig, grad_dtype=GRAD_DTYPE
     ):
         self.dims = dims
-        self.flat = FlatParams(
-            model,
-            dims.dp_group,
-            param_dtype,
-            grad_dtype,
-            tp=dims.tp_size,
-            mp_group=dims.mp_group,
-            owns_loss=dims.tp_rank == 0,
-        )
+        self.flat = FlatParams(model, dims, param_dtype, grad_dtype)
         if dims.mp_group is not None:
             self.flat.layout()  # a collective: now, while every rank is here
         self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, optimizer)
@@ -63,8 +55,9 @@ class ShardedOptimizerState:
         return self.flat.shard_pieces(self.master)
 
     def written(self) -> None:
-        """After a commit the compute parameters are θ (an estimate round starts from it)."""
-        self.gather_master(self.params)
+        """P ← θ, from every rank's master shard: after a commit the compute parameters are θ (an estimate round
+        starts from it)."""
+        gather_master(self.flat, self.optimizer, self.params)
 
     def run_job(
         self, grads, counts: Counts, lr_for, kind: str, out: torch.Tensor, max_norm: float, clip_norm=None
@@ -72,10 +65,6 @@ class ShardedOptimizerState:
         """reduce-scatter `grads` → AdamW on this rank's shard (`kind`; an ESTIMATE clipped by `clip_norm` if given)
         → all-gather into `out`."""
         return reduce_update_gather(self.flat, self.optimizer, grads, counts, lr_for, kind, out, max_norm, clip_norm)
-
-    def gather_master(self, out: torch.Tensor) -> None:
-        """`out` ← θ, from every rank's master shard."""
-        gather_master(self.flat, self.optimizer, out)
 
     def _sharded(self, shard: torch.Tensor) -> DTensor:
         """This rank's slice as the local shard of an unpadded 1-D DTensor: DCP saves it and
