@@ -82,20 +82,18 @@ def dump_flight_recorder(dump_folder: Path, rank: int, dump=None, timeout_s: flo
 def init_distributed(device: Device, timeout_s: float = 1800.0, tp=1, pp=1, replicas=1) -> ParallelDims:
     timeout = timedelta(seconds=timeout_s)
     _, _, local_rank, local_world = launch_env()
-    if dist.is_initialized():
-        return build_dims(device, tp, pp, local_rank, local_world, timeout, replicas)
-    kwargs = dict(backend=device.backend, timeout=timeout)
-    if device.type == "cuda":
-        kwargs["device_id"] = device.torch
-    if "RANK" not in os.environ:  # a plain `python` process: a one-rank group keeps one code path
-        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
-        return build_dims(device, tp, pp, local_rank, local_world, timeout, replicas)
-    if int(os.environ.get("WORLD_SIZE", 1)) > local_world:
-        check_gloo_interface()  # several nodes: gloo groups (CPU runs; preemption, checkpoints) cross them
-    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
-    store = attempt_store(store, rank, world, timeout_s)
-    with _diagnosed_setup(store, rank, world, timeout_s):
-        dist.init_process_group(store=store, rank=rank, world_size=world, **kwargs)
+    with contextlib.ExitStack() as setup:
+        if not dist.is_initialized():
+            if "RANK" in os.environ:
+                if int(os.environ.get("WORLD_SIZE", 1)) > local_world:
+                    check_gloo_interface()  # several nodes: gloo groups (CPU runs; preemption, checkpoints) cross them
+                store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+                store = attempt_store(store, rank, world, timeout_s)
+                setup.enter_context(_diagnosed_setup(store, rank, world, timeout_s))
+            else:  # a plain `python` process: a one-rank group keeps one code path
+                store, rank, world = dist.HashStore(), 0, 1
+            extra = {"device_id": device.torch} if device.type == "cuda" else {}
+            dist.init_process_group(device.backend, timeout=timeout, store=store, rank=rank, world_size=world, **extra)
         return build_dims(device, tp, pp, local_rank, local_world, timeout, replicas)
 
 
@@ -208,11 +206,9 @@ def on_one_rank(dims: ParallelDims, fn, main_only: bool = False, what: str = "pr
         health.current().enter(what)
         try:
             fn()
-        except UserError as e:
-            store.set(f"{key}{dims.rank}", f"error:{e}")
-            raise
-        except Exception as e:  # a bug, not a mistake: this rank's traceback says more; the others stop too
-            store.set(f"{key}{dims.rank}", f"error:rank {dims.rank} failed to {what} ({type(e).__name__}: {e})")
+        except Exception as e:  # a UserError as it is; a bug named by rank (its traceback says more)
+            message = e if isinstance(e, UserError) else f"rank {dims.rank} failed to {what} ({type(e).__name__}: {e})"
+            store.set(f"{key}{dims.rank}", f"error:{message}")
             raise
         store.set(f"{key}{dims.rank}", "ok")
     start = last_log = time.monotonic()
