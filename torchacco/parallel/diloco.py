@@ -36,13 +36,7 @@ from torchacco.faults import in_outer_exchange, muted_from
 from torchacco.parallel.collectives import all_gather_single
 from torchacco.parallel.compression import CHUNK, keep_per_chunk, message_bytes, sparse_token_weighted_mean
 from torchacco.parallel.dims import group_per_row
-from torchacco.parallel.pseudo_gradient import (
-    ROW,
-    WIRE_BYTES,
-    split_across,
-    split_token_weighted_mean,
-    token_weighted_mean,
-)
+from torchacco.parallel.pseudo_gradient import ROW, WIRE_BYTES, split_across, split_token_weighted_mean
 from torchacco.parallel.strategy import Counts, MemoryParts, Strategy, UpdateResult
 from torchacco.runners import stall_deadline_s
 
@@ -245,12 +239,7 @@ class DiLoCo(Strategy):
         group = group or self.dims.replica_group
         if self.keep:
             return self._sparse_mean(f, delta, tokens, group)
-        return self._dense_mean(delta, tokens, group, self.wire)
-
-    def _dense_mean(self, delta: torch.Tensor, tokens: float, group, wire: str) -> torch.Tensor:
-        if self.split_group is None:
-            return token_weighted_mean(delta, tokens, group, wire)
-        return split_token_weighted_mean(delta, tokens, group, wire, self.split_group)
+        return split_token_weighted_mean(delta, tokens, group, self.wire, self.split_group)
 
     def _due(self) -> int:
         """The fragment whose outer step follows inner update `updates`."""
@@ -294,10 +283,7 @@ class DiLoCo(Strategy):
         def exchange(x: torch.Tensor):
             return sparse_token_weighted_mean(x, tokens, group, self.wire, self.keep, self.over_senders)
 
-        if self.split_group is None:
-            mean, sent = exchange(e)
-        else:
-            mean, sent = split_across(exchange, e, self.split_group, CHUNK)
+        mean, sent = split_across(exchange, e, self.split_group, CHUNK)
         residual.copy_(e.sub_(sent))
         return mean
 
@@ -317,7 +303,7 @@ class DiLoCo(Strategy):
         sent = 0
         for f in range(self.options.fragments):
             delta, tokens = self._delta(f)
-            mean = self._dense_mean(delta, tokens, self.dims.replica_group, "fp32")
+            mean = split_token_weighted_mean(delta, tokens, self.dims.replica_group, "fp32", self.split_group)
             self.backup[f].sub_(mean.to(self.backup[f].device))
             self._scatter(f, self.backup[f].to(self.device.torch))
             sent += delta.numel() if self.split_group is None else -(-delta.numel() // self.dims.dp_size)

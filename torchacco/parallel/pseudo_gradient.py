@@ -56,7 +56,10 @@ def split_across(
     fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], x: torch.Tensor, split_group, align: int
 ) -> tuple[torch.Tensor, ...]:
     """`fn` of x when every rank of `split_group` holds x alike: each rank applies `fn` to its 1/n of
-    x (pieces of whole `align`s, zero-padded past x's end), and `split_group` all-gathers each result."""
+    x (pieces of whole `align`s, zero-padded past x's end), and `split_group` all-gathers each result.
+    Without a `split_group` (None), `fn(x)` itself."""
+    if split_group is None:
+        return fn(x)
     n, me = dist.get_world_size(split_group), dist.get_rank(split_group)
     size = -(-x.numel() // (n * align)) * align
     piece = x[me * size : (me + 1) * size]
@@ -72,6 +75,7 @@ def split_token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: s
     """`token_weighted_mean` of a Δ that every rank of `split_group` holds alike (a replicated inner strategy's ranks in
     one replica): each rank takes its 1/n of Δ over `group`, and `split_group` all-gathers the pieces. The link between
     replicas carries Δ once per replica instead of once per rank. Pieces are whole rows, so bf16 and the integer codes
-    give the unsplit mean element for element, and fp32 does up to the order of its sum over more than two replicas."""
+    give the unsplit mean element for element, and fp32 does up to the order of its sum over more than two replicas.
+    Without a `split_group` (None), `token_weighted_mean` itself."""
     (mean,) = split_across(lambda piece: (token_weighted_mean(piece, tokens, group, wire),), delta, split_group, ROW)
     return mean
