@@ -79,7 +79,7 @@ class AccoPlanner(Planner):
         return COMMIT, False  # A = g̃_t + g_t goes to the commit; g̃_{t+1} starts from zero
 
     def period(self, s: Overlapped) -> int | None:
-        if self.share == 0.5 or s.split:
+        if self.share == 0.5 or s.balance.split:  # balanced: the measured split decides
             return None
         # The first period (θ̃_0 = θ_0) and every period beside a commit compute g̃ at θ̃.
         at_estimate = s.planned is None or s.planned[0] == COMMIT

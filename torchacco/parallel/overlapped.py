@@ -251,11 +251,6 @@ class Overlapped(Strategy):
             self.balance.observe(finished.micro_batches, finished.compute_s)
         return self.planner.finished(self, finished)
 
-    @property
-    def split(self) -> list[int] | None:
-        """Balanced: micro-batches per data-parallel rank in a period (None until every rank is measured)."""
-        return self.balance.split
-
     @contextlib.contextmanager
     def evaluation(self):
         """Between rounds (no job in flight), with θ — the fp32 master shards, gathered — in P.
