@@ -33,11 +33,10 @@ class FSDP(Replicated):
     def __init__(self, model, dims, plan, optimizer, reduce_dtype=torch.float32, reshard_after_forward=True, mesh=None):
         mp = MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=reduce_dtype)
         mesh = dims.dp_mesh if mesh is None else mesh  # the data-parallel mesh to shard over (HSDP's is 2-D)
-        for block in block_list(model):  # a foreign model without blocks is sharded as one unit
-            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         self.roots = getattr(model, "stage_modules", None) or [model]
-        for root in self.roots:
-            fully_shard(root, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        # The blocks, then the roots (a foreign model without blocks is sharded as one unit).
+        for module in [*block_list(model), *self.roots]:
+            fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         materialize(model)  # a model built on meta: only now does each rank allocate, its shards alone
         super().__init__(model, dims, plan, optimizer)
 
