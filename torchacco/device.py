@@ -138,7 +138,5 @@ def compute_dtype(setting: str, device: Device) -> torch.dtype:
     return DTYPES[setting]
 
 
-def set_cpu_threads(requested: int, local_world_size: int) -> int:
-    threads = requested or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
-    torch.set_num_threads(threads)
-    return threads
+def set_cpu_threads(requested: int, local_world_size: int) -> None:
+    torch.set_num_threads(requested or max(1, (os.cpu_count() or 1) // max(1, local_world_size)))

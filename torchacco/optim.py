@@ -23,11 +23,8 @@ if TYPE_CHECKING:
 
 def no_weight_decay_ids(model: nn.Module) -> set[int]:
     """Norms, biases (ndim < 2) and embeddings (incl. a tied output head) get no decay."""
-    ids = {id(p) for p in model.parameters() if p.ndim < 2}
-    for module in model.modules():
-        if isinstance(module, nn.Embedding):
-            ids.add(id(module.weight))
-    return ids
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return embeddings | {id(p) for p in model.parameters() if p.ndim < 2}
 
 
 def build_adamw(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:

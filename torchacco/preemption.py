@@ -69,7 +69,6 @@ class Preemption:
 
     def __init__(self, cfg, dims, checkpoints: bool):
         self.cfg, self.rank, self.checkpoints = cfg, dims.rank, checkpoints
-        self.enabled = cfg.enable
         self.signum = 0  # the signal this rank acts on (0: none yet)
         self.group = None
         self._pending: tuple | None = None  # the agreement started at the last boundary
@@ -78,7 +77,7 @@ class Preemption:
         self._stand_down = threading.Event()  # the watchdog gives up: handled, deferred or closed
         self._saved = self._deferred = False
         self._agreed = False  # every rank saw the stop signal: the stop is a preemption, not a failure
-        if not self.enabled:
+        if not self.cfg.enable:
             return
         if dims.world_size > 1:
             self.group = dims.new_group(backend="gloo")
@@ -121,7 +120,7 @@ class Preemption:
         That boundary's all-reduce ran beside this update's compute, so no update waits for its round trip (on a
         shaped link, behind a job's transfer); a signal is acted on one update later. `wait`: at this boundary's
         own all-reduce (where boundaries are far apart: DiLoCo's outer steps)."""
-        if not self.enabled:
+        if not self.cfg.enable:
             return False
         if self.group is None:
             return bool(self.signum)
