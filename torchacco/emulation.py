@@ -1,5 +1,4 @@
-"""Virtual compute: on the emulated cluster, ranks wait where a GPU would compute, leaving the CPU to what
-communicates.
+"""Virtual compute: on the emulated cluster, ranks wait where a GPU would compute, leaving the CPU to what communicates.
 
 With `[emulation] virtual_compute` (the benchmarks' `--virtual-compute` sets it from `calibrate()`):
 - each block's forward and backward, and the rest of the model's (embedding, head and loss), become sleeps of

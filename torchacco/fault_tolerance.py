@@ -185,7 +185,7 @@ class ReplicaLink:
         timeout = timedelta(seconds=self.options.round_timeout_s)
         # torchft's store, new for each start of the replica: torchrun's outlives a restart, and a restarted rank
         # would read the manager address its predecessor left there
-        port = torch.zeros(1, dtype=torch.int64, device="cuda" if self.device_type == "cuda" else "cpu")
+        port = torch.zeros(1, dtype=torch.int64, device=self.device_type)
         if dims.rank == 0:
             self._store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], 0, is_master=True,
                                                      wait_for_workers=False, timeout=dims.timeout)  # fmt: skip

@@ -5,6 +5,7 @@ Store reads have a deadline: an unreachable store must not hold the diagnosis pa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -87,21 +88,18 @@ class Heartbeat:
 
     def read(self) -> dict[int, dict] | None:
         """The other ranks' heartbeats; None when the store does not answer within READ_TIMEOUT_S."""
-        found, done = {}, threading.Event()
+        found = {}
 
         def read_all() -> None:
-            try:
+            with contextlib.suppress(Exception):  # the store's host is gone
                 keys = {r: f"{BEAT_KEY}{r}" for r in range(self.world) if r != self.rank}
                 found["beats"] = {r: json.loads(self.store.get(k)) for r, k in keys.items() if self.store.check([k])}
-            except Exception:  # the store's host is gone
-                pass
-            finally:
-                done.set()
 
         # On a thread: a store whose host hangs blocks a read for the store's own timeout (the
         # collective timeout, 30 minutes by default), and no timeout bounds a read in progress.
-        threading.Thread(target=read_all, name="torchacco-heartbeat-read", daemon=True).start()
-        done.wait(READ_TIMEOUT_S)
+        reader = threading.Thread(target=read_all, name="torchacco-heartbeat-read", daemon=True)
+        reader.start()
+        reader.join(READ_TIMEOUT_S)
         return found.get("beats")
 
     def diagnose(self, watch_s: float | None = None) -> str:

@@ -63,14 +63,11 @@ def adapt(model: nn.Module) -> Adapter:
     it in eval mode, which would turn dropout off)."""
     adapter = Adapter()
     if "use_cache" in inspect.signature(model.forward).parameters:
-        adapter.handles.append(model.register_forward_pre_hook(_no_cache, with_kwargs=True))
+        no_cache = lambda module, args, kwargs: (args, {**kwargs, "use_cache": False})
+        adapter.handles.append(model.register_forward_pre_hook(no_cache, with_kwargs=True))
     adapter.handles.append(model.register_forward_hook(_logits))
     model.train()
     return adapter
-
-
-def _no_cache(module, args, kwargs):
-    return args, {**kwargs, "use_cache": False}
 
 
 def _logits(module, args, output):
