@@ -6,14 +6,12 @@ import torch
 import torch.nn as nn
 
 from torchacco.device import Device
-from torchacco.loss import TokenLoss, value
+from torchacco.loss import value
 from torchacco.parallel.collectives import all_reduce_sum
 from torchacco.parallel.dims import ParallelDims
 
 
-def evaluate(
-    model: nn.Module, loader, batches: int, device: Device, dims: ParallelDims, pipeline=None, loss_fn=TokenLoss()
-) -> float:
+def evaluate(model: nn.Module, loader, batches: int, device: Device, dims: ParallelDims, pipeline, loss_fn) -> float:
     was_training = model.training
     model.eval()
     loss_sum, count = torch.zeros((), dtype=torch.float64, device=device.torch), 0

@@ -40,7 +40,7 @@ def generate(
     model.eval()
     device = next(model.parameters()).device
     window = model.args.max_seq_len
-    ids, new = list(token_ids), []
+    ids = list(token_ids)
     for _ in range(max_tokens):
         context = torch.tensor([ids[-window:]], dtype=torch.long, device=device)
         logits = model(context)[0, -1].float().cpu()
@@ -55,8 +55,7 @@ def generate(
         if token == eos_id:
             break
         ids.append(token)
-        new.append(token)
-    return new
+    return ids[len(token_ids) :]
 
 
 def _device(choice: str) -> torch.device:
@@ -124,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=50, help="0 keeps the whole vocabulary")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    opts = p.parse_args(sys.argv[1:] if argv is None else argv)
+    opts = p.parse_args(argv)
     return run_cli(lambda: print(run(opts), flush=True))
 
 

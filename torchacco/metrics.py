@@ -39,8 +39,7 @@ class MetricsLogger:
         keep_until_step: int = 0,
         max_tokens: int = 0,
     ):
-        self.enabled = enabled
-        self.total_steps = total_steps
+        self.enabled, self.total_steps = enabled, total_steps
         self.max_tokens = max_tokens  # a run that stops on tokens: its progress is theirs
         self.progress_bar = progress_bar and enabled
         self.start = time.perf_counter()
