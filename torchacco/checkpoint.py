@@ -25,6 +25,7 @@ from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map
 
 from torchacco.config import Checkpoint as CheckpointConfig
 from torchacco.errors import UserError
+from torchacco.parallel.process_groups import on_one_rank
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -99,8 +100,6 @@ SHARED_CHECK_TRIES = 6  # 0.5 s apart
 def check_shared(folder: Path, dims) -> None:
     """Refuse, before training, a checkpoint folder that some node does not see (a node-local disk), where
     the first save would fail or leave parts behind: every rank writes into the one folder rank 0 publishes."""
-    from torchacco.parallel.process_groups import on_one_rank
-
     if dims.world_size == dims.local_world_size:
         return  # one node
     store = dist.distributed_c10d._get_default_store()

@@ -22,7 +22,8 @@ import torch
 import torch.nn as nn
 
 from torchacco.blocks import block_list, blocks_of
-from torchacco.errors import UserError
+from torchacco.device import Device
+from torchacco.errors import UserError, run_cli
 from torchacco.loss import TokenLoss
 from torchacco.optim import ShardedAdamW, SlowMomentumAdamW, build_adamw
 
@@ -113,7 +114,6 @@ def calibrate(cfg: Config, threads: int, repeats: int = 8) -> dict:
     """The [emulation] durations of one micro-batch of the config's shape on this machine's CPU with `threads`
     threads (medians over `repeats`): forward (with the loss), backward, the blocks' share, AdamW per element."""
     from torchacco.build import build_model, model_args
-    from torchacco.device import Device
     from torchacco.spec import get_model_spec
 
     torch.set_num_threads(threads)
@@ -159,7 +159,6 @@ def overrides(calibration: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     from torchacco.config import load_config
-    from torchacco.errors import run_cli
 
     parser = argparse.ArgumentParser(prog="python -m torchacco.emulation", description=calibrate.__doc__)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads the measured forward/backward use")

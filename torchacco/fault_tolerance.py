@@ -11,6 +11,7 @@ healed in the round sends zeros with weight 0 (its Δ is not one); a lost replic
 
 from __future__ import annotations
 
+import argparse
 import http.server
 import importlib.util
 import json
@@ -319,8 +320,6 @@ def copy_into(target, received):
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m torchacco.fault_tolerance`: the lighthouse of a cluster's fault-tolerant run."""
-    import argparse
-
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--min-replicas", type=int, default=1, help="replicas a quorum needs")
     parser.add_argument("--join-timeout-s", type=float, default=60.0)

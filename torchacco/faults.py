@@ -34,7 +34,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from torchacco import health
 from torchacco.errors import UserError
+from torchacco.parallel.collectives import set_collective_hook
 
 FAULT = re.compile(
     r"^(kill|nan|stall|hang|freeze|pause)@(?:replica(\d+):)?rank(\d+):step(\d+)(?::period(\d+)|:(\d+(?:\.\d+)?)s)?$"
@@ -80,13 +82,9 @@ class Faults:
             elif what == "pause":
                 time.sleep(arg)
             elif what == "kill":
-                from torchacco import health
-
                 health.current().flush()  # so the survivors can tell where this rank died
                 os.kill(os.getpid(), signal.SIGKILL)
             elif what in ("stall", "hang"):
-                from torchacco.parallel.collectives import set_collective_hook
-
                 stuck = _receive_forever if what == "hang" else lambda name, never=threading.Event(): never.wait()
                 set_collective_hook(stuck)
             else:
