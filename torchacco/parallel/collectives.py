@@ -51,7 +51,7 @@ def _name(group) -> str:
     return f"{zlib.crc32(members.encode()):08x}"
 
 
-def _enter(name: str, tensor: torch.Tensor, group) -> bool:
+def _enter_and_use_ring(name: str, tensor: torch.Tensor, group) -> bool:
     """Before collective `name`: the hook, then the heartbeat (a stall in the hook never enters); whether it runs here
     as a ring."""
     if _before_collective is not None:
@@ -62,7 +62,7 @@ def _enter(name: str, tensor: torch.Tensor, group) -> bool:
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
     """`output` ← this rank's chunk of the sum of every rank's `input` (output may be that chunk of input)."""
-    if not _enter("reduce_scatter", input, group):
+    if not _enter_and_use_ring("reduce_scatter", input, group):
         _reduce_scatter(output, input, group=group)
         return
     world, rank, send_to, recv_from = _neighbours(group)
@@ -83,7 +83,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None) -> Non
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
     """`output` ← every rank's `input`, in rank order (input may be this rank's chunk of output)."""
-    if not _enter("all_gather", output, group):
+    if not _enter_and_use_ring("all_gather", output, group):
         all_gather_single(output, input, group=group)
         return
     world, rank, send_to, recv_from = _neighbours(group)

@@ -57,7 +57,7 @@ def split_across(
 ) -> tuple[torch.Tensor, ...]:
     """`fn` of x when every rank of `split_group` holds x alike: each rank applies `fn` to its 1/n of
     x (pieces of whole `align`s, zero-padded past x's end), and `split_group` all-gathers each result.
-    Without a `split_group` (None), `fn(x)` itself."""
+    With `split_group` None (no split; not the world group here), `fn(x)` itself."""
     if split_group is None:
         return fn(x)
     n, me = dist.get_world_size(split_group), dist.get_rank(split_group)
@@ -76,6 +76,6 @@ def split_token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: s
     one replica): each rank takes its 1/n of Δ over `group`, and `split_group` all-gathers the pieces. The link between
     replicas carries Δ once per replica instead of once per rank. Pieces are whole rows, so bf16 and the integer codes
     give the unsplit mean element for element, and fp32 does up to the order of its sum over more than two replicas.
-    Without a `split_group` (None), `token_weighted_mean` itself."""
+    With `split_group` None (no split; not the world group), `token_weighted_mean` itself."""
     (mean,) = split_across(lambda piece: (token_weighted_mean(piece, tokens, group, wire),), delta, split_group, ROW)
     return mean
