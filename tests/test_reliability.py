@@ -711,3 +711,38 @@ def test_the_diagnosis_names_the_rank_that_has_not_entered_the_collective_the_ot
     # Counted per group: DiLoCo's replicas step apart, and each replica's group is compared alone.
     assert behind({0: beat(in_job, a=(40, "all_gather")), 1: beat(in_job, b=(30, "all_gather"))}) is None
     assert behind({0: beat(in_job), 1: {"beat": 3, "where": in_job}}) is None  # nothing entered yet
+
+
+def _resume_rank(rank: int, store_path: str, folder: str, out: str) -> None:
+    """Rank 1's node lists the checkpoint folder as it was two saves ago (a network filesystem's stale cache)."""
+    from datetime import timedelta
+    from pathlib import Path
+
+    import torchacco.checkpoint as checkpoint
+    from torchacco.config import Checkpoint
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    if rank == 1:
+        listed = checkpoint.step_dirs
+        checkpoint.step_dirs = lambda f: [(s, p) for s, p in listed(f) if s <= 2]
+    loaded = []
+    checkpoint.Checkpointer.load = lambda self, path, state: loaded.append(path.name)
+    dims = SimpleNamespace(rank=rank, data_size=2)
+    state = SimpleNamespace(dp_size=2, step=0, tokens=0.0)
+    strategy = SimpleNamespace(checkpoint_key=lambda dims: "model", traits=SimpleNamespace(resume_needs_same_ranks=True))
+    c = Checkpoint(enable=True, resume=True)
+    checkpoint.resume(c, Path(folder), dims, strategy, state, None, timedelta(seconds=30))
+    Path(f"{out}.{rank}").write_text(",".join(loaded))
+    dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_every_rank_resumes_from_the_step_rank_0_lists_even_beside_a_stale_listing(tmp_path):
+    import torch.multiprocessing as mp
+
+    for step in (2, 4):
+        (tmp_path / "run" / "checkpoint" / f"step-{step:08d}").mkdir(parents=True)
+    out = str(tmp_path / "loaded")
+    mp.spawn(_resume_rank, args=(str(tmp_path / "store"), str(tmp_path / "run"), out), nprocs=2)
+    loaded = [open(f"{out}.{rank}").read() for rank in range(2)]
+    assert loaded == ["step-00000004,step-00000004"] * 2, loaded

@@ -164,6 +164,13 @@ class Checkpointer:
         dirs = step_dirs(self.folder)
         return dirs[-1][1] if dirs else None
 
+    def agreed_latest(self) -> Path | None:
+        """The latest checkpoint as rank 0 lists the folder, on every rank: a node's stale listing (a network
+        filesystem's cache) would otherwise make its ranks load another step than the others."""
+        chosen = [self.latest() if self.rank == 0 else None]
+        dist.broadcast_object_list(chosen, src=0, group=self.group)
+        return chosen[0]
+
     def save(self, step: int, state: dict) -> None:
         self.wait()
         final = self.folder / f"step-{step:08d}"
@@ -288,7 +295,7 @@ def resume(
     if not c.enable:
         return None, None
     checkpointer = Checkpointer(folder / c.folder, dims.rank, c.keep, c.async_save, timeout)
-    path = Path(c.load_path) if c.load_path else checkpointer.latest() if c.resume else None
+    path = Path(c.load_path) if c.load_path else checkpointer.agreed_latest() if c.resume else None
     if path is None:
         return checkpointer, None
     checkpointer.load(path, {"train": state})
