@@ -191,6 +191,9 @@ def torn_down() -> None:
 def start(rank: int, world: int) -> Heartbeat:
     """The heartbeat of this process, over the default process group's store."""
     global _current
+    from torchacco.parallel.collectives import check_issuing_threads  # (it imports this module)
+
+    check_issuing_threads()
     store = dist.distributed_c10d._get_default_store() if dist.is_initialized() and world > 1 else None
     _current = Heartbeat(store, rank, world)
     return _current

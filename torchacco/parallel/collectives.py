@@ -7,6 +7,9 @@ messages, (W−1)/W of the buffer per rank. Both work in place on a flat buffer,
 
 from __future__ import annotations
 
+import functools
+import os
+import threading
 import weakref
 import zlib
 from collections.abc import Callable
@@ -27,6 +30,57 @@ _before_collective: Callable[[str], None] | None = None
 # gloo joins two ranks by one TCP connection, whose two directions a 2-rank ring's messages take turns on in some
 # calls (on a shaped link, 1.3-1.4x the ideal on average): its messages to the lower rank go by a second group
 _return_groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+# One issuing thread per communicator (docs/reliability.md#one-thread-per-communicator): NCCL's are not to be driven
+# by two host threads. With this variable set (the test suite sets it), a collective issued on a process group that
+# another thread already issued on raises, naming both.
+CHECK_THREADS = "TORCHACCO_CHECK_COLLECTIVE_THREADS"
+_issuers: dict[str, str] = {}  # group name -> the thread that issues on it
+_host_groups: weakref.WeakSet = weakref.WeakSet()  # gloo on every backend: never NCCL, so shared freely
+CHECKED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier",
+           "all_gather_object", "broadcast_object_list", "gather_object", "gather", "scatter", "send", "recv", "isend", "irecv",
+           "all_to_all_single", "reduce_scatter_single", "all_gather_single")  # fmt: skip
+
+
+def host_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
+    """Mark `group` as a host-side gloo group on every backend (checkpoints, preemption), which may be used from
+    several threads in turn (an asynchronous save's thread, then the main thread)."""
+    _host_groups.add(group)
+    return group
+
+
+def note_issuer(group) -> None:
+    """With CHECK_THREADS set: raise when this thread issues on `group` after another thread did."""
+    if not os.environ.get(CHECK_THREADS) or not dist.is_initialized():
+        return
+    group = group or dist.group.WORLD
+    if group in _host_groups:
+        return
+    me = threading.current_thread()
+    mine = f"{me.name} ({me.ident})"
+    first = _issuers.setdefault(group.group_name, mine)
+    if first != mine:
+        raise RuntimeError(f"two threads issue collectives on process group {group.group_name} "
+                           f"({dist.get_process_group_ranks(group)}): {first}, then {mine}")  # fmt: skip
+
+
+def check_issuing_threads() -> None:
+    """With CHECK_THREADS set, every torch.distributed collective called through the module notes its thread."""
+    if not os.environ.get(CHECK_THREADS):
+        return
+    for name in CHECKED:
+        fn = getattr(dist, name, None)
+        if fn is None or hasattr(fn, "_torchacco_checked"):
+            continue
+
+        @functools.wraps(fn)
+        def checked(*args, _fn=fn, **kwargs):
+            note_issuer(kwargs.get("group"))
+            return _fn(*args, **kwargs)
+
+        checked._torchacco_checked = True
+        setattr(dist, name, checked)
 
 
 def add_return_group(group: dist.ProcessGroup, back: dist.ProcessGroup) -> None:
@@ -56,6 +110,7 @@ def _enter_and_use_ring(name: str, tensor: torch.Tensor, group) -> bool:
     as a ring."""
     if _before_collective is not None:
         _before_collective(name)
+    note_issuer(group)
     health.current().entered(name, _name(group))
     return dist.get_backend(group) == "gloo" and dist.get_world_size(group) > 1 and tensor.numel() >= RING_MIN_NUMEL
 

@@ -257,7 +257,8 @@ class Overlapped(Strategy):
         C is free until the next launch, so it keeps P's contents meanwhile."""
         assert not self.runner.in_flight()
         self.comm.copy_(self.flat.params_buffer)
-        self.sharded.written()  # P ← θ
+        self.runner.launch(self.sharded.written)  # P ← θ, on the job's thread: its groups have no other issuer
+        self.runner.wait(self.stall_s)
         try:
             yield self.model
         finally:
