@@ -729,7 +729,9 @@ def _resume_rank(rank: int, store_path: str, folder: str, out: str) -> None:
     checkpoint.Checkpointer.load = lambda self, path, state: loaded.append(path.name)
     dims = SimpleNamespace(rank=rank, data_size=2)
     state = SimpleNamespace(dp_size=2, step=0, tokens=0.0)
-    strategy = SimpleNamespace(checkpoint_key=lambda dims: "model", traits=SimpleNamespace(resume_needs_same_ranks=True))
+    strategy = SimpleNamespace(
+        checkpoint_key=lambda dims: "model", traits=SimpleNamespace(resume_needs_same_ranks=True)
+    )
     c = Checkpoint(enable=True, resume=True)
     checkpoint.resume(c, Path(folder), dims, strategy, state, None, timedelta(seconds=30))
     Path(f"{out}.{rank}").write_text(",".join(loaded))
@@ -746,3 +748,45 @@ def test_every_rank_resumes_from_the_step_rank_0_lists_even_beside_a_stale_listi
     mp.spawn(_resume_rank, args=(str(tmp_path / "store"), str(tmp_path / "run"), out), nprocs=2)
     loaded = [open(f"{out}.{rank}").read() for rank in range(2)]
     assert loaded == ["step-00000004,step-00000004"] * 2, loaded
+
+
+HANG_TIMEOUT_S = 30  # the watchdog's deadline: 24 s (torchacco/runners.py's stall_deadline_s)
+
+
+@pytest.mark.integration
+@pytest.mark.faults
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--parallelism.data_parallel", "zero1"),
+        ("--parallelism.data_parallel", "fsdp"),
+        ("--parallelism.data_parallel", "ddp"),
+        ("--parallelism.data_parallel", "zero1", "--parallelism.tensor_parallel_degree", "2"),
+    ],
+    ids=["zero1", "fsdp", "ddp", "tp2"],
+)
+def test_a_collective_hung_on_the_main_thread_ends_in_one_line_naming_the_rank_and_the_collective(
+    tiny_corpus, cache_dir, tmp_path, extra
+):
+    """Rank 1 waits inside the communication library from step 3 (a receive no peer answers), the other rank in
+    its next collective, both on the main thread (no overlapped schedule's timed wait): each rank's watchdog ends
+    it with one line naming the rank, the collective and the diagnosis before the collective timeout (where NCCL's
+    watchdog would abort without a word), having written its flight recorder."""
+    import re
+    import time
+
+    args = tiny_args(tiny_corpus, cache_dir, tmp_path / "out", *extra, "--training.steps", "40", "--eval.every", "0",
+                     "--training.collective_timeout_s", str(HANG_TIMEOUT_S))  # fmt: skip
+    started = time.monotonic()
+    env = {"TORCHACCO_FAULT": "hang@rank1:step3", "TORCH_FR_BUFFER_SIZE": "2000"}
+    proc = run_train(args, env=env, timeout=240)
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
+    assert errors, proc.stderr[-3000:]
+    for line in errors:  # the watchdog's words, not gloo's own timeout ("a collective failed")
+        assert re.match(r"torchacco: error: rank [01]: its (gloo:)?[\w-]+( \(#\d+\))? on process group \d+ made no "
+                        r"progress for 2\d s during its .*\(step [34]\)", line), line  # fmt: skip
+    assert any(line.startswith("torchacco: error: rank 1: its recv") for line in errors), errors
+    assert elapsed < 150, elapsed
+    assert sorted(p.name for p in (tmp_path / "out" / "flight_recorder").iterdir())

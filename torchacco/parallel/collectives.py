@@ -22,11 +22,13 @@ from torchacco import health
 # torch 2.13 renamed the single-tensor collectives; keep working on older releases.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_isend, _irecv = dist.isend, dist.irecv  # (unwatched: the ring's messages are its reduce-scatter's or all-gather's)
 
 RING_MIN_NUMEL = 1 << 16  # below this, a message's latency outweighs the bytes saved
 PIECE_NUMEL = 1 << 22  # ring messages are cut to this size: the staging buffer stays bounded
 
 _before_collective: Callable[[str], None] | None = None
+_everywhere = False
 # gloo joins two ranks by one TCP connection, whose two directions a 2-rank ring's messages take turns on in some
 # calls (on a shaped link, 1.3-1.4x the ideal on average): its messages to the lower rank go by a second group
 _return_groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -38,26 +40,26 @@ _return_groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 CHECK_THREADS = "TORCHACCO_CHECK_COLLECTIVE_THREADS"
 _issuers: dict[str, str] = {}  # group name -> the thread that issues on it
 _host_groups: weakref.WeakSet = weakref.WeakSet()  # gloo on every backend: never NCCL, so shared freely
-CHECKED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier",
-           "all_gather_object", "broadcast_object_list", "gather_object", "gather", "scatter", "send", "recv", "isend", "irecv",
-           "all_to_all_single", "reduce_scatter_single", "all_gather_single")  # fmt: skip
+WATCHED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier",
+           "all_gather_object", "broadcast_object_list", "gather_object", "gather", "scatter", "send", "recv", "isend",
+           "irecv", "all_to_all_single", "reduce_scatter_single", "all_gather_single")  # fmt: skip
 
 
 def host_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
-    """Mark `group` as a host-side gloo group on every backend (checkpoints, preemption), which may be used from
-    several threads in turn (an asynchronous save's thread, then the main thread)."""
+    """Mark `group` as a host-side gloo group on every backend (checkpoints), which may be used from several
+    threads in turn (an asynchronous save's thread, then the main thread)."""
     _host_groups.add(group)
     return group
 
 
-def note_issuer(group) -> None:
-    """With CHECK_THREADS set: raise when this thread issues on `group` after another thread did."""
-    if not os.environ.get(CHECK_THREADS) or not dist.is_initialized():
-        return
+def _issue(name: str, group) -> None:
+    """Before a collective: the heartbeat's record of it; with CHECK_THREADS set, raise when this thread issues
+    on `group` after another thread did."""
     group = group or dist.group.WORLD
-    if group in _host_groups:
-        return
     me = threading.current_thread()
+    health.current().issued(name, group.group_name)
+    if not os.environ.get(CHECK_THREADS) or group in _host_groups:
+        return
     mine = f"{me.name} ({me.ident})"
     first = _issuers.setdefault(group.group_name, mine)
     if first != mine:
@@ -65,22 +67,25 @@ def note_issuer(group) -> None:
                            f"({dist.get_process_group_ranks(group)}): {first}, then {mine}")  # fmt: skip
 
 
-def check_issuing_threads() -> None:
-    """With CHECK_THREADS set, every torch.distributed collective called through the module notes its thread."""
-    if not os.environ.get(CHECK_THREADS):
-        return
-    for name in CHECKED:
+def watch_collectives() -> None:
+    """Every torch.distributed collective called through the module (FSDP's, the strategies', not DDP's or
+    DTensor's, which C++ issues) records itself in the heartbeat, is checked for its thread, and runs a hook set
+    `everywhere` first."""
+    for name in WATCHED:
         fn = getattr(dist, name, None)
-        if fn is None or hasattr(fn, "_torchacco_checked"):
+        if fn is None or hasattr(fn, "_torchacco_watched"):
             continue
 
         @functools.wraps(fn)
-        def checked(*args, _fn=fn, **kwargs):
-            note_issuer(kwargs.get("group"))
+        def watched(*args, _fn=fn, _name=name, **kwargs):
+            if _before_collective is not None and _everywhere:
+                _before_collective(_name)
+            if dist.is_initialized():
+                _issue(_name, kwargs.get("group"))
             return _fn(*args, **kwargs)
 
-        checked._torchacco_checked = True
-        setattr(dist, name, checked)
+        watched._torchacco_watched = True
+        setattr(dist, name, watched)
 
 
 def add_return_group(group: dist.ProcessGroup, back: dist.ProcessGroup) -> None:
@@ -89,11 +94,12 @@ def add_return_group(group: dist.ProcessGroup, back: dist.ProcessGroup) -> None:
     _return_groups[group] = back
 
 
-def set_collective_hook(hook: Callable[[str], None] | None) -> None:
+def set_collective_hook(hook: Callable[[str], None] | None, everywhere: bool = False) -> None:
     """Call `hook(name)` before each reduce-scatter and all-gather here ("reduce_scatter" or "all_gather"; None
-    removes it): benchmarks/gpu.py delays ACCO's jobs with it, torchacco/faults.py injects a stuck collective."""
-    global _before_collective
-    _before_collective = hook
+    removes it), and with `everywhere` before each collective `watch_collectives` sees (its torch.distributed name):
+    benchmarks/gpu.py delays ACCO's jobs with it, torchacco/faults.py injects a stuck collective."""
+    global _before_collective, _everywhere
+    _before_collective, _everywhere = hook, everywhere
 
 
 def _name(group) -> str:
@@ -110,7 +116,8 @@ def _enter_and_use_ring(name: str, tensor: torch.Tensor, group) -> bool:
     as a ring."""
     if _before_collective is not None:
         _before_collective(name)
-    note_issuer(group)
+    if dist.is_initialized():
+        _issue(name, group)
     health.current().entered(name, _name(group))
     return dist.get_backend(group) == "gloo" and dist.get_world_size(group) > 1 and tensor.numel() >= RING_MIN_NUMEL
 
@@ -167,7 +174,7 @@ def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group,
         works = dist.batch_isend_irecv(ops)
     else:  # rank 0 of the pair sends on `group` and receives on `back`; rank 1 the other way round
         ahead, behind = (group, back) if rank == 0 else (back, group)
-        works = [dist.isend(send, dst, group=ahead), dist.irecv(recv, src, group=behind)]
+        works = [_isend(send, dst, group=ahead), _irecv(recv, src, group=behind)]
     for work in works:
         work.wait()
 
