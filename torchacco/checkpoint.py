@@ -25,7 +25,7 @@ from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map
 
 from torchacco.config import Checkpoint as CheckpointConfig
 from torchacco.errors import UserError
-from torchacco.parallel.collectives import host_group
+from torchacco.parallel.collectives import HOST_GROUPS
 from torchacco.parallel.process_groups import on_one_rank
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -157,7 +157,8 @@ class Checkpointer:
     def __init__(self, folder: Path, rank: int, keep: int, async_save: bool, timeout: timedelta | None = None):
         self.folder, self.rank, self.keep, self.async_save = folder, rank, keep, async_save
         # their own group: an asynchronous save never interleaves with the training collectives
-        self.group = host_group(dist.new_group(backend="gloo", timeout=timeout))
+        self.group = dist.new_group(backend="gloo", timeout=timeout)
+        HOST_GROUPS.add(self.group)
         self.in_flight: tuple | None = None
         self.staging = HostStaging()
 

@@ -146,9 +146,7 @@ class ReplicaLink:
     def __init__(self, options, replica: int, replicas: int, dims, device_type: str, layout: str, log=print):
         self.options, self.dims, self.device_type = options, dims, device_type
         self.lighthouse = lighthouse_address(options)  # (reachable, or one line now)
-        # Its warnings are for NCCL's flight recorder, and its errors the tracebacks of a round's failure, which the
-        # round's own line states
-        logging.getLogger("torchft").setLevel(logging.CRITICAL)
+        logging.getLogger("torchft").setLevel(logging.CRITICAL)  # (a failed round's traceback: its line says it)
         # torchft's state server logs every request, and its reader warns that the received buffers are read-only
         http.server.BaseHTTPRequestHandler.log_message = lambda *args, **kwargs: None
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
@@ -216,9 +214,8 @@ class ReplicaLink:
             checkpoint_transport=TimedTransport(timeout=4 * timeout, num_chunks=0),
         )
         self.manager.register_state_dict_fn("torchacco", self._load, self._save)
-        # The round's group: torchft's wrapper (on NCCL it aborts the communicator of a lost peer at the round's
-        # timeout), its all-reduces through the manager, which records an error and ends the round's collectives at
-        # once instead of raising: a survivor never blocks on a lost peer, and `should_commit` decides.
+        # The round's group: torchft's wrapper (on NCCL it aborts a lost peer's communicator) through the manager,
+        # which records a failed collective and returns at once: a survivor never blocks, `should_commit` decides.
         self.group = ManagedProcessGroup(self.manager)
 
     def _save(self) -> dict:

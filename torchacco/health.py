@@ -30,8 +30,8 @@ class Heartbeat:
         self.phase = "startup"  # the training loop's
         self.comm = ""  # the communication job's, while one is in flight
         self.collectives: dict[str, list] = {}  # per group: [reduce-scatters and all-gathers entered, the last one]
-        self.moved = time.monotonic()  # the main thread's last sign of progress: a phase entered, a collective issued
-        self.last_issued = (0, "")  # (when, in ns) the last collective issued from Python, and its process group
+        self.moved = time.monotonic()  # the main thread's last progress: a phase entered, a collective issued
+        self.last_issued = (0, "")  # (ns, what) of the last collective issued from Python
         self._beats = 0
         self._cond = threading.Condition()
         self._flushes_asked = self._flushes_done = 0
@@ -48,8 +48,7 @@ class Heartbeat:
     def comm_phase(self, phase: str) -> None:
         self.comm = phase
 
-    def issued(self, op: str, group: str) -> None:
-        """A collective issued from Python (torchacco/parallel/collectives.py watches torch.distributed's)."""
+    def issued(self, op: str, group: str) -> None:  # (collectives.py watches torch.distributed's)
         self.last_issued = (time.time_ns(), f"{op.replace('_', '-')} on process group {group}")
         if threading.current_thread() is threading.main_thread():
             self.moved = time.monotonic()
@@ -171,59 +170,44 @@ def behind(beats: dict[int, dict], named: int = 4) -> str | None:
     return "; ".join(said[:named]) + more
 
 
-class Watchdog:
-    """A rank whose main thread made no progress (no phase entered, no collective issued) for `deadline_s`, with no
-    communication job in flight (the overlapped schedules time their own wait) and not in a wait without a
-    deadline (a preparation on one rank): it writes its flight recorder, diagnoses and ends with one line naming
-    itself and the collective it is in, before the collective timeout, where NCCL's own watchdog would abort it
-    without a word (a synchronous strategy's collective: ZeRO-1's job, FSDP, DDP, tensor and pipeline parallelism)."""
-
-    def __init__(self, heartbeat: Heartbeat, deadline_s: float, timeout_s: float, dump: Callable[[], None]):
-        self.heartbeat, self.deadline_s, self.timeout_s, self.dump = heartbeat, deadline_s, timeout_s, dump
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, name="torchacco-watchdog", daemon=True).start()
-
-    def _run(self) -> None:
-        hb = self.heartbeat
-        while not self._stop.wait(min(1.0, self.deadline_s / 8)):
-            idle = time.monotonic() - hb.moved
-            if idle < self.deadline_s or hb.comm or hb.phase.startswith("waiting for rank"):
-                continue
-            self.dump()  # the evidence first: the collectives each rank entered
-            where, collective = hb.where(), max(hb.last_issued, last_collective())[1] or "last collective"
-            report(f"rank {hb.rank}: its {collective} made no progress for {idle:.0f} s during its {where}: "
-                   f"{hb.diagnose()}; [training] collective_timeout_s = {self.timeout_s:g}")  # fmt: skip
+def watch(hb: Heartbeat, deadline_s: float, timeout_s: float, dump: Callable[[], None], stop: threading.Event):
+    """A main thread that made no progress (no phase entered, no collective issued) for `deadline_s`, with no job in
+    flight (the overlapped schedules time their own wait) and not in a wait without a deadline, is hung in a collective
+    (ZeRO-1's job, FSDP, DDP, tp, pp): its flight recorder, then one line naming the rank, the collective and the
+    diagnosis, before NCCL's watchdog would abort without a word."""
+    while not stop.wait(min(1.0, deadline_s / 8)):
+        idle = time.monotonic() - hb.moved
+        if idle >= deadline_s and not hb.comm and not hb.phase.startswith("waiting for rank"):
+            dump()
+            collective = max(hb.last_issued, last_collective())[1] or "last collective"
+            report(f"rank {hb.rank}: its {collective} made no progress for {idle:.0f} s during its {hb.where()}: "
+                   f"{hb.diagnose()}; [training] collective_timeout_s = {timeout_s:g}")  # fmt: skip
             return
 
-    def close(self) -> None:
-        self._stop.set()
 
-
-def last_collective(timeout_s: float = 5.0) -> tuple[int, str]:
-    """(when, in ns; what) of the newest collective in the flight recorder (any thread's, those C++ issues included:
-    DDP's, DTensor's), or (0, "") when it is off or does not answer within `timeout_s` (its lock may be held beside
-    the hang). (gloo's records no point-to-point messages and no completion: the Python record may be newer.)"""
-    if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or 0) <= 0:
-        return 0, ""
-    found = []
+def last_collective() -> tuple[int, str]:
+    """(ns, what) of the flight recorder's newest collective (C++ issues DDP's and DTensor's), or (0, "") when it is
+    off or does not answer within 5 s. (gloo's records no point-to-point message: the Python record may be newer.)"""
+    found = [(0, "")]
 
     def read() -> None:
         with contextlib.suppress(Exception):
-            entries = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, False, True))["entries"]
-            e = max(entries, key=lambda e: e["time_created_ns"])
+            e = max(pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, False, True))["entries"],
+                    key=lambda e: e["time_created_ns"])  # fmt: skip
             seq = e["collective_seq_id"] or e.get("p2p_seq_id", 0)
             found.append(
                 (e["time_created_ns"], f"{e['profiling_name']} (#{seq}) on process group {e['process_group'][0]}")
             )
 
-    reader = threading.Thread(target=read, name="torchacco-flight-recorder-read", daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    return found[0] if found else (0, "")
+    if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or 0) > 0:  # (on a thread: its lock may be held beside the hang)
+        reader = threading.Thread(target=read, name="torchacco-flight-recorder-read", daemon=True)
+        reader.start()
+        reader.join(5.0)
+    return found[-1]
 
 
 _current: Heartbeat | None = None
-_watchdog: Watchdog | None = None
+_watchdog = threading.Event()  # set: the watchdog stops
 _report_lock = threading.Lock()
 _exit_timer: threading.Timer | None = None
 
@@ -262,7 +246,9 @@ def start(rank: int, world: int, deadline_s: float = 0.0, timeout_s: float = 0.0
     store = dist.distributed_c10d._get_default_store() if dist.is_initialized() and world > 1 else None
     _current = Heartbeat(store, rank, world)
     if deadline_s and store is not None:
-        _watchdog = Watchdog(_current, deadline_s, timeout_s, dump)
+        _watchdog = threading.Event()
+        args = (_current, deadline_s, timeout_s, dump, _watchdog)
+        threading.Thread(target=watch, args=args, name="torchacco-watchdog", daemon=True).start()
     return _current
 
 
@@ -275,12 +261,11 @@ def current() -> Heartbeat:
 
 
 def stop() -> None:
-    global _current, _watchdog
-    if _watchdog is not None:
-        _watchdog.close()
+    global _current
+    _watchdog.set()
     if _current is not None:
         _current.close()
-    _current = _watchdog = None
+    _current = None
 
 
 class SigtermGuard:

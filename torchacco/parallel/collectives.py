@@ -34,43 +34,29 @@ _everywhere = False
 _return_groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-# One issuing thread per communicator (docs/reliability.md#one-thread-per-communicator): NCCL's are not to be driven
-# by two host threads. With this variable set (the test suite sets it), a collective issued on a process group that
-# another thread already issued on raises, naming both.
+# One issuing thread per process group (docs/reliability.md#one-thread-per-communicator), as NCCL needs: with this
+# variable set (the test suite sets it) a collective raises where another thread issued on its group before.
 CHECK_THREADS = "TORCHACCO_CHECK_COLLECTIVE_THREADS"
 _issuers: dict[str, str] = {}  # group name -> the thread that issues on it
-_host_groups: weakref.WeakSet = weakref.WeakSet()  # gloo on every backend: never NCCL, so shared freely
+HOST_GROUPS: weakref.WeakSet = weakref.WeakSet()  # gloo on every backend (checkpoints'): threads may take turns
 WATCHED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier",
            "all_gather_object", "broadcast_object_list", "gather_object", "gather", "scatter", "send", "recv", "isend",
            "irecv", "all_to_all_single", "reduce_scatter_single", "all_gather_single")  # fmt: skip
 
 
-def host_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
-    """Mark `group` as a host-side gloo group on every backend (checkpoints), which may be used from several
-    threads in turn (an asynchronous save's thread, then the main thread)."""
-    _host_groups.add(group)
-    return group
-
-
 def _issue(name: str, group) -> None:
-    """Before a collective: the heartbeat's record of it; with CHECK_THREADS set, raise when this thread issues
-    on `group` after another thread did."""
-    group = group or dist.group.WORLD
-    me = threading.current_thread()
+    """Before a collective: the heartbeat's record; the thread check."""
+    group, me = group or dist.group.WORLD, threading.current_thread()
     health.current().issued(name, group.group_name)
-    if not os.environ.get(CHECK_THREADS) or group in _host_groups:
-        return
-    mine = f"{me.name} ({me.ident})"
-    first = _issuers.setdefault(group.group_name, mine)
-    if first != mine:
+    first = _issuers.setdefault(group.group_name, mine := f"{me.name} ({me.ident})")
+    if first != mine and os.environ.get(CHECK_THREADS) and group not in HOST_GROUPS:
         raise RuntimeError(f"two threads issue collectives on process group {group.group_name} "
                            f"({dist.get_process_group_ranks(group)}): {first}, then {mine}")  # fmt: skip
 
 
 def watch_collectives() -> None:
-    """Every torch.distributed collective called through the module (FSDP's, the strategies', not DDP's or
-    DTensor's, which C++ issues) records itself in the heartbeat, is checked for its thread, and runs a hook set
-    `everywhere` first."""
+    """Each torch.distributed collective called through the module (FSDP's, torchacco's; not DDP's or DTensor's,
+    which C++ issues) runs a hook set `everywhere`, then `_issue`."""
     for name in WATCHED:
         fn = getattr(dist, name, None)
         if fn is None or hasattr(fn, "_torchacco_watched"):

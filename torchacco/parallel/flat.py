@@ -31,8 +31,7 @@ class FlatParams:
     def __init__(self, model: nn.Module, dims: ParallelDims, dtype: torch.dtype, grad_dtype: torch.dtype):
         # Model parallelism: ‖g‖² and the loss are summed over mp_group (the tp × pp block), where tp-replicated
         # parameters count 1/tp each and one rank of the block (owns_loss: tp rank 0) reports the loss. The job's
-        # block group is its own communicator: an overlapped schedule's job thread issues on it while the main
-        # thread issues on the block's others (the mesh's tp and pp, dims.mp_group): one thread per communicator.
+        # block group is its own: an overlapped job's thread issues on it, the main thread on block_group, tp, pp.
         self.group, self.block_group = dims.dp_group, dims.mp_group
         self.mp_group = None if dims.mp_group is None else _model_parallel_group(dims.mesh, dims.tp_size, dims.pp_size,
                                                                                  dims.timeout)  # fmt: skip
