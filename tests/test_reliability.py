@@ -790,3 +790,33 @@ def test_a_collective_hung_on_the_main_thread_ends_in_one_line_naming_the_rank_a
     assert any(line.startswith("torchacco: error: rank 1: its recv") for line in errors), errors
     assert elapsed < 150, elapsed
     assert sorted(p.name for p in (tmp_path / "out" / "flight_recorder").iterdir())
+
+
+@pytest.mark.integration
+def test_acco_under_tensor_parallelism_issues_on_each_process_group_from_one_thread(tiny_corpus, cache_dir, tmp_path):
+    """NCCL's communicators must not be driven by two host threads. A 2-rank ACCO run at tp 2 (its job's thread
+    beside the compute thread's tensor-parallel collectives), with an evaluation: every collective torch's flight
+    recorder saw (DTensor's from C++ included), each group issued on by one thread only over the whole run. Measured
+    without the suite's own check (collectives.py), which would stop the run at the first."""
+    import json
+    import sys
+
+    from conftest import ROOT
+
+    argv = tiny_args(tiny_corpus, cache_dir, tmp_path / "run", "--parallelism.data_parallel", "acco",
+                     "--parallelism.tensor_parallel_degree", "2", "--training.global_batch_size", "8",
+                     "--training.steps", "4", "--eval.every", "2", "--eval.batches", "1")  # fmt: skip
+    (tmp_path / "runs.json").write_text(json.dumps([argv]))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "20000"}
+    env.pop("TORCHACCO_CHECK_COLLECTIVE_THREADS")
+    worker = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+              str(ROOT / "tests" / "workers" / "model_parallel_worker.py"), str(tmp_path / "runs.json")]  # fmt: skip
+    proc = subprocess.run(worker, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for rank in range(2):
+        log = json.loads((tmp_path / "run" / f"collectives_rank{rank}.json").read_text())
+        threads = {}
+        for c in log["collectives"]:
+            threads.setdefault(c["group"], set()).add(c["thread"])
+        assert set(log["comm_threads"]) & set().union(*threads.values()), "the job thread issued nothing"
+        assert all(len(t) == 1 for t in threads.values()), f"rank {rank}: groups issued on by two threads: {threads}"

@@ -22,6 +22,7 @@ from torchacco.errors import Stalled, Terminated, print_error
 BEAT_KEY = "torchacco/heartbeat/"
 READ_TIMEOUT_S = 8.0  # per read of every heartbeat; diagnose() reads twice, 2.5 s apart: ~19 s at most
 TEARDOWN_S = 10.0  # after a reported failure, the most time the process takes to end
+MIN_WATCH_S = 20.0  # the shortest deadline the watchdog keeps (a loaded machine's slow step is no hang)
 
 
 class Heartbeat:
@@ -175,9 +176,10 @@ def watch(hb: Heartbeat, deadline_s: float, timeout_s: float, dump: Callable[[],
     flight (the overlapped schedules time their own wait) and not in a wait without a deadline, is hung in a collective
     (ZeRO-1's job, FSDP, DDP, tp, pp): its flight recorder, then one line naming the rank, the collective and the
     diagnosis, before NCCL's watchdog would abort without a word."""
-    while not stop.wait(min(1.0, deadline_s / 8)):
-        idle = time.monotonic() - hb.moved
-        if idle >= deadline_s and not hb.comm and not hb.phase.startswith("waiting for rank"):
+    trained = False  # (armed once training starts: a preparation before it may take hours)
+    while not stop.wait(1.0):
+        idle, trained = time.monotonic() - hb.moved, trained or hb.phase.startswith("compute")
+        if trained and idle >= deadline_s and not hb.comm and not hb.phase.startswith("waiting for rank"):
             dump()
             collective = max(hb.last_issued, last_collective())[1] or "last collective"
             report(f"rank {hb.rank}: its {collective} made no progress for {idle:.0f} s during its {hb.where()}: "
@@ -245,7 +247,7 @@ def start(rank: int, world: int, deadline_s: float = 0.0, timeout_s: float = 0.0
     watch_collectives()
     store = dist.distributed_c10d._get_default_store() if dist.is_initialized() and world > 1 else None
     _current = Heartbeat(store, rank, world)
-    if deadline_s and store is not None:
+    if MIN_WATCH_S <= deadline_s < timeout_s and store is not None:  # (under it: the library's own timeout first)
         _watchdog = threading.Event()
         args = (_current, deadline_s, timeout_s, dump, _watchdog)
         threading.Thread(target=watch, args=args, name="torchacco-watchdog", daemon=True).start()
