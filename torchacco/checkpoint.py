@@ -167,8 +167,7 @@ class Checkpointer:
         return dirs[-1][1] if dirs else None
 
     def agreed_latest(self) -> Path | None:
-        """The latest checkpoint as rank 0 lists the folder, on every rank: a node's stale listing (a network
-        filesystem's cache) would otherwise make its ranks load another step than the others."""
+        """The latest checkpoint as rank 0 lists it, on every rank (a node's listing may be stale)."""
         chosen = [self.latest() if self.rank == 0 else None]
         dist.broadcast_object_list(chosen, src=0, group=self.group)
         return chosen[0]

@@ -172,13 +172,11 @@ def behind(beats: dict[int, dict], named: int = 4) -> str | None:
 
 
 def watch(hb: Heartbeat, deadline_s: float, timeout_s: float, dump: Callable[[], None], stop: threading.Event):
-    """A main thread that made no progress (no phase entered, no collective issued) for `deadline_s`, with no job in
-    flight (the overlapped schedules time their own wait) and not in a wait without a deadline, is hung in a collective
-    (ZeRO-1's job, FSDP, DDP, tp, pp): its flight recorder, then one line naming the rank, the collective and the
-    diagnosis, before NCCL's watchdog would abort without a word."""
-    trained = False  # (armed once training starts: a preparation before it may take hours)
+    """A main thread without progress for `deadline_s` (no job in flight: the overlapped schedules time their own
+    wait) is hung in a collective: one line naming the rank, the collective and the diagnosis, before NCCL's abort."""
+    trained = False  # (armed once the loop's phases (step N) start: a preparation before may take hours)
     while not stop.wait(1.0):
-        idle, trained = time.monotonic() - hb.moved, trained or hb.phase.startswith("compute")
+        idle, trained = time.monotonic() - hb.moved, trained or "(step " in hb.phase
         if trained and idle >= deadline_s and not hb.comm and not hb.phase.startswith("waiting for rank"):
             dump()
             collective = max(hb.last_issued, last_collective())[1] or "last collective"
@@ -188,8 +186,7 @@ def watch(hb: Heartbeat, deadline_s: float, timeout_s: float, dump: Callable[[],
 
 
 def last_collective() -> tuple[int, str]:
-    """(ns, what) of the flight recorder's newest collective (C++ issues DDP's and DTensor's), or (0, "") when it is
-    off or does not answer within 5 s. (gloo's records no point-to-point message: the Python record may be newer.)"""
+    """(ns, what) of the flight recorder's newest collective (DDP's, DTensor's: C++ issues them), or (0, "")."""
     found = [(0, "")]
 
     def read() -> None:
@@ -239,8 +236,7 @@ def torn_down() -> None:
 
 
 def start(rank: int, world: int, deadline_s: float = 0.0, timeout_s: float = 0.0, dump=lambda: None) -> Heartbeat:
-    """The heartbeat of this process, over the default process group's store; with `deadline_s`, the watchdog of
-    its main thread (`timeout_s`: the collective timeout it names; `dump()` writes the flight recorder)."""
+    """The heartbeat of this process, over the default process group's store, and the watchdog of its main thread."""
     global _current, _watchdog
     from torchacco.parallel.collectives import watch_collectives  # (it imports this module)
 

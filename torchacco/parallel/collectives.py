@@ -55,8 +55,7 @@ def _issue(name: str, group) -> None:
 
 
 def watch_collectives() -> None:
-    """Each torch.distributed collective called through the module (FSDP's, torchacco's; not DDP's or DTensor's,
-    which C++ issues) runs a hook set `everywhere`, then `_issue`."""
+    """torch.distributed's collectives called from Python (not DDP's or DTensor's) run the hook, then `_issue`."""
     for name in WATCHED:
         fn = getattr(dist, name, None)
         if fn is None or hasattr(fn, "_torchacco_watched"):
