@@ -47,6 +47,8 @@ WATCHED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter
 def _issue(name: str, group) -> None:
     """Before a collective: the heartbeat's record; the thread check."""
     group, me = group or dist.group.WORLD, threading.current_thread()
+    if group not in dist.distributed_c10d._world.pg_names:  # torchft's: not torch's to name, its manager's to check
+        return
     health.current().issued(name, group.group_name)
     first = _issuers.setdefault(group.group_name, mine := f"{me.name} ({me.ident})")
     if first != mine and os.environ.get(CHECK_THREADS) and group not in HOST_GROUPS:
