@@ -328,7 +328,8 @@ def main(argv=None) -> int:
     meta = common.meta("speed", argv, virtual_compute=args.virtual_compute, virtual_scale=args.virtual_scale,
                        rates=args.rates, rate_nodes=args.rate_nodes, node_rate=args.node_rate,
                        train_args=args.train_args)  # fmt: skip
-    bars = {f"setting {s}": [(n, r["speedup_vs_best_baseline"], 0) for n, r in rows["strategies"].items()]
+    bars = {common.panel_title(s, rows["plan"]): [(common.plain_name(n), r["speedup_vs_best_baseline"], 0)
+                                                   for n, r in rows["strategies"].items()]
             for s, rows in results.items()}  # fmt: skip
     data = {"meta": meta, "settings": results, **({"virtual_calibration": waits} if waits else {})}
     common.write_report(out, args.name, data, markdown(results, meta),
