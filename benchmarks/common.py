@@ -132,7 +132,7 @@ def parser(command: str, doc: str, name: str | None = None, help: str = "the res
 
 def command(name: str, argv: list[str] | None) -> str:
     """The command line as a shell reads it back (an empty argument quoted, not lost)."""
-    return f"python -m benchmarks {name} " + shlex.join(sys.argv[1:] if argv is None else argv)
+    return f"python -m benchmarks {name} {shlex.join(sys.argv[1:] if argv is None else argv)}".rstrip()
 
 
 def records(folder: Path) -> list[dict]:
