@@ -46,11 +46,8 @@ MODULES = {
     "fault-goodput": "benchmarks.fault_goodput",
 }
 # modules with no `__main__`: `python -m <module>` gets one line naming its command
-COMMAND_OF = {
-    m: c
-    for c, m in MODULES.items()
-    if m.startswith(("benchmarks.yardstick.", "benchmarks.cost_model", "benchmarks.figures"))
-}
+COMMAND_OF = {m: c for c, m in MODULES.items() if m.startswith(("benchmarks.yardstick.", "benchmarks.cost_model",
+                                                                 "benchmarks.figures"))}  # fmt: skip
 
 
 def run(argv=None) -> int:

@@ -1,14 +1,8 @@
-"""The README's figures, from saved results: time to DDP's loss against the link rate (10 Mbit/s to 10 Gbit/s), the
-cost model's curve of each family under the points measured on the emulated cluster with their 95% intervals; and the
-same for a mixed cluster (one node at a third of a core).
-
-    .venv/bin/python -m benchmarks figures
-
-The curves: `cost_model` with the calibration's measured compute per update, ring-ideal links, each family's measured
-tokens to DDP's loss; a mixed cluster's balanced replicas add up their updates per second. The points: time-to-target
-tables (tokens on loopback × speed on the cluster) and whole runs. Writes <out>/time_to_loss_by_link.png,
-<out>/time_to_loss_mixed.png and <out>/<--name>.{json,md}.
-"""
+"""`python -m benchmarks figures`: the README's figures from saved results. Time to DDP's loss against the link rate
+(10 Mbit/s to 10 Gbit/s) on 2 nodes, and with one node at a third of a core: the cost model's curve of each family
+(the calibration's measured compute per update, ring-ideal links, the family's measured tokens; balanced replicas add
+up their updates per second) under the measured points with their 95% intervals. Writes <out>/time_to_loss_by_link.png,
+<out>/time_to_loss_mixed.png and <out>/<--name>.{json,md}."""
 
 from __future__ import annotations
 
@@ -125,9 +119,8 @@ def main(argv=None) -> int:
                                f"{slow:.1f}× slower: ⅓ of a core)", mixed,
                                mixed_measured(speed, load(out, MIXED_RUNS)["results"])),
     }  # fmt: skip
-    meta = common.meta(
-        "figures", argv, calibration=calibration, sources=[CALIBRATION, *TABLES, MIXED_SPEED, MIXED_RUNS]
-    )
+    sources = [CALIBRATION, *TABLES, MIXED_SPEED, MIXED_RUNS]
+    meta = common.meta("figures", argv, calibration=calibration, sources=sources)
     common.write_report(out, args.name, {"meta": meta, "rates_bps": RATES, "figures": figures}, markdown(meta, figures))
     for name, (title, lines, points) in figures.items():
         draw(out / f"{name}.png", title, lines, points)
@@ -153,12 +146,9 @@ def draw(path, title: str, lines: dict, points: list) -> None:
     common.save_figure(fig, path)
 
 
-def at(curve: list[float], rate: float) -> float:
-    return numpy.interp(math.log(rate), [math.log(r) for r in RATES], curve)
-
-
 def row(curve: dict, c: str, rate: float, value: float, half: float, label: str) -> str:
-    return f"| {label} | {words(rate)} | {value:.2f} | {half:.2f} | {value / at(curve[c], rate):.2f} |"
+    model = numpy.interp(math.log(rate), [math.log(r) for r in RATES], curve[c])
+    return f"| {label} | {words(rate)} | {value:.2f} | {half:.2f} | {value / model:.2f} |"
 
 
 def markdown(meta: dict, figures: dict) -> str:

@@ -156,3 +156,37 @@ def test_zero1_is_the_fastest_synchronous_strategy_where_the_readme_says_so():
 def test_the_figures_md_names_its_sources_and_command():
     text = (ROOT / "bench_results" / "figures.md").read_text()
     assert "Command: `python -m benchmarks figures`" in text and f"`{AB}.json`" in text
+
+
+def test_the_figures_command_draws_both_figures_from_saved_results_and_names_the_pick(tmp_path):
+    import shutil
+
+    from benchmarks import figures
+
+    for name in (figures.CALIBRATION, *figures.TABLES, figures.MIXED_SPEED, figures.MIXED_RUNS):
+        shutil.copy(ROOT / "bench_results" / f"{name}.json", tmp_path)
+    assert figures.main(["--out", str(tmp_path)]) == 0
+    assert (tmp_path / "time_to_loss_by_link.png").stat().st_size > 10_000 and (
+        tmp_path / "time_to_loss_mixed.png"
+    ).exists()
+    data = json.loads((tmp_path / "figures.json").read_text())["figures"]
+    title, curves, points = data["time_to_loss_by_link"]
+    # the soonest on a slow link is Streaming DiLoCo with the top 3% in 2 bits, on a fast one a synchronous strategy
+    assert (
+        title.startswith("Pick Streaming DiLoCo, top 3%, 2-bit up to") and "DDP or ZeRO-1 (synchronous) above" in title
+    )
+    assert set(curves) == {figures.SYNCHRONOUS, "Streaming DiLoCo, bf16", "Streaming DiLoCo, top 3%, 2-bit",
+                           "Streaming DiLoCo, top 1%, 2-bit"}  # fmt: skip
+    top3_b = next(p for p in points if p[4] == "Streaming DiLoCo, top 3%, 2-bit" and p[1] < 1e8)
+    row = load(AB)["settings"]["b"]["strategies"][TOP3]
+    assert top3_b[2] == pytest.approx(row["seconds_per_update"] * row["tokens_ratio"] * 1000 / 60)
+    assert "| measured / model |" in (tmp_path / "figures.md").read_text()
+
+
+def test_plots_name_strategies_plainly_and_their_panels_by_the_link():
+    from benchmarks.common import panel_title, plain_name
+
+    assert plain_name(TOP3) == "Streaming DiLoCo, top 3%, 2-bit"
+    assert plain_name("streaming_h10_avg_topk1_int2") == "Streaming DiLoCo, top 1%, 2-bit, mean over all"
+    assert plain_name("zero1_balanced") == "ZeRO-1, balanced" and plain_name("diloco_h50") == "DiLoCo H 50, Nesterov"
+    assert panel_title("b", "2 nodes on 10.77.0.0/24, links 60.077mbit") == "2 nodes, 60.1 Mbit/s (setting b)"

@@ -61,26 +61,14 @@ def settled_calibration(train_args: list[str], threads: int = 1, measure=calibra
         seconds = [c["forward_s"] + c["backward_s"] for c in last]
         if len(last) == window and seconds[-1] <= seconds[0] * (1 + spread):
             return {**last[window // 2], "compute_s_repeats": seconds, "tries": len(taken)}
-    raise ClusterError(
-        f"virtual compute's calibration never settled: {tries} calibrations, no {window} in a row "
-        f"within {spread:.0%} (the last: {', '.join(f'{s:.4f}' for s in seconds)} s); the machine is "
-        "busy: stop what else runs, or reuse a saved calibration (speed --virtual-calibration)"
-    )
+    raise ClusterError(f"virtual compute's calibration never settled: {tries} calibrations, no {window} in a row "
+                       f"within {spread:.0%} (the last: {', '.join(f'{s:.4f}' for s in seconds)} s); the machine is "
+                       "busy: stop what else runs, or reuse a saved one (speed --virtual-calibration)")  # fmt: skip
 
 
-def run_training(
-    plan: ClusterPlan,
-    train_args: list[str],
-    folder: Path,
-    timeout_s: float = 900,
-    port: int = 29400,
-    threads: int = 1,
-    verbose: bool = False,
-    env: dict | None = None,
-    virtual_compute: bool = False,
-    virtual_scale: float = 1.0,
-    calibration: dict | None = None,
-) -> dict:
+def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout_s: float = 900, port: int = 29400,
+                 threads: int = 1, verbose: bool = False, env: dict | None = None, virtual_compute: bool = False,
+                 virtual_scale: float = 1.0, calibration: dict | None = None) -> dict:  # fmt: skip
     """Train on the emulated cluster: {'records', 'ranks' (per-rank reports), 'wall_s'}, and with `virtual_compute`
     (waits instead of compute; a slow node waits `slow_factor` times as long, as a slower GPU would) 'calibration':
     the given one, else measured now, each wait `virtual_scale` times as long. A failing node or a timeout is one line
