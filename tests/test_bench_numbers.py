@@ -51,6 +51,11 @@ def acco_virtual(against: tuple[str, ...], where: tuple[str, str] = HALF, per_to
     return [r / tokens("acco")[0] for r in ratios] if per_token else ratios
 
 
+def cost_model_within(table: str) -> list[int]:
+    settings = [s for t in load(table)["tables"].values() for s in t.values()]
+    return [sum(s["within"] for s in settings), sum(s["checked"] for s in settings)]
+
+
 def vs_ddp(table: str, setting: str, label: str) -> list[float]:
     return [load(table)["settings"][setting]["strategies"][label]["sooner"]]
 
@@ -87,6 +92,29 @@ NUMBERS = [
     ((PERF,), "{:.3f} ± {:.3f}; ", lambda: tokens("streaming_h10_avg_topk1_int2")),
     ((PERF,), "{:.3f} ± {:.3f}; ", lambda: tokens(TOP1)),
     ((PERF,), "{:.3f} ± {:.3f}; not reached", lambda: tokens(TOP3)),
+    ((PERF,), "| {:+.2f}% |", lambda: [load("predict")["tokens_to_target"]["acco"]["gap_pct"]]),
+    (
+        (PERF,),
+        "| {:+.1f}%, {:+.1f}% | 3, 2 |",
+        lambda: [load("predict")["tokens_to_target"][v]["gap_pct"] for v in ("dpu", "wp")],
+    ),  # fmt: skip
+    ((PERF,), "not reached within {:g}× |", lambda: [load("predict")["tokens_to_target"]["dpu"]["not_reached_within"]]),
+    # the noise floor: ZeRO-1 and FSDP compute DDP's update (final loss over 5 seeds, sd)
+    (
+        (PERF,),
+        "{:+.2f} ± {:.2f}% and {:+.2f} ± {:.2f}% (sd)",
+        lambda: [
+            load("fsdp_floor_lr3e-3")["summary"]["0.003"][v][k]
+            for v in ("zero1", "fsdp")
+            for k in ("mean_gap_pct", "sd_gap_pct")
+        ],
+    ),  # fmt: skip
+    # the cost model against the speed runs: rows within 15%, real compute and virtual
+    (
+        (PERF,),
+        "within 15% in {} of {} rows; under virtual compute in **{} of {}**",
+        lambda: cost_model_within("cost_model_check_all") + cost_model_within("cost_model_check_virtual"),
+    ),  # fmt: skip
     # ACCO and ZeRO-1 against DDP, their rings on one connection (2026-11-26)
     (
         (PERF,),
