@@ -51,6 +51,10 @@ def acco_virtual(against: tuple[str, ...], where: tuple[str, str] = HALF, per_to
     return [r / tokens("acco")[0] for r in ratios] if per_token else ratios
 
 
+def summary(table: str, label: str, key: str) -> float:
+    return load(table)["summary"]["0.003"][label][key]
+
+
 def cost_model_within(table: str) -> list[int]:
     settings = [s for t in load(table)["tables"].values() for s in t.values()]
     return [sum(s["within"] for s in settings), sum(s["checked"] for s in settings)]
@@ -115,6 +119,21 @@ NUMBERS = [
         "within 15% in {} of {} rows; under virtual compute in **{} of {}**",
         lambda: cost_model_within("cost_model_check_all") + cost_model_within("cost_model_check_virtual"),
     ),  # fmt: skip
+    # the batch tuned at equal tokens (2026-12-06): DDP at 8 sequences against 16, Streaming DiLoCo at 8 against DDP's
+    (
+        (PERF,),
+        "DDP **{:.2f} ± {:.2f}% lower loss** than at 16",
+        lambda: [
+            -summary("ddp_batch8_to_ddp16", "ddp_b8", "mean_gap_pct"),
+            summary("ddp_batch8_to_ddp16", "ddp_b8", "ci95_gap_pct"),
+        ],
+    ),
+    (
+        (PERF,),
+        "{:.3f}× the tokens to its loss",
+        lambda: [summary("ddp_batch8_to_ddp16", "ddp_b8", "mean_tokens_to_target_ratio")],
+    ),
+    ((PERF, DILOCO), "{:.3f}", lambda: [summary("diloco_batch_tuned", TOP3, "mean_tokens_to_target_ratio")]),
     # ACCO and ZeRO-1 against DDP, their rings on one connection (2026-11-26)
     (
         (PERF,),
