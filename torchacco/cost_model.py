@@ -395,12 +395,13 @@ def predict_diloco(
             "overlap": max(0.0, 1.0 - exposed * sync_every / sum(transfers)) if sum(transfers) else 1.0}  # fmt: skip
 
 
-def model_fragment_params(model: str, flavor: str, fragments: int, vocab_size: int | None = None) -> list[float]:
+@functools.cache
+def model_fragment_params(model: str, flavor: str, fragments: int, vocab_size: int | None = None) -> tuple[float, ...]:
     """The parameters of each of DiLoCo's fragments of a model folder's flavor, as the trainer splits it
     (`diloco.fragment_of`, on the meta device: nothing is allocated)."""
     spec = get_model_spec(model)
     with torch.device("meta"):
-        return fragment_sizes(spec.model_cls(spec.args(flavor, vocab_size=vocab_size or None)), fragments)
+        return tuple(fragment_sizes(spec.model_cls(spec.args(flavor, vocab_size=vocab_size or None)), fragments))
 
 
 def fragment_sizes(module: torch.nn.Module, fragments: int) -> list[float]:
@@ -449,10 +450,8 @@ MEASURED = {
 
 def measured_diloco(label: str) -> tuple[int, DiLoCoConfig]:
     """A `MEASURED` entry's replicas and [diloco] section, as it was measured."""
-    record = dict(_entries(None)[label]["diloco"])
-    replicas = record.pop("replicas")
-    names = {f.name for f in dataclasses.fields(DiLoCoConfig)}
-    return replicas, DiLoCoConfig(**{k: v for k, v in record.items() if k in names})
+    record, names = _entries(None)[label]["diloco"], {f.name for f in dataclasses.fields(DiLoCoConfig)}
+    return record["replicas"], DiLoCoConfig(**{k: v for k, v in record.items() if k in names})
 
 
 @functools.cache
@@ -488,16 +487,25 @@ def diloco_token_source(inner: str, replicas: int, outer, table: dict | None = N
     `torchacco.config.DiLoCo`): one with the same replicas, inner update and [diloco] settings (but NOT_THE_UPDATE), or
     None. The ranks inside a replica are not matched: they change the inner update's floating-point order, not the
     update."""
-    settings, defaults = dataclasses.asdict(outer), dataclasses.asdict(type(outer)())
-    ignored = NOT_THE_UPDATE + (() if outer.topk else TOPK_ONLY)
     for name, entry in _entries(table).items():
         run = entry.get("diloco")
-        if not run or run["replicas"] != replicas or _update(run["inner"]) != _update(inner):
-            continue
-        recorded = {**defaults, **run}  # a setting an entry does not record (it predates it) had its default
-        if all(settings[key] == recorded[key] for key in settings if key not in ignored):
+        if run and run["replicas"] == replicas and _update(run["inner"]) == _update(inner) and _same(outer, run):
             return name
     return None
+
+
+def measured_outer_step(outer) -> str | None:
+    """The `MEASURED` configuration whose outer step `outer` (a [diloco] section) runs, whatever its replicas and inner
+    strategy; None: none."""
+    return next((label for label in MEASURED if _same(outer, _entries(None)[label]["diloco"])), None)
+
+
+def _same(outer, recorded: dict) -> bool:
+    """Whether a [diloco] section runs an entry's recorded outer step (NOT_THE_UPDATE aside)."""
+    settings, defaults = dataclasses.asdict(outer), dataclasses.asdict(type(outer)())
+    ignored = NOT_THE_UPDATE + (() if outer.topk else TOPK_ONLY)
+    recorded = {**defaults, **recorded}  # a setting an entry does not record (it predates it) had its default
+    return all(settings[key] == recorded[key] for key in settings if key not in ignored)
 
 
 def measured_entry(source: str, table: dict | None = None) -> dict:
@@ -511,14 +519,6 @@ def not_reached_note(source: str | None, table: dict | None = None) -> str | Non
     """For an entry that never reached DDP's loss: what the time-to-loss cell says instead of a time."""
     within = None if source is None else measured_entry(source, table).get("not_reached_within")
     return None if within is None else f"not reached in {within:g}× the tokens"
-
-
-def time_to_loss(preds: dict[str, dict], target_tokens: float, ratios: dict[str, float | None]) -> dict:
-    """Predicted seconds to the loss DDP reaches in `target_tokens` tokens: each row's measured ratio of those tokens at
-    its tokens/s; None where its ratio is not measured."""
-    return {
-        s: None if ratios.get(s) is None else ratios[s] * target_tokens / p["tokens_per_s"] for s, p in preds.items()
-    }
 
 
 def predict_all(work: Workload, hw: Hardware) -> dict[str, dict]:

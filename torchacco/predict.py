@@ -1,15 +1,13 @@
-"""`python -m torchacco.predict`: which strategy reaches my loss soonest on a given cluster, and the config that runs it.
+"""`python -m torchacco.predict`: which strategy reaches my loss soonest on a cluster, and the config that runs it.
 
     python -m torchacco.predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 --bandwidth 1gbit
     python -m torchacco.predict --config train_configs/llama3_8b_fsdp.toml --nodes 4 --write pick.toml
 
-First the pick: the row soonest to the loss of those that fit, against the best synchronous one, and the config lines
-that run it. Then per row the cost model's time per update and tokens/s (`torchacco/cost_model.py`), the measured tokens
-to DDP's loss (`torchacco/token_efficiency.json`), the time to the loss and the memory per GPU. Every strategy is
-evaluated at its measured configuration: the synchronous ones (balanced batches where a GPU is slow), ACCO, and DiLoCo
-at each configuration of `cost_model.MEASURED` with every strategy that fits inside (one replica per node). `--all`
-adds the rows that are not a choice: unmeasured modes and outer steps, or not reaching DDP's loss. `--config` adds
-the config's own layout as a row, and the DiLoCo flags a row at their settings. No GPU, root or data is needed.
+First the pick against the best synchronous strategy that fits, and the config lines that run it; then per row the
+cost model's speed (`torchacco/cost_model.py`), the measured tokens to DDP's loss (`torchacco/token_efficiency.json`),
+the time to it and the memory per GPU. Every strategy runs at its measured configuration, DiLoCo at each of
+`cost_model.MEASURED` (one replica per node) with the soonest strategy inside; `--all` adds the rows that are not a
+choice. `--config` adds the config's own layout as a row, the DiLoCo flags a row at their settings. No GPU needed.
 """
 
 from __future__ import annotations
@@ -34,12 +32,9 @@ DILOCO_FLAGS = ("sync_every", "fragments", "overlap_steps", "outer_dtype", "topk
                 "outer_momentum", "eager")  # fmt: skip
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m torchacco.predict", description=__doc__, formatter_class=_Formatter)
+    formatter = type("Formatter", (argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter), {})
+    p = argparse.ArgumentParser(prog="python -m torchacco.predict", description=__doc__, formatter_class=formatter)
     p.add_argument("--config", default="", help="a training config: its model, batch and layout (see above)")
     p.add_argument("--write", default="", metavar="FILE", help="write the pick as a config (from --config's, if given)")
     p.add_argument("--all", action="store_true", help="also the rows that are not a choice (see above)")
@@ -49,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node")
     cm.add_cluster_arguments(p)
     p.add_argument("--flops", type=float, default=None, help="achieved FLOP/s per GPU (overrides device × MFU)")
-    p.add_argument("--calibration", default="", metavar="FILE",
-                   help="a benchmarks calibration JSON: its compute_per_update_s (per rank) sets the compute")  # fmt: skip
+    p.add_argument("--calibration", default="", metavar="FILE", help="a calibration JSON of benchmarks: its "
+                   "compute_per_update_s (one rank's) sets the compute")  # fmt: skip
     p.add_argument("--vocab-size", type=int, default=0, help="0: the flavor's")
     p.add_argument("--seq-len", type=int, default=8192, help="tokens per sequence")
     p.add_argument("--local-batch", type=int, default=1, help="sequences per micro-batch")
@@ -66,9 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-factor", type=float, default=1.0, help="one GPU this much slower")
     p.add_argument("--max-growth", type=float, default=2.0, help="adaptive ACCO's cap ([acco] max_growth)")
     p.add_argument("--updates-to-target", type=int, default=10000, help="DDP's updates to the target loss")
-    # a DiLoCo row at these settings: those given, over the --config's [diloco] (with replicas), else [diloco]'s
-    # defaults but for the wire (bf16: what a slow link gets)
-    p.add_argument("--sync-every", type=int, help="a DiLoCo row (one replica per node) with this H")
+    p.add_argument("--sync-every", type=int, help="a DiLoCo row (one replica per node, the rest of its settings "
+                   "the --config's, else [diloco]'s defaults in bf16) with this H")  # fmt: skip
     p.add_argument("--fragments", type=int, help="a DiLoCo row: Streaming DiLoCo's fragments")
     p.add_argument("--overlap-steps", type=int, help="a DiLoCo row: τ")
     p.add_argument("--outer-dtype", choices=tuple(cm.WIRE_BYTES), help="a DiLoCo row: the wire")
@@ -104,11 +98,10 @@ def workload_and_hardware(args) -> tuple[cm.Workload, cm.Hardware]:
 def calibrated_compute_s(path: str) -> float:
     """A calibration's compute per update on one rank (`benchmarks` writes {"calibration": {...}})."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        return float(data.get("calibration", data)["compute_per_update_s"])
+        return float(json.loads(Path(path).read_text(encoding="utf-8"))["calibration"]["compute_per_update_s"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"cannot read compute_per_update_s from --calibration {path} ({e}); pass a benchmarks "
-                        "calibration JSON or --flops")  # fmt: skip
+                        "calibration JSON or --flops") from None  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -120,6 +113,7 @@ class Row:
     synchronous: bool = False
     choice: bool = True  # shown without --all
     extra_s: float = 0.0  # time beside its updates' (a warm start's synchronous updates)
+    group: str = ""  # a DiLoCo configuration (its MEASURED label): of its inner strategies the soonest is shown
 
 
 def sync_rows(args, work: cm.Workload, hw: cm.Hardware) -> dict[str, Row]:
@@ -155,13 +149,13 @@ def diloco_rows(args, work: cm.Workload, hw: cm.Hardware) -> dict[str, Row]:
                 pred, largest = diloco_prediction(args, work, hw, inner, outer, balanced)
                 source = cm.diloco_token_source(inner, args.nodes, outer)
                 pred["strategy"] = f"{name} ({inner} inside{', balanced' * balanced})" if name else pred["strategy"]
-                # a warm start's updates are synchronous: an fp32 average after each
-                warm = diloco_prediction(args, work, hw, inner, DiLoCo(1, 1, 0, outer_dtype="fp32"), False)[0]
                 outer = dataclasses.replace(outer, balance_replicas=balanced)
                 memory = cm.diloco_memory_bytes(work, hw, inner, outer=outer, largest=largest)
-                extra = outer.warm_start * max(0.0, warm["step_time_s"] - pred["step_time_s"])
-                settings = diloco_settings(inner, args.nodes, outer)
-                out[pred["strategy"]] = Row(pred, memory, source, settings, choice=bool(name or asked), extra_s=extra)
+                row = Row(pred, memory, source, diloco_settings(inner, args.nodes, outer), choice=bool(name or asked))
+                if outer.warm_start:  # its updates are synchronous: an fp32 average after each
+                    sync = diloco_prediction(args, work, hw, inner, DiLoCo(1, 1, 0, outer_dtype="fp32"), False)[0]
+                    row.extra_s = outer.warm_start * max(0.0, sync["step_time_s"] - pred["step_time_s"])
+                out[pred["strategy"]], row.group = row, label + "_balanced" * balanced
     return out
 
 
@@ -175,9 +169,7 @@ def diloco_prediction(args, work, hw, inner: str, outer: DiLoCo, balanced: bool)
 
 def diloco_settings(inner: str, replicas: int, outer: DiLoCo) -> list:
     """The config lines of a DiLoCo row: its inner strategy and replicas, and each [diloco] key off its default."""
-    default = DiLoCo()
-    changed = [("diloco", f.name, getattr(outer, f.name)) for f in dataclasses.fields(DiLoCo)
-               if getattr(outer, f.name) != getattr(default, f.name)]  # fmt: skip
+    changed = [("diloco", k, v) for k, v in dataclasses.asdict(outer).items() if v != getattr(DiLoCo(), k)]
     return [("parallelism", "data_parallel", inner), ("parallelism", "replicas", replicas), *changed]
 
 
@@ -245,13 +237,6 @@ def evaluate(args):
     return rows, ttl, fits, work, hw, capacity
 
 
-def pick(rows: dict[str, Row], ttl: dict, fits: dict) -> tuple[str | None, str | None]:
-    """The soonest row that fits and is measured, and the soonest synchronous one (None: none)."""
-    advisable = [name for name in rows if fits[name] and ttl[name] is not None]
-    soonest = min(advisable, key=ttl.get, default=None)
-    return soonest, min((n for n in advisable if rows[n].synchronous), key=ttl.get, default=None)
-
-
 def duration(seconds: float) -> str:
     """Seconds as minutes, hours or days."""
     if seconds < 3600:
@@ -261,32 +246,28 @@ def duration(seconds: float) -> str:
 
 def headline(rows: dict[str, Row], ttl: dict, best: str, baseline: str | None) -> str:
     """The pick against the best synchronous row, and the config lines that run it."""
-    if baseline is None:
-        first = f"Pick: {best} (no synchronous strategy fits): {duration(ttl[best])} to the loss."
-    elif baseline == best:
-        first = f"Pick: {best}, the best synchronous strategy that fits: {duration(ttl[best])} to the loss."
-    else:
-        first = (f"Pick: {best}, {ttl[baseline] / ttl[best]:.2f}× sooner than the best synchronous strategy that fits "
-                 f"({baseline}): {duration(ttl[best])} to the loss against {duration(ttl[baseline])}.")  # fmt: skip
+    against = {None: " (no synchronous strategy fits)", best: ", the best synchronous strategy that fits"}.get(baseline)
+    when = f"{duration(ttl[best])} to the loss"
+    if against is None:
+        against, when = f", {ttl[baseline] / ttl[best]:.2f}× sooner than the best synchronous strategy that fits " \
+            f"({baseline})", f"{when} against {duration(ttl[baseline])}"  # fmt: skip
     lines = toml_lines(rows[best].settings)
-    return first + ("\nRun it (--write FILE writes the whole config):\n" + lines if lines else "")
+    return f"Pick: {best}{against}: {when}." + (
+        f"\nRun it (--write FILE writes a whole config):\n{lines}" * bool(lines)
+    )
+
+
+def overrides(settings: list) -> list[str]:
+    return [f"--{s}.{k}={json.dumps(v) if isinstance(v, bool) else v}" for s, k, v in settings]
 
 
 def toml_lines(settings: list) -> str:
-    sections: dict[str, list[str]] = {}
-    for section, key, value in settings:
-        value = value if not isinstance(value, str) else {"true": True, "false": False}.get(value, value)
-        value = json.loads(value) if isinstance(value, str) and _number(value) else value
-        sections.setdefault(section, []).append(f"{key} = {json.dumps(value)}")
-    return "\n".join(f"  [{s}]\n" + "\n".join(f"  {line}" for line in keys) for s, keys in sections.items())
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
+    """A row's settings as config lines, typed as the config reads them."""
+    cfg, lines = load_config(overrides(settings)), []
+    for i, (section, key, _) in enumerate(settings):
+        lines += [f"  [{section}]"] * (i == 0 or settings[i - 1][0] != section)
+        lines.append(f"  {key} = {json.dumps(getattr(cfg.section(section), key))}")
+    return "\n".join(lines)
 
 
 def table(rows: dict[str, Row], ttl: dict, fits: dict, best: str | None, shown: list[str]) -> str:
@@ -296,8 +277,9 @@ def table(rows: dict[str, Row], ttl: dict, fits: dict, best: str | None, shown: 
         row, t = rows[name], ttl[name]
         when = duration(t) if t is not None else (cm.not_reached_note(row.source) or "not measured")
         versus = "does not fit" if not fits[name] else (f"{t / ttl[best]:.2f}×" if t is not None and best else "—")
-        cells.append([name, f"{row.pred['step_time_s']:.4g}", f"{row.pred['tokens_per_s']:,.0f}",
-                      _ratio(row.source) if row.source else "—", when, versus, f"{row.memory / 2**30:.1f}"])  # fmt: skip
+        ratio = _ratio(row.source) if row.source else "—"
+        cells.append([name, f"{row.pred['step_time_s']:.4g}", f"{row.pred['tokens_per_s']:,.0f}", ratio, when, versus,
+                      f"{row.memory / 2**30:.1f}"])  # fmt: skip
     return cm.markdown_table(columns, cells)
 
 
@@ -311,11 +293,10 @@ def _ratio(source: str) -> str:
 
 
 def assumptions(args, work: cm.Workload, recipe: float) -> str:
-    table_ = cm.token_table()
     return (
         f"Assumptions: the loss is DDP's after {args.updates_to_target:,} updates of {recipe:,.0f} tokens; a row needs "
-        f"those tokens × its ratio measured to that loss ({table_['date']}, GPT-Neo debug, torchacco/token_efficiency"
-        ".json); ZeRO-1, FSDP and HSDP compute DDP's update (noise floor ±0.3%), so DDP's ratios hold for them, "
+        f"those tokens × its ratio measured to it ({cm.token_table()['date']}, GPT-Neo debug; torchacco/token_"
+        "efficiency.json); ZeRO-1, FSDP and HSDP compute DDP's update (noise floor ±0.3%), so DDP's ratios hold for them, "
         "inside DiLoCo too, and balanced replicas take the plain ones.\n"
         "A ratio measured on a small model is the conservative side for a large one: the literature finds DiLoCo's gap "
         "to DDP shrinking with model size (Charles et al. 2025, arXiv 2503.09799).\n"
@@ -332,40 +313,51 @@ def predict(args) -> None:
             f"no strategy fits {capacity / 2**30:.0f} GiB per GPU with {work.activation_bytes / 2**30:.1f} GiB of "
             "activations per micro-batch; use more GPUs, --activation-checkpoint full, or a smaller --local-batch"
         )
-    best, baseline = pick(rows, ttl, fits)
+    advisable = [name for name in rows if fits[name] and ttl[name] is not None]  # fits, and measured
+    best = min(advisable, key=ttl.get, default=None)
+    baseline = min((n for n in advisable if rows[n].synchronous), key=ttl.get, default=None)
     print(headline(rows, ttl, best, baseline) if best else "Pick: none (nothing measured fits).")
+    slow = f", one GPU {args.slow_factor:g}× slower" * (args.slow_factor > 1)
     print(
-        f"\n{args.model} {args.flavor}: {work.params / 1e9:.2f}B params; {args.nodes} nodes × {args.gpus_per_node} "
-        f"{args.device} ({cm.format_rate(hw.bandwidth_bps)} between nodes"
-        + (f", one GPU {args.slow_factor:g}× slower" if args.slow_factor > 1 else "")
-        + f"); {work.micro_batches} micro-batches of {args.local_batch} × {args.seq_len} per GPU and update; "
-        f"{capacity / 2**30:.0f} GiB per GPU\n"
+        f"\n{args.model} {args.flavor}, {work.params / 1e9:.2f}B params; {args.nodes} nodes × {args.gpus_per_node} "
+        f"{args.device} ({cm.format_rate(hw.bandwidth_bps)} between nodes{slow}); per GPU and update "
+        f"{work.micro_batches} × {args.local_batch} × {args.seq_len} tokens; {capacity / 2**30:.0f} GiB\n"
     )
-    plain = strategies()  # shown as not fitting; another row only where it fits
-    shown = [n for n, row in rows.items() if args.all or row.choice and (fits[n] or n in plain) or n == best]
+    shown = [n for n in rows if args.all or n == best or shown_by_default(n, rows, ttl, fits)]
     print(table(rows, ttl, fits, best, shown))
     if hidden := len(rows) - len(shown):
-        print(f"{hidden} more rows (not fitting, unmeasured, not reaching DDP's loss, or balanced with no slow GPU): --all")
+        print(f"{hidden} more rows (--all): unmeasured, not reaching DDP's loss, not fitting, balanced with no slow "
+              "GPU, or another strategy inside DiLoCo")  # fmt: skip
     print("\n" + assumptions(args, work, rows[DDP.name].pred["tokens_per_update"]))
     if args.write and best:
         write_config(args, rows[best].settings, best)
+
+
+def shown_by_default(name: str, rows: dict[str, Row], ttl: dict, fits: dict) -> bool:
+    """A choice that fits (a registered strategy also where it does not), the soonest of its group."""
+    row = rows[name]
+    if not row.choice or not (fits[name] or name in strategies()):
+        return False
+    group = [n for n, r in rows.items() if r.group and r.group == row.group and fits[n] and ttl[n] is not None]
+    return not group or name == min(group, key=ttl.get)
 
 
 def write_config(args, settings: list, name: str) -> None:
     """The pick as a whole config: --config's (else the model, batch and cluster given here) with the pick's lines."""
     base = ["--config", args.config] if args.config else []
     if not args.config:
-        gpus = args.nodes * args.gpus_per_node
-        base += [f"--model.name={args.model}", f"--model.flavor={args.flavor}", f"--training.seq_len={args.seq_len}",
-                 f"--training.local_batch_size={args.local_batch}", "--training.mixed_precision=bf16",
-                 f"--training.global_batch_size={args.local_batch * args.micro_batches * gpus}",
-                 f"--training.activation_checkpoint={args.activation_checkpoint}",
-                 f"--training.loss_chunks={args.loss_chunks}", f"--job.cluster={args.nodes}x{args.gpus_per_node}",
-                 "--job.name=predicted", "--job.dump_folder=outputs/predicted"]  # fmt: skip
-    cfg = load_config(base + [f"--{s}.{k}={json.dumps(v) if isinstance(v, bool) else v}" for s, k, v in settings])
-    if cfg.diloco.balance_replicas and not cfg.training.max_tokens:  # balanced replicas count tokens, not updates
-        t = cfg.training
-        cfg.training.max_tokens = t.steps * t.global_batch_size * t.seq_len
+        batch = args.local_batch * args.micro_batches * args.nodes * args.gpus_per_node
+        base += (
+            f"--model.name={args.model} --model.flavor={args.flavor} --model.vocab_size={args.vocab_size} "
+            f"--training.seq_len={args.seq_len} --training.local_batch_size={args.local_batch} "
+            f"--training.global_batch_size={batch} --training.mixed_precision=bf16 --job.dump_folder=outputs/pick "
+            f"--training.activation_checkpoint={args.activation_checkpoint} --job.cluster={args.nodes}x"
+            f"{args.gpus_per_node} --training.loss_chunks={args.loss_chunks}"
+        ).split()
+    cfg = load_config(base + overrides(settings))
+    t = cfg.training
+    if cfg.diloco.balance_replicas and not t.max_tokens:  # balanced replicas count tokens, not updates
+        t.max_tokens = t.steps * t.global_batch_size * t.seq_len
     Path(args.write).write_text(f"# python -m torchacco.predict's pick: {name}\n{cfg.to_toml()}", encoding="utf-8")
     load_config(["--config", args.write])  # it loads as written
     print(f"\nWrote {args.write}: ./run_train.sh --config {args.write}")
