@@ -293,11 +293,11 @@ def _ratio(source: str) -> str:
 
 
 def assumptions(args, work: cm.Workload, recipe: float) -> str:
+    measured = f"{cm.token_table()['date']}, GPT-Neo debug, torchacco/{cm.TOKEN_EFFICIENCY.name}"
     return (
         f"Assumptions: the loss is DDP's after {args.updates_to_target:,} updates of {recipe:,.0f} tokens; a row needs "
-        f"those tokens × its ratio measured to it ({cm.token_table()['date']}, GPT-Neo debug, torchacco/"
-        f"{cm.TOKEN_EFFICIENCY.name}); ZeRO-1, FSDP and HSDP compute DDP's update (noise floor ±0.3%), so DDP's ratios hold for them, inside "
-        "DiLoCo too, and balanced replicas take the plain ones.\n"
+        f"those tokens × its ratio measured to it ({measured}); ZeRO-1, FSDP and HSDP compute DDP's update (noise "
+        "floor ±0.3%), so DDP's ratios hold for them, inside DiLoCo too, and balanced replicas take the plain ones.\n"
         "A ratio measured on a small model is the conservative side for a large one: the literature finds DiLoCo's gap "
         "to DDP shrinking with model size (Charles et al. 2025, arXiv 2503.09799).\n"
         f"Speed: bandwidth and latency, no congestion; memory: persistent state and one micro-batch's activations "
