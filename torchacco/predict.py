@@ -353,7 +353,7 @@ def write_config(args, settings: list, name: str) -> None:
             f"--training.global_batch_size={batch} --training.mixed_precision=bf16 --job.dump_folder=outputs/pick "
             f"--training.activation_checkpoint={args.activation_checkpoint} --job.cluster={args.nodes}x"
             f"{args.gpus_per_node} --training.loss_chunks={args.loss_chunks}"
-        ).split()
+        ).split() + [f"--tokenizer.vocab_size={args.vocab_size}"] * bool(args.vocab_size)
     cfg = load_config(base + overrides(settings))
     t = cfg.training
     if cfg.diloco.balance_replicas and not t.max_tokens:  # balanced replicas count tokens, not updates
