@@ -91,7 +91,9 @@ def test_predict_evaluates_the_configs_own_layout_beside_the_alternatives(capsys
     own = next(line for line in out.splitlines() if line.startswith("| acco, tp 8 (the config's) |"))
     plain = next(line for line in out.splitlines() if line.startswith("| acco |"))
     assert "does not fit" not in own and "does not fit" in plain
-    assert own.split("|")[3] == plain.split("|")[3]  # the same global batch: 256 × 8192 tokens per update
+    rows = predict.evaluate(predict.build_parser().parse_args(["--config", "train_configs/llama3_8b_acco.toml"]))[0]
+    own = rows["acco, tp 8 (the config's)"].pred["tokens_per_update"]
+    assert own == rows["acco"].pred["tokens_per_update"] == 256 * 8192  # the same global batch
 
 
 def test_predict_times_the_configs_row_as_the_dry_run_does(capsys):
