@@ -492,10 +492,9 @@ def reference_markdown() -> str:
     out = [
         "# Configuration reference",
         "",
-        "Generated from `torchacco/config.py` by `python -m torchacco.config > docs/configuration.md`;",
-        "a test fails when the two disagree. A config is a TOML file of these sections; any key can be",
-        "overridden on the command line as `--section.key VALUE` (e.g. `--training.steps 20`);",
-        "`./run_train.sh --help SECTION` prints a section's keys.",
+        "Generated from `torchacco/config.py` by `python -m torchacco.config > docs/configuration.md` (a test",
+        "fails when the two disagree; `./run_train.sh --help SECTION` prints the same rows). A config is a TOML file",
+        "of these sections; any key can be overridden on the command line: `--section.key VALUE`.",
         "",
     ]
     for section, cls in _sections().items():
