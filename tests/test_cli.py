@@ -93,6 +93,7 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
             ["--model.name", "gpt5"], ["unknown model 'gpt5'", "available", "gpt_neo", "llama3"], id="unknown-model"
         ),
         pytest.param(["--model.flavor", "huge"], ["no flavor 'huge'", "choose one of", "debug"], id="unknown-flavor"),
+        pytest.param(["--model.flavor", "Tiny"], ["no flavor 'Tiny'; did you mean 'tiny'?"], id="mistyped-flavor"),
         pytest.param(
             ["--parallelism.data_parallel", "acco", "--training.global_batch_size", "8"],
             ["even number of micro-batches", "global_batch_size", "= 16"],

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from torchacco.errors import UserError
+from torchacco.errors import UserError, run_cli
 from torchacco.options import Options, key
 from torchacco.parallel import registry
 
@@ -391,9 +391,10 @@ def _convert(value, expected: type, where: str, from_cli: bool):
 
 
 def did_you_mean(word: str, known) -> str:
-    """'; did you mean 'x'?' for the closest of `known` to a mistyped `word` (difflib's), or ''."""
-    close = difflib.get_close_matches(str(word), [str(k) for k in known], n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    """'; did you mean 'x'?' for the closest of `known` to a mistyped `word` (difflib's, any case), or ''."""
+    by_lower = {str(k).lower(): str(k) for k in known}
+    close = difflib.get_close_matches(str(word).lower(), by_lower, n=1, cutoff=0.6)
+    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
 
 
 def _set(cfg: Config, section: str, key: str, value, origin: str, from_cli: bool = False) -> None:
@@ -547,6 +548,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from torchacco.errors import run_cli
-
     sys.exit(run_cli(lambda: main(sys.argv[1:])))
