@@ -81,10 +81,16 @@ class Session:
     """What the commands run so far left: the folders and files they write."""
 
     written: list[Path] = dataclasses.field(default_factory=list)
+    exports: dict[Path, bool] = dataclasses.field(default_factory=dict)  # a run's folder: whether it writes hf/
     notes: list[str] = dataclasses.field(default_factory=list)
 
     def wrote(self, path: str) -> bool:
-        return any(Path(path).resolve().is_relative_to(p.resolve()) for p in self.written)
+        path = Path(path).resolve()
+        for folder in self.written:
+            exported = self.exports.get(folder, True) or not path.is_relative_to((folder / "hf").resolve())
+            if path.is_relative_to(folder.resolve()) and exported:
+                return True
+        return False
 
     def run(self, command: str, replay: bool = False) -> None:
         """Check one command; `replay`: an earlier page's command, only for what it leaves."""
@@ -126,12 +132,13 @@ class Session:
         run_folder.check(cfg, folder)  # the validation's, also where the one above skips this machine
         run_folder.prepare(cfg, folder)
         self.written.append(folder)
+        self.exports[folder] = cfg.checkpoint.export_hf
 
     def module(self, name: str, argv: list[str], sudo: bool) -> None:
         assert importlib.util.find_spec(name) is not None, f"python -m {name}: no such module"
         if not argv:
             return  # the tool named in prose: it exists
-        for flag in ("--out", "--local-dir"):
+        for flag in ("--out", "--local-dir", "--write"):
             if flag in argv:
                 self.written.append(Path(argv[argv.index(flag) + 1]))
         for path in (a for a in argv if Path(a).parts[:1] == (RUNS,) and a not in map(str, self.written)):
