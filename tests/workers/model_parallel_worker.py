@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from torchacco import runners
@@ -125,6 +126,8 @@ def main() -> None:
         if dist.get_rank() == 0:
             with open(f"{cfg.job.dump_folder}/stdout.txt", "w") as f:
                 f.write(out.getvalue())
+            with open(f"{cfg.job.dump_folder}/compiled_frames.txt", "w") as f:  # what torch.compile compiled so far
+                f.write(str(counters["frames"]["ok"]))
     dist.barrier()
     dist.destroy_process_group()
 
