@@ -54,9 +54,7 @@ def test_compiled_losses_equal_eager_at_two_ranks(runs, name):
     compiled, eager = (runs / f"{name}-{mode}" for mode in ("compiled", "eager"))
     logged = (compiled / "stdout.txt").read_text()
     assert "error" not in logged, logged[-2000:]
-    # the compiled run compiled frames of its own (the runs share a process: the counter is cumulative)
-    before = list(CASES).index(name) and _frames(runs / f"{list(CASES)[list(CASES).index(name) - 1]}-eager")
-    assert _frames(compiled) > before and _frames(eager) == _frames(compiled)
+    assert _frames(compiled) > 0 and _frames(eager) == 0  # torch.compile compiled the one and not the other
     losses = [r["loss"] for r in read_metrics(compiled)]
     assert len(losses) == STEPS
     assert losses == pytest.approx([r["loss"] for r in read_metrics(eager)], rel=1e-3)
