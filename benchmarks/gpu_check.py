@@ -572,7 +572,7 @@ def disturbed(cmd: list[str], env: dict, target, act, limit_s: float) -> tuple[i
                                 env={**os.environ, "PYTHON": sys.executable, **env})  # fmt: skip
         done, deadline = None, time.monotonic() + limit_s
         while proc.poll() is None and time.monotonic() < deadline:
-            if done is None and (done := target()):
+            if not done and (done := target()):
                 act(done)
             time.sleep(0.2)
         if proc.poll() is None:
