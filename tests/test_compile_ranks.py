@@ -7,6 +7,7 @@ tolerance the suite allows between two fp32 backends (tests/test_cuda.py: rel 1e
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -27,6 +28,7 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def runs(tiny_corpus, cache_dir, tmp_path_factory):
+    assert shutil.which(os.environ.get("CXX", "g++")), "inductor's CPU code needs a C++ compiler: apt-get install g++"
     root = tmp_path_factory.mktemp("compile_ranks")
     argvs = [
         tiny_args(tiny_corpus, cache_dir, root / f"{name}-{mode}", "--parallelism.data_parallel", kind, *extra,
