@@ -663,7 +663,7 @@ def parity_checks(ctx, problems, runs, procs) -> None:
 
 
 def memory_checks(ctx, problems, runs, procs) -> None:
-    found = re.search(r"peak ([\d.]+) GiB on rank 0", procs["dry-run"].stdout)
+    found = re.search(r"peak ([\d.]+) GiB", procs["dry-run"].stdout)
     planned = float(found[1]) if found else float("nan")
     measured = max(losses(ctx.work / "8b", "memory_gib"))
     gap = abs(planned - measured) / measured

@@ -97,7 +97,8 @@ def rank_logs(argv: list[str], cfg: Config) -> list[str]:
     """torchrun options for per-rank logs under <dump_folder>/logs (RANK_LOGS=0, or the user's own --log-dir,
     --tee or --redirects, keeps torchrun's console as it is)."""
     args = get_args_parser().parse_args(argv)
-    if os.environ.get("RANK_LOGS", "1") == "0" or args.log_dir or args.tee != "0" or args.redirects != "0":
+    own = args.log_dir or args.tee != "0" or args.redirects != "0"
+    if os.environ.get("RANK_LOGS", "1") == "0" or own or not hasattr(torchrun_module, "_get_logs_specs_class"):
         return argv
     replica = fault_tolerance.replica_of_job()
     folder = Path(cfg.job.dump_folder, "logs", *([f"replica_{replica}"] if replica is not None else []))
