@@ -7,6 +7,8 @@ as two: `--steps env,cuda-tests,parity`, then `--steps env,throughput,stall,torc
 wheels in --wheels (benchmarks/gpu_wheels.sh) offline; throughput compares against bench_results/gpu_{mfu,overlap}.json;
 torchtitan runs the same case in torchtitan 0.2.2 (carried: 0.3.0 does not import with torch 2.11). A step whose
 needs are absent (no GPU, no torchtitan, a torch torchtitan does not import with) is "skipped: <reason>".
+`--nproc 8` runs the multi-GPU steps instead (MULTI; on 2 nodes, each node with `--nnodes 2 --node-rank R
+--master-addr HOST`), every command checked by --dry-run as the launcher checks it for its world size.
 """
 
 from __future__ import annotations
@@ -270,10 +272,8 @@ def run_step(step: Step, ctx, limit: float, env: dict) -> dict:
     started = time.monotonic()
     own = [sys.executable, "-m", "benchmarks.gpu_check", "_step", step.name, "--work", str(ctx.work)]
     own += ["--titan-assets", str(ctx.titan_assets), "--wheels", str(ctx.wheels), "--limit-s", str(round(limit))]
-    own += [
-        f"--{k.replace('_', '-')}={getattr(ctx, k)}"
-        for k in ("nproc", "nnodes", "node_rank", "master_addr", "master_port")
-    ]
+    own += [f"--{k.replace('_', '-')}={getattr(ctx, k)}"
+            for k in ("nproc", "nnodes", "node_rank", "master_addr", "master_port")]  # fmt: skip
     argv = step.child or own
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env=env, start_new_session=True)  # fmt: skip
