@@ -87,7 +87,8 @@ else
 fi
 LAUNCH=("$PY" -m torchacco.launch "${RDZV[@]}" --nproc_per_node "$NPROC" --max-restarts "${MAX_RESTARTS:-0}")
 if [ "${DRY:-0}" = 1 ]; then
-  echo "${LAUNCH[*]} -m torchacco.train $*"
+  SHOWN=$(printf '%q ' "${LAUNCH[@]}" -m torchacco.train "$@")  # quoted as a shell would need it
+  echo "${SHOWN% }"
   exit 0
 fi
 exec "${LAUNCH[@]}" -m torchacco.train "$@"

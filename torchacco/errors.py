@@ -1,5 +1,6 @@
 """The one exception type that reaches the user as a single clear line."""
 
+import contextlib
 import json
 import os
 import sys
@@ -63,7 +64,8 @@ def record_error(message: str, printed: bool) -> None:
     """This rank's error line in the launcher's folder (torchacco/launch.py), which prints the lines no rank printed:
     a mistake that only some ranks see (a node-local path) is not lost when rank 0 is not among them."""
     if folder := os.environ.get(ERRORS_DIR):
-        with open(os.path.join(folder, f"rank_{os.environ.get('RANK', '0')}.json"), "w") as f:
+        path = os.path.join(folder, f"rank_{os.environ.get('RANK', '0')}.json")
+        with contextlib.suppress(OSError), open(path, "w") as f:  # (a launcher gone: nobody to read it)
             json.dump({"line": error_line(message), "printed": printed}, f)
 
 
