@@ -80,10 +80,6 @@ MULTI = [
 ]
 
 
-def steps_for(nproc: int) -> list[Step]:
-    return MULTI if nproc > 1 else STEPS
-
-
 def debug_run(ctx) -> list[str]:
     """6 updates of the GPT-Neo debug model on a generated corpus, as the suite's tiny runs."""
     return ["--data.dataset", str(ctx.work / "corpus"), "--data.cache_dir", str(ctx.work / "cache"),
@@ -325,7 +321,7 @@ def main(argv=None) -> int:
                         help="holds torchtitan's tests/assets/{tokenizer,c4_test}")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the plan and check its commands; run nothing")
     args = parser.parse_args(argv)
-    steps = steps_for(args.nproc)
+    steps = MULTI if args.nproc > 1 else STEPS
     names = [s.strip() for s in (args.steps or ",".join(s.name for s in steps)).split(",") if s.strip()]
     unknown = [n for n in names if n not in {s.name for s in steps}]
     if unknown or not names:
@@ -423,7 +419,8 @@ def corpus(work: Path) -> None:
 
 
 def losses(folder: Path, key: str = "loss") -> list[float]:
-    return [json.loads(line)[key] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    metrics = folder / "metrics.jsonl"
+    return [json.loads(line)[key] for line in metrics.read_text().splitlines()] if metrics.exists() else []
 
 
 def rel_gap(a: list[float], b: list[float]) -> float:
@@ -585,14 +582,14 @@ def disturbed(cmd: list[str], env: dict, target, act, limit_s: float) -> tuple[i
         return proc.returncode, log.read()
 
 
-def after_steps(folder: Path, n: int) -> bool:
-    metrics = folder / "metrics.jsonl"
-    return metrics.exists() and metrics.read_text().count("\n") >= n
+def logged(folder: Path) -> int:
+    """Complete lines in metrics.jsonl (read while it is written)."""
+    return (folder / "metrics.jsonl").read_text().count("\n") if (folder / "metrics.jsonl").exists() else 0
 
 
 def hung_check(ctx, problems: list, label: str, cmd: list[str], env: dict) -> None:
     folder = dump_folder(cmd)
-    code, err = disturbed(cmd, env, lambda: after_steps(folder, 3) and workers(str(folder)).get(1),
+    code, err = disturbed(cmd, env, lambda: logged(folder) >= 3 and workers(str(folder)).get(1),
                           lambda pid: os.kill(pid, signal.SIGSTOP), 0.45 * ctx.limit_s)  # fmt: skip
     lines = ERROR.findall(err)
     dumps = sorted(p.name for p in (folder / "flight_recorder").glob("rank_*"))
@@ -605,7 +602,7 @@ def hung_check(ctx, problems: list, label: str, cmd: list[str], env: dict) -> No
 
 
 def falling(problems: list, label: str, folder: Path, steps: int) -> list[float]:
-    got = losses(folder) if (folder / "metrics.jsonl").exists() else []
+    got = losses(folder)
     ok = len(got) == steps and all(x == x for x in got) and got[-1] < got[0]
     part(problems, f"{label}: {len(got)} of {steps} losses, not all finite or not falling", check=label, ok=ok,
          losses=got[:: max(1, steps // 10)])  # fmt: skip
