@@ -12,6 +12,10 @@
 #   MAX_RESTARTS     restart the workers this many times after a failure; each restart resumes
 #                    from the latest checkpoint (default 0)
 #   PYTHON           the interpreter to use (default: python3, or the project's .venv once made)
+#   INSTALL=1        (re)install into ./.venv first; otherwise install.sh runs only where no environment exists
+#                    (one node, with network)
+#   RANK_LOGS=0      keep torchrun's console as it is: no <dump_folder>/logs/rank_N.{out,err}, no [rankN] prefixes
+#   DRY=1            print the torchrun command and start nothing (scripts/slurm/train.sbatch checks with it)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PY="${PYTHON:-python3}"
@@ -19,9 +23,23 @@ PY="${PYTHON:-python3}"
 CHECK="import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in
   ('torch', 'torchdata', 'tokenizers', 'safetensors', 'tensorboard', 'torchacco', 'torchacco.models', 'torchacco.data')))"
 
-if ! "$PY" -c "$CHECK" 2>/dev/null; then
+# Installs only when asked (INSTALL=1) or when no environment exists: the nodes of a job share one .venv, and compute
+# nodes are often offline.
+if [ "${INSTALL:-0}" = 1 ]; then
+  "$ROOT/install.sh"
+  PY="$ROOT/.venv/bin/python"
+elif ! "$PY" -c "$CHECK" 2>/dev/null; then
   if [ -x "$ROOT/.venv/bin/python" ] && "$ROOT/.venv/bin/python" -c "$CHECK" 2>/dev/null; then
     PY="$ROOT/.venv/bin/python"
+  elif [ -e "$ROOT/.venv" ] || [ "${NNODES:-1}" != 1 ]; then  # (nodes installing at once would race)
+    WHAT=$([ -e "$ROOT/.venv" ] && echo "$ROOT/.venv lacks torchacco's packages" || echo "no environment here")
+    echo "torchacco: error: $WHAT; run INSTALL=1 ./run_train.sh (or ./install.sh) once, on one node with network" >&2
+    exit 1
+  elif ! "$PY" -c "import urllib.request as r; r.urlopen('${PIP_INDEX_URL:=https://pypi.org/simple/}', timeout=10)" \
+      2>/dev/null; then
+    echo "torchacco: error: no environment with torchacco's packages, and no network here to install one" \
+      "($PIP_INDEX_URL unreachable); run ./install.sh on a node with network" >&2
+    exit 1
   else
     "$ROOT/install.sh"
     PY="$ROOT/.venv/bin/python"
@@ -72,4 +90,10 @@ if [ "$NNODES" -gt 1 ] || [ -n "${TORCHACCO_REPLICA:-}" ]; then
 else
   RDZV=(--standalone --nnodes 1)
 fi
-exec "$PY" -m torchacco.launch "${RDZV[@]}" --nproc_per_node "$NPROC" --max-restarts "${MAX_RESTARTS:-0}" -m torchacco.train "$@"
+LAUNCH=("$PY" -m torchacco.launch "${RDZV[@]}" --nproc_per_node "$NPROC" --max-restarts "${MAX_RESTARTS:-0}")
+if [ "${DRY:-0}" = 1 ]; then
+  SHOWN=$(printf '%q ' "${LAUNCH[@]}" -m torchacco.train "$@")  # quoted as a shell would need it
+  echo "${SHOWN% }"
+  exit 0
+fi
+exec "${LAUNCH[@]}" -m torchacco.train "$@"

@@ -90,8 +90,8 @@ def prepare(cfg: Config, folder: Path) -> None:
 
 def _foreign(folder: Path):
     """What a run did not write: all but the folders of a fault-tolerant run's other replicas (replica_1, ...),
-    which may start before replica 0 writes config.toml."""
-    return (p for p in folder.iterdir() if not (p.is_dir() and p.name.startswith("replica_")))
+    which may start before replica 0 writes config.toml, and the launcher's per-rank logs."""
+    return (p for p in folder.iterdir() if not (p.is_dir() and (p.name.startswith("replica_") or p.name == "logs")))
 
 
 def _remove_outputs(folder: Path, checkpoint_folder: str, cfg: Config) -> None:
