@@ -35,10 +35,9 @@ elif ! "$PY" -c "$CHECK" 2>/dev/null; then
     WHAT=$([ -e "$ROOT/.venv" ] && echo "$ROOT/.venv lacks torchacco's packages" || echo "no environment here")
     echo "torchacco: error: $WHAT; run INSTALL=1 ./run_train.sh (or ./install.sh) once, on one node with network" >&2
     exit 1
-  elif ! "$PY" -c "import urllib.request as r; r.urlopen('${PIP_INDEX_URL:=https://pypi.org/simple/}', timeout=10)" \
-      2>/dev/null; then
+  elif ! timeout 30 "$PY" -m pip index versions tomli >/dev/null 2>&1; then  # pip's own index, as configured
     echo "torchacco: error: no environment with torchacco's packages, and no network here to install one" \
-      "($PIP_INDEX_URL unreachable); run ./install.sh on a node with network" >&2
+      "(pip cannot reach its package index); run ./install.sh on a node with network" >&2
     exit 1
   else
     "$ROOT/install.sh"
