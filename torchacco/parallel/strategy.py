@@ -189,8 +189,8 @@ class Strategy(abc.ABC):
 
     @classmethod
     def accumulation_memory(cls, parallelism, numel: float, micro_batches: int) -> float:
-        """Gradient bytes a rank holds beside `memory`'s between the micro-batches of an update (FSDP's unsharded
-        accumulator), for `numel` stored elements: none."""
+        """The gradient bytes a rank holds between the micro-batches of an update, for `numel` stored elements, where
+        more than `memory`'s gradients (FSDP's unsharded accumulator): none."""
         return 0.0
 
     @classmethod
