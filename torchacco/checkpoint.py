@@ -98,12 +98,6 @@ class HostStaging(AsyncStager):
             torch.cuda.synchronize()  # the copies are complete before training changes the state
         return staged
 
-    def synchronize_staging(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
 
 def staging_bytes(state: dict) -> int:
     """The host bytes one rank's asynchronous save holds: its local tensors, each once, as `HostStaging` copies them
