@@ -365,11 +365,19 @@ def test_an_asynchronous_save_writes_its_one_host_copy(tmp_path, monkeypatch):
 @pytest.mark.integration
 @pytest.mark.parametrize("kind", ["ddp", "acco"])
 def test_the_free_space_check_expects_the_bytes_a_checkpoint_writes(tiny_corpus, cache_dir, tmp_path, kind):
-    """From the strategy's own state: ACCO's checkpoint is twice DDP's, which a bytes-per-parameter rule misses."""
+    """From the strategy's own state: ACCO's checkpoint is twice DDP's, which a bytes-per-parameter rule misses. An
+    asynchronous save's host copy: each rank's own state (DDP's: all of it, which DCP writes once)."""
     out = tmp_path / kind
     args = tiny_args(tiny_corpus, cache_dir, out, "--checkpoint.enable", "true", "--training.steps", "1")
-    proc = run_train([*args, "--parallelism.data_parallel", kind, "--training.global_batch_size", "16"])
+    proc = run_train([*args, "--parallelism.data_parallel", kind, "--training.global_batch_size", "16",
+                      "--checkpoint.async_save", "true"])  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    said = float(re.search(r"a checkpoint takes about ([\d,.]+) MiB", proc.stdout + proc.stderr)[1].replace(",", ""))
+    log = proc.stdout + proc.stderr
+    said = float(re.search(r"a checkpoint takes about ([\d,.]+) MiB", log)[1].replace(",", ""))
     written = sum(f.stat().st_size for f in (out / "checkpoint").rglob("*") if f.is_file()) / 2**20
     assert abs(said - written) <= 0.1 * written, (said, written)  # (the rest: DCP's metadata, RNG states)
+    host, node = re.search(
+        r"holds about ([\d.]+) MiB of host memory per rank, ([\d.]+) MiB on a node of 2", log
+    ).groups()
+    assert float(node) == pytest.approx(2 * float(host), abs=0.1)
+    assert float(host) == pytest.approx(said, rel=0.1) if kind == "ddp" else float(host) < said

@@ -260,8 +260,8 @@ def _start(
     if cfg.checkpoint.enable:
         log.info(f"torchacco: a checkpoint takes about {need / 2**20:,.1f} MiB ({folder / cfg.checkpoint.folder})")
     if cfg.checkpoint.enable and cfg.checkpoint.async_save:
-        log.info(f"torchacco: an asynchronous save holds about {host / 2**30:,.2f} GiB of host memory per rank, "
-                 f"{host * dims.local_world_size / 2**30:,.2f} GiB on a node of {dims.local_world_size}")  # fmt: skip
+        log.info(f"torchacco: an asynchronous save holds about {host / 2**20:,.1f} MiB of host memory per rank, "
+                 f"{host * dims.local_world_size / 2**20:,.1f} MiB on a node of {dims.local_world_size}")  # fmt: skip
     if resumed:
         log.info(f"torchacco: {resumed}")
     profiler = Profiler(cfg.profiling, folder, dims.rank, device, state.step)
