@@ -116,6 +116,12 @@ class Parallelism:
         registry.default_name, "the data-parallel strategy (docs/parallelism.md)", choices=registry.names
     )
     reshard_after_forward: bool = key(True, "fsdp: free gathered parameters after forward")
+    accumulate_unsharded: bool = key(
+        False,
+        "fsdp, hsdp: keep an unsharded gradient of every parameter (4 bytes each in fp32) across an update's "
+        "micro-batches and reduce once, on the last (less traffic, for slow links); false: reduce-scatter every "
+        "micro-batch (hsdp: inside a node, with the all-reduce across nodes once per update)",
+    )
     bucket_cap_mb: float = key(
         0.0,
         "ddp: gradient bucket size in MiB; 0: torch's default, 25 MiB buckets after a first one of 1 MiB whose "

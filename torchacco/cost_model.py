@@ -95,6 +95,11 @@ DEVICES = {
 # torchtitan's op-level selective recompute keeps the matmul outputs, about two thirds; full recompute keeps
 # each block's input, 2).
 ACTIVATION_BYTES = {"none": 34.0, "selective": 22.0, "full": 2.0}
+# Of those, what a tensor-parallel rank keeps over the whole sequence, undivided by tp (sequence parallelism splits
+# the rest): selective keeps the row-wise wo and w2 matmuls' outputs, partial sums before their reduce-scatter;
+# without recompute, the column-wise matmuls keep their all-gathered inputs (attention's and the MLP's); full keeps
+# only the block's sequence-split input.
+TP_WHOLE_SEQUENCE_BYTES = {"none": 4.0, "selective": 4.0, "full": 0.0}
 
 
 @dataclasses.dataclass
@@ -553,14 +558,19 @@ def model_workload(
 
 
 def block_activation_bytes(args, tokens: float, checkpoint: str, selective: str = "op", blocks=None, tp=1) -> float:
-    """What `blocks` blocks (all the model's: None) keep for backward over `tokens` tokens, 1/tp of it on each
-    tensor-parallel rank (sequence parallelism splits what the attention and MLP heads do not). [training]
-    selective_checkpoint = k recomputes every k-th block whole and keeps all of the others'."""
-    per_block = ACTIVATION_BYTES[checkpoint]
-    if checkpoint == "selective" and selective != "op":
-        k = int(selective)
-        per_block = (ACTIVATION_BYTES["full"] + (k - 1) * ACTIVATION_BYTES["none"]) / k
-    return per_block * tokens * args.dim * (args.n_layers if blocks is None else blocks) / tp
+    """What `blocks` blocks (all the model's: None) keep for backward over `tokens` tokens on each of `tp`
+    tensor-parallel ranks: 1/tp of it, but for the tensors kept over the whole sequence (TP_WHOLE_SEQUENCE_BYTES).
+    [training] selective_checkpoint = k recomputes every k-th block whole and keeps all of the others'."""
+
+    def per_block(table: dict) -> float:
+        if checkpoint == "selective" and selective != "op":
+            k = int(selective)
+            return (table["full"] + (k - 1) * table["none"]) / k
+        return table[checkpoint]
+
+    whole = per_block(TP_WHOLE_SEQUENCE_BYTES) if tp > 1 else 0.0
+    per_rank = (per_block(ACTIVATION_BYTES) - whole) / tp + whole
+    return per_rank * tokens * args.dim * (args.n_layers if blocks is None else blocks)
 
 
 def loss_activation_bytes(args, tokens: float, loss_chunks: int, vocab_split: int = 1) -> float:

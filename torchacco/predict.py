@@ -219,16 +219,21 @@ def config_row(run, work: cm.Workload, hw: cm.Hardware) -> tuple[str, Row]:
     return name, Row(pred, run.worst.memory.total, source, [], synchronous)
 
 
+def fits_with_reserve(peak: float, capacity: float) -> bool:
+    """The dry run's verdict: a peak fits (yes or tight) once the reserve for the CUDA context and slack is added."""
+    return dry_run.fits(peak * (1 + dry_run.RESERVE_SHARE) + dry_run.RESERVE_BYTES, capacity) != "no"
+
+
 def evaluate(args):
     """Every row, with its time to the loss (None: not measured) and whether it fits; the workload and capacity."""
     run = from_config(args)
     work, hw = workload_and_hardware(args)
     rows = {**sync_rows(args, work, hw), **diloco_rows(args, work, hw)}
     capacity = (args.memory_gib or cm.DEVICES[args.device]["memory_gib"]) * 2**30
-    fits = {name: row.memory + work.activation_bytes <= capacity for name, row in rows.items()}
+    fits = {name: fits_with_reserve(row.memory + work.activation_bytes, capacity) for name, row in rows.items()}
     if run is not None:
         name, row = config_row(run, work, hw)
-        rows, fits = {name: row, **rows}, {name: run.worst.peak <= capacity, **fits}
+        rows, fits = {name: row, **rows}, {name: fits_with_reserve(run.worst.peak, capacity), **fits}
     target = args.updates_to_target * rows[DDP.name].pred["tokens_per_update"]
     ttl = {}
     for name, row in rows.items():
