@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Train with torchacco:  ./run_train.sh --config train_configs/default.toml [--section.key VALUE ...]
-# Check a config for a cluster first:  ./run_train.sh --config FILE --dry-run 4x8  (nodes x GPUs per node)
+# Check a config for a cluster first:  ./run_train.sh --config FILE --dry-run 4x8  (nodes x GPUs per node; exit 1
+#   when it does not fit, unless --dry-run-report-only)
+# Config keys:  ./run_train.sh --help [SECTION]   (every key: docs/configuration.md)
 #
 # Environment:
 #   NGPU / NPROC     processes on this node (default: all GPUs with CUDA, else 2 CPU processes)
@@ -28,6 +30,9 @@ fi
 
 # --dry-run NODESxGPUS (torchacco/dry_run.py) checks the config for that cluster and starts no worker.
 for arg in "$@"; do
+  if [ "$arg" = "--help" ] || [ "$arg" = "-h" ]; then  # this header, then the config's sections (or one's keys)
+    sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0" && exec "$PY" -m torchacco.config "$@"
+  fi
   if [ "$arg" = "--dry-run" ] || [[ "$arg" == --dry-run=* ]]; then
     exec "$PY" -m torchacco.dry_run "$@"
   fi

@@ -34,9 +34,11 @@ def peak_gib(out: str) -> tuple[str, float]:
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_every_recipe_dry_runs_at_the_cluster_it_declares(config, capsys):
     assert re.fullmatch(r"\d+x\d+", load_config(["--config", str(config)]).job.cluster), "[job] cluster"
-    out = dry(capsys, "--config", str(config), "--dry-run")
-    _, peak = peak_gib(out)
+    out = dry(capsys, "--config", str(config), "--dry-run", "--dry-run-report-only")
+    fits, peak = peak_gib(out)
     assert peak > 0
+    # a recipe that does not fit says so in its header (the dry run's exit 1 then tells a job script)
+    assert (fits == "no") == ("does not fit" in config.read_text(encoding="utf-8")), out
     assert re.search(r"^time per update: [0-9.e+]+ s", out, re.M), out
 
 
@@ -50,8 +52,12 @@ def test_the_flagship_layouts_are_counted_per_rank_of_the_sharded_model(capsys):
     out = dry(capsys, "--config", "train_configs/llama3_70b_acco.toml", "--dry-run", "16x8")
     stages = [float(m) for m in re.findall(r"^\| pp stage \d .*? \| ([0-9.]+)B \|", out, re.M)]
     assert len(stages) == 4 and stages[0] > stages[1] and stages[3] > stages[2], out  # embeddings, head
-    # replicated fp32 weights and AdamW state: 16 bytes per parameter do not fit
-    assert peak_gib(dry(capsys, "--config", "train_configs/llama3_8b_ddp.toml", "--dry-run", "4x8"))[0] == "no"
+    # replicated fp32 weights and AdamW state: 16 bytes per parameter do not fit: one line and exit 1
+    ddp = ["--config", "train_configs/llama3_8b_ddp.toml", "--dry-run", "4x8"]
+    with pytest.raises(UserError, match=r"^does not fit: peak [0-9.]+ GiB on rank 0 > --dry-run-gpu-gib 80; shard"):
+        dry_run.main(ddp)
+    assert peak_gib(capsys.readouterr().out)[0] == "no"  # the report comes first
+    assert peak_gib(dry(capsys, *ddp, "--dry-run-report-only"))[0] == "no"
     out = dry(capsys, "--config", "train_configs/llama3_8b_ddp.toml", "--dry-run", "4x8", "--dry-run-gpu-gib", "200")
     assert "fits in 200 GiB: yes" in out
     # FSDP shards its fp32 state over all 32 ranks, HSDP over a node's 8: 16 bytes × 8.03B / 8 = 14.9 GiB
@@ -83,6 +89,12 @@ def test_run_train_sh_dry_run_starts_no_worker_and_exits_1_on_a_mistake():
     )  # fmt: skip
     assert bad.returncode == 1 and bad.stdout == ""
     assert bad.stderr.startswith("torchacco: error: [training] global_batch_size") and bad.stderr.count("\n") == 1
+    too_big = subprocess.run(
+        ["./run_train.sh", "--config", "train_configs/llama3_8b_ddp.toml", "--dry-run", "4x8"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert too_big.returncode == 1 and "fits in 80 GiB: no" in too_big.stdout
+    assert too_big.stderr.startswith("torchacco: error: does not fit") and too_big.stderr.count("\n") == 1
 
 
 def test_predict_evaluates_the_configs_own_layout_beside_the_alternatives(capsys):
@@ -91,7 +103,9 @@ def test_predict_evaluates_the_configs_own_layout_beside_the_alternatives(capsys
     own = next(line for line in out.splitlines() if line.startswith("| acco, tp 8 (the config's) |"))
     plain = next(line for line in out.splitlines() if line.startswith("| acco |"))
     assert "does not fit" not in own and "does not fit" in plain
-    assert own.split("|")[3] == plain.split("|")[3]  # the same global batch: 256 × 8192 tokens per update
+    rows = predict.evaluate(predict.build_parser().parse_args(["--config", "train_configs/llama3_8b_acco.toml"]))[0]
+    own = rows["acco, tp 8 (the config's)"].pred["tokens_per_update"]
+    assert own == rows["acco"].pred["tokens_per_update"] == 256 * 8192  # the same global batch
 
 
 def test_predict_times_the_configs_row_as_the_dry_run_does(capsys):

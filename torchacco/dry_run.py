@@ -6,8 +6,9 @@
 With no GPU, no data and no process started: the launcher's checks for that world size (a mistake is one line: exit 1),
 the model on the meta device with its tensor and pipeline parallelism over a fake process group of that size, and per
 rank (per pipeline stage when there are several) its memory by part, their peak against `--dry-run-gpu-gib` and the
-cost model's time per update. `--dry-run` with no size takes [job] cluster. Exit 0 whether or not it fits: a dry run
-reports (docs/performance.md says what it counts).
+cost model's time per update. `--dry-run` with no size takes [job] cluster. Exit 1 with one line when the peak does
+not fit, so a job script can gate on it; `--dry-run-report-only` exits 0 either way (docs/performance.md says what it
+counts).
 """
 
 from __future__ import annotations
@@ -329,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", nargs="?", const="", default="", metavar="NODESxGPUS")
     p.add_argument("--dry-run-gpu-gib", type=float, default=80.0, help="memory per GPU to fit in (GiB)")
+    p.add_argument("--dry-run-report-only", action="store_true", help="exit 0 even when the config does not fit")
     cm.add_cluster_arguments(p)
     return p
 
@@ -344,6 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     run = plan(cfg, cluster)
     prediction = time_per_update(run, args)
     print(report(run, args.dry_run_gpu_gib, prediction, args, parse_overrides(rest)[0] or "the default config"))
+    worst = run.worst
+    if worst.peak > args.dry_run_gpu_gib * GIB and not args.dry_run_report_only:
+        raise UserError(
+            f"does not fit: peak {worst.peak / GIB:.1f} GiB on rank {worst.rank} > --dry-run-gpu-gib "
+            f"{args.dry_run_gpu_gib:g}; shard more (fsdp, hsdp, tensor_parallel_degree), set activation_checkpoint, "
+            "or lower local_batch_size (--dry-run-report-only: exit 0 anyway)"
+        )
     return 0
 
 

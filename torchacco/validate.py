@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from torchacco import fault_tolerance, user_model
+from torchacco import fault_tolerance, run_folder, user_model
 from torchacco.activation_checkpoint import check_activation_checkpoint
 from torchacco.build import ModelKind, model_args
 from torchacco.config import Config, DiLoCo, load_config
@@ -65,6 +65,7 @@ def _check_folders_and_paths(cfg: Config, here: bool) -> None:
     check_preemption(cfg.preemption)
     if not here:
         return
+    run_folder.check(cfg, Path(cfg.job.dump_folder))  # a different run's folder: refused before any worker starts
     _check_profiling(cfg.profiling, cfg.training.device)
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
