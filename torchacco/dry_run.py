@@ -35,6 +35,7 @@ from torchacco.config import Config, load_config, parse_overrides
 from torchacco.device import DTYPES, Device, compute_dtype
 from torchacco.errors import UserError, run_cli
 from torchacco.loss import TokenLoss
+from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.dims import ParallelDims, clear_dtensor_sharding_cache
 from torchacco.parallel.hsdp import shard_degree
 from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
@@ -219,9 +220,9 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
     with torch.device("meta"):
         whole = spec.model_cls(args)
     total = local_numel(whole)
-    fragments = cm.fragment_sizes(whole, cfg.diloco.fragments) if replicas > 1 else [float(total)]
+    outer = cfg.diloco if has_outer_step(replicas, cfg.diloco) else None  # (one replica's: SNOO; no communication)
+    fragments = cm.fragment_sizes(whole, cfg.diloco.fragments) if outer else [float(total)]
     largest = max(fragments) / total
-    outer = cfg.diloco if replicas > 1 else None
     stages = stage_params(cfg, spec, args, cluster, dp) if tp * pp > 1 else [_counts(whole)]
     micro = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp, replicas=replicas).micro_batches
     kinds = []
@@ -302,6 +303,8 @@ def report(run: DryRun, gpu_gib: float, prediction: dict, link, config: str) -> 
     strategy = p.data_parallel + (f" (the cost model's {label})" if label != p.data_parallel else "")
     if run.replicas > 1:
         strategy += f" inside each replica, DiLoCo's outer step across them{' (offloaded)' * cfg.diloco.offload}"
+    elif has_outer_step(1, cfg.diloco):
+        strategy += f", an outer step every {cfg.diloco.sync_every} updates (SNOO){' (offloaded)' * cfg.diloco.offload}"
     lines = [
         f"torchacco dry run: {config} on {c.nodes} node(s) × {c.gpus_per_node} GPUs = {c.world} ranks "
         "(meta device: no GPU, no data)",

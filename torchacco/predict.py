@@ -24,6 +24,7 @@ from torchacco import dry_run
 from torchacco.config import Config, DiLoCo, Parallelism, load_config
 from torchacco.errors import UserError, run_cli
 from torchacco.parallel.ddp import DDP
+from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.registry import strategies, strategy_class
 from torchacco.validate import check_diloco
 
@@ -210,12 +211,15 @@ def from_config(args):
 def config_row(run, work: cm.Workload, hw: cm.Hardware) -> tuple[str, Row]:
     """The config's own layout as a row (its label names the layout)."""
     label = dry_run.strategy_label(run.cfg)
-    layout = {f"tp {run.tp}": run.tp > 1, f"pp {run.pp}": run.pp > 1, f"{run.replicas} replicas": run.replicas > 1}
+    snoo = run.replicas == 1 and has_outer_step(1, run.cfg.diloco)  # its time is the inner strategy's, not its tokens
+    layout = {f"tp {run.tp}": run.tp > 1, f"pp {run.pp}": run.pp > 1, f"{run.replicas} replicas": run.replicas > 1,
+              f"SNOO H {run.cfg.diloco.sync_every}": snoo}  # fmt: skip
     name = f"{label}, {' × '.join(part for part, on in layout.items() if on) or 'dp only'} (the config's)"
     work = dataclasses.replace(work, micro_batches=max(1, run.micro_batches))  # per rank of its dp ranks
-    source = cm.diloco_token_source(label, run.replicas, run.cfg.diloco) if run.replicas > 1 else cm.token_source(label)
+    outer = run.replicas > 1 or snoo
+    source = cm.diloco_token_source(label, run.replicas, run.cfg.diloco) if outer else cm.token_source(label)
     pred = {**dry_run.layout_prediction(run, work, hw), "strategy": name}
-    synchronous = run.replicas == 1 and not cm.variants()[label][0].traits.overlapped
+    synchronous = not outer and not cm.variants()[label][0].traits.overlapped
     return name, Row(pred, run.worst.memory.total, source, [], synchronous)
 
 

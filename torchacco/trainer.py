@@ -30,6 +30,7 @@ from torchacco.faults import from_env
 from torchacco.loss import TokenLoss, value
 from torchacco.materialize import materialize
 from torchacco.metrics import MetricsLogger, Throughput
+from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.model_parallel import apply_model_parallel, check_hardware_queues, model_parallel_label
 from torchacco.parallel.process_groups import (
@@ -228,12 +229,14 @@ def _model_parallel(cfg: Config, spec, dims: ParallelDims, device: Device, model
 
 
 def _replicas(cfg: Config, dims: ParallelDims) -> str:
-    if dims.replicas == 1:
-        return ""
     d = cfg.diloco
+    if not has_outer_step(dims.replicas, d):
+        return ""
     streaming = f", {d.fragments} fragments, τ {d.overlap_steps}" if d.fragments > 1 or d.overlap_steps else ""
     wire = f"top {d.topk:.2%} in {d.outer_dtype}" if d.topk else d.outer_dtype
     h = f"{d.sync_every}–{d.sync_every_max} (QSR)" if d.sync_every_max else d.sync_every
+    if dims.replicas == 1:
+        return f" (an outer step every H {h}{streaming}: SNOO)"
     return f" × {dims.replicas} replicas (DiLoCo, H {h}{streaming}, outer {wire})"
 
 
