@@ -310,3 +310,48 @@ def test_the_goodput_faults_come_in_turn_and_each_outage_ends(monkeypatch):
     assert [e["kind"] for e in injector.events] == ["kill", "stall", "kill"]
     assert signals == [signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT, signal.SIGKILL]
     assert all(e["at_s"] >= 0.2 * i - 0.05 for i, e in enumerate(injector.events, 1))  # (every 0.2 s, at 0.1 s)
+
+
+def test_a_round_goes_through_torchfts_wrapper_and_a_failed_collective_is_the_managers_not_an_exception(
+    monkeypatch, capsys
+):
+    """The round's group is torchft's managed wrapper over its own process group (on NCCL, the one that aborts
+    a lost peer's communicator), never the bare group under it; a collective's failure is recorded by the manager,
+    returns at once, and the round runs again, so a survivor never blocks on a lost peer."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torchft.process_group import ManagedProcessGroup, ProcessGroupGloo
+
+    from torchacco.fault_tolerance import start_lighthouse
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    lighthouse = start_lighthouse(1, 5.0, bind="127.0.0.1:0")
+    options = SimpleNamespace(lighthouse=lighthouse.address(), round_timeout_s=10.0, min_replicas=1)
+    dims = SimpleNamespace(rank=0, world_size=1, timeout=timedelta(seconds=30))
+    link = ReplicaLink(options, 0, 1, dims, "cpu", "1 ranks, ddp, tp 1, pp 1")
+    groups = []
+
+    def exchange(group):
+        groups.append(group)
+        if len(groups) == 1:  # as gloo's error on a lost peer: the manager holds it, the collective returns
+            link.manager.report_error(RuntimeError("Connection closed by peer"))
+        t = torch.full((3,), 2.0)
+        dist.all_reduce(t, group=group)
+        return t
+
+    try:
+        link.heal_with(lambda: {}, lambda state: None)
+        assert torch.equal(link.round(exchange), torch.full((3,), 2.0))
+    finally:
+        link.close()
+        lighthouse.shutdown()
+        dist.destroy_process_group()
+    assert len(groups) == 2 and all(isinstance(g, ManagedProcessGroup) for g in groups)
+    assert groups[0]._manager is link.manager and isinstance(link.manager._pg, ProcessGroupGloo)
+    assert "outer step round 1 failed (Connection closed by peer)" in capsys.readouterr().out

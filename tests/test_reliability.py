@@ -711,3 +711,112 @@ def test_the_diagnosis_names_the_rank_that_has_not_entered_the_collective_the_ot
     # Counted per group: DiLoCo's replicas step apart, and each replica's group is compared alone.
     assert behind({0: beat(in_job, a=(40, "all_gather")), 1: beat(in_job, b=(30, "all_gather"))}) is None
     assert behind({0: beat(in_job), 1: {"beat": 3, "where": in_job}}) is None  # nothing entered yet
+
+
+def _resume_rank(rank: int, store_path: str, folder: str, out: str) -> None:
+    """Rank 1's node lists the checkpoint folder as it was two saves ago (a network filesystem's stale cache)."""
+    from datetime import timedelta
+    from pathlib import Path
+
+    import torchacco.checkpoint as checkpoint
+    from torchacco.config import Checkpoint
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    if rank == 1:
+        listed = checkpoint.step_dirs
+        checkpoint.step_dirs = lambda f: [(s, p) for s, p in listed(f) if s <= 2]
+    loaded = []
+    checkpoint.Checkpointer.load = lambda self, path, state: loaded.append(path.name)
+    dims = SimpleNamespace(rank=rank, data_size=2)
+    state = SimpleNamespace(dp_size=2, step=0, tokens=0.0)
+    strategy = SimpleNamespace(
+        checkpoint_key=lambda dims: "model", traits=SimpleNamespace(resume_needs_same_ranks=True)
+    )
+    c = Checkpoint(enable=True, resume=True)
+    checkpoint.resume(c, Path(folder), dims, strategy, state, None, timedelta(seconds=30))
+    Path(f"{out}.{rank}").write_text(",".join(loaded))
+    dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_every_rank_resumes_from_the_step_rank_0_lists_even_beside_a_stale_listing(tmp_path):
+    import torch.multiprocessing as mp
+
+    for step in (2, 4):
+        (tmp_path / "run" / "checkpoint" / f"step-{step:08d}").mkdir(parents=True)
+    out = str(tmp_path / "loaded")
+    mp.spawn(_resume_rank, args=(str(tmp_path / "store"), str(tmp_path / "run"), out), nprocs=2)
+    loaded = [open(f"{out}.{rank}").read() for rank in range(2)]
+    assert loaded == ["step-00000004,step-00000004"] * 2, loaded
+
+
+HANG_TIMEOUT_S = 45  # the watchdog's deadline: 36 s (torchacco/runners.py's stall_deadline_s), gloo's own 9 s later
+
+
+@pytest.mark.integration
+@pytest.mark.faults
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--parallelism.data_parallel", "zero1"),
+        ("--parallelism.data_parallel", "fsdp"),
+        ("--parallelism.data_parallel", "ddp"),
+        ("--parallelism.data_parallel", "zero1", "--parallelism.tensor_parallel_degree", "2"),
+    ],
+    ids=["zero1", "fsdp", "ddp", "tp2"],
+)
+def test_a_collective_hung_on_the_main_thread_ends_in_one_line_naming_the_rank_and_the_collective(
+    tiny_corpus, cache_dir, tmp_path, extra
+):
+    """Rank 1 waits inside the communication library from step 3 (a receive no peer answers), the other rank in
+    its next collective, both on the main thread (no overlapped schedule's timed wait): each rank's watchdog ends
+    it with one line naming the rank, the collective and the diagnosis before the collective timeout (where NCCL's
+    watchdog would abort without a word), having written its flight recorder."""
+    import re
+    import time
+
+    args = tiny_args(tiny_corpus, cache_dir, tmp_path / "out", *extra, "--training.steps", "40", "--eval.every", "0",
+                     "--training.collective_timeout_s", str(HANG_TIMEOUT_S))  # fmt: skip
+    started = time.monotonic()
+    env = {"TORCHACCO_FAULT": "hang@rank1:step3", "TORCH_FR_BUFFER_SIZE": "2000"}
+    proc = run_train(args, env=env, timeout=240)
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("torchacco: error:")]
+    assert errors, proc.stderr[-3000:]
+    for line in errors:  # the watchdog's words, not gloo's own timeout ("a collective failed")
+        assert re.match(r"torchacco: error: rank [01]: its (gloo:)?[\w-]+( \(#\d+\))? on process group \d+ made no "
+                        r"progress for 3\d s during its .*\(step [34]\)", line), line  # fmt: skip
+    assert any(line.startswith("torchacco: error: rank 1: its recv") for line in errors), errors
+    assert elapsed < 150, elapsed
+    assert sorted(p.name for p in (tmp_path / "out" / "flight_recorder").iterdir())
+
+
+@pytest.mark.integration
+def test_acco_under_tensor_parallelism_issues_on_each_process_group_from_one_thread(tiny_corpus, cache_dir, tmp_path):
+    """NCCL's communicators must not be driven by two host threads. A 2-rank ACCO run at tp 2 (its job's thread
+    beside the compute thread's tensor-parallel collectives), with an evaluation: every collective torch's flight
+    recorder saw (DTensor's from C++ included), each group issued on by one thread only over the whole run. Measured
+    without the suite's own check (collectives.py), which would stop the run at the first."""
+    import json
+    import sys
+
+    from conftest import ROOT
+
+    argv = tiny_args(tiny_corpus, cache_dir, tmp_path / "run", "--parallelism.data_parallel", "acco",
+                     "--parallelism.tensor_parallel_degree", "2", "--training.global_batch_size", "8",
+                     "--training.steps", "4", "--eval.every", "2", "--eval.batches", "1")  # fmt: skip
+    (tmp_path / "runs.json").write_text(json.dumps([argv]))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "20000"}
+    env.pop("TORCHACCO_CHECK_COLLECTIVE_THREADS")
+    worker = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+              str(ROOT / "tests" / "workers" / "model_parallel_worker.py"), str(tmp_path / "runs.json")]  # fmt: skip
+    proc = subprocess.run(worker, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for rank in range(2):
+        log = json.loads((tmp_path / "run" / f"collectives_rank{rank}.json").read_text())
+        threads = {}
+        for c in log["collectives"]:
+            threads.setdefault(c["group"], set()).add(c["thread"])
+        assert set(log["comm_threads"]) & set().union(*threads.values()), "the job thread issued nothing"
+        assert all(len(t) == 1 for t in threads.values()), f"rank {rank}: groups issued on by two threads: {threads}"

@@ -27,6 +27,7 @@ from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map
 
 from torchacco.config import Checkpoint as CheckpointConfig
 from torchacco.errors import UserError
+from torchacco.parallel.collectives import HOST_GROUPS
 from torchacco.parallel.process_groups import on_one_rank
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -170,12 +171,19 @@ class Checkpointer:
         self.folder, self.rank, self.keep, self.async_save = folder, rank, keep, async_save
         # their own group: an asynchronous save never interleaves with the training collectives
         self.group = dist.new_group(backend="gloo", timeout=timeout)
+        HOST_GROUPS.add(self.group)
         self.in_flight: tuple | None = None
         self.staging = HostStaging()
 
     def latest(self) -> Path | None:
         dirs = step_dirs(self.folder)
         return dirs[-1][1] if dirs else None
+
+    def agreed_latest(self) -> Path | None:
+        """The latest checkpoint as rank 0 lists it, on every rank (a node's listing may be stale)."""
+        chosen = [self.latest() if self.rank == 0 else None]
+        dist.broadcast_object_list(chosen, src=0, group=self.group)
+        return chosen[0]
 
     def save(self, step: int, state: dict) -> None:
         self.wait()
@@ -301,7 +309,7 @@ def resume(
     if not c.enable:
         return None, None
     checkpointer = Checkpointer(folder / c.folder, dims.rank, c.keep, c.async_save, timeout)
-    path = Path(c.load_path) if c.load_path else checkpointer.latest() if c.resume else None
+    path = Path(c.load_path) if c.load_path else checkpointer.agreed_latest() if c.resume else None
     if path is None:
         return checkpointer, None
     checkpointer.load(path, {"train": state})

@@ -146,7 +146,7 @@ class ReplicaLink:
     def __init__(self, options, replica: int, replicas: int, dims, device_type: str, layout: str, log=print):
         self.options, self.dims, self.device_type = options, dims, device_type
         self.lighthouse = lighthouse_address(options)  # (reachable, or one line now)
-        logging.getLogger("torchft").setLevel(logging.ERROR)  # its warnings are for NCCL's flight recorder
+        logging.getLogger("torchft").setLevel(logging.CRITICAL)  # (a failed round's traceback: its line says it)
         # torchft's state server logs every request, and its reader warns that the received buffers are read-only
         http.server.BaseHTTPRequestHandler.log_message = lambda *args, **kwargs: None
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
@@ -164,6 +164,7 @@ class ReplicaLink:
         _quiet_torchft()
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
         from torchft.checkpointing.http_transport import HTTPTransport
+        from torchft.process_group import ManagedProcessGroup
 
         class TimedTransport(HTTPTransport):
             """torchft's HTTP state transfer, timed (what a heal's copy costs, apart from the wait for the round), at
@@ -213,6 +214,9 @@ class ReplicaLink:
             checkpoint_transport=TimedTransport(timeout=4 * timeout, num_chunks=0),
         )
         self.manager.register_state_dict_fn("torchacco", self._load, self._save)
+        # The round's group: torchft's wrapper (on NCCL it aborts a lost peer's communicator) through the manager,
+        # which records a failed collective and returns at once: a survivor never blocks, `should_commit` decides.
+        self.group = ManagedProcessGroup(self.manager)
 
     def _save(self) -> dict:
         # every DTensor as this rank's local tensor (a peer at the same rank holds the same shard)
@@ -263,7 +267,7 @@ class ReplicaLink:
             result = None
             if self.manager.errored() is None:
                 try:
-                    result = exchange(self.pg.parent)
+                    result = exchange(self.group)
                 except Exception as e:  # a replica lost in the round: torchft decides, with every replica
                     # (torch's collective logger, formatting the error for a group it does not know, raises its own)
                     self.manager.report_error(e.__context__ if "world group map" in str(e) and e.__context__ else e)

@@ -7,8 +7,9 @@ replica N only; in a fault-tolerant run, R counts within the replica's job):
   ACCO computes each step in two periods). Under pipeline parallelism name a rank of the last stage;
 - `stall`: from step S on, the rank's next reduce-scatter or all-gather never starts, as a hung NCCL collective:
   nothing raises, the process lives on (the overlapped schedules' timed wait is what notices);
-- `hang`: from step S on, the rank's next reduce-scatter or all-gather is a receive that no peer sends: the rank
-  waits inside the communication library, as in a hung NCCL kernel, and so do the peers in their collective;
+- `hang`: from step S on, the rank's next collective issued from Python (a reduce-scatter or all-gather of the sharded
+  job or FSDP, an all-reduce of the counts; not DDP's or DTensor's, which C++ issues) is a receive that no peer
+  sends: the rank waits inside the communication library, as in a hung NCCL kernel, and so do the peers in theirs;
 - `freeze@replicaN:rankR:stepS:Ts`: from step S on, once the rank's next fault-tolerant outer step has sent its
   first message, the whole process stops (SIGSTOP, heartbeats too: a frozen machine) for T seconds, then goes on;
 - `pause@[replicaN:]rankR:stepS:Ts`: the rank sleeps T seconds as it starts step S (a straggler: it lives, and a
@@ -84,9 +85,10 @@ class Faults:
             elif what == "kill":
                 health.current().flush()  # so the survivors can tell where this rank died
                 os.kill(os.getpid(), signal.SIGKILL)
-            elif what in ("stall", "hang"):
-                stuck = _receive_forever if what == "hang" else lambda name, never=threading.Event(): never.wait()
-                set_collective_hook(stuck)
+            elif what == "hang":  # the next collective issued from Python, whatever the strategy
+                set_collective_hook(_receive_forever, everywhere=True)
+            elif what == "stall":
+                set_collective_hook(lambda name, never=threading.Event(): never.wait())
             else:
                 poison = True
         return poison
@@ -113,7 +115,8 @@ def in_outer_exchange() -> None:
 
 
 def _receive_forever(name: str) -> None:
-    """Inside the communication library until the group's timeout: a receive no peer answers."""
+    """Inside the communication library until the group's timeout: a receive no peer answers (once)."""
+    set_collective_hook(None)
     peer = (dist.get_rank() + 1) % dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
     dist.recv(torch.zeros(1, device=device), src=peer, tag=7_777)  # (a tag no other message uses)

@@ -8,10 +8,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import signal
 import threading
 import time
+from collections.abc import Callable
 
+import torch
 import torch.distributed as dist
 
 from torchacco.errors import Stalled, Terminated, print_error
@@ -19,6 +22,7 @@ from torchacco.errors import Stalled, Terminated, print_error
 BEAT_KEY = "torchacco/heartbeat/"
 READ_TIMEOUT_S = 8.0  # per read of every heartbeat; diagnose() reads twice, 2.5 s apart: ~19 s at most
 TEARDOWN_S = 10.0  # after a reported failure, the most time the process takes to end
+MIN_WATCH_S = 20.0  # the shortest deadline the watchdog keeps (a loaded machine's slow step is no hang)
 
 
 class Heartbeat:
@@ -27,6 +31,8 @@ class Heartbeat:
         self.phase = "startup"  # the training loop's
         self.comm = ""  # the communication job's, while one is in flight
         self.collectives: dict[str, list] = {}  # per group: [reduce-scatters and all-gathers entered, the last one]
+        self.moved = time.monotonic()  # the main thread's last progress: a phase entered, a collective issued
+        self.last_issued = (0, "")  # (ns, what) of the last collective issued from Python
         self._beats = 0
         self._cond = threading.Condition()
         self._flushes_asked = self._flushes_done = 0
@@ -38,9 +44,15 @@ class Heartbeat:
 
     def enter(self, phase: str) -> None:
         self.phase = phase  # published with the next beat: a phase change writes nothing
+        self.moved = time.monotonic()
 
     def comm_phase(self, phase: str) -> None:
         self.comm = phase
+
+    def issued(self, op: str, group: str) -> None:  # (collectives.py watches torch.distributed's)
+        self.last_issued = (time.time_ns(), f"{op.replace('_', '-')} on process group {group}")
+        if threading.current_thread() is threading.main_thread():
+            self.moved = time.monotonic()
 
     def entered(self, op: str, group: str) -> None:
         """A reduce-scatter or all-gather of `group` (a name its ranks agree on) starts. (Counted per group:
@@ -159,7 +171,42 @@ def behind(beats: dict[int, dict], named: int = 4) -> str | None:
     return "; ".join(said[:named]) + more
 
 
+def watch(hb: Heartbeat, deadline_s: float, timeout_s: float, dump: Callable[[], None], stop: threading.Event):
+    """A main thread without progress for `deadline_s` (no job in flight: the overlapped schedules time their own
+    wait) is hung in a collective: one line naming the rank, the collective and the diagnosis, before NCCL's abort."""
+    trained = False  # (armed once the loop's phases (step N) start: a preparation before may take hours)
+    while not stop.wait(1.0):
+        idle, trained = time.monotonic() - hb.moved, trained or "(step " in hb.phase
+        if trained and idle >= deadline_s and not hb.comm and not hb.phase.startswith("waiting for rank"):
+            dump()
+            collective = max(hb.last_issued, last_collective())[1] or "last collective"
+            report(f"rank {hb.rank}: its {collective} made no progress for {idle:.0f} s during its {hb.where()}: "
+                   f"{hb.diagnose()}; [training] collective_timeout_s = {timeout_s:g}")  # fmt: skip
+            return
+
+
+def last_collective() -> tuple[int, str]:
+    """(ns, what) of the flight recorder's newest collective (DDP's, DTensor's: C++ issues them), or (0, "")."""
+    found = [(0, "")]
+
+    def read() -> None:
+        with contextlib.suppress(Exception):
+            e = max(pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, False, True))["entries"],
+                    key=lambda e: e["time_created_ns"])  # fmt: skip
+            seq = e["collective_seq_id"] or e.get("p2p_seq_id", 0)
+            found.append(
+                (e["time_created_ns"], f"{e['profiling_name']} (#{seq}) on process group {e['process_group'][0]}")
+            )
+
+    if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or 0) > 0:  # (on a thread: its lock may be held beside the hang)
+        reader = threading.Thread(target=read, name="torchacco-flight-recorder-read", daemon=True)
+        reader.start()
+        reader.join(5.0)
+    return found[-1]
+
+
 _current: Heartbeat | None = None
+_watchdog = threading.Event()  # set: the watchdog stops
 _report_lock = threading.Lock()
 _exit_timer: threading.Timer | None = None
 
@@ -188,11 +235,18 @@ def torn_down() -> None:
         _exit_timer = None
 
 
-def start(rank: int, world: int) -> Heartbeat:
-    """The heartbeat of this process, over the default process group's store."""
-    global _current
+def start(rank: int, world: int, deadline_s: float = 0.0, timeout_s: float = 0.0, dump=lambda: None) -> Heartbeat:
+    """The heartbeat of this process, over the default process group's store, and the watchdog of its main thread."""
+    global _current, _watchdog
+    from torchacco.parallel.collectives import watch_collectives  # (it imports this module)
+
+    watch_collectives()
     store = dist.distributed_c10d._get_default_store() if dist.is_initialized() and world > 1 else None
     _current = Heartbeat(store, rank, world)
+    if MIN_WATCH_S <= deadline_s < timeout_s and store is not None:  # (under it: the library's own timeout first)
+        _watchdog = threading.Event()
+        args = (_current, deadline_s, timeout_s, dump, _watchdog)
+        threading.Thread(target=watch, args=args, name="torchacco-watchdog", daemon=True).start()
     return _current
 
 
@@ -206,6 +260,7 @@ def current() -> Heartbeat:
 
 def stop() -> None:
     global _current
+    _watchdog.set()
     if _current is not None:
         _current.close()
     _current = None

@@ -45,6 +45,7 @@ from torchacco.parallel.process_groups import (
 from torchacco.parallel.registry import strategy_class
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan
 from torchacco.profiling import Profiler
+from torchacco.runners import stall_deadline_s
 from torchacco.spec import get_model_spec
 from torchacco.validate import validate
 
@@ -75,7 +76,8 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
         degrees = f"tp {p.tensor_parallel_degree}, pp {p.pipeline_parallel_degree}"
         layout = f"{dims.world_size} ranks, {p.data_parallel}, {degrees}"
         dims.link = fault_tolerance.ReplicaLink(cfg.diloco, replica, p.replicas, dims, device.type, layout, say)
-    heartbeat = health.start(dims.rank, dims.world_size)
+    dump = lambda: dump_flight_recorder(Path(cfg.job.dump_folder), dims.rank)  # noqa: E731
+    heartbeat = health.start(dims.rank, dims.world_size, stall_deadline_s(dims.timeout), timeout, dump)
     sigterm = health.SigtermGuard()
     # After SigtermGuard: SIGTERM, when a preemption signal, ends the run at the next update instead.
     preempt = preemption.Preemption(cfg.preemption, dims, cfg.checkpoint.enable)

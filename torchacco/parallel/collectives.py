@@ -7,6 +7,9 @@ messages, (W−1)/W of the buffer per rank. Both work in place on a flat buffer,
 
 from __future__ import annotations
 
+import functools
+import os
+import threading
 import weakref
 import zlib
 from collections.abc import Callable
@@ -19,14 +22,57 @@ from torchacco import health
 # torch 2.13 renamed the single-tensor collectives; keep working on older releases.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_isend, _irecv = dist.isend, dist.irecv  # (unwatched: the ring's messages are its reduce-scatter's or all-gather's)
 
 RING_MIN_NUMEL = 1 << 16  # below this, a message's latency outweighs the bytes saved
 PIECE_NUMEL = 1 << 22  # ring messages are cut to this size: the staging buffer stays bounded
 
 _before_collective: Callable[[str], None] | None = None
+_everywhere = False
 # gloo joins two ranks by one TCP connection, whose two directions a 2-rank ring's messages take turns on in some
 # calls (on a shaped link, 1.3-1.4x the ideal on average): its messages to the lower rank go by a second group
 _return_groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+# One issuing thread per process group (docs/reliability.md#one-thread-per-communicator), as NCCL needs: with this
+# variable set (the test suite sets it) a collective raises where another thread issued on its group before.
+CHECK_THREADS = "TORCHACCO_CHECK_COLLECTIVE_THREADS"
+_issuers: dict[str, str] = {}  # group name -> the thread that issues on it
+HOST_GROUPS: weakref.WeakSet = weakref.WeakSet()  # gloo on every backend (checkpoints'): threads may take turns
+WATCHED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier",
+           "all_gather_object", "broadcast_object_list", "gather_object", "gather", "scatter", "send", "recv", "isend",
+           "irecv", "all_to_all_single", "reduce_scatter_single", "all_gather_single")  # fmt: skip
+
+
+def _issue(name: str, group) -> None:
+    """Before a collective: the heartbeat's record; the thread check."""
+    group, me = group or dist.group.WORLD, threading.current_thread()
+    if group not in dist.distributed_c10d._world.pg_names:  # torchft's: not torch's to name, its manager's to check
+        return
+    health.current().issued(name, group.group_name)
+    first = _issuers.setdefault(group.group_name, mine := f"{me.name} ({me.ident})")
+    if first != mine and os.environ.get(CHECK_THREADS) and group not in HOST_GROUPS:
+        raise RuntimeError(f"two threads issue collectives on process group {group.group_name} "
+                           f"({dist.get_process_group_ranks(group)}): {first}, then {mine}")  # fmt: skip
+
+
+def watch_collectives() -> None:
+    """torch.distributed's collectives called from Python (not DDP's or DTensor's) run the hook, then `_issue`."""
+    for name in WATCHED:
+        fn = getattr(dist, name, None)
+        if fn is None or hasattr(fn, "_torchacco_watched"):
+            continue
+
+        @functools.wraps(fn)
+        def watched(*args, _fn=fn, _name=name, **kwargs):
+            if _before_collective is not None and _everywhere:
+                _before_collective(_name)
+            if dist.is_initialized():
+                _issue(_name, kwargs.get("group"))
+            return _fn(*args, **kwargs)
+
+        watched._torchacco_watched = True
+        setattr(dist, name, watched)
 
 
 def add_return_group(group: dist.ProcessGroup, back: dist.ProcessGroup) -> None:
@@ -35,11 +81,12 @@ def add_return_group(group: dist.ProcessGroup, back: dist.ProcessGroup) -> None:
     _return_groups[group] = back
 
 
-def set_collective_hook(hook: Callable[[str], None] | None) -> None:
+def set_collective_hook(hook: Callable[[str], None] | None, everywhere: bool = False) -> None:
     """Call `hook(name)` before each reduce-scatter and all-gather here ("reduce_scatter" or "all_gather"; None
-    removes it): benchmarks/gpu.py delays ACCO's jobs with it, torchacco/faults.py injects a stuck collective."""
-    global _before_collective
-    _before_collective = hook
+    removes it), and with `everywhere` before each collective `watch_collectives` sees (its torch.distributed name):
+    benchmarks/gpu.py delays ACCO's jobs with it, torchacco/faults.py injects a stuck collective."""
+    global _before_collective, _everywhere
+    _before_collective, _everywhere = hook, everywhere
 
 
 def _name(group) -> str:
@@ -56,6 +103,8 @@ def _enter_and_use_ring(name: str, tensor: torch.Tensor, group) -> bool:
     as a ring."""
     if _before_collective is not None:
         _before_collective(name)
+    if dist.is_initialized():
+        _issue(name, group)
     health.current().entered(name, _name(group))
     return dist.get_backend(group) == "gloo" and dist.get_world_size(group) > 1 and tensor.numel() >= RING_MIN_NUMEL
 
@@ -112,7 +161,7 @@ def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group,
         works = dist.batch_isend_irecv(ops)
     else:  # rank 0 of the pair sends on `group` and receives on `back`; rank 1 the other way round
         ahead, behind = (group, back) if rank == 0 else (back, group)
-        works = [dist.isend(send, dst, group=ahead), dist.irecv(recv, src, group=behind)]
+        works = [_isend(send, dst, group=ahead), _irecv(recv, src, group=behind)]
     for work in works:
         work.wait()
 

@@ -19,7 +19,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from torchacco.optim import no_weight_decay_ids
-from torchacco.parallel.dims import ParallelDims
+from torchacco.parallel.dims import ParallelDims, _model_parallel_group
 
 
 def padded_numel(numel: int, world: int) -> int:
@@ -30,8 +30,11 @@ def padded_numel(numel: int, world: int) -> int:
 class FlatParams:
     def __init__(self, model: nn.Module, dims: ParallelDims, dtype: torch.dtype, grad_dtype: torch.dtype):
         # Model parallelism: ‖g‖² and the loss are summed over mp_group (the tp × pp block), where tp-replicated
-        # parameters count 1/tp each and one rank of the block (owns_loss: tp rank 0) reports the loss.
-        self.group, self.mp_group = dims.dp_group, dims.mp_group
+        # parameters count 1/tp each and one rank of the block (owns_loss: tp rank 0) reports the loss. The job's
+        # block group is its own: an overlapped job's thread issues on it, the main thread on block_group, tp, pp.
+        self.group, self.block_group = dims.dp_group, dims.mp_group
+        self.mp_group = None if dims.mp_group is None else _model_parallel_group(dims.mesh, dims.tp_size, dims.pp_size,
+                                                                                 dims.timeout)  # fmt: skip
         self.tp, self.owns_loss = dims.tp_size, dims.tp_rank == 0
         self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # shared weights once
@@ -126,8 +129,8 @@ class FlatParams:
         dp, so a checkpoint can reshard onto another number of replicas."""
         if not hasattr(self, "_layout"):
             text = ";".join(f"{n}:{tuple(_local(p).shape)}" for n, p in zip(self.names, self.params))
-            texts = [None] * dist.get_world_size(self.mp_group)
-            dist.all_gather_object(texts, text, group=self.mp_group)
+            texts = [None] * dist.get_world_size(self.block_group)
+            dist.all_gather_object(texts, text, group=self.block_group)
             self._layout = hashlib.sha1("|".join(texts).encode()).hexdigest()
         return self._layout
 

@@ -104,6 +104,7 @@ class Overlapped(Strategy):
         self.job_buffer = self.reduce_out if wide else self.comm  # where the job's parameters land: P ← it
         self.runner, self.device = device.runner(), device
         self.stall_s = stall_deadline_s(dims.timeout)  # a job running longer: a peer stalled
+        self.sharded.on_job_thread = self._on_job_thread  # (θ gathered for evaluation and DiLoCo's outer step)
         self.mode, self.max_growth = acco.mode, acco.max_growth  # max_growth bounds an adaptive period (0: no bound)
         self.lr_batch_scaling = acco.lr_batch_scaling if acco.mode == "adaptive" else 0.0
         self.nominal_tokens = plan.tokens_per_update
@@ -265,6 +266,11 @@ class Overlapped(Strategy):
 
     def close(self) -> None:
         self.runner.drain(self.stall_s)
+
+    def _on_job_thread(self, fn):
+        """`fn()` between rounds, on the job's thread: the one that issues on the data-parallel group."""
+        self.runner.launch(fn)
+        return self.runner.wait(self.stall_s)
 
     def state_dict(self) -> dict:
         """Between rounds: ZeRO-1's state, plus what the next rounds need — the compute parameters P (θ̃, θ or WP's

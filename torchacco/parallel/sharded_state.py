@@ -31,6 +31,7 @@ class ShardedOptimizerState:
         self, model: nn.Module, dims: ParallelDims, param_dtype, optimizer: OptimizerConfig, grad_dtype=GRAD_DTYPE
     ):
         self.dims = dims
+        self.on_job_thread = lambda fn: fn()  # an overlapped schedule's: its data-parallel group has one thread
         self.flat = FlatParams(model, dims, param_dtype, grad_dtype)
         if dims.mp_group is not None:
             self.flat.layout()  # a collective: now, while every rank is here
@@ -57,7 +58,7 @@ class ShardedOptimizerState:
     def written(self) -> None:
         """P ← θ, from every rank's master shard: after a commit the compute parameters are θ (an estimate round
         starts from it)."""
-        gather_master(self.flat, self.optimizer, self.params)
+        self.on_job_thread(lambda: gather_master(self.flat, self.optimizer, self.params))
 
     def run_job(
         self, grads, counts: Counts, lr_for, kind: str, out: torch.Tensor, max_norm: float, clip_norm=None
