@@ -59,7 +59,10 @@ def test_the_flagship_layouts_are_counted_per_rank_of_the_sharded_model(capsys):
     assert len(stages) == 4 and stages[0] > stages[1] and stages[3] > stages[2], out  # embeddings, head
     # replicated fp32 weights and AdamW state: 16 bytes per parameter do not fit: one line and exit 1
     ddp = ["--config", "train_configs/llama3_8b_ddp.toml", "--dry-run", "4x8"]
-    with pytest.raises(UserError, match=r"^does not fit: peak [0-9.]+ GiB on rank 0, [0-9.]+ GiB with the reserve > --dry-run-gpu-gib 80; shard"):
+    with pytest.raises(
+        UserError,
+        match=r"^does not fit: peak [0-9.]+ GiB on rank 0, [0-9.]+ GiB with the reserve > --dry-run-gpu-gib 80; shard",
+    ):
         dry_run.main(ddp)
     assert peak_gib(capsys.readouterr().out)[0] == "no"  # the report comes first
     assert peak_gib(dry(capsys, *ddp, "--dry-run-report-only"))[0] == "no"

@@ -369,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     if fits(worst.needed, args.dry_run_gpu_gib * GIB) == "no" and not args.dry_run_report_only:
         raise UserError(
             f"does not fit: peak {worst.peak / GIB:.1f} GiB on rank {worst.rank}, {worst.needed / GIB:.1f} GiB with "
-            f"the reserve > --dry-run-gpu-gib {args.dry_run_gpu_gib:g}; shard more (fsdp, hsdp, tensor_parallel_degree), set activation_checkpoint, "
-            "or lower local_batch_size (--dry-run-report-only: exit 0 anyway)"
+            f"the reserve > --dry-run-gpu-gib {args.dry_run_gpu_gib:g}; shard more (fsdp, hsdp, "
+            "tensor_parallel_degree), set activation_checkpoint, or lower local_batch_size (--dry-run-report-only: "
+            "exit 0 anyway)"
         )
     return 0
 
