@@ -16,9 +16,17 @@ from torchacco.optim import build_optimizer, hidden_matrix_ids  # noqa: E402
 
 MUON = {"TORCHACCO_TEST_OPTIMIZER": "muon"}
 # Newton–Schulz runs in bf16: a gradient summed in another order (the ranks' reduction against the reference's
-# sequential sum) can round one of its inputs the other way, which moves that element of the step by a bf16 ulp
-# (~0.4%) of lr × 0.2·√max(A, B) ≈ 0.02. A matrix orthogonalised shard by shard moves θ by whole steps.
-TOLERANCE = {"rtol": 1e-5, "atol": 2e-4}
+# sequential sum) can round some of its inputs the other way, which moves those elements of a step by a few bf16
+# ulps. Measured over 3 updates: θ off the reference by 0.1–0.6% of its displacement, 7e-4 at most. One straddling
+# matrix orthogonalised shard by shard (no gather) puts θ 7% off, 1e-2 at most.
+MAX_DRIFT, MAX_ABS = 0.02, 2e-3
+
+
+def assert_steps_as(theta, expected, initial):
+    """θ within MAX_DRIFT of the reference's displacement from θ_0 (in norm), and MAX_ABS of it everywhere."""
+    drift = ((theta - expected).norm() / (expected - initial).norm()).item()
+    assert drift < MAX_DRIFT, drift
+    torch.testing.assert_close(theta, expected, rtol=0, atol=MAX_ABS)
 
 
 class Optimizers:
@@ -26,7 +34,10 @@ class Optimizers:
 
     def __init__(self, *parts):
         self.parts = parts
-        self.param_groups = [g for o in parts for g in o.param_groups]
+
+    @property
+    def param_groups(self):  # read anew: load_state_dict gives each part new group dicts
+        return [g for o in self.parts for g in o.param_groups]
 
     def step(self):
         for o in self.parts:
@@ -40,9 +51,9 @@ class Optimizers:
             o.load_state_dict(s)
 
 
-def muon_reference(periods) -> Reference:
+def muon_reference(periods, lr_scaling=None) -> Reference:
     """The schedules' reference with torch's Muon on the blocks' 2-D weights (by name), AdamW on the rest."""
-    ref = Reference(periods)
+    ref = Reference(periods, lr_scaling)
     cfg = worker.config("ddp", "deterministic").optimizer
     named = dict(ref.model.named_parameters())
     hidden = [p for n, p in named.items() if n.startswith("layers.") and p.ndim == 2]
@@ -62,10 +73,12 @@ def muon_reference(periods) -> Reference:
 
 @pytest.fixture
 def muon_reference_in(monkeypatch):
-    """The schedules' reference functions, stepping Muon + AdamW."""
+    """The schedules' reference functions, stepping Muon + AdamW, on a one-layer Llama whose flat buffer splits
+    matrices between ranks: the MLP's w1 on 2 ranks; wk, w1 and w3 on 4."""
     import test_schedules
 
     monkeypatch.setattr(test_schedules, "Reference", muon_reference)
+    monkeypatch.setattr(worker, "MODEL", "one_layer")
 
 
 REFERENCES = {
@@ -83,10 +96,9 @@ REFERENCES = {
 @pytest.mark.exact
 @pytest.mark.parametrize("kind", list(REFERENCES))
 def test_each_strategy_steps_as_torchs_muon_with_adamw_on_two_ranks(tmp_path, muon_reference_in, kind):
-    run = run_worker(tmp_path, kind, commits=3, micro_batches=2, env=MUON)
+    run = run_worker(tmp_path, kind, commits=3, micro_batches=2, model="one_layer", env=MUON)
     expected = REFERENCES[kind](run["periods"])
-    torch.testing.assert_close(run["theta"], expected, **TOLERANCE)
-    assert not torch.allclose(expected, Reference(run["periods"]).theta())  # it trained
+    assert_steps_as(run["theta"], expected, Reference(run["periods"]).theta())
 
 
 @pytest.mark.integration
@@ -95,8 +107,8 @@ def test_each_strategy_steps_as_torchs_muon_with_adamw_on_two_ranks(tmp_path, mu
 @pytest.mark.parametrize("kind", list(REFERENCES))
 def test_each_strategy_steps_as_torchs_muon_with_adamw_on_four_ranks(tmp_path, muon_reference_in, kind):
     env = {**MUON, "TORCHACCO_TEST_SHARD_DEGREE": "2"}
-    run = run_worker(tmp_path, kind, commits=3, micro_batches=2, nproc=4, env=env)
-    torch.testing.assert_close(run["theta"], REFERENCES[kind](run["periods"]), **TOLERANCE)
+    run = run_worker(tmp_path, kind, commits=3, micro_batches=2, nproc=4, model="one_layer", env=env)
+    assert_steps_as(run["theta"], REFERENCES[kind](run["periods"]), Reference(run["periods"]).theta())
 
 
 def _gpt_neo():
@@ -132,7 +144,9 @@ def test_a_hugging_face_models_hidden_matrices_are_its_decoder_layers_and_the_re
     model = _gpt2()
     names = _hidden_names(model)
     assert names == {
-        f"transformer.h.{i}.{m}.weight" for i in range(3) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+        f"transformer.h.{i}.{m}.weight"
+        for i in range(3)
+        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
     }  # GPT-2's Conv1D weights; not wte, wpe, lm_head (tied), norms or biases
     cfg = Optimizer(name="muon")
     opt = build_optimizer(model, cfg)
@@ -162,3 +176,90 @@ def test_the_combined_optimizer_steps_as_its_parts_and_round_trips_its_state():
     for a, b in zip(model.parameters(), twin.parameters()):
         assert torch.equal(a, b)
     assert "momentum_buffer" in opt.parts[0].state[next(iter(opt.parts[0].param_groups[0]["params"]))]
+
+
+MUON_ARGS = ("--optimizer.name", "muon")
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+@pytest.mark.parametrize(
+    "kind", ["zero1", pytest.param("acco", marks=pytest.mark.slow), pytest.param("fsdp", marks=pytest.mark.slow)]
+)
+def test_a_muon_run_resumes_bit_for_bit(tiny_corpus, cache_dir, tmp_path, six_step_run, kind):
+    from conftest import read_metrics, run_train, six_step_args
+
+    full = six_step_run(kind, *MUON_ARGS)
+    expected = read_metrics(full)
+    step3 = full / "checkpoint" / "step-00000003"
+    resumed = run_train(
+        six_step_args(tiny_corpus, cache_dir, tmp_path / "resumed", kind, 6, *MUON_ARGS, "--checkpoint.load_path",
+                      str(step3))
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    records = read_metrics(tmp_path / "resumed")
+    assert [r["step"] for r in records] == [4, 5, 6]
+    for key in ("loss", "lr", "tokens", "grad_norm"):
+        assert [r[key] for r in records] == [r[key] for r in expected[3:]], key
+    assert records[-1]["val_loss"] == expected[-1]["val_loss"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["zero1", "fsdp"])
+def test_a_muon_checkpoint_reshards_from_2_ranks_to_1_and_back(tiny_corpus, cache_dir, tmp_path, kind):
+    from conftest import run_train, six_step_args
+    from test_checkpoint import _logical_state, _tensors, reshard
+
+    from torchacco.checkpoint import step_dirs
+
+    run = tmp_path / "run"
+    assert run_train(six_step_args(tiny_corpus, cache_dir, run, kind, 3, *MUON_ARGS)).returncode == 0
+    two = step_dirs(run / "checkpoint")[-1][1]
+    one = reshard(run, two, tmp_path / "one", nproc=1)  # 2 ranks -> 1
+    back = reshard(run, one, tmp_path / "back", nproc=2)  # 1 rank -> 2
+    states = [_tensors(_logical_state(c, tmp_path / f"{n}.pt")["dp"]) for c, n in ((two, "a"), (one, "b"), (back, "c"))]
+    assert states[0].keys() == states[1].keys() == states[2].keys()
+    assert any("momentum_buffer" in k or "exp_avg" in k for k in states[0])
+    for name, tensor in states[0].items():
+        assert torch.equal(tensor, states[1][name]) and torch.equal(tensor, states[2][name]), name
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "fsdp"])
+def test_the_dry_run_counts_one_momentum_on_the_matrices_where_adamw_keeps_two(strategy):
+    from torchacco import dry_run
+    from torchacco.build import model_args
+    from torchacco.config import load_config
+    from torchacco.spec import get_model_spec
+
+    cfgs = [load_config(["--parallelism.data_parallel", strategy, *extra]) for extra in ([], MUON_ARGS)]
+    adamw, muon = (dry_run.plan(cfg, dry_run.Cluster(1, 2)).kinds[0].memory for cfg in cfgs)
+    spec = get_model_spec(cfgs[0].model.name)
+    with torch.device("meta"):
+        model = spec.model_cls(model_args(spec, cfgs[0].model, cfgs[0].tokenizer.vocab_size))
+    named = dict(model.named_parameters())
+    hidden = sum(p.numel() for n, p in named.items() if n.startswith("layers.") and p.ndim == 2)
+    share = hidden / sum(p.numel() for p in named.values())
+    assert 0.3 < share < 1
+    assert muon.optimizer == pytest.approx(adamw.optimizer * (1 - share / 2), rel=1e-9)
+
+
+def test_the_sharded_state_keeps_the_second_moment_for_adamws_elements_only():
+    import torch.distributed as dist
+
+    from torchacco.config import Config
+    from torchacco.device import Device
+    from torchacco.parallel.process_groups import init_distributed
+
+    dims = init_distributed(Device("cpu"))
+    try:
+        cfg = Config()
+        cfg.parallelism.data_parallel, cfg.optimizer.name = "zero1", "muon"
+        model = worker.tiny_model()
+        hidden = sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers.") and p.ndim == 2)
+        dp = worker.build(model, cfg, dims, 2)
+        state = dp.sharded.optimizer.state
+        assert state.exp_avg.numel() == state.master.numel() == dp.sharded.flat.padded_numel  # one rank
+        assert state.exp_avg_sq.numel() == dp.sharded.flat.numel - hidden
+    finally:
+        dist.destroy_process_group()

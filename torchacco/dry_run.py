@@ -34,6 +34,7 @@ from torchacco.config import Config, load_config, parse_overrides
 from torchacco.device import DTYPES, Device, compute_dtype
 from torchacco.errors import UserError, run_cli
 from torchacco.loss import TokenLoss
+from torchacco.optim import optimizer_state_share
 from torchacco.parallel.dims import ParallelDims, clear_dtensor_sharding_cache
 from torchacco.parallel.hsdp import shard_degree
 from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
@@ -207,11 +208,10 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
     largest = max(fragments) / total
     outer = cfg.diloco if replicas > 1 else None
     stages = stage_params(cfg, spec, args, cluster, dp) if tp * pp > 1 else [_counts(whole)]
-    kinds = []
+    kinds, state_share = [], optimizer_state_share(cfg.optimizer, whole)
     for stage, (numel, in_blocks, blocks) in enumerate(stages):
         memory = cm.layout_memory(cls, numel, group, dtype, DTYPES[p.reduce_dtype], options, outer, largest)
-        if cfg.optimizer.slow_beta:  # a third fp32 moment beside AdamW's two
-            memory = dataclasses.replace(memory, optimizer=memory.optimizer * 1.5)
+        memory = dataclasses.replace(memory, optimizer=memory.optimizer * state_share)  # against AdamW's two moments
         gathered = cls.gathered_memory(p, in_blocks / max(blocks, 1), numel - in_blocks, blocks, dtype)
         label = f"pp stage {stage}" if pp > 1 else "every rank"
         kinds.append(RankMemory(label, stage * dp * tp, cluster.world // pp, numel, memory, gathered,

@@ -41,6 +41,16 @@ def hidden_matrix_ids(model: nn.Module) -> set[int]:
     return {id(p) for b in blocks for p in b.parameters() if p.ndim == 2 and id(p) not in embeddings}
 
 
+def optimizer_state_share(cfg: OptimizerConfig, model: nn.Module) -> float:
+    """The optimizer's fp32 state per parameter against AdamW's two moments: 1.5 with the slow moment; with Muon,
+    one buffer instead of two on the hidden matrices."""
+    if cfg.name == "muon":
+        hidden = hidden_matrix_ids(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        return 1 - sum(p.numel() for p in params if id(p) in hidden) / sum(p.numel() for p in params) / 2
+    return 1.5 if cfg.slow_beta else 1.0
+
+
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     """The replicated and FSDP strategies' optimizer: AdamW, or with `name = "muon"` Muon on the hidden matrices
     and AdamW on the rest, as one optimizer."""

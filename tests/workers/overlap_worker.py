@@ -57,7 +57,14 @@ def tiny_model():
     from torchacco.models.llama3 import spec
 
     args = spec.args(
-        "debug", vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=SEQ
+        "debug",
+        vocab_size=VOCAB,
+        dim=32,
+        n_layers=1 if MODEL == "one_layer" else 2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_hidden_dim=64,
+        max_seq_len=SEQ,
     )
     with torch.device("meta"):
         model = spec.model_cls(args)
