@@ -34,7 +34,7 @@ from torchacco.config import Config, load_config, parse_overrides
 from torchacco.device import DTYPES, Device, compute_dtype
 from torchacco.errors import UserError, run_cli
 from torchacco.loss import TokenLoss
-from torchacco.optim import optimizer_state_share
+from torchacco.optim import muon_workload, optimizer_state_share
 from torchacco.parallel.dims import ParallelDims, clear_dtensor_sharding_cache
 from torchacco.parallel.hsdp import shard_degree
 from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
@@ -254,7 +254,15 @@ def time_per_update(run: DryRun, link) -> dict:
         comm_bytes=wire_bytes(run.param_dtype, p.reduce_dtype),
         activation_bytes=run.worst.activations, **cm.ddp_buckets(p.bucket_cap_mb),
     )  # fmt: skip
+    work = with_optimizer(work, run)
     return layout_prediction(run, work, cm.hardware(link, run.cluster.nodes, run.cluster.gpus_per_node))
+
+
+def with_optimizer(work: cm.Workload, run: DryRun) -> cm.Workload:
+    """`work` with the configured optimizer's own costs (Muon's Newton–Schulz and gathers)."""
+    with torch.device("meta"):
+        whole = get_model_spec(run.cfg.model.name).model_cls(run.args)
+    return dataclasses.replace(work, **muon_workload(run.cfg.optimizer, whole))
 
 
 def layout_prediction(run: DryRun, work: cm.Workload, hw: cm.Hardware) -> dict:

@@ -51,6 +51,17 @@ def optimizer_state_share(cfg: OptimizerConfig, model: nn.Module) -> float:
     return 1.5 if cfg.slow_beta else 1.0
 
 
+def muon_workload(cfg: OptimizerConfig, model: nn.Module) -> dict[str, float]:
+    """The cost model's Muon fields (`cost_model.Workload`): the hidden matrices' elements and one step's
+    Newton–Schulz FLOPs over them, ns_steps × (4m²n + 2m³) for an m × n matrix, m ≤ n; none with AdamW."""
+    if cfg.name != "muon":
+        return {}
+    hidden = hidden_matrix_ids(model)
+    shapes = [sorted(p.shape) for p in model.parameters() if id(p) in hidden]
+    flops = sum(cfg.ns_steps * (4 * m * m * n + 2 * m**3) for m, n in shapes)
+    return {"muon_params": float(sum(m * n for m, n in shapes)), "muon_flops": float(flops)}
+
+
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     """The replicated and FSDP strategies' optimizer: AdamW, or with `name = "muon"` Muon on the hidden matrices
     and AdamW on the rest, as one optimizer."""

@@ -155,6 +155,7 @@ def predict(args) -> None:
     """Print the table and the verdict."""
     run = from_config(args)
     work, hw = workload_and_hardware(args)
+    work = dry_run.with_optimizer(work, run) if run is not None else work
     preds, mem, sources = rows(args, work, hw)
     capacity = (args.memory_gib or cm.DEVICES[args.device]["memory_gib"]) * 2**30
     fits = {s: mem[s] + work.activation_bytes <= capacity for s in preds}
