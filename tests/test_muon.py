@@ -43,6 +43,10 @@ class Optimizers:
         for o in self.parts:
             o.step()
 
+    def zero_grad(self, set_to_none=True):
+        for o in self.parts:
+            o.zero_grad(set_to_none=set_to_none)
+
     def state_dict(self):
         return [o.state_dict() for o in self.parts]
 
@@ -54,11 +58,16 @@ class Optimizers:
 def muon_reference(periods, lr_scaling=None) -> Reference:
     """The schedules' reference with torch's Muon on the blocks' 2-D weights (by name), AdamW on the rest."""
     ref = Reference(periods, lr_scaling)
+    ref.opt = muon_and_adamw(ref.model)
+    return ref
+
+
+def muon_and_adamw(model) -> Optimizers:
     cfg = worker.config("ddp", "deterministic").optimizer
-    named = dict(ref.model.named_parameters())
+    named = dict(model.named_parameters())
     hidden = [p for n, p in named.items() if n.startswith("layers.") and p.ndim == 2]
     rest = [p for p in named.values() if all(p is not h for h in hidden)]
-    embeddings = {id(m.weight) for m in ref.model.modules() if isinstance(m, torch.nn.Embedding)}
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     decay = [p for p in rest if p.ndim >= 2 and id(p) not in embeddings]
     plain = [p for p in rest if not (p.ndim >= 2 and id(p) not in embeddings)]
     adamw = torch.optim.AdamW(
@@ -67,8 +76,7 @@ def muon_reference(periods, lr_scaling=None) -> Reference:
         eps=cfg.eps,
     )
     muon = torch.optim.Muon(hidden, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
-    ref.opt = Optimizers(muon, adamw)
-    return ref
+    return Optimizers(muon, adamw)
 
 
 @pytest.fixture
@@ -109,6 +117,29 @@ def test_each_strategy_steps_as_torchs_muon_with_adamw_on_four_ranks(tmp_path, m
     env = {**MUON, "TORCHACCO_TEST_SHARD_DEGREE": "2"}
     run = run_worker(tmp_path, kind, commits=3, micro_batches=2, nproc=4, model="one_layer", env=env)
     assert_steps_as(run["theta"], REFERENCES[kind](run["periods"]), Reference(run["periods"]).theta())
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+@pytest.mark.parametrize("kind", ["ddp", "zero1"])
+def test_muon_inside_diloco_replicas_equals_the_equations(tmp_path, monkeypatch, kind):
+    """Two replicas of one rank, Muon + AdamW the inner optimizer, an outer Nesterov step every 2 updates."""
+    import test_diloco
+
+    plain = test_diloco.Replica.__init__
+
+    def with_muon(self, ranks):
+        plain(self, ranks)
+        self.opt = muon_and_adamw(self.model)
+
+    monkeypatch.setattr(test_diloco.Replica, "__init__", with_muon)
+    monkeypatch.setenv("TORCHACCO_TEST_OPTIMIZER", "muon")
+    run = test_diloco.run_diloco(tmp_path, kind, 4, micro_batches=2, sync_every=2)
+    expected, spread, _ = test_diloco.diloco_reference(4, 2, replicas=2, dp=1, H=2)
+    assert spread > 1e-4
+    assert_steps_as(
+        run["theta"], expected, torch.cat([p.detach().reshape(-1) for p in worker.tiny_model().parameters()])
+    )
 
 
 def _gpt_neo():
