@@ -100,9 +100,13 @@ REFERENCES = {
 }
 
 
+# The default pass runs the two designs (flat slices, DTensor shards); the slow pass every strategy.
+ON_TWO_RANKS = [k if k in ("zero1", "fsdp") else pytest.param(k, marks=pytest.mark.slow) for k in REFERENCES]
+
+
 @pytest.mark.integration
 @pytest.mark.exact
-@pytest.mark.parametrize("kind", list(REFERENCES))
+@pytest.mark.parametrize("kind", ON_TWO_RANKS)
 def test_each_strategy_steps_as_torchs_muon_with_adamw_on_two_ranks(tmp_path, muon_reference_in, kind):
     run = run_worker(tmp_path, kind, commits=3, micro_batches=2, model="one_layer", env=MUON)
     expected = REFERENCES[kind](run["periods"])
@@ -121,6 +125,7 @@ def test_each_strategy_steps_as_torchs_muon_with_adamw_on_four_ranks(tmp_path, m
 
 @pytest.mark.integration
 @pytest.mark.exact
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ddp", "zero1"])
 def test_muon_inside_diloco_replicas_equals_the_equations(tmp_path, monkeypatch, kind):
     """Two replicas of one rank, Muon + AdamW the inner optimizer, an outer Nesterov step every 2 updates."""
@@ -324,3 +329,29 @@ def test_predict_adds_newton_schulz_and_the_gathers_to_each_strategys_update():
     assert extra["zero1"] == pytest.approx(ns / hw.world + hw.ag_factor * V)  # a slice's share, one more all-gather
     fsdp = cm.predict(muon, hw, "fsdp")["step_time_s"] - cm.predict(adamw, hw, "fsdp")["step_time_s"]
     assert fsdp > ns  # and the matrices' fp32 updates gathered
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"optimizer.slow_beta": 0.99}, "with name = 'muon' set slow_beta = 0"),
+        ({"optimizer.muon_momentum": 1.0}, "muon_momentum must be in [0, 1)"),
+        ({"optimizer.ns_steps": 0}, "ns_steps in [1, 99]"),
+        ({"parallelism.tensor_parallel_degree": 2}, "with tensor or pipeline parallelism is not supported"),
+        ({"emulation.virtual_compute": True}, "times AdamW only"),
+    ],
+)
+def test_what_muon_does_not_combine_with_is_one_line(overrides, message):
+    from torchacco.config import Config
+    from torchacco.errors import UserError
+    from torchacco.validate import validate
+
+    cfg = Config()
+    cfg.optimizer.name, cfg.training.local_batch_size = "muon", 4
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        setattr(cfg.section(section), name, value)
+    with pytest.raises(UserError) as e:
+        validate(cfg, world_size=4)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    validate(Config(optimizer=Optimizer(name="muon")), world_size=4)  # muon alone is fine
