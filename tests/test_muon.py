@@ -100,8 +100,8 @@ REFERENCES = {
 }
 
 
-# The default pass runs the two designs (flat slices, DTensor shards); the slow pass every strategy.
-ON_TWO_RANKS = [k if k in ("zero1", "fsdp") else pytest.param(k, marks=pytest.mark.slow) for k in REFERENCES]
+# The default pass runs the two designs (flat slices, DTensor shards) and a peek (acco); the slow pass all.
+ON_TWO_RANKS = [k if k in ("zero1", "fsdp", "acco") else pytest.param(k, marks=pytest.mark.slow) for k in REFERENCES]
 
 
 @pytest.mark.integration
@@ -337,7 +337,7 @@ def test_predict_adds_newton_schulz_and_the_gathers_to_each_strategys_update():
         ({"optimizer.slow_beta": 0.99}, "with name = 'muon' set slow_beta = 0"),
         ({"optimizer.muon_momentum": 1.0}, "muon_momentum must be in [0, 1)"),
         ({"optimizer.ns_steps": 0}, "ns_steps in [1, 99]"),
-        ({"parallelism.tensor_parallel_degree": 2}, "with tensor or pipeline parallelism is not supported"),
+        ({"parallelism.tensor_parallel_degree": 2, "parallelism.data_parallel": "acco"}, "needs a synchronous"),
         ({"emulation.virtual_compute": True}, "times AdamW only"),
     ],
 )
@@ -355,3 +355,32 @@ def test_what_muon_does_not_combine_with_is_one_line(overrides, message):
         validate(cfg, world_size=4)
     assert message in str(e.value) and "\n" not in str(e.value)
     validate(Config(optimizer=Optimizer(name="muon")), world_size=4)  # muon alone is fine
+
+
+TP2, PP2 = ("--parallelism.tensor_parallel_degree", "2"), ("--parallelism.pipeline_parallel_degree", "2")
+LLAMA = ("--model.name", "llama3", "--model.flavor", "debug")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind, extra, reference",
+    [("zero1", TP2, "zero1"), ("fsdp", TP2, "zero1"), ("zero1", (*LLAMA, *PP2), "zero1")],
+    ids=["zero1-tp2", "fsdp-tp2", "zero1-pp2"],
+)
+def test_muon_under_tensor_or_pipeline_parallelism_follows_one_process(tiny_corpus, cache_dir, tmp_path, kind, extra,
+                                                                       reference):  # fmt: skip
+    """A matrix split over tp ranks is orthogonalised whole: the losses follow a one-process run's (a split one
+    would step another way from the first update)."""
+    from conftest import read_metrics, run_train, tiny_args
+
+    def losses(name, kind, nproc, *more):
+        argv = tiny_args(tiny_corpus, cache_dir, tmp_path / name, "--parallelism.data_parallel", kind,
+                         "--training.global_batch_size", "8", "--training.steps", "4", *MUON_ARGS, *more)  # fmt: skip
+        proc = run_train(argv, nproc=nproc)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [r["loss"] for r in read_metrics(tmp_path / name)]
+
+    model = extra[:2] if extra[0] == "--model.name" else ()
+    expected = losses("one", reference, 1, *model)
+    assert losses("split", kind, 2, *extra) == pytest.approx(expected, rel=1e-4)

@@ -112,10 +112,11 @@ def _check_muon(o, p, virtual_compute: bool) -> None:
     if not 0 <= o.muon_momentum < 1 or not 1 <= o.ns_steps < 100:
         raise UserError(f"[optimizer] muon_momentum must be in [0, 1) and ns_steps in [1, 99], got {o.muon_momentum:g}"
                         f" and {o.ns_steps}")  # fmt: skip
-    if p.tensor_parallel_degree > 1 or p.pipeline_parallel_degree > 1:
+    if p.tensor_parallel_degree > 1 and strategy_class(p.data_parallel).traits.overlapped:
+        # the job's thread would gather matrices over the tp group while the compute's forward uses it
         raise UserError(
-            "[optimizer] name = 'muon' with tensor or pipeline parallelism is not supported; set "
-            "tensor_parallel_degree and pipeline_parallel_degree to 1, or name = 'adamw'"
+            "[optimizer] name = 'muon' with tensor parallelism needs a synchronous data_parallel strategy, not "
+            f"{p.data_parallel!r}; set tensor_parallel_degree = 1, another data_parallel, or name = 'adamw'"
         )
     if virtual_compute:
         raise UserError("[emulation] virtual_compute times AdamW only; with it, set [optimizer] name = 'adamw'")
