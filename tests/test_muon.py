@@ -384,3 +384,17 @@ def test_muon_under_tensor_or_pipeline_parallelism_follows_one_process(tiny_corp
     model = extra[:2] if extra[0] == "--model.name" else ()
     expected = losses("one", reference, 1, *model)
     assert losses("split", kind, 2, *extra) == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["zero1", "acco", "wp"])
+def test_bf16_compute_with_muon_tracks_the_fp32_equations(tmp_path, muon_reference_in, kind):
+    """3 ranks in bf16, gradients summed in fp32 in the job's buffer, the parameters written into a bf16 half of it
+    (`overlapped._fp32_reduce_out`), which the matrices' updates are gathered through too: θ tracks the fp32
+    equations within bf16 compute's own error (as AdamW's test_bf16_compute_sums_gradients_in_fp32_by_default):
+    measured 5% of the update for each."""
+    run = run_worker(tmp_path, kind, 3, 2, nproc=3, model="one_layer", env={**MUON, "TORCHACCO_TEST_DTYPE": "bf16"})
+    reference = REFERENCES[kind](run["periods"])
+    update = reference - Reference(run["periods"]).theta()
+    assert (run["theta"] - reference).norm() < 0.15 * update.norm()
