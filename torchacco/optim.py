@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, EPS, _adjust_lr, _zeropower_via_newtonschulz
 
 from torchacco.blocks import block_list, unwrap
 
@@ -160,16 +160,16 @@ def _muon_step_gathered(p, grad, buf, group: dict) -> None:
     buf.lerp_(grad, 1 - momentum)
     update = grad.lerp(buf, momentum) if group["nesterov"] else buf
     whole = update.full_tensor() if isinstance(update, DTensor) else update
-    ortho = orthogonalise(whole, group)
+    ortho = orthogonalise(whole, group["ns_steps"], group["ns_coefficients"], group["eps"])
     if isinstance(p, DTensor):  # this rank's shard of the result, as p is laid out (no communication)
         ortho = distribute_tensor(ortho, p.device_mesh, p.placements, src_data_rank=None)
     p.mul_(1 - lr * group["weight_decay"])
     p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
 
 
-def orthogonalise(update: torch.Tensor, group: dict) -> torch.Tensor:
-    """torch's Newton–Schulz iteration (in bf16) on a whole matrix."""
-    return _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+def orthogonalise(update: torch.Tensor, ns_steps: int, coefficients=(DEFAULT_A, DEFAULT_B, DEFAULT_C), eps=EPS):
+    """torch's Newton–Schulz iteration (in bf16) on a whole matrix, with torch's Muon's defaults."""
+    return _zeropower_via_newtonschulz(update, coefficients, ns_steps, eps)
 
 
 class MuonWithAdamW(torch.optim.Optimizer):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, EPS, _adjust_lr
+from torch.optim._muon import _adjust_lr
 from torch.profiler import record_function
 
 from torchacco.optim import AdamWState, ShardedAdamW, adamw_update, orthogonalise
@@ -35,10 +35,6 @@ class ShardedMuon:
 
     def __init__(self, flat: FlatParams, cfg: OptimizerConfig):
         self.flat, self.cfg = flat, cfg
-        self.group = {
-            "momentum": cfg.muon_momentum, "nesterov": True, "ns_coefficients": (DEFAULT_A, DEFAULT_B, DEFAULT_C),
-            "ns_steps": cfg.ns_steps, "eps": EPS, "adjust_lr_fn": "match_rms_adamw", "weight_decay": cfg.weight_decay,
-        }  # fmt: skip
         decay = set(flat.decay_ranges)
         self.matrices: list[tuple[int, int, int, int]] = []  # (lo, hi) in the slice, parameter, its first element
         self.adamw: list[tuple[int, int, int, bool]] = []  # (lo, hi) in the slice, start in exp_avg_sq, decay
@@ -81,8 +77,8 @@ class ShardedMuon:
             send[lo:hi].copy_(p)
         for lo, hi, _, _ in self.matrices:  # torch's Muon: buf ← lerp(buf, g, 1 − μ), update ← lerp(g, buf, μ)
             g, buf = ShardedAdamW._scaled(grad[lo:hi], scale), _maybe_copy(s.exp_avg[lo:hi], commit)
-            buf.lerp_(g, 1 - self.group["momentum"])
-            send[lo:hi].copy_(g.lerp_(buf, self.group["momentum"]))
+            buf.lerp_(g, 1 - self.cfg.muon_momentum)
+            send[lo:hi].copy_(g.lerp_(buf, self.cfg.muon_momentum))
         with record_function("torchacco/job/muon_all_gather"):
             all_gather(out, send, group=self.flat.group)
         for lo, hi, i, first in self.matrices:  # each reads its own range of `out`, then writes its slice of it
@@ -99,10 +95,10 @@ class ShardedMuon:
         local_shape = _local(p).shape
         local = out[offset : offset + local_shape.numel()].view(local_shape)
         if isinstance(p, DTensor):  # a tensor-parallel shard: the matrix over its tp peers
-            ortho = orthogonalise(_dtensor_like(p, local).full_tensor(), self.group)
+            ortho = orthogonalise(_dtensor_like(p, local).full_tensor(), self.cfg.ns_steps)
             ortho = distribute_tensor(ortho, p.device_mesh, p.placements, src_data_rank=None).to_local()
         else:
-            ortho = orthogonalise(local, self.group)
+            ortho = orthogonalise(local, self.cfg.ns_steps)
         return ortho.reshape(-1)[first : first + n]
 
     def shards(self) -> dict[str, torch.Tensor]:
