@@ -5,7 +5,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
-if ! .venv/bin/python -c "import torchacco.models, torchacco.data, pytest, transformers, hypothesis, torchft" 2>/dev/null; then
+if ! .venv/bin/python -c "import torchacco.models, torchacco.data, pytest, transformers, hypothesis, torchft, matplotlib" 2>/dev/null; then
   ./install.sh test
 fi
 exec .venv/bin/python -m pytest "$@"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Train with torchacco:  ./run_train.sh --config train_configs/default.toml [--section.key VALUE ...]
-# Check a config for a cluster first:  ./run_train.sh --config FILE --dry-run 4x8  (nodes x GPUs per node)
+# Check a config for a cluster first:  ./run_train.sh --config FILE --dry-run 4x8  (nodes x GPUs per node; exit 1
+#   when it does not fit, unless --dry-run-report-only)
+# Config keys:  ./run_train.sh --help [SECTION]   (every key: docs/configuration.md)
 #
 # Environment:
 #   NGPU / NPROC     processes on this node (default: all GPUs with CUDA, else 2 CPU processes)
@@ -10,6 +12,10 @@
 #   MAX_RESTARTS     restart the workers this many times after a failure; each restart resumes
 #                    from the latest checkpoint (default 0)
 #   PYTHON           the interpreter to use (default: python3, or the project's .venv once made)
+#   INSTALL=1        (re)install into ./.venv first; otherwise install.sh runs only where no environment exists
+#                    (one node, with network)
+#   RANK_LOGS=0      keep torchrun's console as it is: no <dump_folder>/logs/rank_N.{out,err}, no [rankN] prefixes
+#   DRY=1            print the torchrun command and start nothing (scripts/slurm/train.sbatch checks with it)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PY="${PYTHON:-python3}"
@@ -17,9 +23,22 @@ PY="${PYTHON:-python3}"
 CHECK="import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in
   ('torch', 'torchdata', 'tokenizers', 'safetensors', 'tensorboard', 'torchacco', 'torchacco.models', 'torchacco.data')))"
 
-if ! "$PY" -c "$CHECK" 2>/dev/null; then
+# Installs only when asked (INSTALL=1) or when no environment exists: the nodes of a job share one .venv, and compute
+# nodes are often offline.
+if [ "${INSTALL:-0}" = 1 ]; then
+  "$ROOT/install.sh"
+  PY="$ROOT/.venv/bin/python"
+elif ! "$PY" -c "$CHECK" 2>/dev/null; then
   if [ -x "$ROOT/.venv/bin/python" ] && "$ROOT/.venv/bin/python" -c "$CHECK" 2>/dev/null; then
     PY="$ROOT/.venv/bin/python"
+  elif [ -e "$ROOT/.venv" ] || [ "${NNODES:-1}" != 1 ]; then  # (nodes installing at once would race)
+    WHAT=$([ -e "$ROOT/.venv" ] && echo "$ROOT/.venv lacks torchacco's packages" || echo "no environment here")
+    echo "torchacco: error: $WHAT; run INSTALL=1 ./run_train.sh (or ./install.sh) once, on one node with network" >&2
+    exit 1
+  elif ! timeout 30 "$PY" -m pip index versions tomli >/dev/null 2>&1; then  # pip's own index, as configured
+    echo "torchacco: error: no environment with torchacco's packages, and no network here to install one" \
+      "(pip cannot reach its package index); run ./install.sh on a node with network" >&2
+    exit 1
   else
     "$ROOT/install.sh"
     PY="$ROOT/.venv/bin/python"
@@ -28,6 +47,9 @@ fi
 
 # --dry-run NODESxGPUS (torchacco/dry_run.py) checks the config for that cluster and starts no worker.
 for arg in "$@"; do
+  if [ "$arg" = "--help" ] || [ "$arg" = "-h" ]; then  # this header, then the config's sections (or one's keys)
+    sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0" && exec "$PY" -m torchacco.config "$@"
+  fi
   if [ "$arg" = "--dry-run" ] || [[ "$arg" == --dry-run=* ]]; then
     exec "$PY" -m torchacco.dry_run "$@"
   fi
@@ -67,4 +89,10 @@ if [ "$NNODES" -gt 1 ] || [ -n "${TORCHACCO_REPLICA:-}" ]; then
 else
   RDZV=(--standalone --nnodes 1)
 fi
-exec "$PY" -m torchacco.launch "${RDZV[@]}" --nproc_per_node "$NPROC" --max-restarts "${MAX_RESTARTS:-0}" -m torchacco.train "$@"
+LAUNCH=("$PY" -m torchacco.launch "${RDZV[@]}" --nproc_per_node "$NPROC" --max-restarts "${MAX_RESTARTS:-0}")
+if [ "${DRY:-0}" = 1 ]; then
+  SHOWN=$(printf '%q ' "${LAUNCH[@]}" -m torchacco.train "$@")  # quoted as a shell would need it
+  echo "${SHOWN% }"
+  exit 0
+fi
+exec "${LAUNCH[@]}" -m torchacco.train "$@"

@@ -8,6 +8,7 @@ The yardstick, time to a target loss (benchmarks/yardstick/):
     time-to-target-table  the product alone, from saved token-efficiency and speed results
     end-to-end            whole runs on the cluster to DDP's loss, against the product
     efficiency-table      torchacco/token_efficiency.json (what `predict` reads) from token-efficiency results
+    figures               the README's figures: time to DDP's loss against the link rate, measured and modelled
 The cost model (`torchacco.cost_model`):
     predict               for a real cluster: the same as python -m torchacco.predict (no root)
     cost-model-check      its time per update against the cluster's measured speed (--probe: measure its inputs)
@@ -36,6 +37,7 @@ MODULES = {
     "time-to-target-table": "benchmarks.yardstick.table",
     "end-to-end": "benchmarks.yardstick.end_to_end",
     "efficiency-table": "benchmarks.yardstick.efficiency",
+    "figures": "benchmarks.figures",
     "predict": "torchacco.predict",
     "cost-model-check": "benchmarks.cost_model_check",
     "cluster": "benchmarks.cluster.__main__",
@@ -44,7 +46,8 @@ MODULES = {
     "fault-goodput": "benchmarks.fault_goodput",
 }
 # modules with no `__main__`: `python -m <module>` gets one line naming its command
-COMMAND_OF = {m: c for c, m in MODULES.items() if m.startswith(("benchmarks.yardstick.", "benchmarks.cost_model"))}
+COMMAND_OF = {m: c for c, m in MODULES.items() if m.startswith(("benchmarks.yardstick.", "benchmarks.cost_model",
+                                                                 "benchmarks.figures"))}  # fmt: skip
 
 
 def run(argv=None) -> int:

@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import sys
@@ -30,6 +31,39 @@ def strategy_variants() -> dict[str, list[str]]:
     budget = ["--training.max_tokens", "1000000000000"]
     return {label: [*cm.variant_arguments(label), *budget * mode.startswith("adaptive")]
             for label, (_, mode) in cm.variants().items()}  # fmt: skip
+
+
+NAMES = {DDP: "DDP", ZERO1: "ZeRO-1", FSDP: "FSDP", HSDP: "HSDP", ACCO: "ACCO", DPU: "DPU", WP: "weight prediction"}
+PARTS = {"_avg": "", "_senders": "", "_r4": ", 4 replicas", "_zero1": ", ZeRO-1 inside", "_acco": ", ACCO inside",
+         "_balanced": ", balanced", "_b8": ", 8 sequences", "_share875": ", estimate share 0.875"}  # fmt: skip
+
+
+def plain_name(label: str) -> str:
+    """A benchmark label as a reader names it: streaming_h10_avg_topk3_int2_senders -> 'Streaming DiLoCo, top 3%,
+    2-bit' (H 10, fragments and averaging as docs/diloco.md recommends; another H is named)."""
+    m = re.match(r"(streaming|diloco)_h(\d+)(?:_avg)?(?:_topk(\d+)_int(\d))?", label)
+    if m:
+        kind, h, k, bits = m.groups()
+        name = ("Streaming DiLoCo" if kind == "streaming" else "DiLoCo") + (f" H {h}" if h != "10" else "")
+        name += f", top {k}%, {bits}-bit" if k else ", bf16" if kind == "streaming" else ""
+        name += ", Nesterov" * ("_avg" not in label) + ", mean over all" * bool(k and "_senders" not in label)
+        rest = label[m.end() :]
+    else:
+        base = next((n for n in sorted(NAMES, key=len, reverse=True) if label.startswith(n)), None)
+        name, rest = (NAMES[base], label[len(base) :]) if base else (label, "")
+    for part, words in PARTS.items():
+        rest = rest.replace(part, words)
+    return name + re.sub(r"^_", ", ", rest).replace("_", " ")
+
+
+def panel_title(setting: str, plan: str) -> str:
+    """A setting's plot title from its cluster plan: its nodes and link rate (and a slower node)."""
+    m = re.search(r"(\d+) nodes( of \d+ ranks)?.* links ([\d.]+)([mg])bit", plan)
+    if not m:
+        return f"setting {setting}"
+    nodes, ranks, rate, unit = m.groups()
+    slow = ", one node slower" if "cores" in plan else ""
+    return f"{nodes} nodes{ranks or ''}, {float(rate):.3g} {unit.upper()}bit/s{slow} (setting {setting})"
 
 
 TOKENS_PER_UPDATE = 16 * 128  # the recipe's update: 16 sequences of 128 tokens
@@ -98,7 +132,7 @@ def parser(command: str, doc: str, name: str | None = None, help: str = "the res
 
 def command(name: str, argv: list[str] | None) -> str:
     """The command line as a shell reads it back (an empty argument quoted, not lost)."""
-    return f"python -m benchmarks {name} " + shlex.join(sys.argv[1:] if argv is None else argv)
+    return f"python -m benchmarks {name} {shlex.join(sys.argv[1:] if argv is None else argv)}".rstrip()
 
 
 def records(folder: Path) -> list[dict]:

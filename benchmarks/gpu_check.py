@@ -7,11 +7,14 @@ as two: `--steps env,cuda-tests,parity`, then `--steps env,throughput,stall,torc
 wheels in --wheels (benchmarks/gpu_wheels.sh) offline; throughput compares against bench_results/gpu_{mfu,overlap}.json;
 torchtitan runs the same case in torchtitan 0.2.2 (carried: 0.3.0 does not import with torch 2.11). A step whose
 needs are absent (no GPU, no torchtitan, a torch torchtitan does not import with) is "skipped: <reason>".
+`--nproc 8` runs the multi-GPU steps instead (MULTI; on 2 nodes, each node with `--nnodes 2 --node-rank R
+--master-addr HOST`), every command checked by --dry-run as the launcher checks it for its world size.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -19,6 +22,7 @@ import os
 import platform
 import random
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -38,6 +42,8 @@ TITAN = "0.2.2"  # the torchtitan that benchmarks/gpu_wheels.sh carries
 # the modules it needs beyond torchacco's (its MoE kernels import triton, which a CUDA torch brings; datasets imports
 # httpx); importing torchtitan.train shows that it imports with this torch
 TITAN_NEEDS = ("torchtitan", "torchdata", "datasets", "tyro", "einops", "triton", "httpx")
+# a worker's error line, behind the launcher's `[rankN]: `
+ERROR = re.compile(r"^(?:\[rank\d+\]: )?(torchacco: error: .*)$", re.M)
 NEEDS = ("torch", "torchdata", "tokenizers", "safetensors", "tensorboard", "torchacco.models", "pytest")
 
 
@@ -57,6 +63,20 @@ STEPS = [
     Step("throughput", 90, "8B×8 compiled MFU and ACCO's overlap against 2026-11-22"),
     Step("stall", 70, "a stalled collective: the one-line diagnosis and flight_recorder/"),
     Step("torchtitan", 115, f"torchtitan {TITAN} on the 8B×8 case: tokens/s and peak memory ratios"),
+]
+
+
+# --nproc N (N ≥ 2, a multiple of 4): the multi-GPU paths, in this order; --nnodes 2 runs it on 2 nodes, each node
+# with its --node-rank (node 0 checks the results; torchft-nccl is one node's)
+MULTI = [
+    STEPS[0],
+    Step("parity", 420, "ddp, zero1, fsdp and acco at dp = N, compiled and eager, bf16, against the CPU's losses"),
+    Step("acco-tp-pp", 240, "acco on llama3 debug at tp 2 × dp N/2 and tp 2 × pp 2 × dp N/4, 50 updates each"),
+    Step("diloco-fsdp", 150, "DiLoCo, 2 replicas × fsdp N/2, τ = 1, 12 updates: outer steps, a falling loss"),
+    Step("memory-8b", 300, "llama3 8B fsdp, 3 updates: rank 0's peak allocated and a memory snapshot vs the dry run"),
+    Step("async-save-resume", 150, "acco, an async save at step 3, steps 4-6 resumed bit for bit; host RSS"),
+    Step("hung-collective", 240, "a rank SIGSTOPped under acco, then zero1: the one-line diagnosis, flight_recorder/"),
+    Step("torchft-nccl", 180, "fault-tolerant DiLoCo on NCCL, 2 replicas; replica 1 SIGKILLed mid-exchange"),
 ]
 
 
@@ -100,6 +120,8 @@ def plan(name: str, ctx) -> list[tuple[str, list[str], dict]]:
     """A step's commands: (label, argv, extra environment). The dry run prints and checks them."""
     py, init = sys.executable, ("--model.init_from", str(ctx.work / "start" / "hf"), *BF16)
     acco = ("--parallelism.data_parallel", compared()[0])
+    if getattr(ctx, "nproc", 1) > 1 and name != "env":
+        return multi_plan(name, ctx, py, init)
     if name == "env":
         pip = [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
         wheels = sorted(str(w) for w in Path(ctx.wheels).glob("*.whl"))
@@ -137,6 +159,70 @@ def plan(name: str, ctx) -> list[tuple[str, list[str], dict]]:
     return []
 
 
+LLAMA = ("--model.name", "llama3", "--model.flavor", "debug")
+EIGHT_B = ("--config", "train_configs/llama3_8b_fsdp.toml", "--model.vocab_size", "128256", "--tokenizer.path", "",
+           "--training.steps", "3", "--training.local_batch_size", "1", "--eval.every", "0", "--checkpoint.enable",
+           "false")  # fmt: skip
+
+
+def nodes_env(ctx, label: str) -> dict:
+    """A run over the check's --nproc GPUs per node, on --nnodes nodes (each run its own rendezvous)."""
+    env = {"NPROC": str(ctx.nproc)}
+    if ctx.nnodes > 1:
+        env |= {"NNODES": str(ctx.nnodes), "NODE_RANK": str(ctx.node_rank), "MASTER_ADDR": ctx.master_addr,
+                "MASTER_PORT": str(ctx.master_port), "RDZV_ID": f"gpu-check-{label}"}  # fmt: skip
+    return env
+
+
+def multi_plan(name: str, ctx, py: str, init: tuple) -> list[tuple[str, list[str], dict]]:
+    n = ctx.nproc * ctx.nnodes
+    batch = ("--training.global_batch_size", str(8 * n))  # 2 micro-batches of 4 per rank: acco's two periods
+    kind = lambda k: ("--parallelism.data_parallel", k)  # noqa: E731
+    if name == "parity":
+        start = ("start", train(ctx, "start", "--training.steps", "1", "--checkpoint.export_hf", "true", device="cpu"),
+                 {**CPU, "NPROC": "1"})  # fmt: skip
+        cpu = [(f"{k}_cpu", train(ctx, f"{k}_cpu", *kind(k), *init, *batch, device="cpu"), {**CPU, "NPROC": "2"})
+               for k in ("ddp", *compared())]  # fmt: skip
+        compiled = lambda c: ("--model.compile", "true" if c == "compiled" else "false")  # noqa: E731
+        gpu = [(f"{k}_{c}", train(ctx, f"{k}_{c}", *kind(k), *init, *batch, *compiled(c)), nodes_env(ctx, f"{k}_{c}"))
+               for k in ("ddp", *compared()) for c in ("eager", "compiled")]  # fmt: skip
+        return [start, *cpu, *gpu]
+    if name == "acco-tp-pp":
+        fifty = (*LLAMA, *kind(compared()[0]), *batch, "--training.steps", "50", "--metrics.log_every", "1")
+        tp = ("--parallelism.tensor_parallel_degree", "2")
+        return [(f"tp2_dp{n // 2}", train(ctx, "tp2", *fifty, *tp), nodes_env(ctx, "tp2")),
+                (f"tp2_pp2_dp{n // 4}", train(ctx, "tp2pp2", *fifty, *tp, "--parallelism.pipeline_parallel_degree",
+                                              "2"), nodes_env(ctx, "tp2pp2"))]  # fmt: skip
+    if name == "diloco-fsdp":
+        diloco = ("--parallelism.replicas", "2", *kind("fsdp"), *batch, "--training.steps", "12",
+                  "--diloco.sync_every", "4", "--diloco.overlap_steps", "1")  # fmt: skip
+        return [(f"2x_fsdp{n // 2}", train(ctx, "diloco", *diloco), nodes_env(ctx, "diloco"))]
+    if name == "memory-8b":
+        data = ("--data.dataset", str(ctx.work / "corpus"), "--data.cache_dir", str(ctx.work / "cache"),
+                "--tokenizer.vocab_size", "400", "--training.global_batch_size", str(2 * n))  # fmt: skip
+        dry = [py, "-m", "torchacco.dry_run", *EIGHT_B, *data, "--dry-run", f"{ctx.nnodes}x{ctx.nproc}"]
+        snapshot = ("--profiling.enable", "true", "--profiling.memory_snapshot", "true", "--profiling.start_step",
+                    "2", "--profiling.active_steps", "1", "--metrics.log_every", "1")  # fmt: skip
+        run = [str(ROOT / "run_train.sh"), *EIGHT_B, *data, *snapshot, "--job.dump_folder", str(ctx.work / "8b")]
+        return [("dry-run", dry, {}), ("run", run, nodes_env(ctx, "8b"))]
+    if name == "async-save-resume":
+        save = (*kind(compared()[0]), *batch, *SAVE, "--checkpoint.async_save", "true")
+        step3 = str(ctx.work / "saved" / "checkpoint" / "step-00000003")
+        saved, resumed = train(ctx, "saved", *save), train(ctx, "resumed", *save, "--checkpoint.load_path", step3)
+        return [("saved", saved, nodes_env(ctx, "saved")), ("resumed", resumed, nodes_env(ctx, "resumed"))]
+    if name == "hung-collective":
+        hang = (*batch, "--training.steps", "60", "--training.collective_timeout_s", "30")
+        return [(k, train(ctx, f"hung_{k}", *kind(k), *hang), nodes_env(ctx, f"hung_{k}")) for k in compared()[:2]]
+    if name == "torchft-nccl":
+        ft = ("--parallelism.replicas", "2", *kind("ddp"), *batch, "--training.steps", "9", "--diloco.sync_every",
+              "3", "--diloco.fault_tolerant", "true", "--diloco.round_timeout_s", "20")  # fmt: skip
+        return [("ft", train(ctx, "ft", *ft), {"NPROC": str(ctx.nproc), "TORCHACCO_FAULT": FREEZE})]
+    return []
+
+
+FREEZE = "freeze@replica1:rank0:step3:600s"  # stopped in its outer step's exchange: the check then SIGKILLs it
+
+
 def shown(cmd: list[str], env: dict, ctx) -> str:
     """A command as printed: the debug run's shared arguments as <debug run>, the probe's code elided."""
     text = " ".join([*(f"{k}={v!r}" for k, v in env.items()),
@@ -144,7 +230,7 @@ def shown(cmd: list[str], env: dict, ctx) -> str:
     return text.strip().replace(" ".join(debug_run(ctx)), "<debug run>")
 
 
-def validate(argv: list[str]) -> list[str]:
+def validate(argv: list[str], env: dict) -> list[str]:
     """What would stop `argv` from starting: a missing program, module, file or config key."""
     problems = []
     if not (Path(argv[0]).exists() if "/" in argv[0] else shutil.which(argv[0])):
@@ -154,13 +240,19 @@ def validate(argv: list[str]) -> list[str]:
     for arg in argv[1:]:
         if arg.endswith((".py", ".sh", ".toml")) and not (ROOT / arg).exists():
             problems.append(f"{arg} not found")
-    if argv[0].endswith("run_train.sh"):
+    dry = argv[2:3] == ["torchacco.dry_run"]
+    if argv[0].endswith("run_train.sh") or dry:  # the launcher's own check, which would fail the run at its start
         from torchacco.config import load_config
+        from torchacco.validate import validate as check
 
+        nodes, per_node = map(int, argv[-1].split("x")) if dry else (int(env.get(k, 1)) for k in ("NNODES", "NPROC"))
+        args = argv[3:-2] if dry else argv[1:]
+        if "--model.init_from" in args:  # an earlier run's export: not there yet
+            del args[args.index("--model.init_from") : args.index("--model.init_from") + 2]
         try:
-            load_config(argv[1:])
-        except Exception as e:  # the trainer's own check, which would fail the run at its start
-            problems.append(f"run_train.sh overrides: {e}")
+            check(load_config(args), nodes * per_node, per_node, here=False)
+        except Exception as e:
+            problems.append(f"{'dry run' if dry else 'run_train.sh'} overrides: {e}")
     if argv[2:4] == ["benchmarks.gpu", "case"]:
         from benchmarks.gpu import cases
 
@@ -175,7 +267,10 @@ def validate(argv: list[str]) -> list[str]:
 def run_step(step: Step, ctx, limit: float, env: dict) -> dict:
     started = time.monotonic()
     own = [sys.executable, "-m", "benchmarks.gpu_check", "_step", step.name, "--work", str(ctx.work)]
-    argv = step.child or own + ["--titan-assets", str(ctx.titan_assets), "--wheels", str(ctx.wheels)]
+    own += ["--titan-assets", str(ctx.titan_assets), "--wheels", str(ctx.wheels), "--limit-s", str(round(limit))]
+    own += [f"--{k.replace('_', '-')}={getattr(ctx, k)}"
+            for k in ("nproc", "nnodes", "node_rank", "master_addr", "master_port")]  # fmt: skip
+    argv = step.child or own
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env=env, start_new_session=True)  # fmt: skip
     timed_out = False
@@ -215,8 +310,10 @@ def commit() -> str | None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks gpu-check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--steps", default=",".join(s.name for s in STEPS), help="a comma-separated subset")
-    parser.add_argument("--budget-s", type=float, default=780, help="all steps' limits together (a 15-min lease)")
+    parser.add_argument("--steps", help="a comma-separated subset (default: all)")
+    parser.add_argument("--budget-s", type=float, help="all steps' limits together (default: 780, a 15-min lease; "
+                        "with --nproc > 1 the limits' sum)")  # fmt: skip
+    nodes(parser)
     parser.add_argument("--out", type=Path, default=ROOT / f"bench_results/gpu_check_{time.strftime('%Y-%m-%d')}.json")
     parser.add_argument("--work", type=Path, default=Path("/tmp/torchacco-gpu-check"), help="runs, corpus, site")
     parser.add_argument("--wheels", type=Path, default=ROOT / ".whl-gpu", help="wheels to install (gpu_wheels.sh)")
@@ -224,13 +321,21 @@ def main(argv=None) -> int:
                         help="holds torchtitan's tests/assets/{tokenizer,c4_test}")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the plan and check its commands; run nothing")
     args = parser.parse_args(argv)
-    names = [s.strip() for s in args.steps.split(",") if s.strip()]
-    unknown = [n for n in names if n not in {s.name for s in STEPS}]
+    steps = MULTI if args.nproc > 1 else STEPS
+    names = [s.strip() for s in (args.steps or ",".join(s.name for s in steps)).split(",") if s.strip()]
+    unknown = [n for n in names if n not in {s.name for s in steps}]
     if unknown or not names:
         print(error_line(f"--steps: unknown step {unknown[0]!r}" if unknown else "--steps: no step named")
-              + f"; the steps are {', '.join(s.name for s in STEPS)}", file=sys.stderr)  # fmt: skip
+              + f"; the steps are {', '.join(s.name for s in steps)}", file=sys.stderr)  # fmt: skip
         return 2
-    chosen = [s for s in STEPS if s.name in names]  # always in the order above
+    if args.nproc > 1 and args.nproc % 4:
+        print(
+            error_line(f"--nproc {args.nproc}: the multi-GPU check needs a multiple of 4 (tp 2 × pp 2)"),
+            file=sys.stderr,
+        )
+        return 2
+    chosen = [s for s in steps if s.name in names]  # always in the order above
+    args.budget_s = args.budget_s or (780 if args.nproc == 1 else sum(s.limit_s for s in chosen))
     scale = min(1.0, args.budget_s / sum(s.limit_s for s in chosen))
     limits = {s.name: s.limit_s * scale for s in chosen}
     print(f"gpu-check: {len(chosen)} steps within {sum(limits.values()):.0f} s (budget {args.budget_s:.0f} s)")
@@ -240,7 +345,7 @@ def main(argv=None) -> int:
         print(f"{i}. {s.name} ({limits[s.name]:.0f} s): {s.what}")
         for label, cmd, env in plan(s.name, args) if s.child is None else [("run", s.child, {})]:
             print(f"   {label}: {shown(cmd, env, args)}")
-            problems += [f"{s.name}/{label}: {p}" for p in validate(cmd)] if args.dry_run else []
+            problems += [f"{s.name}/{label}: {p}" for p in validate(cmd, env)] if args.dry_run else []
     if args.dry_run:
         for p in problems:
             print(error_line(p), file=sys.stderr)
@@ -313,8 +418,9 @@ def corpus(work: Path) -> None:
         (folder / f"doc{f}.txt").write_text("\n\n".join(paragraphs))
 
 
-def losses(folder: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+def losses(folder: Path, key: str = "loss") -> list[float]:
+    metrics = folder / "metrics.jsonl"
+    return [json.loads(line)[key] for line in metrics.read_text().splitlines()] if metrics.exists() else []
 
 
 def rel_gap(a: list[float], b: list[float]) -> float:
@@ -422,7 +528,7 @@ def stall_step(ctx) -> dict:
     (_, cmd, env), = plan("stall", ctx)  # fmt: skip
     started = time.monotonic()
     proc = sh(cmd, env)
-    errors = [x for x in proc.stderr.splitlines() if x.startswith("torchacco: error:")]
+    errors = ERROR.findall(proc.stderr)
     recorder = ctx.work / "stall" / "flight_recorder"
     dumps = sorted(p.name for p in recorder.iterdir()) if recorder.is_dir() else []
     diagnosed, problems = proc.returncode != 0 and len(errors) == 1 and "made no progress" in errors[0], []
@@ -431,6 +537,150 @@ def stall_step(ctx) -> dict:
          seconds=round(time.monotonic() - started, 1))  # fmt: skip
     part(problems, f"nothing in {recorder}", check="flight recorder", ok=bool(dumps), files=dumps)
     return {"status": outcome(problems)}
+
+
+# The multi-GPU steps (--nproc N): each runs its plan's commands, then checks what they wrote on node 0.
+
+
+def dump_folder(cmd: list[str]) -> Path:
+    return Path(cmd[cmd.index("--job.dump_folder") + 1])
+
+
+def workers(marker: str, state: str = "") -> dict[int, int]:
+    """rank -> pid of this node's training workers whose command line holds `marker` (their dump folder), those in
+    process `state` (e.g. "T": stopped) only if given."""
+    found = {}
+    for p in Path("/proc").iterdir():
+        try:
+            cmd = (p / "cmdline").read_bytes() if p.name.isdigit() else b""
+            running = cmd and (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if b"torchacco.train" in cmd and marker.encode() in cmd and running.startswith(state):
+                env = dict(x.split(b"=", 1) for x in (p / "environ").read_bytes().split(b"\0") if b"=" in x)
+                found[int(env[b"RANK"])] = int(p.name)
+        except (OSError, KeyError, ValueError, IndexError):  # gone, or the launcher (no RANK)
+            pass
+    return found
+
+
+def disturbed(cmd: list[str], env: dict, target, act, limit_s: float) -> tuple[int | None, str]:
+    """Runs `cmd`; the first time `target()` names a pid, `act(pid)`. Returns the exit code and stderr."""
+    with open(dump_folder(cmd).with_suffix(".stderr"), "w+") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT, start_new_session=True,
+                                env={**os.environ, "PYTHON": sys.executable, **env})  # fmt: skip
+        done, deadline = None, time.monotonic() + limit_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            if not done and (done := target()):
+                act(done)
+            time.sleep(0.2)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if done:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(done, signal.SIGKILL)  # a SIGSTOPped worker never exits on its own
+        proc.wait()
+        log.seek(0)
+        return proc.returncode, log.read()
+
+
+def logged(folder: Path) -> int:
+    """Complete lines in metrics.jsonl (read while it is written)."""
+    return (folder / "metrics.jsonl").read_text().count("\n") if (folder / "metrics.jsonl").exists() else 0
+
+
+def hung_check(ctx, problems: list, label: str, cmd: list[str], env: dict) -> None:
+    folder = dump_folder(cmd)
+    code, err = disturbed(cmd, env, lambda: logged(folder) >= 3 and workers(str(folder)).get(1),
+                          lambda pid: os.kill(pid, signal.SIGSTOP), 0.45 * ctx.limit_s)  # fmt: skip
+    lines = ERROR.findall(err)
+    dumps = sorted(p.name for p in (folder / "flight_recorder").glob("rank_*"))
+    missing = [r for r in range(ctx.nproc) if r != 1 and not any(d.startswith(f"rank_{r}") for d in dumps)]
+    ok = code not in (0, None) and bool(lines) and "rank 1" in lines[0]
+    part(problems, f"{label}: no one-line diagnosis naming rank 1 (exit {code}: {err.strip()[-300:]})",
+         check=f"{label} diagnosis", ok=ok, lines=lines)  # fmt: skip
+    part(problems, f"{label}: no flight_recorder/rank_* of rank(s) {missing}", check=f"{label} flight recorder",
+         ok=not missing, files=dumps)  # fmt: skip
+
+
+def falling(problems: list, label: str, folder: Path, steps: int) -> list[float]:
+    got = losses(folder)
+    ok = len(got) == steps and all(x == x for x in got) and got[-1] < got[0]
+    part(problems, f"{label}: {len(got)} of {steps} losses, not all finite or not falling", check=label, ok=ok,
+         losses=got[:: max(1, steps // 10)])  # fmt: skip
+    return got
+
+
+def multi_step(ctx) -> dict:
+    import torch
+
+    if not has_gpu() or torch.cuda.device_count() < ctx.nproc:
+        return {"status": f"skipped: {torch.cuda.device_count()} GPUs here, --nproc {ctx.nproc}"}
+    if ctx.name == "torchft-nccl" and (ctx.nnodes > 1 or importlib.util.find_spec("torchft") is None):
+        return {"status": "skipped: one node's check, with torchft installed (./install.sh ft)"}
+    corpus(ctx.work)
+    runs, problems = plan(ctx.name, ctx), []
+    for _, cmd, _ in runs:
+        if "--job.dump_folder" in cmd:
+            shutil.rmtree(dump_folder(cmd), ignore_errors=True)
+    if ctx.name == "hung-collective" and ctx.node_rank == 0:
+        for label, cmd, env in runs:
+            hung_check(ctx, problems, label, cmd, env)
+        return {"status": outcome(problems)}
+    if ctx.name == "torchft-nccl":
+        (_, cmd, env), = runs  # fmt: skip
+        marker = str(dump_folder(cmd))
+        code, err = disturbed(cmd, env, lambda: next(iter(workers(marker, "T").values()), None),
+                              lambda pid: os.kill(pid, signal.SIGKILL), 0.9 * ctx.limit_s)  # fmt: skip
+        part(problems, f"exit {code}: {err.strip()[-300:]}", check="survivor finished", ok=code == 0,
+             replica1_lost="replica(s) 1 failed for good" in err)  # fmt: skip
+        falling(problems, "replica 0", dump_folder(cmd), 9)
+        return {"status": outcome(problems)}
+    first = runs[:1] if ctx.name == "parity" else []  # the start run trains the tokenizer every run shares
+    procs = {label: sh(cmd, env) for label, cmd, env in first}
+    with ThreadPoolExecutor(1) as pool:  # the CPU references one at a time, beside the GPU runs
+        cpu = {label: pool.submit(sh, cmd, env) for label, cmd, env in runs[len(first) :] if env.get("NPROC") == "2"}
+        procs |= {label: sh(cmd, env) for label, cmd, env in runs[len(first) :] if label not in cpu}
+        procs |= {label: job.result() for label, job in cpu.items()}
+    failed = {label: f"exit {p.returncode}: {tail(p, 1)}" for label, p in procs.items() if p.returncode}
+    if ctx.node_rank:
+        return {"status": f"skipped: node {ctx.node_rank} ran its part; node 0 checks", "exit": failed}
+    for label, why in failed.items():
+        part(problems, f"{label}: {why}", check=label, ok=False)
+    if not failed:
+        CHECKS[ctx.name](ctx, problems, runs, procs)
+    return {"status": outcome(problems)}
+
+
+def parity_checks(ctx, problems, runs, procs) -> None:
+    for kind in ("ddp", *compared()):
+        for mode in ("eager", "compiled"):
+            gpu, cpu = losses(ctx.work / f"{kind}_{mode}"), losses(ctx.work / f"{kind}_cpu")
+            gap = rel_gap(gpu, cpu)
+            part(problems, f"{kind} {mode}: {gap:.3g} from the CPU's losses (allowed {BF16_REL})",
+                 check=f"{kind} {mode} vs cpu", ok=gap <= BF16_REL, gap=gap, cuda=gpu, cpu=cpu)  # fmt: skip
+
+
+def memory_checks(ctx, problems, runs, procs) -> None:
+    found = re.search(r"peak ([\d.]+) GiB", procs["dry-run"].stdout)
+    planned = float(found[1]) if found else float("nan")
+    measured = max(losses(ctx.work / "8b", "memory_gib"))
+    gap = abs(planned - measured) / measured
+    part(problems, f"the dry run's peak {planned} GiB is {gap:.1%} from the {measured:.1f} GiB allocated",
+         check="peak vs dry run", ok=gap <= 0.10, dry_run_gib=planned, allocated_gib=measured)  # fmt: skip
+    snapshots = [p.name for p in (ctx.work / "8b" / "profile" / "rank0").glob("memory_step*.pickle")]
+    part(problems, "no memory snapshot", check="snapshot", ok=bool(snapshots), files=snapshots)
+
+
+def resume_checks(ctx, problems, runs, procs) -> None:
+    full, resumed = losses(ctx.work / "saved")[3:], losses(ctx.work / "resumed")
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # the largest process's peak (KiB)
+    part(problems, f"steps 4-6 resumed {resumed}, uninterrupted {full}", check="exact resume", ok=full == resumed,
+         host_rss_gib=round(rss, 2))  # fmt: skip
+
+
+CHECKS = {"parity": parity_checks, "memory-8b": memory_checks, "async-save-resume": resume_checks,
+          "acco-tp-pp": lambda ctx, problems, runs, _: [falling(problems, r[0], dump_folder(r[1]), 50) for r in runs],
+          "diloco-fsdp": lambda ctx, problems, runs, _: falling(problems, "diloco", ctx.work / "diloco", 12),
+          "hung-collective": lambda *_: None}  # fmt: skip
 
 
 def titan_step(ctx) -> dict:
@@ -512,6 +762,14 @@ RUNS = {"env": env_step, "cuda-tests": cuda_tests_step, "parity": parity_step, "
          "stall": stall_step, "torchtitan": titan_step}  # fmt: skip
 
 
+def nodes(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", type=int, default=1, help="GPUs per node: > 1 runs the multi-GPU check")
+    parser.add_argument("--nnodes", type=int, default=1, help="nodes, each running this check with its --node-rank")
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--master-addr", default="127.0.0.1", help="node 0's address, with --nnodes > 1")
+    parser.add_argument("--master-port", type=int, default=29511)
+
+
 def child(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("what", choices=("_step", "_titan"))
@@ -519,10 +777,12 @@ def child(argv: list[str]) -> int:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--wheels", type=Path, default=ROOT / ".whl-gpu")
     parser.add_argument("--titan-assets", type=Path, default=ROOT / ".whl-gpu" / "titan")
+    parser.add_argument("--limit-s", type=float, default=600)
+    nodes(parser)
     ctx = parser.parse_args(argv)
     if ctx.what == "_titan":
         return titan_run(ctx)
-    result = RUNS[ctx.name](ctx)
+    result = (multi_step if ctx.nproc > 1 and ctx.name != "env" else RUNS[ctx.name])(ctx)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

@@ -133,6 +133,27 @@ def cache_root(data_cfg) -> Path:
     return Path(data_cfg.cache_dir or os.environ.get("TORCHACCO_CACHE") or "~/.cache/torchacco").expanduser()
 
 
+LARGE_CORPUS_BYTES = 4 * 2**30  # its token cache (about half the text's bytes) no longer fits a small home quota
+
+
+def home_cache_warning(data_cfg) -> str | None:
+    """A warning when the token cache would be written under $HOME for a large local corpus: cluster home folders
+    have small quotas, and a cache there also makes every node of a job that shares $HOME wait on one lock."""
+    root, home = cache_root(data_cfg).resolve(), Path.home().resolve()
+    if not root.is_relative_to(home):
+        return None
+    seen, folder = 0, Path(data_cfg.dataset).expanduser()
+    files = [folder] if folder.is_file() else (Path(d, f) for d, _, names in os.walk(folder) for f in names)
+    for path in files:  # stops counting once past the limit: a corpus of millions of files costs no minutes here
+        with contextlib.suppress(OSError):
+            seen += path.stat().st_size
+        if seen > LARGE_CORPUS_BYTES:
+            return (f"the token cache is under your home folder ({root}) and the corpus {folder} holds over "
+                    f"{LARGE_CORPUS_BYTES / 2**30:.0f} GiB; set [data] cache_dir (or TORCHACCO_CACHE) to a folder on "
+                    "scratch storage, e.g. beside the dump folder")  # fmt: skip
+    return None
+
+
 def prepare(data_cfg, tok_cfg, seq_len: int) -> None:
     """Fetch the corpus, train or load the tokenizer, tokenize both splits into the cache. Idempotent.
     Processes sharing the cache folder (a job's nodes on a shared file system) prepare the same data

@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # with gpu_env().
 VISIBLE_GPUS = os.environ.get("CUDA_VISIBLE_DEVICES")
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# The suite matches the workers' lines as they print them: launches keep torchrun's console, without the launcher's
+# per-rank log files and `[rank N]: ` prefixes (tests/test_cluster_plumbing.py checks those, with RANK_LOGS=1).
+os.environ["RANK_LOGS"] = "0"
 
 
 def gpu_env(**extra) -> dict:

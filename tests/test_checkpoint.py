@@ -320,24 +320,64 @@ def test_an_asynchronous_save_stages_a_host_copy_that_training_cannot_change():
     weights = torch.arange(6.0)
     state = {"model": {"w": weights, "steps": [torch.tensor(3)]}, "loader": Counter()}
     staging = HostStaging()
-    staged = staging(state)
+    staged = staging.stage(state)
     weights += 100  # training goes on while the save is written
     assert torch.equal(staged["model"]["w"], torch.arange(6.0)) and staged["loader"] == {"position": 7}
     assert staged["model"]["steps"][0].item() == 3
     state["loader"].position = 8
-    again = staging(state)
+    again = staging.stage(state)
     assert again["model"]["w"] is staged["model"]["w"]  # the host buffers are reused
     assert torch.equal(again["model"]["w"], torch.arange(6.0) + 100) and again["loader"] == {"position": 8}
+
+
+def test_an_asynchronous_save_writes_its_one_host_copy(tmp_path, monkeypatch):
+    """DCP writes the very tensors `HostStaging` copied: the host holds one copy of the state (DCP's default stager
+    would copy it again), of the bytes `staging_bytes` says."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from torchacco.checkpoint import Checkpointer, staging_bytes, tensor_leaves
+
+    written, write_data = [], FileSystemWriter.write_data
+
+    def spy(self, plan, planner):
+        written.extend(t.untyped_storage().data_ptr() for _, t in tensor_leaves(planner.state_dict))
+        return write_data(self, plan, planner)
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", spy)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        checkpointer = Checkpointer(tmp_path, 0, keep=2, async_save=True)
+        state = {"model": {"w": torch.randn(1000), "b": torch.randn(10)}}
+        checkpointer.save(1, state)
+        checkpointer.wait()
+        staged = [t for _, t in tensor_leaves(checkpointer.staging.staged)]
+        assert written and set(written) <= {t.untyped_storage().data_ptr() for t in staged}
+        assert sum(t.nbytes for t in staged) == staging_bytes(state) == 1010 * 4
+        loaded = {"model": {"w": torch.zeros(1000), "b": torch.zeros(10)}}
+        checkpointer.load(tmp_path / "step-00000001", loaded)
+        assert torch.equal(loaded["model"]["w"], state["model"]["w"])
+        checkpointer.close()
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("kind", ["ddp", "acco"])
 def test_the_free_space_check_expects_the_bytes_a_checkpoint_writes(tiny_corpus, cache_dir, tmp_path, kind):
-    """From the strategy's own state: ACCO's checkpoint is twice DDP's, which a bytes-per-parameter rule misses."""
+    """From the strategy's own state: ACCO's checkpoint is twice DDP's, which a bytes-per-parameter rule misses. An
+    asynchronous save's host copy: each rank's own state (DDP's: all of it, which DCP writes once)."""
     out = tmp_path / kind
     args = tiny_args(tiny_corpus, cache_dir, out, "--checkpoint.enable", "true", "--training.steps", "1")
-    proc = run_train([*args, "--parallelism.data_parallel", kind, "--training.global_batch_size", "16"])
+    proc = run_train([*args, "--parallelism.data_parallel", kind, "--training.global_batch_size", "16",
+                      "--checkpoint.async_save", "true"])  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    said = float(re.search(r"a checkpoint takes about ([\d,.]+) MiB", proc.stdout + proc.stderr)[1].replace(",", ""))
+    log = proc.stdout + proc.stderr
+    said = float(re.search(r"a checkpoint takes about ([\d,.]+) MiB", log)[1].replace(",", ""))
     written = sum(f.stat().st_size for f in (out / "checkpoint").rglob("*") if f.is_file()) / 2**20
     assert abs(said - written) <= 0.1 * written, (said, written)  # (the rest: DCP's metadata, RNG states)
+    host, node = re.search(
+        r"holds about ([\d.]+) MiB of host memory per rank, ([\d.]+) MiB on a node of 2", log
+    ).groups()
+    assert float(node) == pytest.approx(2 * float(host), abs=0.1)
+    assert float(host) == pytest.approx(said, rel=0.1) if kind == "ddp" else float(host) < said

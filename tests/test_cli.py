@@ -3,6 +3,7 @@ traceback, no hang. Config mistakes are caught by the launcher before any worker
 here in-process, the launcher's own function, plus once through the script); data, tokenizer and
 dump-folder mistakes inside the 2 workers, where rank 0 alone reports (~10 s)."""
 
+import json
 import re
 from types import SimpleNamespace
 
@@ -64,10 +65,15 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
             id="missing-config-file",
         ),
         pytest.param(
-            ["--training.stepz", "5"], ["unknown key 'stepz'", "[training]", "valid keys", "steps"], id="unknown-key"
+            ["--training.stepz", "5"],
+            ["unknown key 'stepz'", "[training]; did you mean 'steps'?", "valid keys"],
+            id="unknown-key",
         ),
+        pytest.param(["--training.lr", "1e-3"], ["unknown key 'lr'", "did you mean [optimizer] lr?"], id="other-key"),
         pytest.param(
-            ["--trainng.steps", "5"], ["unknown section [trainng]", "valid sections", "training"], id="unknown-section"
+            ["--trainng.steps", "5"],
+            ["unknown section [trainng]; did you mean 'training'?", "valid sections"],
+            id="unknown-section",
         ),
         pytest.param(["--training.steps", "ten"], ["[training] steps", "expected int", "ten"], id="wrong-type"),
         pytest.param(
@@ -87,6 +93,7 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
             ["--model.name", "gpt5"], ["unknown model 'gpt5'", "available", "gpt_neo", "llama3"], id="unknown-model"
         ),
         pytest.param(["--model.flavor", "huge"], ["no flavor 'huge'", "choose one of", "debug"], id="unknown-flavor"),
+        pytest.param(["--model.flavor", "Tiny"], ["no flavor 'Tiny'; did you mean 'tiny'?"], id="mistyped-flavor"),
         pytest.param(
             ["--parallelism.data_parallel", "acco", "--training.global_batch_size", "8"],
             ["even number of micro-batches", "global_batch_size", "= 16"],
@@ -107,8 +114,11 @@ def test_the_script_checks_before_any_worker_starts(tiny_corpus, cache_dir, tmp_
         ),
         pytest.param(
             ["--parallelism.data_parallel", "ddpp"],
-            ["'ddpp' is not one of", "ddp, zero1, fsdp"],
+            ["'ddpp' is not one of", "ddp, zero1, fsdp", "did you mean 'ddp'?"],
             id="unknown-data-parallel",
+        ),
+        pytest.param(
+            ["--acco.mode", "balance"], ["'balance' is not one of", "did you mean 'balanced'?"], id="mistyped-choice"
         ),
         pytest.param(
             ["--training.collective_timeout_s", "inf"],
@@ -236,6 +246,57 @@ def test_bad_config_file_is_one_line_before_launch(toml, words, tiny_corpus, cac
     config.write_text(toml)
     proc = check_before_launch(["--config", str(config), *tiny_args(tiny_corpus, cache_dir, tmp_path / "out")], capsys)
     check_one_clear_error(proc, str(config), *words, launched=False)
+
+
+def test_a_dump_folder_holding_another_run_is_refused_before_launch_and_the_same_run_resumes(
+    tiny_corpus, cache_dir, tmp_path, capsys
+):
+    from torchacco import run_folder
+    from torchacco.config import load_config
+
+    out = tmp_path / "out"
+    run_folder.prepare(load_config(tiny_args(tiny_corpus, cache_dir, out)), out)  # what a first run leaves
+    same = check_before_launch(tiny_args(tiny_corpus, cache_dir, out, "--training.steps", "12"), capsys)
+    assert same.returncode == 0 and not same.stderr  # more steps: the same run, resumed
+    other = check_before_launch(tiny_args(tiny_corpus, cache_dir, out, "--optimizer.lr", "3e-4"), capsys)
+    check_one_clear_error(other, "holds a different run", "optimizer.lr", "--job.dump_folder", launched=False)
+    told = check_before_launch(tiny_args(tiny_corpus, cache_dir, out, "--optimizer.lr", "3e-4", "--job.overwrite",
+                                         "true"), capsys)  # fmt: skip
+    assert told.returncode == 0 and (out / "config.toml").is_file()  # validation deletes nothing
+
+
+def test_help_lists_the_sections_and_a_sections_keys_from_the_declarations():
+    """`./run_train.sh --help [SECTION]` (or -h): the script's usage and environment, the sections, and a section's
+    keys with their types, defaults and help: the rows of docs/configuration.md. It starts nothing and imports no
+    torch."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from torchacco.config import Training, _keys
+
+    def script(*args):
+        env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable}
+        return subprocess.run([str(ROOT / "run_train.sh"), *args], capture_output=True, text=True, env=env, timeout=60)
+
+    listing = script("--help")
+    assert listing.returncode == 0 and not listing.stderr, listing.stderr
+    assert "NNODES" in listing.stdout and "--dry-run" in listing.stdout  # the launcher's part
+    for section in ("job", "training", "acco", "hsdp", "diloco", "emulation"):
+        assert re.search(rf"^  {section} +\w", listing.stdout, re.M), section
+    one = script("--config", "train_configs/default.toml", "-h", "training")
+    assert one.returncode == 0 and "[training]" in one.stdout and "diloco" not in one.stdout
+    section = one.stdout[one.stdout.index("[training]") :]  # after the script's header
+    rows = [line.split(None, 3) for line in section.splitlines() if line.startswith("  ")]
+    assert [row[0] for row in rows] == [f.name for f in dataclasses.fields(Training)]
+    for (_, kind, default, help_), row in zip(_keys("training", Training), rows, strict=True):
+        shown = "|".join(kind) if isinstance(kind, tuple) else kind
+        assert row[1:] == [shown, json.dumps(default), help_], row
+    wrong = script("--help", "trainig")
+    assert wrong.returncode == 1 and wrong.stderr.startswith("torchacco: error: --help trainig: no section")
+    assert "did you mean 'training'?" in wrong.stderr and wrong.stderr.count("\n") == 1
 
 
 def test_tokenizer_larger_than_model_vocab(tiny_corpus, cache_dir, tmp_path):

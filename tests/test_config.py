@@ -40,13 +40,20 @@ def test_override_beats_file(tmp_path):
 def test_unknown_key_lists_valid_keys(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[training]\nstepz = 5\n")
-    with pytest.raises(UserError, match=r"c.toml: unknown key 'stepz' in \[training\]; valid keys: seq_len, .*steps"):
+    with pytest.raises(
+        UserError,
+        match=r"c.toml: unknown key 'stepz' in \[training\]; did you mean 'steps'\? valid keys: seq_len, .*steps",
+    ):
         load_config(["--config", str(path)])
 
 
 def test_unknown_section_lists_sections():
-    with pytest.raises(UserError, match=r"unknown section \[trainer\]; valid sections: job, model"):
+    with pytest.raises(
+        UserError, match=r"unknown section \[trainer\]; did you mean 'training'\? valid sections: job, model"
+    ):
         load_config(["--trainer.steps", "3"])
+    with pytest.raises(UserError, match=r"unknown section \[xyz\]; valid sections: job, model"):  # nothing close
+        load_config(["--xyz.steps", "3"])
 
 
 def test_wrong_type_names_file_key_and_type(tmp_path):

@@ -2,9 +2,6 @@
 
 import dataclasses
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 from conftest import ROOT
@@ -172,75 +169,6 @@ def test_relative_error():
     assert cm.relative_error(110, 100) == pytest.approx(0.1)
 
 
-@pytest.mark.integration
-def test_predict_cli(capsys, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(  # as a user runs it, once; the other cases in this process (a torch import each saved)
-        [sys.executable, "-m", "torchacco.predict", *"--model llama3 --flavor 8B --nodes 4".split(),
-         *"--gpus-per-node 8 --bandwidth 100gbit".split()],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
-    )  # fmt: skip
-
-    def run(*args):
-        from torchacco import predict
-        from torchacco.errors import run_cli
-
-        code = run_cli(lambda: predict.main(list(args)))
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out, err)
-
-    assert proc.returncode == 0, proc.stderr
-    assert "8.03B params" in proc.stdout and "| zero1 |" in proc.stdout and "Soonest to the loss" in proc.stdout
-    # 8B on 80 GB: DDP's replicated fp32 state (120 GiB) does not fit and is never the advice
-    assert "| ddp | " in proc.stdout and "does not fit | 119.7 |" in proc.stdout
-    verdict = next(line for line in proc.stdout.splitlines() if line.startswith("Soonest"))
-    assert "measured: ddp," not in verdict and "baseline, ddp" not in verdict
-    small = run("--memory-gib", "1")
-    assert small.returncode == 1 and "no strategy fits 1 GiB per GPU" in small.stderr
-    # time to loss from the measured table, whose date the assumptions give; a row no measurement covers says so
-    assert "Assumptions:" in proc.stdout and cm.token_table()["date"] in proc.stdout
-    row = lambda out, name: next(r for r in out.splitlines() if r.startswith(f"| {name} |"))
-    assert "| not measured |" in row(proc.stdout, "acco_bf16_estimate") and "acco_bf16_estimate" not in verdict
-    odd = run("--flavor", "1B", "--nodes", "2", "--sync-every", "7", "--outer-momentum", "0.5")
-    assert odd.returncode == 0, odd.stderr
-    assert "| not measured |" in row(odd.stdout, "diloco_h7 (ddp inside, bf16)")
-    # the compressed Streaming DiLoCo the table measured: its row names its wire and takes its ratio
-    streaming = "--sync-every 10 --fragments 2 --overlap-steps 1 --eager --outer-lr 1 --outer-momentum 0".split()
-    sparse = run("--flavor", "1B", "--nodes", "2", *streaming, "--outer-dtype", "int2", "--topk", "0.01")
-    assert sparse.returncode == 0, sparse.stderr
-    assert "| not measured |" not in row(sparse.stdout, "diloco_h10 (ddp inside, int2 top-k 0.01)")
-    ratio = cm.token_table()["tokens_to_target"]["streaming_h10_avg_topk1_int2_senders"]["mean"]  # the default mean
-    assert f"{ratio:.3f}" in sparse.stdout
-    # with --config, the DiLoCo rows take the config's outer step, and a flag given here overrides it
-    recipe = ("--config", "train_configs/llama3_8b_sparse_diloco.toml", "--nodes", "4", "--gpus-per-node", "8")
-    from_recipe = run(*recipe)
-    assert from_recipe.returncode == 0, from_recipe.stderr
-    same = row(from_recipe.stdout, "diloco_h100 (fsdp inside, int2 top-k 0.03)")
-    own = row(from_recipe.stdout, "fsdp, 4 replicas (the config's)")
-    assert same.split("|")[-2] == own.split("|")[-2]  # its memory too: the outer step offloaded, as the recipe's
-    assert row(run(*recipe, "--topk", "0", "--sync-every", "40").stdout, "diloco_h40 (fsdp inside, int2)")
-    balanced = tmp_path / "balanced.toml"  # balanced replicas: its DiLoCo rows still are plain DiLoCo's
-    text = (ROOT / "train_configs/default.toml").read_text()
-    text = text.replace("[parallelism]", "[parallelism]\nreplicas = 2").replace(
-        "[training]", "[training]\nmax_tokens = 10000000"
-    )
-    balanced.write_text(text + "\n[diloco]\nbalance_replicas = true\nsync_every = 20\n")
-    from_balanced = run("--config", str(balanced), "--nodes", "2", "--gpus-per-node", "1")
-    assert from_balanced.returncode == 0, from_balanced.stderr
-    assert row(from_balanced.stdout, "diloco_h20 (ddp inside)")
-    bad = run("--nodes", "2", "--eager")
-    assert bad.returncode == 1 and "[diloco] eager" in bad.stderr and "overlap_steps >= 1" in bad.stderr
-    bad = run("--device", "TPU9")
-    assert bad.returncode == 1 and bad.stderr.startswith("torchacco: error: unknown --device")
-    bad = run("--bandwidth", "lots")
-    assert bad.returncode == 1 and "cannot read link rate" in bad.stderr
-    for value in ("-1", "inf", "nan"):
-        bad = run("--bucket-cap-mb", value)
-        assert bad.returncode == 1 and bad.stderr.strip() == (
-            f"torchacco: error: --bucket-cap-mb must be 0 (torch's default) or positive, got {value}"
-        )
-
-
 def test_backend_collective_factors():
     # gloo: the reduce-scatter takes ~2x its ring ideal, the all-gather ~1.5x
     p = cm.predict_all(WORK, hw(rs_factor=2.0, ag_factor=1.5, ar_factor=1.1))
@@ -285,16 +213,6 @@ def test_tokens_ratio_is_measured_or_inherited_from_the_update_computed_and_else
     assert cm.not_reached_note(cm.token_source("wp", TABLE), TABLE) == "not reached in 1.25× the tokens"
     assert cm.not_reached_note(cm.token_source("dpu", TABLE), TABLE) is None
     assert cm.token_source("hsdp", TABLE) == "ddp" and cm.token_source("acco_balanced", TABLE) == "acco"
-    p = cm.predict_all(WORK, hw(max_growth=0))
-    ttl = cm.time_to_loss(p, 1e6, {s: ratio(s) for s in p})
-    assert ttl["zero1"] == pytest.approx(1.001 * 1e6 / p["zero1"]["tokens_per_s"])
-    assert (
-        ttl["dpu"] is None
-        and "| dpu |" in cm.format_table(p, ttl=ttl)
-        and "not measured" in cm.format_table(p, ttl=ttl)
-    )
-    notes = {"wp": cm.not_reached_note("wp", TABLE)}
-    assert "| not reached in 1.25× the tokens | — |" in cm.format_table(p, ttl=ttl, notes=notes)
 
 
 def test_a_diloco_row_takes_a_measurement_only_with_the_same_replicas_inner_update_and_outer_step():
@@ -429,8 +347,6 @@ def test_predict_names_the_lr_a_ratio_was_tuned_to(monkeypatch):
 
     entry = {"mean": 1.4, "ci95": 0.05, "seeds": 5, "source": "bench_results/h50.md", "lr_multiple": 0.5}
     monkeypatch.setattr(cm, "measured_entry", lambda source: entry)
-    assert predict._ratio("streaming_h50_avg") == (
-        "1.400 ± 0.050 (95% interval over 5 seeds, streaming_h50_avg at 0.5× the lr in bench_results/h50.md)"
-    )
+    assert predict._ratio("streaming_h50_avg") == "1.400 ± 0.050 at 0.5× lr"
     del entry["lr_multiple"]  # measured at DDP's lr: nothing said
-    assert "streaming_h50_avg in bench_results" in predict._ratio("streaming_h50_avg")
+    assert predict._ratio("streaming_h50_avg") == "1.400 ± 0.050"

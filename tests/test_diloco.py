@@ -4,6 +4,7 @@ torch's Nesterov SGD outside); the wire formats' error; the impossible settings'
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +13,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from conftest import read_metrics, run_train, six_step_args, tiny_args
 from test_schedules import ROOT, run_worker
 
-from torchacco.config import Config, DiLoCo
+from torchacco import dry_run, predict
+from torchacco.config import Config, DiLoCo, load_config
 from torchacco.errors import UserError
 from torchacco.parallel.compression import CHUNK, sparse_token_weighted_mean
+from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.pseudo_gradient import (
     ROW,
     split_across,
@@ -468,7 +472,13 @@ def test_split_mean_equals_the_whole_mean_on_every_wire(tmp_path):
     "overrides, message",
     [
         ({"parallelism.replicas": 3}, "not divisible by [parallelism] replicas"),
-        ({"diloco.sync_every": 10}, "replicas = 1 has no outer step"),
+        ({"diloco.sync_every": 10, "diloco.topk": 0.03, "diloco.outer_dtype": "int2"},
+         "outer_dtype, topk set: they shape the exchange between replicas, and [parallelism] replicas = 1 has none"),
+        ({"diloco.sync_every": 10, "diloco.overlap_steps": 1, "diloco.mixing": 0.5},
+         "overlap_steps, mixing set: they shape the exchange"),
+        ({"diloco.warm_start": 10, "diloco.balance_replicas": True, "training.max_tokens": 10**6},
+         "warm_start, balance_replicas set: they shape the exchange"),
+        ({"diloco.fault_tolerant": True}, "fault_tolerant set: they shape the exchange"),
         ({"parallelism.replicas": 2, "diloco.sync_every": 10, "diloco.fragments": 3}, "not a multiple of fragments"),
         ({"parallelism.replicas": 2, "diloco.balance_replicas": True}, "balance_replicas needs [training] max_tokens"),
         (
@@ -556,3 +566,126 @@ def test_offline_export_of_a_replicated_run_is_one_line(tmp_path, capsys):
     assert main([str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
     assert "not exported offline yet" in err and "export_hf = true" in err and "\n" not in err
+
+
+# An outer step over one replica (SNOO, arXiv 2510.15830; DiLoCo with M = 1): Δ̄ = Δ, nothing exchanged.
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+@pytest.mark.parametrize(
+    "kind, diloco, updates",
+    [
+        ("ddp", dict(sync_every=3), 6),  # one replica of two ddp ranks: no split all-gather either
+        pytest.param(
+            "zero1", dict(sync_every=4, fragments=2, sync_every_max=8, outer_momentum_warmup=2), 14, marks=SLOW
+        ),
+        pytest.param("fsdp", dict(sync_every=2, offload=1, outer_momentum_decay=1), 6, marks=SLOW),
+    ],
+    ids=["ddp", "zero1-streaming-qsr-momentum-warmup", "fsdp-offload-momentum-decay"],
+)
+def test_an_outer_step_over_one_replica_equals_its_equations(tmp_path, kind, diloco, updates):
+    run = run_diloco(tmp_path, kind, updates, micro_batches=2, replicas=1, **diloco)
+    keys = dict(H=diloco["sync_every"], P=diloco.get("fragments", 1), h_max=diloco.get("sync_every_max", 0))
+    keys |= dict(mu_warmup=diloco.get("outer_momentum_warmup", 0), mu_decay=bool(diloco.get("outer_momentum_decay")))
+    expected, _, distinct_tokens = diloco_reference(updates, 2, replicas=1, dp=2, **keys)
+    torch.testing.assert_close(run["theta"], expected, rtol=1e-5, atol=1e-5)
+    plain, _, _ = diloco_reference(updates, 2, replicas=1, dp=2, **keys, lr=1.0, mu=0.0)  # θ_global = θ: no step
+    assert distinct_tokens and (expected - plain).norm() > 100 * 1e-5 * plain.norm()
+
+
+def first_outer_step(theta_0: torch.Tensor, theta_h: torch.Tensor, lr: float = 0.7, mu: float = 0.9) -> torch.Tensor:
+    """θ_global after the first outer step, H updates from θ_0 to θ_H: m = Δ, θ_0 − η·(1 + μ)·Δ."""
+    return theta_0 - lr * (1 + mu) * (theta_0 - theta_h)
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["acco", "dpu", "wp", "hsdp"])
+def test_an_outer_step_over_one_replica_of_each_strategy_moves_its_own_theta(tmp_path, kind):
+    """The strategies without a synchronous reference here (ACCO's estimate, DPU's and WP's stale gradient; HSDP's
+    2-D mesh): the first outer step, after H = 2 updates, equals the equations over the same strategy's plain run."""
+    (tmp_path / "plain").mkdir(), (tmp_path / "snoo").mkdir()
+    plain = run_worker(tmp_path / "plain", kind, 2, 2)
+    snoo = run_diloco(tmp_path / "snoo", kind, 2, 2, replicas=1, sync_every=2)
+    initial = torch.cat([p.detach().reshape(-1) for p in worker.tiny_model().parameters()])
+    assert not torch.allclose(plain["theta"], initial)
+    torch.testing.assert_close(snoo["theta"], first_outer_step(initial, plain["theta"]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+@pytest.mark.slow
+def test_evaluating_between_updates_leaves_an_outer_step_over_wp_unchanged(tmp_path):
+    """WP computes at a predicted θ: evaluating θ_global between rounds restores that prediction, bit for bit."""
+    env = {"TORCHACCO_TEST_REPLICAS": "1", "TORCHACCO_TEST_DILOCO": "sync_every=2"}
+    (tmp_path / "quiet").mkdir(), (tmp_path / "evaluated").mkdir()
+    quiet = run_worker(tmp_path / "quiet", "wp", 5, 2, env=env)
+    evaluated = run_worker(tmp_path / "evaluated", "wp", 5, 2, env={**env, "TORCHACCO_TEST_EVALUATE": "1"})
+    assert torch.equal(quiet["theta"], evaluated["theta"])
+
+
+def test_the_documented_one_replica_example_runs_and_its_dry_run_counts_the_outer_state(tmp_path, capsys):
+    """docs/diloco.md's SNOO example over train_configs/default.toml (zero1 on 2 ranks): valid; the dry run adds
+    θ_global and the momentum of each rank's half of θ, 8 bytes per element; `predict` times it as zero1 (nothing sent),
+    its tokens not measured."""
+
+    text = (ROOT / "docs" / "diloco.md").read_text()
+    argv = re.search(r"`\./run_train\.sh --config (train_configs/default\.toml [^`]*)`", text).group(1).split()
+    configs = [load_config(["--config", str(ROOT / argv[0]), *extra]) for extra in ([], argv[1:])]
+    assert [has_outer_step(1, c.diloco) for c in configs] == [False, True] and configs[1].parallelism.replicas == 1
+    plain, snoo = (dry_run.plan(c, dry_run.Cluster(1, 2)).kinds[0] for c in configs)
+    assert snoo.memory.buffers - plain.memory.buffers == 8 * snoo.params / 2 > 0
+    (tmp_path / "snoo.toml").write_text(configs[1].to_toml())
+    assert predict.main(["--config", str(tmp_path / "snoo.toml"), "--nodes", "1", "--gpus-per-node", "2"]) == 0
+    rows = {line.split("|")[1].strip(): line.split("|") for line in capsys.readouterr().out.splitlines() if "|" in line}
+    own = rows["zero1, SNOO H 10 (the config's)"]
+    assert own[2] == rows["zero1"][2] and "not measured" in map(str.strip, own)
+
+
+def test_one_replica_has_an_outer_step_only_with_a_diloco_key_and_every_strategy_runs_it(monkeypatch):
+    assert not has_outer_step(1, DiLoCo()) and has_outer_step(1, DiLoCo(sync_every=10)) and has_outer_step(2, DiLoCo())
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    for kind in ("ddp", "zero1", "fsdp", "hsdp", "acco", "dpu", "wp"):
+        cfg = Config()
+        cfg.parallelism.data_parallel, cfg.diloco.sync_every = kind, 10
+        cfg.training.local_batch_size, cfg.training.global_batch_size = 4, 32  # (acco: two periods per update)
+        validate(cfg, world_size=4)
+
+
+@pytest.mark.integration
+@pytest.mark.exact
+@pytest.mark.slow
+def test_an_outer_step_over_one_replica_resumes_bit_for_bit(tiny_corpus, cache_dir, tmp_path, six_step_run):
+    """Checkpointed at update 3, between the outer steps of updates 2 and 4: θ_global and the momentum are state."""
+    snoo = ("--diloco.sync_every", "2")
+    full = six_step_run("zero1", *snoo)
+    expected = read_metrics(full)
+    assert [r["outer_bytes"] for r in expected if "outer_step" in r] == [0.0] * 3  # updates 2, 4 and 6; nothing sent
+    step3 = str(full / "checkpoint" / "step-00000003")
+    argv = six_step_args(tiny_corpus, cache_dir, tmp_path / "resumed", "zero1", 6, *snoo, "--checkpoint.load_path")
+    resumed = run_train([*argv, step3])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "(an outer step every H 2: SNOO)" in resumed.stdout
+    records = read_metrics(tmp_path / "resumed")
+    for key in ("loss", "lr", "tokens", "grad_norm", "outer_delta_norm"):
+        assert [r.get(key) for r in records] == [r.get(key) for r in expected[3:]], key
+    assert records[-1]["val_loss"] == expected[-1]["val_loss"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_an_outer_step_over_one_replica_under_tensor_parallelism_equals_one_rank(tiny_corpus, cache_dir, tmp_path):
+    """zero1 inside, tp 2 against one rank: the outer step works on each rank's tensor-parallel shard of θ."""
+    snoo = ("--parallelism.data_parallel", "zero1", "--diloco.sync_every", "2", "--training.steps", "5")
+    runs = []
+    for name, tp, nproc in (("one", "1", 1), ("tp2", "2", 2)):
+        argv = tiny_args(tiny_corpus, cache_dir, tmp_path / name, *snoo, "--parallelism.tensor_parallel_degree", tp)
+        proc = run_train(argv, nproc=nproc)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(read_metrics(tmp_path / name))
+    one, tp2 = runs
+    assert [r["step"] for r in tp2 if "outer_step" in r] == [2, 4] == [r["step"] for r in one if "outer_step" in r]
+    assert [r["loss"] for r in tp2] == pytest.approx([r["loss"] for r in one], rel=1e-5, abs=1e-5)

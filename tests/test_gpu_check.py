@@ -2,7 +2,9 @@
 its CLI errors, and its parent's bookkeeping (a step cut at its limit, the next step still run)."""
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +33,49 @@ def test_the_dry_run_plans_the_six_steps_in_order_within_the_budget(capsys):
     assert gpu_check.main(["--dry-run", "--steps", "stall,env", "--budget-s", "60"]) == 0
     steps = planned(capsys.readouterr().out)
     assert [name for name, _ in steps] == ["env", "stall"] and sum(limit for _, limit in steps) <= 60
+
+
+MULTI = ["env", "parity", "acco-tp-pp", "diloco-fsdp", "memory-8b", "async-save-resume", "hung-collective",
+         "torchft-nccl"]  # fmt: skip
+
+
+def test_the_multi_gpu_dry_run_plans_its_steps_in_order_on_one_node_and_two(capsys):
+    """Every command is checked as the launcher would check it for its world size (8 ranks, then 2 nodes × 8)."""
+    assert gpu_check.main(["--dry-run", "--nproc", "8"]) == 0
+    out = capsys.readouterr().out
+    assert [name for name, _ in planned(out)] == MULTI
+    for kind in ("ddp", "zero1", "fsdp", "acco"):  # dp 8 on the GPUs, compiled and eager; the CPU's reference
+        assert all(f"   {kind}_{mode}: NPROC='8' " in out for mode in ("eager", "compiled"))
+        assert f"   {kind}_cpu: CUDA_VISIBLE_DEVICES=''" in out
+    assert "   tp2_dp4: " in out and "   tp2_pp2_dp2: " in out and "   2x_fsdp4: " in out
+    assert "--dry-run 1x8" in out and "--checkpoint.async_save true" in out and "freeze@replica1" in out
+    two = ["--dry-run", "--nproc", "8", "--nnodes", "2", "--node-rank", "1", "--master-addr", "node0"]
+    assert gpu_check.main([*two, "--steps", "acco-tp-pp,memory-8b"]) == 0
+    out = capsys.readouterr().out
+    assert "   tp2_pp2_dp4: NPROC='8' NNODES='2' NODE_RANK='1' MASTER_ADDR='node0'" in out and "--dry-run 2x8" in out
+
+
+def test_the_multi_gpu_check_needs_a_multiple_of_4_gpus(capsys):
+    assert gpu_check.main(["--dry-run", "--nproc", "6"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "torchacco: error: --nproc 6: the multi-GPU check needs a multiple of 4 (tp 2 × pp 2)"
+    ]
+
+
+def test_a_worker_is_found_by_its_rank_and_stopped_then_killed(tmp_path):
+    """The hung-collective and torchft steps' machinery: a worker found by its dump folder and RANK, SIGSTOPped."""
+    folder = str(tmp_path / "run")
+    worker = [sys.executable, "-c", "import time; time.sleep(60)", "torchacco.train", "--job.dump_folder", folder]
+    seen = []
+
+    def stop(pid):
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        seen.append((pid, gpu_check.workers(folder, "T")))
+
+    code, _ = gpu_check.disturbed(worker, {"RANK": "1"}, lambda: gpu_check.workers(folder).get(1), stop, 3)
+    [(pid, stopped)] = seen
+    assert stopped == {1: pid} and code == -signal.SIGKILL  # stopped, then killed at the limit
 
 
 def test_the_dry_run_fails_on_a_command_that_would_not_start(monkeypatch, capsys):

@@ -475,7 +475,7 @@ def test_a_resumed_speed_run_is_kept_only_with_the_same_arguments_on_the_same_pl
 
     ran = []
 
-    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0):
+    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0, calibration=None):
         ran.append(train)
         folder.mkdir(parents=True, exist_ok=True)
         return {"records": [{"step": len(ran)}]}
@@ -631,7 +631,7 @@ def test_speed_times_any_registered_variant_at_given_link_rates_with_each_ranks_
     (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": {"balance_bps": 3e8}}))
     runs = []
 
-    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0):
+    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0, calibration=None):
         runs.append((plan, train, env))
         record = {"tokens_per_update": 2048, "tokens_per_s": 2048 / (0.1 * len(runs))}
         return {"records": [record] * 12, "ranks": [{"peak_rss_gib": 0.5}, {"peak_rss_gib": 0.75}], "wall_s": 1.0}
@@ -663,12 +663,13 @@ def test_speed_runs_each_strategy_on_virtual_compute_beside_real_compute_and_rep
     (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": {"balance_bps": 3e8}}))
     runs = []
 
-    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0):
+    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0, calibration=None):
         runs.append((folder.name, virtual_compute))
         seconds = 0.2 if virtual_compute else 0.25
         return {"records": [{"tokens_per_update": 2048, "tokens_per_s": 2048 / seconds}] * 12, "ranks": []}
 
     monkeypatch.setattr(speed, "run_training", fake_run)
+    monkeypatch.setattr(speed, "settled_calibration", lambda train: {"forward_s": 0.01, "backward_s": 0.02})
     argv = ["--updates", "12", "--repeats", "1", "--settings", "b", "--strategies", "ddp", "--virtual-compute", "both",
             "--out", str(tmp_path), "--name", "v"]  # fmt: skip
     assert speed.main(argv) == 0
@@ -690,7 +691,7 @@ def test_a_memory_budget_leaves_the_strategies_that_do_not_fit_out_of_the_baseli
     (tmp_path / "time_to_loss.json").write_text(json.dumps(calibration))
     seconds = {"ddp": 0.1, "zero1": 0.2, "acco": 0.15}
 
-    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0):
+    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0, calibration=None):
         s = (
             seconds[train[train.index("--parallelism.data_parallel") + 1]]
             if "--parallelism.data_parallel" in train
@@ -700,6 +701,7 @@ def test_a_memory_budget_leaves_the_strategies_that_do_not_fit_out_of_the_baseli
         return {"records": [{"tokens_per_update": 2048, "tokens_per_s": 2048 / s}] * 12, "ranks": [], **waits}
 
     monkeypatch.setattr(speed, "run_training", fake_run)
+    monkeypatch.setattr(speed, "settled_calibration", lambda train: {"forward_s": 0.01, "backward_s": 0.02})
     # on 4 ranks a rank keeps 16 bytes per parameter under ddp, 15 under acco (12 + its sharded 12 / 4), 11 under zero1
     argv = ["--updates", "12", "--repeats", "1", "--settings", "", "--rates", "1gbit", "--rate-nodes", "4",
             "--strategies", "ddp,zero1,acco", "--memory-budget-mib", "8.6", "--out", str(tmp_path), "--name", "m",
@@ -741,3 +743,53 @@ def test_speed_names_a_bad_emulation_argument_in_one_line(extra, message, capsys
     with pytest.raises(SystemExit):
         speed.main(["--out", str(tmp_path), "--rates", "1gbit", "--settings", "", "--strategies", "ddp", *extra])
     assert capsys.readouterr().err.splitlines()[-1].endswith(message)
+
+
+def test_virtual_compute_calibration_repeats_until_the_machine_is_quiet_and_says_so_when_it_never_is():
+    from benchmarks.cluster.launch import ClusterError, settled_calibration
+
+    def fake(seconds):
+        times = iter(seconds)
+        return lambda train, threads: {"forward_s": next(times) / 3, "backward_s": 0.0, "optimizer_s_per_param": 1e-9}
+
+    # a busy start (0.0136, 0.0191, 0.0234 s: the spread that reordered strategies), then three within 5%
+    settled = settled_calibration([], measure=fake([0.0136, 0.0191, 0.0234, 0.0140, 0.0141, 0.0139]))
+    assert settled["tries"] == 6 and settled["forward_s"] == pytest.approx(0.0140 / 3)  # the median of the three
+    assert settled["compute_s_repeats"] == pytest.approx([0.0139 / 3, 0.0140 / 3, 0.0141 / 3])
+    with pytest.raises(ClusterError, match=r"never settled: 4 calibrations, no 3 in a row within 5%.*busy"):
+        settled_calibration([], measure=fake([0.01, 0.02, 0.01, 0.02]), tries=4)
+
+
+def test_a_speed_table_calibrates_once_per_micro_batch_shape_and_reuses_a_saved_calibration(monkeypatch, tmp_path):
+    from benchmarks.yardstick import speed
+
+    (tmp_path / "time_to_loss.json").write_text(json.dumps({"calibration": {"balance_bps": 3e8}}))
+    given, measured = [], []
+
+    def fake_run(plan, train, folder, env=None, virtual_compute=False, virtual_scale=1.0, calibration=None):
+        given.append((speed.micro_batch_shape(train), calibration))
+        return {"records": [{"tokens_per_update": 2048, "tokens_per_s": 2048 / 0.2}] * 12, "calibration": calibration}
+
+    def fake_calibration(train):  # each call another machine state: only one per shape may be taken
+        measured.append(speed.micro_batch_shape(train))
+        return {"forward_s": 0.01 * len(measured), "backward_s": 0.02}
+
+    monkeypatch.setattr(speed, "run_training", fake_run)
+    monkeypatch.setattr(speed, "settled_calibration", fake_calibration)
+    argv = ["--updates", "12", "--repeats", "2", "--settings", "b", "--strategies", "ddp,zero1,acco",
+            "--virtual-compute", "on", "--out", str(tmp_path), "--name", "v"]  # fmt: skip
+    assert speed.main(argv) == 0
+    assert len(measured) == 1 and len(given) == 6 and all(waits == given[0][1] for _, waits in given)
+    assert "local_batch_size=4" in measured[0]
+    table = json.loads((tmp_path / "v.json").read_text())
+    assert table["virtual_calibration"] == {measured[0]: given[0][1]}
+    assert json.loads((tmp_path / "v_virtual_calibration.json").read_text()) == {
+        "virtual_calibration": {measured[0]: given[0][1]}
+    }
+    # another micro-batch shape is calibrated once more; a saved table's calibration is reused without measuring
+    assert speed.main([*argv[:-1], "v2", "--train-args", "--training.local_batch_size 2"]) == 0
+    assert len(measured) == 2 and "local_batch_size=2" in measured[1]
+    given.clear()
+    assert speed.main([*argv[:-1], "w", "--virtual-calibration", "v"]) == 0
+    assert len(measured) == 2 and {waits["forward_s"] for _, waits in given} == {0.01}
+    assert speed.main([*argv, "--resume"]) == 0 and len(measured) == 2  # --resume keeps the table's own

@@ -15,7 +15,7 @@ from torchacco import data, faults, hf_io, materialize, user_model
 from torchacco.config import Config, Data, Model, Tokenizer
 from torchacco.device import Device
 from torchacco.errors import UserError
-from torchacco.parallel.diloco import Clock, DiLoCo
+from torchacco.parallel.diloco import Clock, DiLoCo, has_outer_step
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.process_groups import on_one_rank
 from torchacco.parallel.registry import strategy_class
@@ -96,9 +96,9 @@ def build_data(data_cfg: Data, tokenizer_cfg: Tokenizer, seq_len: int, seed: int
 
 def build_strategy(model: nn.Module, cfg: Config, dims: ParallelDims, plan: UpdatePlan, device: Device) -> Strategy:
     """The configured strategy over `model` (this rank's part of it, after tensor/pipeline parallelism), inside DiLoCo's
-    outer step when the run has several replicas (`plan` is then one replica's)."""
+    outer step when the run has one (`plan` is then one replica's)."""
     cls = strategy_class(cfg.parallelism.data_parallel)
-    if dims.replicas == 1:
+    if not has_outer_step(dims.replicas, cfg.diloco):
         return cls.from_config(model, cfg, dims, plan, device)
     clock = Clock(plan.schedule) if cfg.diloco.balance_replicas else None
     if clock is not None:

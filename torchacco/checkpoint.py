@@ -20,7 +20,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
 from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map
 
 from torchacco.config import Checkpoint as CheckpointConfig
@@ -75,14 +77,18 @@ def _state_dicts(state: dict) -> dict:
     return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
 
 
-class HostStaging:
+class HostStaging(AsyncStager):
     """A host copy of the state that training can no longer change (asynchronous saves): pinned on CUDA, so
-    the GPU keeps no second copy. Allocated at the first save, reused while the state keeps its shapes."""
+    the GPU keeps no second copy. Allocated at the first save, reused while the state keeps its shapes. DCP's
+    stager for `dcp.async_save`, which then writes this copy: the only one on the host (its default stager would
+    copy it again)."""
+
+    _synchronize_after_execute = False  # the copy is complete when `stage` returns
 
     def __init__(self):
         self.staged = None
 
-    def __call__(self, state: dict) -> dict:
+    def stage(self, state: dict) -> dict:
         plain = _state_dicts(state)
         pin = any(t.is_cuda for _, t in tensor_leaves(plain))  # (a CPU run has nothing to pin)
         if self.staged is None or _layout(plain) != _layout(self.staged):
@@ -91,6 +97,13 @@ class HostStaging:
         if pin:
             torch.cuda.synchronize()  # the copies are complete before training changes the state
         return staged
+
+
+def staging_bytes(state: dict) -> int:
+    """The host bytes one rank's asynchronous save holds: its local tensors, each once, as `HostStaging` copies them
+    (a strategy's state dict holds AdamW's moments from the start: `Replicated.state_dict`)."""
+    local = [t.to_local() if isinstance(t, DTensor) else t for _, t in tensor_leaves(_state_dicts(state))]
+    return sum(t.numel() * t.element_size() for t in local)
 
 
 SHARED_CHECK = ".torchacco-shared-check"
@@ -171,7 +184,7 @@ class Checkpointer:
         self._on_rank_0(final, lambda: _fresh_folder(tmp))
         with self._write_errors(final):
             if self.async_save:
-                future = dcp.async_save(self.staging(state), checkpoint_id=tmp, process_group=self.group)
+                future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.group, async_stager=self.staging)
                 self.in_flight = (future, tmp, final)
             else:
                 dcp.save(state, checkpoint_id=tmp, process_group=self.group)

@@ -10,16 +10,18 @@ sections or keys list the valid ones; a wrong type names the file, the key and t
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import sys
+import textwrap
 import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from torchacco.errors import UserError
+from torchacco.errors import UserError, run_cli
 from torchacco.options import Options, key
 from torchacco.parallel import registry
 
@@ -118,6 +120,12 @@ class Parallelism:
         registry.default_name, "the data-parallel strategy (docs/parallelism.md)", choices=registry.names
     )
     reshard_after_forward: bool = key(True, "fsdp: free gathered parameters after forward")
+    accumulate_unsharded: bool = key(
+        False,
+        "fsdp, hsdp: keep an unsharded gradient of every parameter (4 bytes each in fp32) across an update's "
+        "micro-batches and reduce once, on the last (less traffic, for slow links); false: reduce-scatter every "
+        "micro-batch (hsdp: inside a node, with the all-reduce across nodes once per update)",
+    )
     bucket_cap_mb: float = key(
         0.0,
         "ddp: gradient bucket size in MiB; 0: torch's default, 25 MiB buckets after a first one of 1 MiB whose "
@@ -392,17 +400,28 @@ def _convert(value, expected: type, where: str, from_cli: bool):
     return value
 
 
+def did_you_mean(word: str, known) -> str:
+    """'; did you mean 'x'?' for the closest of `known` to a mistyped `word` (difflib's, any case), or ''."""
+    by_lower = {str(k).lower(): str(k) for k in known}
+    close = difflib.get_close_matches(str(word).lower(), by_lower, n=1, cutoff=0.6)
+    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+
+
 def _set(cfg: Config, section: str, key: str, value, origin: str, from_cli: bool = False) -> None:
     sections = _sections()
     if section not in sections:
-        raise UserError(f"{origin}: unknown section [{section}]; valid sections: {', '.join(sections)}")
+        hint = did_you_mean(section, sections) or ";"
+        raise UserError(f"{origin}: unknown section [{section}]{hint} valid sections: {', '.join(sections)}")
     keys = _key_types(sections[section])
     if key not in keys:
-        raise UserError(f"{origin}: unknown key '{key}' in [{section}]; valid keys: {', '.join(keys)}")
+        elsewhere = [f"[{other}] {key}" for other, cls in sections.items() if key in _key_types(cls)]
+        hint = did_you_mean(key, keys) or (f"; did you mean {' or '.join(elsewhere)}?" if elsewhere else ";")
+        raise UserError(f"{origin}: unknown key '{key}' in [{section}]{hint} valid keys: {', '.join(keys)}")
     value = _convert(value, keys[key], f"{origin}: [{section}] {key}", from_cli)
     allowed = choices(section, key)
     if allowed is not None and value not in allowed:
-        raise UserError(f"{origin}: [{section}] {key} = {value!r} is not one of: {', '.join(allowed)}")
+        hint = did_you_mean(value, allowed)
+        raise UserError(f"{origin}: [{section}] {key} = {value!r} is not one of: {', '.join(allowed)}{hint}")
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{origin}: [{section}] {key} = {value} is not a finite number; give a finite value")
     setattr(cfg.section(section), key, value)
@@ -435,6 +454,8 @@ def parse_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str, s
     config_file, overrides, i = None, [], 0
     while i < len(argv):
         arg = argv[i]
+        if arg in ("-h", "--help"):
+            raise UserError(f"{arg}: run ./run_train.sh --help [SECTION] (or python -m torchacco.config --help)")
         if not arg.startswith("--"):
             raise UserError(f"unexpected argument {arg!r}; use --config FILE and --section.key VALUE")
         name, eq, inline = arg[2:].partition("=")
@@ -462,33 +483,79 @@ def load_config(argv: list[str]) -> Config:
     return cfg
 
 
+def _keys(section: str, cls: type):
+    """(name, type, default, help) of each key of a section: what docs/configuration.md and `--help` show. The type is
+    a name, or for a key with fixed choices the tuple of them."""
+    types_ = _key_types(cls)
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        yield f.name, choices(section, f.name) or types_[f.name].__name__, default, f.metadata["help"]
+
+
+def _about(cls: type) -> str:
+    """A section's docstring, when it has one of its own (a dataclass's default one repeats its fields)."""
+    doc = cls.__doc__ or ""
+    return "" if doc.startswith(cls.__name__ + "(") else " ".join(doc.split())
+
+
 def reference_markdown() -> str:
     """docs/configuration.md: every section and key with its type, default and help."""
     out = [
         "# Configuration reference",
         "",
-        "Generated from `torchacco/config.py` by `python -m torchacco.config > docs/configuration.md`;",
-        "a test fails when the two disagree. A config is a TOML file of these sections; any key can be",
-        "overridden on the command line as `--section.key VALUE` (e.g. `--training.steps 20`).",
+        "Generated from `torchacco/config.py` by `python -m torchacco.config > docs/configuration.md` (a test",
+        "fails when the two disagree; `./run_train.sh --help SECTION` prints the same rows). A config is a TOML file",
+        "of these sections; any key can be overridden on the command line: `--section.key VALUE`.",
         "",
     ]
     for section, cls in _sections().items():
-        out += [f"## [{section}]", ""]
-        if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):
-            out += [cls.__doc__.strip(), ""]
+        out += [f"## [{section}]", ""] + ([_about(cls), ""] if _about(cls) else [])
         out += ["| key | type | default | what it does |", "|---|---|---|---|"]
-        types_ = _key_types(cls)
-        for f in dataclasses.fields(cls):
-            allowed = choices(section, f.name)
-            kind = " \\| ".join(f"`{c}`" for c in allowed) if allowed else types_[f.name].__name__
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            out.append(
-                f"| `{f.name}` | {kind} | `{json.dumps(default, ensure_ascii=False)}` | "
-                f"{f.metadata['help'].replace('|', chr(92) + '|')} |"
-            )
+        for name, kind, default, help_ in _keys(section, cls):
+            kind = " \\| ".join(f"`{c}`" for c in kind) if isinstance(kind, tuple) else kind
+            default, help_ = json.dumps(default, ensure_ascii=False), help_.replace("|", "\\|")
+            out.append(f"| `{name}` | {kind} | `{default}` | {help_} |")
         out.append("")
     return "\n".join(out)
 
 
+def help_text(section: str | None = None) -> str:
+    """`--help`: the sections, each with its keys' names; `--help SECTION`: its keys with type, default and help."""
+    sections = _sections()
+    if section is None:
+        lines = ["Config sections (`--help SECTION` lists one's keys, types, defaults; docs/configuration.md all):"]
+        width = max(map(len, sections)) + 4
+        for name, cls in sections.items():
+            keys = ", ".join(f.name for f in dataclasses.fields(cls))
+            lines.append(
+                textwrap.fill(keys, 118, initial_indent=f"  {name:<{width - 2}}", subsequent_indent=" " * width)
+            )
+        return "\n".join(lines)
+    name = section.strip("[]-").removesuffix(".")
+    if name not in sections:
+        hint = did_you_mean(name, sections) or ";"
+        raise UserError(f"--help {section}: no section [{name}]{hint} sections: {', '.join(sections)}")
+    rows = [
+        (key, "|".join(kind) if isinstance(kind, tuple) else kind, json.dumps(default, ensure_ascii=False), help_)
+        for key, kind, default, help_ in _keys(name, sections[name])
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    about = _about(sections[name])
+    lines = [f"[{name}]" + (f": {about}" if about else ""), f"(in a TOML file's [{name}] table, or --{name}.KEY VALUE)"]
+    lines += [f"  {k:<{widths[0]}}  {t:<{widths[1]}}  {d:<{widths[2]}}  {h}" for k, t, d, h in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m torchacco.config`: the reference as markdown; `--help [SECTION]` (or `-h`): the help above."""
+    asks = [i for i, arg in enumerate(argv) if arg in ("--help", "-h")]
+    if not asks:
+        sys.stdout.write(reference_markdown())
+        return 0
+    after = argv[asks[0] + 1 : asks[0] + 2]
+    print(help_text(after[0] if after and not after[0].startswith("-") else None))
+    return 0
+
+
 if __name__ == "__main__":
-    sys.stdout.write(reference_markdown())
+    sys.exit(run_cli(lambda: main(sys.argv[1:])))

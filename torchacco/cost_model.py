@@ -95,6 +95,11 @@ DEVICES = {
 # torchtitan's op-level selective recompute keeps the matmul outputs, about two thirds; full recompute keeps
 # each block's input, 2).
 ACTIVATION_BYTES = {"none": 34.0, "selective": 22.0, "full": 2.0}
+# Of those, what a tensor-parallel rank keeps over the whole sequence, undivided by tp (sequence parallelism splits
+# the rest): selective keeps the row-wise wo and w2 matmuls' outputs, partial sums before their reduce-scatter;
+# without recompute, the column-wise matmuls keep their all-gathered inputs (attention's and the MLP's); full keeps
+# only the block's sequence-split input.
+TP_WHOLE_SEQUENCE_BYTES = {"none": 4.0, "selective": 4.0, "full": 0.0}
 
 
 @dataclasses.dataclass
@@ -167,9 +172,9 @@ def hardware(link, nodes: int, gpus_per_node: int, **more) -> Hardware:
 def add_cluster_arguments(parser) -> None:
     """The command-line options `hardware` reads, which predict and the dry run share."""
     parser.add_argument("--device", default="H100", help=f"the cost model's GPU: one of {', '.join(DEVICES)}")
-    parser.add_argument("--mfu", type=float, default=0.4)
+    parser.add_argument("--mfu", type=float, default=0.4, help="the share of the device's bf16 peak achieved")
     parser.add_argument("--bandwidth", default="100gbit", help="inter-node link per node and direction")
-    parser.add_argument("--latency-ms", type=float, default=0.01)
+    parser.add_argument("--latency-ms", type=float, default=0.01, help="one-way latency of the inter-node link")
 
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -372,18 +377,24 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
 
 def predict_diloco(
     work: Workload, hw: Hardware, inner: str, sync_every: int, fragments: int = 1, overlap_steps: int = 0,
-    outer_dtype: str = "fp32", fragment_params: list[float] | None = None, topk: float = 0.0,
+    outer_dtype: str = "fp32", fragment_params: list[float] | None = None, topk: float = 0.0, balanced: bool = False,
 ) -> dict:  # fmt: skip
     """Time per update of DiLoCo (docs/diloco.md) with one replica per node and `inner` over each node's G ranks:
     t_in + Σ_f max(0, T_f − τ·t_in) / H, t_in the inner update's time on one node. T_f: fragment f's pseudo-gradient
     over the link, D_f = P_f elements × wire bytes (`fragment_params`, from `model_fragment_params`: the first holds
     the embedding; else P/F each); fp32 is an all-reduce, 2(N−1)/N · 8D_f/B, bf16, the integer codes and top-k messages
     are all-gathered, (N−1) · 8D_f/B, each at its probed factor. A sharded inner strategy's ranks send their shards;
-    ddp's, whose ranks all hold all of θ, 1/G of it each, then all-gather the fp32 mean in the node."""
+    ddp's, whose ranks all hold all of θ, 1/G of it each, then all-gather the fp32 mean in the node. `balanced`
+    ([diloco] balance_replicas): t_in is a fast node's, and the slow node's replica computes t_in / t_slow of its
+    updates (the tokens per update shrink by that share of one replica's)."""
     cls, _ = variants()[inner]
     node = dataclasses.replace(hw, nodes=1)
     inside = predict(work, node, inner)
-    t_in = inside["step_time_s"]
+    t_in, share = inside["step_time_s"], 1.0
+    if balanced and hw.slow_factor > 1:
+        inside = predict(work, dataclasses.replace(node, slow_factor=1.0), inner)
+        share = (hw.nodes - 1 + inside["step_time_s"] / t_in) / hw.nodes
+        t_in = inside["step_time_s"]
     sizes = list(fragment_params) if fragment_params is not None else [work.params / fragments] * fragments
     if len(sizes) != fragments:
         raise ValueError(f"fragment_params has {len(sizes)} sizes for {fragments} fragments")
@@ -402,7 +413,7 @@ def predict_diloco(
     transfers = [transfer_s(p) for p in sizes]
     exposed = sum(max(0.0, t - overlap_steps * t_in) for t in transfers) / sync_every
     step = t_in + exposed
-    tokens = hw.world * work.micro_batches * work.tokens_per_micro_batch
+    tokens = hw.world * work.micro_batches * work.tokens_per_micro_batch * share
     wire_label = "" if all_reduce else f", {outer_dtype}" + (f" top-k {topk:g}" if topk else "")
     return {"strategy": f"diloco_h{sync_every} ({inner} inside{wire_label})", "step_time_s": step,
             "tokens_per_update": tokens, "tokens_per_s": tokens / step,
@@ -410,12 +421,13 @@ def predict_diloco(
             "overlap": max(0.0, 1.0 - exposed * sync_every / sum(transfers)) if sum(transfers) else 1.0}  # fmt: skip
 
 
-def model_fragment_params(model: str, flavor: str, fragments: int, vocab_size: int | None = None) -> list[float]:
+@functools.cache
+def model_fragment_params(model: str, flavor: str, fragments: int, vocab_size: int | None = None) -> tuple[float, ...]:
     """The parameters of each of DiLoCo's fragments of a model folder's flavor, as the trainer splits it
     (`diloco.fragment_of`, on the meta device: nothing is allocated)."""
     spec = get_model_spec(model)
     with torch.device("meta"):
-        return fragment_sizes(spec.model_cls(spec.args(flavor, vocab_size=vocab_size or None)), fragments)
+        return tuple(fragment_sizes(spec.model_cls(spec.args(flavor, vocab_size=vocab_size or None)), fragments))
 
 
 def fragment_sizes(module: torch.nn.Module, fragments: int) -> list[float]:
@@ -451,6 +463,21 @@ PLAIN_UPDATE = ("deterministic", "balanced")
 # [diloco] settings that say where the outer state lives or how a failure is survived, not what an outer step computes
 NOT_THE_UPDATE = ("offload", "fault_tolerant", "lighthouse", "min_replicas", "join_timeout_s", "round_timeout_s")
 TOPK_ONLY = ("error_decay", "topk_mean")  # settings of the residual and the sparse mean: nothing without topk
+# The DiLoCo configurations predict advises: each a token_efficiency.json entry, whose record holds the settings that
+# were measured (`measured_diloco`), with its plain name. The recipes in train_configs/ are checked against it.
+MEASURED = {
+    "streaming_h10_avg_topk3_int2_senders": "Streaming DiLoCo, top 3%, 2-bit",
+    "streaming_h10_avg_topk1_int2_senders": "Streaming DiLoCo, top 1%, 2-bit",
+    "streaming_h10_avg": "Streaming DiLoCo, bf16",
+    "streaming_h10_pier_warm100_r4": "Streaming DiLoCo, bf16, warm start and Nesterov",
+    "streaming_h10_avg_r4": "Streaming DiLoCo, bf16",
+}
+
+
+def measured_diloco(label: str) -> tuple[int, DiLoCoConfig]:
+    """A `MEASURED` entry's replicas and [diloco] section, as it was measured."""
+    record, names = _entries(None)[label]["diloco"], {f.name for f in dataclasses.fields(DiLoCoConfig)}
+    return record["replicas"], DiLoCoConfig(**{k: v for k, v in record.items() if k in names})
 
 
 @functools.cache
@@ -486,16 +513,25 @@ def diloco_token_source(inner: str, replicas: int, outer, table: dict | None = N
     `torchacco.config.DiLoCo`): one with the same replicas, inner update and [diloco] settings (but NOT_THE_UPDATE), or
     None. The ranks inside a replica are not matched: they change the inner update's floating-point order, not the
     update."""
-    settings, defaults = dataclasses.asdict(outer), dataclasses.asdict(type(outer)())
-    ignored = NOT_THE_UPDATE + (() if outer.topk else TOPK_ONLY)
     for name, entry in _entries(table).items():
         run = entry.get("diloco")
-        if not run or run["replicas"] != replicas or _update(run["inner"]) != _update(inner):
-            continue
-        recorded = {**defaults, **run}  # a setting an entry does not record (it predates it) had its default
-        if all(settings[key] == recorded[key] for key in settings if key not in ignored):
+        if run and run["replicas"] == replicas and _update(run["inner"]) == _update(inner) and _same(outer, run):
             return name
     return None
+
+
+def measured_outer_step(outer) -> str | None:
+    """The `MEASURED` configuration whose outer step `outer` (a [diloco] section) runs, whatever its replicas and inner
+    strategy; None: none."""
+    return next((label for label in MEASURED if _same(outer, _entries(None)[label]["diloco"])), None)
+
+
+def _same(outer, recorded: dict) -> bool:
+    """Whether a [diloco] section runs an entry's recorded outer step (NOT_THE_UPDATE aside)."""
+    settings, defaults = dataclasses.asdict(outer), dataclasses.asdict(type(outer)())
+    ignored = NOT_THE_UPDATE + (() if outer.topk else TOPK_ONLY)
+    recorded = {**defaults, **recorded}  # a setting an entry does not record (it predates it) had its default
+    return all(settings[key] == recorded[key] for key in settings if key not in ignored)
 
 
 def measured_entry(source: str, table: dict | None = None) -> dict:
@@ -509,14 +545,6 @@ def not_reached_note(source: str | None, table: dict | None = None) -> str | Non
     """For an entry that never reached DDP's loss: what the time-to-loss cell says instead of a time."""
     within = None if source is None else measured_entry(source, table).get("not_reached_within")
     return None if within is None else f"not reached in {within:g}× the tokens"
-
-
-def time_to_loss(preds: dict[str, dict], target_tokens: float, ratios: dict[str, float | None]) -> dict:
-    """Predicted seconds to the loss DDP reaches in `target_tokens` tokens: each row's measured ratio of those tokens at
-    its tokens/s; None where its ratio is not measured."""
-    return {
-        s: None if ratios.get(s) is None else ratios[s] * target_tokens / p["tokens_per_s"] for s, p in preds.items()
-    }
 
 
 def predict_all(work: Workload, hw: Hardware) -> dict[str, dict]:
@@ -551,14 +579,19 @@ def model_workload(
 
 
 def block_activation_bytes(args, tokens: float, checkpoint: str, selective: str = "op", blocks=None, tp=1) -> float:
-    """What `blocks` blocks (all the model's: None) keep for backward over `tokens` tokens, 1/tp of it on each
-    tensor-parallel rank (sequence parallelism splits what the attention and MLP heads do not). [training]
-    selective_checkpoint = k recomputes every k-th block whole and keeps all of the others'."""
-    per_block = ACTIVATION_BYTES[checkpoint]
-    if checkpoint == "selective" and selective != "op":
-        k = int(selective)
-        per_block = (ACTIVATION_BYTES["full"] + (k - 1) * ACTIVATION_BYTES["none"]) / k
-    return per_block * tokens * args.dim * (args.n_layers if blocks is None else blocks) / tp
+    """What `blocks` blocks (all the model's: None) keep for backward over `tokens` tokens on each of `tp`
+    tensor-parallel ranks: 1/tp of it, but for the tensors kept over the whole sequence (TP_WHOLE_SEQUENCE_BYTES).
+    [training] selective_checkpoint = k recomputes every k-th block whole and keeps all of the others'."""
+
+    def per_block(table: dict) -> float:
+        if checkpoint == "selective" and selective != "op":
+            k = int(selective)
+            return (table["full"] + (k - 1) * table["none"]) / k
+        return table[checkpoint]
+
+    whole = per_block(TP_WHOLE_SEQUENCE_BYTES) if tp > 1 else 0.0
+    per_rank = (per_block(ACTIVATION_BYTES) - whole) / tp + whole
+    return per_rank * tokens * args.dim * (args.n_layers if blocks is None else blocks)
 
 
 def loss_activation_bytes(args, tokens: float, loss_chunks: int, vocab_split: int = 1) -> float:
@@ -593,43 +626,7 @@ def relative_error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured if measured else math.nan
 
 
-def format_table(
-    preds: dict[str, dict],
-    memory: dict[str, float] | None = None,
-    ttl: dict | None = None,
-    fits: dict | None = None,
-    notes: dict[str, str | None] | None = None,
-) -> str:
-    """Markdown: per strategy the time per update, tokens/s, exposed communication, and (when given) memory per rank and
-    time to the target loss against the soonest that fits (`fits`: strategy -> bool; a time of None: not measured)."""
-    columns = ["strategy", "time per update (s)", "tokens/update", "tokens/s", "exposed comm (s)", "overlap"]
-    if ttl:
-        columns += ["time to loss (s)", "vs soonest"]
-        soonest = min((t for name, t in ttl.items() if t is not None and (not fits or fits[name])), default=None)
-    if memory:
-        columns.append("memory/rank (GiB)")
-    rows = []
-    for name, p in preds.items():
-        cells = [name, f"{p['step_time_s']:.4g}", f"{p['tokens_per_update']:,.0f}", f"{p['tokens_per_s']:,.0f}",
-                 f"{p['exposed_comm_s']:.4g}", f"{p['overlap']:.0%}"]  # fmt: skip
-        if ttl:
-            note = (notes or {}).get(name) or "not measured"
-            cells.append(_time_versus(ttl[name], soonest, not fits or fits[name], note))
-        if memory:
-            cells.append(f"{memory[name] / 2**30:.1f}")
-        rows.append(cells)
-    return markdown_table(columns, rows) + "\n"
-
-
 def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
     """The first column left-aligned, the others (numbers) right-aligned."""
     lines = ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
-def _time_versus(seconds: float | None, soonest: float | None, fits: bool, note: str) -> str:
-    """The time-to-loss cells: seconds and the ratio to the soonest, or `note` (no time), or 'does not fit'."""
-    if seconds is None:
-        return f"{note} | —" if fits else f"{note} | does not fit"
-    versus = (f"{seconds / soonest:.2f}×" if soonest else "—") if fits else "does not fit"
-    return f"{seconds:,.0f} | {versus}"

@@ -6,8 +6,9 @@
 With no GPU, no data and no process started: the launcher's checks for that world size (a mistake is one line: exit 1),
 the model on the meta device with its tensor and pipeline parallelism over a fake process group of that size, and per
 rank (per pipeline stage when there are several) its memory by part, their peak against `--dry-run-gpu-gib` and the
-cost model's time per update. `--dry-run` with no size takes [job] cluster. Exit 0 whether or not it fits: a dry run
-reports (docs/performance.md says what it counts).
+cost model's time per update. `--dry-run` with no size takes [job] cluster. Exit 1 with one line when the peak does
+not fit, so a job script can gate on it; `--dry-run-report-only` exits 0 either way (docs/performance.md says what it
+counts).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from torchacco.device import DTYPES, Device, compute_dtype
 from torchacco.errors import UserError, run_cli
 from torchacco.loss import TokenLoss
 from torchacco.optim import muon_workload, optimizer_state_share
+from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.dims import ParallelDims, clear_dtensor_sharding_cache
 from torchacco.parallel.hsdp import shard_degree
 from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
@@ -45,6 +47,11 @@ from torchacco.spec import get_model_spec
 from torchacco.validate import validate
 
 GIB = 2**30
+# What a GPU needs beyond the counted peak: the CUDA context and NCCL's communicators and buffers (a fixed part),
+# and the caching allocator's fragmentation (a share of the peak). Above TIGHT of the GPU's memory a run is "tight".
+RESERVE_BYTES = 4 * GIB
+RESERVE_SHARE = 0.05
+TIGHT = 0.9
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,16 @@ class RankMemory:
     @property
     def peak(self) -> float:
         return self.memory.total + self.gathered + self.activations
+
+    @property
+    def needed(self) -> float:
+        """The peak with the reserve beyond it (RESERVE_BYTES, RESERVE_SHARE)."""
+        return self.peak * (1 + RESERVE_SHARE) + RESERVE_BYTES
+
+
+def fits(needed: float, gpu_bytes: float) -> str:
+    """yes: within TIGHT of the GPU's memory; tight: within all of it; no."""
+    return "yes" if needed <= TIGHT * gpu_bytes else "tight" if needed <= gpu_bytes else "no"
 
 
 @dataclass
@@ -204,19 +221,21 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
     with torch.device("meta"):
         whole = spec.model_cls(args)
     total = local_numel(whole)
-    fragments = cm.fragment_sizes(whole, cfg.diloco.fragments) if replicas > 1 else [float(total)]
+    outer = cfg.diloco if has_outer_step(replicas, cfg.diloco) else None  # (one replica's: SNOO; no communication)
+    fragments = cm.fragment_sizes(whole, cfg.diloco.fragments) if outer else [float(total)]
     largest = max(fragments) / total
-    outer = cfg.diloco if replicas > 1 else None
     stages = stage_params(cfg, spec, args, cluster, dp) if tp * pp > 1 else [_counts(whole)]
+    micro = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp, replicas=replicas).micro_batches
     kinds, state_share = [], optimizer_state_share(cfg.optimizer, whole)
     for stage, (numel, in_blocks, blocks) in enumerate(stages):
         memory = cm.layout_memory(cls, numel, group, dtype, DTYPES[p.reduce_dtype], options, outer, largest)
         memory = dataclasses.replace(memory, optimizer=memory.optimizer * state_share)  # against AdamW's two moments
+        held = cls.accumulation_memory(p, numel, micro)  # (the sharded gradients form as the unsharded are freed)
+        memory = dataclasses.replace(memory, gradients=max(memory.gradients, held))
         gathered = cls.gathered_memory(p, in_blocks / max(blocks, 1), numel - in_blocks, blocks, dtype)
         label = f"pp stage {stage}" if pp > 1 else "every rank"
         kinds.append(RankMemory(label, stage * dp * tp, cluster.world // pp, numel, memory, gathered,
                                 activations(cfg, args, stage)))  # fmt: skip
-    micro = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp, replicas=replicas).micro_batches
     return DryRun(cfg, cluster, dp, tp, pp, replicas, args, total, dtype, micro, fragments, kinds, notes)
 
 
@@ -292,6 +311,8 @@ def report(run: DryRun, gpu_gib: float, prediction: dict, link, config: str) -> 
     strategy = p.data_parallel + (f" (the cost model's {label})" if label != p.data_parallel else "")
     if run.replicas > 1:
         strategy += f" inside each replica, DiLoCo's outer step across them{' (offloaded)' * cfg.diloco.offload}"
+    elif has_outer_step(1, cfg.diloco):
+        strategy += f", an outer step every {cfg.diloco.sync_every} updates (SNOO){' (offloaded)' * cfg.diloco.offload}"
     lines = [
         f"torchacco dry run: {config} on {c.nodes} node(s) × {c.gpus_per_node} GPUs = {c.world} ranks "
         "(meta device: no GPU, no data)",
@@ -309,18 +330,20 @@ def report(run: DryRun, gpu_gib: float, prediction: dict, link, config: str) -> 
         rows.append(row + [f"{x / GIB:.1f}" for x in cells])
     lines += ["", cm.markdown_table(columns, rows)]
     worst = run.worst
-    fits = worst.peak <= gpu_gib * GIB
     lines += [
         "",
-        f"fits in {gpu_gib:g} GiB: {'yes' if fits else 'no'} (peak {worst.peak / GIB:.1f} GiB on rank {worst.rank})",
+        f"fits in {gpu_gib:g} GiB: {fits(worst.needed, gpu_gib * GIB)} (peak {worst.peak / GIB:.1f} GiB on rank "
+        f"{worst.rank}; {worst.needed / GIB:.1f} GiB, {worst.needed / (gpu_gib * GIB):.0%}, with the reserve)",
         f"time per update: {prediction['step_time_s']:.3g} s, {prediction['tokens_per_s']:,.0f} tokens/s, "
         f"{prediction['exposed_comm_s']:.3g} s of it exposed communication (cost model: {link.device} at "
         f"{link.mfu:.0%} MFU, {link.bandwidth} per node between nodes, {link.latency_ms:g} ms; tensor- and "
         "pipeline-parallel traffic not modelled)",
         "Memory: the strategy's own byte count of what it allocates (Strategy.memory) and one micro-batch's "
         "activations estimated from the model's shape; gathered: parameters (and a block's gradient) a strategy "
-        "unshards while computing (Strategy.gathered_memory); not counted: the CUDA context, the allocator's "
-        "slack, compile workspaces.",
+        "unshards while computing (Strategy.gathered_memory); gradients: their most between micro-batches (FSDP's "
+        f"unsharded accumulator with accumulate_unsharded). Reserve: {RESERVE_BYTES / GIB:g} GiB (the CUDA context, "
+        f"NCCL's communicators) + {RESERVE_SHARE:.0%} of the peak (the allocator's fragmentation); tight: above "
+        f"{TIGHT:.0%} of the GPU's memory; not counted: compile workspaces.",
     ]
     return "\n".join(lines)
 
@@ -334,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", nargs="?", const="", default="", metavar="NODESxGPUS")
     p.add_argument("--dry-run-gpu-gib", type=float, default=80.0, help="memory per GPU to fit in (GiB)")
+    p.add_argument("--dry-run-report-only", action="store_true", help="exit 0 even when the config does not fit")
     cm.add_cluster_arguments(p)
     return p
 
@@ -349,6 +373,13 @@ def main(argv: list[str] | None = None) -> int:
     run = plan(cfg, cluster)
     prediction = time_per_update(run, args)
     print(report(run, args.dry_run_gpu_gib, prediction, args, parse_overrides(rest)[0] or "the default config"))
+    worst = run.worst
+    if fits(worst.needed, args.dry_run_gpu_gib * GIB) == "no" and not args.dry_run_report_only:
+        raise UserError(
+            f"does not fit: peak {worst.peak / GIB:.1f} GiB on rank {worst.rank}, {worst.needed / GIB:.1f} GiB with "
+            f"the reserve > --dry-run-gpu-gib {args.dry_run_gpu_gib:g}; shard more (fsdp, hsdp, tensor_parallel_degree), set activation_checkpoint, "
+            "or lower local_batch_size (--dry-run-report-only: exit 0 anyway)"
+        )
     return 0
 
 

@@ -1,7 +1,11 @@
 """The one exception type that reaches the user as a single clear line."""
 
+import contextlib
+import json
 import os
 import sys
+
+ERRORS_DIR = "TORCHACCO_ERRORS_DIR"  # set by the launcher: each worker's error line, for the launcher to print
 
 
 class UserError(Exception):
@@ -56,13 +60,25 @@ class Preempted(Exception):
         self.exit_code = exit_code
 
 
+def record_error(message: str, printed: bool) -> None:
+    """This rank's error line in the launcher's folder (torchacco/launch.py), which prints the lines no rank printed:
+    a mistake that only some ranks see (a node-local path) is not lost when rank 0 is not among them."""
+    if folder := os.environ.get(ERRORS_DIR):
+        path = os.path.join(folder, f"rank_{os.environ.get('RANK', '0')}.json")
+        with contextlib.suppress(OSError), open(path, "w") as f:  # (a launcher gone: nobody to read it)
+            json.dump({"line": error_line(message), "printed": printed}, f)
+
+
 def run_cli(main, print_errors: bool = True) -> int:
     """Run an entry point: a `UserError` becomes one `torchacco: error:` line and exit code 1."""
     try:
         return main() or 0
     except UserError as e:
-        if (print_errors or isinstance(e, PeerFailure)) and not getattr(e, "reported", False):
+        printed = getattr(e, "reported", False)
+        if (print_errors or isinstance(e, PeerFailure)) and not printed:
             print_error(str(e))
+            printed = True
+        record_error(str(e), printed)
         return 1
     except Preempted as e:
         if print_errors:

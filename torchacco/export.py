@@ -28,6 +28,7 @@ from torchacco.config import load_config
 from torchacco.device import DTYPES, Device
 from torchacco.errors import UserError, run_cli
 from torchacco.lr import TokenSchedule
+from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.model_parallel import apply_model_parallel, gather_stages
 from torchacco.parallel.process_groups import destroy, init_distributed
 from torchacco.parallel.strategy import UpdatePlan
@@ -94,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         cfg = load_config(["--config", str(opts.run_dir / "config.toml"), "--checkpoint.export_dtype", opts.dtype])
         p = cfg.parallelism
-        if p.replicas > 1:
+        if has_outer_step(p.replicas, cfg.diloco):
             raise UserError(
-                f"{opts.run_dir} trained {p.replicas} DiLoCo replicas, whose checkpoints are not exported offline yet; "
+                f"{opts.run_dir} trained with DiLoCo's outer step ({p.replicas} replicas), whose checkpoints are not "
+                "exported offline yet; "
                 "the run itself exports θ_global at its end with [checkpoint] export_hf = true (docs/diloco.md)"
             )
         ranks = p.tensor_parallel_degree * p.pipeline_parallel_degree

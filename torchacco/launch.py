@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import math
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.api import SignalException
+import torch.distributed.run as torchrun_module
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.run import get_args_parser
@@ -22,7 +27,8 @@ from torch.distributed.run import main as torchrun
 
 from torchacco import fault_tolerance
 from torchacco.config import Config, load_config
-from torchacco.errors import UserError, print_error
+from torchacco.data import home_cache_warning
+from torchacco.errors import ERRORS_DIR, UserError, print_error
 from torchacco.preemption import exit_code, parse_signals
 from torchacco.validate import main as validate
 
@@ -71,6 +77,38 @@ def forward_preemption_signals(argv: list[str], cfg: Config) -> list[str]:
     return extra + argv
 
 
+class RankLogs(DefaultLogsSpecs):
+    """Each worker's stdout and stderr in <log_dir>/rank_<global rank>.{out,err} (a restart's under restart_<k>/),
+    teed to the console with a `[rank N]: ` prefix; torchrun's own layout names local ranks in random folders."""
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        restart = next(iter(envs.values()), {}).get("TORCHELASTIC_RESTART_COUNT", "0")
+        folder = Path(self.root_log_dir) / (f"restart_{restart}" if restart != "0" else "")
+        folder.mkdir(parents=True, exist_ok=True)
+        base = {local: str(folder / f"rank_{env['RANK']}") for local, env in envs.items()}
+        for local, env in envs.items():
+            env["TORCHELASTIC_ERROR_FILE"] = base[local] + ".error.json"
+        out, err = ({local: b + suffix for local, b in base.items()} for suffix in (".out", ".err"))
+        errors = {local: b + ".error.json" for local, b in base.items()}
+        return LogsDest(out, err, dict(out), dict(err), errors, os.devnull, os.devnull)
+
+
+def rank_logs(argv: list[str], cfg: Config) -> list[str]:
+    """torchrun options for per-rank logs under <dump_folder>/logs (RANK_LOGS=0, or the user's own --log-dir,
+    --tee or --redirects, keeps torchrun's console as it is)."""
+    args = get_args_parser().parse_args(argv)
+    own = args.log_dir or args.tee != "0" or args.redirects != "0"
+    if os.environ.get("RANK_LOGS", "1") == "0" or own or not hasattr(torchrun_module, "_get_logs_specs_class"):
+        return argv
+    replica = fault_tolerance.replica_of_job()
+    folder = Path(cfg.job.dump_folder, "logs", *([f"replica_{replica}"] if replica is not None else []))
+    os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]: ")
+    # torchrun picks its LogsSpecs by entry-point name; the launcher's own class stands in for the default
+    default = torchrun_module._get_logs_specs_class
+    torchrun_module._get_logs_specs_class = lambda name: RankLogs if name is None else default(name)
+    return ["--log-dir", str(folder.absolute()), "--tee", "3", *argv]
+
+
 def launch_replicas(args, cfg: Config) -> int:
     """[diloco] fault_tolerant on one machine: torchft's lighthouse in this process, then one torchrun agent per
     replica (each restarts its replica's ranks up to --max-restarts times); 0 once a replica finished the run."""
@@ -108,7 +146,23 @@ def launch_replicas(args, cfg: Config) -> int:
     return 0
 
 
+def unprinted_errors(folder: Path) -> list[str]:
+    """The workers' error lines (torchacco.errors.record_error) that no rank printed, each once with its ranks."""
+    found = {int(p.stem[5:]): json.loads(p.read_text()) for p in folder.glob("rank_*.json")}
+    printed, ranks = {e["line"] for e in found.values() if e["printed"]}, defaultdict(list)
+    for rank, e in sorted(found.items()):
+        if e["line"] not in printed:
+            ranks[e["line"]].append(str(rank))
+    return [f"{line} (rank{'s' * (len(r) > 1)} {', '.join(r)})" for line, r in ranks.items()]
+
+
 def main() -> int:
+    with tempfile.TemporaryDirectory(prefix="torchacco-errors-") as folder:
+        os.environ[ERRORS_DIR] = folder
+        return launch(Path(folder))
+
+
+def launch(errors: Path) -> int:
     argv = sys.argv[1:]
     if check_training_config(argv):
         return 1
@@ -118,6 +172,10 @@ def main() -> int:
         ft = cfg is not None and cfg.diloco.fault_tolerant and cfg.parallelism.replicas > 1
         if ft and fault_tolerance.replica_of_job() is None:
             return launch_replicas(args, cfg)
+        if cfg is not None:
+            argv = rank_logs(argv, cfg)
+            if warning := home_cache_warning(cfg.data):
+                print(f"torchacco: warning: {warning}", file=sys.stderr, flush=True)
         if cfg is not None and cfg.preemption.enable:
             argv = forward_preemption_signals(argv, cfg)
             signals = parse_signals(cfg.preemption.signals)
@@ -132,6 +190,8 @@ def main() -> int:
         stopped = [f.exitcode for f in e.failures.values() if f.exitcode in requeue.values()]
         if stopped:
             return stopped[0]
+        for line in unprinted_errors(errors):
+            print(line, file=sys.stderr)
         rank, failure = min(e.failures.items())
         print(
             f"torchacco: {len(e.failures)} worker(s) failed (first: rank {rank}, {describe(failure.exitcode)}); "

@@ -42,8 +42,9 @@ def differences(old: Config, new: Config) -> list[str]:
     return [k for k in a if a[k] != b[k] and k not in MAY_CHANGE and k.split(".")[0] not in MAY_CHANGE_SECTIONS]
 
 
-def prepare(cfg: Config, folder: Path) -> None:
-    """Check and create `folder` for `cfg` (rank 0, before any other rank writes there)."""
+def check(cfg: Config, folder: Path) -> Config | None:
+    """Refuse `folder` unless it is free for `cfg`, or holds this same run (read only: validation runs it before any
+    worker starts). Returns the different run it holds when `cfg` may overwrite it, else None."""
     recorded = folder / "config.toml"
     if folder.is_file():
         raise UserError(f"--job.dump_folder {folder} is a file; choose a folder")
@@ -63,16 +64,24 @@ def prepare(cfg: Config, folder: Path) -> None:
                 f"dump folder {folder} holds a different run (differs in {shown}); resuming it would mix the two. "
                 "Choose another --job.dump_folder, or pass --job.overwrite true to delete that run's outputs"
             )
-        if changed:
-            _remove_outputs(folder, old.checkpoint.folder, cfg)
-    elif folder.is_dir() and any(_foreign(folder)) and not cfg.job.overwrite:
+        return old if changed else None
+    if folder.is_dir() and any(_foreign(folder)) and not cfg.job.overwrite:
         raise UserError(
             f"dump folder {folder} is not empty and holds no torchacco run; choose another --job.dump_folder (or "
             "pass --job.overwrite true to write into it anyway)"
         )
+    return None
+
+
+def prepare(cfg: Config, folder: Path) -> None:
+    """Check and create `folder` for `cfg` (rank 0, before any other rank writes there)."""
+    if (replaced := check(cfg, folder)) is not None:
+        _remove_outputs(folder, replaced.checkpoint.folder, cfg)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        recorded.write_text(cfg.to_toml(), encoding="utf-8")  # as load_toml reads it
+        written = folder / "config.toml.tmp"  # then renamed: another job's validation never reads half a file
+        written.write_text(cfg.to_toml(), encoding="utf-8")  # as load_toml reads it
+        written.replace(folder / "config.toml")
     except OSError as e:
         raise UserError(
             f"cannot write to dump folder {folder}: {e.strerror}; choose another --job.dump_folder"
@@ -81,8 +90,8 @@ def prepare(cfg: Config, folder: Path) -> None:
 
 def _foreign(folder: Path):
     """What a run did not write: all but the folders of a fault-tolerant run's other replicas (replica_1, ...),
-    which may start before replica 0 writes config.toml."""
-    return (p for p in folder.iterdir() if not (p.is_dir() and p.name.startswith("replica_")))
+    which may start before replica 0 writes config.toml, and the launcher's per-rank logs."""
+    return (p for p in folder.iterdir() if not (p.is_dir() and (p.name.startswith("replica_") or p.name == "logs")))
 
 
 def _remove_outputs(folder: Path, checkpoint_folder: str, cfg: Config) -> None:

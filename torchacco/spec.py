@@ -18,6 +18,7 @@ from typing import Any
 
 import torch.nn as nn
 
+from torchacco.config import did_you_mean
 from torchacco.errors import UserError
 
 
@@ -95,7 +96,8 @@ class ModelSpec:
     def args(self, flavor: str, **overrides) -> Any:
         if flavor not in self.flavors:
             raise UserError(
-                f"model '{self.name}' has no flavor '{flavor}'; choose one of: {', '.join(sorted(self.flavors))}"
+                f"model '{self.name}' has no flavor '{flavor}'{did_you_mean(flavor, self.flavors) or ';'} choose one "
+                f"of: {', '.join(sorted(self.flavors))}"
             )
         return replace(self.flavors[flavor], **{k: v for k, v in overrides.items() if v is not None})
 
@@ -121,8 +123,8 @@ def get_model_spec(name: str) -> ModelSpec:
         names = available_models()
         if name not in names:
             raise UserError(
-                f"unknown model '{name}' ([model] name); available: {', '.join(names)}, or a module "
-                "path (my_package.my_model) whose `spec` is a ModelSpec"
+                f"unknown model '{name}' ([model] name){did_you_mean(name, names) or ';'} available: "
+                f"{', '.join(names)}, or a module path (my_package.my_model) whose `spec` is a ModelSpec"
             )
         module = importlib.import_module(f"torchacco.models.{name}")
         where = f"models/{name}/__init__.py"

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
-from torchacco import data, emulation, fault_tolerance, health, preemption, run_folder, user_model
+from torchacco import checkpoint, data, emulation, fault_tolerance, health, preemption, run_folder, user_model
 from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.blocks import block_list, compile_units
 from torchacco.build import ModelKind, build_data, build_model, build_strategy
@@ -30,6 +30,7 @@ from torchacco.faults import from_env
 from torchacco.loss import TokenLoss, value
 from torchacco.materialize import materialize
 from torchacco.metrics import MetricsLogger, Throughput
+from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.model_parallel import apply_model_parallel, check_hardware_queues, model_parallel_label
 from torchacco.parallel.process_groups import (
@@ -228,12 +229,14 @@ def _model_parallel(cfg: Config, spec, dims: ParallelDims, device: Device, model
 
 
 def _replicas(cfg: Config, dims: ParallelDims) -> str:
-    if dims.replicas == 1:
-        return ""
     d = cfg.diloco
+    if not has_outer_step(dims.replicas, d):
+        return ""
     streaming = f", {d.fragments} fragments, τ {d.overlap_steps}" if d.fragments > 1 or d.overlap_steps else ""
     wire = f"top {d.topk:.2%} in {d.outer_dtype}" if d.topk else d.outer_dtype
     h = f"{d.sync_every}–{d.sync_every_max} (QSR)" if d.sync_every_max else d.sync_every
+    if dims.replicas == 1:
+        return f" (an outer step every H {h}{streaming}: SNOO)"
     return f" × {dims.replicas} replicas (DiLoCo, H {h}{streaming}, outer {wire})"
 
 
@@ -245,7 +248,8 @@ def _start(
     train_loader, val_loader = (data.build_dataloader(s, t.local_batch_size) for s in sets)
     state = TrainState(dims.data_size)
     if cfg.checkpoint.enable:  # before anything is written: the bytes this run's checkpoints take
-        need = checkpoint_bytes(checkpoint_state(strategy, state, train_loader, dims), n_params)
+        saved = checkpoint_state(strategy, state, train_loader, dims)
+        need, host = checkpoint_bytes(saved, n_params), checkpoint.staging_bytes(saved)  # host: an async save's copy
         space = lambda: run_folder.check_space(folder, need, n_params)
         on_one_rank(dims, space, main_only=True, what="check the free space")
     health.current().enter("checkpoint load")
@@ -258,6 +262,9 @@ def _start(
     log = MetricsLogger(folder, dims.is_main, m.tensorboard, m.progress_bar, t.steps, state.step, t.max_tokens)
     if cfg.checkpoint.enable:
         log.info(f"torchacco: a checkpoint takes about {need / 2**20:,.1f} MiB ({folder / cfg.checkpoint.folder})")
+    if cfg.checkpoint.enable and cfg.checkpoint.async_save:
+        log.info(f"torchacco: an asynchronous save holds about {host / 2**20:,.1f} MiB of host memory per rank, "
+                 f"{host * dims.local_world_size / 2**20:,.1f} MiB on a node of {dims.local_world_size}")  # fmt: skip
     if resumed:
         log.info(f"torchacco: {resumed}")
     profiler = Profiler(cfg.profiling, folder, dims.rank, device, state.step)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from torchacco import fault_tolerance, user_model
+from torchacco import fault_tolerance, run_folder, user_model
 from torchacco.activation_checkpoint import check_activation_checkpoint
 from torchacco.build import ModelKind, model_args
 from torchacco.config import Config, DiLoCo, load_config
 from torchacco.errors import UserError, run_cli
+from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.model_parallel import check_model_parallel
 from torchacco.parallel.registry import strategies, strategy_class
 from torchacco.parallel.strategy import Strategy, UpdatePlan
@@ -64,6 +65,7 @@ def _check_folders_and_paths(cfg: Config, here: bool) -> None:
     check_preemption(cfg.preemption)
     if not here:
         return
+    run_folder.check(cfg, Path(cfg.job.dump_folder))  # a different run's folder: refused before any worker starts
     _check_profiling(cfg.profiling, cfg.training.device)
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
@@ -177,18 +179,25 @@ def _able(test) -> str:
     return ", ".join(f"'{name}'" for name, cls in strategies().items() if test(cls.traits))
 
 
+# The [diloco] keys an outer step over one replica (SNOO) reads: the schedule and the outer optimizer.
+ONE_REPLICA = ("sync_every", "fragments", "sync_every_max", "outer_lr", "outer_momentum", "outer_momentum_warmup",
+               "outer_momentum_decay", "offload")  # fmt: skip
+
+
 def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
     """The [diloco] and replica settings that cannot run, each as one line."""
     d, replicas, defaults = cfg.diloco, cfg.parallelism.replicas, DiLoCo()
-    if replicas == 1:
-        changed = [f.name for f in dataclasses.fields(d) if getattr(d, f.name) != getattr(defaults, f.name)]
-        if changed:
-            raise UserError(
-                f"[diloco] {', '.join(changed)} set, but [parallelism] replicas = 1 has no outer step; set replicas "
-                "to 2 or more, or remove them"
-            )
+    if not has_outer_step(replicas, d):
         return
-    if inner.traits.replicas_refused:
+    if replicas == 1:  # SNOO: the outer step of one replica, which exchanges nothing
+        exchange = [f.name for f in dataclasses.fields(d) if getattr(d, f.name) != getattr(defaults, f.name)]
+        exchange = [name for name in exchange if name not in ONE_REPLICA]
+        if exchange:
+            raise UserError(
+                f"[diloco] {', '.join(exchange)} set: they shape the exchange between replicas, and [parallelism] "
+                "replicas = 1 has none (its outer step sends nothing); remove them, or set replicas to 2 or more"
+            )
+    elif inner.traits.replicas_refused:
         raise UserError(
             f"data_parallel = '{inner.name}' cannot run inside DiLoCo's replicas "
             f"({inner.traits.replicas_refused}); use one of {_able(lambda t: not t.replicas_refused)}"

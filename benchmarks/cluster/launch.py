@@ -49,16 +49,34 @@ def calibrate(train_args: list[str], threads: int = 1) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def settled_calibration(train_args: list[str], threads: int = 1, measure=calibrate, window: int = 3, tries: int = 8,
+                        spread: float = 0.05) -> dict:  # fmt: skip
+    """Virtual compute's waits from a quiet machine: calibrations repeated until the last `window` agree within
+    `spread` (max / min − 1 of forward + backward), their median one, with the times it chose from. A machine that
+    never settles within `tries` is one ClusterError: its calibrations would reorder the strategies."""
+    taken = []
+    for _ in range(tries):
+        taken.append(measure(train_args, threads))
+        last = sorted(taken[-window:], key=lambda c: c["forward_s"] + c["backward_s"])
+        seconds = [c["forward_s"] + c["backward_s"] for c in last]
+        if len(last) == window and seconds[-1] <= seconds[0] * (1 + spread):
+            return {**last[window // 2], "compute_s_repeats": seconds, "tries": len(taken)}
+    raise ClusterError(f"virtual compute's calibration never settled: {tries} calibrations, no {window} in a row "
+                       f"within {spread:.0%} (the last: {', '.join(f'{s:.4f}' for s in seconds)} s); the machine is "
+                       "busy: stop what else runs, or reuse a saved one (speed --virtual-calibration)")  # fmt: skip
+
+
 def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout_s: float = 900, port: int = 29400,
-                 threads: int = 1, verbose: bool = False, env: dict | None = None,
-                 virtual_compute: bool = False, virtual_scale: float = 1.0) -> dict:  # fmt: skip
+                 threads: int = 1, verbose: bool = False, env: dict | None = None, virtual_compute: bool = False,
+                 virtual_scale: float = 1.0, calibration: dict | None = None) -> dict:  # fmt: skip
     """Train on the emulated cluster: {'records', 'ranks' (per-rank reports), 'wall_s'}, and with `virtual_compute`
-    (waits instead of compute; a slow node waits `slow_factor` times as long, as a slower GPU would) 'calibration',
-    each wait `virtual_scale` times as long. A failing node or a timeout is one line (ClusterError)."""
+    (waits instead of compute; a slow node waits `slow_factor` times as long, as a slower GPU would) 'calibration':
+    the given one, else measured now, each wait `virtual_scale` times as long. A failing node or a timeout is one line
+    (ClusterError)."""
     folder.mkdir(parents=True, exist_ok=True)  # (overwrite: the folder holds the node logs)
     args = [*train_args, "--job.dump_folder", str(folder), "--job.overwrite", "true", "--training.num_threads",
             str(threads)]  # fmt: skip
-    calibration = calibrate(train_args, threads) if virtual_compute else None
+    calibration = (calibration or calibrate(train_args, threads)) if virtual_compute else None
     if calibration and virtual_scale != 1.0:
         keys = ("forward_s", "backward_s", "optimizer_s_per_param")
         calibration = {**calibration, **{k: calibration[k] * virtual_scale for k in keys}, "scale": virtual_scale}

@@ -5,7 +5,9 @@
 Settings (plans() below): a, b at the calibrated link rate and a third of it, c with four nodes one of them slow,
 a2/b2 with 2 ranks per node, n8x4 with 32 (8 nodes of 4; virtual compute only), r<rate> per --rates. Each row also
 holds every rank's peak RSS (--malloc-mmap: RSS follows live memory) and, with a slow node, its measured slowdown.
-Needs root and a quiet machine. Writes <out>/<--name>.{json,md,png}.
+With --virtual-compute every strategy gets the same waits: one calibration per micro-batch shape, repeated until it
+settles (or --virtual-calibration's), recorded in the table. Needs root and a quiet machine. Writes
+<out>/<--name>.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from benchmarks import common
 from benchmarks.cluster import Cluster, ClusterPlan, parse_rate, run_training
+from benchmarks.cluster.launch import settled_calibration
 from benchmarks.cluster.plan import ClusterError, add_node_options, node_options
 from benchmarks.common import ACCO, DDP, FSDP, HSDP, QUIET, ROOT, TOKENS_PER_UPDATE, ZERO1, recipe, update_s
 from benchmarks.yardstick.tokens import VARIANTS
@@ -110,12 +113,42 @@ def kept_run(plan: ClusterPlan, args: list[str], folder: Path, name: str, resume
 
 
 def timed_run(plan: ClusterPlan, train: list[str], folder: Path, resume: bool, env: dict | None = None,
-              virtual_compute: bool = False, virtual_scale: float = 1.0) -> dict:  # fmt: skip
-    """One speed run's records and per-rank reports (with `resume`: a finished run's with the same arguments)."""
-    key = [*train, *["--virtual-compute", f"{virtual_scale:g}"] * virtual_compute]
+              virtual_compute: bool = False, virtual_scale: float = 1.0,
+              calibration: dict | None = None) -> dict:  # fmt: skip
+    """One speed run's records and per-rank reports (with `resume`: a finished run's with the same arguments and, under
+    virtual compute, the same calibrated waits)."""
+    key = [*train, *["--virtual-compute", f"{virtual_scale:g}", json.dumps(calibration)] * virtual_compute]
+    waits = {"calibration": calibration} if virtual_compute else {}
     return kept_run(plan, key, folder, "speed_run.json", resume,
                     lambda: run_training(plan, train, folder, env=env, virtual_compute=virtual_compute,
-                                         virtual_scale=virtual_scale))  # fmt: skip
+                                         virtual_scale=virtual_scale, **waits))  # fmt: skip
+
+
+SHAPE = ("--config", "--model.name", "--model.flavor", "--tokenizer.vocab_size", "--training.local_batch_size",
+         "--training.seq_len", "--training.mixed_precision", "--training.activation_checkpoint",
+         "--model.compile")  # fmt: skip
+
+
+def micro_batch_shape(train: list[str]) -> str:
+    """What virtual compute's waits depend on in a run's arguments (the last of each flag wins, as the trainer's)."""
+    values = {flag: value for flag, value in zip(train, train[1:]) if flag in SHAPE}
+    return " ".join(f"{flag.removeprefix('--')}={values[flag]}" for flag in SHAPE if flag in values)
+
+
+def table_calibration(path: Path, saved: Path | None):
+    """The waits of each micro-batch shape for one table (shape -> calibration): `saved`'s where it has that shape,
+    else measured once on a quiet machine; each new one written to `path` at once (a later --resume reuses it)."""
+    waits = json.loads(saved.read_text())["virtual_calibration"] if saved else {}
+
+    def of(train: list[str]) -> dict:
+        shape = micro_batch_shape(train)
+        if shape not in waits:
+            waits[shape] = settled_calibration(train)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"virtual_calibration": waits}, indent=1))
+        return waits[shape]
+
+    return of, waits
 
 
 def plans(out: Path, calibration: str = "time_to_loss", rates: str = "",
@@ -200,6 +233,10 @@ def main(argv=None) -> int:
     parser.add_argument("--resume", action="store_true", help="keep the runs a previous call finished with the same "
                         "arguments on the same cluster plan; run the rest")  # fmt: skip
     parser.add_argument("--calibration", default="time_to_loss", help=CALIBRATION_HELP)
+    parser.add_argument("--virtual-calibration", default="", help="a file under --out (without .json) whose "
+                        "'virtual_calibration' (a speed table's) gives virtual compute's waits per micro-batch shape; "
+                        "default: measured once per shape on a quiet machine, saved to <name>_virtual_calibration "
+                        "(which --resume reuses)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.virtual_scale <= 0:
         parser.error(f"--virtual-scale must be positive, got {args.virtual_scale:g}")
@@ -235,6 +272,13 @@ def main(argv=None) -> int:
         if not names(setting):
             parser.error(f"--settings {setting}: give its --strategies")
     gaps, results, env = loss_gaps(out), {}, MMAP if args.malloc_mmap else None
+    kept = out / f"{args.name}_virtual_calibration.json"
+    saved = out / f"{args.virtual_calibration}.json" if args.virtual_calibration else kept
+    reuse = args.virtual_calibration or args.resume and kept.exists()
+    try:
+        waits_of, waits = table_calibration(kept, saved if reuse else None)
+    except (OSError, ValueError, KeyError) as e:
+        parser.error(f"--virtual-calibration: cannot read {saved}'s 'virtual_calibration': {e}")
     for setting in settings:
         plan, extra = plan_of[setting]
         rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
@@ -250,7 +294,8 @@ def main(argv=None) -> int:
                     train += ["--training.max_tokens", str(args.updates * TOKENS_PER_UPDATE)]
                 train += args.train_args.split()
                 folder = out / "runs" / "speed" / f"{setting}_{name}_{repeat}{'_virtual' * virtual}"
-                run = timed_run(plan, train, folder, args.resume, env, virtual, args.virtual_scale)
+                waits_now = waits_of(train) if virtual else None  # one calibration per shape: the same waits for all
+                run = timed_run(plan, train, folder, args.resume, env, virtual, args.virtual_scale, waits_now)
                 warmup = warmup_of(name)
                 if virtual and len(modes) == 2:  # the side-by-side check: kept apart from the real runs' figures
                     virtual_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
@@ -283,9 +328,11 @@ def main(argv=None) -> int:
     meta = common.meta("speed", argv, virtual_compute=args.virtual_compute, virtual_scale=args.virtual_scale,
                        rates=args.rates, rate_nodes=args.rate_nodes, node_rate=args.node_rate,
                        train_args=args.train_args)  # fmt: skip
-    bars = {f"setting {s}": [(n, r["speedup_vs_best_baseline"], 0) for n, r in rows["strategies"].items()]
+    bars = {common.panel_title(s, rows["plan"]): [(common.plain_name(n), r["speedup_vs_best_baseline"], 0)
+                                                   for n, r in rows["strategies"].items()]
             for s, rows in results.items()}  # fmt: skip
-    common.write_report(out, args.name, {"meta": meta, "settings": results}, markdown(results, meta),
+    data = {"meta": meta, "settings": results, **({"virtual_calibration": waits} if waits else {})}
+    common.write_report(out, args.name, data, markdown(results, meta),
                         lambda path: common.bars(path, bars, "updates per second vs the best baseline"))  # fmt: skip
     return 0
 

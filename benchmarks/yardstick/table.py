@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     targets = {n: next(row["target"] for name, row in rows.items() if name != DDP) for n, rows in levels.items()}
     meta = common.meta("time-to-target-table", argv, tokens=args.tokens, speed=args.speed, lr=lr, out=args.out)
     data = {"meta": meta, "settings": result, "levels": by_level, "targets": targets}
-    bars = {f"setting {s}": [(n, r["sooner"], r["sooner_ci95"]) for n, r in rows["strategies"].items() if "sooner" in r]
+    bars = {common.panel_title(s, rows["plan"]): [(common.plain_name(n), r["sooner"], r["sooner_ci95"])
+                                                   for n, r in rows["strategies"].items() if "sooner" in r]
             for s, rows in result.items()}  # fmt: skip
     title = "× sooner to DDP's final loss than the best baseline"
     common.write_report(out, args.name, data, markdown(result, meta, by_level, targets),

@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from torchacco import runners
@@ -114,6 +115,8 @@ def main() -> None:
     for argv in json.loads(open(sys.argv[1]).read()):
         cfg = load_config(argv)
         out = io.StringIO()
+        torch._dynamo.reset()  # each run compiles its own (a block compiled for an earlier run would be reused)
+        counters.clear()
         start = time.time_ns()
         with contextlib.redirect_stdout(out):
             try:
@@ -125,6 +128,8 @@ def main() -> None:
         if dist.get_rank() == 0:
             with open(f"{cfg.job.dump_folder}/stdout.txt", "w") as f:
                 f.write(out.getvalue())
+            with open(f"{cfg.job.dump_folder}/compiled_frames.txt", "w") as f:  # what torch.compile compiled
+                f.write(str(counters["frames"]["ok"]))
     dist.barrier()
     dist.destroy_process_group()
 

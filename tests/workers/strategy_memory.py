@@ -5,7 +5,8 @@
 For each strategy in turn, builds the configured model (a `memcheck` flavor of Llama 3, registered here as in the
 test) and the strategy as the trainer does, trains three updates on random tokens, and prints from rank 0 one JSON
 line: the bytes of every tensor storage alive when the gradients are complete (FSDP: as its optimizer steps; the
-sharded strategies: after their update, whose flat gradient buffer stays), less those alive before the build.
+sharded strategies: after their update, whose flat gradient buffer stays), less those alive before the build; and
+the gradient bytes, the most alive after a micro-batch of the first update less those alive after the build.
 Storages are found from the garbage collector's objects and the parameters' gradients, each counted once.
 """
 
@@ -51,7 +52,7 @@ def live_bytes(model) -> int:
     return sum(storages.values())
 
 
-def measure(name: str, cfg, spec, dims, dev) -> int:
+def measure(name: str, cfg, spec, dims, dev) -> tuple[int, int]:
     cfg.parallelism.data_parallel = name
     t = cfg.training
     dtype = compute_dtype(t.mixed_precision, dev)
@@ -60,6 +61,7 @@ def measure(name: str, cfg, spec, dims, dev) -> int:
     before = live_bytes(None)
     model = build_model(spec, cfg.model, 0, t.seed, dev)
     strategy = build_strategy(model, cfg, dims, plan, dev)
+    built, gradients = live_bytes(model), []
     measured = []
     optimizer = getattr(strategy, "optimizer", None)
     if isinstance(optimizer, torch.optim.Optimizer):  # torch's AdamW frees the gradients after its step
@@ -74,13 +76,15 @@ def measure(name: str, cfg, spec, dims, dev) -> int:
                 loss, count = loss_fn.of_batch(strategy.model, {"input_ids": ids[:, :-1], "labels": ids[:, 1:]})
                 loss.backward()
             loss_sum, tokens, n = loss_sum + loss.item(), tokens + int(count), n + 1
+            if updates == 0:
+                gradients.append(live_bytes(model) - built)
         result = strategy.step(Counts(tokens, loss_sum, n, float(tokens)))
         if result is not None and result.committed:
             updates += 1
             if optimizer is None or not isinstance(optimizer, torch.optim.Optimizer):
                 measured.append(live_bytes(model))
     strategy.close()
-    return max(measured) - before
+    return max(measured) - before, max(gradients)
 
 
 if __name__ == "__main__":
@@ -94,8 +98,8 @@ if __name__ == "__main__":
     spec.flavors["memcheck"] = MEMCHECK
     cfg = load_config(overrides)
     for name in names:
-        measured = measure(name, cfg, spec, dims, dev)
+        measured, gradients = measure(name, cfg, spec, dims, dev)
         if dims.rank == 0:
-            print(json.dumps({"strategy": name, "bytes": measured}), flush=True)
+            print(json.dumps({"strategy": name, "bytes": measured, "gradients": gradients}), flush=True)
         gc.collect()
     dist.destroy_process_group()

@@ -15,6 +15,8 @@ With τ > 0, Δ is taken τ updates earlier and all-reduced on the side runner; 
 Eager: meanwhile the replica continues from θ̂, the outer step with its own Δ_r for Δ̄ (m untouched); when Δ̄
 arrives, θ_r ← θ_global + (θ_r − θ̂) keeps the τ local updates.
 
+With one replica (`has_outer_step`) Δ̄ = Δ, nothing is sent: lookahead, SNOO (arXiv 2510.15830).
+
 The outer state covers the pieces of θ this rank holds (`Strategy.theta`): under a sharded inner strategy θ_global
 and m are this rank's shard, all-reduced between the ranks holding it (`dims.replica_group`).
 """
@@ -66,8 +68,13 @@ def fragment_of(module: torch.nn.Module, names: list[str], fragments: int) -> li
     return out
 
 
+def has_outer_step(replicas: int, options: DiLoCoConfig) -> bool:
+    """Several replicas meet in an outer step; one replica has one (SNOO) when any [diloco] key is set."""
+    return replicas > 1 or options != type(options)()
+
+
 class DiLoCo(Strategy):
-    """The outer step over an inner strategy (`build.build_strategy` wraps one in it when replicas > 1)."""
+    """The outer step over an inner strategy (`build.build_strategy` wraps one in it: `has_outer_step`)."""
 
     def __init__(self, inner: Strategy, dims, options: DiLoCoConfig, device: Device, clock: Clock | None = None):
         self.inner, self.dims, self.device, self.clock = inner, dims, device, clock
@@ -320,7 +327,8 @@ class DiLoCo(Strategy):
             mean = self.arrived if self.arrived is not None else self.runner.wait(self.stall_s)
             self.in_flight, self.arrived = None, None
         else:
-            mean = self._mean(f, *self._delta(f))
+            delta, tokens = self._delta(f)
+            mean = delta if self.dims.replicas == 1 else self._mean(f, delta, tokens)
         exposed = time.perf_counter() - start
         backup, momentum, mu = self.backup[f], self.momentum[f], self._momentum(self.outer_steps + 1)
         mean = mean.to(backup.device)
@@ -342,7 +350,7 @@ class DiLoCo(Strategy):
             "outer_step": self.outer_steps,
             "outer_fragment": f,
             "outer_delta_norm": self._norm(mean),
-            "outer_bytes": self._wire_bytes(f),
+            "outer_bytes": self._wire_bytes(f) if self.dims.replicas > 1 else 0.0,
             "outer_exposed_s": exposed,
             **({"outer_next": self.next_outer} if self.options.sync_every_max else {}),
             **({"outer_inner_updates": finished} if self.options.balance_replicas else {}),
@@ -368,14 +376,15 @@ class DiLoCo(Strategy):
 
     @contextlib.contextmanager
     def evaluation(self):
-        """With θ_global in place of this replica's θ (every replica evaluates the same parameters)."""
-        local = [self._gather(f) for f in range(self.options.fragments)]
-        self._write_all(self.backup)
-        try:
-            with self.inner.evaluation() as model:
+        """With θ_global in place of this replica's θ (every replica evaluates the same parameters). Inside the inner
+        strategy's evaluation, which then restores its compute parameters (WP's prediction)."""
+        with self.inner.evaluation() as model:
+            local = [self._gather(f) for f in range(self.options.fragments)]
+            self._write_all(self.backup)
+            try:
                 yield model
-        finally:
-            self._write_all(local)
+            finally:
+                self._write_all(local)
 
     def close(self) -> None:
         if self.runner is not None:

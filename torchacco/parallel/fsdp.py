@@ -30,7 +30,11 @@ class FSDP(Replicated):
         update_of=DDP.name,  # DDP's update, with parameters, gradients and optimizer state sharded
     )
 
-    def __init__(self, model, dims, plan, optimizer, reduce_dtype=torch.float32, reshard_after_forward=True, mesh=None):
+    def __init__(
+        self, model, dims, plan, optimizer, reduce_dtype=torch.float32, reshard_after_forward=True, mesh=None,
+        accumulate_unsharded=False,
+    ):  # fmt: skip
+        self.accumulate_unsharded = accumulate_unsharded
         mp = MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=reduce_dtype)
         mesh = dims.dp_mesh if mesh is None else mesh  # the data-parallel mesh to shard over (HSDP's is 2-D)
         self.roots = getattr(model, "stage_modules", None) or [model]
@@ -55,9 +59,20 @@ class FSDP(Replicated):
         return gathered * param_dtype.itemsize + block_numel * DTYPES[parallelism.reduce_dtype].itemsize
 
     @classmethod
+    def accumulation_memory(cls, parallelism, numel, micro_batches):
+        # Gradients held unsharded between backwards (in the reduce dtype, FSDP2's accumulator): with
+        # accumulate_unsharded, and always inside a pipeline step (torch's schedule turns gradient sync off
+        # until its last piece).
+        unsharded = parallelism.pipeline_parallel_degree > 1 or (parallelism.accumulate_unsharded and micro_batches > 1)
+        return numel * DTYPES[parallelism.reduce_dtype].itemsize if unsharded else 0.0
+
+    @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
         p = cfg.parallelism
-        return cls(model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.reshard_after_forward)
+        return cls(
+            model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.reshard_after_forward,
+            accumulate_unsharded=p.accumulate_unsharded,
+        )  # fmt: skip
 
     @classmethod
     def checkpoint_key(cls, dims) -> str:
@@ -67,6 +82,9 @@ class FSDP(Replicated):
 
     @contextlib.contextmanager
     def _sync(self, last):
+        # By default every micro-batch's gradient is reduce-scattered into the sharded one (torchtitan's way): no
+        # unsharded gradient outlives its block's backward. HSDP's all-reduce across replicas waits for the last.
         for root in self.roots:  # (a pipeline stage also reduces after each schedule step)
-            root.set_requires_gradient_sync(last)
+            root.set_requires_gradient_sync(last or not self.accumulate_unsharded)
+            root.set_requires_all_reduce(last)
         yield

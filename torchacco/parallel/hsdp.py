@@ -65,4 +65,7 @@ class HSDP(FSDP):
         mesh = dims.dp_mesh._unflatten(
             0, (dims.dp_size // shard, shard), ("dp_replicate", "dp_shard"), backend_override=overrides
         )
-        return cls(model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.reshard_after_forward, mesh)
+        return cls(
+            model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.reshard_after_forward, mesh,
+            p.accumulate_unsharded,
+        )  # fmt: skip

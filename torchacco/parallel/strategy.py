@@ -188,6 +188,12 @@ class Strategy(abc.ABC):
         return 0.0
 
     @classmethod
+    def accumulation_memory(cls, parallelism, numel: float, micro_batches: int) -> float:
+        """The gradient bytes a rank holds between the micro-batches of an update, for `numel` stored elements, where
+        more than `memory`'s gradients (FSDP's unsharded accumulator): none."""
+        return 0.0
+
+    @classmethod
     def checkpoint_key(cls, dims) -> str:
         """The key of the strategy's state in a checkpoint: one per part of the model a rank's state covers."""
         return "dp"
