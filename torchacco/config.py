@@ -93,7 +93,9 @@ class Training:
 
 @dataclass
 class Optimizer:
-    name: Literal["adamw"] = key("adamw", "the optimizer")
+    name: Literal["adamw", "muon"] = key(
+        "adamw", "the optimizer; muon: Muon on the blocks' matrices, AdamW on the rest, one lr (docs/optimizers.md)"
+    )
     lr: float = key(1e-3, "peak learning rate")
     beta1: float = key(0.9, "AdamW β1")
     beta2: float = key(0.95, "AdamW β2")
@@ -101,6 +103,8 @@ class Optimizer:
     weight_decay: float = key(0.1, "decoupled weight decay; not applied to norms, biases and embeddings")
     slow_beta: float = key(0.0, "β of a second, slow first moment in the step (MT-DAO's, e.g. 0.99); 0: off")
     slow_weight: float = key(0.5, "with slow_beta: the slow moment's share of the step's direction; β1's has the rest")
+    muon_momentum: float = key(0.95, "muon: the Nesterov momentum of the matrices' steps")
+    ns_steps: int = key(5, "muon: Newton–Schulz iterations that orthogonalise each matrix's step")
 
 
 @dataclass

@@ -114,6 +114,9 @@ class Workload:
     # starts early in the backward; a cap that is set makes every bucket that size
     bucket_bytes: float = 25 * 2**20
     first_bucket_bytes: float | None = 2**20  # None: bucket_bytes
+    # [optimizer] name = "muon" (`optim.muon_workload`): the hidden matrices' elements, one step's Newton–Schulz FLOPs
+    muon_params: float = 0.0
+    muon_flops: float = 0.0
 
     def __post_init__(self):
         if self.params <= 0 or self.flops_per_token <= 0 or self.tokens_per_micro_batch <= 0:
@@ -331,6 +334,20 @@ FORMULAS = {
 }
 
 
+def muon_seconds(work: Workload, hw: Hardware, traits: Traits, V: float) -> float:
+    """Muon's seconds beyond AdamW's per optimizer step (docs/optimizers.md): Newton–Schulz on every matrix on every
+    rank and, under fsdp and hsdp, the matrices' fp32 updates all-gathered over the shard group; in the sharded job,
+    Newton–Schulz on a rank's slice's share and one more all-gather of the parameters."""
+    if not work.muon_params:
+        return 0.0
+    if traits.communication == "sharded_job":
+        return work.muon_flops / hw.world / hw.flops + hw.ag_factor * V
+    if traits.communication != "per_micro_batch":
+        return work.muon_flops / hw.flops
+    group = dataclasses.replace(hw, nodes=1) if traits.shards_within_node else hw
+    return work.muon_flops / hw.flops + hw.ag_factor * collective_s(4 * work.muon_params, group)
+
+
 def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
     """Predicted time per update, tokens/s, exposed communication and overlap for one strategy."""
     known = variants()
@@ -343,12 +360,16 @@ def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
     V = collective_s(work.params * work.comm_bytes, hw)
     opt_shard = work.params / W / hw.opt_rate
     M = hw.rs_factor * V + opt_shard + hw.ag_factor * V  # reduce-scatter, sharded AdamW, all-gather
+    muon = muon_seconds(work, hw, traits, V)
+    M += muon if traits.communication == "sharded_job" else 0.0  # inside each job, beside the compute
     period = k * max(times)
     if mode == "balanced" and not traits.overlapped:  # DDP keeps at least one micro-batch on every rank
         minimum = 1 if traits.communication == "all_reduce_in_backward" else 0
         period = max(n * t for n, t in zip(split_by_speed(k * W, times, minimum), times))
     update = _Update(work, hw, traits, mode, times, period, V, M, opt_shard, W * k * work.tokens_per_micro_batch)
     step, comm, job, tokens = FORMULAS[traits.communication](update)
+    if traits.communication != "sharded_job":  # after the backward, exposed
+        step, comm, job = step + muon, comm + muon, job + muon
     overlap = 1.0 - comm / job if job > 0 else 1.0
     return {"strategy": strategy, "step_time_s": step, "tokens_per_update": tokens, "tokens_per_s": tokens / step,
             "exposed_comm_s": comm, "overlap": min(1.0, max(0.0, overlap)), "compute_s": c, "job_s": M}  # fmt: skip

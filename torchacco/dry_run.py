@@ -35,6 +35,7 @@ from torchacco.config import Config, load_config, parse_overrides
 from torchacco.device import DTYPES, Device, compute_dtype
 from torchacco.errors import UserError, run_cli
 from torchacco.loss import TokenLoss
+from torchacco.optim import muon_workload, optimizer_state_share
 from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.dims import ParallelDims, clear_dtensor_sharding_cache
 from torchacco.parallel.hsdp import shard_degree
@@ -225,11 +226,10 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
     largest = max(fragments) / total
     stages = stage_params(cfg, spec, args, cluster, dp) if tp * pp > 1 else [_counts(whole)]
     micro = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp, replicas=replicas).micro_batches
-    kinds = []
+    kinds, state_share = [], optimizer_state_share(cfg.optimizer, whole)
     for stage, (numel, in_blocks, blocks) in enumerate(stages):
         memory = cm.layout_memory(cls, numel, group, dtype, DTYPES[p.reduce_dtype], options, outer, largest)
-        if cfg.optimizer.slow_beta:  # a third fp32 moment beside AdamW's two
-            memory = dataclasses.replace(memory, optimizer=memory.optimizer * 1.5)
+        memory = dataclasses.replace(memory, optimizer=memory.optimizer * state_share)  # against AdamW's two moments
         held = cls.accumulation_memory(p, numel, micro)  # (the sharded gradients form as the unsharded are freed)
         memory = dataclasses.replace(memory, gradients=max(memory.gradients, held))
         gathered = cls.gathered_memory(p, in_blocks / max(blocks, 1), numel - in_blocks, blocks, dtype)
@@ -273,7 +273,15 @@ def time_per_update(run: DryRun, link) -> dict:
         comm_bytes=wire_bytes(run.param_dtype, p.reduce_dtype),
         activation_bytes=run.worst.activations, **cm.ddp_buckets(p.bucket_cap_mb),
     )  # fmt: skip
+    work = with_optimizer(work, run)
     return layout_prediction(run, work, cm.hardware(link, run.cluster.nodes, run.cluster.gpus_per_node))
+
+
+def with_optimizer(work: cm.Workload, run: DryRun) -> cm.Workload:
+    """`work` with the configured optimizer's own costs (Muon's Newton–Schulz and gathers)."""
+    with torch.device("meta"):
+        whole = get_model_spec(run.cfg.model.name).model_cls(run.args)
+    return dataclasses.replace(work, **muon_workload(run.cfg.optimizer, whole))
 
 
 def layout_prediction(run: DryRun, work: cm.Workload, hw: cm.Hardware) -> dict:

@@ -232,6 +232,7 @@ def evaluate(args):
     """Every row, with its time to the loss (None: not measured) and whether it fits; the workload and capacity."""
     run = from_config(args)
     work, hw = workload_and_hardware(args)
+    work = dry_run.with_optimizer(work, run) if run is not None else work  # Muon's Newton–Schulz and gathers
     rows = {**sync_rows(args, work, hw), **diloco_rows(args, work, hw)}
     capacity = (args.memory_gib or cm.DEVICES[args.device]["memory_gib"]) * 2**30
     fits = {name: fits_with_reserve(row.memory + work.activation_bytes, capacity) for name, row in rows.items()}

@@ -97,9 +97,31 @@ def _check_training(cfg: Config, dp_size: int) -> None:
             f"[optimizer] slow_weight = {o.slow_weight:g} must be in (0, 1]; to step without the slow moment, set "
             "slow_beta = 0"
         )
+    _check_muon(o, cfg.parallelism, cfg.emulation.virtual_compute)
     check_activation_checkpoint(t.activation_checkpoint, t.selective_checkpoint)
     _check_strategy(cfg, dp_size)
     _check_emulation(cfg)
+
+
+def _check_muon(o, p, virtual_compute: bool) -> None:
+    """What `[optimizer] name = "muon"` does not combine with, one line each."""
+    if o.name != "muon":
+        return
+    if o.slow_beta:
+        raise UserError(
+            "[optimizer] slow_beta is AdamW's slow moment, not Muon's; with name = 'muon' set slow_beta = 0"
+        )
+    if not 0 <= o.muon_momentum < 1 or not 1 <= o.ns_steps < 100:
+        raise UserError(f"[optimizer] muon_momentum must be in [0, 1) and ns_steps in [1, 99], got {o.muon_momentum:g}"
+                        f" and {o.ns_steps}")  # fmt: skip
+    if p.tensor_parallel_degree > 1 and strategy_class(p.data_parallel).traits.overlapped:
+        # the job's thread would gather matrices over the tp group while the compute's forward uses it
+        raise UserError(
+            "[optimizer] name = 'muon' with tensor parallelism needs a synchronous data_parallel strategy, not "
+            f"{p.data_parallel!r}; set tensor_parallel_degree = 1, another data_parallel, or name = 'adamw'"
+        )
+    if virtual_compute:
+        raise UserError("[emulation] virtual_compute times AdamW only; with it, set [optimizer] name = 'adamw'")
 
 
 def _check_emulation(cfg: Config) -> None:

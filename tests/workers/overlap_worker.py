@@ -9,6 +9,7 @@ rank computed per period, and the update results.
 TORCHACCO_TEST_DTYPE=bf16 computes in bf16, TORCHACCO_TEST_REDUCE ([parallelism] reduce_dtype,
 default fp32) sums its gradients in that dtype. TORCHACCO_TEST_REPLICAS (default 1) and
 TORCHACCO_TEST_DILOCO ("key=value,..." of [diloco]) run the strategy inside DiLoCo's replicas; θ is then θ_global.
+TORCHACCO_TEST_OPTIMIZER ([optimizer] name, default adamw) and TORCHACCO_TEST_SHARD_DEGREE ([hsdp] shard_degree).
 """
 
 import gc
@@ -56,7 +57,14 @@ def tiny_model():
     from torchacco.models.llama3 import spec
 
     args = spec.args(
-        "debug", vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=SEQ
+        "debug",
+        vocab_size=VOCAB,
+        dim=32,
+        n_layers=1 if MODEL == "one_layer" else 2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_hidden_dim=64,
+        max_seq_len=SEQ,
     )
     with torch.device("meta"):
         model = spec.model_cls(args)
@@ -112,6 +120,8 @@ def config(kind: str, mode: str) -> Config:
         kind_of = type(getattr(cfg.diloco, name))
         setattr(cfg.diloco, name, text == "1" if kind_of is bool else kind_of(text))
     cfg.optimizer.weight_decay = 0.1
+    cfg.optimizer.name = os.environ.get("TORCHACCO_TEST_OPTIMIZER", "adamw")
+    cfg.strategy_options["hsdp"].shard_degree = int(os.environ.get("TORCHACCO_TEST_SHARD_DEGREE", "0"))
     return cfg
 
 

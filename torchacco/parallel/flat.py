@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from torchacco.optim import no_weight_decay_ids
+from torchacco.optim import hidden_matrix_ids, no_weight_decay_ids
 from torchacco.parallel.dims import ParallelDims, _model_parallel_group
 
 
@@ -40,6 +40,8 @@ class FlatParams:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # shared weights once
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
+        hidden = hidden_matrix_ids(model)
+        self.hidden = [id(p) in hidden for p in self.params]  # Muon's matrices ([optimizer] name = "muon")
         local = [_local(p) for p in self.params]
         *self.offsets, self.numel = itertools.accumulate((t.numel() for t in local), initial=0)
         self.padded_numel = padded_numel(self.numel, self.world)

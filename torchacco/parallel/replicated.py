@@ -23,7 +23,7 @@ from torch.profiler import record_function
 
 from torchacco.blocks import unwrap
 from torchacco.device import Stopwatch
-from torchacco.optim import build_adamw
+from torchacco.optim import build_optimizer
 from torchacco.parallel.accounting import gather_counts
 from torchacco.parallel.balance import SpeedSplit
 from torchacco.parallel.dims import ParallelDims
@@ -43,7 +43,7 @@ class Replicated(Strategy):
         # balance_batches: every rank keeps one micro-batch, as DDP's all-reduce runs in its last backward
         self.balance = SpeedSplit(plan.micro_batches, dims.dp_size, dims.dp_rank, minimum=1) if balance else None
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
-        self.optimizer = build_adamw(model, optimizer)
+        self.optimizer = build_optimizer(model, optimizer)
         self.theta = ModuleTheta(model, dims)
 
     def _sync(self, last: bool):

@@ -15,6 +15,7 @@ from torchacco.errors import UserError
 from torchacco.optim import ShardedAdamW
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.flat import FlatParams, padded_numel
+from torchacco.parallel.muon import ShardedMuon
 from torchacco.parallel.sharded_job import all_gather, gather_master, reduce_update_gather
 from torchacco.parallel.strategy import Counts, MemoryParts, UpdateResult
 
@@ -35,7 +36,10 @@ class ShardedOptimizerState:
         self.flat = FlatParams(model, dims, param_dtype, grad_dtype)
         if dims.mp_group is not None:
             self.flat.layout()  # a collective: now, while every rank is here
-        self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, optimizer)
+        if optimizer.name == "muon":
+            self.optimizer = ShardedMuon(self.flat, optimizer)
+        else:
+            self.optimizer = ShardedAdamW(self.flat.initial_master, self.flat.decay_ranges, optimizer)
         # P, the flat buffer forward and backward read; A, the accumulator backward adds into; this rank's fp32
         # slice of θ (padding included), what an outer step works on
         self.params, self.grads, self.master = self.flat.params_buffer, self.flat.grads, self.optimizer.state.master
@@ -79,10 +83,8 @@ class ShardedOptimizerState:
         return {"optimizer": {"master": self._sharded(self.master)}}
 
     def state_dict(self) -> dict:
-        s = self.optimizer.state
-        names = ("master", "exp_avg", "exp_avg_sq", "exp_avg_slow")
-        shards = {name: self._sharded(getattr(s, name)) for name in names if getattr(s, name) is not None}
-        state = {"optimizer": {**shards, "step": s.step}}
+        shards = {name: self._sharded(t) for name, t in self.optimizer.shards().items()}
+        state = {"optimizer": {**shards, "step": self.optimizer.state.step}}
         if self.flat.mp_group is not None:  # tp/pp: which tensors this coordinate's buffer holds
             state["layout"] = self.flat.layout()
         return state
@@ -96,7 +98,7 @@ class ShardedOptimizerState:
                 "(tensor_parallel_degree, pipeline_parallel_degree or pipeline_schedule changed); "
                 "resume with the [parallelism] it was saved with"
             )
-        self.optimizer.state.step = state["optimizer"]["step"]
+        self.optimizer.loaded(state["optimizer"]["step"])
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """θ as full fp32 tensors by parameter name (a collective)."""
