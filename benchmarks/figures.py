@@ -15,7 +15,7 @@ import numpy
 
 from benchmarks import common
 from benchmarks import cost_model_check as cmc
-from benchmarks.common import ROOT, mean_ci, plain_name
+from benchmarks.common import DDP, ROOT, ZERO1, mean_ci, plain_name
 from benchmarks.yardstick.speed import STRATEGIES
 from torchacco import cost_model as cm
 
@@ -25,7 +25,7 @@ MIXED_SPEED, MIXED_RUNS = "speed_bm_senders", "end_to_end_bm_senders"  # setting
 SYNCHRONOUS, TOP3 = "DDP or ZeRO-1 (synchronous)", "streaming_h10_avg_topk3_int2_senders"
 # ACCO is left out: on a CPU core its job runs in turn with compute, which the cost model does not charge
 FAMILIES = ("streaming_h10_avg", TOP3, "streaming_h10_avg_topk1_int2_senders")
-MIXED = ("ddp", "zero1_balanced", "streaming_h10_avg_balanced", f"{TOP3}_balanced")
+MIXED = (DDP, f"{ZERO1}_balanced", "streaming_h10_avg_balanced", f"{TOP3}_balanced")
 RATES = [10 ** (7 + i / 32) for i in range(97)]  # 10 Mbit/s to 10 Gbit/s
 UPDATES = 1000  # DDP's run: the target is its final loss
 
@@ -70,7 +70,7 @@ def tokens_ratios(tables: list[dict]) -> dict[str, float]:
     ratios = {name: row["mean"] for name, row in cm.token_table()["tokens_to_target"].items() if "mean" in row}
     ratios |= {n: r["tokens_ratio"] for t in tables for s in t["settings"].values()
                for n, r in s["strategies"].items() if "tokens_ratio" in r}  # fmt: skip
-    return ratios | dict.fromkeys(("ddp", "zero1"), 1.0)
+    return ratios | dict.fromkeys((DDP, ZERO1), 1.0)
 
 
 def curves(labels, ratios: dict, calibration: dict, slow: float = 1.0) -> dict[str, list[float]]:
@@ -91,7 +91,7 @@ def verdict(drawn: dict[str, list[float]]) -> str:
 def measured(tables: list[dict]) -> list[tuple]:
     """(curve, link rate, minutes, 95% half-width, label) of each measured time to target."""
     at = lambda n, r, key: r["seconds_per_update"] * r[key] * UPDATES / 60  # noqa: E731
-    return [(SYNCHRONOUS if n in ("ddp", "zero1") else plain_name(n), rate_of(s["plan"]), at(n, r, "tokens_ratio"),
+    return [(SYNCHRONOUS if n in (DDP, ZERO1) else plain_name(n), rate_of(s["plan"]), at(n, r, "tokens_ratio"),
              at(n, r, "tokens_ratio_ci95"), plain_name(n)) for t in tables for s in t["settings"].values()
             for n, r in s["strategies"].items() if "tokens_ratio" in r]  # fmt: skip
 
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     out = ROOT / args.out
     calibration, tables = load(out, CALIBRATION)["calibration"], [load(out, name) for name in TABLES]
     ratios, speed = tokens_ratios(tables), load(out, MIXED_SPEED)["settings"]["bm"]
-    sync = curves(("ddp", "zero1"), ratios, calibration).values()
+    sync = curves((DDP, ZERO1), ratios, calibration).values()
     drawn = {SYNCHRONOUS: [min(a, b) for a, b in zip(*sync)], **curves(FAMILIES, ratios, calibration)}
     slow = speed["measured_slowdown"]
     figures = {

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from benchmarks.common import DDP, FSDP
 from torchacco.errors import error_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,10 +183,10 @@ def multi_plan(name: str, ctx, py: str, init: tuple) -> list[tuple[str, list[str
         start = ("start", train(ctx, "start", "--training.steps", "1", "--checkpoint.export_hf", "true", device="cpu"),
                  {**CPU, "NPROC": "1"})  # fmt: skip
         cpu = [(f"{k}_cpu", train(ctx, f"{k}_cpu", *kind(k), *init, *batch, device="cpu"), {**CPU, "NPROC": "2"})
-               for k in ("ddp", *compared())]  # fmt: skip
+               for k in (DDP, *compared())]  # fmt: skip
         compiled = lambda c: ("--model.compile", "true" if c == "compiled" else "false")  # noqa: E731
         gpu = [(f"{k}_{c}", train(ctx, f"{k}_{c}", *kind(k), *init, *batch, *compiled(c)), nodes_env(ctx, f"{k}_{c}"))
-               for k in ("ddp", *compared()) for c in ("eager", "compiled")]  # fmt: skip
+               for k in (DDP, *compared()) for c in ("eager", "compiled")]  # fmt: skip
         return [start, *cpu, *gpu]
     if name == "acco-tp-pp":
         fifty = (*LLAMA, *kind(compared()[0]), *batch, "--training.steps", "50", "--metrics.log_every", "1")
@@ -194,7 +195,7 @@ def multi_plan(name: str, ctx, py: str, init: tuple) -> list[tuple[str, list[str
                 (f"tp2_pp2_dp{n // 4}", train(ctx, "tp2pp2", *fifty, *tp, "--parallelism.pipeline_parallel_degree",
                                               "2"), nodes_env(ctx, "tp2pp2"))]  # fmt: skip
     if name == "diloco-fsdp":
-        diloco = ("--parallelism.replicas", "2", *kind("fsdp"), *batch, "--training.steps", "12",
+        diloco = ("--parallelism.replicas", "2", *kind(FSDP), *batch, "--training.steps", "12",
                   "--diloco.sync_every", "4", "--diloco.overlap_steps", "1")  # fmt: skip
         return [(f"2x_fsdp{n // 2}", train(ctx, "diloco", *diloco), nodes_env(ctx, "diloco"))]
     if name == "memory-8b":
@@ -214,7 +215,7 @@ def multi_plan(name: str, ctx, py: str, init: tuple) -> list[tuple[str, list[str
         hang = (*batch, "--training.steps", "60", "--training.collective_timeout_s", "30")
         return [(k, train(ctx, f"hung_{k}", *kind(k), *hang), nodes_env(ctx, f"hung_{k}")) for k in compared()[:2]]
     if name == "torchft-nccl":
-        ft = ("--parallelism.replicas", "2", *kind("ddp"), *batch, "--training.steps", "9", "--diloco.sync_every",
+        ft = ("--parallelism.replicas", "2", *kind(DDP), *batch, "--training.steps", "9", "--diloco.sync_every",
               "3", "--diloco.fault_tolerant", "true", "--diloco.round_timeout_s", "20")  # fmt: skip
         return [("ft", train(ctx, "ft", *ft), {"NPROC": str(ctx.nproc), "TORCHACCO_FAULT": FREEZE})]
     return []
@@ -651,7 +652,7 @@ def multi_step(ctx) -> dict:
 
 
 def parity_checks(ctx, problems, runs, procs) -> None:
-    for kind in ("ddp", *compared()):
+    for kind in (DDP, *compared()):
         for mode in ("eager", "compiled"):
             gpu, cpu = losses(ctx.work / f"{kind}_{mode}"), losses(ctx.work / f"{kind}_cpu")
             gap = rel_gap(gpu, cpu)
