@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOP3, TOP1 = "streaming_h10_avg_topk3_int2_senders", "streaming_h10_avg_topk1_int2_senders"
 AB, E = "time_to_target_topk3_senders_ab", "time_to_target_senders_e"  # 2026-11-29: settings a, b and e
 README, PERF, DILOCO = "README.md", "docs/performance.md", "docs/diloco.md"
+RELIABILITY, ACCO, PARALLEL = "docs/reliability.md", "docs/acco.md", "docs/parallelism.md"
 
 
 def load(name: str) -> dict:
@@ -62,6 +63,43 @@ def cost_model_within(table: str) -> list[int]:
 
 def vs_ddp(table: str, setting: str, label: str) -> list[float]:
     return [load(table)["settings"][setting]["strategies"][label]["sooner"]]
+
+
+def found(name: str, key: str) -> list[float]:
+    """Every value of `key` in the JSON, in file order (the gpu-check's runs nest them at different depths)."""
+    return [float(v) for v in re.findall(rf'"{key}": ([\d.]+)', (ROOT / "bench_results" / f"{name}.json").read_text())]
+
+
+def ring_ratios(connections: str) -> list[float]:
+    """The ring's time over its ideal on `connections` ("1" or "**2**"), from gloo_ring_connections.md's table: the
+    collective probe wrote no JSON, so the prose is checked against the markdown table it quotes."""
+    text = (ROOT / "bench_results" / "gloo_ring_connections.md").read_text()
+    rows = re.findall(rf"^\|[^|]*\| {re.escape(connections)} \| (.*)$", text, re.M)
+    return [float(x) for row in rows for x in re.findall(r"([\d.]+)×", row.replace("*", ""))]
+
+
+def fault(name: str) -> dict:
+    """The survivor's speed, the merge's tokens per second and the final validation loss, faulted over undisturbed."""
+    run = load(name)
+    calm, hit = run["undisturbed"], run["faulted"]
+    away = run["faulted"]["replicas_per_outer_step"]
+    return {
+        "speed": calm["train_s"] / hit["train_s"],
+        "merge": hit["merged_tokens"] / hit["wall_s"] / (calm["merged_tokens"] / calm["wall_s"]),
+        "val_pct": 100 * (hit["final_val_loss"] / calm["final_val_loss"] - 1),
+        "away": sum(n < 2 for n in away) / len(away),
+        "heal": statistics.median(
+            h["copy_s"] * run["link_mbit_s"] * 1e6 / (h["mib"] * 2**20 * 8) for h in hit["heals"]
+        ),
+        "mib": hit["heals"][0]["mib"],
+    }
+
+
+def fewer_bytes(topk: float, wire: str = "int2") -> list[float]:
+    """Bytes per element on the wire and how many times fewer than bf16's 2 (the code's sizes, not a measurement)."""
+    from torchacco.parallel.compression import bytes_per_element
+
+    return [bytes_per_element(wire, topk), 2 / bytes_per_element(wire, topk)]
 
 
 # (pages, the text as written with {} for each number, the numbers from their JSON)
@@ -170,10 +208,128 @@ NUMBERS = [
     (
         (README,),
         "{:.1%} MFU** on one H100 and {:.1%} on one H200",
+        lambda: found("gpu_check_2026-11-27", "mfu"),
+    ),
+    # the rest of the token table predict reads: loss at equal tokens, seeds
+    (
+        (PERF,),
+        "tuned: {:.3f} ± {:.3f} | {:.3f} ± {:.3f} | {:+.2f}% | {} |",
+        lambda: (
+            ttt(AB, "b", "streaming_h10_avg", "tokens_ratio", "tokens_ratio_ci95")
+            + tokens("streaming_h10_avg")
+            + [load("predict")["tokens_to_target"]["streaming_h10_avg"][k] for k in ("gap_pct", "seeds")]
+        ),
+    ),
+    (
+        (PERF,),
+        "| {:+.2f}% ({:+.2f}%); {:+.2f}% | {}, {} |",
+        lambda: (
+            [
+                load("predict")["tokens_to_target"][v]["gap_pct"]
+                for v in ("streaming_h10_avg_r4", "streaming_h10_pier_warm100_r4", "streaming_h50_avg")
+            ]
+            + [load("predict")["tokens_to_target"][v]["seeds"] for v in ("streaming_h10_avg_r4", "streaming_h50_avg")]
+        ),
+    ),  # fmt: skip
+    (
+        (PERF,),
+        "not reached within {:g}× | {:+.2f}%; {:+.2f}%; {:+.2f}%; {:+.2f}% | {}, {}, {}, {} |",
+        lambda: (
+            [load("predict")["tokens_to_target"]["streaming_h50_avg_topk3_int2_senders"]["not_reached_within"]]
+            + [
+                load("predict")["tokens_to_target"][v][k]
+                for k in ("gap_pct", "seeds")
+                for v in ("streaming_h10_avg_topk1_int2", TOP1, TOP3, "streaming_h50_avg_topk3_int2_senders")
+            ]
+        ),
+    ),  # fmt: skip
+    ((PERF,), "| +0.69% | {} |", lambda: [load("predict")["tokens_to_target"]["acco"]["seeds"]]),
+    (
+        (PERF,),
+        "(lr {}×)",
+        lambda: ["½" if load("predict")["tokens_to_target"]["streaming_h50_avg"]["lr_multiple"] == 0.5 else "?"],
+    ),
+    # the wire's bytes per element (compression.bytes_per_element, what the cost model and outer_bytes use)
+    ((README, PERF), "{1:.0f}× fewer bytes", lambda: fewer_bytes(0.01)),
+    ((DILOCO,), "| {:.4f} ({:.0f}×) |", lambda: fewer_bytes(0.01)),
+    ((DILOCO,), "| {:.3f} ({:.0f}×) |", lambda: fewer_bytes(0.03)),
+    ((DILOCO,), "| {:.3f} ({:.0f}×) |", lambda: fewer_bytes(0.1, "int4")),
+    ((DILOCO,), "| {:.4f} ({:.0f}×) |", lambda: fewer_bytes(0.015)),
+    ((PERF,), "0.03 ({1:.0f}×)", lambda: fewer_bytes(0.03)),
+    ((DILOCO,), "in 2 bits: {1:.0f}× fewer bytes than bf16", lambda: fewer_bytes(0.03)),
+    ((DILOCO,), "`topk = 0.01` ({1:.0f}×)", lambda: fewer_bytes(0.01)),
+    # ACCO and ZeRO-1 against DDP 2026-11-26: ACCO's tokens
+    (
+        (PERF,),
+        "two jobs per update, {:.2f}× the tokens",
+        lambda: ttt("time_to_target_all", "a", "acco", "tokens_ratio"),
+    ),
+    # the ring on a connection per direction (2026-11-27): the probe's ratios to the ideal (markdown table, no JSON),
+    # then setting b's speed on two connections (speed_b_two_connections) against one (speed_virtual_check)
+    (
+        (PERF,),
+        "**{:.2f}–{:.2f}×** its ideal ({:.2f}–{:.2f}× on one)",
+        lambda: [min(ring_ratios("**2**")), max(ring_ratios("**2**")), min(ring_ratios("1")), max(ring_ratios("1"))],
+    ),
+    (
+        (PERF,),
+        "ZeRO-1 {:.2f}× and ACCO {:.2f}× faster than on one",
         lambda: [
-            float(r)
-            for r in re.findall(r'"mfu": ([\d.]+)', (ROOT / "bench_results/gpu_check_2026-11-27.json").read_text())
+            load("speed_virtual_check")["settings"]["b"]["strategies"][s]["mean"]
+            / load("speed_b_two_connections")["settings"]["b"]["strategies"][s]["mean"]
+            for s in ("zero1", "acco")
         ],
+    ),  # fmt: skip
+    # one H100 (2026-11-22: gpu_mfu's 8B × 8 row, gpu_overlap) and the 2026-11-27 recheck on an H100 and an H200
+    (
+        (PERF,),
+        "**{:.1%} MFU**, {:,.0f} tokens/s; ACCO's job {:.1%} under",
+        lambda: (
+            [
+                next(r[k] for r in load("gpu_mfu") if r["layers"] == 8 and r["ac"] == "selective")
+                for k in ("mfu", "tokens_per_s")
+            ]
+            + [load("gpu_overlap")["overlap"]]
+        ),
+    ),  # fmt: skip
+    (
+        (PERF,),
+        "rechecked 2026-11-27: {:.1%}, {:.1%}; on one H200 {:.1%}, {:.1%}; torchtitan 0.2.2 {:.2f}× our tokens/s",
+        lambda: [
+            found("gpu_check_2026-11-27", "mfu")[0],
+            found("gpu_check_2026-11-27", "overlap")[0],
+            found("gpu_check_2026-11-27", "mfu")[1],
+            found("gpu_check_2026-11-27", "overlap")[1],
+            1 / found("gpu_check_2026-11-27", "tokens_per_s_ratio")[0],
+        ],
+    ),  # fmt: skip
+    (
+        (README,),
+        "torchtitan 0.2.2 runs the same case at {:.2f}× our tokens/s",
+        lambda: [1 / found("gpu_check_2026-11-27", "tokens_per_s_ratio")[0]],
+    ),
+    # fault-tolerant DiLoCo (2026-11-27): a replica killed every 5 minutes, then kills, cuts and freezes in turn
+    ((README,), "costs the others {:.1%} of their speed", lambda: [1 - fault("fault_goodput_kills")["speed"]]),
+    (
+        (RELIABILITY,),
+        "the survivor kept {:.1%} of its speed and the merge {:.1%} of its tokens per second",
+        lambda: [fault("fault_goodput_kills")[k] for k in ("speed", "merge")],
+    ),
+    (
+        (RELIABILITY,),
+        "goodput {:.2f} (a cut or a freeze cost it one round of `round_timeout_s` = 10 s) and the merge {:.1%}, "
+        "replica 1 being away for {:.1%} of the outer steps",
+        lambda: [fault("fault_goodput")[k] for k in ("speed", "merge", "away")],
+    ),
+    (
+        (RELIABILITY,),
+        "copied {:.1f} MiB in {:.2f}× the link's time",
+        lambda: [fault("fault_goodput")[k] for k in ("mib", "heal")],
+    ),
+    (
+        (RELIABILITY,),
+        "({:+.2f}% and {:+.2f}%, one seed)",
+        lambda: [fault(n)["val_pct"] for n in ("fault_goodput_kills", "fault_goodput")],
     ),
 ]
 
