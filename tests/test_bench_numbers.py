@@ -15,6 +15,7 @@ TOP3, TOP1 = "streaming_h10_avg_topk3_int2_senders", "streaming_h10_avg_topk1_in
 AB, E = "time_to_target_topk3_senders_ab", "time_to_target_senders_e"  # 2026-11-29: settings a, b and e
 README, PERF, DILOCO = "README.md", "docs/performance.md", "docs/diloco.md"
 RELIABILITY, ACCO, PARALLEL = "docs/reliability.md", "docs/acco.md", "docs/parallelism.md"
+TE, OUTER2 = "diloco_topk_token_efficiency", "diloco_topk1_outer2_5seeds"  # 2026-11-27 and 11-28: top-k, outer lr 2
 
 
 def load(name: str) -> dict:
@@ -63,6 +64,22 @@ def cost_model_within(table: str) -> list[int]:
 
 def vs_ddp(table: str, setting: str, label: str) -> list[float]:
     return [load(table)["settings"][setting]["strategies"][label]["sooner"]]
+
+
+def gap(table: str, label: str) -> list[float]:
+    """Final loss over DDP's at equal tokens, % (mean, 95% interval)."""
+    return [summary(table, label, "mean_gap_pct"), summary(table, label, "ci95_gap_pct")]
+
+
+def paired(table: str, label: str, bf16: str = TE, digits: int = 1) -> list[str]:
+    """Points of loss over bf16 Streaming DiLoCo's, paired by seed, signed as the pages write them (−)."""
+
+    def points(name: str, variant: str) -> list[float]:
+        row, ddp = (load(name)["summary"]["0.003"][v]["val_loss"] for v in (variant, "ddp"))
+        return [100 * (v / d - 1) for v, d in zip(row, ddp)]
+
+    mean, ci = mean_ci([a - b for a, b in zip(points(table, label), points(bf16, "streaming_h10_avg"))])
+    return [f"{mean:+.{digits}f}".replace("-", "−"), f"{ci:.{digits}f}"]
 
 
 def found(name: str, key: str) -> list[float]:
@@ -331,6 +348,79 @@ NUMBERS = [
         "({:+.2f}% and {:+.2f}%, one seed)",
         lambda: [fault(n)["val_pct"] for n in ("fault_goodput_kills", "fault_goodput")],
     ),
+    # DiLoCo's wire table: loss vs DDP at equal tokens, and paired against bf16 (2026-11-27 to 11-29)
+    ((DILOCO,), "| 2 | {:+.2f} ± {:.2f}% (5 seeds) |", lambda: gap(TE, "streaming_h10_avg")),
+    (
+        (DILOCO,),
+        "| {:+.2f} ± {:.2f}% (5 seeds) | {} ± {} points |",
+        lambda: gap(TE, "streaming_h10_avg_topk10_int4") + paired(TE, "streaming_h10_avg_topk10_int4"),
+    ),
+    (
+        (DILOCO,),
+        "| {:+.2f} ± {:.2f}%; **{:+.2f} ± {:.2f}%** (5 seeds) | {} ± {}; **{} ± {} points** |",
+        lambda: (
+            gap(TE, "streaming_h10_avg_topk3_int2")
+            + gap("diloco_topk3_senders", TOP3)
+            + paired(TE, "streaming_h10_avg_topk3_int2")
+            + paired("diloco_topk3_senders", TOP3)
+        ),
+    ),  # fmt: skip
+    (
+        (DILOCO,),
+        "| {:+.2f} ± {:.2f}%; {:+.2f} ± {:.2f}%; **{:+.2f} ± {:.2f}%** (5 seeds) "
+        "| {} ± {}; {} ± {}; **{} ± {} points** |",
+        lambda: (
+            gap(TE, "streaming_h10_avg_topk1_int2")
+            + gap(OUTER2, "streaming_h10_avg_topk1_int2_outer2")
+            + gap("diloco_topk1_senders_budgets", TOP1)
+            + paired(TE, "streaming_h10_avg_topk1_int2")
+            + paired(OUTER2, "streaming_h10_avg_topk1_int2_outer2", OUTER2)
+            + paired("diloco_topk1_senders_budgets", TOP1, digits=2)
+        ),
+    ),  # fmt: skip
+    (
+        (DILOCO,),
+        "| {:+.2f} ± {:.2f}% (5 seeds) | {} ± {} points |",
+        lambda: (
+            gap("diloco_topk1p5_tuned", "streaming_h10_avg_topk1p5_int2")
+            + paired("diloco_topk1p5_tuned", "streaming_h10_avg_topk1p5_int2", "diloco_r4_token_efficiency")
+        ),
+    ),
+    (
+        (DILOCO,),
+        "{:.3f} ± {:.3f}× DDP's tokens (1%: {:.2f}×, over all {:.2f}×)",
+        lambda: tokens(TOP3) + tokens(TOP1)[:1] + tokens("streaming_h10_avg_topk1_int2")[:1],
+    ),
+    # 4 replicas at 3%: over senders (the floor), after the warm start, over all replicas, bf16, no floor
+    (
+        (DILOCO,),
+        "at 3%: {:+.2f}% at equal tokens ({:+.2f}% after `warm_start = 100`), over all {:+.2f}%, bf16 {:+.2f}% "
+        "(no floor: {:+.1f}%)",
+        lambda: [
+            summary(t, v, "mean_gap_pct")
+            for t, v in (
+                ("diloco_topk3_r4_floor", "streaming_h10_avg_topk3_int2_senders_r4"),
+                ("diloco_r4_senders_warm100", "streaming_h10_avg_topk3_int2_senders_warm100_r4"),
+                ("diloco_topk3_r4", "streaming_h10_avg_topk3_int2_r4"),
+                ("diloco_topk3_r4", "streaming_h10_avg_r4"),
+                ("diloco_topk3_r4", "streaming_h10_avg_topk3_int2_senders_r4"),
+            )
+        ],
+    ),  # fmt: skip
+    (
+        (DILOCO,),
+        "in bf16, 4 needed {:.2f}× DDP's tokens, 2 {:.2f}×); with 4,",
+        lambda: tokens("streaming_h10_avg_r4")[:1] + tokens("streaming_h10_avg")[:1],
+    ),
+    ((DILOCO,), "bring it to {:.2f}×", lambda: tokens("streaming_h10_pier_warm100_r4")[:1]),
+    (
+        (DILOCO,),
+        "{:+.2f}% at equal tokens, {:.3f}× after `warm_start = 100`",
+        lambda: [
+            summary("diloco_topk3_senders_warm100", TOP3, "mean_gap_pct"),
+            summary("diloco_topk3_senders_warm100", TOP3 + "_warm100", "mean_tokens_to_target_ratio"),
+        ],
+    ),  # fmt: skip
 ]
 
 
