@@ -421,6 +421,49 @@ NUMBERS = [
             summary("diloco_topk3_senders_warm100", TOP3 + "_warm100", "mean_tokens_to_target_ratio"),
         ],
     ),  # fmt: skip
+    # ACCO's results table (final loss vs DDP, sd; the tokens predict reads) and its time to DDP's loss (2026-11-26)
+    (
+        (ACCO,),
+        "| acco | {:+.2f} ± {:.2f}%, {:+.2f} ± {:.2f}% | | 2026-11-23, AMD EPYC, {} |",
+        lambda: (
+            [
+                load(t)["summary"][lr]["acco"][k]
+                for t, lr in (("token_efficiency_1000_half_lr", "0.00075"), ("token_efficiency_1000", "0.0015"))
+                for k in ("mean_gap_pct", "sd_gap_pct")
+            ]
+            + [len(load("token_efficiency_1000")["meta"]["seeds"])]
+        ),
+    ),  # fmt: skip
+    (
+        (ACCO,),
+        "| acco | {:+.2f} ± {:.2f}% | **{:.3f} ± {:.3f}** | 2026-11-25, AMD EPYC, {}; "
+        "tokens 2026-11-26, Intel Xeon, {} |",
+        lambda: (
+            [summary("acco_share875_10seeds_lr3e-3", "acco", k) for k in ("mean_gap_pct", "sd_gap_pct")]
+            + tokens("acco")
+            + [
+                len(load("acco_share875_10seeds_lr3e-3")["meta"]["seeds"]),
+                load("predict")["tokens_to_target"]["acco"]["seeds"],
+            ]
+        ),
+    ),  # fmt: skip
+    (
+        (ACCO,),
+        "| {:+.2f} ± {:.2f}% | {:.3f} ± {:.3f} | 2026-11-25, AMD EPYC, {}; tokens 2026-11-24, {} |",
+        lambda: (
+            [summary("acco_share875_30seeds_lr3e-3", "acco_share875", k) for k in ("mean_gap_pct", "sd_gap_pct")]
+            + tokens("acco_share875")
+            + [
+                len(load("acco_share875_30seeds_lr3e-3")["meta"]["seeds"]),
+                load("predict")["tokens_to_target"]["acco_share875"]["seeds"],
+            ]
+        ),
+    ),  # fmt: skip
+    (
+        (ACCO,),
+        "reached DDP's loss in {:.1f}–{:.1f}× DDP's time",
+        lambda: [1 / vs_ddp("time_to_target_all", s, "acco")[0] for s in "ab"],
+    ),
 ]
 
 
