@@ -16,6 +16,7 @@ AB, E = "time_to_target_topk3_senders_ab", "time_to_target_senders_e"  # 2026-11
 README, PERF, DILOCO = "README.md", "docs/performance.md", "docs/diloco.md"
 RELIABILITY, ACCO, PARALLEL = "docs/reliability.md", "docs/acco.md", "docs/parallelism.md"
 TE, OUTER2 = "diloco_topk_token_efficiency", "diloco_topk1_outer2_5seeds"  # 2026-11-27 and 11-28: top-k, outer lr 2
+REGIME = "speed_virtual_acco_regime_2conn"  # 2026-11-27: ZeRO-1's job about ¼, ½, ¾ of compute
 
 
 def load(name: str) -> dict:
@@ -80,6 +81,15 @@ def paired(table: str, label: str, bf16: str = TE, digits: int = 1) -> list[str]
 
     mean, ci = mean_ci([a - b for a, b in zip(points(table, label), points(bf16, "streaming_h10_avg"))])
     return [f"{mean:+.{digits}f}".replace("-", "−"), f"{ci:.{digits}f}"]
+
+
+def two_level(label: str) -> float:
+    """Streaming DiLoCo over 4 nodes (2026-11-27): time to DDP's loss, as × sooner than ZeRO-1 alone; ACCO alone from
+    its time per update and the tokens predict reads (its row there carries no tokens)."""
+    rows = load("time_to_target_two_level")["settings"]["b2"]["strategies"]
+    if label == "acco":
+        return rows["zero1"]["seconds_per_update"] / (rows["acco"]["seconds_per_update"] * tokens("acco")[0])
+    return rows[label]["sooner"]
 
 
 def found(name: str, key: str) -> list[float]:
@@ -463,6 +473,43 @@ NUMBERS = [
         (ACCO,),
         "reached DDP's loss in {:.1f}–{:.1f}× DDP's time",
         lambda: [1 / vs_ddp("time_to_target_all", s, "acco")[0] for s in "ab"],
+    ),
+    # where each strategy wins (parallelism.md): virtual compute, the ring on two connections (2026-11-27)
+    ((PARALLEL,), "the synchronous update, {:.2f}× the tokens", lambda: tokens("acco")[:1]),
+    (
+        (PARALLEL,),
+        "| {:.2f}× sooner than DDP; where DDP does not fit, {:.2f}× sooner than ZeRO-1, the fastest that does |",
+        lambda: acco_virtual(("ddp",)) + acco_virtual(("zero1",), HALF_4NODES),
+    ),
+    (
+        (PARALLEL,),
+        "| ddp, zero1, acco within {:.0%} |",
+        lambda: [
+            max(ttt(REGIME, "r1608mbit", s, "mean")[0] for s in ("ddp", "zero1", "acco"))
+            / min(ttt(REGIME, "r1608mbit", s, "mean")[0] for s in ("ddp", "zero1", "acco"))
+            - 1
+        ],
+    ),  # fmt: skip
+    ((PARALLEL,), "ACCO {:.2f}× DDP at ¾", lambda: speed_ratio(REGIME, "r536mbit", "acco", "ddp")),
+    ((PARALLEL,), "{:.2f}× sooner than ZeRO-1 where communication ≈ 3× compute", lambda: ttt(AB, "b", TOP3, "sooner")),
+    (
+        (PARALLEL,),
+        "to DDP's loss {:.2f}× sooner than ZeRO-1 inside, {:.1f}× than ACCO alone; DDP inside {:.2f}× sooner",
+        lambda: [
+            two_level("streaming_h10_avg_acco") / two_level("streaming_h10_avg_zero1"),
+            two_level("streaming_h10_avg_acco") / two_level("acco"),
+            two_level("streaming_h10_avg") / two_level("streaming_h10_avg_acco"),
+        ],
+    ),  # fmt: skip
+    (
+        (PARALLEL,),
+        "{:.1f}–{:.1f}× faster with one node 4× slower",
+        lambda: sorted(speed_ratio("speed", "c", f"{s}_balanced", s)[0] for s in ("ddp", "zero1", "acco"))[::2],
+    ),  # fmt: skip
+    (
+        (PARALLEL,),
+        "on CPU gloo {:.1f}× ZeRO-1",
+        lambda: [statistics.fmean(speed_ratio(REGIME, r, "zero1", "fsdp")[0] ** -1 for r in load(REGIME)["settings"])],
     ),
 ]
 
