@@ -54,8 +54,8 @@ def acco_virtual(against: tuple[str, ...], where: tuple[str, str] = HALF, per_to
     return [r / tokens("acco")[0] for r in ratios] if per_token else ratios
 
 
-def summary(table: str, label: str, key: str) -> float:
-    return load(table)["summary"]["0.003"][label][key]
+def summary(table: str, label: str, key: str, lr: str = "0.003") -> float:
+    return load(table)["summary"][lr][label][key]
 
 
 def cost_model_within(table: str) -> list[int]:
@@ -108,6 +108,13 @@ def validated_runs() -> list[tuple[float, float]]:
     text = (ROOT / "bench_results" / "time_to_target_findings.md").read_text()
     rows = re.findall(r"\| a \| (?:ddp|acco) \| [\d,]+ / [\d,]+ \| ([\d.]+) s \| ([\d.]+) s \|", text)
     return [(float(m), float(p)) for m, p in rows]
+
+
+def slow_momentum_gain() -> list[float]:
+    """Points of loss Streaming DiLoCo gains from slow momentum against a DDP using it too (2026-11-28), by seed."""
+    rows = {k: v["val_loss"] for k, v in load("diloco_slow_momentum_tuned")["summary"]["0.003"].items()}
+    gaps = zip(rows["streaming_h10_avg"], rows["ddp"], rows["streaming_h10_avg_slow99"], rows["ddp_slow99"])
+    return list(mean_ci([100 * (s / d - s99 / d99) for s, d, s99, d99 in gaps]))
 
 
 def found(name: str, key: str) -> list[float]:
@@ -559,6 +566,68 @@ NUMBERS = [
         "whole runs within {}% and {}% of the prediction",
         lambda: [f"{100 * (p / m - 1):.1f}".replace("-", "−") for m, p in validated_runs()],
     ),
+    # the rest of DiLoCo's results and tuning paragraphs
+    (
+        (DILOCO,),
+        "the noise floor, ZeRO-1, {:.3f} ± {:.3f}×",
+        lambda: list(mean_ci(summary("diloco_tuned_token_efficiency", "zero1", "tokens_to_target_ratio"))),
+    ),
+    (
+        (DILOCO,),
+        "on GPT-Neo tiny (bf16) {:.3f} ± {:.3f}×",
+        lambda: list(
+            mean_ci(summary("tiny_streaming_h10_budgets", "streaming_h10_avg", "tokens_to_target_ratio", "0.0015"))
+        ),
+    ),  # fmt: skip
+    (
+        (DILOCO,),
+        "H 50 (bf16, lr ½×) {:.3f} ± {:.3f}×, the top 3% not within {:g}×",
+        lambda: (
+            tokens("streaming_h50_avg")
+            + [load("predict")["tokens_to_target"]["streaming_h50_avg_topk3_int2_senders"]["not_reached_within"]]
+        ),
+    ),
+    ((DILOCO,), "the top 3%: {:.3f}×)", lambda: [summary("diloco_clip_tuned", TOP3, "mean_tokens_to_target_ratio")]),
+    (
+        (DILOCO,),
+        "gains {:.1f} ± {:.1f} points on a DDP using it too, whose loss it raises {:.0f}%",
+        lambda: slow_momentum_gain() + [summary("diloco_slow_momentum_tuned", "ddp_slow99", "mean_gap_pct")],
+    ),
+    (
+        (DILOCO,),
+        "tokens to DDP's loss by {:+.3f} ± {:.3f}×",
+        lambda: list(
+            mean_ci(
+                [
+                    a - b
+                    for a, b in zip(
+                        summary("diloco_global_batch_moments_h10", TOP3 + "_gbm", "tokens_to_target_ratio"),
+                        summary("diloco_global_batch_moments_h10", TOP3, "tokens_to_target_ratio"),
+                    )
+                ]
+            )
+        ),
+    ),  # fmt: skip
+    (
+        (DILOCO,),
+        "bf16 {:+.2f}%, {:+.1f} and {:.3f}× at H 1; at the tuned batch of 8 H 1 needs {:.3f}×, H 10 {:.3f}×, "
+        "{:.3f}× after",
+        lambda: [
+            load("predict")["tokens_to_target"]["streaming_h10_avg"]["gap_pct"],
+            summary("diloco_h1_floor_screen", "diloco_h1_avg", "mean_gap_pct"),
+            summary("diloco_h1_floor_screen", "diloco_h1_avg", "mean_tokens_to_target_ratio"),
+            summary("diloco_h1_floor_b8", "diloco_h1_avg", "mean_tokens_to_target_ratio"),
+            summary("diloco_batch_tuned", TOP3, "mean_tokens_to_target_ratio"),
+            summary("diloco_warm200_b8", TOP3 + "_warm200", "mean_tokens_to_target_ratio"),
+        ],
+    ),  # fmt: skip
+    (
+        (DILOCO,),
+        "(whole runs; bf16 {:.2f}×)",
+        lambda: [
+            statistics.fmean(r["sooner_than"]["zero1_balanced"] for r in load("end_to_end_bm_recalibrated")["results"])
+        ],
+    ),  # fmt: skip
 ]
 
 
