@@ -117,6 +117,13 @@ def slow_momentum_gain() -> list[float]:
     return list(mean_ci([100 * (s / d - s99 / d99) for s, d, s99, d99 in gaps]))
 
 
+def kills_training_loss_pct() -> float:
+    """The training loss over the last 1,000 updates with kills over without, % (fault_goodput_kills.md's two)."""
+    text = (ROOT / "bench_results" / "fault_goodput_kills.md").read_text()
+    hit, calm = re.search(r"\(([\d.]+) against ([\d.]+)\)", text).groups()
+    return 100 * (float(hit) / float(calm) - 1)
+
+
 def found(name: str, key: str) -> list[float]:
     """Every value of `key` in the JSON, in file order (the gpu-check's runs nest them at different depths)."""
     return [float(v) for v in re.findall(rf'"{key}": ([\d.]+)', (ROOT / "bench_results" / f"{name}.json").read_text())]
@@ -628,6 +635,19 @@ NUMBERS = [
             statistics.fmean(r["sooner_than"]["zero1_balanced"] for r in load("end_to_end_bm_recalibrated")["results"])
         ],
     ),  # fmt: skip
+    # reliability.md: the run's length (2026-11-27), the training loss with kills (fault_goodput_kills.md: the runs'
+    # metrics were not kept in its JSON, so the markdown's two losses), the preemption agreement's cost (2026-11-23)
+    (
+        (RELIABILITY,),
+        "{:,} updates in {:.0f} minutes",
+        lambda: [load("fault_goodput")["undisturbed"]["updates"], load("fault_goodput")["undisturbed"]["wall_s"] / 60],
+    ),
+    ((RELIABILITY,), "the same batches was {:+.3f}% with kills", lambda: [kills_training_loss_pct()]),
+    (
+        (RELIABILITY,),
+        "the agreement cost {:.2f}–{:.2f} ms per update",
+        lambda: [load("preemption_agreement")["rows"][f"{s}_async"]["median_ms"] for s in ("idle", "busy")],
+    ),
 ]
 
 
