@@ -1,5 +1,7 @@
 """One source for the prose's figures: each benchmark number the README and docs/ quote is read back from its JSON in
-bench_results/ (or torchacco/token_efficiency.json, what predict reads) and must appear in the page as written."""
+bench_results/ (or torchacco/token_efficiency.json, what predict reads) and must appear in the page as written. Where
+a run wrote no JSON, the entry reads the markdown table it came from and says so; the wire's sizes come from the code
+that computes them (compression.bytes_per_element)."""
 
 import json
 import re
@@ -314,7 +316,7 @@ NUMBERS = [
     (
         (PERF,),
         "(lr {}×)",
-        lambda: ["½" if load("predict")["tokens_to_target"]["streaming_h50_avg"]["lr_multiple"] == 0.5 else "?"],
+        lambda: [{0.5: "½"}[load("predict")["tokens_to_target"]["streaming_h50_avg"]["lr_multiple"]]],
     ),
     # the wire's bytes per element (compression.bytes_per_element, what the cost model and outer_bytes use)
     ((README, PERF), "{1:.0f}× fewer bytes", lambda: fewer_bytes(0.01)),
