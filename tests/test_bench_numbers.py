@@ -134,6 +134,11 @@ def bf16_estimate(setting: str) -> list[float]:
     return [1 - per_update[1] / per_update[0], 100 * (bf16["final_val_loss"][0] / fp32["final_val_loss"][0] - 1)]
 
 
+def link_mbit(table: str, setting: str) -> float:
+    """The link rate a setting ran on, from its plan ("2 nodes on ..., links 60.077mbit")."""
+    return float(re.search(r"links ([\d.]+)mbit", load(table)["settings"][setting]["plan"]).group(1))
+
+
 def found(name: str, key: str) -> list[float]:
     """Every value of `key` in the JSON, in file order (the gpu-check's runs nest them at different depths)."""
     return [float(v) for v in re.findall(rf'"{key}": ([\d.]+)', (ROOT / "bench_results" / f"{name}.json").read_text())]
@@ -673,6 +678,11 @@ NUMBERS = [
         "The same with one node {}× slower",
         lambda: re.findall(r"one ([\d.]+)× slower", load("figures")["figures"]["time_to_loss_mixed"][0]),
     ),
+    # the links the runs were measured on, from each setting's plan
+    ((README,), "a slower link still ({:.0f} Mbit/s:", lambda: [link_mbit(E, "e")]),
+    ((PERF, DILOCO), "at {:.1f} Mbit/s", lambda: [link_mbit(E, "e")]),
+    ((PERF,), "communication ≈ 3× compute ({:.0f} Mbit/s here)", lambda: [link_mbit(AB, "b")]),
+    ((PERF,), "| 2 nodes at {:.0f} and {:.0f} Mbit/s |", lambda: [link_mbit("time_to_target_all", s) for s in "ab"]),
 ]
 
 
