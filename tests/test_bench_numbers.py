@@ -56,7 +56,7 @@ def acco_virtual(against: tuple[str, ...], where: tuple[str, str] = HALF, per_to
     return [r / tokens("acco")[0] for r in ratios] if per_token else ratios
 
 
-def summary(table: str, label: str, key: str, lr: str = "0.003") -> float:
+def summary(table: str, label: str, key: str, lr: str = "0.003") -> float | list[float]:
     return load(table)["summary"][lr][label][key]
 
 
