@@ -119,13 +119,6 @@ def slow_momentum_gain() -> list[float]:
     return list(mean_ci([100 * (s / d - s99 / d99) for s, d, s99, d99 in gaps]))
 
 
-def kills_training_loss_pct() -> float:
-    """The training loss over the last 1,000 updates with kills over without, % (fault_goodput_kills.md's two)."""
-    text = (ROOT / "bench_results" / "fault_goodput_kills.md").read_text()
-    hit, calm = re.search(r"\(([\d.]+) against ([\d.]+)\)", text).groups()
-    return 100 * (float(hit) / float(calm) - 1)
-
-
 def bf16_estimate(setting: str) -> list[float]:
     """ACCO's time per update saved by the bf16 estimate, and its final loss over fp32-estimate ACCO's, %."""
     rows = load("time_to_loss")["settings"][setting]["summary"]["strategies"]
@@ -386,25 +379,10 @@ NUMBERS = [
     ((README,), "costs the others {:.1%} of their speed", lambda: [1 - fault("fault_goodput_kills")["speed"]]),
     (
         (RELIABILITY,),
-        "the survivor kept {:.1%} of its speed and the merge {:.1%} of its tokens per second",
-        lambda: [fault("fault_goodput_kills")[k] for k in ("speed", "merge")],
+        "{:.1%} of the survivor's speed with replica 1 killed every 5 minutes",
+        lambda: [fault("fault_goodput_kills")["speed"]],
     ),
-    (
-        (RELIABILITY,),
-        "goodput {:.2f} (a cut or a freeze cost it one round of `round_timeout_s` = 10 s) and the merge {:.1%}, "
-        "replica 1 being away for {:.1%} of the outer steps",
-        lambda: [fault("fault_goodput")[k] for k in ("speed", "merge", "away")],
-    ),
-    (
-        (RELIABILITY,),
-        "copied {:.1f} MiB in {:.2f}× the link's time",
-        lambda: [fault("fault_goodput")[k] for k in ("mib", "heal")],
-    ),
-    (
-        (RELIABILITY,),
-        "({:+.2f}% and {:+.2f}%, one seed)",
-        lambda: [fault(n)["val_pct"] for n in ("fault_goodput_kills", "fault_goodput")],
-    ),
+    ((RELIABILITY,), "{:.2f} with kills, cuts and freezes", lambda: [fault("fault_goodput")["speed"]]),
     # DiLoCo's wire table: loss vs DDP at equal tokens, and paired against bf16 (2026-11-27 to 11-29)
     ((DILOCO,), "| 2 | {:+.2f} ± {:.2f}% (5 seeds) |", lambda: gap(TE, "streaming_h10_avg")),
     (
@@ -650,14 +628,7 @@ NUMBERS = [
             statistics.fmean(r["sooner_than"]["zero1_balanced"] for r in load("end_to_end_bm_recalibrated")["results"])
         ],
     ),  # fmt: skip
-    # reliability.md: the run's length (2026-11-27), the training loss with kills (fault_goodput_kills.md: the runs'
-    # metrics were not kept in its JSON, so the markdown's two losses), the preemption agreement's cost (2026-11-23)
-    (
-        (RELIABILITY,),
-        "{:,} updates in {:.0f} minutes",
-        lambda: [load("fault_goodput")["undisturbed"]["updates"], load("fault_goodput")["undisturbed"]["wall_s"] / 60],
-    ),
-    ((RELIABILITY,), "the same batches was {:+.3f}% with kills", lambda: [kills_training_loss_pct()]),
+    # reliability.md: the preemption agreement's cost (2026-11-23)
     (
         (RELIABILITY,),
         "the agreement cost {:.2f}–{:.2f} ms per update",
