@@ -232,7 +232,7 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
             memory = dataclasses.replace(memory, optimizer=memory.optimizer * 1.5)
         held = cls.accumulation_memory(p, numel, micro)  # (the sharded gradients form as the unsharded are freed)
         memory = dataclasses.replace(memory, gradients=max(memory.gradients, held))
-        gathered = cls.gathered_memory(p, in_blocks / max(blocks, 1), numel - in_blocks, blocks, dtype)
+        gathered = cls.gathered_memory(p, in_blocks / max(blocks, 1), numel - in_blocks, blocks, dtype, group)
         label = f"pp stage {stage}" if pp > 1 else "every rank"
         kinds.append(RankMemory(label, stage * dp * tp, cluster.world // pp, numel, memory, gathered,
                                 activations(cfg, args, stage)))  # fmt: skip

@@ -3,11 +3,12 @@
     cc -shared -fPIC -O2 -o /tmp/malloc_peak.so tests/workers/malloc_peak.c
     LD_PRELOAD=/tmp/malloc_peak.so torchrun --nproc_per_node 2 tests/workers/peak_memory.py STRATEGY [...] -- [--k V]
 
-malloc_peak.c counts the bytes malloc has handed out on every thread (torch's CPU allocator, gloo's buffers, ACCO's
-job thread: the profiler's memory events miss the frees made on threads it does not follow). For each strategy in
-turn, builds the `memcheck` Llama 3 (strategy_memory.py's) and the strategy as the trainer does, trains three updates
-on random tokens, and prints from rank 0 one JSON line: the most bytes allocated at once from the build on, less those
-allocated before it, and the most in each part of an update (forward, backward, step), to say where the peak is.
+malloc_peak.c counts the bytes torch's CPU allocator holds, on every thread (ACCO's job, gloo's: the profiler's memory
+events miss the frees made on threads it does not follow), and not what oneDNN, gloo or Python allocate for
+themselves. For each strategy in turn, builds the `memcheck` Llama 3 (strategy_memory.py's) and the strategy as the
+trainer does, trains three updates on random tokens, and prints from rank 0 one JSON line: the most bytes allocated at
+once from the build on, less those allocated before it, and the most in each part of an update (forward, backward,
+step) with what the part starts on ("... from"), to say where the peak is.
 """
 
 import contextlib
@@ -15,6 +16,7 @@ import ctypes
 import gc
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -32,6 +34,16 @@ from torchacco.spec import get_model_spec
 LIB = ctypes.CDLL(None)  # malloc_peak.so, preloaded
 for fn in ("malloc_peak_live", "malloc_peak_reset", "malloc_peak_most"):
     getattr(LIB, fn).restype = ctypes.c_long
+
+
+def count_torchs_allocator() -> None:
+    """Count the blocks that libc10's code (the CPU allocator's alloc_cpu and free_cpu) allocates and frees."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, mode, *_, path = line.split()
+        if path.endswith("/libc10.so") and "x" in mode:
+            LIB.malloc_peak_count_from(*(ctypes.c_size_t(int(x, 16)) for x in span.split("-")))
+            return
+    raise RuntimeError("libc10.so is not mapped")
 
 
 def train(name: str, cfg, spec, dims, dev, parts: dict, updates: int = 3) -> None:
@@ -81,6 +93,7 @@ if __name__ == "__main__":
     spec = get_model_spec("llama3")
     spec.flavors["memcheck"] = MEMCHECK
     cfg = load_config(overrides)
+    count_torchs_allocator()
     for name in names:
         gc.collect()
         parts, before = {}, LIB.malloc_peak_reset()

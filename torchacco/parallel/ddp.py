@@ -36,7 +36,7 @@ class DDP(Replicated):
         return MemoryParts(weights=4 * numel, gradients=4 * numel, optimizer=8 * numel)
 
     @classmethod
-    def gathered_memory(cls, parallelism, block_numel, root_numel, blocks, param_dtype):
+    def gathered_memory(cls, parallelism, block_numel, root_numel, blocks, param_dtype, group=1):
         # autocast's compute-dtype copy of every weight, saved by forward for backward
         numel = block_numel * blocks + root_numel
         return numel * param_dtype.itemsize if param_dtype.itemsize < 4 else 0.0
