@@ -232,7 +232,7 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
         memory = dataclasses.replace(memory, optimizer=memory.optimizer * state_share)  # against AdamW's two moments
         held = cls.accumulation_memory(p, numel, micro)  # (the sharded gradients form as the unsharded are freed)
         memory = dataclasses.replace(memory, gradients=max(memory.gradients, held))
-        gathered = cls.gathered_memory(p, in_blocks / max(blocks, 1), numel - in_blocks, blocks, dtype)
+        gathered = cls.gathered_memory(p, in_blocks / max(blocks, 1), numel - in_blocks, blocks, dtype, group)
         label = f"pp stage {stage}" if pp > 1 else "every rank"
         kinds.append(RankMemory(label, stage * dp * tp, cluster.world // pp, numel, memory, gathered,
                                 activations(cfg, args, stage)))  # fmt: skip
@@ -339,9 +339,10 @@ def report(run: DryRun, gpu_gib: float, prediction: dict, link, config: str) -> 
         f"{link.mfu:.0%} MFU, {link.bandwidth} per node between nodes, {link.latency_ms:g} ms; tensor- and "
         "pipeline-parallel traffic not modelled)",
         "Memory: the strategy's own byte count of what it allocates (Strategy.memory) and one micro-batch's "
-        "activations estimated from the model's shape; gathered: parameters (and a block's gradient) a strategy "
-        "unshards while computing (Strategy.gathered_memory); gradients: their most between micro-batches (FSDP's "
-        f"unsharded accumulator with accumulate_unsharded). Reserve: {RESERVE_BYTES / GIB:g} GiB (the CUDA context, "
+        "activations estimated from the model's shape; gathered: what a strategy allocates only while computing "
+        "(Strategy.gathered_memory: FSDP's unsharded blocks, autocast's weights, ACCO's job staging); gradients: their "
+        "most between micro-batches (FSDP's unsharded accumulator with accumulate_unsharded, DDP's first update's "
+        f"beside its buckets). Reserve: {RESERVE_BYTES / GIB:g} GiB (the CUDA context, "
         f"NCCL's communicators) + {RESERVE_SHARE:.0%} of the peak (the allocator's fragmentation); tight: above "
         f"{TIGHT:.0%} of the GPU's memory; not counted: compile workspaces.",
     ]

@@ -36,6 +36,18 @@ class DDP(Replicated):
         return MemoryParts(weights=4 * numel, gradients=4 * numel, optimizer=8 * numel)
 
     @classmethod
+    def gathered_memory(cls, parallelism, block_numel, root_numel, blocks, param_dtype, group=1):
+        # autocast's compute-dtype copy of every weight, saved by forward for backward
+        numel = block_numel * blocks + root_numel
+        return numel * param_dtype.itemsize if param_dtype.itemsize < 4 else 0.0
+
+    @classmethod
+    def accumulation_memory(cls, parallelism, numel, micro_batches):
+        # torch makes the gradients views of its fp32 buckets at the first synchronised backward: the first update's
+        # no_sync micro-batches accumulate into gradients of their own beside the buckets
+        return 2 * 4 * numel if micro_batches > 1 else 0.0
+
+    @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
         p = cfg.parallelism
         return cls(model, dims, plan, cfg.optimizer, p.bucket_cap_mb, p.balance_batches)

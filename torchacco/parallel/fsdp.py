@@ -51,7 +51,7 @@ class FSDP(Replicated):
         return MemoryParts(weights=4 * shard, gradients=4 * shard, optimizer=8 * shard)
 
     @classmethod
-    def gathered_memory(cls, parallelism, block_numel, root_numel, blocks, param_dtype):
+    def gathered_memory(cls, parallelism, block_numel, root_numel, blocks, param_dtype, group=1):
         # The root's parameters stay gathered from forward to backward; a block's while it runs and the next's,
         # prefetched (all of them after forward without reshard_after_forward), and one block's unsharded
         # gradient before its reduce-scatter.

@@ -26,6 +26,7 @@ from torchacco.device import DTYPES
 from torchacco.errors import UserError
 from torchacco.options import OverlappedOptions
 from torchacco.parallel.balance import SpeedSplit
+from torchacco.parallel.collectives import PIECE_NUMEL
 from torchacco.parallel.flat import padded_numel
 from torchacco.parallel.sharded_job import COMMIT, ESTIMATE
 from torchacco.parallel.sharded_state import ShardedOptimizerState
@@ -332,6 +333,14 @@ class Overlapped(Strategy):
         state = ShardedOptimizerState.memory(numel, dp_size, param_dtype, grad_dtype)
         job = padded_numel(math.ceil(numel), dp_size) * job_buffer_dtype(param_dtype, reduce_dtype, dp_size).itemsize
         return replace(state, buffers=job)
+
+    @classmethod
+    def gathered_memory(cls, parallelism, block_numel, root_numel, blocks, param_dtype, group=1):
+        # the job's reduce-scatter beside forward and backward: on gloo a ring through a staging buffer of at most
+        # PIECE_NUMEL elements of C's dtype (NCCL's own buffers are in the dry run's reserve)
+        shard = padded_numel(math.ceil(block_numel * blocks + root_numel), group) / group
+        job = job_buffer_dtype(param_dtype, DTYPES[parallelism.reduce_dtype], group)
+        return min(PIECE_NUMEL, shard) * job.itemsize if group > 1 else 0.0
 
 
 def job_buffer_dtype(param_dtype: torch.dtype, reduce_dtype: torch.dtype, world: int) -> torch.dtype:

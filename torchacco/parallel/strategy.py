@@ -182,9 +182,12 @@ class Strategy(abc.ABC):
         raise NotImplementedError(f"{cls.name} does not count its memory (Strategy.memory)")
 
     @classmethod
-    def gathered_memory(cls, parallelism, block_numel: float, root_numel: float, blocks: int, param_dtype) -> float:
+    def gathered_memory(
+        cls, parallelism, block_numel: float, root_numel: float, blocks: int, param_dtype, group: int = 1
+    ) -> float:
         """Bytes a rank allocates only while computing, beside the activations, for blocks of `block_numel`
-        stored elements each and `root_numel` outside them ([parallelism] read from `parallelism`): none."""
+        stored elements each and `root_numel` outside them, its state divided over `group` ranks ([parallelism] read
+        from `parallelism`): none."""
         return 0.0
 
     @classmethod
