@@ -220,7 +220,7 @@ def test_impossible_settings_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHACCO_REPLICA", "one")
     assert "TORCHACCO_REPLICA=one is not a replica number" in check()
     monkeypatch.delenv("TORCHACCO_REPLICA")
-    with pytest.raises(UserError, match="replicas = 1 has no outer step"):
+    with pytest.raises(UserError, match=r"fault_tolerant set: they shape the exchange between replicas, and \[parallelism\] replicas = 1 has none"):
         validate(load_config([*FT]), world_size=2, here=False)
 
 
