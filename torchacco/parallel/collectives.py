@@ -37,7 +37,8 @@ _return_groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # One issuing thread per process group (docs/reliability.md#one-thread-per-communicator), as NCCL needs: with this
 # variable set (the test suite sets it) a collective raises where another thread issued on its group before.
 CHECK_THREADS = "TORCHACCO_CHECK_COLLECTIVE_THREADS"
-_issuers: dict[str, str] = {}  # group name -> the thread that issues on it
+_issuers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> the thread that issues on it (a name
+# may come back for another group once the groups are destroyed: a test process starts several runs)
 HOST_GROUPS: weakref.WeakSet = weakref.WeakSet()  # gloo on every backend (checkpoints'): threads may take turns
 WATCHED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier",
            "all_gather_object", "broadcast_object_list", "gather_object", "gather", "scatter", "send", "recv", "isend",
@@ -50,7 +51,7 @@ def _issue(name: str, group) -> None:
     if group not in dist.distributed_c10d._world.pg_names:  # torchft's: not torch's to name, its manager's to check
         return
     health.current().issued(name, group.group_name)
-    first = _issuers.setdefault(group.group_name, mine := f"{me.name} ({me.ident})")
+    first = _issuers.setdefault(group, mine := f"{me.name} ({me.ident})")
     if first != mine and os.environ.get(CHECK_THREADS) and group not in HOST_GROUPS:
         raise RuntimeError(f"two threads issue collectives on process group {group.group_name} "
                            f"({dist.get_process_group_ranks(group)}): {first}, then {mine}")  # fmt: skip

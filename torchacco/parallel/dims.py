@@ -34,7 +34,8 @@ class ParallelDims:
     mp_group: dist.ProcessGroup | None = None
     timeout: timedelta = timedelta(minutes=30)  # every group's: [training] collective_timeout_s
     # The ranks that read different data: every replica's dp ranks with this rank's (pp, tp)
-    # coordinate (evaluation averages over them). The dp group itself without replicas.
+    # coordinate (evaluation averages over them), on a communicator of their own: an overlapped strategy's job thread
+    # issues on the dp group.
     data_group: dist.ProcessGroup | None = None
     # A fault-tolerant replica (`torchacco.fault_tolerance.ReplicaLink`): this job is one replica, and the others
     # are reached through torchft, not the mesh.
@@ -94,7 +95,7 @@ def build_dims(device: Device, tp: int, pp: int, local_rank, local_world, timeou
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names, backend_override=options)
     mp_group = _model_parallel_group(mesh, tp, pp, timeout)
     dims = ParallelDims(world, rank, local_rank, local_world, mesh, mp_group, timeout)
-    dims.data_group = dims.dp_group if replicas == 1 else _data_group(mesh, timeout)
+    dims.data_group = _data_group(mesh, timeout)  # its own: the main thread's, while a sharded job issues on dp
     if device.backend == "gloo" and dims.dp_size == 2:  # the sharded job's ring: one connection per direction
         add_return_group(dims.dp_group, group_per_row(mesh, "dp", timeout))
     return dims
