@@ -103,5 +103,5 @@ class ShardedOptimizerState:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """θ as full fp32 tensors by parameter name (a collective)."""
         flat = torch.empty(self.flat.padded_numel, dtype=torch.float32, device=self.params.device)
-        all_gather(flat, self.master, group=self.flat.group)
+        self.on_job_thread(lambda: all_gather(flat, self.master, group=self.flat.group))
         return {name: t.cpu().clone() for name, t in self.flat.full_params(flat).items()}
