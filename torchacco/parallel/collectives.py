@@ -22,7 +22,6 @@ from torchacco import health
 # torch 2.13 renamed the single-tensor collectives; keep working on older releases.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_isend, _irecv = dist.isend, dist.irecv  # (unwatched: the ring's messages are its reduce-scatter's or all-gather's)
 
 RING_MIN_NUMEL = 1 << 16  # below this, a message's latency outweighs the bytes saved
 PIECE_NUMEL = 1 << 22  # ring messages are cut to this size: the staging buffer stays bounded
@@ -40,9 +39,10 @@ CHECK_THREADS = "TORCHACCO_CHECK_COLLECTIVE_THREADS"
 _issuers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> the thread that issues on it (a name
 # may come back for another group once the groups are destroyed: a test process starts several runs)
 HOST_GROUPS: weakref.WeakSet = weakref.WeakSet()  # gloo on every backend (checkpoints'): threads may take turns
+# (not isend and irecv: torch's P2POp, which pipeline stages build, accepts only those very functions)
 WATCHED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier",
-           "all_gather_object", "broadcast_object_list", "gather_object", "gather", "scatter", "send", "recv", "isend",
-           "irecv", "all_to_all_single", "reduce_scatter_single", "all_gather_single")  # fmt: skip
+           "all_gather_object", "broadcast_object_list", "gather_object", "gather", "scatter", "send", "recv",
+           "all_to_all_single", "reduce_scatter_single", "all_gather_single")  # fmt: skip
 
 
 def _issue(name: str, group) -> None:
@@ -162,7 +162,7 @@ def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group,
         works = dist.batch_isend_irecv(ops)
     else:  # rank 0 of the pair sends on `group` and receives on `back`; rank 1 the other way round
         ahead, behind = (group, back) if rank == 0 else (back, group)
-        works = [_isend(send, dst, group=ahead), _irecv(recv, src, group=behind)]
+        works = [dist.isend(send, dst, group=ahead), dist.irecv(recv, src, group=behind)]
     for work in works:
         work.wait()
 
