@@ -20,11 +20,13 @@ def test_nodes_with_folders_of_their_own_train_and_refuse_checkpoints_there(tiny
 
     refused = two_nodes(nodes, *tiny_args(tiny_corpus, cache_dir, "ckpt"), "--checkpoint.enable", "true")
     assert [p.returncode for p in refused] == [1, 1]
-    errors = [line for p in refused for line in p.stderr.splitlines() if line.startswith("torchacco: error:")]
-    assert len(errors) == 1, errors
+    # one line on each node's console: node 0's from its rank, node 1's launcher prints its rank's own (rank 1)
+    errors = [[line for line in p.stderr.splitlines() if line.startswith("torchacco: error:")] for p in refused]
+    assert [len(e) for e in errors] == [1, 1], errors
     named = f"ckpt/checkpoint ({nodes[1] / 'ckpt' / 'checkpoint'} on node 1)"  # as node 1 resolves it
-    assert f"the checkpoint folder {named} is not shared: node 1" in errors[0], errors
-    assert "enable = false" in errors[0] and "Traceback" not in refused[0].stderr
+    for (line,) in errors:
+        assert f"the checkpoint folder {named} is not shared: node 1" in line, errors
+        assert "enable = false" in line and "Traceback" not in refused[0].stderr
     assert not (nodes[0] / "ckpt" / "metrics.jsonl").exists()  # refused before training
 
 
