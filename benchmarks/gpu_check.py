@@ -325,15 +325,12 @@ def main(argv=None) -> int:
     steps = MULTI if args.nproc > 1 else STEPS
     names = [s.strip() for s in (args.steps or ",".join(s.name for s in steps)).split(",") if s.strip()]
     unknown = [n for n in names if n not in {s.name for s in steps}]
-    if unknown or not names:
-        print(error_line(f"--steps: unknown step {unknown[0]!r}" if unknown else "--steps: no step named")
-              + f"; the steps are {', '.join(s.name for s in steps)}", file=sys.stderr)  # fmt: skip
-        return 2
-    if args.nproc > 1 and args.nproc % 4:
-        print(
-            error_line(f"--nproc {args.nproc}: the multi-GPU check needs a multiple of 4 (tp 2 × pp 2)"),
-            file=sys.stderr,
-        )
+    wrong = (f"--steps: unknown step {unknown[0]!r}; the steps are {', '.join(s.name for s in steps)}" if unknown
+             else f"--steps: no step named; the steps are {', '.join(s.name for s in steps)}" if not names
+             else f"--nproc {args.nproc}: the multi-GPU check needs a multiple of 4 (tp 2 × pp 2)"
+             if args.nproc > 1 and args.nproc % 4 else None)  # fmt: skip
+    if wrong:
+        print(error_line(wrong), file=sys.stderr)
         return 2
     chosen = [s for s in steps if s.name in names]  # always in the order above
     args.budget_s = args.budget_s or (780 if args.nproc == 1 else sum(s.limit_s for s in chosen))
