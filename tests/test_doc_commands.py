@@ -5,7 +5,8 @@ repository without outputs/, each page after the README's commands.
   starts on a CPU machine), then its dump folder written as a run leaves it, so a later command that reuses the folder
   for a different run is refused here as it would be there. A `--dry-run` line runs the dry run, which must exit 0.
 - `python -m MODULE ...`: parsed by the module's own argument parser, which then stops it (nothing trains);
-  `torchacco.predict` runs (no side effects, a fraction of a second).
+  `torchacco.predict` runs (no side effects, a fraction of a second). Another project's module (`python -m ruff`) only
+  has to exist: run here, it could replace this process.
 - A path under outputs/ that a command reads must be written by an earlier one (a run's dump folder, `--out`).
 
 Checked for a cluster instead of this machine (`validate(here=False)`, for the config's `[job] cluster`): a run that
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 START = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:sudo\s+)?(?:\./run_train\.sh|(?:\.venv/bin/)?python3?\s+-m)\b")
 TEMPLATE = re.compile(r"\.\.\.|\b(FILE|DIR|SECTION|NAME|NODESxGPUS)\b|<[^>]*>|\$\w|\bmy_\w+\.toml|/path/to/")
+OURS = ("torchacco", "benchmarks", "models", "data", "scripts")  # the modules this repository holds
 RUNS = "outputs"  # where runs write: empty on a fresh clone
 INPUTS = ("model.init_from", "data.dataset", "data.validation", "tokenizer.path", "checkpoint.load_path")
 
@@ -135,6 +137,9 @@ class Session:
 
     def module(self, name: str, argv: list[str], sudo: bool) -> None:
         assert importlib.util.find_spec(name) is not None, f"python -m {name}: no such module"
+        if name.split(".")[0] not in OURS:  # a tool such as ruff may exec itself in place of this process
+            self.notes.append(f"another project's tool, not run: python -m {name} {' '.join(argv)}")
+            return
         if not argv:
             return  # the tool named in prose: it exists
         for flag in ("--out", "--local-dir", "--write"):
