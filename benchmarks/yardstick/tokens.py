@@ -40,6 +40,9 @@ PIER = "--diloco.outer_lr 0.7 --diloco.outer_momentum 0.9 --diloco.outer_momentu
 SLOW99 = "--optimizer.slow_beta 0.99 --optimizer.slow_weight 0.5"
 R4 = "--parallelism.replicas 4 --eval.batches 2"  # 4 replicas of one rank; 2 eval batches each read the same 32
 WARM = "--diloco.warm_start 100"  # a warm start of 100 updates averaged in fp32 (post-local SGD)
+MUON = "--optimizer.name muon"  # torch.optim.Muon for the hidden matrices, AdamW for the rest
+# SNOO: an outer Nesterov step over the one replica every 10 updates, its steady-state step 1.4× the displacement
+SNOO = "--parallelism.replicas 1 --diloco.sync_every 10 --diloco.outer_lr 0.7 --diloco.outer_momentum 0.5"
 
 
 def _topk(k: float, code: str = "int2", mean: str = "replicas", more: str = "") -> list[str]:
@@ -103,6 +106,10 @@ VARIANTS = {
     **{f"streaming_h10_avg_topk3_int2{suffix}_r4": _topk(0.03, mean=mean, more=R4)
        for suffix, mean in (("", "replicas"), ("_senders", "senders"))},
     "streaming_h10_avg_topk3_int2_senders_warm100_r4": _topk(0.03, mean="senders", more=f"{WARM} {R4}"),
+    # Muon inside: DDP; SNOO with either optimizer; the recommended Streaming DiLoCo at 2 and 4 replicas
+    "ddp_muon": _dp(DDP, MUON), "snoo_h10": _dp(DDP, SNOO), "snoo_h10_muon": _dp(DDP, f"{SNOO} {MUON}"),
+    "streaming_h10_avg_topk3_int2_senders_muon": _topk(0.03, mean="senders", more=MUON),
+    "streaming_h10_avg_topk3_int2_senders_muon_r4": _topk(0.03, mean="senders", more=f"{MUON} {R4}"),
 }  # fmt: skip
 RANKS = {name: 4 for name in VARIANTS if name.endswith("_r4")}  # a variant's ranks where not 2
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
