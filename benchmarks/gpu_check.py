@@ -201,7 +201,7 @@ def multi_plan(name: str, ctx, py: str, init: tuple) -> list[tuple[str, list[str
     if name == "memory-8b":
         data = ("--data.dataset", str(ctx.work / "corpus"), "--data.cache_dir", str(ctx.work / "cache"),
                 "--tokenizer.vocab_size", "400", "--training.global_batch_size", str(2 * n))  # fmt: skip
-        dry = [py, "-m", "torchacco.dry_run", *EIGHT_B, *data, "--dry-run", f"{ctx.nnodes}x{ctx.nproc}"]
+        dry = [py, "-m", "torchacco.planning.dry_run", *EIGHT_B, *data, "--dry-run", f"{ctx.nnodes}x{ctx.nproc}"]
         snapshot = ("--profiling.enable", "true", "--profiling.memory_snapshot", "true", "--profiling.start_step",
                     "2", "--profiling.active_steps", "1", "--metrics.log_every", "1")  # fmt: skip
         run = [str(ROOT / "run_train.sh"), *EIGHT_B, *data, *snapshot, "--job.dump_folder", str(ctx.work / "8b")]
@@ -241,7 +241,7 @@ def validate(argv: list[str], env: dict) -> list[str]:
     for arg in argv[1:]:
         if arg.endswith((".py", ".sh", ".toml")) and not (ROOT / arg).exists():
             problems.append(f"{arg} not found")
-    dry = argv[2:3] == ["torchacco.dry_run"]
+    dry = argv[2:3] == ["torchacco.planning.dry_run"]
     if argv[0].endswith("run_train.sh") or dry:  # the launcher's own check, which would fail the run at its start
         from torchacco.config import load_config
         from torchacco.validate import validate as check

@@ -5,8 +5,8 @@ repository without outputs/, each page after the README's commands.
   starts on a CPU machine), then its dump folder written as a run leaves it, so a later command that reuses the folder
   for a different run is refused here as it would be there. A `--dry-run` line runs the dry run, which must exit 0.
 - `python -m MODULE ...`: parsed by the module's own argument parser, which then stops it (nothing trains);
-  `torchacco.predict` runs (no side effects, a fraction of a second). Another project's module (`python -m ruff`) only
-  has to exist: run here, it could replace this process.
+  `torchacco.planning.predict` runs (no side effects, a fraction of a second). Another project's module
+  (`python -m ruff`) only has to exist: run here, it could replace this process.
 - A path under outputs/ that a command reads must be written by an earlier one (a run's dump folder, `--out`).
 
 Checked for a cluster instead of this machine (`validate(here=False)`, for the config's `[job] cluster`): a run that
@@ -28,10 +28,11 @@ from pathlib import Path
 
 import pytest
 
-from torchacco import dry_run, run_folder
+from torchacco import run_folder
 from torchacco.config import load_config
 from torchacco.config import main as config_main
-from torchacco.dry_run import parse_cluster
+from torchacco.planning import dry_run
+from torchacco.planning.dry_run import parse_cluster
 from torchacco.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,7 +148,7 @@ class Session:
                 self.written.append(Path(argv[argv.index(flag) + 1]))
         for path in (a for a in argv if Path(a).parts[:1] == (RUNS,) and a not in map(str, self.written)):
             assert self.wrote(path), f"python -m {name} reads {path}, which no earlier command writes"
-        if name == "torchacco.predict":
+        if name == "torchacco.planning.predict":
             assert run_module(name, argv, parse_only=False) == 0
             return
         parsed = run_module(name, argv, parse_only=True)
