@@ -10,7 +10,7 @@ The yardstick, time to a target loss (benchmarks/yardstick/):
     efficiency-table      torchacco/planning/token_efficiency.json (what `predict` reads) from token-efficiency results
     figures               the README's figures: time to DDP's loss against the link rate, measured and modelled
 The cost model (`torchacco.planning.cost_model`):
-    predict               for a real cluster: the same as python -m torchacco.planning.predict (no root)
+    predict               for a real cluster: the same as python -m torchacco predict (no root)
     cost-model-check      its time per update against the cluster's measured speed (--probe: measure its inputs)
 Tools:
     cluster               one training run on the emulated cluster: cluster [options] -- <torchacco.train arguments>

@@ -1,5 +1,6 @@
 """Installing torchacco claims no global `models` or `data` module, and every model folder ships."""
 
+import importlib
 import subprocess
 import sys
 import tomllib
@@ -38,3 +39,24 @@ def test_the_measured_token_efficiency_table_ships_in_the_wheel():
     assert TOKEN_EFFICIENCY.name in shipped["torchacco.planning"]
     assert TOKEN_EFFICIENCY.parent == ROOT / "torchacco" / "planning"
     assert TOKEN_EFFICIENCY.is_file()
+
+
+def test_the_console_script_is_python_m_torchacco(capfd):
+    from torchacco.__main__ import COMMANDS, main
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"] == {
+        "torchacco": "torchacco.__main__:run"
+    }
+    assert main(["--help"]) == 0
+    listed = capfd.readouterr().out
+    assert all(f"    {name} " in listed for name in COMMANDS)
+    assert main(["trian"]) == 1 and "unknown command 'trian'" in capfd.readouterr().err
+    for name, (module, _) in COMMANDS.items():
+        assert callable(importlib.import_module(module).main), name
+
+
+def test_only_the_torchrun_entries_keep_a_main_block_beside_the_dispatcher():
+    # torchrun starts each rank, and the launcher each replica's agent, by module (torchacco/__main__.py says why)
+    library = [p for folder in ("torchacco", "models", "data") for p in (ROOT / folder).rglob("*.py")]
+    entries = sorted(str(p.relative_to(ROOT)) for p in library if 'if __name__ == "__main__"' in p.read_text())
+    assert entries == ["torchacco/__main__.py", "torchacco/launch.py", "torchacco/train.py"]

@@ -1,4 +1,4 @@
-"""The token-efficiency table `torchacco.planning.predict` reads: per measured variant, the tokens it needs for DDP's
+"""The token-efficiency table `torchacco predict` reads: per measured variant, the tokens it needs for DDP's
 final validation loss (same seed) as a multiple of DDP's.
 
     .venv/bin/python -m benchmarks efficiency-table --tokens diloco_budgets_lr3e-3 --tokens acco_budgets_lr3e-3

@@ -1,7 +1,7 @@
 """`./run_train.sh --config FILE --dry-run 4x8`: a run checked on the cluster it is for, before launching it.
 
     ./run_train.sh --config train_configs/llama3_8b_acco.toml --dry-run 4x8 [--dry-run-gpu-gib 80]
-    python -m torchacco.planning.dry_run --config FILE --dry-run NODESxGPUS [--section.key VALUE ...]
+    torchacco dry-run --config FILE --dry-run NODESxGPUS [--section.key VALUE ...]
 
 With no GPU, no data and no process started: the launcher's checks for that world size (a mistake is one line: exit 1),
 the model on the meta device with its tensor and pipeline parallelism over a fake process group of that size, and per
@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from torchacco.blocks import block_list
 from torchacco.build import model_args
 from torchacco.config import Config, load_config, parse_overrides
 from torchacco.device import DTYPES, Device, compute_dtype
-from torchacco.errors import UserError, run_cli
+from torchacco.errors import UserError
 from torchacco.loss import TokenLoss
 from torchacco.optim import muon_workload, optimizer_state_share
 from torchacco.parallel.diloco import has_outer_step
@@ -402,7 +401,3 @@ def main(argv: list[str] | None = None) -> int:
             "exit 0 anyway)"
         )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

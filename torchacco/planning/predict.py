@@ -1,8 +1,8 @@
-"""`python -m torchacco.planning.predict`: which strategy reaches my loss soonest on a cluster, and the config that
+"""`torchacco predict`: which strategy reaches my loss soonest on a cluster, and the config that
 runs it.
 
-    python -m torchacco.planning.predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 --bandwidth 1gbit
-    python -m torchacco.planning.predict --config train_configs/llama3_8b_fsdp.toml --nodes 4 --write pick.toml
+    torchacco predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 --bandwidth 1gbit
+    torchacco predict --config train_configs/llama3_8b_fsdp.toml --nodes 4 --write pick.toml
 
 First the pick against the best synchronous strategy that fits, and the config lines that run it; then per row the
 cost model's speed (`cost_model.py`), the measured tokens to DDP's loss (`token_efficiency.json`, both in
@@ -18,11 +18,10 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 from pathlib import Path
 
 from torchacco.config import Config, DiLoCo, Parallelism, load_config
-from torchacco.errors import UserError, run_cli
+from torchacco.errors import UserError
 from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.registry import strategies, strategy_class
 from torchacco.planning import cost_model as cm
@@ -36,9 +35,7 @@ DILOCO_FLAGS = ("sync_every", "fragments", "overlap_steps", "outer_dtype", "topk
 
 def build_parser() -> argparse.ArgumentParser:
     formatter = type("Formatter", (argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter), {})
-    p = argparse.ArgumentParser(
-        prog="python -m torchacco.planning.predict", description=__doc__, formatter_class=formatter
-    )
+    p = argparse.ArgumentParser(prog="torchacco predict", description=__doc__, formatter_class=formatter)
     p.add_argument("--config", default="", help="a training config: its model, batch and layout (see above)")
     p.add_argument("--write", default="", metavar="FILE", help="write the pick as a config (from --config's, if given)")
     p.add_argument("--all", action="store_true", help="also the rows that are not a choice (see above)")
@@ -371,9 +368,7 @@ def write_config(args, settings: list, name: str) -> None:
     t = cfg.training
     if cfg.diloco.balance_replicas and not t.max_tokens:  # balanced replicas count tokens, not updates
         t.max_tokens = t.steps * t.global_batch_size * t.seq_len
-    Path(args.write).write_text(
-        f"# python -m torchacco.planning.predict's pick: {name}\n{cfg.to_toml()}", encoding="utf-8"
-    )
+    Path(args.write).write_text(f"# torchacco predict's pick: {name}\n{cfg.to_toml()}", encoding="utf-8")
     load_config(["--config", args.write])  # it loads as written
     print(f"\nWrote {args.write}: ./run_train.sh --config {args.write}")
 
@@ -381,7 +376,3 @@ def write_config(args, settings: list, name: str) -> None:
 def main(argv=None) -> int:
     predict(build_parser().parse_args(argv))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(lambda: main(sys.argv[1:])))
