@@ -45,13 +45,13 @@ elif ! "$PY" -c "$CHECK" 2>/dev/null; then
   fi
 fi
 
-# --dry-run NODESxGPUS (torchacco/dry_run.py) checks the config for that cluster and starts no worker.
+# --dry-run NODESxGPUS (torchacco/planning/dry_run.py) checks the config for that cluster and starts no worker.
 for arg in "$@"; do
   if [ "$arg" = "--help" ] || [ "$arg" = "-h" ]; then  # this header, then the config's sections (or one's keys)
-    sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0" && exec "$PY" -m torchacco.config "$@"
+    sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0" && exec "$PY" -m torchacco config "$@"
   fi
   if [ "$arg" = "--dry-run" ] || [[ "$arg" == --dry-run=* ]]; then
-    exec "$PY" -m torchacco.dry_run "$@"
+    exec "$PY" -m torchacco dry-run "$@"
   fi
 done
 

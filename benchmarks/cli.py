@@ -7,10 +7,10 @@ The yardstick, time to a target loss (benchmarks/yardstick/):
     speed                 its speed side: seconds per update (and peak memory) per strategy and setting on the cluster
     time-to-target-table  the product alone, from saved token-efficiency and speed results
     end-to-end            whole runs on the cluster to DDP's loss, against the product
-    efficiency-table      torchacco/token_efficiency.json (what `predict` reads) from token-efficiency results
+    efficiency-table      torchacco/planning/token_efficiency.json (what `predict` reads) from token-efficiency results
     figures               the README's figures: time to DDP's loss against the link rate, measured and modelled
-The cost model (`torchacco.cost_model`):
-    predict               for a real cluster: the same as python -m torchacco.predict (no root)
+The cost model (`torchacco.planning.cost_model`):
+    predict               for a real cluster: the same as python -m torchacco predict (no root)
     cost-model-check      its time per update against the cluster's measured speed (--probe: measure its inputs)
 Tools:
     cluster               one training run on the emulated cluster: cluster [options] -- <torchacco.train arguments>
@@ -38,7 +38,7 @@ MODULES = {
     "end-to-end": "benchmarks.yardstick.end_to_end",
     "efficiency-table": "benchmarks.yardstick.efficiency",
     "figures": "benchmarks.figures",
-    "predict": "torchacco.predict",
+    "predict": "torchacco.planning.predict",
     "cost-model-check": "benchmarks.cost_model_check",
     "cluster": "benchmarks.cluster.__main__",
     "gpu": "benchmarks.gpu",

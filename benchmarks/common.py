@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from torchacco import cost_model as cm
 from torchacco.parallel.registry import BUILT_IN
+from torchacco.planning import cost_model as cm
 
 ROOT = Path(__file__).resolve().parents[1]
 DDP, ZERO1, FSDP, HSDP, ACCO, DPU, WP = BUILT_IN  # the registry's names, so that none is spelled twice

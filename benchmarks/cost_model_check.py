@@ -25,10 +25,10 @@ from benchmarks import common
 from benchmarks.cluster import ClusterPlan, parse_rate, preflight, probe_collectives, run_training
 from benchmarks.common import QUIET, ROOT, ZERO1, recipe
 from benchmarks.yardstick.speed import STRATEGIES, TOKENS_PER_UPDATE, compute_s, plans, seconds_per_update
-from torchacco import cost_model as cm
 from torchacco.config import load_config
 from torchacco.errors import UserError
 from torchacco.parallel.balance import split_by_speed
+from torchacco.planning import cost_model as cm
 
 TOLERANCE = 0.15  # the bar on the time per update's relative error
 RANKS = 2  # the calibration runs ZeRO-1 on 2 unshaped nodes of one rank

@@ -135,7 +135,7 @@ def run(plan: ClusterPlan, args: list[str], folder: Path, injector: Injector, ti
     env = node_env(1, {ENV_LIGHTHOUSE: f"http://{plan.address(0)}:{LIGHTHOUSE_PORT}"})
     started = time.monotonic()
     with Cluster(plan) as cluster:
-        lighthouse = [sys.executable, "-m", "torchacco.fault_tolerance", "--bind", f"[::]:{LIGHTHOUSE_PORT}"]
+        lighthouse = [sys.executable, "-m", "torchacco", "lighthouse", "--bind", f"[::]:{LIGHTHOUSE_PORT}"]
         cluster.launch(0, lighthouse, env, folder / "lighthouse.log")
         time.sleep(2.0)
         agents = [cluster.launch(i, agent(plan, i, args), {**env, ENV_REPLICA: str(i)}, folder / f"node{i}.log")

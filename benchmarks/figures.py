@@ -17,7 +17,7 @@ from benchmarks import common
 from benchmarks import cost_model_check as cmc
 from benchmarks.common import DDP, ROOT, ZERO1, mean_ci, plain_name
 from benchmarks.yardstick.speed import STRATEGIES
-from torchacco import cost_model as cm
+from torchacco.planning import cost_model as cm
 
 CALIBRATION = "calibration_2026-11-28"  # the compute per update of the machine that measured the points below
 TABLES = ("time_to_target_topk3_senders_ab", "time_to_target_senders_e")  # settings a, b and e: 2 nodes
@@ -155,7 +155,7 @@ def markdown(meta: dict, figures: dict) -> str:
     lines = ["# Time to DDP's loss against the link rate", "",
              f"{meta['date']}, {meta['machine']}. Command: `{meta['command']}`. Sources: "
              + ", ".join(f"`{s}.json`" for s in meta["sources"]) + ".", "",
-             "Lines: the cost model (`torchacco/cost_model.py`) with the calibration's compute per update "
+             "Lines: the cost model (`torchacco/planning/cost_model.py`) with the calibration's compute per update "
              f"({meta['calibration']['compute_per_update_s']:.4f} s), ring-ideal links and each family's measured "
              "tokens to DDP's loss. Points: measured (tokens on loopback × speed on the emulated cluster, or whole "
              "runs), with their 95% intervals over seeds. ACCO is not drawn: on one CPU core per node its job runs in "

@@ -201,7 +201,7 @@ def multi_plan(name: str, ctx, py: str, init: tuple) -> list[tuple[str, list[str
     if name == "memory-8b":
         data = ("--data.dataset", str(ctx.work / "corpus"), "--data.cache_dir", str(ctx.work / "cache"),
                 "--tokenizer.vocab_size", "400", "--training.global_batch_size", str(2 * n))  # fmt: skip
-        dry = [py, "-m", "torchacco.dry_run", *EIGHT_B, *data, "--dry-run", f"{ctx.nnodes}x{ctx.nproc}"]
+        dry = [py, "-m", "torchacco", "dry-run", *EIGHT_B, *data, "--dry-run", f"{ctx.nnodes}x{ctx.nproc}"]
         snapshot = ("--profiling.enable", "true", "--profiling.memory_snapshot", "true", "--profiling.start_step",
                     "2", "--profiling.active_steps", "1", "--metrics.log_every", "1")  # fmt: skip
         run = [str(ROOT / "run_train.sh"), *EIGHT_B, *data, *snapshot, "--job.dump_folder", str(ctx.work / "8b")]
@@ -241,13 +241,13 @@ def validate(argv: list[str], env: dict) -> list[str]:
     for arg in argv[1:]:
         if arg.endswith((".py", ".sh", ".toml")) and not (ROOT / arg).exists():
             problems.append(f"{arg} not found")
-    dry = argv[2:3] == ["torchacco.dry_run"]
+    dry = argv[2:4] == ["torchacco", "dry-run"]
     if argv[0].endswith("run_train.sh") or dry:  # the launcher's own check, which would fail the run at its start
         from torchacco.config import load_config
         from torchacco.validate import validate as check
 
         nodes, per_node = map(int, argv[-1].split("x")) if dry else (int(env.get(k, 1)) for k in ("NNODES", "NPROC"))
-        args = argv[3:-2] if dry else argv[1:]
+        args = argv[4:-2] if dry else argv[1:]
         if "--model.init_from" in args:  # an earlier run's export: not there yet
             del args[args.index("--model.init_from") : args.index("--model.init_from") + 2]
         try:

@@ -1,6 +1,6 @@
 """An Alpaca-format instruction set made from the embedded corpus, for the finetuning recipes.
 
-    python -m torchacco.data.instructions --out outputs/instructions/embedded_instructions.jsonl
+    torchacco instructions --out outputs/instructions/embedded_instructions.jsonl
 
 Alpaca itself cannot be shipped or fetched here, so this writes a license-clean stand-in from
 the public-domain texts of `data.corpus`: one JSON object a line with "instruction", "input"
@@ -220,7 +220,7 @@ def _letters(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m torchacco.data.instructions",
+        prog="torchacco instructions",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -247,14 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out).expanduser()
         write_jsonl(records, out)
     except UserError as e:
-        print(f"torchacco.data.instructions: error: {e}", file=sys.stderr, flush=True)
+        print(f"torchacco instructions: error: {e}", file=sys.stderr, flush=True)
         return 1
     print(
         f"wrote {len(records)} instruction records ({len(works)} works, {len(verses)} verses, seed {args.seed}) "
         f"to {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - start:.1f}s"
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """One source for the prose's figures: each benchmark number the README and docs/ quote is read back from its JSON in
-bench_results/ (or torchacco/token_efficiency.json, what predict reads) and must appear in the page as written. Where
-a run wrote no JSON, the entry reads the markdown table it came from and says so; the wire's sizes come from the code
-that computes them (compression.bytes_per_element)."""
+bench_results/ (or torchacco/planning/token_efficiency.json, what predict reads) and must appear in the page as
+written. Where a run wrote no JSON, the entry reads the markdown table it came from and says so; the wire's sizes come
+from the code that computes them (compression.bytes_per_element)."""
 
 import json
 import re
@@ -23,7 +23,9 @@ REGIME = "speed_virtual_acco_regime_2conn"  # 2026-11-27: ZeRO-1's job about ¼,
 
 def load(name: str) -> dict:
     path = (
-        ROOT / "torchacco" / "token_efficiency.json" if name == "predict" else ROOT / "bench_results" / f"{name}.json"
+        ROOT / "torchacco" / "planning" / "token_efficiency.json"
+        if name == "predict"
+        else ROOT / "bench_results" / f"{name}.json"
     )
     return json.loads(path.read_text())
 

@@ -128,7 +128,7 @@ def test_configuration_reference_is_the_one_generated_from_the_config():
 
     doc = Path(__file__).parent.parent / "docs" / "configuration.md"
     assert doc.read_text(encoding="utf-8") == reference_markdown(), (
-        "docs/configuration.md is out of date: python -m torchacco.config > docs/configuration.md"
+        "docs/configuration.md is out of date: python -m torchacco config > docs/configuration.md"
     )
 
 

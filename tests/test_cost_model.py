@@ -6,8 +6,8 @@ import math
 import pytest
 from conftest import ROOT
 
-from torchacco import cost_model as cm
 from torchacco.errors import UserError
+from torchacco.planning import cost_model as cm
 
 WORK = cm.Workload(params=1e6, flops_per_token=1e3, tokens_per_micro_batch=1e3, micro_batches=2, comm_bytes=4)
 
@@ -256,8 +256,8 @@ def test_the_shipped_table_says_where_its_numbers_come_from():
 
 
 def test_fragments_hold_the_parameters_the_trainer_gives_them():
-    from torchacco.cost_model import model_fragment_params
     from torchacco.models.gpt_neo import spec
+    from torchacco.planning.cost_model import model_fragment_params
 
     sizes = model_fragment_params("gpt_neo", "debug", 2, vocab_size=1024)
     args = dataclasses.replace(spec.flavors["debug"], vocab_size=1024)
@@ -267,7 +267,7 @@ def test_fragments_hold_the_parameters_the_trainer_gives_them():
 
 
 def test_diloco_time_per_update_adds_the_exposed_outer_transfer_over_h_updates():
-    from torchacco.cost_model import Hardware, Workload, diloco_memory_bytes, predict, predict_diloco
+    from torchacco.planning.cost_model import Hardware, Workload, diloco_memory_bytes, predict, predict_diloco
 
     work = Workload(params=1e6, flops_per_token=6e6, tokens_per_micro_batch=1000, micro_batches=2)
     hw = Hardware(nodes=2, flops=1e12, bandwidth_bps=1e8, ranks_per_node=1)
@@ -304,7 +304,7 @@ def test_diloco_time_per_update_adds_the_exposed_outer_transfer_over_h_updates()
         predict_diloco(work, hw, "zero1", 50, 2, fragment_params=[1, 2, 3])
     node = Hardware(nodes=1, flops=1e12, bandwidth_bps=1e8, ranks_per_node=4)
     eight = Hardware(nodes=2, flops=1e12, bandwidth_bps=1e8, ranks_per_node=4)
-    from torchacco.cost_model import memory_bytes
+    from torchacco.planning.cost_model import memory_bytes
 
     assert diloco_memory_bytes(work, eight, "zero1") == memory_bytes(work, node, "zero1") + 8 * 1e6 / 4
     assert diloco_memory_bytes(work, eight, "ddp") == memory_bytes(work, node, "ddp") + 8 * 1e6
@@ -343,7 +343,7 @@ def test_ddps_buckets_are_the_ones_the_model_assumes(cap_mb, expected):
 
 
 def test_predict_names_the_lr_a_ratio_was_tuned_to(monkeypatch):
-    from torchacco import predict
+    from torchacco.planning import predict
 
     entry = {"mean": 1.4, "ci95": 0.05, "seeds": 5, "source": "bench_results/h50.md", "lr_multiple": 0.5}
     monkeypatch.setattr(cm, "measured_entry", lambda source: entry)

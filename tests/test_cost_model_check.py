@@ -10,7 +10,7 @@ from benchmarks import cost_model_check as check
 from benchmarks import cost_model_check as probes
 from benchmarks.cluster import ClusterPlan
 from benchmarks.yardstick.speed import STRATEGIES, plans
-from torchacco import cost_model as cm
+from torchacco.planning import cost_model as cm
 
 
 def test_a_diloco_label_gives_predict_diloco_its_trainer_arguments_last_one_winning():

@@ -25,13 +25,13 @@ def test_a_preparation_longer_than_the_collective_timeout_still_trains(tiny_corp
 
 def test_prepare_data_fills_the_cache_that_a_run_then_reads(tiny_corpus, tmp_path):
     args = tiny_args(tiny_corpus, tmp_path / "cache", tmp_path / "out")
-    proc = subprocess.run([sys.executable, "-m", "torchacco.prepare_data", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "torchacco", "prepare-data", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "data ready" in proc.stdout
     assert list((tmp_path / "cache").rglob("meta.json"))  # the token cache
     missing = ["--data.dataset", str(tmp_path / "no")]
-    bad = subprocess.run([sys.executable, "-m", "torchacco.prepare_data", *args, *missing],
+    bad = subprocess.run([sys.executable, "-m", "torchacco", "prepare-data", *args, *missing],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
     assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0 and "torchacco: error:" in bad.stderr
 

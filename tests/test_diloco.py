@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from conftest import read_metrics, run_train, six_step_args, tiny_args
 from test_schedules import ROOT, run_worker
 
-from torchacco import dry_run, predict
 from torchacco.config import Config, DiLoCo, load_config
 from torchacco.errors import UserError
 from torchacco.parallel.compression import CHUNK, sparse_token_weighted_mean
@@ -27,6 +26,7 @@ from torchacco.parallel.pseudo_gradient import (
     split_token_weighted_mean,
     token_weighted_mean,
 )
+from torchacco.planning import dry_run, predict
 from torchacco.validate import validate
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
@@ -342,7 +342,7 @@ def test_memory_over_the_inner_strategy_is_the_backup_and_momentum_of_this_ranks
     per element) of the θ the rank holds: half of θ with zero1 inside, all of it with ddp; topk's residual 4
     more; eager adds θ̂ of the largest fragment (4 bytes per element). The cost model's share of θ per rank is
     the same (it leaves out eager's θ̂)."""
-    from torchacco.cost_model import Hardware, Workload, diloco_memory_bytes
+    from torchacco.planning.cost_model import Hardware, Workload, diloco_memory_bytes
 
     work, node = Workload(params=1.0, flops_per_token=1.0, tokens_per_micro_batch=1.0), Hardware(2, 1.0, None, 0, 2)
     for kind, diloco in [

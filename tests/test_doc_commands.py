@@ -5,8 +5,9 @@ repository without outputs/, each page after the README's commands.
   starts on a CPU machine), then its dump folder written as a run leaves it, so a later command that reuses the folder
   for a different run is refused here as it would be there. A `--dry-run` line runs the dry run, which must exit 0.
 - `python -m MODULE ...`: parsed by the module's own argument parser, which then stops it (nothing trains);
-  `torchacco.predict` runs (no side effects, a fraction of a second). Another project's module (`python -m ruff`) only
-  has to exist: run here, it could replace this process.
+  `python -m torchacco COMMAND ...` by its command's, through the dispatcher (a command named alone in prose only has
+  to exist); `torchacco predict` runs (no side effects, a fraction of a second). Another project's module
+  (`python -m ruff`) only has to exist: run here, it could replace this process.
 - A path under outputs/ that a command reads must be written by an earlier one (a run's dump folder, `--out`).
 
 Checked for a cluster instead of this machine (`validate(here=False)`, for the config's `[job] cluster`): a run that
@@ -28,10 +29,13 @@ from pathlib import Path
 
 import pytest
 
-from torchacco import dry_run, run_folder
+from torchacco import run_folder
+from torchacco.__main__ import COMMANDS
+from torchacco.__main__ import main as dispatch
 from torchacco.config import load_config
 from torchacco.config import main as config_main
-from torchacco.dry_run import parse_cluster
+from torchacco.planning import dry_run
+from torchacco.planning.dry_run import parse_cluster
 from torchacco.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,14 +144,16 @@ class Session:
         if name.split(".")[0] not in OURS:  # a tool such as ruff may exec itself in place of this process
             self.notes.append(f"another project's tool, not run: python -m {name} {' '.join(argv)}")
             return
-        if not argv:
+        command = [a for a in argv[:1] if name == "torchacco" and a[0] != "-"]  # python -m torchacco COMMAND
+        assert not command or command[0] in COMMANDS, f"python -m torchacco {command[0]}: no such command"
+        if len(argv) == len(command):
             return  # the tool named in prose: it exists
         for flag in ("--out", "--local-dir", "--write"):
             if flag in argv:
                 self.written.append(Path(argv[argv.index(flag) + 1]))
         for path in (a for a in argv if Path(a).parts[:1] == (RUNS,) and a not in map(str, self.written)):
             assert self.wrote(path), f"python -m {name} reads {path}, which no earlier command writes"
-        if name == "torchacco.predict":
+        if [name, *command] == ["torchacco", "predict"]:
             assert run_module(name, argv, parse_only=False) == 0
             return
         parsed = run_module(name, argv, parse_only=True)
@@ -186,6 +192,8 @@ def run_module(name: str, argv: list[str], parse_only: bool):
     for attr, fn in patches.items():
         setattr(argparse.ArgumentParser, attr, fn)
     try:
+        if name == "torchacco":  # the dispatcher's main: its exit (gc.freeze) is for a process's end, not this test's
+            sys.exit(dispatch(argv))
         runpy.run_module(name, run_name="__main__", alter_sys=True)
     except Parsed as done:
         return done.args[0][0] if isinstance(done.args[0], tuple) else done.args[0]

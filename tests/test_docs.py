@@ -96,7 +96,7 @@ def test_the_trait_table_in_parallelism_md_is_the_one_generated_from_the_strateg
 
     assert _documented_traits() == traits_table(), (
         "docs/parallelism.md's trait table is out of date: put the output of "
-        "`python -m torchacco.parallel.registry` between its traits markers"
+        "`python -m torchacco traits` between its traits markers"
     )
 
 

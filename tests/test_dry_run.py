@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from torchacco import cost_model as cm
-from torchacco import dry_run, predict
 from torchacco.config import load_config
 from torchacco.errors import UserError
+from torchacco.planning import cost_model as cm
+from torchacco.planning import dry_run, predict
 from torchacco.spec import get_model_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,6 +82,20 @@ def test_the_verdict_keeps_a_reserve_and_calls_the_last_tenth_tight():
     assert [dry_run.fits(x * gpu, gpu) for x in (0.5, 0.9, 0.95, 1.0, 1.01)] == ["yes", "yes", "tight", "tight", "no"]
     kind = dry_run.RankMemory("every rank", 0, 1, 0, dry_run.MemoryParts(weights=60 * dry_run.GIB), 0.0, 0.0)
     assert kind.needed / dry_run.GIB == pytest.approx(60 * 1.05 + 4)  # the CUDA context, NCCL, fragmentation
+
+
+def test_torchs_fake_store_is_where_the_dry_run_takes_it_from():
+    """The dry run's one private torch API (torch.testing._internal's FakeStore): this fails when torch moves it."""
+    import torch.distributed as dist
+
+    assert isinstance(dry_run.fake_store(), dist.Store)
+
+
+def test_the_dry_run_sets_a_launched_ranks_environment_and_restores_the_callers():
+    before = os.environ.get("LOCAL_WORLD_SIZE")
+    with dry_run.launched_environment(8):
+        assert os.environ["LOCAL_WORLD_SIZE"] == "8"
+    assert os.environ.get("LOCAL_WORLD_SIZE") == before
 
 
 def test_tensor_parallel_ranks_keep_the_row_wise_outputs_over_the_whole_sequence():

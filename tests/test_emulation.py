@@ -113,7 +113,7 @@ def test_strategies_train_on_virtual_compute_and_report_no_loss(tiny_corpus, cac
 def test_calibration_measures_the_configs_micro_batch():
     args = ["--model.flavor", "debug", "--tokenizer.vocab_size", "400", "--training.seq_len", "32",
             "--training.local_batch_size", "2"]  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "torchacco.emulation", "--config", "train_configs/default.toml",
+    proc = subprocess.run([sys.executable, "-m", "torchacco", "calibrate", "--config", "train_configs/default.toml",
                            *args], capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -123,6 +123,6 @@ def test_calibration_measures_the_configs_micro_batch():
 
 
 def test_calibration_refuses_no_threads_in_one_line():
-    argv = [sys.executable, "-m", "torchacco.emulation", "--threads", "0", "--config", "train_configs/default.toml"]
+    argv = [sys.executable, "-m", "torchacco", "calibrate", "--threads", "0", "--config", "train_configs/default.toml"]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 2 and proc.stderr.splitlines()[-1].endswith("--threads must be at least 1, got 0")

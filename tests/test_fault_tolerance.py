@@ -252,7 +252,7 @@ def test_a_peer_laid_out_otherwise_is_refused_and_a_state_is_copied_in_place():
 
 
 def test_the_lighthouse_command_starts_and_prints_its_address():
-    proc = subprocess.Popen([sys.executable, "-m", "torchacco.fault_tolerance", "--bind", "[::]:0"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "torchacco", "lighthouse", "--bind", "[::]:0"], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         line = proc.stdout.readline()

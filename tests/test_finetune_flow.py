@@ -56,7 +56,7 @@ def test_export_from_a_checkpoint_equals_the_end_of_training_export(pretrained, 
     from safetensors.torch import load_file
 
     proc = subprocess.run(
-        [sys.executable, "-m", "torchacco.export", str(pretrained), "--out", str(tmp_path / "re")],
+        [sys.executable, "-m", "torchacco", "export", str(pretrained), "--out", str(tmp_path / "re")],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -124,7 +124,8 @@ def test_finetune_from_the_export_on_alpaca_data_then_generate(pretrained, cache
         [
             sys.executable,
             "-m",
-            "torchacco.generate",
+            "torchacco",
+            "generate",
             "--model",
             str(tmp_path / "ft" / "hf"),
             "--prompt",

@@ -275,7 +275,7 @@ def tiny_tokenizer(tmp_path_factory):
 
 def run_generate(*args):
     return subprocess.run(
-        [sys.executable, "-m", "torchacco.generate", *map(str, args)],
+        [sys.executable, "-m", "torchacco", "generate", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=ROOT,

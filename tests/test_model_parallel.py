@@ -303,11 +303,11 @@ def test_a_model_from_outside_torchacco_trains_with_its_own_tensor_parallel_plan
 @pytest.mark.parametrize("name", ["neo-acco-tp2", "relayout"])  # tp 2 (acco); pp 2 (zero1, 1f1b)
 @pytest.mark.slow  # the module's runs: 4 ranks on 2 cores
 def test_offline_export_of_a_model_parallel_checkpoint_equals_the_in_run_export(runs, name, tmp_path):
-    """`python -m torchacco.export` reads the checkpoint under the trainer's keys, on tp × pp processes."""
+    """`python -m torchacco export` reads the checkpoint under the trainer's keys, on tp × pp processes."""
     folder = runs[name][2]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torchacco.export", str(folder), "--out", str(tmp_path / "hf")],
+        [sys.executable, "-m", "torchacco", "export", str(folder), "--out", str(tmp_path / "hf")],
         capture_output=True,
         text=True,
         timeout=300,

@@ -263,9 +263,9 @@ def test_a_muon_checkpoint_reshards_from_2_ranks_to_1_and_back(tiny_corpus, cach
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "fsdp"])
 def test_the_dry_run_counts_one_momentum_on_the_matrices_where_adamw_keeps_two(strategy):
-    from torchacco import dry_run
     from torchacco.build import model_args
     from torchacco.config import load_config
+    from torchacco.planning import dry_run
     from torchacco.spec import get_model_spec
 
     cfgs = [load_config(["--parallelism.data_parallel", strategy, *extra]) for extra in ([], MUON_ARGS)]
@@ -304,8 +304,8 @@ def test_the_sharded_state_keeps_the_second_moment_for_adamws_elements_only():
 def test_predict_adds_newton_schulz_and_the_gathers_to_each_strategys_update():
     import dataclasses
 
-    from torchacco import cost_model as cm
     from torchacco.optim import muon_workload
+    from torchacco.planning import cost_model as cm
     from torchacco.spec import get_model_spec
 
     spec = get_model_spec("gpt_neo")

@@ -1,4 +1,4 @@
-"""`python -m torchacco.predict`: the pick first, at the measured configurations, against the yardstick's saved
+"""`python -m torchacco predict`: the pick first, at the measured configurations, against the yardstick's saved
 measurements; and every recipe in train_configs/ at a measured configuration or saying why not."""
 
 import json
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from torchacco import cost_model as cm
-from torchacco import dry_run, predict
 from torchacco.config import load_config
 from torchacco.errors import run_cli
+from torchacco.planning import cost_model as cm
+from torchacco.planning import dry_run, predict
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench_results"
@@ -198,7 +198,7 @@ def test_every_flag_has_help_with_its_default():
 
 @pytest.mark.integration
 def test_predict_runs_as_a_command_and_refuses_mistakes_in_one_line(capsys):
-    proc = subprocess.run([sys.executable, "-m", "torchacco.predict", "--nodes", "2", "--flavor", "1B"],
+    proc = subprocess.run([sys.executable, "-m", "torchacco", "predict", "--nodes", "2", "--flavor", "1B"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
     assert proc.returncode == 0 and PICK.match(proc.stdout.splitlines()[0]), proc.stdout + proc.stderr
     small = run(capsys, "--memory-gib", "1")

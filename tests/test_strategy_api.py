@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torchacco import cost_model as cm
 from torchacco.config import Config, load_config, reference_markdown
 from torchacco.options import Options, key
 from torchacco.parallel import registry
 from torchacco.parallel.accounting import gather_counts
 from torchacco.parallel.strategy import Counts, MemoryParts, Strategy, Traits, UpdateResult
+from torchacco.planning import cost_model as cm
 from torchacco.trainer import train
 
 ROOT = Path(__file__).resolve().parent.parent

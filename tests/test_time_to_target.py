@@ -311,8 +311,8 @@ def test_the_end_to_end_check_runs_the_bracketing_budgets_and_sets_the_measured_
 
 def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_diloco_runs_settings(tmp_path, capsys):
     from benchmarks.yardstick import efficiency as efficiency_table
-    from torchacco import cost_model as cm
     from torchacco.config import DiLoCo
+    from torchacco.planning import cost_model as cm
 
     def result(name, rows, seeds=(0, 1)):
         meta = {"date": "2026-11-24", "machine": "2-core test", "updates": 1000, "command": f"token_efficiency {name}",

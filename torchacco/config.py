@@ -2,7 +2,7 @@
 
 `load_config(["--config", "x.toml", "--training.steps", "20"])` returns a `Config`. Each key is declared once, with its
 type (`Literal[...]` for a fixed set of choices), its default and a line of help: the loader checks values against it
-and `docs/configuration.md` is generated from it (`python -m torchacco.config > docs/configuration.md`). Unknown
+and `docs/configuration.md` is generated from it (`python -m torchacco config > docs/configuration.md`). Unknown
 sections or keys list the valid ones; a wrong type names the file, the key and the expected type. Every error is a
 `UserError` (one line for the user, no traceback).
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from torchacco.errors import UserError, run_cli
+from torchacco.errors import UserError
 from torchacco.options import Options, key
 from torchacco.parallel import registry
 
@@ -292,7 +292,7 @@ class Emulation:
     """Speed on the emulated cluster as on GPUs (torchacco/emulation.py; the benchmarks' --virtual-compute)."""
 
     virtual_compute: bool = key(False, "forward, backward, AdamW: timed waits holding no CPU (speed only: no losses)")
-    forward_s: float = key(0.0, "one micro-batch's forward, in seconds (`python -m torchacco.emulation` measures it)")
+    forward_s: float = key(0.0, "one micro-batch's forward, in seconds (`torchacco calibrate` measures it)")
     backward_s: float = key(0.0, "one micro-batch's backward, in seconds")
     block_share: float = key(0.5, "the share of forward and backward in the blocks; the rest is embedding, head, loss")
     optimizer_s_per_param: float = key(0.0, "AdamW's seconds per parameter element")
@@ -455,7 +455,7 @@ def parse_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str, s
     while i < len(argv):
         arg = argv[i]
         if arg in ("-h", "--help"):
-            raise UserError(f"{arg}: run ./run_train.sh --help [SECTION] (or python -m torchacco.config --help)")
+            raise UserError(f"{arg}: run ./run_train.sh --help [SECTION] (or torchacco config --help)")
         if not arg.startswith("--"):
             raise UserError(f"unexpected argument {arg!r}; use --config FILE and --section.key VALUE")
         name, eq, inline = arg[2:].partition("=")
@@ -503,7 +503,7 @@ def reference_markdown() -> str:
     out = [
         "# Configuration reference",
         "",
-        "Generated from `torchacco/config.py` by `python -m torchacco.config > docs/configuration.md` (a test",
+        "Generated from `torchacco/config.py` by `python -m torchacco config > docs/configuration.md` (a test",
         "fails when the two disagree; `./run_train.sh --help SECTION` prints the same rows). A config is a TOML file",
         "of these sections; any key can be overridden on the command line: `--section.key VALUE`.",
         "",
@@ -547,7 +547,7 @@ def help_text(section: str | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m torchacco.config`: the reference as markdown; `--help [SECTION]` (or `-h`): the help above."""
+    """`torchacco config`: the reference as markdown; `--help [SECTION]` (or `-h`): the help above."""
     asks = [i for i, arg in enumerate(argv) if arg in ("--help", "-h")]
     if not asks:
         sys.stdout.write(reference_markdown())
@@ -555,7 +555,3 @@ def main(argv: list[str]) -> int:
     after = argv[asks[0] + 1 : asks[0] + 2]
     print(help_text(after[0] if after and not after[0].startswith("-") else None))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(lambda: main(sys.argv[1:])))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -160,13 +159,9 @@ def overrides(calibration: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from torchacco.config import load_config
 
-    parser = argparse.ArgumentParser(prog="python -m torchacco.emulation", description=calibrate.__doc__)
+    parser = argparse.ArgumentParser(prog="torchacco calibrate", description=calibrate.__doc__)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads the measured forward/backward use")
     args, rest = parser.parse_known_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}")
     return run_cli(lambda: print(json.dumps(calibrate(load_config(rest), args.threads))))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
-"""`python -m torchacco.export RUN_DIR [--checkpoint STEP_DIR] [--out DIR] [--dtype fp32|bf16]`
+"""`torchacco export RUN_DIR [--checkpoint STEP_DIR] [--out DIR] [--dtype fp32|bf16]`
 
 Writes the committed parameters θ of a training checkpoint as a Hugging Face folder
 (safetensors with HF names, config.json, tokenizer.json) that `transformers` loads and
-`[model] init_from` / `torchacco.generate` read. RUN_DIR is the run's dump folder (its
+`[model] init_from` / `torchacco generate` read. RUN_DIR is the run's dump folder (its
 config.toml says how it was trained); the checkpoint defaults to its latest.
 
 It rebuilds the run's strategy and model layout on CPU and reads the checkpoint under the trainer's keys
@@ -80,7 +80,7 @@ def export(cfg, run_dir: Path, checkpoint: Path | None, out: Path | None) -> Pat
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
-        prog="python -m torchacco.export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="torchacco export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("run_dir", type=Path, help="the run's dump folder")
     parser.add_argument("--checkpoint", type=Path, help="a step-N folder (default: the latest)")
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         ranks = p.tensor_parallel_degree * p.pipeline_parallel_degree
         if ranks > 1 and "RANK" not in os.environ:  # again, on one CPU process per (pp, tp) coordinate
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
-            command += ["-m", "torchacco.export", *argv]
+            command += ["-m", "torchacco", "export", *argv]
             if subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode:
                 raise UserError(f"the export on {ranks} processes failed; see the messages above")
             print(f"torchacco: exported {opts.out or opts.run_dir / 'hf'}")
@@ -114,7 +114,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"torchacco: exported {path}")
 
     return run_cli(run, print_errors=int(os.environ.get("RANK", 0)) == 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

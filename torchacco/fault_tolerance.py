@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import socket
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -101,7 +100,7 @@ def lighthouse_address(options) -> str:
     if not address:
         raise UserError(
             "[diloco] fault_tolerant needs a lighthouse: start ./run_train.sh on one machine (it starts one), or "
-            f"run `python -m torchacco.fault_tolerance` and set {ENV_LIGHTHOUSE} or [diloco] lighthouse"
+            f"run `torchacco lighthouse` and set {ENV_LIGHTHOUSE} or [diloco] lighthouse"
         )
     url = urlparse(address if "://" in address else f"http://{address}")
     deadline = time.monotonic() + 15.0
@@ -113,7 +112,7 @@ def lighthouse_address(options) -> str:
             if time.monotonic() > deadline:
                 raise UserError(
                     f"no lighthouse answers at {address} ([diloco] lighthouse or ${ENV_LIGHTHOUSE}); start it "
-                    "(python -m torchacco.fault_tolerance) or correct the address"
+                    "(torchacco lighthouse) or correct the address"
                 ) from None
             time.sleep(0.5)
 
@@ -323,8 +322,8 @@ def copy_into(target, received):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m torchacco.fault_tolerance`: the lighthouse of a cluster's fault-tolerant run."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    """`torchacco lighthouse`: the lighthouse of a cluster's fault-tolerant run."""
+    parser = argparse.ArgumentParser(prog="torchacco lighthouse", description=main.__doc__)
     parser.add_argument("--min-replicas", type=int, default=1, help="replicas a quorum needs")
     parser.add_argument("--join-timeout-s", type=float, default=60.0)
     parser.add_argument("--bind", default="[::]:29510")
@@ -337,7 +336,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         server.shutdown()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Sample text from an exported model: `python -m torchacco.generate --model DIR --prompt "To be, or not"`.
+"""Sample text from an exported model: `torchacco generate --model DIR --prompt "To be, or not"`.
 
 DIR is a Hugging Face folder as `torchacco.hf_io.save_hf` writes it (config.json, safetensors,
 tokenizer.json). Each new token recomputes the whole (truncated) context: no KV cache, since
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import tokenizers
@@ -115,7 +114,7 @@ def run(opts: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchacco.generate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="torchacco generate", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="Hugging Face folder written by the export (with tokenizer.json)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=int, default=100)
@@ -125,7 +124,3 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     opts = p.parse_args(argv)
     return run_cli(lambda: print(run(opts), flush=True))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

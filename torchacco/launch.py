@@ -7,7 +7,6 @@ config, and exits with the requeue code."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import math
 import os
@@ -210,7 +209,7 @@ def launch(errors: Path) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    code = main()
-    gc.freeze()  # exit then skips collecting torch's object graph, over a second of every launch's end
-    sys.exit(code)
+if __name__ == "__main__":  # torchrun's agent, started by path (torchacco/__main__.py says why this entry stays)
+    from torchacco.__main__ import finish
+
+    finish(main())

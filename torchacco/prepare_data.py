@@ -1,4 +1,4 @@
-"""`python -m torchacco.prepare_data --config FILE [--section.key VALUE ...]`: fetch the corpus,
+"""`torchacco prepare-data --config FILE [--section.key VALUE ...]`: fetch the corpus,
 train or load the tokenizer and tokenize both splits into the cache ([data] cache_dir), in one
 process, ahead of a cluster job. A run of the same config then finds the cache ready; run it on
 each node whose cache folder is its own (one run serves nodes that share the folder)."""
@@ -27,7 +27,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torchacco: data ready in {time.perf_counter() - start:.0f} s (cache: {data.cache_root(cfg.data)})")
 
     return run_cli(run)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,9 @@
-"""Command-line entry: `python -m torchacco.train --config FILE [--section.key VALUE ...]`.
-
-`run_train.sh` launches this under torchrun. A `UserError` prints one line and exits 1.
+"""Training's entry: `torchacco train --config FILE [--section.key VALUE ...]` in one process; `run_train.sh` launches
+`python -m torchacco.train` under torchrun on every rank. A `UserError` prints one line and exits 1.
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 
@@ -25,13 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(run, print_errors=int(os.environ.get("RANK", 0)) == 0)
 
 
-if __name__ == "__main__":
-    code = main()
-    from torchacco.runners import left_stuck
+if __name__ == "__main__":  # each rank, under torchrun (torchacco/__main__.py says why this entry stays)
+    from torchacco.__main__ import finish
 
-    if left_stuck.is_set():  # a communication thread still inside gloo or NCCL: finalizing beside it can abort
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    gc.freeze()  # exit then skips collecting torch's object graph, over a second of every rank's end
-    sys.exit(code)
+    finish(main())

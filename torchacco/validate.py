@@ -1,6 +1,6 @@
 """Checks of a config that need no data and no process group, so mistakes surface before launch.
 
-`python -m torchacco.validate --config FILE [overrides]` runs them alone. The launcher (`torchacco.launch`) runs them in
+`torchacco validate --config FILE [overrides]` runs them alone. The launcher (`torchacco.launch`) runs them in
 its own process before it starts any worker, so a bad key, type, path or batch size is one line on the terminal instead
 of the same error from every rank; WORLD_SIZE is the number of processes to check for when run alone.
 """
@@ -131,7 +131,7 @@ def _check_emulation(cfg: Config) -> None:
     if e.forward_s <= 0 or e.backward_s <= 0 or e.optimizer_s_per_param < 0 or not 0 <= e.block_share <= 1:
         raise UserError(
             "[emulation] virtual_compute needs forward_s and backward_s > 0, optimizer_s_per_param >= 0 and "
-            "block_share in [0, 1]; `python -m torchacco.emulation --config FILE` measures them"
+            "block_share in [0, 1]; `torchacco calibrate --config FILE` measures them"
         )
     if e.slow_factor < 1 or not all(r.strip().isdigit() for r in e.slow_ranks.split(",") if r.strip()):
         raise UserError(
@@ -366,7 +366,3 @@ def main(argv: list[str] | None = None, world_size: int | None = None, local_wor
     argv = sys.argv[1:] if argv is None else argv
     world_size = world_size or int(os.environ.get("WORLD_SIZE", 1))
     return run_cli(lambda: validate(load_config(argv), world_size, local_world_size) and None)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

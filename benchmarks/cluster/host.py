@@ -48,7 +48,7 @@ def _probe_kernel(need_netem: bool) -> None:
             "tc tbf (the sch_tbf qdisc) is not available in this kernel")  # fmt: skip
         if need_netem:
             run(f"{qdisc} b0 root netem delay 1ms".split(), "tc netem (sch_netem) is not available in this kernel, so "
-                "link latency cannot be emulated; drop --latency-ms (the cost model, `python -m torchacco.predict`, "
+                "link latency cannot be emulated; drop --latency-ms (the cost model, `python -m torchacco predict`, "
                 "models latency)")  # fmt: skip
     finally:
         subprocess.run(["ip", "netns", "del", probe], capture_output=True)

@@ -42,7 +42,7 @@ def node_env(threads: int = 1, extra: dict | None = None) -> dict:
 
 def calibrate(train_args: list[str], threads: int = 1) -> dict:
     """Virtual compute's durations for `train_args`' micro-batch, measured on the host with a rank's threads."""
-    proc = subprocess.run([sys.executable, "-m", "torchacco.emulation", "--threads", str(threads), *train_args],
+    proc = subprocess.run([sys.executable, "-m", "torchacco", "calibrate", "--threads", str(threads), *train_args],
                           cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     if proc.returncode:
         raise ClusterError(f"calibrating virtual compute failed: {last_error(proc.stderr)}")
@@ -86,7 +86,7 @@ def run_training(plan: ClusterPlan, train_args: list[str], folder: Path, timeout
             env = {**(env or {}), "TORCHACCO_SLOW_NODE": str(plan.slow_node),
                    "TORCHACCO_SLOW_FACTOR": str(plan.slow_factor)}  # fmt: skip
             plan = dataclasses.replace(plan, slow_node=None, slow_factor=1.0)
-    validate = subprocess.run([sys.executable, "-m", "torchacco.validate", *args], cwd=ROOT, capture_output=True,
+    validate = subprocess.run([sys.executable, "-m", "torchacco", "validate", *args], cwd=ROOT, capture_output=True,
                               text=True, env={**os.environ, "WORLD_SIZE": str(plan.world_size),
                                               "LOCAL_WORLD_SIZE": str(plan.ranks_per_node)})  # fmt: skip
     if validate.returncode:

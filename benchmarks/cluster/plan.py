@@ -9,8 +9,8 @@ import os
 import re
 from pathlib import Path
 
-from torchacco.cost_model import format_rate, parse_rate  # noqa: F401  (the link rates' units, re-exported)
 from torchacco.errors import UserError
+from torchacco.planning.cost_model import format_rate, parse_rate  # noqa: F401  (the link rates' units, re-exported)
 
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 CGROUP_V2 = Path("/sys/fs/cgroup")

@@ -20,8 +20,8 @@ from benchmarks import common
 from benchmarks.cluster import ClusterPlan, preflight, run_training
 from benchmarks.common import ACCO, DDP, FSDP, HSDP, QUIET, ROOT, ZERO1, recipe
 from benchmarks.yardstick import end_to_end, speed, table, tokens
-from torchacco import cost_model as cm
 from torchacco.errors import UserError
+from torchacco.planning import cost_model as cm
 
 SAME_AS_DDP = (ZERO1, FSDP, HSDP, f"{DDP}_one_bucket")  # DDP's update: its tokens (their floor is measured apart)
 VARIANTS = ACCO  # the default token side besides DDP, and the strategies timed: what fits 90 minutes on 2 cores

@@ -1,11 +1,12 @@
-"""The token-efficiency table `python -m torchacco.predict` reads: per measured variant, the tokens it needs for DDP's
+"""The token-efficiency table `torchacco predict` reads: per measured variant, the tokens it needs for DDP's
 final validation loss (same seed) as a multiple of DDP's.
 
     .venv/bin/python -m benchmarks efficiency-table --tokens diloco_budgets_lr3e-3 --tokens acco_budgets_lr3e-3
 
 Reads <out>/<--tokens>.json (token-efficiency --budgets, one recipe in every file) and writes
-torchacco/token_efficiency.json. Files with distinct seeds pool; a variant no seed of which reached the target is
-recorded as not reaching it; one with mixed or only bounded seeds is left out; a DiLoCo variant carries its outer step.
+torchacco/planning/token_efficiency.json. Files with distinct seeds pool; a variant no seed of which reached the target
+is recorded as not reaching it; one with mixed or only bounded seeds is left out; a DiLoCo variant carries its outer
+step.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from benchmarks.common import DDP, ROOT, mean_ci, recipe
 from benchmarks.yardstick.table import token_ratios
 from benchmarks.yardstick.tokens import RANKS, VARIANTS, variant_batch
 from torchacco.config import load_config
-from torchacco.cost_model import NOT_THE_UPDATE, TOKEN_EFFICIENCY
+from torchacco.planning.cost_model import NOT_THE_UPDATE, TOKEN_EFFICIENCY
 
 
 def resolved(label: str, updates: int, lr: float, extra: list[str] = ()):

@@ -65,9 +65,9 @@ def persistent_mib(train: list[str], world: int, params: float, ranks_per_node: 
     import torch
 
     from torchacco.config import load_config
-    from torchacco.cost_model import layout_memory
     from torchacco.parallel.hsdp import shard_degree
     from torchacco.parallel.registry import strategy_class
+    from torchacco.planning.cost_model import layout_memory
 
     cfg = load_config(train)
     replicas = cfg.parallelism.replicas

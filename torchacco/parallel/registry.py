@@ -95,5 +95,7 @@ def traits_table(traits: list | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # python -m torchacco.parallel.registry: the table to put between the markers
+def main(argv: list[str]) -> int:
+    """`torchacco traits`: the table to put between the markers."""
     print(f"{TRAITS_BEGIN}\n{traits_table()}{TRAITS_END}")
+    return 0

@@ -1,7 +1,7 @@
 """`./run_train.sh --config FILE --dry-run 4x8`: a run checked on the cluster it is for, before launching it.
 
     ./run_train.sh --config train_configs/llama3_8b_acco.toml --dry-run 4x8 [--dry-run-gpu-gib 80]
-    python -m torchacco.dry_run --config FILE --dry-run NODESxGPUS [--section.key VALUE ...]
+    torchacco dry-run --config FILE --dry-run NODESxGPUS [--section.key VALUE ...]
 
 With no GPU, no data and no process started: the launcher's checks for that world size (a mistake is one line: exit 1),
 the model on the meta device with its tensor and pipeline parallelism over a fake process group of that size, and per
@@ -18,22 +18,18 @@ import contextlib
 import dataclasses
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from unittest import mock
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from torchacco import cost_model as cm
 from torchacco.blocks import block_list
 from torchacco.build import model_args
 from torchacco.config import Config, load_config, parse_overrides
 from torchacco.device import DTYPES, Device, compute_dtype
-from torchacco.errors import UserError, run_cli
+from torchacco.errors import UserError
 from torchacco.loss import TokenLoss
 from torchacco.optim import muon_workload, optimizer_state_share
 from torchacco.parallel.diloco import has_outer_step
@@ -43,6 +39,7 @@ from torchacco.parallel.model_parallel import apply_model_parallel, local_numel
 from torchacco.parallel.pipeline import layer_split, microbatches, stages_per_rank
 from torchacco.parallel.registry import strategy_class
 from torchacco.parallel.strategy import MemoryParts, UpdatePlan
+from torchacco.planning import cost_model as cm
 from torchacco.spec import get_model_spec
 from torchacco.validate import validate
 
@@ -135,13 +132,35 @@ def vocabulary(cfg: Config) -> tuple[int, str]:
     return 0, f"the flavor's: a run takes its tokenizer's, {cfg.tokenizer.path}, which is not here"
 
 
+def fake_store() -> dist.Store:
+    """The store of torch's fake process group: torch keeps it in a private module, imported here alone
+    (tests/test_dry_run.py fails when torch moves it)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore()
+
+
+@contextlib.contextmanager
+def launched_environment(local_world_size: int):
+    """os.environ as a launched rank sees it, for the checks that read LOCAL_WORLD_SIZE; restored after."""
+    before = os.environ.get("LOCAL_WORLD_SIZE")
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_world_size)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["LOCAL_WORLD_SIZE"]
+        else:
+            os.environ["LOCAL_WORLD_SIZE"] = before
+
+
 @contextlib.contextmanager
 def fake_world(rank: int, world: int, shape: tuple[int, ...]):
     """A process group of `world` ranks that moves no data (torch's fake backend), seen from `rank`, and the run's mesh
     over it."""
     if dist.is_initialized():
         raise RuntimeError("a dry run builds its own fake process group: none may be initialised")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    dist.init_process_group("fake", store=fake_store(), rank=rank, world_size=world)
     try:
         clear_dtensor_sharding_cache()
         yield init_device_mesh("cpu", shape, mesh_dim_names=("replica", "pp", "dp", "tp"))
@@ -204,8 +223,7 @@ def plan(cfg: Config, cluster: Cluster) -> DryRun:
     vocab, source = vocabulary(cfg)
     if vocab and not cfg.model.vocab_size:  # the run's model takes this vocabulary: validate that one
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
-    # the checks that read LOCAL_WORLD_SIZE see a launched rank's environment
-    with mock.patch.dict(os.environ, {"LOCAL_WORLD_SIZE": str(cluster.gpus_per_node)}):
+    with launched_environment(cluster.gpus_per_node):
         validate(cfg, cluster.world, cluster.gpus_per_node, here=False)
     spec = get_model_spec(cfg.model.name)
     args = model_args(spec, cfg.model)
@@ -383,7 +401,3 @@ def main(argv: list[str] | None = None) -> int:
             "exit 0 anyway)"
         )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

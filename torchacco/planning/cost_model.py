@@ -1,6 +1,6 @@
 """A cost model for the data-parallel strategies: time per update, and time to a target loss.
 
-`torchacco/predict.py` is its command line; the benchmarks in `benchmarks/` check it against measured runs.
+`torchacco/planning/predict.py` is its command line; the benchmarks in `benchmarks/` check it against measured runs.
 
 Inputs: the model (parameters P, FLOPs per token), tokens per micro-batch and micro-batches per update (k), the achieved
 FLOP/s of one rank, the inter-node bandwidth B and latency L per link, the ranks (N nodes × G per node, W = N·G), the
@@ -18,7 +18,7 @@ the slowest rank's pace, or balanced ([parallelism] balance_batches) at the make
 split by speed. DiLoCo: `predict_diloco`.
 
 Time to a target loss = the tokens a strategy needs for it / its tokens per second: DDP's tokens times the strategy's
-ratio measured in `torchacco/token_efficiency.json` (`python -m benchmarks efficiency-table` writes it; `token_source`
+ratio measured in `token_efficiency.json`, beside it (`python -m benchmarks efficiency-table` writes it; `token_source`
 and `diloco_token_source` say which entry covers a row; none: no time, never advised). The ratios were measured on a
 small model: at another scale they are an extrapolation, which `predict` states. A bandwidth/latency model: it ignores
 CPU contention between the communication thread and compute, congestion, and kernels' own time.
@@ -39,11 +39,12 @@ from torchacco.errors import UserError
 from torchacco.parallel import registry
 from torchacco.parallel.balance import split_by_speed
 from torchacco.parallel.compression import bytes_per_element
-from torchacco.parallel.ddp import DDP
 from torchacco.parallel.diloco import DiLoCo, fragment_of
 from torchacco.parallel.pseudo_gradient import WIRE_BYTES
 from torchacco.parallel.strategy import Traits
 from torchacco.spec import get_model_spec
+
+REFERENCE = registry.default_name()  # DDP: the strategy whose tokens to its loss every measured ratio divides
 
 # The variants modelled beside each strategy's plain self, which the benchmarks run too: label (its strategy's name
 # first) -> (the extra `--section.key VALUE` arguments that select it, the cost model's mode).
@@ -502,7 +503,7 @@ def _update(label: str) -> str:
 def token_source(label: str, table: dict | None = None) -> str | None:
     """The measured entry whose tokens `label` needs: its own, else (a plain-update mode) its strategy's, else that of
     the strategy whose update it computes; DDP, the reference, is its own. None: no measurement covers it."""
-    measured = {name for name, entry in _entries(table).items() if "diloco" not in entry} | {DDP.name}
+    measured = {name for name, entry in _entries(table).items() if "diloco" not in entry} | {REFERENCE}
     cls, mode = variants()[label]
     plain = (cls.name, cls.traits.update_of) if mode in PLAIN_UPDATE else ()
     return next((name for name in (label, *plain) if name in measured), None)
@@ -536,7 +537,7 @@ def _same(outer, recorded: dict) -> bool:
 
 def measured_entry(source: str, table: dict | None = None) -> dict:
     """A measured entry (`token_source`'s answer): mean, ci95, seeds and source; DDP's is 1 by definition."""
-    if source == DDP.name:
+    if source == REFERENCE:
         return {"mean": 1.0, "ci95": 0.0, "seeds": None, "source": "the reference"}
     return _entries(table)[source]
 

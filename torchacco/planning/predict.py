@@ -1,13 +1,15 @@
-"""`python -m torchacco.predict`: which strategy reaches my loss soonest on a cluster, and the config that runs it.
+"""`torchacco predict`: which strategy reaches my loss soonest on a cluster, and the config that
+runs it.
 
-    python -m torchacco.predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 --bandwidth 1gbit
-    python -m torchacco.predict --config train_configs/llama3_8b_fsdp.toml --nodes 4 --write pick.toml
+    torchacco predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 --bandwidth 1gbit
+    torchacco predict --config train_configs/llama3_8b_fsdp.toml --nodes 4 --write pick.toml
 
 First the pick against the best synchronous strategy that fits, and the config lines that run it; then per row the
-cost model's speed (`torchacco/cost_model.py`), the measured tokens to DDP's loss (`torchacco/token_efficiency.json`),
-the time to it and the memory per GPU. Every strategy runs at its measured configuration, DiLoCo at each of
-`cost_model.MEASURED` (one replica per node) with the soonest strategy inside; `--all` adds the rows that are not a
-choice. `--config` adds the config's own layout as a row, the DiLoCo flags a row at their settings. No GPU needed.
+cost model's speed (`cost_model.py`), the measured tokens to DDP's loss (`token_efficiency.json`, both in
+torchacco/planning/), the time to it and the memory per GPU. Every strategy runs at its measured configuration, DiLoCo
+at each of `cost_model.MEASURED` (one replica per node) with the soonest strategy inside; `--all` adds the rows that
+are not a choice. `--config` adds the config's own layout as a row, the DiLoCo flags a row at their settings. No GPU
+needed.
 """
 
 from __future__ import annotations
@@ -16,16 +18,14 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 from pathlib import Path
 
-from torchacco import cost_model as cm
-from torchacco import dry_run
 from torchacco.config import Config, DiLoCo, Parallelism, load_config
-from torchacco.errors import UserError, run_cli
-from torchacco.parallel.ddp import DDP
+from torchacco.errors import UserError
 from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.registry import strategies, strategy_class
+from torchacco.planning import cost_model as cm
+from torchacco.planning import dry_run
 from torchacco.validate import check_diloco
 
 DOCS = "docs/performance.md#before-launching-predict-and-the-dry-run"
@@ -35,7 +35,7 @@ DILOCO_FLAGS = ("sync_every", "fragments", "overlap_steps", "outer_dtype", "topk
 
 def build_parser() -> argparse.ArgumentParser:
     formatter = type("Formatter", (argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter), {})
-    p = argparse.ArgumentParser(prog="python -m torchacco.predict", description=__doc__, formatter_class=formatter)
+    p = argparse.ArgumentParser(prog="torchacco predict", description=__doc__, formatter_class=formatter)
     p.add_argument("--config", default="", help="a training config: its model, batch and layout (see above)")
     p.add_argument("--write", default="", metavar="FILE", help="write the pick as a config (from --config's, if given)")
     p.add_argument("--all", action="store_true", help="also the rows that are not a choice (see above)")
@@ -239,7 +239,7 @@ def evaluate(args):
     if run is not None:
         name, row = config_row(run, work, hw)
         rows, fits = {name: row, **rows}, {name: fits_with_reserve(run.worst.peak, capacity), **fits}
-    target = args.updates_to_target * rows[DDP.name].pred["tokens_per_update"]
+    target = args.updates_to_target * rows[cm.REFERENCE].pred["tokens_per_update"]
     ttl = {}
     for name, row in rows.items():
         ratio = None if row.source is None else cm.measured_entry(row.source).get("mean")
@@ -303,7 +303,7 @@ def _ratio(source: str) -> str:
 
 
 def assumptions(args, work: cm.Workload, recipe: float) -> str:
-    measured = f"{cm.token_table()['date']}, GPT-Neo debug, torchacco/{cm.TOKEN_EFFICIENCY.name}"
+    measured = f"{cm.token_table()['date']}, GPT-Neo debug, torchacco/planning/{cm.TOKEN_EFFICIENCY.name}"
     return (
         f"Assumptions: the loss is DDP's after {args.updates_to_target:,} updates of {recipe:,.0f} tokens; a row needs "
         f"those tokens × its ratio measured to it ({measured}); ZeRO-1, FSDP and HSDP compute DDP's update (noise "
@@ -338,7 +338,7 @@ def predict(args) -> None:
     if hidden := len(rows) - len(shown):
         print(f"{hidden} more rows (--all): unmeasured, not reaching DDP's loss, not fitting, balanced with no slow "
               "GPU, or another strategy inside DiLoCo")  # fmt: skip
-    print("\n" + assumptions(args, work, rows[DDP.name].pred["tokens_per_update"]))
+    print("\n" + assumptions(args, work, rows[cm.REFERENCE].pred["tokens_per_update"]))
     if args.write and best:
         write_config(args, rows[best].settings, best)
 
@@ -368,7 +368,7 @@ def write_config(args, settings: list, name: str) -> None:
     t = cfg.training
     if cfg.diloco.balance_replicas and not t.max_tokens:  # balanced replicas count tokens, not updates
         t.max_tokens = t.steps * t.global_batch_size * t.seq_len
-    Path(args.write).write_text(f"# python -m torchacco.predict's pick: {name}\n{cfg.to_toml()}", encoding="utf-8")
+    Path(args.write).write_text(f"# torchacco predict's pick: {name}\n{cfg.to_toml()}", encoding="utf-8")
     load_config(["--config", args.write])  # it loads as written
     print(f"\nWrote {args.write}: ./run_train.sh --config {args.write}")
 
@@ -376,7 +376,3 @@ def write_config(args, settings: list, name: str) -> None:
 def main(argv=None) -> int:
     predict(build_parser().parse_args(argv))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(lambda: main(sys.argv[1:])))
