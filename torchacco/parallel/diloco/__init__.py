@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -52,7 +53,8 @@ def has_outer_step(replicas: int, options: DiLoCoConfig) -> bool:
 class DiLoCo(Strategy):
     """The outer step over an inner strategy (`build.build_strategy` wraps one in it: `has_outer_step`)."""
 
-    def __init__(self, inner: Strategy, dims, options: DiLoCoConfig, device: Device, clock: Clock | None = None):
+    def __init__(self, inner: Strategy, dims, options: DiLoCoConfig, device: Device, clock: Clock | None = None,
+                 folder: Path | None = None):  # fmt: skip
         self.inner, self.dims, self.device, self.clock = inner, dims, device, clock
         self.muted_from = muted_from(dims.replica_rank)  # an injected fault (faults.py): a lost replica's reference
         self.theta = GlobalTheta(self)
@@ -60,7 +62,7 @@ class DiLoCo(Strategy):
         self.name, self.options = inner.name, options
         self.state, self.schedule = OuterState(inner, options, device), Schedule(options, dims.replicas)
         exchange = Overlapped if options.overlap_steps else Synchronous  # how the replicas meet
-        self.exchange = FaultTolerant(self, dims.link) if dims.link is not None else exchange(self)
+        self.exchange = FaultTolerant(self, folder) if dims.replica_job is not None else exchange(self)
         self.tokens = [0.0] * options.fragments  # the replica's loss tokens since each fragment's last Δ
         self.durations: list[float] = []  # balance_replicas: this period's wall seconds per inner update
         self.stamp = time.perf_counter()
@@ -122,10 +124,10 @@ class DiLoCo(Strategy):
             tokens = 0.0
         return self.state.delta(f), tokens
 
-    def join(self) -> UpdateResult | None:
+    def start(self, run_state, load_run_state) -> UpdateResult | None:
         """A fault-tolerant replica's start: None when the run starts (or resumes) here; else it healed into a
         running run and took part in the outer step the others are in, which it returns as its update."""
-        outer = self.exchange.join()
+        outer = self.exchange.join(run_state, load_run_state)
         if outer is None:
             return None
         return self._sat_out(float("nan"), self.nominal * self.dims.replicas, outer)  # (the donor's loss and norm)

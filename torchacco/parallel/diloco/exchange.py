@@ -5,10 +5,12 @@ An injected fault (faults.py) mutes a replica's tokens at their source, `DiLoCo.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from torchacco.fault_tolerance import ReplicaLink, unmerged_updates
 from torchacco.faults import in_outer_exchange
 from torchacco.parallel.diloco.compression import sparse_token_weighted_mean
 from torchacco.parallel.diloco.pseudo_gradient import split_across, split_token_weighted_mean
@@ -88,7 +90,7 @@ class Synchronous:
     def metrics(self) -> dict:
         return {}
 
-    def join(self) -> dict | None:  # the outer step a (re)starting replica healed into (a fault-tolerant one's)
+    def join(self, run_state, load_run_state) -> dict | None:  # the outer step a fault-tolerant replica healed into
         return None
 
     def state_dict(self) -> dict:
@@ -169,9 +171,14 @@ class Overlapped(Synchronous):
 class FaultTolerant(Synchronous):
     """Each outer step one round of the replicas present, through torchft (`fault_tolerance.ReplicaLink`)."""
 
-    def __init__(self, diloco, link):
+    def __init__(self, diloco, folder: Path | None):
         super().__init__(diloco)
-        self.link = link
+        dims, (replica, replicas) = diloco.dims, diloco.dims.replica_job
+        say = print if dims.rank == 0 else lambda *args, **kwargs: None
+        layout = f"{dims.world_size} ranks, {diloco.name}, tp {dims.tp_size}, pp {dims.pp_size}"
+        self.link = ReplicaLink(diloco.options, replica, replicas, dims, diloco.device.type, layout, say)
+        # the updates a previous run of this replica computed past its last outer step (before its log is cut back)
+        self.unmerged = unmerged_updates(folder / "metrics.jsonl") if folder is not None else (0, 0)
         self.merged_tokens = 0.0  # the loss tokens behind the last outer step's merge
 
     def outer(self, f: int, opened: bool = False) -> tuple[int, torch.Tensor]:
@@ -194,13 +201,22 @@ class FaultTolerant(Synchronous):
 
         return f, self.link.round(exchange, opened)
 
-    def join(self) -> dict | None:
-        """A replica's start: None when the run starts (or resumes) here; else it healed into a running run and took
-        part in the outer step the others are in, whose metrics it returns."""
-        d = self.diloco
+    def join(self, run_state, load_run_state) -> dict | None:
+        """The first rounds: this replica copies `run_state()` of a live one when it is behind (`heal_with`). None when
+        the run starts (or resumes) here; else it healed into a running run and took part in the outer step the
+        others are in, whose metrics it returns."""
+        d, (first, last) = self.diloco, self.unmerged
+        self.link.heal_with(run_state, load_run_state)
         if not self.link.join(lambda: d.schedule.updates > 0, d.options.join_timeout_s):
             return None
-        return d.outer_step(d.schedule.due(), opened=True)
+        outer = d.outer_step(d.schedule.due(), opened=True)
+        lost = f"; its updates {first}-{last} before it stopped were never merged (at least " \
+               f"{(last - first + 1) * d.nominal:,.0f} tokens lost)" if last else ""  # fmt: skip
+        self.link.log(f"torchacco: replica {self.link.replica} joined the run at step {d.schedule.updates}{lost}")
+        return outer
+
+    def close(self) -> None:
+        self.link.close()
 
     def metrics(self) -> dict:
         return {"outer_replicas": self.link.present, "outer_merged_tokens": self.merged_tokens}
