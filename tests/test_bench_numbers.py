@@ -1,7 +1,7 @@
 """One source for the prose's figures: each benchmark number the README and docs/ quote is read back from its JSON in
 bench_results/ (or torchacco/planning/token_efficiency.json, what predict reads) and must appear in the page as
 written. Where a run wrote no JSON, the entry reads the markdown table it came from and says so; the wire's sizes come
-from the code that computes them (compression.bytes_per_element)."""
+from the code that computes them (wire.bytes_per_element)."""
 
 import json
 import re
@@ -166,7 +166,7 @@ def fault(name: str) -> dict:
 
 def fewer_bytes(topk: float, wire: str = "int2") -> list[float]:
     """Bytes per element on the wire and how many times fewer than bf16's 2 (the code's sizes, not a measurement)."""
-    from torchacco.parallel.compression import bytes_per_element
+    from torchacco.parallel.diloco.wire import bytes_per_element
 
     return [bytes_per_element(wire, topk), 2 / bytes_per_element(wire, topk)]
 
@@ -318,7 +318,7 @@ NUMBERS = [
         "(lr {}×)",
         lambda: [{0.5: "½"}[load("predict")["tokens_to_target"]["streaming_h50_avg"]["lr_multiple"]]],
     ),
-    # the wire's bytes per element (compression.bytes_per_element, what the cost model and outer_bytes use)
+    # the wire's bytes per element (wire.bytes_per_element, what the cost model and outer_bytes use)
     ((README, PERF), "{1:.0f}× fewer bytes", lambda: fewer_bytes(0.01)),
     ((DILOCO,), "| {:.4f} ({:.0f}×) |", lambda: fewer_bytes(0.01)),
     ((DILOCO,), "| {:.3f} ({:.0f}×) |", lambda: fewer_bytes(0.03)),

@@ -8,23 +8,20 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torchacco.parallel.compression import (
-    CHUNK,
+from torchacco.parallel.diloco.compression import (
     compress,
     decode_offsets,
     decompress,
     dequantize,
     dequantize_kept,
     encode_offsets,
-    keep_per_chunk,
-    message_bytes,
     pack,
     quantize,
     quantize_kept,
     sparse_token_weighted_mean,
     unpack,
 )
-from torchacco.parallel.pseudo_gradient import WIRE_BYTES
+from torchacco.parallel.diloco.wire import CHUNK, WIRE_BYTES, keep_per_chunk, message_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_diloco import sparse_reference  # noqa: E402
@@ -140,7 +137,7 @@ def test_the_sparse_exchange_equals_the_token_weighted_sum_of_what_each_rank_sen
 
 
 def test_sorting_a_few_chunks_at_a_time_picks_the_same(monkeypatch):
-    from torchacco.parallel import compression
+    from torchacco.parallel.diloco import compression
 
     e = residual_like(3 * CHUNK + 5)
     whole = compress(e, 40, "int2")

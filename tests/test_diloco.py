@@ -18,14 +18,14 @@ from test_schedules import ROOT, run_worker
 
 from torchacco.config import Config, DiLoCo, load_config
 from torchacco.errors import UserError
-from torchacco.parallel.compression import CHUNK, sparse_token_weighted_mean
 from torchacco.parallel.diloco import has_outer_step
-from torchacco.parallel.pseudo_gradient import (
-    ROW,
+from torchacco.parallel.diloco.compression import sparse_token_weighted_mean
+from torchacco.parallel.diloco.pseudo_gradient import (
     split_across,
     split_token_weighted_mean,
     token_weighted_mean,
 )
+from torchacco.parallel.diloco.wire import CHUNK, ROW
 from torchacco.planning import dry_run, predict
 from torchacco.validate import validate
 
@@ -106,7 +106,7 @@ def diloco_reference(
     updates, micro_batches, replicas, dp, H, P=1, tau=0, alpha=0.0, lr=0.7, mu=0.9, eager=False, computed=None,
     topk=None, warm=0, mu_warmup=0, h_max=0, mu_decay=False,
 ):  # fmt: skip
-    """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco.py).
+    """θ_global after `updates` inner updates (the equations of torchacco/parallel/diloco/__init__.py).
     `computed[r][t]`: whether replica r computed slot t (mixed replicas; all of them when None).
     `topk`: (elements kept per chunk, code bits, error decay β, over the senders): each replica sends the top-k
     of its residual e ← β·e + Δ_r and keeps the rest; over the senders, an element's mean weighs only the

@@ -103,4 +103,5 @@ def build_strategy(model: nn.Module, cfg: Config, dims: ParallelDims, plan: Upda
     clock = Clock(plan.schedule) if cfg.diloco.balance_replicas else None
     if clock is not None:
         plan = dataclasses.replace(plan, schedule=clock)
-    return DiLoCo(cls.from_config(model, cfg, dims, plan, device), dims, cfg.diloco, device, clock)
+    folder = Path(cfg.job.dump_folder)  # (a fault-tolerant replica's previous run logged there)
+    return DiLoCo(cls.from_config(model, cfg, dims, plan, device), dims, cfg.diloco, device, clock, folder)

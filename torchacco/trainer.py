@@ -70,12 +70,8 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     p = cfg.parallelism
     replicas = 1 if replica is not None else p.replicas  # a fault-tolerant job is one replica
     timeout = cfg.training.collective_timeout_s
-    dims = init_distributed(device, timeout, p.tensor_parallel_degree, p.pipeline_parallel_degree, replicas)
-    if replica is not None:
-        say = print if dims.rank == 0 else lambda *args, **kwargs: None
-        degrees = f"tp {p.tensor_parallel_degree}, pp {p.pipeline_parallel_degree}"
-        layout = f"{dims.world_size} ranks, {p.data_parallel}, {degrees}"
-        dims.link = fault_tolerance.ReplicaLink(cfg.diloco, replica, p.replicas, dims, device.type, layout, say)
+    job = None if replica is None else (replica, p.replicas)
+    dims = init_distributed(device, timeout, p.tensor_parallel_degree, p.pipeline_parallel_degree, replicas, job)
     dump = lambda: dump_flight_recorder(Path(cfg.job.dump_folder), dims.rank)  # noqa: E731
     heartbeat = health.start(dims.rank, dims.world_size, stall_deadline_s(dims.timeout), timeout, dump)
     sigterm = health.SigtermGuard()
@@ -114,8 +110,6 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
             if adapter is not None:
                 adapter.remove()
             preempt.close(clean)  # clean: every rank ended the run at the same update (finished or preempted)
-            if dims.link is not None:
-                dims.link.close()
             sigterm.restore()
             health.stop()
             if own_group:
@@ -148,8 +142,6 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     plan = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dims.dp_size, dtype, dims.replicas)
     strategy, pipeline = parallelize(cfg, spec, dims, device, model, loss_fn, plan)
     run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline, n_params)
-    if dims.link is not None:
-        dims.link.heal_with(run.heal_state, run.load_heal_state)
     run.log.info(
         f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | "
         f"{strategy.name} × {dims.dp_size}{model_parallel_label(dims, strategy.model)}{_replicas(cfg, dims)} on "
@@ -257,9 +249,6 @@ def _start(
     health.current().enter("checkpoint load")
     timeout = timedelta(seconds=t.collective_timeout_s)
     checkpointer, resumed = resume(cfg.checkpoint, folder, dims, strategy, state, train_loader, timeout)
-    # a fault-tolerant replica's previous run: the updates it computed past its last outer step (before the log,
-    # which a resumed run cuts back to its checkpoint)
-    unmerged = fault_tolerance.unmerged_updates(folder / "metrics.jsonl") if dims.link is not None else (0, 0)
     m = cfg.metrics
     log = MetricsLogger(folder, dims.is_main, m.tensorboard, m.progress_bar, t.steps, state.step, t.max_tokens)
     if cfg.checkpoint.enable:
@@ -271,8 +260,7 @@ def _start(
         log.info(f"torchacco: {resumed}")
     profiler = Profiler(cfg.profiling, folder, dims.rank, device, state.step)
     batches = iter(train_loader)  # after a resume: continues where the checkpoint left off
-    return Run(strategy, state, train_loader, val_loader, log, None, checkpointer, loss_fn, pipeline, profiler, batches,
-               unmerged)  # fmt: skip
+    return Run(strategy, state, train_loader, val_loader, log, None, checkpointer, loss_fn, pipeline, profiler, batches)
 
 
 @dataclass
@@ -290,10 +278,9 @@ class Run:
     pipeline: object | None
     profiler: Profiler
     batches: object  # iter(train_loader), renewed when a heal replaces the loader's position
-    unmerged: tuple[int, int] = (0, 0)  # a fault-tolerant replica's lost updates (fault_tolerance.unmerged_updates)
 
-    # What a fault-tolerant replica copies from a live one: the loop's counts, the strategy's state and the data
-    # position (every replica reads its own shard, in step).
+    # The whole run's state, what a strategy joining a running run copies from a peer (`Strategy.start`): the loop's
+    # counts, the strategy's state and the data position (every replica reads its own shard, in step).
     def heal_state(self) -> dict:
         return {"train": self.state.state_dict(), "strategy": self.strategy.state_dict(),
                 "loader": self.train_loader.state_dict()}  # fmt: skip
@@ -312,13 +299,9 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run, preempt: pr
     autocast = dtype if strategy.traits.autocast_compute and dtype != torch.float32 else None
     summary = {}
     snapshot = lambda: checkpoint_state(strategy, state, run.train_loader, dims)  # what a checkpoint saves now
-    if dims.link is not None and (joined := strategy.join()) is not None:
-        state.step += 1  # the outer step it healed into, as the others count it
+    if (joined := strategy.start(run.heal_state, run.load_heal_state)) is not None:
+        state.step += 1  # the update it joined the run at, as the others count it
         state.tokens += joined.consumed
-        first, last = run.unmerged
-        lost = f"; its updates {first}-{last} before it stopped were never merged (at least " \
-               f"{(last - first + 1) * joined.consumed / dims.replicas:,.0f} tokens lost)" if last else ""  # fmt: skip
-        run.log.info(f"torchacco: replica {dims.replica_rank} joined the run at step {state.step}{lost}")
         if run.checkpointer is not None and cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0:
             run.checkpointer.save(state.step, snapshot())  # as the others
     device.reset_peak_memory()

@@ -71,7 +71,8 @@ def acco_first_commit_equals_zero1():
 
 
 def top_k_messages_match_the_cpu_bit_for_bit():
-    from torchacco.parallel.compression import compress, decompress, keep_per_chunk
+    from torchacco.parallel.diloco.compression import compress, decompress
+    from torchacco.parallel.diloco.wire import keep_per_chunk
 
     g = torch.Generator().manual_seed(0)
     e = torch.randn(5 * 4096 + 300, generator=g) * torch.logspace(-3, 2, 5 * 4096 + 300)
@@ -86,7 +87,8 @@ def top_k_messages_match_the_cpu_bit_for_bit():
 def sparse_mean_on_nccl_is_what_was_sent():
     """The exchange's gathers, scatter-adds and the senders' division on the GPU: one rank's mean is its message."""
     from torchacco.device import Device
-    from torchacco.parallel.compression import compress, keep_per_chunk, sparse_token_weighted_mean
+    from torchacco.parallel.diloco.compression import compress, sparse_token_weighted_mean
+    from torchacco.parallel.diloco.wire import keep_per_chunk
     from torchacco.parallel.process_groups import destroy, init_distributed
 
     init_distributed(Device("cuda", 0))

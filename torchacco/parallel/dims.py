@@ -37,9 +37,9 @@ class ParallelDims:
     # coordinate (evaluation averages over them), on a communicator of their own: an overlapped strategy's job thread
     # issues on the dp group.
     data_group: dist.ProcessGroup | None = None
-    # A fault-tolerant replica (`torchacco.fault_tolerance.ReplicaLink`): this job is one replica, and the others
-    # are reached through torchft, not the mesh.
-    link: object | None = None
+    # A fault-tolerant replica's job (torchacco/fault_tolerance.py): (its replica, the run's replicas). The mesh holds
+    # this one replica; the others are reached through torchft.
+    replica_job: tuple[int, int] | None = None
 
     def new_group(self, ranks=None, backend=None) -> dist.ProcessGroup:
         """A process group with the run's collective timeout (torch's subgroups default to their own)."""
@@ -61,8 +61,10 @@ class ParallelDims:
     is_main = property(lambda self: self.rank == 0)
 
     model_parallel = property(lambda self: self.tp_enabled or self.pp_enabled)  # a model replica over several ranks
-    replicas = property(lambda self: self.link.replicas if self.link else self.mesh["replica"].size())
-    replica_rank = property(lambda self: self.link.replica if self.link else self.mesh["replica"].get_local_rank())
+    replicas = property(lambda self: self.replica_job[1] if self.replica_job else self.mesh["replica"].size())
+    replica_rank = property(
+        lambda self: self.replica_job[0] if self.replica_job else self.mesh["replica"].get_local_rank()
+    )
     # This rank and the ranks holding the same part of the model in the other replicas (the outer step's).
     replica_group = property(lambda self: self.mesh["replica"].get_group())
     # This rank's data shard: replicas × dp ranks read different data.
@@ -70,8 +72,8 @@ class ParallelDims:
     data_size = property(lambda self: self.replicas * self.dp_size)
 
 
-def build_dims(device: Device, tp: int, pp: int, local_rank, local_world, timeout, replicas=1) -> ParallelDims:
-    """The mesh over the initialised default group, every subgroup with `timeout`."""
+def build_dims(device: Device, tp, pp, local_rank, local_world, timeout, replicas=1, job=None) -> ParallelDims:
+    """The mesh over the initialised default group, every subgroup with `timeout` (`job`: `replica_job`)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % (replicas * tp * pp):
         raise UserError(
@@ -94,7 +96,7 @@ def build_dims(device: Device, tp: int, pp: int, local_rank, local_world, timeou
         )
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names, backend_override=options)
     mp_group = _model_parallel_group(mesh, tp, pp, timeout)
-    dims = ParallelDims(world, rank, local_rank, local_world, mesh, mp_group, timeout)
+    dims = ParallelDims(world, rank, local_rank, local_world, mesh, mp_group, timeout, replica_job=job)
     dims.data_group = _data_group(mesh, timeout)  # its own: the main thread's, while a sharded job issues on dp
     if device.backend == "gloo" and dims.dp_size == 2:  # the sharded job's ring: one connection per direction
         add_return_group(dims.dp_group, group_per_row(mesh, "dp", timeout))

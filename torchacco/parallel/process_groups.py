@@ -79,24 +79,24 @@ def dump_flight_recorder(dump_folder: Path, rank: int, dump=None, timeout_s: flo
     return written[0] if written else None
 
 
-def init_distributed(device: Device, timeout_s: float = 1800.0, tp=1, pp=1, replicas=1) -> ParallelDims:
+def init_distributed(device: Device, timeout_s: float = 1800.0, tp=1, pp=1, replicas=1, job=None) -> ParallelDims:
     timeout = timedelta(seconds=timeout_s)
     _, _, local_rank, local_world = launch_env()
     if dist.is_initialized():
-        return build_dims(device, tp, pp, local_rank, local_world, timeout, replicas)
+        return build_dims(device, tp, pp, local_rank, local_world, timeout, replicas, job)
     kwargs = dict(backend=device.backend, timeout=timeout)
     if device.type == "cuda":
         kwargs["device_id"] = device.torch
     if "RANK" not in os.environ:  # a plain `python` process: a one-rank group keeps one code path
         dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
-        return build_dims(device, tp, pp, local_rank, local_world, timeout, replicas)
+        return build_dims(device, tp, pp, local_rank, local_world, timeout, replicas, job)
     if int(os.environ.get("WORLD_SIZE", 1)) > local_world:
         check_gloo_interface()  # several nodes: gloo groups (CPU runs; preemption, checkpoints) cross them
     store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
     store = attempt_store(store, rank, world, timeout_s)
     with _diagnosed_setup(store, rank, world, timeout_s):
         dist.init_process_group(store=store, rank=rank, world_size=world, **kwargs)
-        return build_dims(device, tp, pp, local_rank, local_world, timeout, replicas)
+        return build_dims(device, tp, pp, local_rank, local_world, timeout, replicas, job)
 
 
 def check_gloo_interface() -> None:

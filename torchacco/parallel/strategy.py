@@ -212,6 +212,12 @@ class Strategy(abc.ABC):
     @abc.abstractmethod
     def step(self, counts: Counts) -> UpdateResult | None: ...
 
+    def start(self, run_state, load_run_state) -> UpdateResult | None:
+        """Before the first update: `run_state()` is the whole run's state (the loop's counts, the strategy's, the data
+        position) and `load_run_state(state)` writes one in. A strategy that joins a running run from a peer's state
+        returns the update it joined at (the loop counts it); the others None."""
+        return None
+
     @contextlib.contextmanager
     def evaluation(self):
         yield self.model

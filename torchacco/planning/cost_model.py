@@ -38,9 +38,8 @@ from torchacco.device import PEAK_BF16_FLOPS
 from torchacco.errors import UserError
 from torchacco.parallel import registry
 from torchacco.parallel.balance import split_by_speed
-from torchacco.parallel.compression import bytes_per_element
 from torchacco.parallel.diloco import DiLoCo, fragment_of
-from torchacco.parallel.pseudo_gradient import WIRE_BYTES
+from torchacco.parallel.diloco.wire import WIRE_BYTES, bytes_per_element  # noqa: F401 (predict reads WIRE_BYTES)
 from torchacco.parallel.strategy import Traits
 from torchacco.spec import get_model_spec
 
@@ -402,7 +401,7 @@ def predict_diloco(
     n = hw.nodes
     all_reduce = outer_dtype == "fp32" and not topk
     hops, factor = (2 * (n - 1) / n, hw.ar_factor) if all_reduce else (n - 1, hw.ag_factor)
-    wire = bytes_per_element(outer_dtype, topk) if topk else WIRE_BYTES[outer_dtype]
+    wire = bytes_per_element(outer_dtype, topk)
 
     def transfer_s(params: float) -> float:
         if n == 1:

@@ -11,10 +11,8 @@ import torch
 import torch.distributed as dist
 
 from torchacco.parallel.collectives import all_gather_single
-from torchacco.parallel.compression import CODE_BITS, as_bytes, dequantize, from_bytes, pack, quantize, unpack
-
-ROW = 256  # elements per scale of the dense integer codes
-WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / ROW, "int4": 0.5 + 4.0 / ROW, "int2": 0.25 + 4.0 / ROW}
+from torchacco.parallel.diloco.compression import as_bytes, dequantize, from_bytes, pack, quantize, unpack
+from torchacco.parallel.diloco.wire import CODE_BITS, ROW
 
 
 def token_weighted_mean(delta: torch.Tensor, tokens: float, group, wire: str = "fp32") -> torch.Tensor:

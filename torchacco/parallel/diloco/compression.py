@@ -19,16 +19,9 @@ import torch.distributed as dist
 
 from torchacco.device import DTYPES
 from torchacco.parallel.collectives import all_gather_single
+from torchacco.parallel.diloco.wire import CHUNK, CODE_BITS, VALUE_BITS, offset_code
 
-CHUNK = 4096  # elements per top-k chunk and per scale of the sparse codes
 SORT_CHUNKS = 1 << 14  # chunks sorted at once (64M elements: about 1 GiB of the sort's temporaries)
-CODE_BITS = {"int8": 8, "int4": 4, "int2": 2}
-VALUE_BITS = {"fp32": 32, "bf16": 16, **CODE_BITS}
-
-
-def keep_per_chunk(topk: float) -> int:
-    """Elements kept of every CHUNK: the fraction `topk`, rounded, at least one."""
-    return max(1, min(CHUNK, round(topk * CHUNK)))
 
 
 # Codes: b bits per value, levels symmetric about 0 -------------------------------------------
@@ -76,15 +69,6 @@ def unpack(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     return ((packed.to(torch.int32)[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[:count].to(torch.uint8)
 
 
-def offset_code(keep: int) -> tuple[int, int]:
-    """(low bits per offset, bytes per chunk) of the Elias–Fano code of a chunk's `keep` offsets: each
-    offset's low bits as they are, its high part x >> low as one set bit at (x >> low) + i in a bitmap of
-    keep + (CHUNK >> low) bits (i its rank in ascending order). low = ⌊log2(CHUNK / keep)⌋ makes it at most
-    2 + ⌈log2(CHUNK / keep)⌉ bits an offset, whatever the offsets are."""
-    low = (CHUNK // keep).bit_length() - 1
-    return low, -(-(keep * low + keep + (CHUNK >> low)) // 8)
-
-
 def _bit_weights(n: int, device) -> torch.Tensor:
     return torch.arange(n, dtype=torch.int64, device=device)
 
@@ -121,22 +105,6 @@ def from_bytes(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 # Top-k messages -------------------------------------------------------------------------------
-
-
-def message_bytes(numel: int, keep: int, wire: str) -> int:
-    """The size of one rank's message for `numel` elements."""
-    chunks, bits = -(-numel // CHUNK), VALUE_BITS[wire]
-    offsets = chunks * offset_code(keep)[1]
-    if wire in CODE_BITS:
-        values = math.ceil(chunks * keep * bits / 8) + 4 * chunks
-    else:
-        values = chunks * keep * bits // 8
-    return offsets + values
-
-
-def bytes_per_element(wire: str, topk: float) -> float:
-    """The mean bytes on the wire per element of a large pseudo-gradient (the cost model's)."""
-    return message_bytes(8 * CHUNK, keep_per_chunk(topk), wire) / (8 * CHUNK)  # (8 chunks' codes fill whole bytes)
 
 
 def compress(e: torch.Tensor, keep: int, wire: str) -> tuple[torch.Tensor, torch.Tensor]:
