@@ -61,18 +61,14 @@ class AccoPlanner(Planner):
 
     traits = dataclasses.replace(OVERLAPPED, name="acco", periods_per_update=2, estimates=True)  # one at θ̃, one at θ
 
-    def __init__(self, acco: OverlappedOptions, micro_batches: int):
+    def __init__(self, acco: OverlappedOptions, plan: UpdatePlan):
         self.clip_by_commit = acco.estimate_clip == "commit"
         self.commit_norm: float | None = None  # then: the last commit's gradient norm
         self.share = acco.estimate_share
         self.drift_every = acco.drift_every
         # Deterministic periods of unequal length: the one at θ̃ (hiding the commit) and the one at θ (the estimate).
-        self.at_estimate = round(acco.estimate_share * micro_batches)
-        self.at_theta = micro_batches - self.at_estimate
-
-    @classmethod
-    def from_options(cls, options, plan) -> Planner:
-        return cls(options, plan.micro_batches)
+        self.at_estimate = round(acco.estimate_share * plan.micro_batches)
+        self.at_theta = plan.micro_batches - self.at_estimate
 
     @property
     def estimate_clip_norm(self) -> float | None:

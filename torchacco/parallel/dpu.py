@@ -15,12 +15,8 @@ class DPUPlanner(Planner):
     # (not yet tested under DiLoCo's outer step)
     traits = dataclasses.replace(OVERLAPPED, name="dpu", replicas_refused="its parameters between updates are not θ")
 
-    def __init__(self, warmup: int):
-        self.warmup = warmup
-
-    @classmethod
-    def from_options(cls, options, plan) -> Planner:
-        return cls(options.dpu_warmup_steps)
+    def __init__(self, options, plan):
+        self.warmup = options.dpu_warmup_steps
 
     def finished(self, s: Overlapped, finished):
         if s.commits < self.warmup:  # synchronous: the update lands before the next period

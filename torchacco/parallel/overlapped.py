@@ -56,9 +56,8 @@ class Planner:
     estimate_clip_norm: float | None = None  # the norm that clips an estimate job; None: its own
     share = 0.5  # of an update's micro-batches computed at θ̃
 
-    @classmethod
-    def from_options(cls, options: OverlappedOptions, plan) -> Planner:
-        return cls()
+    def __init__(self, options: OverlappedOptions, plan):
+        """From the [acco] options and the update plan."""
 
     @classmethod
     def check_config(cls, cfg, dp_size: int) -> str | None:
@@ -98,7 +97,7 @@ class Overlapped(Strategy):
 
     def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device, reduce_dtype=torch.float32):
         self.model, self.dims = model, dims
-        self.planner = self.planner_class.from_options(acco, plan)
+        self.planner = self.planner_class(acco, plan)
         self.accumulation = plan.micro_batches // self.traits.periods_per_update  # per period
         self.schedule, self.max_norm = plan.schedule, plan.max_norm
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
