@@ -13,7 +13,7 @@ class DPUPlanner(Planner):
     The first `[acco] dpu_warmup_steps` updates are synchronous (no staleness)."""
 
     # (not yet tested under DiLoCo's outer step)
-    traits = dataclasses.replace(OVERLAPPED, name="dpu", replicas_refused="its parameters between updates are not θ")
+    traits = dataclasses.replace(OVERLAPPED, name="dpu", why_not_in_replicas="its parameters between updates are not θ")
 
     def __init__(self, options, plan):
         self.warmup = options.dpu_warmup_steps

@@ -13,7 +13,7 @@ class WPPlanner(Planner):
     gradient applied once more; θ itself stays in the master shards."""
 
     # between updates its compute parameters are not θ (untested with an outer step)
-    traits = dataclasses.replace(OVERLAPPED, name="wp", replicas_refused="its parameters between updates are not θ")
+    traits = dataclasses.replace(OVERLAPPED, name="wp", why_not_in_replicas="its parameters between updates are not θ")
     kind = COMMIT_AND_PREDICT
 
 
