@@ -60,13 +60,8 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     if replica:  # replica 0 writes the run's folder; the others a folder each inside it
         folder = str(Path(cfg.job.dump_folder) / f"replica_{replica}")
         cfg = dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, dump_folder=folder))
-    device = select_device(cfg.training.device, local_rank)
-    check_hardware_queues(cfg, device.type)
-    if device.type == "cpu":
-        set_cpu_threads(cfg.training.num_threads, local_world)
+    device = _device(cfg, local_rank, local_world)
     own_group = not dist.is_initialized()
-    if device.type == "cuda":
-        nccl_flight_recorder(Path(cfg.job.dump_folder))
     p = cfg.parallelism
     replicas = 1 if replica is not None else p.replicas  # a fault-tolerant job is one replica
     timeout = cfg.training.collective_timeout_s
@@ -89,22 +84,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     except (RuntimeError, dist.DistBackendError, Terminated) as e:
         if not isinstance(e, Terminated) and not health.is_peer_failure(e):
             raise
-        where = heartbeat.where()
-        # torchrun stops the survivors of a dead worker: find out who died before exiting.
-        sigterm.defer()
-        preempt.defer()
-        if not isinstance(e, Terminated):  # the evidence first: the collectives each rank entered
-            dump_flight_recorder(Path(cfg.job.dump_folder), dims.rank)
-        diagnosis = heartbeat.diagnose()
-        if isinstance(e, Terminated) and "stopped responding" not in diagnosis:
-            raise Terminated() from None  # a plain SIGTERM: exit quietly with 143
-        cause = "stopped by SIGTERM" if isinstance(e, Terminated) else str(e)
-        if not isinstance(e, Terminated | Stalled):
-            cause = f"a collective failed ({cause.strip().splitlines()[-1][:120]})"
-        message = f"rank {dims.rank}: {cause} during its {where}: {diagnosis}; "
-        message += f"[training] collective_timeout_s = {timeout:g}"
-        health.report(message)  # now: the teardown below can block beside a dead peer
-        raise PeerFailure(message, reported=True) from None
+        raise _peer_failure(e, cfg, dims, heartbeat, (sigterm, preempt)) from None
     finally:
         try:
             if adapter is not None:
@@ -118,6 +98,37 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
                 destroy(barrier=clean)
         finally:
             health.torn_down()
+
+
+def _device(cfg: Config, local_rank: int, local_world: int) -> Device:
+    """This rank's device, its CPU threads and (CUDA) NCCL's flight recorder."""
+    device = select_device(cfg.training.device, local_rank)
+    check_hardware_queues(cfg, device.type)
+    if device.type == "cpu":
+        set_cpu_threads(cfg.training.num_threads, local_world)
+    if device.type == "cuda":
+        nccl_flight_recorder(Path(cfg.job.dump_folder))
+    return device
+
+
+def _peer_failure(e: Exception, cfg: Config, dims: ParallelDims, heartbeat, deferred) -> Exception:
+    """What a rank raises when a peer failed, stalled or SIGTERM stopped it: the diagnosis, reported at once."""
+    where = heartbeat.where()
+    # torchrun stops the survivors of a dead worker: find out who died before exiting.
+    for signal_guard in deferred:  # SIGTERM and the preemption signal
+        signal_guard.defer()
+    if not isinstance(e, Terminated):  # the evidence first: the collectives each rank entered
+        dump_flight_recorder(Path(cfg.job.dump_folder), dims.rank)
+    diagnosis = heartbeat.diagnose()
+    if isinstance(e, Terminated) and "stopped responding" not in diagnosis:
+        return Terminated()  # a plain SIGTERM: exit quietly with 143
+    cause = "stopped by SIGTERM" if isinstance(e, Terminated) else str(e)
+    if not isinstance(e, Terminated | Stalled):
+        cause = f"a collective failed ({cause.strip().splitlines()[-1][:120]})"
+    message = f"rank {dims.rank}: {cause} during its {where}: {diagnosis}; "
+    message += f"[training] collective_timeout_s = {cfg.training.collective_timeout_s:g}"
+    health.report(message)  # now: the teardown below can block beside a dead peer
+    return PeerFailure(message, reported=True)
 
 
 def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, model, datasets, tokenizer, preempt):
@@ -329,24 +340,7 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run, preempt: pr
         evaluate_now = cfg.eval.every and (step % cfg.eval.every == 0 or done) and not stop_for_nonfinite
         logged = step % cfg.metrics.log_every == 0 or step == 1 or done or evaluate_now or result.skipped
         if logged or result.outer:
-            record = {
-                "step": step,
-                "tokens": int(tokens_seen),
-                "loss": None if cfg.emulation.virtual_compute else result.loss,
-                "lr": result.lr,
-                **throughput.since_last(tokens_seen, result),
-                **result.outer,
-            }
-            if state.skipped:
-                record |= {"skipped": result.skipped, "skipped_steps": state.skipped}
-            if evaluate_now:
-                heartbeat.enter(f"evaluation (step {step})")
-                with strategy.evaluation() as eval_model, record_function("torchacco/evaluation"):
-                    val_loss = evaluate(eval_model, run.val_loader, cfg.eval.batches, device, dims, pipeline, loss_fn)
-                record |= {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
-            run.log.log(record)
-            summary.update(record)
-            throughput.restart(tokens_seen)  # evaluation, logging and checkpoints are not training time
+            summary.update(_log_update(cfg, dims, device, run, result, evaluate_now, heartbeat))
         if stop_for_nonfinite:
             raise UserError(stop_for_nonfinite)  # after logging the step, before checkpointing it
         saved = run.checkpointer is not None and (done or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0))
@@ -365,6 +359,29 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run, preempt: pr
             preempt.stop(step, run.checkpointer, None if saved else snapshot)
     summary["steps"] = state.step
     return summary
+
+
+def _log_update(cfg: Config, dims: ParallelDims, device: Device, run: Run, result, evaluate_now, heartbeat) -> dict:
+    """The update's metrics record (with a validation loss when `evaluate_now`), logged."""
+    state, throughput, step = run.state, run.throughput, run.state.step
+    record = {
+        "step": step,
+        "tokens": int(state.tokens),
+        "loss": None if cfg.emulation.virtual_compute else result.loss,
+        "lr": result.lr,
+        **throughput.since_last(state.tokens, result),
+        **result.outer,
+    }
+    if state.skipped:
+        record |= {"skipped": result.skipped, "skipped_steps": state.skipped}
+    if evaluate_now:
+        heartbeat.enter(f"evaluation (step {step})")
+        with run.strategy.evaluation() as eval_model, record_function("torchacco/evaluation"):
+            val_loss = evaluate(eval_model, run.val_loader, cfg.eval.batches, device, dims, run.pipeline, run.loss_fn)
+        record |= {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))}
+    run.log.log(record)
+    throughput.restart(state.tokens)  # evaluation, logging and checkpoints are not training time
+    return record
 
 
 def _count_nonfinite(t, state: TrainState, result) -> str | None:

@@ -197,10 +197,10 @@ def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
                 f"[diloco] {', '.join(exchange)} set: they shape the exchange between replicas, and [parallelism] "
                 "replicas = 1 has none (its outer step sends nothing); remove them, or set replicas to 2 or more"
             )
-    elif inner.traits.replicas_refused:
+    elif inner.traits.why_not_in_replicas:
         raise UserError(
             f"data_parallel = '{inner.name}' cannot run inside DiLoCo's replicas "
-            f"({inner.traits.replicas_refused}); use one of {_able(lambda t: not t.replicas_refused)}"
+            f"({inner.traits.why_not_in_replicas}); use one of {_able(lambda t: not t.why_not_in_replicas)}"
         )
     mode = getattr(cfg.options(inner.traits.options), "mode", "deterministic")
     if mode == "adaptive":
@@ -262,7 +262,7 @@ def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
             "set overlap_steps >= 1 or mixing = 0"
         )
     if d.balance_replicas and inner.traits.overlapped:
-        synchronous = _able(lambda t: not t.replicas_refused and not t.overlapped)
+        synchronous = _able(lambda t: not t.why_not_in_replicas and not t.overlapped)
         raise UserError(
             f"[diloco] balance_replicas idles a slow replica's slots, and data_parallel = '{inner.name}' runs its "
             f"updates overlapped with the next; use one of {synchronous}, or balance_replicas = false"

@@ -211,6 +211,38 @@ def loss_gaps(out: Path) -> dict[str, tuple[float, str]]:
 
 
 def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    out, plan_of, params, settings, names = _checked(parser, args)
+    gaps, results, env = loss_gaps(out), {}, MMAP if args.malloc_mmap else None
+    kept = out / f"{args.name}_virtual_calibration.json"
+    saved = out / f"{args.virtual_calibration}.json" if args.virtual_calibration else kept
+    reuse = args.virtual_calibration or args.resume and kept.exists()
+    try:
+        waits_of, waits = table_calibration(kept, saved if reuse else None)
+    except (OSError, ValueError, KeyError) as e:
+        parser.error(f"--virtual-calibration: cannot read {saved}'s 'virtual_calibration': {e}")
+    for setting in settings:
+        plan, extra = plan_of[setting]
+        rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
+        if plan.slow_node is not None:
+            rows["measured_slowdown"] = slowdown(plan, out / "runs" / "speed" / f"{setting}_slowdown")
+        for name in names(setting):
+            rows["strategies"][name] = _timed_strategy(args, out, setting, name, (plan, extra), params, waits_of, env)
+        _rank(rows, gaps)
+    meta = common.meta("speed", argv, virtual_compute=args.virtual_compute, virtual_scale=args.virtual_scale,
+                       rates=args.rates, rate_nodes=args.rate_nodes, node_rate=args.node_rate,
+                       train_args=args.train_args)  # fmt: skip
+    bars = {common.panel_title(s, rows["plan"]): [(common.plain_name(n), r["speedup_vs_best_baseline"], 0)
+                                                   for n, r in rows["strategies"].items()]
+            for s, rows in results.items()}  # fmt: skip
+    data = {"meta": meta, "settings": results, **({"virtual_calibration": waits} if waits else {})}
+    common.write_report(out, args.name, data, markdown(results, meta),
+                        lambda path: common.bars(path, bars, "updates per second vs the best baseline"))  # fmt: skip
+    return 0
+
+
+def _parser():
     parser = common.parser("speed", __doc__, "speed")
     parser.add_argument("--updates", type=int, default=110)
     parser.add_argument("--repeats", type=int, default=2)
@@ -237,7 +269,12 @@ def main(argv=None) -> int:
                         "'virtual_calibration' (a speed table's) gives virtual compute's waits per micro-batch shape; "
                         "default: measured once per shape on a quiet machine, saved to <name>_virtual_calibration "
                         "(which --resume reuses)")  # fmt: skip
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _checked(parser, args):
+    """The arguments checked: (out, each setting's (plan, trainer arguments), the calibration's parameters, the
+    settings, each setting's strategies)."""
     if args.virtual_scale <= 0:
         parser.error(f"--virtual-scale must be positive, got {args.virtual_scale:g}")
     if args.memory_budget_mib < 0:
@@ -271,70 +308,57 @@ def main(argv=None) -> int:
                              f"{warmup_of(name)} are warm-up); use at least {warmup_of(name) + 1}")  # fmt: skip
         if not names(setting):
             parser.error(f"--settings {setting}: give its --strategies")
-    gaps, results, env = loss_gaps(out), {}, MMAP if args.malloc_mmap else None
-    kept = out / f"{args.name}_virtual_calibration.json"
-    saved = out / f"{args.virtual_calibration}.json" if args.virtual_calibration else kept
-    reuse = args.virtual_calibration or args.resume and kept.exists()
-    try:
-        waits_of, waits = table_calibration(kept, saved if reuse else None)
-    except (OSError, ValueError, KeyError) as e:
-        parser.error(f"--virtual-calibration: cannot read {saved}'s 'virtual_calibration': {e}")
-    for setting in settings:
-        plan, extra = plan_of[setting]
-        rows = results[setting] = {"plan": plan.describe(), "strategies": {}}
-        if plan.slow_node is not None:
-            rows["measured_slowdown"] = slowdown(plan, out / "runs" / "speed" / f"{setting}_slowdown")
-        modes = {"off": [False], "on": [True], "both": [False, True]}[args.virtual_compute]
-        for name in names(setting):
-            times, token_times, rss, virtual_times, calibration = [], [], [], [], None
-            for repeat, virtual in ((r, v) for r in range(args.repeats) for v in modes):
-                train = [*recipe(args.updates, 1.5e-3, repeat), *QUIET, *STRATEGIES[name], "--eval.every", "0"]
-                train += ["--training.max_tokens", "0", "--training.steps", str(args.updates), *extra]
-                if "--diloco.balance_replicas" in STRATEGIES[name]:  # its clock is in tokens: the recipe's
-                    train += ["--training.max_tokens", str(args.updates * TOKENS_PER_UPDATE)]
-                train += args.train_args.split()
-                folder = out / "runs" / "speed" / f"{setting}_{name}_{repeat}{'_virtual' * virtual}"
-                waits_now = waits_of(train) if virtual else None  # one calibration per shape: the same waits for all
-                run = timed_run(plan, train, folder, args.resume, env, virtual, args.virtual_scale, waits_now)
-                warmup = warmup_of(name)
-                if virtual and len(modes) == 2:  # the side-by-side check: kept apart from the real runs' figures
-                    virtual_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
-                    print(f"[speed] {setting} {name} #{repeat} virtual: {virtual_times[-1]:.4f} s", flush=True)
-                    continue
-                calibration = run.get("calibration")  # virtual compute's waits (cost-model-check predicts from them)
-                times.append(seconds_per_update(run["records"], warmup))
-                token_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
-                rss.append([round(r["peak_rss_gib"], 4) for r in run.get("ranks", [])])
-                print(f"[speed] {setting} {name} #{repeat}: {times[-1]:.4f} s per update", flush=True)
-            # "mean": seconds per recipe update's tokens (16 × 128), the time per update of all but mixed replicas
-            mib = persistent_mib(train, plan.world_size, params, plan.ranks_per_node) if params else None
-            fits = not (args.memory_budget_mib and mib) or mib <= args.memory_budget_mib
-            row = rows["strategies"][name] = {"seconds_per_update": times, "seconds_per_recipe_update": token_times,
-                                              "mean": statistics.fmean(token_times), "peak_rss_gib_per_rank": rss,
-                                              **({"calibration": calibration} if calibration else {}),
-                                              "persistent_mib": mib, "fits": fits}  # fmt: skip
-            if virtual_times:
-                virtual_vs_real = statistics.fmean(virtual_times) / statistics.fmean(token_times)
-                row |= {"virtual_seconds": virtual_times, "virtual_vs_real": virtual_vs_real}
-        ran = rows["strategies"]
-        synchronous = [n for n in ran if n.removesuffix("_balanced") in BASELINES and ran[n]["fits"]] or list(ran)
-        best = rows["best_baseline"] = min(synchronous, key=lambda n: ran[n]["mean"])
-        for name, row in ran.items():
-            row["speedup_vs_best_baseline"] = ran[best]["mean"] / row["mean"]
-            plain = name.removesuffix("_balanced")
-            row["speedup_vs_unbalanced"] = ran[plain]["mean"] / row["mean"] if plain != name and plain in ran else None
-            # Balanced batches do not change the update; mixed replicas do (its gap is not measured yet)
-            row["gap_pct"] = gaps.get(name if name.startswith("diloco") else plain)
-    meta = common.meta("speed", argv, virtual_compute=args.virtual_compute, virtual_scale=args.virtual_scale,
-                       rates=args.rates, rate_nodes=args.rate_nodes, node_rate=args.node_rate,
-                       train_args=args.train_args)  # fmt: skip
-    bars = {common.panel_title(s, rows["plan"]): [(common.plain_name(n), r["speedup_vs_best_baseline"], 0)
-                                                   for n, r in rows["strategies"].items()]
-            for s, rows in results.items()}  # fmt: skip
-    data = {"meta": meta, "settings": results, **({"virtual_calibration": waits} if waits else {})}
-    common.write_report(out, args.name, data, markdown(results, meta),
-                        lambda path: common.bars(path, bars, "updates per second vs the best baseline"))  # fmt: skip
-    return 0
+    return out, plan_of, params, settings, names
+
+
+def _timed_strategy(args, out: Path, setting: str, name: str, planned, params, waits_of, env) -> dict:
+    """One strategy's row in a setting: its --repeats timed runs (and their virtual-compute twins)."""
+    plan, extra = planned
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.virtual_compute]
+    times, token_times, rss, virtual_times, calibration = [], [], [], [], None
+    for repeat, virtual in ((r, v) for r in range(args.repeats) for v in modes):
+        train = [*recipe(args.updates, 1.5e-3, repeat), *QUIET, *STRATEGIES[name], "--eval.every", "0"]
+        train += ["--training.max_tokens", "0", "--training.steps", str(args.updates), *extra]
+        if "--diloco.balance_replicas" in STRATEGIES[name]:  # its clock is in tokens: the recipe's
+            train += ["--training.max_tokens", str(args.updates * TOKENS_PER_UPDATE)]
+        train += args.train_args.split()
+        folder = out / "runs" / "speed" / f"{setting}_{name}_{repeat}{'_virtual' * virtual}"
+        waits_now = waits_of(train) if virtual else None  # one calibration per shape: the same waits for all
+        run = timed_run(plan, train, folder, args.resume, env, virtual, args.virtual_scale, waits_now)
+        warmup = warmup_of(name)
+        if virtual and len(modes) == 2:  # the side-by-side check: kept apart from the real runs' figures
+            virtual_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
+            print(f"[speed] {setting} {name} #{repeat} virtual: {virtual_times[-1]:.4f} s", flush=True)
+            continue
+        calibration = run.get("calibration")  # virtual compute's waits (cost-model-check predicts from them)
+        times.append(seconds_per_update(run["records"], warmup))
+        token_times.append(seconds_per_token(run["records"], warmup) * TOKENS_PER_UPDATE)
+        rss.append([round(r["peak_rss_gib"], 4) for r in run.get("ranks", [])])
+        print(f"[speed] {setting} {name} #{repeat}: {times[-1]:.4f} s per update", flush=True)
+    # "mean": seconds per recipe update's tokens (16 × 128), the time per update of all but mixed replicas
+    mib = persistent_mib(train, plan.world_size, params, plan.ranks_per_node) if params else None
+    fits = not (args.memory_budget_mib and mib) or mib <= args.memory_budget_mib
+    row = {"seconds_per_update": times, "seconds_per_recipe_update": token_times,
+           "mean": statistics.fmean(token_times), "peak_rss_gib_per_rank": rss,
+           **({"calibration": calibration} if calibration else {}), "persistent_mib": mib, "fits": fits}  # fmt: skip
+    if virtual_times:
+        virtual_vs_real = statistics.fmean(virtual_times) / statistics.fmean(token_times)
+        row |= {"virtual_seconds": virtual_times, "virtual_vs_real": virtual_vs_real}
+    return row
+
+
+def _rank(rows: dict, gaps: dict) -> None:
+    """Each strategy's speed-up over the setting's best synchronous baseline that fits (and over its unbalanced
+    self), and its loss gap."""
+    ran = rows["strategies"]
+    synchronous = [n for n in ran if n.removesuffix("_balanced") in BASELINES and ran[n]["fits"]] or list(ran)
+    best = rows["best_baseline"] = min(synchronous, key=lambda n: ran[n]["mean"])
+    for name, row in ran.items():
+        row["speedup_vs_best_baseline"] = ran[best]["mean"] / row["mean"]
+        plain = name.removesuffix("_balanced")
+        row["speedup_vs_unbalanced"] = ran[plain]["mean"] / row["mean"] if plain != name and plain in ran else None
+        # Balanced batches do not change the update; mixed replicas do (its gap is not measured yet)
+        row["gap_pct"] = gaps.get(name if name.startswith("diloco") else plain)
 
 
 def markdown(results: dict, meta: dict) -> str:

@@ -355,60 +355,9 @@ def plot(summary: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    name_help = "the results' file name (token_efficiency; <flavor>_token_efficiency)"
-    parser = common.parser("token-efficiency", __doc__, None, help=name_help)
-    parser.add_argument("--updates", type=int, default=1000)
-    parser.add_argument("--lrs", default="3e-3", help="comma-separated peak learning rates")
-    parser.add_argument("--seeds", default="0,1,2,3,4")
-    parser.add_argument("--variants", default="ddp,zero1,acco", help=f"from {', '.join(VARIANTS)}")
-    parser.add_argument("--fresh", action="store_true", help="rerun runs whose results exist")
-    parser.add_argument("--runs", default="token_efficiency_runs", help="the folder under --out that keeps the runs")
-    parser.add_argument("--flavor", default="debug", choices=CPU_FLAVORS, help="the GPT-Neo flavor trained")
-    parser.add_argument("--budgets", default="1", help="multiples of --updates every variant but ddp also runs")
-    parser.add_argument("--levels", default="1", help="multiples of --updates ddp runs: each final loss a target")
-    parser.add_argument("--tune-seeds", default="", help="tune every variant (DDP too) on these seeds first, kept "
-                        "apart from --seeds, and report each at its best grid point")  # fmt: skip
-    parser.add_argument("--tune-lrs", default="0.5,1,2", help="the tuning grid: multiples of each --lrs")
-    parser.add_argument("--tune-outer", default="1:0,0.7:0.9", help="DiLoCo variants' tuning grid: outer lr:momentum")
-    parser.add_argument("--tune-clip", default="", help="every variant's tuning grid: --training.max_norm values")
-    parser.add_argument("--tune-batch", default="", help="every variant's tuning grid: global batches in sequences "
-                        "(multiples of 8; 16 is the recipe's), each run for the same tokens")  # fmt: skip
+    parser = _parser()
     args = parser.parse_args(argv)
-    tune_seeds = [int(x) for x in args.tune_seeds.split(",") if x]
-    args.tune_lrs = budget_multiples(parser, args.tune_lrs, "--tune-lrs", "--lrs")
-    args.tune_outer = [x for x in args.tune_outer.split(",") if x]
-    args.tune_clip = [x for x in args.tune_clip.split(",") if x]
-    if not re.fullmatch(r"([0-9]+(,[0-9]+)*)?", args.tune_batch) or any(
-        int(b) < 8 or int(b) % 8 or 16 * args.updates % int(b) for b in args.tune_batch.split(",") if b
-    ):
-        parser.error(
-            f"--tune-batch takes multiples of 8 that divide 16 × --updates (e.g. 8,16), got {args.tune_batch!r}"
-        )
-    args.tune_batch = [int(b) for b in args.tune_batch.split(",") if b]
-    if any(x.count(":") != 1 for x in args.tune_outer):
-        parser.error(f"--tune-outer takes comma-separated LR:MOMENTUM pairs (e.g. 1:0,0.7:0.9), got {args.tune_outer}")
-    numbers = [x for pair in args.tune_outer for x in pair.split(":")] + args.tune_clip
-    if not all(re.fullmatch(r"[0-9]*\.?[0-9]+(e-?[0-9]+)?", x) for x in numbers):
-        parser.error(f"--tune-outer and --tune-clip take non-negative numbers (e.g. 1:0 and 1,2), got {numbers}")
-    scaled = lambda text, flag: sorted({round(args.updates * m) for m in budget_multiples(parser, text, flag)}
-                                       | {args.updates})  # fmt: skip
-    budgets, levels = scaled(args.budgets, "--budgets"), scaled(args.levels, "--levels")
-    if len(levels) > 1 and len(budgets) == 1:
-        parser.error("--levels needs --budgets: a variant's tokens to each level are interpolated between its budgets "
-                     "(e.g. --budgets 0.75,1,1.25 --levels 0.75,1)")  # fmt: skip
-    lrs, seeds = [float(x) for x in args.lrs.split(",")], [int(x) for x in args.seeds.split(",")]
-    if set(tune_seeds) & set(seeds):
-        parser.error(f"--tune-seeds and --seeds share {sorted(set(tune_seeds) & set(seeds))}: keep them apart")
-    variants = [DDP, *(v for v in args.variants.split(",") if v != DDP)]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
-    if args.tune_batch and any(variant_batch(v) != 16 for v in variants):
-        parser.error("--tune-batch tunes the recipe's batch: leave out the variants that set their own (_b8)")
-    split = next(((v, b) for v in variants for b in args.tune_batch if b % batch_unit(v)), None)
-    if split:
-        parser.error(f"--tune-batch {split[1]}: {split[0]} splits its batch into micro-batches over its ranks in "
-                     f"multiples of {batch_unit(split[0])} sequences; give batches that are")  # fmt: skip
+    tune_seeds, budgets, levels, lrs, seeds, variants = _checked(parser, args)
     out = ROOT / args.out
     prefix = "" if args.flavor == "debug" else f"{args.flavor}_"  # the debug model's runs and results keep their names
     name = args.name or f"{prefix}token_efficiency"
@@ -446,3 +395,65 @@ def main(argv: list[str] | None = None) -> None:
                        budgets=budgets, levels=levels, **tuning)  # fmt: skip
     data = {"meta": meta, "summary": summary}
     common.write_report(out, name, data, markdown(summary, meta), lambda path: plot(summary, path))
+
+
+def _parser():
+    name_help = "the results' file name (token_efficiency; <flavor>_token_efficiency)"
+    parser = common.parser("token-efficiency", __doc__, None, help=name_help)
+    parser.add_argument("--updates", type=int, default=1000)
+    parser.add_argument("--lrs", default="3e-3", help="comma-separated peak learning rates")
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--variants", default="ddp,zero1,acco", help=f"from {', '.join(VARIANTS)}")
+    parser.add_argument("--fresh", action="store_true", help="rerun runs whose results exist")
+    parser.add_argument("--runs", default="token_efficiency_runs", help="the folder under --out that keeps the runs")
+    parser.add_argument("--flavor", default="debug", choices=CPU_FLAVORS, help="the GPT-Neo flavor trained")
+    parser.add_argument("--budgets", default="1", help="multiples of --updates every variant but ddp also runs")
+    parser.add_argument("--levels", default="1", help="multiples of --updates ddp runs: each final loss a target")
+    parser.add_argument("--tune-seeds", default="", help="tune every variant (DDP too) on these seeds first, kept "
+                        "apart from --seeds, and report each at its best grid point")  # fmt: skip
+    parser.add_argument("--tune-lrs", default="0.5,1,2", help="the tuning grid: multiples of each --lrs")
+    parser.add_argument("--tune-outer", default="1:0,0.7:0.9", help="DiLoCo variants' tuning grid: outer lr:momentum")
+    parser.add_argument("--tune-clip", default="", help="every variant's tuning grid: --training.max_norm values")
+    parser.add_argument("--tune-batch", default="", help="every variant's tuning grid: global batches in sequences "
+                        "(multiples of 8; 16 is the recipe's), each run for the same tokens")  # fmt: skip
+    return parser
+
+
+def _checked(parser, args):
+    """The arguments checked and parsed: (tune seeds, budgets, levels, lrs, seeds, variants); --tune-* in place."""
+    tune_seeds = [int(x) for x in args.tune_seeds.split(",") if x]
+    args.tune_lrs = budget_multiples(parser, args.tune_lrs, "--tune-lrs", "--lrs")
+    args.tune_outer = [x for x in args.tune_outer.split(",") if x]
+    args.tune_clip = [x for x in args.tune_clip.split(",") if x]
+    if not re.fullmatch(r"([0-9]+(,[0-9]+)*)?", args.tune_batch) or any(
+        int(b) < 8 or int(b) % 8 or 16 * args.updates % int(b) for b in args.tune_batch.split(",") if b
+    ):
+        parser.error(
+            f"--tune-batch takes multiples of 8 that divide 16 × --updates (e.g. 8,16), got {args.tune_batch!r}"
+        )
+    args.tune_batch = [int(b) for b in args.tune_batch.split(",") if b]
+    if any(x.count(":") != 1 for x in args.tune_outer):
+        parser.error(f"--tune-outer takes comma-separated LR:MOMENTUM pairs (e.g. 1:0,0.7:0.9), got {args.tune_outer}")
+    numbers = [x for pair in args.tune_outer for x in pair.split(":")] + args.tune_clip
+    if not all(re.fullmatch(r"[0-9]*\.?[0-9]+(e-?[0-9]+)?", x) for x in numbers):
+        parser.error(f"--tune-outer and --tune-clip take non-negative numbers (e.g. 1:0 and 1,2), got {numbers}")
+    scaled = lambda text, flag: sorted({round(args.updates * m) for m in budget_multiples(parser, text, flag)}
+                                       | {args.updates})  # fmt: skip
+    budgets, levels = scaled(args.budgets, "--budgets"), scaled(args.levels, "--levels")
+    if len(levels) > 1 and len(budgets) == 1:
+        parser.error("--levels needs --budgets: a variant's tokens to each level are interpolated between its budgets "
+                     "(e.g. --budgets 0.75,1,1.25 --levels 0.75,1)")  # fmt: skip
+    lrs, seeds = [float(x) for x in args.lrs.split(",")], [int(x) for x in args.seeds.split(",")]
+    if set(tune_seeds) & set(seeds):
+        parser.error(f"--tune-seeds and --seeds share {sorted(set(tune_seeds) & set(seeds))}: keep them apart")
+    variants = [DDP, *(v for v in args.variants.split(",") if v != DDP)]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    if args.tune_batch and any(variant_batch(v) != 16 for v in variants):
+        parser.error("--tune-batch tunes the recipe's batch: leave out the variants that set their own (_b8)")
+    split = next(((v, b) for v in variants for b in args.tune_batch if b % batch_unit(v)), None)
+    if split:
+        parser.error(f"--tune-batch {split[1]}: {split[0]} splits its batch into micro-batches over its ranks in "
+                     f"multiples of {batch_unit(split[0])} sequences; give batches that are")  # fmt: skip
+    return tune_seeds, budgets, levels, lrs, seeds, variants

@@ -50,7 +50,7 @@ def relative_distance(estimate: torch.Tensor, truth: torch.Tensor, chunk: int = 
 
 
 class AccoPlanner(Planner):
-    """Rounds alternate, as in docs/acco.md's table:
+    """ACCO: each update over two periods, at the estimate θ̃ and at θ. Rounds alternate, as in docs/acco.md's table:
 
     | round      | compute side                               | job                                      |
     | ESTIMATE t | g_t at θ_t ADDED to A, which holds g̃_t      | θ̃_{t+1} = Opt(θ_t, mean g̃_t), no commit   |
@@ -59,15 +59,16 @@ class AccoPlanner(Planner):
     The first period computes at θ_0 (θ̃_0 = θ_0); the first job is an ESTIMATE.
     """
 
-    def __init__(self, acco: OverlappedOptions, micro_batches: int):
-        super().__init__(ESTIMATE)
+    traits = dataclasses.replace(OVERLAPPED, name="acco", periods_per_update=2, estimates=True)  # one at θ̃, one at θ
+
+    def __init__(self, acco: OverlappedOptions, plan: UpdatePlan):
         self.clip_by_commit = acco.estimate_clip == "commit"
         self.commit_norm: float | None = None  # then: the last commit's gradient norm
         self.share = acco.estimate_share
         self.drift_every = acco.drift_every
         # Deterministic periods of unequal length: the one at θ̃ (hiding the commit) and the one at θ (the estimate).
-        self.at_estimate = round(acco.estimate_share * micro_batches)
-        self.at_theta = micro_batches - self.at_estimate
+        self.at_estimate = round(acco.estimate_share * plan.micro_batches)
+        self.at_theta = plan.micro_batches - self.at_estimate
 
     @property
     def estimate_clip_norm(self) -> float | None:
@@ -82,7 +83,7 @@ class AccoPlanner(Planner):
         if self.share == 0.5 or s.balance.split:  # balanced: the measured split decides
             return None
         # The first period (θ̃_0 = θ_0) and every period beside a commit compute g̃ at θ̃.
-        at_estimate = s.planned is None or s.planned[0] == COMMIT
+        at_estimate = s.next_job in (None, COMMIT)
         return self.at_estimate if at_estimate else self.at_theta
 
     def finished(self, s: Overlapped, finished):
@@ -113,20 +114,8 @@ class AccoPlanner(Planner):
         if self.clip_by_commit:
             self.commit_norm = None if schedule["commit_norm"] < 0 else schedule["commit_norm"]
 
-
-class ACCO(Overlapped):
-    """ACCO: each update over two periods, at the estimate θ̃ and at θ (`AccoPlanner`)."""
-
-    traits = dataclasses.replace(OVERLAPPED, name="acco", periods_per_update=2, estimates=True)  # one at θ̃, one at θ
-
     @classmethod
-    def planner_for(cls, options, plan) -> Planner:
-        return AccoPlanner(options, plan.micro_batches)
-
-    @classmethod
-    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> str | None:
-        if reason := super().check_config(cfg, dp_size, model_parallel):
-            return reason
+    def check_config(cls, cfg, dp_size: int) -> str | None:
         a = cfg.options(OverlappedOptions)
         if not 0 < a.estimate_share < 1:
             return f"[acco] estimate_share = {a.estimate_share:g} must be between 0 and 1 (0.5: the paper)"
@@ -153,3 +142,6 @@ class ACCO(Overlapped):
                 f"multiple of 2 × local_batch_size × ranks = {2 * t.local_batch_size * dp_size}"
             )
         return None
+
+
+ACCO = Overlapped.scheduled_by(AccoPlanner)

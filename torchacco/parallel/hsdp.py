@@ -41,7 +41,7 @@ class HSDP(FSDP):
         FSDP.traits,
         name="hsdp",
         model_parallel=False,  # the 2-D data-parallel mesh is not a submesh of the tp/pp mesh
-        replicas_refused="it replicates across nodes itself; DiLoCo's replicas would nest a second copy",
+        why_not_in_replicas="it replicates across nodes itself; DiLoCo's replicas would nest a second copy",
         shards_within_node=True,  # the cost model's HSDP: shards over a node's ranks, all-reduces across nodes
         options=HSDPOptions,
     )

@@ -16,6 +16,7 @@ import contextlib
 import math
 import time
 from dataclasses import replace
+from typing import ClassVar
 
 import torch
 from torch.distributed.tensor import DTensor, Shard
@@ -47,13 +48,21 @@ OVERLAPPED = Traits(
 
 
 class Planner:
-    """A schedule's rounds: this base commits every round with A zeroed (WP predicting as it commits)."""
+    """A schedule's rounds, which `Overlapped` runs through its public methods: this base commits every round with
+    A zeroed (`kind`: WP predicts as it commits). A planner class declares the schedule's traits and checks."""
 
+    traits: ClassVar[Traits]  # the schedule's, under its registry name
+    kind = COMMIT
     estimate_clip_norm: float | None = None  # the norm that clips an estimate job; None: its own
     share = 0.5  # of an update's micro-batches computed at θ̃
 
-    def __init__(self, kind: str = COMMIT):
-        self.kind = kind
+    def __init__(self, options: OverlappedOptions, plan):
+        """From the [acco] options and the update plan."""
+
+    @classmethod
+    def check_config(cls, cfg, dp_size: int) -> str | None:
+        """Why this schedule cannot run `cfg`, beyond what every overlapped schedule checks (one line), or None."""
+        return None
 
     def plan(self, finished: UpdateResult | None) -> tuple[str, bool]:
         """(the next job's kind, whether A keeps accumulating after handing it over)."""
@@ -81,13 +90,14 @@ class Planner:
 
 
 class Overlapped(Strategy):
-    """The sharded job one round behind; a schedule's class declares its traits and its planner (`planner_for`)."""
+    """The sharded job one round behind, its rounds planned by a `Planner`. The registry lists one class per
+    planner (`scheduled_by`): the planner's traits and checks, the rest this class's."""
 
-    def __init__(
-        self, model, dims, plan, optimizer, acco: OverlappedOptions, device, reduce_dtype=torch.float32, planner=None
-    ):
+    planner_class: ClassVar[type[Planner]]
+
+    def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device, reduce_dtype=torch.float32):
         self.model, self.dims = model, dims
-        self.planner = Planner() if planner is None else planner
+        self.planner = self.planner_class(acco, plan)
         self.accumulation = plan.micro_batches // self.traits.periods_per_update  # per period
         self.schedule, self.max_norm = plan.schedule, plan.max_norm
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
@@ -118,14 +128,15 @@ class Overlapped(Strategy):
         self.commits = 0  # committed updates (ACCO's drift cadence, DPU's warm-up)
 
     @classmethod
-    def planner_for(cls, options: OverlappedOptions, plan) -> Planner:
-        return Planner()
+    def scheduled_by(cls, planner_class: type[Planner]) -> type[Overlapped]:
+        """The strategy class of `planner_class`'s schedule, named as its traits name it (acco: ACCO)."""
+        body = {"traits": planner_class.traits, "planner_class": planner_class, "__module__": planner_class.__module__}
+        return type(planner_class.traits.name.upper(), (cls,), body)
 
     @classmethod
     def from_config(cls, model, cfg, dims, plan, device):
         options, reduce_dtype = cfg.options(OverlappedOptions), DTYPES[cfg.parallelism.reduce_dtype]
-        planner = cls.planner_for(options, plan)
-        strategy = cls(model, dims, plan, cfg.optimizer, options, device, reduce_dtype, planner)
+        strategy = cls(model, dims, plan, cfg.optimizer, options, device, reduce_dtype)
         strategy.balanced = strategy.balanced or cfg.parallelism.balance_batches
         return strategy
 
@@ -164,14 +175,12 @@ class Overlapped(Strategy):
                 "does not fix the learning-rate schedule or the data seen: set [training] max_tokens (the token "
                 "budget)"
             )
-        return None
+        return cls.planner_class.check_config(cfg, dp_size)
 
     def micro_batches(self):
         target = self.planner.period(self)  # this period's micro-batches, decided before its job is launched
         target = self.balance.count() if target is None else target
-        if self.planned is not None:
-            self._launch(*self.planned)
-            self.planned = None
+        self.launch_planned()
         cap = self.max_growth * target if self.max_growth else float("inf")
         n, marks = 0, collections.deque()
         # adaptive: past its micro-batches, a rank keeps accumulating while the job runs
@@ -195,7 +204,16 @@ class Overlapped(Strategy):
             return schedule_lr
         return lambda consumed: schedule_lr(consumed) * (consumed / nominal) ** alpha
 
-    def _launch(self, kind: str, keep_accumulating: bool) -> None:
+    @property
+    def next_job(self) -> str | None:
+        """The kind of job the next period launches (None: none planned)."""
+        return None if self.planned is None else self.planned[0]
+
+    def launch_planned(self) -> None:
+        """Launch the job `step()` planned, if any: C ← A, then A zeroed or kept."""
+        if self.planned is None:
+            return
+        (kind, keep_accumulating), self.planned = self.planned, None
         # C ← A: in bf16 for a bf16 estimate round, in C's first half (the same memory)
         bf16 = kind == ESTIMATE and self.estimate_in_bf16
         send = self.comm.view(torch.bfloat16)[: self.comm.numel()] if bf16 else self.comm
@@ -226,7 +244,7 @@ class Overlapped(Strategy):
             self.flat.grads.zero_()
             self.pending = Counts()
 
-    def _finish(self) -> UpdateResult | None:
+    def finish(self) -> UpdateResult | None:
         """Wait for the job in flight, swap in its parameters (P ← C), account for it."""
         if not self.runner.in_flight():
             return None
@@ -247,7 +265,7 @@ class Overlapped(Strategy):
 
     def step(self, counts: Counts) -> UpdateResult | None:
         self.pending = self.pending + counts
-        finished = self._finish()
+        finished = self.finish()
         self.planned = self.planner.plan(finished)
         if self.balanced and finished is not None:
             self.balance.observe(finished.micro_batches, finished.compute_s)

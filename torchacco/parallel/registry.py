@@ -82,7 +82,7 @@ def traits_table(traits: list | None = None) -> str:
         "tp / pp": lambda t: yes[t.model_parallel],
         "shards θ": lambda t: yes[t.shards_theta],
         "`balance_batches`": lambda t: yes[t.balances],
-        "inside DiLoCo replicas": lambda t: yes[not t.replicas_refused],
+        "inside DiLoCo replicas": lambda t: yes[not t.why_not_in_replicas],
         "resume on another dp size": lambda t: yes[not t.resume_needs_same_ranks],
         "forward/backward": lambda t: "fp32 weights, autocast" if t.autocast_compute else "compute dtype",
         "update of": lambda t: f"`{t.update_of}`" if t.update_of else "its own",

@@ -144,7 +144,7 @@ class Traits:
     periods_per_update: int = 1  # compute periods (and jobs) per committed update
     model_parallel: bool = True  # composes with tensor and pipeline parallelism
     balances: bool = True  # runs [parallelism] balance_batches (ranks may run unequal micro-batches)
-    replicas_refused: str = ""  # why DiLoCo's replicas cannot run it inside ("": its theta.pieces() are θ)
+    why_not_in_replicas: str = ""  # why DiLoCo's replicas cannot run it inside ("": its theta.pieces() are θ)
     resume_needs_same_ranks: bool = False  # its checkpoints hold per-rank state
     autocast_compute: bool = False  # fp32 weights, forward/backward autocast to the compute dtype
     shards_theta: bool = False  # theta.pieces() are this rank's shard of θ (not all of it)

@@ -143,7 +143,7 @@ def diloco_rows(args, work: cm.Workload, hw: cm.Hardware) -> dict[str, Row]:
                for replicas, measured in [cm.measured_diloco(label)] if replicas == args.nodes}  # fmt: skip
     configs["flags"] = (None, outer_step(args))
     for inner, cls in strategies().items():
-        if cls.traits.overlapped or cls.traits.replicas_refused:
+        if cls.traits.overlapped or cls.traits.why_not_in_replicas:
             continue
         for label, (name, outer) in configs.items():
             for balanced in (False, True) if args.slow_factor > 1 and name else (False,):
