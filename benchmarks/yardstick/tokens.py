@@ -41,8 +41,7 @@ SLOW99 = "--optimizer.slow_beta 0.99 --optimizer.slow_weight 0.5"
 R4 = "--parallelism.replicas 4 --eval.batches 2"  # 4 replicas of one rank; 2 eval batches each read the same 32
 WARM = "--diloco.warm_start 100"  # a warm start of 100 updates averaged in fp32 (post-local SGD)
 MUON = "--optimizer.name muon"  # torch.optim.Muon for the hidden matrices, AdamW for the rest
-# SNOO: an outer Nesterov step over the one replica every 10 updates, its steady-state step 1.4× the displacement
-SNOO = "--parallelism.replicas 1 --diloco.sync_every 10 --diloco.outer_lr 0.7 --diloco.outer_momentum 0.5"
+SNOO = "--parallelism.replicas 1 --diloco.sync_every 10 --diloco.outer_lr 0.7 --diloco.outer_momentum 0.5"  # 1 replica
 
 
 def _topk(k: float, code: str = "int2", mean: str = "replicas", more: str = "") -> list[str]:
