@@ -17,6 +17,7 @@ TOP3, TOP1 = "streaming_h10_avg_topk3_int2_senders", "streaming_h10_avg_topk1_in
 AB, E = "time_to_target_topk3_senders_ab", "time_to_target_senders_e"  # 2026-11-29: settings a, b and e
 README, PERF, DILOCO = "README.md", "docs/performance.md", "docs/diloco.md"
 RELIABILITY, ACCO, PARALLEL = "docs/reliability.md", "docs/acco.md", "docs/parallelism.md"
+OPTIMIZERS = "docs/optimizers.md"
 TE, OUTER2 = "diloco_topk_token_efficiency", "diloco_topk1_outer2_5seeds"  # 2026-11-27 and 11-28: top-k, outer lr 2
 REGIME = "speed_virtual_acco_regime_2conn"  # 2026-11-27: ZeRO-1's job about ¼, ½, ¾ of compute
 
@@ -385,6 +386,14 @@ NUMBERS = [
         lambda: [fault("fault_goodput_kills")["speed"]],
     ),
     ((RELIABILITY,), "{:.2f} with kills, cuts and freezes", lambda: [fault("fault_goodput")["speed"]]),
+    # Muon and SNOO against DDP-AdamW at equal tokens (2026-12-07)
+    ((OPTIMIZERS,), "DDP with Muon ends {:.2f} ± {:.2f}% below", lambda: gap("muon_snoo_screen", "ddp_muon")),
+    (
+        (OPTIMIZERS,),
+        "reaches it within {:.2f}×",
+        lambda: [summary("muon_snoo_screen", "ddp_muon", "mean_tokens_to_target_ratio")],
+    ),
+    ((DILOCO,), "it ended {:+.2f} ± {:.2f}% above DDP's loss", lambda: gap("muon_snoo_screen", "snoo_h10")),
     # DiLoCo's wire table: loss vs DDP at equal tokens, and paired against bf16 (2026-11-27 to 11-29)
     ((DILOCO,), "| 2 | {:+.2f} ± {:.2f}% (5 seeds) |", lambda: gap(TE, "streaming_h10_avg")),
     (
