@@ -15,7 +15,7 @@ from torchacco import data, faults, hf_io, materialize, user_model
 from torchacco.config import Config, Data, Model, Tokenizer
 from torchacco.device import Device
 from torchacco.errors import UserError
-from torchacco.parallel.diloco import Clock, DiLoCo, has_outer_step
+from torchacco.parallel.diloco import DiLoCo, SharedLRClock, has_outer_step
 from torchacco.parallel.dims import ParallelDims
 from torchacco.parallel.process_groups import on_one_rank
 from torchacco.parallel.registry import strategy_class
@@ -100,7 +100,7 @@ def build_strategy(model: nn.Module, cfg: Config, dims: ParallelDims, plan: Upda
     cls = strategy_class(cfg.parallelism.data_parallel)
     if not has_outer_step(dims.replicas, cfg.diloco):
         return cls.from_config(model, cfg, dims, plan, device)
-    clock = Clock(plan.schedule) if cfg.diloco.balance_replicas else None
+    clock = SharedLRClock(plan.schedule) if cfg.diloco.balance_replicas else None
     if clock is not None:
         plan = dataclasses.replace(plan, schedule=clock)
     folder = Path(cfg.job.dump_folder)  # (a fault-tolerant replica's previous run logged there)

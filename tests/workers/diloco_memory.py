@@ -40,9 +40,9 @@ def main(kind: str, out: str) -> None:
         "rank": dims.rank,
         "inner_bytes": inner_bytes,
         "diloco_bytes": diloco_bytes,
-        "theta_elements": sum(p.numel() for fragment in diloco.state.pieces for p in fragment),
+        "theta_elements": sum(p.numel() for fragment in diloco.state.by_fragment for p in fragment),
         "largest_fragment": max(b.numel() for b in diloco.state.global_params),
-        "empty_fragments": sum(not fragment for fragment in diloco.state.pieces),  # each a 1-element placeholder
+        "empty_fragments": sum(not fragment for fragment in diloco.state.by_fragment),  # each a 1-element placeholder
         "model_elements": sum(p.numel() for p in worker.tiny_model().parameters()),
     }
     diloco.close()

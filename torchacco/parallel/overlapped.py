@@ -277,7 +277,7 @@ class Overlapped(Strategy):
         C is free until the next launch, so it keeps P's contents meanwhile."""
         assert not self.runner.in_flight()
         self.comm.copy_(self.flat.params_buffer)
-        self.sharded.written()  # P ← θ
+        self.sharded.refresh_copies()  # P ← θ
         try:
             yield self.model
         finally:

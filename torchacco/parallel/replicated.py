@@ -136,7 +136,7 @@ class ModuleTheta:
     def __init__(self, model: nn.Module, dims: ParallelDims):
         self.model, self.dims = model, dims
 
-    def pieces(self) -> list[tuple[str, torch.Tensor]]:
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         module = unwrap(self.model)  # DDP's wrapper prefixes the names
         with torch.no_grad():  # a DTensor's (FSDP's shard's) local tensor is its storage
             return [
@@ -145,7 +145,7 @@ class ModuleTheta:
                 if p.requires_grad
             ]
 
-    def written(self) -> None:
+    def refresh_copies(self) -> None:
         pass  # the compute parameters are θ itself
 
     def weights_state_dict(self) -> dict:

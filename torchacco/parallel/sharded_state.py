@@ -55,11 +55,11 @@ class ShardedOptimizerState:
             optimizer=8 * shard,  # exp_avg and exp_avg_sq
         )  # fmt: skip
 
-    def pieces(self) -> list[tuple[str, torch.Tensor]]:
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """The master shard's piece of each parameter (the outer step's view of θ)."""
         return self.flat.shard_pieces(self.master)
 
-    def written(self) -> None:
+    def refresh_copies(self) -> None:
         """P ← θ, from every rank's master shard: after a commit the compute parameters are θ (an estimate round
         starts from it)."""
         self.on_job_thread(lambda: gather_master(self.flat, self.optimizer, self.params))

@@ -144,10 +144,10 @@ class Traits:
     periods_per_update: int = 1  # compute periods (and jobs) per committed update
     model_parallel: bool = True  # composes with tensor and pipeline parallelism
     balances: bool = True  # runs [parallelism] balance_batches (ranks may run unequal micro-batches)
-    why_not_in_replicas: str = ""  # why DiLoCo's replicas cannot run it inside ("": its theta.pieces() are θ)
+    why_not_in_replicas: str = ""  # why DiLoCo's replicas cannot run it inside ("": its theta.named_tensors() are θ)
     resume_needs_same_ranks: bool = False  # its checkpoints hold per-rank state
     autocast_compute: bool = False  # fp32 weights, forward/backward autocast to the compute dtype
-    shards_theta: bool = False  # theta.pieces() are this rank's shard of θ (not all of it)
+    shards_theta: bool = False  # theta.named_tensors() are this rank's shard of θ (not all of it)
     # Its constructor shards the module (FSDP2), then materializes it: a model built on meta reaches it unallocated.
     shards_module: bool = False
     shards_within_node: bool = False  # HSDP: per_micro_batch in a node, one all-reduce per shard across nodes
@@ -236,12 +236,12 @@ class Theta(Protocol):
     """Where a strategy keeps the committed parameters θ between updates (`Strategy.theta`): what
     DiLoCo's outer step (docs/diloco.md) and the export read and write."""
 
-    def pieces(self) -> list[tuple[str, torch.Tensor]]:
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """The fp32 tensors this rank keeps θ in (its shard, for a sharded strategy), by parameter
-        name in the model's order. Writing them sets θ; `written()` then refreshes what derives from it."""
+        name in the model's order. Writing them sets θ; `refresh_copies()` then refreshes what derives from it."""
         ...
 
-    def written(self) -> None:
+    def refresh_copies(self) -> None:
         """The pieces were written: refresh the compute parameters that are copies of them."""
         ...
 

@@ -78,7 +78,7 @@ class ZeRO1(Strategy):
         self.consumed = state["consumed"]
         if self.balance:
             self.balance.load_state_dict(state["balance"])
-        self.sharded.written()  # the compute parameters follow from θ
+        self.sharded.refresh_copies()  # the compute parameters follow from θ
 
 
 def sharded_checkpoint_key(dims) -> str:

@@ -36,13 +36,13 @@ from torchacco.faults import muted_from
 from torchacco.parallel.collectives import all_gather_single
 from torchacco.parallel.diloco.exchange import FaultTolerant, Overlapped, Synchronous
 from torchacco.parallel.diloco.outer_state import OuterState, fragment_of
-from torchacco.parallel.diloco.schedule import WARM_START, Clock, Schedule
+from torchacco.parallel.diloco.schedule import WARM_START, Schedule, SharedLRClock
 from torchacco.parallel.strategy import Counts, MemoryParts, Strategy, UpdateResult
 
 if TYPE_CHECKING:
     from torchacco.config import DiLoCo as DiLoCoConfig
 
-__all__ = ["Clock", "DiLoCo", "fragment_of", "has_outer_step"]
+__all__ = ["SharedLRClock", "DiLoCo", "fragment_of", "has_outer_step"]
 
 
 def has_outer_step(replicas: int, options: DiLoCoConfig) -> bool:
@@ -53,7 +53,7 @@ def has_outer_step(replicas: int, options: DiLoCoConfig) -> bool:
 class DiLoCo(Strategy):
     """The outer step over an inner strategy (`build.build_strategy` wraps one in it: `has_outer_step`)."""
 
-    def __init__(self, inner: Strategy, dims, options: DiLoCoConfig, device: Device, clock: Clock | None = None,
+    def __init__(self, inner: Strategy, dims, options: DiLoCoConfig, device: Device, clock: SharedLRClock | None = None,
                  folder: Path | None = None):  # fmt: skip
         self.inner, self.dims, self.device, self.clock = inner, dims, device, clock
         self.muted_from = muted_from(dims.replica_rank)  # an injected fault (faults.py): a lost replica's reference
@@ -88,7 +88,7 @@ class DiLoCo(Strategy):
         s = self.schedule
         idle = s.idle(self.dims.replica_rank)
         if idle:  # a slot this replica sits out
-            result = self._sat_out(self.clock(self.clock.tokens, self.nominal), self.nominal)
+            result = self._idle_result(self.clock(self.clock.tokens, self.nominal), self.nominal)
         else:
             result = self.inner.step(counts)
             if result is None or not result.committed:
@@ -112,7 +112,7 @@ class DiLoCo(Strategy):
         # Every replica consumes the same input tokens per inner update: the run's clock counts those that ran.
         return dataclasses.replace(result, consumed=self.nominal * computing, outer=outer)
 
-    def _sat_out(self, lr: float, consumed: float, outer: dict | None = None) -> UpdateResult:
+    def _idle_result(self, lr: float, consumed: float, outer: dict | None = None) -> UpdateResult:
         """An update this replica computed nothing for: θ stays, and it reports its last loss and gradient norm."""
         loss, norm = self.last_seen
         return UpdateResult(0.0, loss, norm, lr, committed=True, consumed=consumed, outer=outer or {})
@@ -130,7 +130,7 @@ class DiLoCo(Strategy):
         outer = self.exchange.join(run_state, load_run_state)
         if outer is None:
             return None
-        return self._sat_out(float("nan"), self.nominal * self.dims.replicas, outer)  # (the donor's loss and norm)
+        return self._idle_result(float("nan"), self.nominal * self.dims.replicas, outer)  # (the donor's loss and norm)
 
     def outer_step(self, f: int, opened: bool = False) -> dict:
         s, start = self.schedule, time.perf_counter()
@@ -139,7 +139,7 @@ class DiLoCo(Strategy):
         mean = mean.to(self.state.home)
         theta = self.state.step(f, mean, s.momentum(s.outer_steps + 1), self.options.outer_lr)
         self.state.scatter(f, self.exchange.land(f, theta))
-        self.inner.theta.written()
+        self.inner.theta.refresh_copies()
         s.outer_steps += 1
         finished, s.slot = s.active, 0
         if self.options.balance_replicas:

@@ -65,7 +65,7 @@ class Synchronous:
             theta.sub_(mean.to(theta.device))
             d.state.scatter(f, theta.to(d.device.torch))
             sent += delta.numel() if self.split_group is None else -(-delta.numel() // d.dims.dp_size)
-        d.inner.theta.written()
+        d.inner.theta.refresh_copies()
         return 4.0 * sent
 
     def outer(self, f: int, opened: bool = False) -> tuple[int, torch.Tensor]:
@@ -81,7 +81,7 @@ class Synchronous:
 
     def wire_bytes(self, f: int) -> float:
         """The bytes of fragment f this rank sends to the other replicas."""
-        numel = sum(p.numel() for p in self.diloco.state.pieces[f])
+        numel = sum(p.numel() for p in self.diloco.state.by_fragment[f])
         if self.split_group is not None:  # whole rows or chunks, as split_across cuts them
             align = CHUNK if self.keep else ROW
             numel = -(-numel // (self.diloco.dims.dp_size * align)) * align
@@ -134,7 +134,7 @@ class Overlapped(Synchronous):
             guess = d.state.global_params[f].to(delta.device) - lr * (delta + mu * (mu * momentum + delta))
             self.eager[: guess.numel()] = guess
             d.state.scatter(f, guess)
-            d.inner.theta.written()
+            d.inner.theta.refresh_copies()
 
     def outer(self, f: int, opened: bool = False) -> tuple[int, torch.Tensor]:
         assert self.in_flight == f, "the fragment's transfer was started τ updates ago"

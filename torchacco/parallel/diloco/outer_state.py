@@ -32,14 +32,14 @@ def fragment_of(module: torch.nn.Module, names: list[str], fragments: int) -> li
 
 
 class OuterState:
-    """Per fragment f: `pieces[f]` of this rank's θ, and θ_global, m and e of them (`global_params`, `momentum`,
+    """Per fragment f: `by_fragment[f]` of this rank's θ, and θ_global, m and e of them (`global_params`, `momentum`,
     `residual`: with topk only)."""
 
     def __init__(self, inner, options, device):
         self.inner, self.device = inner, device
-        named = inner.theta.pieces()
+        named = inner.theta.named_tensors()
         which = fragment_of(unwrap(inner.model), [n for n, _ in named], options.fragments)
-        self.pieces = [[p for (_, p), f in zip(named, which) if f == frag] for frag in range(options.fragments)]
+        self.by_fragment = [[p for (_, p), f in zip(named, which) if f == frag] for frag in range(options.fragments)]
         self.home = torch.device("cpu") if options.offload else device.torch
         pin = options.offload and device.type == "cuda"
         self.global_params = [self.gather(f).to(self.home).pin_memory() if pin else self.gather(f).to(self.home).clone()
@@ -50,7 +50,7 @@ class OuterState:
 
     def gather(self, f: int) -> torch.Tensor:
         """This rank's θ for fragment f, flat (a one-element placeholder when the rank holds none of it)."""
-        pieces = self.pieces[f]
+        pieces = self.by_fragment[f]
         if not pieces:
             return torch.zeros(1, dtype=torch.float32, device=self.device.torch)
         return torch.cat([p.detach().reshape(-1).float() for p in pieces])
@@ -58,14 +58,14 @@ class OuterState:
     def scatter(self, f: int, flat: torch.Tensor) -> None:
         offset = 0
         with torch.no_grad():
-            for p in self.pieces[f]:
+            for p in self.by_fragment[f]:
                 p.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
 
     def write_all(self, flats: list[torch.Tensor]) -> None:
         for f, flat in enumerate(flats):
             self.scatter(f, flat.to(self.device.torch))
-        self.inner.theta.written()
+        self.inner.theta.refresh_copies()
 
     def delta(self, f: int) -> torch.Tensor:
         """Δ = θ_global − θ_r of fragment f."""

@@ -100,7 +100,7 @@ class Schedule:
             self.peak_lr = outer["peak_lr"]
 
 
-class Clock:
+class SharedLRClock:
     """`balance_replicas`: the learning-rate clock of every replica (the run's tokens over the replicas), read in
     place of the inner strategy's own count of its committed tokens (a `TokenSchedule`'s start)."""
 
