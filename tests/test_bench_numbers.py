@@ -72,6 +72,16 @@ def vs_ddp(table: str, setting: str, label: str) -> list[float]:
     return [load(table)["settings"][setting]["strategies"][label]["sooner"]]
 
 
+MUON_TOP3 = "streaming_h10_avg_topk3_int2_senders_muon"
+
+
+def muon_gap(label: str) -> float:
+    """Final loss over DDP-Muon's at equal tokens, %, the mean over seeds paired across the two screens."""
+    ddp_muon = summary("muon_snoo_screen", "ddp_muon", "val_loss")
+    losses = summary("streaming_muon_screen", label, "val_loss")
+    return statistics.mean(100 * (x / y - 1) for x, y in zip(losses, ddp_muon, strict=True))
+
+
 def gap(table: str, label: str) -> list[float]:
     """Final loss over DDP's at equal tokens, % (mean, 95% interval)."""
     return [summary(table, label, "mean_gap_pct"), summary(table, label, "ci95_gap_pct")]
@@ -394,6 +404,8 @@ NUMBERS = [
         lambda: [summary("muon_snoo_screen", "ddp_muon", "mean_tokens_to_target_ratio")],
     ),
     ((DILOCO,), "it ended {:+.2f} ± {:.2f}% above DDP's loss", lambda: gap("muon_snoo_screen", "snoo_h10")),
+    ((OPTIMIZERS,), "with Muon inside ends {:.2f} ± {:.2f}% below", lambda: gap("streaming_muon_screen", MUON_TOP3)),
+    ((OPTIMIZERS,), "but {:+.2f}% above DDP-Muon", lambda: [muon_gap(MUON_TOP3)]),
     # DiLoCo's wire table: loss vs DDP at equal tokens, and paired against bf16 (2026-11-27 to 11-29)
     ((DILOCO,), "| 2 | {:+.2f} ± {:.2f}% (5 seeds) |", lambda: gap(TE, "streaming_h10_avg")),
     (
