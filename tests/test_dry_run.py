@@ -217,7 +217,9 @@ def measure_strategies(monkeypatch, strategies: list[str], *extra: str) -> dict[
          *strategies, "--", *MEMCHECK, *extra],
         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # every rank's error lines first: a crash on one rank ends the others' tracebacks in the tail
+    errors = "\n".join(line for line in proc.stderr.splitlines() if "Error" in line)
+    assert proc.returncode == 0, errors[-3000:] + "\n" + proc.stderr[-3000:]
     return {r["strategy"]: r for r in (json.loads(x) for x in proc.stdout.splitlines() if x[:1] == "{")}
 
 
