@@ -53,10 +53,10 @@ class FSDP(Replicated):
     @classmethod
     def gathered_memory(cls, parallelism, block_numel, root_numel, blocks, param_dtype, group=1):
         # The root's parameters stay gathered from forward to backward; a block's while it runs and the next's,
-        # prefetched (all of them after forward without reshard_after_forward), and one block's unsharded
-        # gradient before its reduce-scatter.
-        gathered = root_numel + (2 if parallelism.reshard_after_forward else blocks) * block_numel
-        return gathered * param_dtype.itemsize + block_numel * DTYPES[parallelism.reduce_dtype].itemsize
+        # prefetched (all of them after forward without reshard_after_forward), the next's twice while its all-gather's
+        # output is copied out, and one block's unsharded gradient beside the reduce-scatter input it is copied into.
+        gathered = root_numel + (3 if parallelism.reshard_after_forward else blocks + 1) * block_numel
+        return (gathered + block_numel) * param_dtype.itemsize + block_numel * DTYPES[parallelism.reduce_dtype].itemsize
 
     @classmethod
     def accumulation_memory(cls, parallelism, numel, micro_batches):
