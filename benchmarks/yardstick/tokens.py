@@ -105,8 +105,7 @@ VARIANTS = {
     **{f"streaming_h10_avg_topk3_int2{suffix}_r4": _topk(0.03, mean=mean, more=R4)
        for suffix, mean in (("", "replicas"), ("_senders", "senders"))},
     "streaming_h10_avg_topk3_int2_senders_warm100_r4": _topk(0.03, mean="senders", more=f"{WARM} {R4}"),
-    # Muon inside: DDP and ZeRO-1 (its noise floor); SNOO with either optimizer; Streaming DiLoCo at 2 and 4 replicas
-    "ddp_muon": _dp(DDP, MUON), "zero1_muon": _dp(ZERO1, MUON),
+    "ddp_muon": _dp(DDP, MUON), "zero1_muon": _dp(ZERO1, MUON),  # Muon inside; zero1_muon − ddp_muon: its noise floor
     "snoo_h10": _dp(DDP, SNOO), "snoo_h10_muon": _dp(DDP, f"{SNOO} {MUON}"),
     "streaming_h10_avg_topk3_int2_senders_muon": _topk(0.03, mean="senders", more=MUON),
     "streaming_h10_avg_topk3_int2_senders_muon_r4": _topk(0.03, mean="senders", more=f"{MUON} {R4}"),
