@@ -82,6 +82,12 @@ def muon_gap(label: str) -> float:
     return statistics.mean(100 * (x / y - 1) for x, y in zip(losses, ddp_muon, strict=True))
 
 
+def floor(table: str) -> list[float]:
+    """ZeRO-1-Muon's final loss over DDP-Muon's, %, paired by seed (mean, 95% interval)."""
+    zero1, ddp = (summary(table, v, "val_loss") for v in ("zero1_muon", "ddp_muon"))
+    return list(mean_ci([100 * (z / d - 1) for z, d in zip(zero1, ddp, strict=True)]))
+
+
 def gap(table: str, label: str) -> list[float]:
     """Final loss over DDP's at equal tokens, % (mean, 95% interval)."""
     return [summary(table, label, "mean_gap_pct"), summary(table, label, "ci95_gap_pct")]
@@ -403,6 +409,7 @@ NUMBERS = [
         "reaches it in at most {:.3f}× its tokens on every seed",
         lambda: [max(summary("ddp_muon_tokens", "ddp_muon", "tokens_to_target_ratio"))],
     ),
+    ((OPTIMIZERS,), "ZeRO-1 with Muon ends {:+.3f} ± {:.3f}% from DDP with Muon", lambda: floor("muon_noise_floor")),
     ((DILOCO,), "it ended {:+.2f} ± {:.2f}% above DDP's loss", lambda: gap("muon_snoo_screen", "snoo_h10")),
     ((OPTIMIZERS,), "with Muon inside ends {:.2f} ± {:.2f}% below", lambda: gap("streaming_muon_screen", MUON_TOP3)),
     ((OPTIMIZERS,), "but {:+.2f}% above DDP-Muon", lambda: [muon_gap(MUON_TOP3)]),

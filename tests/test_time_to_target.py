@@ -164,6 +164,7 @@ def test_the_token_efficiency_report_gives_the_mean_gaps_95_percent_interval(mon
     from benchmarks.yardstick import tokens as te
 
     losses = {("ddp", 0): 4.0, ("ddp", 1): 4.0, ("ddp", 2): 5.0, ("acco", 0): 4.04, ("acco", 1): 4.0, ("acco", 2): 5.1}
+    losses |= {(v, s): 3.0 for v in ("ddp_muon", "zero1_muon") for s in range(3)} | {("zero1_muon", 0): 3.03}
 
     def fake_train(variant, lr, seed, updates, folder, fresh, flavor, extra=(), batch=16):
         folder.mkdir(parents=True)
@@ -172,12 +173,16 @@ def test_the_token_efficiency_report_gives_the_mean_gaps_95_percent_interval(mon
         return te.records(folder)
 
     monkeypatch.setattr(te, "train", fake_train)
-    te.main(["--updates", "10", "--seeds", "0,1,2", "--variants", "ddp,acco", "--out", str(tmp_path), "--name", "t"])
+    variants = "ddp,acco,ddp_muon,zero1_muon"
+    te.main(["--updates", "10", "--seeds", "0,1,2", "--variants", variants, "--out", str(tmp_path), "--name", "t"])
     row = json.loads((tmp_path / "t.json").read_text())["summary"]["0.003"]["acco"]
     gaps = [1.0, 0.0, 2.0]  # % per seed; mean 1, sd 1, Student's t at 2 degrees of freedom 4.30
     assert row["gap_pct"] == pytest.approx(gaps)
     assert row["ci95_gap_pct"] == pytest.approx(4.30 / 3**0.5)
     assert "| +1.00 ± 1.00 | -1.48 to +3.48 |" in (tmp_path / "t.md").read_text()
+    # ZeRO-1 against DDP with the same optimizer: gaps +1, 0, 0 (%): mean 1/3, sd 1/√3
+    floor = f"Noise floor at lr 0.003: zero1_muon against ddp_muon, +0.333 ± {4.30 / 3:.3f}% (95% interval)"
+    assert floor in (tmp_path / "t.md").read_text()
 
 
 def test_tuning_picks_each_variants_best_grid_point_on_its_own_seeds_and_reports_the_others_there(
