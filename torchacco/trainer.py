@@ -19,7 +19,7 @@ from torch.profiler import record_function
 from torchacco import checkpoint, data, emulation, fault_tolerance, health, preemption, run_folder, user_model
 from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.blocks import block_list, compile_units
-from torchacco.build import ModelKind, build_data, build_model, build_strategy
+from torchacco.build import ModelKind, build_data, build_on_meta, build_strategy
 from torchacco.checkpoint import Checkpointer, TrainState, check_shared, checkpoint_bytes, checkpoint_state, resume
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
@@ -28,7 +28,6 @@ from torchacco.evaluate import evaluate
 from torchacco.export import export_hf
 from torchacco.faults import from_env
 from torchacco.loss import TokenLoss, value
-from torchacco.materialize import materialize
 from torchacco.metrics import MetricsLogger, Throughput
 from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.dims import ParallelDims
@@ -42,7 +41,6 @@ from torchacco.parallel.process_groups import (
     nccl_flight_recorder,
     on_one_rank,
 )
-from torchacco.parallel.registry import strategy_class
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan
 from torchacco.profiling import Profiler
 from torchacco.runners import stall_deadline_s
@@ -143,7 +141,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     tokenizer, train_set, val_set = _datasets(cfg, dims, datasets, tokenizer)
     vocab = tokenizer.vocab_size if tokenizer else 0
     spec = get_model_spec(cfg.model.name)
-    model = _model(cfg, spec, device, kind, model, vocab)
+    model, init = _model(cfg, spec, device, kind, model, vocab)
     n_params = sum(p.numel() for p in model.parameters())
     loss_fn = TokenLoss(t.loss_chunks, dims.tp_enabled and not dims.pp_enabled and cfg.parallelism.loss_parallel)
     if cfg.emulation.virtual_compute:  # waits instead of compute, before the strategy's hooks (speed only)
@@ -151,7 +149,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     flops_per_token = kind.flops_per_token(model, t.seq_len)  # of the whole model, before any parallelism
     dtype = compute_dtype(t.mixed_precision, device)
     plan = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dims.dp_size, dtype, dims.replicas)
-    strategy, pipeline = parallelize(cfg, spec, dims, device, model, loss_fn, plan)
+    strategy, pipeline = parallelize(cfg, spec, dims, device, model, loss_fn, plan, init)
     run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline, n_params)
     run.log.info(
         f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | "
@@ -198,28 +196,24 @@ def _datasets(cfg: Config, dims: ParallelDims, datasets, tokenizer):
     return tokenizer, train_set, val_set
 
 
-def _model(cfg: Config, spec, device: Device, kind: ModelKind, model, vocab: int) -> nn.Module:
-    """The configured model, built; or the one passed to train(), checked."""
+def _model(cfg: Config, spec, device: Device, kind: ModelKind, model, vocab: int):
+    """(the configured model on meta, the step that allocates it); or (the one passed to train(), checked, None)."""
     if model is None:
-        return build_model(spec, cfg.model, vocab, cfg.training.seed, device, deferred=True)
+        return build_on_meta(spec, cfg.model, vocab, cfg.training.seed, device)
     on = next(model.parameters()).device
     if on.type != device.type or (device.type == "cuda" and on.index not in (None, device.index)):
         raise UserError(f"the model passed to train() is on {on}, the run on {device.torch}; move it there first "
                         f"(model.to('{device.torch}'))")  # fmt: skip
     if kind.foreign and vocab:
         user_model.check_vocabulary(model, vocab)
-    return model
+    return model, None
 
 
-def parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss, plan):
-    """Model parallelism, then the data-parallel strategy: (strategy, pipeline or None). A model on meta is
-    materialised in between (for FSDP, after sharding), so each rank allocates only its part."""
+def parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn, plan, init=None):
+    """Model parallelism, then the data-parallel strategy: (strategy, pipeline or None). `init` allocates a model built
+    on meta: run by the strategy's build (for FSDP, after sharding), so each rank allocates only its part."""
     model, pipeline = _model_parallel(cfg, spec, dims, device, model, loss_fn)
-    if not strategy_class(cfg.parallelism.data_parallel).traits.shards_module:
-        materialize(model)
-    strategy = build_strategy(model, cfg, dims, plan, device)
-    materialize(model)  # (a no-op once done)
-    return strategy, pipeline
+    return build_strategy(model, cfg, dims, plan, device, init), pipeline
 
 
 def _model_parallel(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss):
