@@ -66,7 +66,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     job = None if replica is None else (replica, p.replicas)
     dims = init_distributed(device, timeout, p.tensor_parallel_degree, p.pipeline_parallel_degree, replicas, job)
     dump = lambda: dump_flight_recorder(Path(cfg.job.dump_folder), dims.rank)  # noqa: E731
-    heartbeat = health.start(dims.rank, dims.world_size, stall_deadline_s(dims.timeout), timeout, dump)
+    dims.heartbeat = heartbeat = health.start(dims.rank, dims.world_size, stall_deadline_s(dims.timeout), timeout, dump)
     sigterm = health.SigtermGuard()
     # After SigtermGuard: SIGTERM, when a preemption signal, ends the run at the next update instead.
     preempt = preemption.Preemption(cfg.preemption, dims, cfg.checkpoint.enable)
@@ -89,7 +89,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
                 adapter.remove()
             preempt.close(clean)  # clean: every rank ended the run at the same update (finished or preempted)
             sigterm.restore()
-            health.stop()
+            health.stop(heartbeat)
             if own_group:
                 # After an error, skip the barrier: peers may be inside another collective, and
                 # torchrun stops them once this process exits.
@@ -165,7 +165,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     try:
         summary = _loop(cfg, dims, device, run, preempt)
         if cfg.checkpoint.export_hf:
-            health.current().enter("export to Hugging Face format")
+            dims.heartbeat.enter("export to Hugging Face format")
             exported = export_hf(
                 cfg.model.name, kind, strategy, dims, folder / "hf", cfg.checkpoint.export_dtype, tokenizer
             )
@@ -251,7 +251,7 @@ def _start(
         need, host = checkpoint_bytes(saved, n_params), checkpoint.staging_bytes(saved)  # host: an async save's copy
         space = lambda: run_folder.check_space(folder, need, n_params)
         on_one_rank(dims, space, main_only=True, what="check the free space")
-    health.current().enter("checkpoint load")
+    dims.heartbeat.enter("checkpoint load")
     timeout = timedelta(seconds=t.collective_timeout_s)
     checkpointer, resumed = resume(cfg.checkpoint, folder, dims, strategy, state, train_loader, timeout)
     m = cfg.metrics
@@ -311,8 +311,8 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run, preempt: pr
             run.checkpointer.save(state.step, snapshot())  # as the others
     device.reset_peak_memory()
     throughput.restart(state.tokens)
-    heartbeat = health.current()
-    faults = from_env(dims.rank, dims.replica_rank)
+    heartbeat = dims.heartbeat
+    faults = from_env(dims.rank, dims.replica_rank, heartbeat)
     while state.step < t.steps:
         heartbeat.enter(f"compute (step {state.step + 1})")
         poison = faults.before_period(state.step + 1)
