@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchacco.build import build_model
+from torchacco.build import build_model, build_on_meta
 from torchacco.config import Config
 from torchacco.device import Device
-from torchacco.materialize import is_deferred, materialize
 from torchacco.spec import get_model_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,24 +20,25 @@ ROOT = Path(__file__).resolve().parents[1]
 def _built(deferred: bool, seed: int = 5):
     cfg = Config()
     cfg.model.name, cfg.model.flavor = "llama3", "debug"
-    return build_model(get_model_spec("llama3"), cfg.model, 0, seed, Device("cpu"), deferred=deferred)
+    build = build_on_meta if deferred else build_model
+    return build(get_model_spec("llama3"), cfg.model, 0, seed, Device("cpu"))
 
 
 def test_a_deferred_model_stays_on_meta_until_materialised():
-    model = _built(deferred=True)
-    assert is_deferred(model) and all(p.is_meta for p in model.parameters())
-    materialize(model)
-    assert not is_deferred(model) and not any(p.is_meta for p in model.parameters())
+    model, init = _built(deferred=True)
+    assert all(p.is_meta for p in model.parameters())
+    init()
+    assert not any(p.is_meta for p in model.parameters())
 
 
 @pytest.mark.exact
 def test_a_pruned_stage_gets_the_whole_models_values_and_the_generator_advances_as_for_it():
     whole = _built(deferred=False)
     after_whole = torch.rand(4)
-    stage = _built(deferred=True)
+    stage, init = _built(deferred=True)
     stage.tok_embeddings = None  # as a pipeline stage without the embedding, pruned before allocation
     del stage.layers[3:]
-    materialize(stage)
+    init()
     after_stage = torch.rand(4)
     expected = whole.state_dict()
     for name, tensor in stage.state_dict().items():

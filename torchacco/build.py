@@ -55,12 +55,16 @@ def model_args(spec: ModelSpec, model: Model, vocab_size: int = 0):
     return spec.args(model.flavor, vocab_size=model.vocab_size or vocab_size or None)
 
 
-def build_model(
-    spec: ModelSpec, model_cfg: Model, vocab_size: int, seed: int, device: Device, deferred: bool = False
-) -> nn.Module:
-    """Built on the meta device, initialised from `seed` (or loaded from [model] init_from) on `device`. `deferred`:
-    left on meta until `materialize(model)`, so that parallelism applied in between makes each rank allocate its own
-    shards only (torchacco/materialize.py)."""
+def build_model(spec: ModelSpec, model_cfg: Model, vocab_size: int, seed: int, device: Device) -> nn.Module:
+    """Initialised from `seed` (or loaded from [model] init_from) on `device`."""
+    model, init = build_on_meta(spec, model_cfg, vocab_size, seed, device)
+    init()
+    return model
+
+
+def build_on_meta(spec: ModelSpec, model_cfg: Model, vocab_size: int, seed: int, device: Device):
+    """(model on the meta device, the step that allocates it on `device` and initialises it): parallelism applied in
+    between makes each rank allocate its own shards only (torchacco/materialize.py)."""
     args = model_args(spec, model_cfg, vocab_size)
     if vocab_size > args.vocab_size:
         raise UserError(
@@ -74,10 +78,7 @@ def build_model(
         _, _, weights = hf_io.load_hf(model_cfg.init_from, model_cfg.name, lazy=True)
         hf_io.load_into(full, weights)
 
-    materialize.defer(model, device.torch, seed, load if model_cfg.init_from else None)
-    if not deferred:
-        materialize.materialize(model)
-    return model
+    return model, materialize.defer(model, device.torch, seed, load if model_cfg.init_from else None)
 
 
 def build_data(data_cfg: Data, tokenizer_cfg: Tokenizer, seq_len: int, seed: int, dims: ParallelDims):
@@ -94,14 +95,16 @@ def build_data(data_cfg: Data, tokenizer_cfg: Tokenizer, seq_len: int, seed: int
     return tokenizer, train_set, val_set
 
 
-def build_strategy(model: nn.Module, cfg: Config, dims: ParallelDims, plan: UpdatePlan, device: Device) -> Strategy:
+def build_strategy(
+    model: nn.Module, cfg: Config, dims: ParallelDims, plan: UpdatePlan, device: Device, init=None
+) -> Strategy:
     """The configured strategy over `model` (this rank's part of it, after tensor/pipeline parallelism), inside DiLoCo's
-    outer step when the run has one (`plan` is then one replica's)."""
+    outer step when the run has one (`plan` is then one replica's). `init`: the step allocating `model` (on meta)."""
     cls = strategy_class(cfg.parallelism.data_parallel)
     if not has_outer_step(dims.replicas, cfg.diloco):
-        return cls.from_config(model, cfg, dims, plan, device)
+        return cls.build(model, cfg, dims, plan, device, init)
     clock = SharedLRClock(plan.schedule) if cfg.diloco.balance_replicas else None
     if clock is not None:
         plan = dataclasses.replace(plan, schedule=clock)
     folder = Path(cfg.job.dump_folder)  # (a fault-tolerant replica's previous run logged there)
-    return DiLoCo(cls.from_config(model, cfg, dims, plan, device), dims, cfg.diloco, device, clock, folder)
+    return DiLoCo(cls.build(model, cfg, dims, plan, device, init), dims, cfg.diloco, device, clock, folder)

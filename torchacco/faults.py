@@ -49,7 +49,8 @@ FIRED_KEY = "torchacco/fault-fired/"
 
 
 class Faults:
-    def __init__(self, spec: str, rank: int, store: dist.Store | None = None, replica: int = 0):
+    def __init__(self, spec: str, rank: int, store: dist.Store | None = None, replica: int = 0, heartbeat=None):
+        self.heartbeat = heartbeat or health.Heartbeat(None, rank, 1)  # (None: silent)
         self.faults = []
         for item in filter(None, (s.strip() for s in spec.split(","))):
             if SLOW_DATA.match(item) or MUTE.match(item):
@@ -83,7 +84,7 @@ class Faults:
             elif what == "pause":
                 time.sleep(arg)
             elif what == "kill":
-                health.current().flush()  # so the survivors can tell where this rank died
+                self.heartbeat.flush()  # so the survivors can tell where this rank died
                 os.kill(os.getpid(), signal.SIGKILL)
             elif what == "hang":  # the next collective issued from Python, whatever the strategy
                 set_collective_hook(_receive_forever, everywhere=True)
@@ -122,12 +123,12 @@ def _receive_forever(name: str) -> None:
     dist.recv(torch.zeros(1, device=device), src=peer, tag=7_777)  # (a tag no other message uses)
 
 
-def from_env(rank: int, replica: int = 0) -> Faults:
+def from_env(rank: int, replica: int = 0, heartbeat: health.Heartbeat | None = None) -> Faults:
     """This rank's faults; fired ones are marked in the launcher's store beneath torchrun's per-attempt prefixes."""
     store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
-    return Faults(os.environ.get("TORCHACCO_FAULT", ""), rank, store, replica)
+    return Faults(os.environ.get("TORCHACCO_FAULT", ""), rank, store, replica, heartbeat)
 
 
 def _matches(pattern: re.Pattern, spec: str | None) -> list[re.Match]:

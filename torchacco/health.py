@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from torchacco.errors import Stalled, Terminated, print_error
+from torchacco.parallel.collectives import watch_collectives
 
 BEAT_KEY = "torchacco/heartbeat/"
 READ_TIMEOUT_S = 8.0  # per read of every heartbeat; diagnose() reads twice, 2.5 s apart: ~19 s at most
@@ -36,7 +37,7 @@ class Heartbeat:
         self._beats = 0
         self._cond = threading.Condition()
         self._flushes_asked = self._flushes_done = 0
-        self._stop = False
+        self.closed = threading.Event()  # set: the beats and the watchdog stop
         self._thread = None
         if store is not None and world > 1:
             self._thread = threading.Thread(target=self._run, name="torchacco-heartbeat", daemon=True)
@@ -68,7 +69,7 @@ class Heartbeat:
             self._flushes_asked += 1
             asked = self._flushes_asked
             self._cond.notify_all()
-            self._cond.wait_for(lambda: self._flushes_done >= asked or self._stop, timeout_s)
+            self._cond.wait_for(lambda: self._flushes_done >= asked or self.closed.is_set(), timeout_s)
 
     def where(self) -> str:
         return f"{self.phase}, with its {self.comm} in flight" if self.comm else self.phase
@@ -76,7 +77,7 @@ class Heartbeat:
     def _run(self) -> None:
         while True:
             with self._cond:
-                if self._stop:
+                if self.closed.is_set():
                     return
                 serving = self._flushes_asked  # the phase read below is at least as new as these
             self._beats += 1
@@ -87,7 +88,7 @@ class Heartbeat:
             with self._cond:
                 self._flushes_done = serving
                 self._cond.notify_all()
-                if self._flushes_asked == serving and not self._stop:
+                if self._flushes_asked == serving and not self.closed.is_set():
                     self._cond.wait(self.interval_s)  # until the next beat, or a flush or close
 
     def _beat(self) -> dict:
@@ -95,7 +96,7 @@ class Heartbeat:
 
     def close(self) -> None:
         with self._cond:
-            self._stop = True
+            self.closed.set()
             self._cond.notify_all()
 
     def read(self) -> dict[int, dict] | None:
@@ -171,11 +172,11 @@ def behind(beats: dict[int, dict], named: int = 4) -> str | None:
     return "; ".join(said[:named]) + more
 
 
-def watch(hb: Heartbeat, deadline_s: float, timeout_s: float, dump: Callable[[], None], stop: threading.Event):
+def watch(hb: Heartbeat, deadline_s: float, timeout_s: float, dump: Callable[[], None]):
     """A main thread without progress for `deadline_s` (no job in flight: the overlapped schedules time their own
     wait) is hung in a collective: one line naming the rank, the collective and the diagnosis, before NCCL's abort."""
     trained = False  # (armed once the loop's phases (step N) start: a preparation before may take hours)
-    while not stop.wait(1.0):
+    while not hb.closed.wait(1.0):
         idle, trained = time.monotonic() - hb.moved, trained or "(step " in hb.phase
         if trained and idle >= deadline_s and not hb.comm and not hb.phase.startswith("waiting for rank"):
             dump()
@@ -205,8 +206,6 @@ def last_collective() -> tuple[int, str]:
     return found[-1]
 
 
-_current: Heartbeat | None = None
-_watchdog = threading.Event()  # set: the watchdog stops
 _report_lock = threading.Lock()
 _exit_timer: threading.Timer | None = None
 
@@ -236,34 +235,20 @@ def torn_down() -> None:
 
 
 def start(rank: int, world: int, deadline_s: float = 0.0, timeout_s: float = 0.0, dump=lambda: None) -> Heartbeat:
-    """The heartbeat of this process, over the default process group's store, and the watchdog of its main thread."""
-    global _current, _watchdog
-    from torchacco.parallel.collectives import watch_collectives  # (it imports this module)
-
-    watch_collectives()
+    """The heartbeat of this process, over the default process group's store, and the watchdog of its main thread;
+    torch.distributed's collectives and torchacco's report to it until `stop`."""
     store = dist.distributed_c10d._get_default_store() if dist.is_initialized() and world > 1 else None
-    _current = Heartbeat(store, rank, world)
+    heartbeat = Heartbeat(store, rank, world)
+    watch_collectives(heartbeat)
     if MIN_WATCH_S <= deadline_s < timeout_s and store is not None:  # (under it: the library's own timeout first)
-        _watchdog = threading.Event()
-        args = (_current, deadline_s, timeout_s, dump, _watchdog)
+        args = (heartbeat, deadline_s, timeout_s, dump)
         threading.Thread(target=watch, args=args, name="torchacco-watchdog", daemon=True).start()
-    return _current
+    return heartbeat
 
 
-def current() -> Heartbeat:
-    """The running heartbeat, or a silent one (single process, or used as a library)."""
-    global _current
-    if _current is None:
-        _current = Heartbeat(None, 0, 1)
-    return _current
-
-
-def stop() -> None:
-    global _current
-    _watchdog.set()
-    if _current is not None:
-        _current.close()
-    _current = None
+def stop(heartbeat: Heartbeat) -> None:
+    watch_collectives(None)
+    heartbeat.close()
 
 
 class SigtermGuard:

@@ -1,13 +1,12 @@
 """Building a model sharded from the start: construct on meta, parallelise there, then allocate and initialise
 only this rank's shard, with the values of the whole model initialised on one device from the same seed
-(docs/architecture.md, "Order of application"). The trainer calls `materialize(model)` after tensor and pipeline
-parallelism; FSDP calls it after sharding, before it builds its optimizer.
+(docs/architecture.md, "Order of application"). The trainer runs the step `defer` returns after tensor and pipeline
+parallelism; FSDP runs it after sharding, before it builds its optimizer.
 """
 
 from __future__ import annotations
 
 import copy
-import weakref
 from collections.abc import Callable
 
 import torch
@@ -24,12 +23,12 @@ _FRESH_INIT = {
     name for name in dir(nn.init) if name.endswith("_") and not name.startswith("_") and name != "calculate_gain"
 }
 
-_pending: weakref.WeakKeyDictionary[nn.Module, Callable[[], None]] = weakref.WeakKeyDictionary()
 
-
-def defer(model: nn.Module, device: torch.device, seed: int, load: Callable[[nn.Module], None] | None = None) -> None:
-    """Record how to materialise `model` (on meta): allocate on `device`, initialise from `seed` over the module
-    tree as it is now (before pipeline stages prune it), then `load(full)`."""
+def defer(
+    model: nn.Module, device: torch.device, seed: int, load: Callable[[nn.Module], None] | None = None
+) -> Callable[[], None]:
+    """The step that materialises `model` (on meta), to run once: allocate on `device`, initialise from `seed` over
+    the module tree as it is now (before pipeline stages prune it), then `load(full)`."""
     full = _shadow(model)
 
     def run() -> None:
@@ -40,7 +39,7 @@ def defer(model: nn.Module, device: torch.device, seed: int, load: Callable[[nn.
         if load is not None:
             load(full)
 
-    _pending[model] = run
+    return run
 
 
 def _shadow(module: nn.Module) -> nn.Module:
@@ -49,17 +48,6 @@ def _shadow(module: nn.Module) -> nn.Module:
     shadow = copy.copy(module)
     shadow._modules = {name: None if m is None else _shadow(m) for name, m in module._modules.items()}
     return shadow
-
-
-def materialize(model: nn.Module) -> None:
-    """Allocate and initialise a model that `defer` recorded (this rank's shards only); else a no-op."""
-    run = _pending.pop(model, None)
-    if run is not None:
-        run()
-
-
-def is_deferred(model: nn.Module) -> bool:
-    return model in _pending
 
 
 class ShardedInit(TorchFunctionMode):

@@ -68,7 +68,7 @@ class Preemption:
     """The preemption handling of one train() call (a collective: every rank creates it)."""
 
     def __init__(self, cfg, dims, checkpoints: bool):
-        self.cfg, self.rank, self.checkpoints = cfg, dims.rank, checkpoints
+        self.cfg, self.rank, self.checkpoints, self.heartbeat = cfg, dims.rank, checkpoints, dims.heartbeat
         self.signum = 0  # the signal this rank acts on (0: none yet)
         self.group = None
         self._pending: tuple | None = None  # the agreement started at the last boundary
@@ -154,7 +154,7 @@ class Preemption:
                 code,
             )
         start = time.perf_counter()
-        health.current().enter(f"checkpoint save on {name} (step {step})")
+        self.heartbeat.enter(f"checkpoint save on {name} (step {step})")
         with record_function("torchacco/checkpoint_save"):
             if state is not None:
                 checkpointer.save(step, state())
@@ -179,7 +179,7 @@ class Preemption:
             print(
                 f"torchacco: preempted ({signal.Signals(self.signum).name}), but the update and its checkpoint did not "
                 f"finish within [preemption] grace_s = {self.cfg.grace_s:g} (rank 0 was in "
-                f"{health.current().where()}); exiting without it: a relaunch resumes from the latest complete "
+                f"{self.heartbeat.where()}); exiting without it: a relaunch resumes from the latest complete "
                 "checkpoint",
                 file=sys.stderr,
                 flush=True,
@@ -193,8 +193,7 @@ class Preemption:
         after its save), name the dead rank and exit."""
         if self.group is None or self._agreed:
             return False
-        beat = health.current()
-        where, diagnosis = beat.where(), beat.diagnose()
+        where, diagnosis = self.heartbeat.where(), self.heartbeat.diagnose()
         if "stopped responding" not in diagnosis or self._stand_down.is_set() or self._agreed:
             return False
         name = signal.Signals(self.signum).name

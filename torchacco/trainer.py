@@ -19,7 +19,7 @@ from torch.profiler import record_function
 from torchacco import checkpoint, data, emulation, fault_tolerance, health, preemption, run_folder, user_model
 from torchacco.activation_checkpoint import apply_activation_checkpoint
 from torchacco.blocks import block_list, compile_units
-from torchacco.build import ModelKind, build_data, build_model, build_strategy
+from torchacco.build import ModelKind, build_data, build_on_meta, build_strategy
 from torchacco.checkpoint import Checkpointer, TrainState, check_shared, checkpoint_bytes, checkpoint_state, resume
 from torchacco.config import Config
 from torchacco.device import Device, compute_dtype, select_device, set_cpu_threads
@@ -28,7 +28,6 @@ from torchacco.evaluate import evaluate
 from torchacco.export import export_hf
 from torchacco.faults import from_env
 from torchacco.loss import TokenLoss, value
-from torchacco.materialize import materialize
 from torchacco.metrics import MetricsLogger, Throughput
 from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.dims import ParallelDims
@@ -42,7 +41,6 @@ from torchacco.parallel.process_groups import (
     nccl_flight_recorder,
     on_one_rank,
 )
-from torchacco.parallel.registry import strategy_class
 from torchacco.parallel.strategy import Counts, Strategy, UpdatePlan
 from torchacco.profiling import Profiler
 from torchacco.runners import stall_deadline_s
@@ -68,7 +66,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
     job = None if replica is None else (replica, p.replicas)
     dims = init_distributed(device, timeout, p.tensor_parallel_degree, p.pipeline_parallel_degree, replicas, job)
     dump = lambda: dump_flight_recorder(Path(cfg.job.dump_folder), dims.rank)  # noqa: E731
-    heartbeat = health.start(dims.rank, dims.world_size, stall_deadline_s(dims.timeout), timeout, dump)
+    dims.heartbeat = heartbeat = health.start(dims.rank, dims.world_size, stall_deadline_s(dims.timeout), timeout, dump)
     sigterm = health.SigtermGuard()
     # After SigtermGuard: SIGTERM, when a preemption signal, ends the run at the next update instead.
     preempt = preemption.Preemption(cfg.preemption, dims, cfg.checkpoint.enable)
@@ -91,7 +89,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
                 adapter.remove()
             preempt.close(clean)  # clean: every rank ended the run at the same update (finished or preempted)
             sigterm.restore()
-            health.stop()
+            health.stop(heartbeat)
             if own_group:
                 # After an error, skip the barrier: peers may be inside another collective, and
                 # torchrun stops them once this process exits.
@@ -143,7 +141,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     tokenizer, train_set, val_set = _datasets(cfg, dims, datasets, tokenizer)
     vocab = tokenizer.vocab_size if tokenizer else 0
     spec = get_model_spec(cfg.model.name)
-    model = _model(cfg, spec, device, kind, model, vocab)
+    model, init = _model(cfg, spec, device, kind, model, vocab)
     n_params = sum(p.numel() for p in model.parameters())
     loss_fn = TokenLoss(t.loss_chunks, dims.tp_enabled and not dims.pp_enabled and cfg.parallelism.loss_parallel)
     if cfg.emulation.virtual_compute:  # waits instead of compute, before the strategy's hooks (speed only)
@@ -151,7 +149,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     flops_per_token = kind.flops_per_token(model, t.seq_len)  # of the whole model, before any parallelism
     dtype = compute_dtype(t.mixed_precision, device)
     plan = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dims.dp_size, dtype, dims.replicas)
-    strategy, pipeline = parallelize(cfg, spec, dims, device, model, loss_fn, plan)
+    strategy, pipeline = parallelize(cfg, spec, dims, device, model, loss_fn, plan, init)
     run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline, n_params)
     run.log.info(
         f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | "
@@ -167,7 +165,7 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     try:
         summary = _loop(cfg, dims, device, run, preempt)
         if cfg.checkpoint.export_hf:
-            health.current().enter("export to Hugging Face format")
+            dims.heartbeat.enter("export to Hugging Face format")
             exported = export_hf(
                 cfg.model.name, kind, strategy, dims, folder / "hf", cfg.checkpoint.export_dtype, tokenizer
             )
@@ -198,28 +196,24 @@ def _datasets(cfg: Config, dims: ParallelDims, datasets, tokenizer):
     return tokenizer, train_set, val_set
 
 
-def _model(cfg: Config, spec, device: Device, kind: ModelKind, model, vocab: int) -> nn.Module:
-    """The configured model, built; or the one passed to train(), checked."""
+def _model(cfg: Config, spec, device: Device, kind: ModelKind, model, vocab: int):
+    """(the configured model on meta, the step that allocates it); or (the one passed to train(), checked, None)."""
     if model is None:
-        return build_model(spec, cfg.model, vocab, cfg.training.seed, device, deferred=True)
+        return build_on_meta(spec, cfg.model, vocab, cfg.training.seed, device)
     on = next(model.parameters()).device
     if on.type != device.type or (device.type == "cuda" and on.index not in (None, device.index)):
         raise UserError(f"the model passed to train() is on {on}, the run on {device.torch}; move it there first "
                         f"(model.to('{device.torch}'))")  # fmt: skip
     if kind.foreign and vocab:
         user_model.check_vocabulary(model, vocab)
-    return model
+    return model, None
 
 
-def parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss, plan):
-    """Model parallelism, then the data-parallel strategy: (strategy, pipeline or None). A model on meta is
-    materialised in between (for FSDP, after sharding), so each rank allocates only its part."""
+def parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn, plan, init=None):
+    """Model parallelism, then the data-parallel strategy: (strategy, pipeline or None). `init` allocates a model built
+    on meta: run by the strategy's build (for FSDP, after sharding), so each rank allocates only its part."""
     model, pipeline = _model_parallel(cfg, spec, dims, device, model, loss_fn)
-    if not strategy_class(cfg.parallelism.data_parallel).traits.shards_module:
-        materialize(model)
-    strategy = build_strategy(model, cfg, dims, plan, device)
-    materialize(model)  # (a no-op once done)
-    return strategy, pipeline
+    return build_strategy(model, cfg, dims, plan, device, init), pipeline
 
 
 def _model_parallel(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss):
@@ -257,7 +251,7 @@ def _start(
         need, host = checkpoint_bytes(saved, n_params), checkpoint.staging_bytes(saved)  # host: an async save's copy
         space = lambda: run_folder.check_space(folder, need, n_params)
         on_one_rank(dims, space, main_only=True, what="check the free space")
-    health.current().enter("checkpoint load")
+    dims.heartbeat.enter("checkpoint load")
     timeout = timedelta(seconds=t.collective_timeout_s)
     checkpointer, resumed = resume(cfg.checkpoint, folder, dims, strategy, state, train_loader, timeout)
     m = cfg.metrics
@@ -317,8 +311,8 @@ def _loop(cfg: Config, dims: ParallelDims, device: Device, run: Run, preempt: pr
             run.checkpointer.save(state.step, snapshot())  # as the others
     device.reset_peak_memory()
     throughput.restart(state.tokens)
-    heartbeat = health.current()
-    faults = from_env(dims.rank, dims.replica_rank)
+    heartbeat = dims.heartbeat
+    faults = from_env(dims.rank, dims.replica_rank, heartbeat)
     while state.step < t.steps:
         heartbeat.enter(f"compute (step {state.step + 1})")
         poison = faults.before_period(state.step + 1)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from models.llama3 import ModelArgs
 from torchacco import trainer
-from torchacco.build import build_model
+from torchacco.build import build_model, build_on_meta
 from torchacco.config import load_config
 from torchacco.device import select_device
 from torchacco.loss import TokenLoss
@@ -49,13 +49,18 @@ plan = UpdatePlan(1, TokenSchedule(1e-3, 0, 1e6, "constant", 0.1), 1.0, torch.fl
 dist.barrier()
 reset_peak()
 start = peak_kib()
-model = build_model(spec, cfg.model, 0, cfg.training.seed, dev, deferred=not eager)
+model, init = (
+    (build_model(spec, cfg.model, 0, cfg.training.seed, dev), None)
+    if eager
+    else build_on_meta(spec, cfg.model, 0, cfg.training.seed, dev)
+)
 whole = sum(t.numel() * 4 for t in model.parameters())
 if p.data_parallel == "fsdp":
-    strategy, _ = trainer.parallelize(cfg, spec, dims, dev, model, TokenLoss(), plan)
+    strategy, _ = trainer.parallelize(cfg, spec, dims, dev, model, TokenLoss(), plan, init)
 else:  # the model alone: a replicated-update strategy's own buffers are not the build's
     trainer._model_parallel(cfg, spec, dims, dev, model, TokenLoss())
-    trainer.materialize(model)
+    if init is not None:
+        init()
 grown = (peak_kib() - start) * 1024
 out = [None] * dims.world_size
 dist.all_gather_object(out, grown)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from torchacco import hf_io, trainer
-from torchacco.build import build_model
+from torchacco.build import build_model, build_on_meta
 from torchacco.config import load_config
 from torchacco.device import select_device
 from torchacco.loss import TokenLoss
@@ -57,8 +57,8 @@ for layout in LAYOUTS:
         p = cfg.parallelism
         if dims is None or (dims.tp_size, dims.pp_size) != (p.tensor_parallel_degree, p.pipeline_parallel_degree):
             dims = init_distributed(dev, 120, p.tensor_parallel_degree, p.pipeline_parallel_degree)
-        model = build_model(spec, cfg.model, 0, 3, dev, deferred=True)
-        strategy, _ = trainer.parallelize(cfg, spec, dims, dev, model, TokenLoss(), plan)
+        model, init = build_on_meta(spec, cfg.model, 0, 3, dev)
+        strategy, _ = trainer.parallelize(cfg, spec, dims, dev, model, TokenLoss(), plan, init)
         differs = [
             name
             for name, t in model.state_dict().items()

@@ -17,8 +17,6 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from torchacco import health
-
 # torch 2.13 renamed the single-tensor collectives; keep working on older releases.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -28,6 +26,7 @@ PIECE_NUMEL = 1 << 22  # ring messages are cut to this size: the staging buffer 
 
 _before_collective: Callable[[str], None] | None = None
 _everywhere = False
+_heartbeat = None  # the run's, which `watch_collectives` installs: the free functions here report to it
 # gloo joins two ranks by one TCP connection, whose two directions a 2-rank ring's messages take turns on in some
 # calls (on a shaped link, 1.3-1.4x the ideal on average): its messages to the lower rank go by a second group
 _return_groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -50,15 +49,19 @@ def _issue(name: str, group) -> None:
     group, me = group or dist.group.WORLD, threading.current_thread()
     if group not in dist.distributed_c10d._world.pg_names:  # torchft's: not torch's to name, its manager's to check
         return
-    health.current().issued(name, group.group_name)
+    if _heartbeat is not None:
+        _heartbeat.issued(name, group.group_name)
     first = _issuers.setdefault(group, mine := f"{me.name} ({me.ident})")
     if first != mine and os.environ.get(CHECK_THREADS) and group not in HOST_GROUPS:
         raise RuntimeError(f"two threads issue collectives on process group {group.group_name} "
                            f"({dist.get_process_group_ranks(group)}): {first}, then {mine}")  # fmt: skip
 
 
-def watch_collectives() -> None:
-    """torch.distributed's collectives called from Python (not DDP's or DTensor's) run the hook, then `_issue`."""
+def watch_collectives(heartbeat) -> None:
+    """torch.distributed's collectives called from Python (not DDP's or DTensor's) run the hook, then `_issue`; they
+    and these report to `heartbeat` (health.start's; None: to none)."""
+    global _heartbeat
+    _heartbeat = heartbeat
     for name in WATCHED:
         fn = getattr(dist, name, None)
         if fn is None or hasattr(fn, "_torchacco_watched"):
@@ -106,7 +109,8 @@ def _enter_and_use_ring(name: str, tensor: torch.Tensor, group) -> bool:
         _before_collective(name)
     if dist.is_initialized():
         _issue(name, group)
-    health.current().entered(name, _name(group))
+    if _heartbeat is not None:
+        _heartbeat.entered(name, _name(group))
     return dist.get_backend(group) == "gloo" and dist.get_world_size(group) > 1 and tensor.numel() >= RING_MIN_NUMEL
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchacco.device import Device
 from torchacco.errors import UserError
+from torchacco.health import Heartbeat
 from torchacco.parallel.collectives import add_return_group
 
 
@@ -40,6 +41,8 @@ class ParallelDims:
     # A fault-tolerant replica's job (torchacco/fault_tolerance.py): (its replica, the run's replicas). The mesh holds
     # this one replica; the others are reached through torchft.
     replica_job: tuple[int, int] | None = None
+    # Where this rank is, for the diagnoses: the trainer's (health.start), which what takes the dims reports to.
+    heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(None, 0, 1))  # (silent outside train())
 
     def new_group(self, ranks=None, backend=None) -> dist.ProcessGroup:
         """A process group with the run's collective timeout (torch's subgroups default to their own)."""

@@ -10,7 +10,6 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from torchacco.blocks import block_list
 from torchacco.device import DTYPES
-from torchacco.materialize import materialize
 from torchacco.parallel.ddp import DDP
 from torchacco.parallel.replicated import Replicated
 from torchacco.parallel.strategy import MemoryParts, Traits
@@ -26,13 +25,12 @@ class FSDP(Replicated):
         "gradient all-reduce and optimizer step",
         balances=False,  # its all-gathers and reduce-scatters run inside every rank's forward and backward
         shards_theta=True,
-        shards_module=True,
         update_of=DDP.name,  # DDP's update, with parameters, gradients and optimizer state sharded
     )
 
     def __init__(
         self, model, dims, plan, optimizer, reduce_dtype=torch.float32, reshard_after_forward=True, mesh=None,
-        accumulate_unsharded=False,
+        accumulate_unsharded=False, init=None,
     ):  # fmt: skip
         self.accumulate_unsharded = accumulate_unsharded
         mp = MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=reduce_dtype)
@@ -41,7 +39,8 @@ class FSDP(Replicated):
         # The blocks, then the roots (a foreign model without blocks is sharded as one unit).
         for module in [*block_list(model), *self.roots]:
             fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-        materialize(model)  # a model built on meta: only now does each rank allocate, its shards alone
+        if init is not None:  # a model built on meta: only now does each rank allocate, its shards alone
+            init()
         super().__init__(model, dims, plan, optimizer)
 
     @classmethod
@@ -67,11 +66,15 @@ class FSDP(Replicated):
         return numel * DTYPES[parallelism.reduce_dtype].itemsize if unsharded else 0.0
 
     @classmethod
-    def from_config(cls, model, cfg, dims, plan, device):
+    def build(cls, model, cfg, dims, plan, device, init):
+        return cls.from_config(model, cfg, dims, plan, device, init)  # `init` runs once the module is sharded
+
+    @classmethod
+    def from_config(cls, model, cfg, dims, plan, device, init=None):
         p = cfg.parallelism
         return cls(
             model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.reshard_after_forward,
-            accumulate_unsharded=p.accumulate_unsharded,
+            accumulate_unsharded=p.accumulate_unsharded, init=init,
         )  # fmt: skip
 
     @classmethod

@@ -52,7 +52,7 @@ class HSDP(FSDP):
         return None
 
     @classmethod
-    def from_config(cls, model, cfg, dims, plan, device):
+    def from_config(cls, model, cfg, dims, plan, device, init=None):
         p = cfg.parallelism
         shard = shard_degree(cfg.options(HSDPOptions), dims.dp_size, dims.local_world_size, dims.tp_size, dims.pp_size)
         if not hasattr(dims.dp_mesh, "_unflatten"):
@@ -67,5 +67,5 @@ class HSDP(FSDP):
         )
         return cls(
             model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.reshard_after_forward, mesh,
-            p.accumulate_unsharded,
+            p.accumulate_unsharded, init,
         )  # fmt: skip

@@ -22,7 +22,6 @@ import torch
 from torch.distributed.tensor import DTensor, Shard
 from torch.profiler import record_function
 
-from torchacco import health
 from torchacco.device import DTYPES
 from torchacco.errors import UserError
 from torchacco.options import OverlappedOptions
@@ -228,7 +227,7 @@ class Overlapped(Strategy):
             commit_lr, share = lr_for, self.planner.share
             lr_for = lambda consumed: commit_lr(consumed / share)  # noqa: E731
 
-        heartbeat = health.current()
+        heartbeat = self.dims.heartbeat
 
         def job() -> UpdateResult:
             heartbeat.comm_phase(f"communication job ({kind}: reduce-scatter, optimizer, all-gather)")

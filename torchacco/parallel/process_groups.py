@@ -205,7 +205,7 @@ def on_one_rank(dims: ParallelDims, fn, main_only: bool = False, what: str = "pr
     store = dist.distributed_c10d._get_default_store()
     key = f"torchacco/once/{_calls}/"
     if dims.rank in runners:
-        health.current().enter(what)
+        dims.heartbeat.enter(what)
         try:
             fn()
         except Exception as e:  # a UserError as it is; a bug named by rank (its traceback says more)
@@ -215,7 +215,7 @@ def on_one_rank(dims: ParallelDims, fn, main_only: bool = False, what: str = "pr
         store.set(f"{key}{dims.rank}", "ok")
     start = last_log = time.monotonic()
     who = ", ".join(map(str, runners))
-    health.current().enter(f"waiting for rank(s) {who} to {what}")
+    dims.heartbeat.enter(f"waiting for rank(s) {who} to {what}")
     pending = [f"{key}{r}" for r in runners]
     while not store.check(pending):
         time.sleep(0.5 if time.monotonic() - start < 60 else 5.0)  # a long wait asks the store less often

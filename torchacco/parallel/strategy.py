@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import astuple, dataclass, field, fields
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
@@ -148,8 +148,6 @@ class Traits:
     resume_needs_same_ranks: bool = False  # its checkpoints hold per-rank state
     autocast_compute: bool = False  # fp32 weights, forward/backward autocast to the compute dtype
     shards_theta: bool = False  # theta.named_tensors() are this rank's shard of θ (not all of it)
-    # Its constructor shards the module (FSDP2), then materializes it: a model built on meta reaches it unallocated.
-    shards_module: bool = False
     shards_within_node: bool = False  # HSDP: per_micro_batch in a node, one all-reduce per shard across nodes
     options: type[Options] | None = None  # its own config section (`cfg.strategy_options[options.section]`)
     # The strategy whose update this one computes in another floating-point order: its loss per token is that
@@ -205,6 +203,13 @@ class Strategy(abc.ABC):
     def from_config(cls, model: torch.nn.Module, cfg: Config, dims, plan: UpdatePlan, device) -> Strategy:
         """The strategy over `model` (this rank's part of it, after tensor/pipeline parallelism)."""
         raise NotImplementedError(f"{cls.name} is not built from a config")
+
+    @classmethod
+    def build(cls, model, cfg: Config, dims, plan: UpdatePlan, device, init: Callable[[], None] | None) -> Strategy:
+        """`from_config`, with `init` (None: `model` is allocated) run first: it allocates a model built on meta."""
+        if init is not None:
+            init()
+        return cls.from_config(model, cfg, dims, plan, device)
 
     @abc.abstractmethod
     def micro_batches(self) -> Iterator[contextlib.AbstractContextManager]: ...
