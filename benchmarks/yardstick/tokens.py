@@ -268,6 +268,20 @@ def summarize(runs: dict[tuple[float, str], list[list[dict]]]) -> dict:
     return out
 
 
+def noise_floors(summary: dict) -> list[str]:
+    """ZeRO-1 against DDP with the same optimizer other than AdamW (ddp_muon): the same mathematics (the table has
+    zero1 against ddp)."""
+    lines = []
+    for lr, rows in summary.items():
+        for z, d in ((v, DDP + v.removeprefix(ZERO1)) for v in rows if v.startswith(ZERO1)):
+            if d in rows and d != DDP:
+                gaps = [100 * (a / b - 1) for a, b in zip(rows[z]["val_loss"], rows[d]["val_loss"], strict=True)]
+                mean, half = mean_ci(gaps)
+                lines += ["", f"Noise floor at lr {lr}: {z} against {d}, {mean:+.3f} ± {half:.3f}% (95% interval); per "
+                          f"seed {', '.join(f'{g:+.3f}' for g in gaps)}."]  # fmt: skip
+    return lines
+
+
 def markdown(summary: dict, meta: dict) -> str:
     lines = ["# Token efficiency: validation loss at equal tokens vs DDP, paired by seed", "",
              f"{meta['date']}, {meta['machine']}; {meta.get('model', 'GPT-Neo debug')}, {meta['updates']} updates, "
@@ -284,13 +298,7 @@ def markdown(summary: dict, meta: dict) -> str:
             interval = "" if math.isnan(half) else f"{m - half:+.2f} to {m + half:+.2f}"
             lines.append(f"| {lr} | {v} | {r['mean_val_loss']:.4f} | {m:+.2f} ± {r['sd_gap_pct']:.2f} | {interval} | "
                          f"{', '.join(f'{x:+.2f}' for x in r['gap_pct'])} |")  # fmt: skip
-    for lr, rows in summary.items():  # ZeRO-1 against DDP with the same optimizer: the same mathematics
-        for z, d in ((v, DDP + v.removeprefix(ZERO1)) for v in rows if v.startswith(ZERO1)):
-            if d in rows and d != DDP:
-                gaps = [100 * (a / b - 1) for a, b in zip(rows[z]["val_loss"], rows[d]["val_loss"], strict=True)]
-                mean, half = mean_ci(gaps)
-                lines += ["", f"Noise floor at lr {lr}: {z} against {d}, {mean:+.3f} ± {half:.3f}% (95% interval); per "
-                          f"seed {', '.join(f'{g:+.3f}' for g in gaps)}."]  # fmt: skip
+    lines += noise_floors(summary)
     if meta.get("tuned"):
         lines += ["", "## Tuned settings", "",
                   f"Each variant (DDP too) ran its grid on seeds {meta['tune_seeds']}, kept apart from the reported "
