@@ -92,7 +92,7 @@ SETTINGS = {  # setting -> (its saved time-to-target table, the link rate in its
 @pytest.mark.parametrize("setting", [*SETTINGS, "bm"])
 def test_the_pick_is_the_yardsticks_soonest_or_within_its_interval(setting):
     """Given the emulated cluster's rate, its measured compute per update and slow factor, predict picks, of the
-    strategies the yardstick ran there, its soonest to DDP's loss or one whose interval reaches it."""
+    strategies the yardstick ran there (stepping AdamW), its soonest to DDP's loss or one whose interval reaches it."""
     if setting == "bm":
         measured, slow, plan = mixed_and_slow()
     else:
@@ -100,7 +100,8 @@ def test_the_pick_is_the_yardsticks_soonest_or_within_its_interval(setting):
         measured, slow = yardstick(name, key), 1.0
         plan = json.loads((RESULTS / f"{name}.json").read_text())["settings"][key]["plan"]
     rate = re.search(r"links ([0-9.]+mbit)", plan).group(1)
-    args = predict.build_parser().parse_args([*EMULATED, "--bandwidth", rate, "--slow-factor", f"{slow:g}"])
+    args = predict.build_parser().parse_args([*EMULATED, "--bandwidth", rate, "--slow-factor", f"{slow:g}",
+                                              "--optimizer", "adamw"])  # fmt: skip
     rows, ttl, fits, *_ = predict.evaluate(args)
     inside_ddp = lambda row: ("parallelism", "data_parallel", "ddp") in row.settings  # the yardstick's inner strategy
     as_run = {(row.group if inside_ddp(row) else None) if row.group else name: name for name, row in rows.items()}
@@ -124,7 +125,7 @@ def test_the_8b_example_names_a_pick_that_fits_with_its_factor_first(capsys, ban
     assert "does not fit" not in row and row.split("|")[-3].strip() == "1.00×"
     baseline = next(line for line in out.stdout.splitlines() if line.startswith(f"| {m.group(3)} |"))
     assert baseline.split("|")[-3].strip() == f"{float(m.group(2)):.2f}×"
-    assert m.group(3) in ("ddp", "zero1", "fsdp", "hsdp")  # synchronous
+    assert m.group(3).removesuffix(" + Muon") in ("ddp", "zero1", "fsdp", "hsdp")  # synchronous
     assert "[parallelism]" in out.stdout.split("\n\n")[0]  # the config lines that run it, before the table
     assumptions = out.stdout[out.stdout.index("Assumptions:") :].strip().splitlines()
     assert len(assumptions) == 3 and "model size" in assumptions[1] and predict.DOCS in assumptions[2]
@@ -140,6 +141,28 @@ def test_the_8b_example_names_a_pick_that_fits_with_its_factor_first(capsys, ban
     assert warm.extra_s > 0 and ttl["Streaming DiLoCo, bf16, warm start and Nesterov (fsdp inside)"] == pytest.approx(
         1.3555 * target / warm.pred["tokens_per_s"] + warm.extra_s
     )
+
+
+def test_muon_rows_take_the_ratios_measured_with_muon_and_the_table_shows_the_sooner(capsys):
+    """--optimizer best (the default): every row with AdamW and with Muon, each at the tokens measured with that
+    optimizer (ZeRO-1's and FSDP's: DDP-Muon's) and Newton–Schulz's time; of a strategy's two rows the table shows the
+    sooner. --optimizer adamw: no Muon row."""
+    args = predict.build_parser().parse_args(["--bandwidth", "100gbit"])
+    rows, ttl, fits, *_ = predict.evaluate(args)
+    target, muon = 10_000 * rows["ddp"].pred["tokens_per_update"], cm.token_table()["tokens_to_target"]["ddp_muon"]
+    assert muon["optimizer"] == "muon" and muon["mean"] < 1
+    for name in ("zero1", "fsdp", "hsdp"):
+        row = rows[f"{name} + Muon"]
+        assert row.source == "ddp_muon" and ("optimizer", "name", "muon") in row.settings
+        assert ttl[f"{name} + Muon"] == pytest.approx(muon["mean"] * target / row.pred["tokens_per_s"])
+        assert row.pred["tokens_per_s"] < rows[name].pred["tokens_per_s"]  # Newton–Schulz and its gathers
+        shown = [n for n in (name, f"{name} + Muon") if predict.shown_by_default(n, rows, ttl, fits)]
+        assert shown == [min((name, f"{name} + Muon"), key=ttl.get)], (name, shown)
+    two = predict.evaluate(predict.build_parser().parse_args(["--nodes", "2", "--flavor", "1B"]))[0]
+    measured = [n for n, r in two.items() if r.source == "streaming_h10_avg_topk3_int2_senders_muon"]
+    assert measured and all(n.endswith(" + Muon") for n in measured)  # Muon inside, at 2 replicas
+    only = predict.evaluate(predict.build_parser().parse_args(["--bandwidth", "100gbit", "--optimizer", "adamw"]))[0]
+    assert not any(name.endswith(" + Muon") for name in only) and set(only) < set(rows)
 
 
 def test_the_default_rows_are_the_measured_choices_and_all_adds_the_rest(capsys):

@@ -333,7 +333,7 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
                       "streaming_h50_avg_topk3_int2_senders": h50})  # fmt: skip
     result("sync", {"ddp": ddp, "acco": {"tokens_to_target_ratio": [1.01, 1.03], "gap_pct": [0.2, 0.8]},
                     "dpu": {"tokens_to_target_ratio": [1.0, 1.2], "ratio_is_upper_bound": [True, False]},
-                    "wp": {"tokens_to_target_ratio": [1.1, None]},
+                    "wp": {"tokens_to_target_ratio": [1.1, None]}, "ddp_muon": {"tokens_to_target_ratio": [0.5, 0.52]},
                     "acco_clip_commit": never})  # fmt: skip
     to = tmp_path / "table.json"
     args = ["--tokens", "diloco", "--tokens", "sync", "--out", str(tmp_path), "--to", str(to)]
@@ -345,6 +345,7 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
         "streaming_h50_avg_topk3_int2_senders",
         "acco",
         "acco_clip_commit",
+        "ddp_muon",
     }
     assert table["tokens_to_target"]["acco_clip_commit"] == {"not_reached_within": 1.25, "gap_pct": 10.0, "seeds": 2,
                                                              "source": "bench_results/sync.md"}  # fmt: skip
@@ -368,6 +369,10 @@ def test_the_efficiency_table_keeps_measured_ratios_with_their_source_and_a_dilo
     assert table["commands"][:2] == ["token_efficiency diloco", "token_efficiency sync"]
     assert cm.measured_entry(cm.token_source("acco_balanced", table), table)["mean"] == pytest.approx(1.02)
     assert cm.token_source("wp", table) is None  # a seed short: not in the table
+    # a Muon variant records its optimizer: the strategies computing DDP's update take its ratio with Muon only
+    assert table["tokens_to_target"]["ddp_muon"]["optimizer"] == "muon" and "optimizer" not in acco
+    assert cm.token_source("zero1", table, optimizer="muon") == "ddp_muon" and cm.token_source("zero1", table) == "ddp"
+    assert cm.token_source("acco", table, optimizer="muon") is None
     with pytest.raises(SystemExit, match="is measured in sync and sync with seed 0; pool files with distinct seeds"):
         efficiency_table.main([*args, "--tokens", "sync"])
     # more seeds of a variant, in a file of their own, pool with the first file's into one interval

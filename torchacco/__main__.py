@@ -43,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         print(usage())
         return 0
     if not argv or argv[0] not in COMMANDS:
-        said = f"unknown command {argv[0]!r}" if argv else "no command"
-        print_error(f"{said}; the commands: {', '.join(COMMANDS)} (torchacco --help says what each does)")
+        from torchacco.config import did_you_mean  # (no torch)
+
+        said = f"unknown command {argv[0]!r}{did_you_mean(argv[0], COMMANDS) or ';'}" if argv else "no command;"
+        print_error(f"{said} the commands: {', '.join(COMMANDS)} (torchacco --help says what each does)")
         return 1
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return run_cli(lambda: module.main(argv[1:]))

@@ -68,8 +68,9 @@ def entries(name: str, rows: dict, updates: int, lr: float, tuned: dict) -> dict
         if label not in VARIANTS:
             raise SystemExit(f"efficiency-table: {name} measures {label!r}, not a variant of token-efficiency")
         point = tuned.get(label, {"lr": lr, "extra": []})
-        diloco = diloco_settings(resolved(label, updates, lr, point["extra"]), RANKS.get(label, 2))
-        return {"diloco": diloco} if diloco else {}
+        cfg = resolved(label, updates, lr, point["extra"])
+        diloco, optimizer = diloco_settings(cfg, RANKS.get(label, 2)), cfg.optimizer.name
+        return ({"diloco": diloco} if diloco else {}) | ({"optimizer": optimizer} if optimizer != "adamw" else {})
 
     for label in sorted(set(rows) - set(ratios)):
         row = rows[label]

@@ -499,24 +499,28 @@ def _update(label: str) -> str:
     return (cls.traits.update_of or cls.name) if mode in PLAIN_UPDATE else label
 
 
-def token_source(label: str, table: dict | None = None) -> str | None:
-    """The measured entry whose tokens `label` needs: its own, else (a plain-update mode) its strategy's, else that of
-    the strategy whose update it computes; DDP, the reference, is its own. None: no measurement covers it."""
-    measured = {name for name, entry in _entries(table).items() if "diloco" not in entry} | {REFERENCE}
+def token_source(label: str, table: dict | None = None, optimizer: str = "adamw") -> str | None:
+    """The measured entry whose tokens `label` needs with `optimizer`: its own, else (a plain-update mode) its
+    strategy's, else that of the strategy whose update it computes; DDP with AdamW, the reference, is its own. An
+    optimizer other than AdamW is its entries' suffix (ddp_muon). None: no measurement covers it."""
+    entries = _entries(table).items()
+    measured = {name for name, e in entries if "diloco" not in e and e.get("optimizer", "adamw") == optimizer}
     cls, mode = variants()[label]
     plain = (cls.name, cls.traits.update_of) if mode in PLAIN_UPDATE else ()
-    return next((name for name in (label, *plain) if name in measured), None)
+    suffix, reference = ("", {REFERENCE}) if optimizer == "adamw" else (f"_{optimizer}", set())
+    return next((n + suffix for n in (label, *plain) if n and n + suffix in measured | reference), None)
 
 
-def diloco_token_source(inner: str, replicas: int, outer, table: dict | None = None) -> str | None:
-    """The measured DiLoCo entry for `replicas` replicas with `inner` inside and the outer step `outer` (a
-    `torchacco.config.DiLoCo`): one with the same replicas, inner update and [diloco] settings (but NOT_THE_UPDATE), or
-    None. The ranks inside a replica are not matched: they change the inner update's floating-point order, not the
-    update."""
+def diloco_token_source(inner: str, replicas: int, outer, table: dict | None = None, optimizer="adamw") -> str | None:
+    """The measured DiLoCo entry for `replicas` replicas with `inner` inside stepping `optimizer` and the outer step
+    `outer` (a `torchacco.config.DiLoCo`): one with the same replicas, inner update, optimizer and [diloco] settings
+    (but NOT_THE_UPDATE), or None. The ranks inside a replica are not matched: they change the inner update's
+    floating-point order, not the update."""
     for name, entry in _entries(table).items():
         run = entry.get("diloco")
         if run and run["replicas"] == replicas and _update(run["inner"]) == _update(inner) and _same(outer, run):
-            return name
+            if entry.get("optimizer", "adamw") == optimizer:
+                return name
     return None
 
 

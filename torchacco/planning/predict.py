@@ -20,15 +20,21 @@ import json
 import math
 from pathlib import Path
 
-from torchacco.config import Config, DiLoCo, Parallelism, load_config
+import torch
+
+from torchacco.config import Config, DiLoCo, Optimizer, Parallelism, load_config
 from torchacco.errors import UserError
+from torchacco.optim import muon_workload
 from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.registry import strategies, strategy_class
 from torchacco.planning import cost_model as cm
 from torchacco.planning import dry_run
+from torchacco.spec import get_model_spec
 from torchacco.validate import check_diloco
 
 DOCS = "docs/performance.md#before-launching-predict-and-the-dry-run"
+OPTIMIZERS = {"adamw": "", "muon": " + Muon"}  # [optimizer] name: its rows' suffix, and their config lines
+OPTIMIZER_LINES = {"adamw": [], "muon": [("optimizer", "name", "muon")]}
 DILOCO_FLAGS = ("sync_every", "fragments", "overlap_steps", "outer_dtype", "topk", "topk_mean", "outer_lr",
                 "outer_momentum", "eager")  # fmt: skip
 
@@ -62,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-factor", type=float, default=1.0, help="one GPU this much slower")
     p.add_argument("--max-growth", type=float, default=2.0, help="adaptive ACCO's cap ([acco] max_growth)")
     p.add_argument("--updates-to-target", type=int, default=10000, help="DDP's updates to the target loss")
+    p.add_argument("--optimizer", default="best", choices=("best", *OPTIMIZERS), help="best: each strategy with the "
+                   "optimizer that reaches the loss sooner (the other's row with --all)")  # fmt: skip
     p.add_argument("--sync-every", type=int, help="a DiLoCo row (one replica per node, the rest of its settings "
                    "the --config's, else [diloco]'s defaults in bf16) with this H")  # fmt: skip
     p.add_argument("--fragments", type=int, help="a DiLoCo row: Streaming DiLoCo's fragments")
@@ -117,21 +125,33 @@ class Row:
     group: str = ""  # a DiLoCo configuration (its MEASURED label): of its inner strategies the soonest is shown
 
 
-def sync_rows(args, work: cm.Workload, hw: cm.Hardware) -> dict[str, Row]:
-    """Every registered strategy and variant; a choice where measured (balanced modes only with a slow GPU)."""
+def sync_rows(args, work: cm.Workload, hw: cm.Hardware, optimizer: str) -> dict[str, Row]:
+    """Every registered strategy and variant stepping `optimizer`; a choice where measured (balanced modes only with
+    a slow GPU)."""
     out = {}
     for label, pred in cm.predict_all(work, hw).items():
         cls, mode = cm.variants()[label]
         extra = cm.variant_arguments(label)
         settings = [(*k.removeprefix("--").split("."), v) for k, v in zip(extra[::2], extra[1::2])]
-        source = cm.token_source(label)
+        source = cm.token_source(label, optimizer=optimizer)
         measured = source is not None and "mean" in cm.measured_entry(source)
         choice = measured and (mode != "balanced" or args.slow_factor > 1)
-        out[label] = Row(pred, cm.memory_bytes(work, hw, label), source, settings, not cls.traits.overlapped, choice)
+        pred["strategy"], settings = label + OPTIMIZERS[optimizer], settings + OPTIMIZER_LINES[optimizer]
+        row = Row(pred, cm.memory_bytes(work, hw, label), source, settings, not cls.traits.overlapped, choice)
+        out[pred["strategy"]] = row
     return out
 
 
-def diloco_rows(args, work: cm.Workload, hw: cm.Hardware) -> dict[str, Row]:
+def optimizer_workload(args, work: cm.Workload, optimizer: str, run) -> cm.Workload:
+    """`work` with `optimizer`'s own costs (Muon's Newton–Schulz and gathers; --config's ns_steps)."""
+    cfg = dataclasses.replace(run.cfg.optimizer if run else Optimizer(), name=optimizer)
+    with torch.device("meta"):
+        spec = get_model_spec(args.model)
+        model = spec.model_cls(spec.args(args.flavor, vocab_size=args.vocab_size or None))
+    return dataclasses.replace(work, **muon_workload(cfg, model))
+
+
+def diloco_rows(args, work: cm.Workload, hw: cm.Hardware, optimizer: str) -> dict[str, Row]:
     """DiLoCo, one replica per node, with each synchronous strategy inside that allows replicas: at each measured
     configuration for this many replicas (balanced replicas too with a slow GPU), and at the DiLoCo flags' settings
     (a choice where they were given)."""
@@ -148,15 +168,17 @@ def diloco_rows(args, work: cm.Workload, hw: cm.Hardware) -> dict[str, Row]:
         for label, (name, outer) in configs.items():
             for balanced in (False, True) if args.slow_factor > 1 and name else (False,):
                 pred, largest = diloco_prediction(args, work, hw, inner, outer, balanced)
-                source = cm.diloco_token_source(inner, args.nodes, outer)
+                source = cm.diloco_token_source(inner, args.nodes, outer, optimizer=optimizer)
                 pred["strategy"] = f"{name} ({inner} inside{', balanced' * balanced})" if name else pred["strategy"]
+                pred["strategy"] += OPTIMIZERS[optimizer]
                 outer = dataclasses.replace(outer, balance_replicas=balanced)
                 memory = cm.diloco_memory_bytes(work, hw, inner, outer=outer, largest=largest)
-                row = Row(pred, memory, source, diloco_settings(inner, args.nodes, outer), choice=bool(name or asked))
+                settings = diloco_settings(inner, args.nodes, outer) + OPTIMIZER_LINES[optimizer]
+                row = Row(pred, memory, source, settings, choice=bool(name or asked))
                 if outer.warm_start:  # its updates are synchronous: an fp32 average after each
                     sync = diloco_prediction(args, work, hw, inner, DiLoCo(1, 1, 0, outer_dtype="fp32"), False)[0]
                     row.extra_s = outer.warm_start * max(0.0, sync["step_time_s"] - pred["step_time_s"])
-                out[pred["strategy"]], row.group = row, label + "_balanced" * balanced
+                out[pred["strategy"]], row.group = row, label + "_balanced" * balanced + OPTIMIZERS[optimizer]
     return out
 
 
@@ -217,10 +239,17 @@ def config_row(run, work: cm.Workload, hw: cm.Hardware) -> tuple[str, Row]:
     name = f"{label}, {' × '.join(part for part, on in layout.items() if on) or 'dp only'} (the config's)"
     work = dataclasses.replace(work, micro_batches=max(1, run.micro_batches))  # per rank of its dp ranks
     outer = run.replicas > 1 or snoo
-    source = cm.diloco_token_source(label, run.replicas, run.cfg.diloco) if outer else cm.token_source(label)
+    optimizer = run.cfg.optimizer.name
+    source = (cm.diloco_token_source(label, run.replicas, run.cfg.diloco, optimizer=optimizer) if outer
+              else cm.token_source(label, optimizer=optimizer))  # fmt: skip
     pred = {**dry_run.layout_prediction(run, work, hw), "strategy": name}
     synchronous = not outer and not cm.variants()[label][0].traits.overlapped
     return name, Row(pred, run.worst.memory.total, source, [], synchronous)
+
+
+def reference(rows: dict[str, Row]) -> Row:
+    """DDP's row (with the optimizer asked for): the tokens per update the loss is counted in."""
+    return next(rows[cm.REFERENCE + suffix] for suffix in OPTIMIZERS.values() if cm.REFERENCE + suffix in rows)
 
 
 def fits_with_reserve(peak: float, capacity: float) -> bool:
@@ -232,14 +261,16 @@ def evaluate(args):
     """Every row, with its time to the loss (None: not measured) and whether it fits; the workload and capacity."""
     run = from_config(args)
     work, hw = workload_and_hardware(args)
-    work = dry_run.with_optimizer(work, run) if run is not None else work  # Muon's Newton–Schulz and gathers
-    rows = {**sync_rows(args, work, hw), **diloco_rows(args, work, hw)}
+    rows = {}
+    for optimizer in OPTIMIZERS if args.optimizer == "best" else (args.optimizer,):
+        with_optimizer = optimizer_workload(args, work, optimizer, run)
+        rows |= {**sync_rows(args, with_optimizer, hw, optimizer), **diloco_rows(args, with_optimizer, hw, optimizer)}
     capacity = (args.memory_gib or cm.DEVICES[args.device]["memory_gib"]) * 2**30
     fits = {name: fits_with_reserve(row.memory + work.activation_bytes, capacity) for name, row in rows.items()}
     if run is not None:
-        name, row = config_row(run, work, hw)
+        name, row = config_row(run, dry_run.with_optimizer(work, run), hw)
         rows, fits = {name: row, **rows}, {name: fits_with_reserve(run.worst.peak, capacity), **fits}
-    target = args.updates_to_target * rows[cm.REFERENCE].pred["tokens_per_update"]
+    target = args.updates_to_target * reference(rows).pred["tokens_per_update"]
     ttl = {}
     for name, row in rows.items():
         ratio = None if row.source is None else cm.measured_entry(row.source).get("mean")
@@ -338,18 +369,24 @@ def predict(args) -> None:
     if hidden := len(rows) - len(shown):
         print(f"{hidden} more rows (--all): unmeasured, not reaching DDP's loss, not fitting, balanced with no slow "
               "GPU, or another strategy inside DiLoCo")  # fmt: skip
-    print("\n" + assumptions(args, work, rows[cm.REFERENCE].pred["tokens_per_update"]))
+    print("\n" + assumptions(args, work, reference(rows).pred["tokens_per_update"]))
     if args.write and best:
         write_config(args, rows[best].settings, best)
 
 
 def shown_by_default(name: str, rows: dict[str, Row], ttl: dict, fits: dict) -> bool:
-    """A choice that fits (a registered strategy also where it does not), the soonest of its group."""
+    """A choice that fits (a registered strategy also where it does not), the soonest of its family: one strategy's
+    rows, or one DiLoCo configuration's with any strategy inside, with either optimizer."""
     row = rows[name]
     if not row.choice or not (fits[name] or name in strategies()):
         return False
-    group = [n for n, r in rows.items() if r.group and r.group == row.group and fits[n] and ttl[n] is not None]
-    return not group or name == min(group, key=ttl.get)
+    family = [n for n, r in rows.items() if _family(n, r) == _family(name, row) and fits[n] and ttl[n] is not None]
+    return not family or name == min(family, key=ttl.get)
+
+
+def _family(name: str, row: Row) -> str:
+    key = row.group or name
+    return next((key.removesuffix(suffix) for suffix in OPTIMIZERS.values() if suffix and key.endswith(suffix)), key)
 
 
 def write_config(args, settings: list, name: str) -> None:
