@@ -20,13 +20,13 @@ import json
 import math
 from pathlib import Path
 
-from torchacco.config import Config, DiLoCo, Parallelism, load_config
+from torchacco.config import DiLoCo, Parallelism, Training, load_config
 from torchacco.errors import UserError
+from torchacco.parallel import diloco
 from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.registry import strategies, strategy_class
 from torchacco.planning import cost_model as cm
 from torchacco.planning import dry_run
-from torchacco.validate import check_diloco
 
 DOCS = "docs/performance.md#before-launching-predict-and-the-dry-run"
 DILOCO_FLAGS = ("sync_every", "fragments", "overlap_steps", "outer_dtype", "topk", "topk_mean", "outer_lr",
@@ -179,9 +179,9 @@ def outer_step(args) -> DiLoCo:
     base = getattr(args, "config_diloco", None) or DiLoCo(outer_dtype="bf16")
     given = {name: getattr(args, name) for name in DILOCO_FLAGS if getattr(args, name) is not None}
     outer = dataclasses.replace(base, **given)
-    cfg = Config(diloco=outer)
-    cfg.parallelism.replicas = args.nodes
-    check_diloco(cfg, strategy_class(cfg.parallelism.data_parallel))
+    diloco.DiLoCo.check(
+        strategy_class(Parallelism().data_parallel), None, outer, Parallelism(replicas=args.nodes), Training()
+    )
     return outer
 
 
