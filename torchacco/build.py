@@ -98,10 +98,11 @@ def build_strategy(model: nn.Module, cfg: Config, dims: ParallelDims, plan: Upda
     """The configured strategy over `model` (this rank's part of it, after tensor/pipeline parallelism), inside DiLoCo's
     outer step when the run has one (`plan` is then one replica's)."""
     cls = strategy_class(cfg.parallelism.data_parallel)
+    sections = {"parallelism": cfg.parallelism, "optimizer": cfg.optimizer, "options": cfg.options(cls.traits.options)}
     if not has_outer_step(dims.replicas, cfg.diloco):
-        return cls.from_config(model, cfg, dims, plan, device)
+        return cls.from_config(model, dims, plan, device, **sections)
     clock = SharedLRClock(plan.schedule) if cfg.diloco.balance_replicas else None
     if clock is not None:
         plan = dataclasses.replace(plan, schedule=clock)
     folder = Path(cfg.job.dump_folder)  # (a fault-tolerant replica's previous run logged there)
-    return DiLoCo(cls.from_config(model, cfg, dims, plan, device), dims, cfg.diloco, device, clock, folder)
+    return DiLoCo(cls.from_config(model, dims, plan, device, **sections), dims, cfg.diloco, device, clock, folder)

@@ -166,7 +166,8 @@ def _check_strategy(cfg: Config, dp_size: int) -> None:
             f"[parallelism] balance_batches = true with {model_parallel} is not supported: tensor- and "
             "pipeline-parallel peers must run the same micro-batches; set balance_batches = false"
         )
-    if reason := cls.check_config(cfg, dp_size, model_parallel):
+    sections = {"training": cfg.training, "optimizer": cfg.optimizer, "lr_schedule": cfg.lr_schedule}
+    if reason := cls.check_config(dp_size, model_parallel, options=cfg.options(cls.traits.options), **sections):
         raise UserError(reason)
     DiLoCo.check(cls, cfg.options(cls.traits.options), cfg.diloco, cfg.parallelism, cfg.training)
 

@@ -67,11 +67,10 @@ class FSDP(Replicated):
         return numel * DTYPES[parallelism.reduce_dtype].itemsize if unsharded else 0.0
 
     @classmethod
-    def from_config(cls, model, cfg, dims, plan, device):
-        p = cfg.parallelism
+    def from_config(cls, model, dims, plan, device, *, parallelism, optimizer, **_):
         return cls(
-            model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.reshard_after_forward,
-            accumulate_unsharded=p.accumulate_unsharded,
+            model, dims, plan, optimizer, DTYPES[parallelism.reduce_dtype], parallelism.reshard_after_forward,
+            accumulate_unsharded=parallelism.accumulate_unsharded,
         )  # fmt: skip
 
     @classmethod

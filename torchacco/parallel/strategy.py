@@ -25,7 +25,7 @@ from torchacco.lr import TokenSchedule
 from torchacco.options import Options
 
 if TYPE_CHECKING:
-    from torchacco.config import Config, LRSchedule, Optimizer, Training
+    from torchacco.config import LRSchedule, Optimizer, Training
 
 
 @dataclass
@@ -170,9 +170,9 @@ class Strategy(abc.ABC):
             cls.name = cls.traits.name
 
     @classmethod
-    def check_config(cls, cfg: Config, dp_size: int, model_parallel: str) -> str | None:
-        """Why this strategy cannot run `cfg` (one line), or None; `model_parallel` names the tp/pp
-        degrees in use ('' when none). Validation checks the traits first."""
+    def check_config(cls, dp_size, model_parallel: str, *, options, training, optimizer, lr_schedule) -> str | None:
+        """Why this strategy cannot run the config's sections (`options`: its own, None without one) in one line, or
+        None; `model_parallel` names the tp/pp degrees in use ('' when none). Validation checks the traits first."""
         return None
 
     @classmethod
@@ -202,8 +202,9 @@ class Strategy(abc.ABC):
         return "dp"
 
     @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: Config, dims, plan: UpdatePlan, device) -> Strategy:
-        """The strategy over `model` (this rank's part of it, after tensor/pipeline parallelism)."""
+    def from_config(cls, model: torch.nn.Module, dims, plan: UpdatePlan, device, *, parallelism, optimizer, options):
+        """The strategy over `model` (this rank's part of it, after tensor/pipeline parallelism) from the sections it
+        reads, named by keyword: [parallelism], [optimizer], `options` (its own, None without one); `**_` the rest."""
         raise NotImplementedError(f"{cls.name} is not built from a config")
 
     @abc.abstractmethod
