@@ -30,7 +30,7 @@ def check_model_parallel(spec: ModelSpec, cfg, args) -> None:
             spec.tensor_parallel, args, p.tensor_parallel_degree, cfg.training.seq_len, where, spec.name
         )
     if p.pipeline_parallel_degree > 1:
-        check_pipeline(spec.pipeline, cfg, args, where)
+        check_pipeline(spec.pipeline, p, cfg.training, args, where)
 
 
 def check_hardware_queues(cfg, device_type: str, env=os.environ) -> None:
@@ -57,7 +57,7 @@ def apply_model_parallel(model: nn.Module, spec: ModelSpec, cfg, dims: ParallelD
     check_model_parallel(spec, cfg, model.args)  # the vocabulary may come from the tokenizer: check again
     pipeline = None
     if dims.pp_enabled:
-        model, pipeline = split_stages(model, spec.pipeline, cfg, dims, device, loss)
+        model, pipeline = split_stages(model, spec.pipeline, cfg.parallelism, dims, device, loss)
     if dims.tp_enabled:
         apply_tensor_parallel(model, dims.tp_mesh, spec.tensor_parallel, loss is not None and loss.vocab_parallel)
     return model, pipeline
