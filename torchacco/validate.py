@@ -176,7 +176,7 @@ def _check_model(cfg: Config, model) -> None:
     """One of torchacco's models: the configured one, or `model` (built from models/)."""
     spec = get_model_spec(cfg.model.name)
     args = model.args if model is not None else model_args(spec, cfg.model)
-    check_model_parallel(spec, cfg, args)
+    check_model_parallel(spec, args, cfg.parallelism, cfg.model, cfg.training)
     if cfg.checkpoint.export_hf and spec.hf is None:
         raise UserError(
             f"[checkpoint] export_hf = true but model {cfg.model.name} has no Hugging Face adapter "

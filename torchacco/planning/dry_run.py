@@ -182,7 +182,7 @@ def stage_params(cfg: Config, spec, args, cluster: Cluster, dp: int) -> list[tup
             with torch.device("meta"):
                 model = spec.model_cls(args)
             loss = TokenLoss(cfg.training.loss_chunks, tp > 1 and pp == 1 and p.loss_parallel)
-            model, _ = apply_model_parallel(model, spec, cfg, dims, Device("cpu"), loss)
+            model, _ = apply_model_parallel(model, spec, p, cfg.model, cfg.training, dims, Device("cpu"), loss)
             counts.append(_counts(model))
     return counts
 
