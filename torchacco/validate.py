@@ -40,8 +40,8 @@ def validate(
     reads, its devices): a dry run for a cluster. Returns whose model the run trains (decided here, where the model
     enters)."""
     kind = ModelKind.of(model, cfg.model)
-    if kind.foreign:
-        user_model.check(cfg, model)  # first: tp/pp is the model's limit, whatever the degrees and strategy
+    if kind.foreign:  # first: tp/pp is the model's limit, whatever the degrees and strategy
+        user_model.check(model, cfg.parallelism, cfg.training, cfg.checkpoint)
     dp_size = check_parallelism(cfg.parallelism, fault_tolerance.job_world(world_size, cfg.diloco, cfg.parallelism))
     _check_folders_and_paths(cfg, here)
     _check_training(cfg, dp_size)
