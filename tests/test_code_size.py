@@ -20,7 +20,7 @@ def test_the_code_stays_within_its_line_budget(folder):
 # Functions read in one screen: at most this many lines, from the def line to the body's last, docstring included.
 MAX_FUNCTION_LINES = 60
 # The functions still longer, by "file:function": this list only shrinks (a function split leaves it).
-LONGER = {"torchacco/validate.py:check_diloco"}
+LONGER: set[str] = set()
 
 
 def _long_functions() -> dict[str, int]:

@@ -317,13 +317,13 @@ def test_what_a_foreign_model_cannot_do_is_one_line(tmp_path):
     cfg = _config(tmp_path)
     cfg.training.seq_len = 128
     with pytest.raises(UserError, match="exceeds the 64 positions of the LlamaForCausalLM"):
-        user_model.check(cfg, worker.tiny_llama())
+        user_model.check(worker.tiny_llama(), cfg.parallelism, cfg.training, cfg.checkpoint)
     cfg = _config(tmp_path)
     cfg.training.activation_checkpoint = "full"
     with pytest.raises(UserError, match="the Plain has no nn.ModuleList of decoder layers"):
-        user_model.check(cfg, Plain())
+        user_model.check(Plain(), cfg.parallelism, cfg.training, cfg.checkpoint)
     cfg = _config(tmp_path)
     cfg.checkpoint.export_hf = True
     with pytest.raises(UserError, match="the Plain is neither: set export_hf = false"):
-        user_model.check(cfg, Plain())
-    user_model.check(cfg, worker.tiny_llama())  # save_pretrained: exported
+        user_model.check(Plain(), cfg.parallelism, cfg.training, cfg.checkpoint)
+    user_model.check(worker.tiny_llama(), cfg.parallelism, cfg.training, cfg.checkpoint)  # save_pretrained: exported

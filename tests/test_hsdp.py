@@ -63,4 +63,4 @@ def test_a_shard_degree_that_cannot_shard_the_ranks_is_one_line(degree, message)
     cfg.parallelism.data_parallel = "hsdp"
     cfg.strategy_options["hsdp"].shard_degree = degree
     with pytest.raises(UserError, match=message):
-        HSDP.check_config(cfg, dp_size=4, model_parallel="")
+        HSDP.check_config(4, "", options=cfg.strategy_options["hsdp"])

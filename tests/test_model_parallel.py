@@ -547,6 +547,6 @@ def test_one_hardware_queue_with_an_overlapped_job_beside_model_parallel_traffic
         setattr(cfg.section(section), name, value)
     if refused:
         with pytest.raises(UserError, match="CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor or pipeline parallelism"):
-            check_hardware_queues(cfg, device, {"CUDA_DEVICE_MAX_CONNECTIONS": env})
+            check_hardware_queues(cfg.parallelism, cfg.diloco, device, {"CUDA_DEVICE_MAX_CONNECTIONS": env})
     else:
-        check_hardware_queues(cfg, device, {"CUDA_DEVICE_MAX_CONNECTIONS": env})
+        check_hardware_queues(cfg.parallelism, cfg.diloco, device, {"CUDA_DEVICE_MAX_CONNECTIONS": env})

@@ -39,8 +39,8 @@ class AllReduceSGD(Strategy):
         self.velocity = [torch.zeros_like(p) for p in model.parameters()]
 
     @classmethod
-    def from_config(cls, model, cfg, dims, plan, device):
-        return cls(model, dims, plan, cfg.optimizer.lr, cfg.options(ToyOptions).momentum)
+    def from_config(cls, model, dims, plan, device, *, optimizer, options, **_):
+        return cls(model, dims, plan, optimizer.lr, options.momentum)
 
     @classmethod
     def memory(cls, numel, dp_size, param_dtype, reduce_dtype, options=None):

@@ -101,10 +101,11 @@ def build_strategy(
     """The configured strategy over `model` (this rank's part of it, after tensor/pipeline parallelism), inside DiLoCo's
     outer step when the run has one (`plan` is then one replica's). `init`: the step allocating `model` (on meta)."""
     cls = strategy_class(cfg.parallelism.data_parallel)
+    sections = {"parallelism": cfg.parallelism, "optimizer": cfg.optimizer, "options": cfg.options(cls.traits.options)}
     if not has_outer_step(dims.replicas, cfg.diloco):
-        return cls.build(model, cfg, dims, plan, device, init)
+        return cls.build(model, dims, plan, device, init, **sections)
     clock = SharedLRClock(plan.schedule) if cfg.diloco.balance_replicas else None
     if clock is not None:
         plan = dataclasses.replace(plan, schedule=clock)
     folder = Path(cfg.job.dump_folder)  # (a fault-tolerant replica's previous run logged there)
-    return DiLoCo(cls.build(model, cfg, dims, plan, device, init), dims, cfg.diloco, device, clock, folder)
+    return DiLoCo(cls.build(model, dims, plan, device, init, **sections), dims, cfg.diloco, device, clock, folder)

@@ -64,7 +64,7 @@ def export(cfg, run_dir: Path, checkpoint: Path | None, out: Path | None) -> Pat
         tokenizer, _, _ = build_data(cfg.data, cfg.tokenizer, cfg.training.seq_len, cfg.training.seed, dims)
         spec = get_model_spec(cfg.model.name)
         model = build_model(spec, cfg.model, tokenizer.vocab_size, cfg.training.seed, device)
-        model, _ = apply_model_parallel(model, spec, cfg, dims, device)
+        model, _ = apply_model_parallel(model, spec, cfg.parallelism, cfg.model, cfg.training, dims, device)
         plan = UpdatePlan(2, TokenSchedule(0.0, 0, 1), 0.0, torch.float32)  # 2: every strategy accepts it
         strategy = build_strategy(model, cfg, dims, plan, device)
         checkpointer.load(checkpoint, {strategy.checkpoint_key(dims): strategy.theta.weights_state_dict()})

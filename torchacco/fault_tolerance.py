@@ -50,14 +50,12 @@ def replica_of_job() -> int | None:
     return int(value)
 
 
-def job_world(world_size: int, cfg) -> int:
+def job_world(world_size: int, diloco, parallelism) -> int:
     """The ranks of the whole run, from one job's: a fault-tolerant replica's job holds 1/replicas of them."""
-    in_replica_job = cfg.diloco.fault_tolerant and replica_of_job() is not None
-    return world_size * cfg.parallelism.replicas if in_replica_job else world_size
+    return world_size * parallelism.replicas if diloco.fault_tolerant and replica_of_job() is not None else world_size
 
 
-def check_config(cfg) -> None:
-    d, replicas = cfg.diloco, cfg.parallelism.replicas
+def check_config(d, replicas: int) -> None:
     if not d.fault_tolerant:
         return
     refused = [(d.overlap_steps, "overlap_steps = 0"), (d.eager, "eager = false"), (d.topk, "topk = 0"),

@@ -101,7 +101,7 @@ def train(cfg: Config, model: nn.Module | None = None, datasets: tuple | None = 
 def _device(cfg: Config, local_rank: int, local_world: int) -> Device:
     """This rank's device, its CPU threads and (CUDA) NCCL's flight recorder."""
     device = select_device(cfg.training.device, local_rank)
-    check_hardware_queues(cfg, device.type)
+    check_hardware_queues(cfg.parallelism, cfg.diloco, device.type)
     if device.type == "cpu":
         set_cpu_threads(cfg.training.num_threads, local_world)
     if device.type == "cuda":
@@ -219,7 +219,7 @@ def parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn
 def _model_parallel(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss):
     """torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile."""
     t = cfg.training
-    model, pipeline = apply_model_parallel(model, spec, cfg, dims, device, loss_fn)
+    model, pipeline = apply_model_parallel(model, spec, cfg.parallelism, cfg.model, cfg.training, dims, device, loss_fn)
     apply_activation_checkpoint(block_list(model), t.activation_checkpoint, t.selective_checkpoint)
     if cfg.model.compile:
         for unit in compile_units(model):

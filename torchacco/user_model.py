@@ -19,9 +19,9 @@ from torchacco.blocks import blocks_of
 from torchacco.errors import UserError
 
 
-def check(cfg, model: nn.Module) -> None:
-    """Before anything is built: what a foreign model cannot do with this config."""
-    p, name = cfg.parallelism, type(model).__name__
+def check(model: nn.Module, parallelism, training, checkpoint) -> None:
+    """Before anything is built: what a foreign model cannot do with these config sections."""
+    p, name = parallelism, type(model).__name__
     if p.tensor_parallel_degree > 1 or p.pipeline_parallel_degree > 1:
         raise UserError(
             f"tensor and pipeline parallelism need a torchacco model folder (models/<name>/ whose ModelSpec has a "
@@ -29,17 +29,17 @@ def check(cfg, model: nn.Module) -> None:
             "data parallelism only: set [parallelism] tensor_parallel_degree = 1 and pipeline_parallel_degree = 1"
         )
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if isinstance(positions, int) and cfg.training.seq_len > positions:
+    if isinstance(positions, int) and training.seq_len > positions:
         raise UserError(
-            f"[training] seq_len = {cfg.training.seq_len} exceeds the {positions} positions of the {name} "
+            f"[training] seq_len = {training.seq_len} exceeds the {positions} positions of the {name} "
             f"(config.max_position_embeddings); use --training.seq_len {positions} or less"
         )
-    if cfg.training.activation_checkpoint != "none" and blocks_of(model) is None:
+    if training.activation_checkpoint != "none" and blocks_of(model) is None:
         raise UserError(
             f"[training] activation_checkpoint needs the model's blocks and the {name} has no nn.ModuleList of "
             "decoder layers; set activation_checkpoint = 'none'"
         )
-    if cfg.checkpoint.export_hf and not hasattr(model, "save_pretrained"):
+    if checkpoint.export_hf and not hasattr(model, "save_pretrained"):
         raise UserError(
             f"[checkpoint] export_hf writes a Hugging Face folder, which needs a torchacco model or a transformers "
             f"PreTrainedModel (save_pretrained); the {name} is neither: set export_hf = false"

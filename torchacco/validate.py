@@ -7,7 +7,6 @@ of the same error from every rank; WORLD_SIZE is the number of processes to chec
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 import sys
@@ -18,12 +17,12 @@ import torch
 from torchacco import fault_tolerance, run_folder, user_model
 from torchacco.activation_checkpoint import check_activation_checkpoint
 from torchacco.build import ModelKind, model_args
-from torchacco.config import Config, DiLoCo, load_config
+from torchacco.config import Config, load_config
 from torchacco.errors import UserError, run_cli
-from torchacco.parallel.diloco import has_outer_step
+from torchacco.parallel.diloco import DiLoCo
 from torchacco.parallel.model_parallel import check_model_parallel
-from torchacco.parallel.registry import strategies, strategy_class
-from torchacco.parallel.strategy import Strategy, UpdatePlan
+from torchacco.parallel.registry import able, strategy_class
+from torchacco.parallel.strategy import UpdatePlan
 from torchacco.preemption import check_config as check_preemption
 from torchacco.spec import get_model_spec
 
@@ -41,9 +40,9 @@ def validate(
     reads, its devices): a dry run for a cluster. Returns whose model the run trains (decided here, where the model
     enters)."""
     kind = ModelKind.of(model, cfg.model)
-    if kind.foreign:
-        user_model.check(cfg, model)  # first: tp/pp is the model's limit, whatever the degrees and strategy
-    dp_size = check_parallelism(cfg.parallelism, fault_tolerance.job_world(world_size, cfg))
+    if kind.foreign:  # first: tp/pp is the model's limit, whatever the degrees and strategy
+        user_model.check(model, cfg.parallelism, cfg.training, cfg.checkpoint)
+    dp_size = check_parallelism(cfg.parallelism, fault_tolerance.job_world(world_size, cfg.diloco, cfg.parallelism))
     _check_folders_and_paths(cfg, here)
     _check_training(cfg, dp_size)
     if not kind.foreign:
@@ -149,19 +148,17 @@ def _check_emulation(cfg: Config) -> None:
 
 
 def _check_strategy(cfg: Config, dp_size: int) -> None:
-    """The data-parallel strategy's traits against the config, then its own checks; a refusal lists the strategies that
-    can."""
+    """The strategy's traits against the config, then its own checks and DiLoCo's; a refusal lists those that can."""
     p, cls = cfg.parallelism, strategy_class(cfg.parallelism.data_parallel)
     degrees = {"tp": p.tensor_parallel_degree, "pp": p.pipeline_parallel_degree}
     model_parallel = " × ".join(f"{n}={d}" for n, d in degrees.items() if d > 1)  # 'tp=2 × pp=2'; '' for none
-    name = cls.name
     if model_parallel and not cls.traits.model_parallel:
-        able = _able(lambda t: t.model_parallel)
-        raise UserError(f"data_parallel = '{name}' with {model_parallel} is not supported; use one of {able}")
+        which = able(lambda t: t.model_parallel)
+        raise UserError(f"data_parallel = '{cls.name}' with {model_parallel} is not supported; use one of {which}")
     if p.balance_batches and not cls.traits.balances:
         raise UserError(
-            f"[parallelism] balance_batches = true with data_parallel = '{name}': its ranks must run the "
-            f"same micro-batches (collectives inside forward and backward); use one of {_able(lambda t: t.balances)}, "
+            f"[parallelism] balance_batches = true with data_parallel = '{cls.name}': its ranks must run the "
+            f"same micro-batches (collectives inside forward and backward); use one of {able(lambda t: t.balances)}, "
             "or balance_batches = false"
         )
     if p.balance_batches and model_parallel:
@@ -169,121 +166,17 @@ def _check_strategy(cfg: Config, dp_size: int) -> None:
             f"[parallelism] balance_batches = true with {model_parallel} is not supported: tensor- and "
             "pipeline-parallel peers must run the same micro-batches; set balance_batches = false"
         )
-    if reason := cls.check_config(cfg, dp_size, model_parallel):
+    sections = {"training": cfg.training, "optimizer": cfg.optimizer, "lr_schedule": cfg.lr_schedule}
+    if reason := cls.check_config(dp_size, model_parallel, options=cfg.options(cls.traits.options), **sections):
         raise UserError(reason)
-    check_diloco(cfg, cls)
-
-
-def _able(test) -> str:
-    """The registered strategies whose traits pass `test`, quoted."""
-    return ", ".join(f"'{name}'" for name, cls in strategies().items() if test(cls.traits))
-
-
-# The [diloco] keys an outer step over one replica (SNOO) reads: the schedule and the outer optimizer.
-ONE_REPLICA = ("sync_every", "fragments", "sync_every_max", "outer_lr", "outer_momentum", "outer_momentum_warmup",
-               "outer_momentum_decay", "offload")  # fmt: skip
-
-
-def check_diloco(cfg: Config, inner: type[Strategy]) -> None:
-    """The [diloco] and replica settings that cannot run, each as one line."""
-    d, replicas, defaults = cfg.diloco, cfg.parallelism.replicas, DiLoCo()
-    if not has_outer_step(replicas, d):
-        return
-    if replicas == 1:  # SNOO: the outer step of one replica, which exchanges nothing
-        exchange = [f.name for f in dataclasses.fields(d) if getattr(d, f.name) != getattr(defaults, f.name)]
-        exchange = [name for name in exchange if name not in ONE_REPLICA]
-        if exchange:
-            raise UserError(
-                f"[diloco] {', '.join(exchange)} set: they shape the exchange between replicas, and [parallelism] "
-                "replicas = 1 has none (its outer step sends nothing); remove them, or set replicas to 2 or more"
-            )
-    elif inner.traits.why_not_in_replicas:
-        raise UserError(
-            f"data_parallel = '{inner.name}' cannot run inside DiLoCo's replicas "
-            f"({inner.traits.why_not_in_replicas}); use one of {_able(lambda t: not t.why_not_in_replicas)}"
-        )
-    mode = getattr(cfg.options(inner.traits.options), "mode", "deterministic")
-    if mode == "adaptive":
-        raise UserError(
-            "[acco] mode = 'adaptive' inside DiLoCo's replicas is not supported: each replica's batch would grow on "
-            "its own, and the outer step's schedule counts equal updates; use mode = 'deterministic' or 'balanced'"
-        )
-    for name in ("sync_every", "fragments"):
-        if getattr(d, name) < 1:
-            raise UserError(f"[diloco] {name} must be at least 1, got {getattr(d, name)}")
-    if d.sync_every % d.fragments:
-        raise UserError(
-            f"[diloco] sync_every = {d.sync_every} is not a multiple of fragments = {d.fragments} (one fragment "
-            "syncs every sync_every / fragments updates); change either"
-        )
-    interval = d.sync_every // d.fragments
-    if not 0 <= d.overlap_steps < interval:
-        raise UserError(
-            f"[diloco] overlap_steps = {d.overlap_steps} must be at least 0 and below sync_every / fragments = "
-            f"{interval} (a fragment's all-reduce must arrive before the next one starts)"
-        )
-    if not 0.0 <= d.mixing <= 1.0:
-        raise UserError(f"[diloco] mixing = {d.mixing:g} must be between 0 and 1")
-    if d.eager and (not d.overlap_steps or d.mixing):
-        raise UserError(
-            "[diloco] eager continues from an estimated outer step while the all-reduce runs beside overlap_steps "
-            "inner updates and keeps all of them (mixing does not apply): set overlap_steps >= 1 and mixing = 0"
-        )
-    if not 0.0 <= d.topk <= 1.0:
-        raise UserError(f"[diloco] topk = {d.topk:g} is the fraction of the pseudo-gradient sent: use 0 (all) to 1")
-    if not 0.0 <= d.error_decay <= 1.0:
-        raise UserError(f"[diloco] error_decay = {d.error_decay:g} must be between 0 and 1")
-    needs_topk = {"error_decay": "applies to what topk leaves unsent", "topk_mean": "averages what topk sends"}
-    for name, what in needs_topk.items():
-        if getattr(d, name) != getattr(defaults, name) and not d.topk:
-            raise UserError(f"[diloco] {name} = {getattr(d, name)!r} {what}, and topk = 0 sends all; set topk")
-    if d.outer_momentum_warmup < 0:
-        raise UserError(f"[diloco] outer_momentum_warmup = {d.outer_momentum_warmup} must be 0 (none) or more")
-    for name in ("outer_momentum_warmup", "outer_momentum_decay"):
-        if getattr(d, name) and not d.outer_momentum:
-            raise UserError(f"[diloco] {name} scales the outer momentum, and outer_momentum = 0 (plain averaging); set "
-                            f"outer_momentum above 0 (e.g. 0.9), or leave {name} out")  # fmt: skip
-    if d.warm_start < 0 or d.warm_start % interval:
-        raise UserError(
-            f"[diloco] warm_start = {d.warm_start} must be a multiple of sync_every / fragments = {interval} (the "
-            "outer steps then begin with a whole period)"
-        )
-    if d.sync_every_max and (d.sync_every_max < d.sync_every or d.sync_every_max % d.fragments or d.balance_replicas):
-        raise UserError(
-            f"[diloco] sync_every_max = {d.sync_every_max} must be 0 (a fixed H), or a multiple of fragments = "
-            f"{d.fragments} of at least sync_every = {d.sync_every} without balance_replicas (whose periods are H's)"
-        )
-    if d.warm_start and d.balance_replicas:
-        raise UserError("[diloco] warm_start averages after every update, and balance_replicas idles a slow "
-                        "replica's slots: use one of them")  # fmt: skip
-    if d.mixing and not d.overlap_steps:
-        raise UserError(
-            "[diloco] mixing mixes in the local updates made during overlap_steps, and overlap_steps = 0; "
-            "set overlap_steps >= 1 or mixing = 0"
-        )
-    if d.balance_replicas and inner.traits.overlapped:
-        synchronous = _able(lambda t: not t.why_not_in_replicas and not t.overlapped)
-        raise UserError(
-            f"[diloco] balance_replicas idles a slow replica's slots, and data_parallel = '{inner.name}' runs its "
-            f"updates overlapped with the next; use one of {synchronous}, or balance_replicas = false"
-        )
-    if d.balance_replicas and not cfg.training.max_tokens:
-        raise UserError(
-            "[diloco] balance_replicas needs [training] max_tokens: the replicas' inner updates differ, so the run and "
-            "its learning-rate schedule are measured in tokens; set it (e.g. --training.max_tokens 1000000000)"
-        )
-    fault_tolerance.check_config(cfg)
-    if d.outer_lr <= 0 or not 0.0 <= d.outer_momentum < 1.0:
-        raise UserError(
-            f"[diloco] outer_lr = {d.outer_lr:g} must be positive and outer_momentum = {d.outer_momentum:g} in [0, 1)"
-        )
+    DiLoCo.check(cls, cfg.options(cls.traits.options), cfg.diloco, cfg.parallelism, cfg.training)
 
 
 def _check_model(cfg: Config, model) -> None:
     """One of torchacco's models: the configured one, or `model` (built from models/)."""
     spec = get_model_spec(cfg.model.name)
     args = model.args if model is not None else model_args(spec, cfg.model)
-    check_model_parallel(spec, cfg, args)
+    check_model_parallel(spec, args, cfg.parallelism, cfg.model, cfg.training)
     if cfg.checkpoint.export_hf and spec.hf is None:
         raise UserError(
             f"[checkpoint] export_hf = true but model {cfg.model.name} has no Hugging Face adapter "

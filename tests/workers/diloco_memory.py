@@ -32,7 +32,10 @@ def main(kind: str, out: str) -> None:
     dims = init_distributed(device, replicas=worker.REPLICAS)
     cfg = worker.config(kind, "deterministic")
     plan = worker.update_plan(cfg, dims, micro_batches=2)
-    inner_bytes, inner = added_bytes(lambda m: strategy_class(kind).from_config(m, cfg, dims, plan, device))
+    cls, sections = strategy_class(kind), {"parallelism": cfg.parallelism, "optimizer": cfg.optimizer}
+    inner_bytes, inner = added_bytes(
+        lambda m: cls.from_config(m, dims, plan, device, options=cfg.options(cls.traits.options), **sections)
+    )
     inner.close()
     del inner
     diloco_bytes, diloco = added_bytes(lambda m: build_strategy(m, cfg, dims, plan, device))

@@ -115,12 +115,12 @@ class AccoPlanner(Planner):
             self.commit_norm = None if schedule["commit_norm"] < 0 else schedule["commit_norm"]
 
     @classmethod
-    def check_config(cls, cfg, dp_size: int) -> str | None:
-        a = cfg.options(OverlappedOptions)
+    def check_config(cls, dp_size: int, *, options, training, optimizer, lr_schedule) -> str | None:
+        a = options
         if not 0 < a.estimate_share < 1:
             return f"[acco] estimate_share = {a.estimate_share:g} must be between 0 and 1 (0.5: the paper)"
-        t = cfg.training
-        micro_batches = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dp_size).micro_batches
+        t = training
+        micro_batches = UpdatePlan.from_config(t, optimizer, lr_schedule, dp_size).micro_batches
         global_batch = micro_batches * t.local_batch_size * dp_size
         share = a.estimate_share * micro_batches
         if a.estimate_share != 0.5 and (a.mode != "deterministic" or abs(share - round(share)) > 1e-9

@@ -48,9 +48,8 @@ class DDP(Replicated):
         return 2 * 4 * numel if micro_batches > 1 else 0.0
 
     @classmethod
-    def from_config(cls, model, cfg, dims, plan, device):
-        p = cfg.parallelism
-        return cls(model, dims, plan, cfg.optimizer, p.bucket_cap_mb, p.balance_batches)
+    def from_config(cls, model, dims, plan, device, *, parallelism, optimizer, **_):
+        return cls(model, dims, plan, optimizer, parallelism.bucket_cap_mb, parallelism.balance_batches)
 
     def _sync(self, last):
         return contextlib.nullcontext() if last else self.model.no_sync()

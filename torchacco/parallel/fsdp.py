@@ -66,15 +66,14 @@ class FSDP(Replicated):
         return numel * DTYPES[parallelism.reduce_dtype].itemsize if unsharded else 0.0
 
     @classmethod
-    def build(cls, model, cfg, dims, plan, device, init):
-        return cls.from_config(model, cfg, dims, plan, device, init)  # `init` runs once the module is sharded
+    def build(cls, model, dims, plan, device, init, **sections):
+        return cls.from_config(model, dims, plan, device, init=init, **sections)  # `init` runs once it is sharded
 
     @classmethod
-    def from_config(cls, model, cfg, dims, plan, device, init=None):
-        p = cfg.parallelism
+    def from_config(cls, model, dims, plan, device, *, parallelism, optimizer, init=None, **_):
         return cls(
-            model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.reshard_after_forward,
-            accumulate_unsharded=p.accumulate_unsharded, init=init,
+            model, dims, plan, optimizer, DTYPES[parallelism.reduce_dtype], parallelism.reshard_after_forward,
+            accumulate_unsharded=parallelism.accumulate_unsharded, init=init,
         )  # fmt: skip
 
     @classmethod

@@ -47,14 +47,14 @@ class HSDP(FSDP):
     )
 
     @classmethod
-    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> str | None:
-        shard_degree(cfg.options(HSDPOptions), dp_size, int(os.environ.get("LOCAL_WORLD_SIZE", dp_size)), 1, 1)
+    def check_config(cls, dp_size: int, model_parallel: str, *, options, **_) -> str | None:
+        shard_degree(options, dp_size, int(os.environ.get("LOCAL_WORLD_SIZE", dp_size)), 1, 1)
         return None
 
     @classmethod
-    def from_config(cls, model, cfg, dims, plan, device, init=None):
-        p = cfg.parallelism
-        shard = shard_degree(cfg.options(HSDPOptions), dims.dp_size, dims.local_world_size, dims.tp_size, dims.pp_size)
+    def from_config(cls, model, dims, plan, device, *, parallelism, optimizer, options, init=None, **_):
+        p = parallelism
+        shard = shard_degree(options, dims.dp_size, dims.local_world_size, dims.tp_size, dims.pp_size)
         if not hasattr(dims.dp_mesh, "_unflatten"):
             raise UserError(
                 f"hsdp needs torch's DeviceMesh._unflatten, which torch {torch.__version__} lacks; install a newer "
@@ -66,6 +66,6 @@ class HSDP(FSDP):
             0, (dims.dp_size // shard, shard), ("dp_replicate", "dp_shard"), backend_override=overrides
         )
         return cls(
-            model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.reshard_after_forward, mesh,
+            model, dims, plan, optimizer, DTYPES[p.reduce_dtype], p.reshard_after_forward, mesh,
             p.accumulate_unsharded, init,
         )  # fmt: skip

@@ -21,24 +21,22 @@ from torchacco.parallel.tensor import apply_tensor_parallel, check_tensor_parall
 from torchacco.spec import ModelSpec
 
 
-def check_model_parallel(spec: ModelSpec, cfg, args) -> None:
+def check_model_parallel(spec: ModelSpec, args, parallelism, model_cfg, training) -> None:
     """Shape checks of the configured model against the tp and pp degrees (before launch)."""
-    p = cfg.parallelism
-    where = f"{cfg.model.name} {cfg.model.init_from or cfg.model.flavor}"
+    p = parallelism
+    where = f"{model_cfg.name} {model_cfg.init_from or model_cfg.flavor}"
     if p.tensor_parallel_degree > 1:
-        check_tensor_parallel(
-            spec.tensor_parallel, args, p.tensor_parallel_degree, cfg.training.seq_len, where, spec.name
-        )
+        check_tensor_parallel(spec.tensor_parallel, args, p.tensor_parallel_degree, training.seq_len, where, spec.name)
     if p.pipeline_parallel_degree > 1:
-        check_pipeline(spec.pipeline, cfg, args, where)
+        check_pipeline(spec.pipeline, p, training, args, where)
 
 
-def check_hardware_queues(cfg, device_type: str, env=os.environ) -> None:
+def check_hardware_queues(parallelism, diloco, device_type: str, env=os.environ) -> None:
     """With tp or pp, an overlapped job's collectives (side stream) and tp/pp's (compute stream) run on
     separate communicators at once; CUDA_DEVICE_MAX_CONNECTIONS=1 puts both streams on one hardware
     queue, where the two can be ordered differently on different ranks and hang."""
-    p = cfg.parallelism
-    overlapped = strategy_class(p.data_parallel).traits.overlapped or (p.replicas > 1 and cfg.diloco.overlap_steps > 0)
+    p = parallelism
+    overlapped = strategy_class(p.data_parallel).traits.overlapped or (p.replicas > 1 and diloco.overlap_steps > 0)
     model_parallel = p.tensor_parallel_degree * p.pipeline_parallel_degree > 1
     if device_type == "cuda" and overlapped and model_parallel and env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
         raise UserError(
@@ -48,16 +46,17 @@ def check_hardware_queues(cfg, device_type: str, env=os.environ) -> None:
         )
 
 
-def apply_model_parallel(model: nn.Module, spec: ModelSpec, cfg, dims: ParallelDims, device, loss=None):
+def apply_model_parallel(model: nn.Module, spec: ModelSpec, parallelism, model_cfg, training, dims, device, loss=None):
     """(this rank's model, the pipeline or None). `loss` (a TokenLoss) says whether the logits stay
     split by vocabulary, and is the pipeline's loss function."""
     if not dims.model_parallel:
         return model, None
-    # validate() has refused tp/pp for a model passed to train(): this is one of torchacco's.
-    check_model_parallel(spec, cfg, model.args)  # the vocabulary may come from the tokenizer: check again
+    # validate() has refused tp/pp for a model passed to train(): this is one of torchacco's, checked again because
+    # its vocabulary may come from the tokenizer
+    check_model_parallel(spec, model.args, parallelism, model_cfg, training)
     pipeline = None
     if dims.pp_enabled:
-        model, pipeline = split_stages(model, spec.pipeline, cfg, dims, device, loss)
+        model, pipeline = split_stages(model, spec.pipeline, parallelism, dims, device, loss)
     if dims.tp_enabled:
         apply_tensor_parallel(model, dims.tp_mesh, spec.tensor_parallel, loss is not None and loss.vocab_parallel)
     return model, pipeline

@@ -59,8 +59,8 @@ class Planner:
         """From the [acco] options and the update plan."""
 
     @classmethod
-    def check_config(cls, cfg, dp_size: int) -> str | None:
-        """Why this schedule cannot run `cfg`, beyond what every overlapped schedule checks (one line), or None."""
+    def check_config(cls, dp_size: int, *, options, training, optimizer, lr_schedule) -> str | None:
+        """Why this schedule cannot run the sections, beyond what every overlapped one checks (one line), or None."""
         return None
 
     def plan(self, finished: UpdateResult | None) -> tuple[str, bool]:
@@ -133,15 +133,14 @@ class Overlapped(Strategy):
         return type(planner_class.traits.name.upper(), (cls,), body)
 
     @classmethod
-    def from_config(cls, model, cfg, dims, plan, device):
-        options, reduce_dtype = cfg.options(OverlappedOptions), DTYPES[cfg.parallelism.reduce_dtype]
-        strategy = cls(model, dims, plan, cfg.optimizer, options, device, reduce_dtype)
-        strategy.balanced = strategy.balanced or cfg.parallelism.balance_batches
+    def from_config(cls, model, dims, plan, device, *, parallelism, optimizer, options):
+        strategy = cls(model, dims, plan, optimizer, options, device, DTYPES[parallelism.reduce_dtype])
+        strategy.balanced = strategy.balanced or parallelism.balance_batches
         return strategy
 
     @classmethod
-    def check_config(cls, cfg, dp_size: int, model_parallel: str) -> str | None:
-        a, estimates = cfg.options(OverlappedOptions), cls.traits.estimates
+    def check_config(cls, dp_size: int, model_parallel: str, *, options, training, **sections) -> str | None:
+        a, estimates = options, cls.traits.estimates
         if a.mode != "deterministic" and model_parallel:
             return (
                 f"[acco] mode = '{a.mode}' with {model_parallel} is not supported: each rank picks its "
@@ -152,7 +151,7 @@ class Overlapped(Strategy):
             return f"[acco] max_growth = {a.max_growth:g} must be 0 (no cap) or at least 1"
         if a.lr_batch_scaling < 0:
             return f"[acco] lr_batch_scaling = {a.lr_batch_scaling:g} must be >= 0 (0.5: square root)"
-        if a.estimate_comm == "bf16" and (not estimates or cfg.training.mixed_precision == "bf16"):
+        if a.estimate_comm == "bf16" and (not estimates or training.mixed_precision == "bf16"):
             reason = "only acco has an estimate round" if not estimates else "the compute dtype is bf16 already"
             return f"[acco] estimate_comm = 'bf16' does nothing here ({reason}); set it to 'full'"
         defaults = OverlappedOptions()
@@ -163,18 +162,18 @@ class Overlapped(Strategy):
                     f"[acco] {option} = {value!r} does nothing here (only acco has an estimate round); "
                     f"remove it or set it to {default!r}"
                 )
-        if a.estimate_clip == "commit" and not cfg.training.max_norm:
+        if a.estimate_clip == "commit" and not training.max_norm:
             return (
                 "[acco] estimate_clip = 'commit' does nothing without clipping ([training] max_norm = 0); "
                 "remove it or set max_norm"
             )
-        if a.mode == "adaptive" and not cfg.training.max_tokens:
+        if a.mode == "adaptive" and not training.max_tokens:
             return (
                 "[acco] mode = 'adaptive' lets each update's batch grow while communication runs, so a step count "
                 "does not fix the learning-rate schedule or the data seen: set [training] max_tokens (the token "
                 "budget)"
             )
-        return cls.planner_class.check_config(cfg, dp_size)
+        return cls.planner_class.check_config(dp_size, options=options, training=training, **sections)
 
     def micro_batches(self):
         target = self.planner.period(self)  # this period's micro-batches, decided before its job is launched

@@ -33,18 +33,18 @@ def _pipelining():
     return torch.distributed.pipelining
 
 
-def stages_per_rank(cfg) -> int:
-    return 2 if cfg.parallelism.pipeline_schedule == "interleaved_1f1b" else 1
+def stages_per_rank(parallelism) -> int:
+    return 2 if parallelism.pipeline_schedule == "interleaved_1f1b" else 1
 
 
-def microbatches(cfg) -> int:
-    p = cfg.parallelism
-    return p.pipeline_microbatches or p.pipeline_parallel_degree * stages_per_rank(cfg)
+def microbatches(parallelism) -> int:
+    p = parallelism
+    return p.pipeline_microbatches or p.pipeline_parallel_degree * stages_per_rank(p)
 
 
-def check_pipeline(plan: PipelinePlan | None, cfg, args, where: str) -> None:
-    p, pp = cfg.parallelism, cfg.parallelism.pipeline_parallel_degree
-    stages = pp * stages_per_rank(cfg)
+def check_pipeline(plan: PipelinePlan | None, parallelism, training, args, where: str) -> None:
+    p, pp = parallelism, parallelism.pipeline_parallel_degree
+    stages = pp * stages_per_rank(p)
     reason = "it has no pipeline plan (ModelSpec.pipeline)" if plan is None else plan.unsupported(args)
     if reason:
         raise UserError(f"pipeline parallelism with {where} is not supported: {reason}")
@@ -53,10 +53,10 @@ def check_pipeline(plan: PipelinePlan | None, cfg, args, where: str) -> None:
             f"{where} has {args.n_layers} layers, fewer than the {stages} pipeline stages "
             f"(pipeline_parallel_degree = {pp}, {p.pipeline_schedule}); lower pipeline_parallel_degree"
         )
-    n = microbatches(cfg)
-    if cfg.training.local_batch_size % n:
+    n = microbatches(p)
+    if training.local_batch_size % n:
         raise UserError(
-            f"[training] local_batch_size = {cfg.training.local_batch_size} is not divisible by "
+            f"[training] local_batch_size = {training.local_batch_size} is not divisible by "
             f"[parallelism] pipeline_microbatches = {n} (each local batch is split into that many pieces)"
         )
     if p.pipeline_schedule != "gpipe" and n < pp:
@@ -87,10 +87,10 @@ class Layers(nn.ModuleDict):
 class Pipeline:
     """This rank's stages and the schedule that runs them."""
 
-    def __init__(self, stages: list[PipelineStage], cfg, first: bool, last: bool, loss: TokenLoss):
+    def __init__(self, stages: list[PipelineStage], parallelism, first: bool, last: bool, loss: TokenLoss):
         self.stages, self.first, self.last = stages, first, last
-        n, kind = microbatches(cfg), getattr(_pipelining(), SCHEDULES[cfg.parallelism.pipeline_schedule])
-        stage = stages if cfg.parallelism.pipeline_schedule == "interleaved_1f1b" else stages[0]
+        n, kind = microbatches(parallelism), getattr(_pipelining(), SCHEDULES[parallelism.pipeline_schedule])
+        stage = stages if parallelism.pipeline_schedule == "interleaved_1f1b" else stages[0]
         self.loss, self.poison = loss, False
         self.schedule = kind(stage, n_microbatches=n, loss_fn=self._loss, scale_grads=False)
 
@@ -119,9 +119,9 @@ class Pipeline:
         return self._run(self.schedule.eval, batch)
 
 
-def split_stages(model: nn.Module, plan: PipelinePlan, cfg, dims: ParallelDims, device, loss=None) -> tuple:
+def split_stages(model: nn.Module, plan: PipelinePlan, parallelism, dims: ParallelDims, device, loss=None) -> tuple:
     """Prune `model` to this rank's stages; (the pruned model, its pipeline)."""
-    pp, v = dims.pp_size, stages_per_rank(cfg)
+    pp, v = dims.pp_size, stages_per_rank(parallelism)
     n_stages = pp * v
     ranges = layer_split(len(model.layers), n_stages)
     mine = [dims.pp_rank + k * pp for k in range(v)]  # interleaved: stages r, r + pp, ...
@@ -138,4 +138,4 @@ def split_stages(model: nn.Module, plan: PipelinePlan, cfg, dims: ParallelDims, 
     # A plain list, not submodules (the parameters keep their full-model names): FSDP makes each stage module a root,
     # since the schedule calls them and never model.forward.
     model.stage_modules = [stage.submod for stage in stages]
-    return model, Pipeline(stages, cfg, first, last, loss or TokenLoss())
+    return model, Pipeline(stages, parallelism, first, last, loss or TokenLoss())

@@ -65,6 +65,11 @@ def strategies() -> dict[str, type]:
     return {name: strategy_class(name) for name in names()}
 
 
+def able(test) -> str:
+    """The registered strategies whose traits pass `test`, quoted."""
+    return ", ".join(f"'{name}'" for name, cls in strategies().items() if test(cls.traits))
+
+
 # docs/parallelism.md's trait table, generated from the classes (tests/test_docs.py checks the page) ---------
 
 TRAITS_BEGIN, TRAITS_END = "<!-- traits:begin -->", "<!-- traits:end -->"

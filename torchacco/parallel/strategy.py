@@ -25,7 +25,7 @@ from torchacco.lr import TokenSchedule
 from torchacco.options import Options
 
 if TYPE_CHECKING:
-    from torchacco.config import Config, LRSchedule, Optimizer, Training
+    from torchacco.config import LRSchedule, Optimizer, Training
 
 
 @dataclass
@@ -168,9 +168,9 @@ class Strategy(abc.ABC):
             cls.name = cls.traits.name
 
     @classmethod
-    def check_config(cls, cfg: Config, dp_size: int, model_parallel: str) -> str | None:
-        """Why this strategy cannot run `cfg` (one line), or None; `model_parallel` names the tp/pp
-        degrees in use ('' when none). Validation checks the traits first."""
+    def check_config(cls, dp_size, model_parallel: str, *, options, training, optimizer, lr_schedule) -> str | None:
+        """Why this strategy cannot run the config's sections (`options`: its own, None without one) in one line, or
+        None; `model_parallel` names the tp/pp degrees in use ('' when none). Validation checks the traits first."""
         return None
 
     @classmethod
@@ -200,16 +200,18 @@ class Strategy(abc.ABC):
         return "dp"
 
     @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: Config, dims, plan: UpdatePlan, device) -> Strategy:
-        """The strategy over `model` (this rank's part of it, after tensor/pipeline parallelism)."""
+    def from_config(cls, model: torch.nn.Module, dims, plan: UpdatePlan, device, *, parallelism, optimizer, options):
+        """The strategy over `model` (this rank's part of it, after tensor/pipeline parallelism) from the sections it
+        reads, named by keyword: [parallelism], [optimizer], `options` (its own, None without one); `**_` the rest."""
         raise NotImplementedError(f"{cls.name} is not built from a config")
 
     @classmethod
-    def build(cls, model, cfg: Config, dims, plan: UpdatePlan, device, init: Callable[[], None] | None) -> Strategy:
-        """`from_config`, with `init` (None: `model` is allocated) run first: it allocates a model built on meta."""
+    def build(cls, model, dims, plan: UpdatePlan, device, init: Callable[[], None] | None, **sections) -> Strategy:
+        """`from_config` of the config's `sections`, with `init` (None: `model` is allocated) run first: it allocates a
+        model built on meta."""
         if init is not None:
             init()
-        return cls.from_config(model, cfg, dims, plan, device)
+        return cls.from_config(model, dims, plan, device, **sections)
 
     @abc.abstractmethod
     def micro_batches(self) -> Iterator[contextlib.AbstractContextManager]: ...

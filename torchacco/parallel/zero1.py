@@ -36,9 +36,8 @@ class ZeRO1(Strategy):
         self.balance = SpeedSplit(plan.micro_batches, dims.dp_size, dims.dp_rank) if balance else None
 
     @classmethod
-    def from_config(cls, model, cfg, dims, plan, device):
-        p = cfg.parallelism
-        return cls(model, dims, plan, cfg.optimizer, DTYPES[p.reduce_dtype], p.balance_batches)
+    def from_config(cls, model, dims, plan, device, *, parallelism, optimizer, **_):
+        return cls(model, dims, plan, optimizer, DTYPES[parallelism.reduce_dtype], parallelism.balance_batches)
 
     @classmethod
     def checkpoint_key(cls, dims) -> str:

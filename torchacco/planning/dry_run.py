@@ -182,7 +182,7 @@ def stage_params(cfg: Config, spec, args, cluster: Cluster, dp: int) -> list[tup
             with torch.device("meta"):
                 model = spec.model_cls(args)
             loss = TokenLoss(cfg.training.loss_chunks, tp > 1 and pp == 1 and p.loss_parallel)
-            model, _ = apply_model_parallel(model, spec, cfg, dims, Device("cpu"), loss)
+            model, _ = apply_model_parallel(model, spec, p, cfg.model, cfg.training, dims, Device("cpu"), loss)
             counts.append(_counts(model))
     return counts
 
@@ -198,7 +198,7 @@ def activations(cfg: Config, args, stage: int) -> float:
     of them on each tensor-parallel rank, and on the last stage one loss chunk's logits."""
     t, p = cfg.training, cfg.parallelism
     tp, pp = p.tensor_parallel_degree, p.pipeline_parallel_degree
-    pieces, v = (microbatches(cfg), stages_per_rank(cfg)) if pp > 1 else (1, 1)
+    pieces, v = (microbatches(p), stages_per_rank(p)) if pp > 1 else (1, 1)
     blocks = sum(len(stage_layers) for stage_layers in layer_split(args.n_layers, pp * v)[stage::pp])
     in_flight = pieces if p.pipeline_schedule == "gpipe" else min(pieces, pp - stage)
     piece = t.local_batch_size * t.seq_len / pieces
@@ -314,7 +314,8 @@ def layout_prediction(run: DryRun, work: cm.Workload, hw: cm.Hardware) -> dict:
         return cm.predict_diloco(work, replicas, label, *outer)
 
     local = max(k.params for k in run.kinds)  # the slowest coordinate's ring carries the largest part
-    work, hw = cm.model_parallel_layout(work, hw, run.tp, run.pp, local, microbatches(cfg), stages_per_rank(cfg))
+    p = cfg.parallelism
+    work, hw = cm.model_parallel_layout(work, hw, run.tp, run.pp, local, microbatches(p), stages_per_rank(p))
     return cm.predict(work, hw, label)
 
 

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import torch
 
-from torchacco.config import Config, DiLoCo, Optimizer, Parallelism, load_config
+from torchacco.config import DiLoCo, Optimizer, Parallelism, Training, load_config
 from torchacco.errors import UserError
 from torchacco.optim import muon_workload
+from torchacco.parallel import diloco
 from torchacco.parallel.diloco import has_outer_step
 from torchacco.parallel.registry import strategies, strategy_class
 from torchacco.planning import cost_model as cm
 from torchacco.planning import dry_run
 from torchacco.spec import get_model_spec
-from torchacco.validate import check_diloco
 
 DOCS = "docs/performance.md#before-launching-predict-and-the-dry-run"
 OPTIMIZERS = {"adamw": "", "muon": " + Muon"}  # [optimizer] name: its rows' suffix, and their config lines
@@ -201,9 +201,9 @@ def outer_step(args) -> DiLoCo:
     base = getattr(args, "config_diloco", None) or DiLoCo(outer_dtype="bf16")
     given = {name: getattr(args, name) for name in DILOCO_FLAGS if getattr(args, name) is not None}
     outer = dataclasses.replace(base, **given)
-    cfg = Config(diloco=outer)
-    cfg.parallelism.replicas = args.nodes
-    check_diloco(cfg, strategy_class(cfg.parallelism.data_parallel))
+    diloco.DiLoCo.check(
+        strategy_class(Parallelism().data_parallel), None, outer, Parallelism(replicas=args.nodes), Training()
+    )
     return outer
 
 

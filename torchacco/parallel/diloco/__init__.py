@@ -32,11 +32,14 @@ import torch.distributed as dist
 
 from torchacco.device import Device
 from torchacco.errors import UserError
+from torchacco.fault_tolerance import check_config as check_fault_tolerance
 from torchacco.faults import muted_from
 from torchacco.parallel.collectives import all_gather_single
+from torchacco.parallel.diloco.compression import check_config as check_compression
 from torchacco.parallel.diloco.exchange import FaultTolerant, Overlapped, Synchronous
 from torchacco.parallel.diloco.outer_state import OuterState, fragment_of
 from torchacco.parallel.diloco.schedule import WARM_START, Schedule, SharedLRClock
+from torchacco.parallel.registry import able
 from torchacco.parallel.strategy import Counts, MemoryParts, Strategy, UpdateResult
 
 if TYPE_CHECKING:
@@ -68,6 +71,32 @@ class DiLoCo(Strategy):
         self.stamp = time.perf_counter()
         self.nominal = 0.0  # this replica's input tokens per inner update (its share of the recipe's)
         self.last_seen = (0.0, 0.0)  # the loss and gradient norm its idle slots report: its last update's
+
+    @staticmethod
+    def check(inner: type[Strategy], inner_options, d: DiLoCoConfig, parallelism, training) -> None:
+        """The [diloco] and replica settings that cannot run over `inner`, one line each: the replicas', then parts'."""
+        if not has_outer_step(replicas := parallelism.replicas, d):
+            return
+        if replicas == 1:  # SNOO: one replica's outer step exchanges nothing; it reads the schedule and outer optimizer
+            kept = ("sync_every", "fragments", "sync_every_max", "outer_lr", "outer_momentum", "outer_momentum_warmup",
+                    "outer_momentum_decay", "offload")  # fmt: skip
+            exchange = [f.name for f in dataclasses.fields(d) if getattr(d, f.name) != getattr(type(d)(), f.name)]
+            if exchange := [name for name in exchange if name not in kept]:
+                raise UserError(f"[diloco] {', '.join(exchange)} set: they shape the exchange between replicas, and "
+                                "[parallelism] replicas = 1 has none (its outer step sends nothing); remove them, or "
+                                "set replicas to 2 or more")  # fmt: skip
+        elif why := inner.traits.why_not_in_replicas:
+            raise UserError(f"data_parallel = '{inner.name}' cannot run inside DiLoCo's replicas ({why}); use one of "
+                            f"{able(lambda t: not t.why_not_in_replicas)}")  # fmt: skip
+        if getattr(inner_options, "mode", "deterministic") == "adaptive":
+            raise UserError("[acco] mode = 'adaptive' inside DiLoCo's replicas is not supported: each replica's batch "
+                            "would grow on its own, and the outer step's schedule counts equal updates; use mode = "
+                            "'deterministic' or 'balanced'")  # fmt: skip
+        Schedule.check(d, inner, training)
+        Overlapped.check(d)
+        check_compression(d)
+        check_fault_tolerance(d, replicas)
+        OuterState.check(d)
 
     @staticmethod
     def outer_memory(numel: float, inner: type[Strategy], dp_size: int, options, largest_fragment=1.0) -> MemoryParts:

@@ -18,10 +18,23 @@ import torch
 import torch.distributed as dist
 
 from torchacco.device import DTYPES
+from torchacco.errors import UserError
 from torchacco.parallel.collectives import all_gather_single
 from torchacco.parallel.diloco.wire import CHUNK, CODE_BITS, VALUE_BITS, offset_code
 
 SORT_CHUNKS = 1 << 14  # chunks sorted at once (64M elements: about 1 GiB of the sort's temporaries)
+
+
+def check_config(d) -> None:
+    """[diloco] topk and what reads it."""
+    if not 0.0 <= d.topk <= 1.0:
+        raise UserError(f"[diloco] topk = {d.topk:g} is the fraction of the pseudo-gradient sent: use 0 (all) to 1")
+    if not 0.0 <= d.error_decay <= 1.0:
+        raise UserError(f"[diloco] error_decay = {d.error_decay:g} must be between 0 and 1")
+    needs_topk = {"error_decay": "applies to what topk leaves unsent", "topk_mean": "averages what topk sends"}
+    for name, what in needs_topk.items():
+        if getattr(d, name) != getattr(type(d)(), name) and not d.topk:
+            raise UserError(f"[diloco] {name} = {getattr(d, name)!r} {what}, and topk = 0 sends all; set topk")
 
 
 # Codes: b bits per value, levels symmetric about 0 -------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from torchacco.errors import UserError
 from torchacco.fault_tolerance import ReplicaLink, unmerged_updates
 from torchacco.faults import in_outer_exchange
 from torchacco.parallel.diloco.compression import sparse_token_weighted_mean
@@ -117,6 +118,22 @@ class Overlapped(Synchronous):
         self.arrived: torch.Tensor | None = None  # its mean, once waited for (by a checkpoint)
         eager, largest = diloco.options.eager, diloco.state.largest  # θ̂ of the fragment in flight
         self.eager = torch.zeros(largest, dtype=torch.float32, device=diloco.device.torch) if eager else None
+
+    @staticmethod
+    def check(d) -> None:
+        if not 0 <= d.overlap_steps < (interval := d.sync_every // d.fragments):
+            raise UserError(f"[diloco] overlap_steps = {d.overlap_steps} must be at least 0 and below sync_every / "
+                            f"fragments = {interval} (a fragment's all-reduce must arrive before the next one "
+                            "starts)")  # fmt: skip
+        if not 0.0 <= d.mixing <= 1.0:
+            raise UserError(f"[diloco] mixing = {d.mixing:g} must be between 0 and 1")
+        if d.eager and (not d.overlap_steps or d.mixing):
+            raise UserError("[diloco] eager continues from an estimated outer step while the all-reduce runs beside "
+                            "overlap_steps inner updates and keeps all of them (mixing does not apply): set "
+                            "overlap_steps >= 1 and mixing = 0")  # fmt: skip
+        if d.mixing and not d.overlap_steps:
+            raise UserError("[diloco] mixing mixes in the local updates made during overlap_steps, and overlap_steps = "
+                            "0; set overlap_steps >= 1 or mixing = 0")  # fmt: skip
 
     def after_update(self) -> None:
         s = self.diloco.schedule

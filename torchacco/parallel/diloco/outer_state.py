@@ -48,6 +48,12 @@ class OuterState:
         self.residual = [torch.zeros_like(b) for b in self.global_params] if options.topk else []  # not sent yet
         self.largest = max(b.numel() for b in self.global_params)
 
+    @staticmethod
+    def check(d) -> None:
+        if d.outer_lr <= 0 or not 0.0 <= d.outer_momentum < 1.0:
+            raise UserError(f"[diloco] outer_lr = {d.outer_lr:g} must be positive and outer_momentum = "
+                            f"{d.outer_momentum:g} in [0, 1)")  # fmt: skip
+
     def gather(self, f: int) -> torch.Tensor:
         """This rank's θ for fragment f, flat (a one-element placeholder when the rank holds none of it)."""
         pieces = self.by_fragment[f]

@@ -8,6 +8,9 @@ each period and sits the rest out.
 
 from __future__ import annotations
 
+from torchacco.errors import UserError
+from torchacco.parallel.registry import able
+
 WARM_START = -1  # `Schedule.advance`: the update ends in the warm start's average
 
 
@@ -22,6 +25,43 @@ class Schedule:
         self.peak_lr, self.lr = 0.0, 0.0
         self.active, self.slot = [self.interval] * replicas, 0  # balance_replicas: K_r, the period's slot
         self.fixed_periods()
+
+    @staticmethod
+    def check(d, inner, training) -> None:
+        """The periods, warm start, momentum schedule and balance_replicas of [diloco] `d` over strategy `inner`."""
+        for name in ("sync_every", "fragments"):
+            if getattr(d, name) < 1:
+                raise UserError(f"[diloco] {name} must be at least 1, got {getattr(d, name)}")
+        if d.sync_every % d.fragments:
+            raise UserError(f"[diloco] sync_every = {d.sync_every} is not a multiple of fragments = {d.fragments} (one "
+                            "fragment syncs every sync_every / fragments updates); change either")  # fmt: skip
+        interval = d.sync_every // d.fragments
+        if d.outer_momentum_warmup < 0:
+            raise UserError(f"[diloco] outer_momentum_warmup = {d.outer_momentum_warmup} must be 0 (none) or more")
+        for name in ("outer_momentum_warmup", "outer_momentum_decay"):
+            if getattr(d, name) and not d.outer_momentum:
+                raise UserError(f"[diloco] {name} scales the outer momentum, and outer_momentum = 0 (plain averaging); "
+                                f"set outer_momentum above 0 (e.g. 0.9), or leave {name} out")  # fmt: skip
+        if d.warm_start < 0 or d.warm_start % interval:
+            raise UserError(f"[diloco] warm_start = {d.warm_start} must be a multiple of sync_every / fragments = "
+                            f"{interval} (the outer steps then begin with a whole period)")  # fmt: skip
+        H, H_max = d.sync_every, d.sync_every_max
+        if H_max and (H_max < H or H_max % d.fragments or d.balance_replicas):
+            raise UserError(f"[diloco] sync_every_max = {H_max} must be 0 (a fixed H), or a multiple of fragments = "
+                            f"{d.fragments} of at least sync_every = {H} without balance_replicas (whose periods are "
+                            "H's)")  # fmt: skip
+        if d.warm_start and d.balance_replicas:
+            raise UserError("[diloco] warm_start averages after every update, and balance_replicas idles a slow "
+                            "replica's slots: use one of them")  # fmt: skip
+        if d.balance_replicas and inner.traits.overlapped:
+            synchronous = able(lambda t: not t.why_not_in_replicas and not t.overlapped)
+            raise UserError(f"[diloco] balance_replicas idles a slow replica's slots, and data_parallel = '{inner.name}"
+                            f"' runs its updates overlapped with the next; use one of {synchronous}, or "
+                            "balance_replicas = false")  # fmt: skip
+        if d.balance_replicas and not training.max_tokens:
+            raise UserError("[diloco] balance_replicas needs [training] max_tokens: the replicas' inner updates "
+                            "differ, so the run and its learning-rate schedule are measured in tokens; set it (e.g. "
+                            "--training.max_tokens 1000000000)")  # fmt: skip
 
     def fixed_periods(self) -> None:
         """`period`: the periods begun (each ends in one fragment's outer step, in turn); `next_outer`: the update
