@@ -20,6 +20,9 @@ CONFIGS = sorted((ROOT / "train_configs").glob("*.toml"))
 DIFFERS = re.compile(r"^# differs from measured: (\S.*)$", re.M)  # a recipe's reason, in its header
 PICK = re.compile(r"^Pick: (.+), ([0-9.]+)× sooner than the best synchronous strategy that fits \((.+)\): "
                   r"[0-9.]+ (min|h|days) to the loss against [0-9.]+ (min|h|days)\.$")  # fmt: skip
+PICK_SYNCHRONOUS = re.compile(r"^Pick: (.+), the best synchronous strategy that fits: [0-9.]+ (?:min|h|days) to the "
+                              r"loss\.$")  # fmt: skip
+SYNCHRONOUS = ("ddp", "zero1", "fsdp", "hsdp")
 # The emulated cluster's rank: GPT-Neo debug (1,024-token vocabulary), 8 sequences of 128 per update in 2
 # micro-batches, fp32 on the wire (CPU), the compute of the calibration the speed runs used
 EMULATED = [*"--model gpt_neo --flavor debug --vocab-size 1024 --nodes 2 --gpus-per-node 1 --seq-len 128".split(),
@@ -116,16 +119,19 @@ def test_the_pick_is_the_yardsticks_soonest_or_within_its_interval(setting):
 
 @pytest.mark.parametrize("bandwidth", ["1gbit", "100gbit"])
 def test_the_8b_example_names_a_pick_that_fits_with_its_factor_first(capsys, bandwidth):
+    """At 1 Gbit/s DiLoCo, N× sooner than the best synchronous strategy; at 100 Gbit/s that strategy itself (with
+    Muon's tokens)."""
     out = run(capsys, *"--model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 --bandwidth".split(), bandwidth)
     assert out.returncode == 0, out.stderr
     first = out.stdout.splitlines()[0]
-    m = PICK.match(first)
+    m = PICK.match(first) if bandwidth == "1gbit" else PICK_SYNCHRONOUS.match(first)
     assert m, first
     row = next(line for line in out.stdout.splitlines() if line.startswith(f"| {m.group(1)} |"))
     assert "does not fit" not in row and row.split("|")[-3].strip() == "1.00×"
-    baseline = next(line for line in out.stdout.splitlines() if line.startswith(f"| {m.group(3)} |"))
-    assert baseline.split("|")[-3].strip() == f"{float(m.group(2)):.2f}×"
-    assert m.group(3).removesuffix(" + Muon") in ("ddp", "zero1", "fsdp", "hsdp")  # synchronous
+    if bandwidth == "1gbit":
+        baseline = next(line for line in out.stdout.splitlines() if line.startswith(f"| {m.group(3)} |"))
+        assert baseline.split("|")[-3].strip() == f"{float(m.group(2)):.2f}×"
+    assert m.group(m.lastindex if bandwidth == "100gbit" else 3).removesuffix(" + Muon") in SYNCHRONOUS
     assert "[parallelism]" in out.stdout.split("\n\n")[0]  # the config lines that run it, before the table
     assumptions = out.stdout[out.stdout.index("Assumptions:") :].strip().splitlines()
     assert len(assumptions) == 3 and "model size" in assumptions[1] and predict.DOCS in assumptions[2]
@@ -181,7 +187,7 @@ def test_the_default_rows_are_the_measured_choices_and_all_adds_the_rest(capsys)
     ).split("|")[4]
     assert ratio("ddp") == ratio("zero1") == ratio("fsdp") == " 1.135 ± 0.059 "
     slow = rows(run(capsys, *base, "--slow-factor", "3").stdout)
-    assert "zero1_balanced" in slow and any("inside, balanced)" in r for r in slow)
+    assert any(r.startswith("zero1_balanced") for r in slow) and any("inside, balanced)" in r for r in slow)
 
 
 def test_a_diloco_flag_row_is_measured_only_at_a_measured_outer_step(capsys):
@@ -223,7 +229,8 @@ def test_every_flag_has_help_with_its_default():
 def test_predict_runs_as_a_command_and_refuses_mistakes_in_one_line(capsys):
     proc = subprocess.run([sys.executable, "-m", "torchacco", "predict", "--nodes", "2", "--flavor", "1B"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
-    assert proc.returncode == 0 and PICK.match(proc.stdout.splitlines()[0]), proc.stdout + proc.stderr
+    first = proc.stdout.splitlines()[0] if proc.stdout else ""
+    assert proc.returncode == 0 and (PICK.match(first) or PICK_SYNCHRONOUS.match(first)), proc.stdout + proc.stderr
     small = run(capsys, "--memory-gib", "1")
     assert small.returncode == 1 and "no strategy fits 1 GiB per GPU" in small.stderr
     mistakes = ((["--device", "TPU9"], "unknown --device"), (["--bandwidth", "lots"], "cannot read link rate"),
