@@ -413,6 +413,11 @@ NUMBERS = [
     ((DILOCO,), "it ended {:+.2f} ± {:.2f}% above DDP's loss", lambda: gap("muon_snoo_screen", "snoo_h10")),
     ((OPTIMIZERS,), "with Muon inside ends {:.2f} ± {:.2f}% below", lambda: gap("streaming_muon_screen", MUON_TOP3)),
     ((OPTIMIZERS,), "but {:+.2f}% above DDP-Muon", lambda: [muon_gap(MUON_TOP3)]),
+    (
+        (OPTIMIZERS,),
+        "needs {:.3f}× DDP-AdamW's tokens for its loss",
+        lambda: [statistics.mean(summary("streaming_muon_tokens", MUON_TOP3, "tokens_to_target_ratio"))],
+    ),
     # DiLoCo's wire table: loss vs DDP at equal tokens, and paired against bf16 (2026-11-27 to 11-29)
     ((DILOCO,), "| 2 | {:+.2f} ± {:.2f}% (5 seeds) |", lambda: gap(TE, "streaming_h10_avg")),
     (

@@ -191,7 +191,7 @@ def test_the_default_rows_are_the_measured_choices_and_all_adds_the_rest(capsys)
 
 
 def test_a_diloco_flag_row_is_measured_only_at_a_measured_outer_step(capsys):
-    base = "--model llama3 --flavor 1B --nodes 2 --gpus-per-node 8 --bandwidth 1gbit".split()
+    base = "--model llama3 --flavor 1B --nodes 2 --gpus-per-node 8 --bandwidth 1gbit --optimizer adamw".split()
     measured = "--sync-every 10 --fragments 2 --overlap-steps 1 --eager --outer-lr 1 --outer-momentum 0".split()
     row = lambda out, name: next(r for r in out.splitlines() if r.startswith(f"| {name} |"))
     out = run(capsys, *base, *measured, "--outer-dtype", "int2", "--topk", "0.03").stdout
