@@ -40,3 +40,31 @@ def test_functions_stay_within_sixty_lines():
     assert not new, f"longer than {MAX_FUNCTION_LINES} lines: {', '.join(new)}; split them into named steps"
     gone = sorted(LONGER - set(found))
     assert not gone, f"{', '.join(gone)} fit in {MAX_FUNCTION_LINES} lines now: remove them from LONGER"
+
+
+# A class reads in one sitting: at most this many methods and instance attributes (its `self.<name>` assignment
+# targets and annotated fields), more grouped into a small named object.
+MAX_CLASS_MEMBERS = 20
+# config.py's sections mirror the user's TOML sections key for key: their size is the config's, not the code's.
+CLASS_SIZE_EXEMPT = {"torchacco/config.py"}
+
+
+def _class_sizes():
+    for path in sorted((ROOT / "torchacco").rglob("*.py")):
+        if path.relative_to(ROOT).as_posix() in CLASS_SIZE_EXEMPT:
+            continue
+        for cls in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            methods = [n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+            fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+            stores = (n for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store))
+            selfs = {n.attr for n in stores if isinstance(n.value, ast.Name) and n.value.id == "self"}
+            yield f"{path.relative_to(ROOT).as_posix()}:{cls.name}", len(methods), len(fields | selfs)
+
+
+def test_classes_stay_within_twenty_methods_and_attributes():
+    big = [f"{name}: {m} methods, {a} attributes" for name, m, a in _class_sizes() if max(m, a) > MAX_CLASS_MEMBERS]
+    assert not big, (
+        f"more than {MAX_CLASS_MEMBERS} methods or attributes: {', '.join(big)}; group what belongs together"
+    )

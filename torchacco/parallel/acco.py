@@ -88,7 +88,7 @@ class AccoPlanner(Planner):
 
     def finished(self, s: Overlapped, finished):
         if finished is not None and finished.committed and s.commits == ADVICE_AT_COMMIT:
-            if s.mode == "deterministic" and not s.balanced and finished.compute_s and not finished.skipped:
+            if s.options.mode == "deterministic" and not s.balanced and finished.compute_s and not finished.skipped:
                 finished.advice = share_advice(
                     self.share, max(finished.compute_s), finished.jobs_s / 2, self.at_estimate + self.at_theta
                 )
@@ -97,7 +97,7 @@ class AccoPlanner(Planner):
     def before_swap(self, s: Overlapped, finished) -> None:
         # P still holds θ̃_{t+1}, C now holds θ_{t+1}: measure the estimation error.
         if finished.committed and self.drift_every and (s.commits + 1) % self.drift_every == 0:
-            finished.drift = relative_distance(s.flat.params_buffer, s.job_buffer)
+            finished.drift = relative_distance(s.sharded.params, s.job_buffer)
 
     def committed(self, finished) -> None:
         if self.clip_by_commit and not finished.skipped:

@@ -50,8 +50,8 @@ class FlatParams:
         self.initial_master = self._shard_ranges(model, local)
         self._place_parameters(model, local)
         self.grads = torch.zeros(self.padded_numel, dtype=grad_dtype, device=local[0].device)
-        self.grad_views = [self.grads[o : o + t.numel()].view_as(t) for t, o in zip(local, self.offsets)]
-        for p, view in zip(self.params, self.grad_views):
+        grad_views = [self.grads[o : o + t.numel()].view_as(t) for t, o in zip(local, self.offsets)]
+        for p, view in zip(self.params, grad_views):
             if isinstance(p, DTensor) or view.dtype != p.dtype:
                 p.register_post_accumulate_grad_hook(self._make_hook(view))
             else:

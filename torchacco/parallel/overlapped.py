@@ -15,7 +15,7 @@ import collections
 import contextlib
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -88,6 +88,14 @@ class Planner:
         pass
 
 
+@dataclass
+class JobTimes:
+    """Since the last commit: the seconds the compute side waited on jobs (exposed) and the seconds they took."""
+
+    exposed: float = 0.0
+    jobs: float = 0.0
+
+
 class Overlapped(Strategy):
     """The sharded job one round behind, its rounds planned by a `Planner`. The registry lists one class per
     planner (`scheduled_by`): the planner's traits and checks, the rest this class's."""
@@ -95,35 +103,26 @@ class Overlapped(Strategy):
     planner_class: ClassVar[type[Planner]]
 
     def __init__(self, model, dims, plan, optimizer, acco: OverlappedOptions, device, reduce_dtype=torch.float32):
-        self.model, self.dims = model, dims
+        self.model, self.plan, self.options = model, plan, acco
         self.planner = self.planner_class(acco, plan)
-        self.accumulation = plan.micro_batches // self.traits.periods_per_update  # per period
-        self.schedule, self.max_norm = plan.schedule, plan.max_norm
         self.consumed = 0.0  # tokens consumed by committed updates, all ranks: the schedule position
         grad_dtype = DTYPES[acco.accumulator_dtype]
         # θ is read and written between rounds only (no job in flight): the loop's and DiLoCo's outer step's turn
         self.sharded = self.theta = ShardedOptimizerState(model, dims, plan.param_dtype, optimizer, grad_dtype)
-        self.flat = self.sharded.flat  # P, A and the layout, which every round reads
-        params = self.flat.params_buffer
-        # C: the job's private buffer, gradients in and parameters out; fp32 when it sums the gradients of
-        # bf16 compute in fp32, the parameters then coming out in a bf16 half of it (`_fp32_reduce_out`).
-        comm_dtype = job_buffer_dtype(params.dtype, reduce_dtype, self.flat.world)
-        wide = comm_dtype != params.dtype
-        self.comm = torch.zeros(params.numel(), dtype=comm_dtype, device=params.device)
-        self.reduce_out = _fp32_reduce_out(self.comm, params.dtype, self.flat.rank) if wide else None
-        self.job_buffer = self.reduce_out if wide else self.comm  # where the job's parameters land: P ← it
+        params, flat = self.sharded.params, self.sharded.flat
+        # C: the job's private buffer, gradients in and parameters out (the job buffer, P ← it); fp32 when it sums
+        # the gradients of bf16 compute in fp32, the parameters then landing in a bf16 half of it (`_fp32_reduce_out`).
+        comm_dtype = job_buffer_dtype(params.dtype, reduce_dtype, flat.world)
+        self.comm = comm = torch.zeros(params.numel(), dtype=comm_dtype, device=params.device)
+        self.job_buffer = comm if comm_dtype == params.dtype else _fp32_reduce_out(comm, params.dtype, flat.rank)
         self.runner, self.device = device.runner(), device
         self.stall_s = stall_deadline_s(dims.timeout)  # a job running longer: a peer stalled
         self.sharded.on_job_thread = self._on_job_thread  # (θ gathered for evaluation and DiLoCo's outer step)
-        self.mode, self.max_growth = acco.mode, acco.max_growth  # max_growth bounds an adaptive period (0: no bound)
-        self.lr_batch_scaling = acco.lr_batch_scaling if acco.mode == "adaptive" else 0.0
-        self.nominal_tokens = plan.tokens_per_update
-        self.estimate_in_bf16 = acco.estimate_comm == "bf16" and params.dtype == torch.float32
         self.balanced = acco.mode == "balanced"  # or [parallelism] balance_batches (from_config)
-        self.balance = SpeedSplit(self.accumulation, self.flat.world, self.flat.rank)
+        self.balance = SpeedSplit(plan.micro_batches // self.traits.periods_per_update, flat.world, flat.rank)
         self.pending = Counts()  # what A holds
         self.planned: tuple[str, bool] | None = None  # the job to launch when the next period starts
-        self.exposed = self.job_seconds = 0.0  # since the last commit: seconds waited on jobs, seconds they took
+        self.times = JobTimes()
         self.commits = 0  # committed updates (ACCO's drift cadence, DPU's warm-up)
 
     @classmethod
@@ -179,13 +178,14 @@ class Overlapped(Strategy):
         target = self.planner.period(self)  # this period's micro-batches, decided before its job is launched
         target = self.balance.count() if target is None else target
         self.launch_planned()
-        cap = self.max_growth * target if self.max_growth else float("inf")
+        adaptive, max_growth = self.options.mode == "adaptive", self.options.max_growth  # max_growth 0: no bound
+        cap = max_growth * target if max_growth else float("inf")
         n, marks = 0, collections.deque()
         # adaptive: past its micro-batches, a rank keeps accumulating while the job runs
-        while n < target or (self.mode == "adaptive" and n + 1 <= cap and self._job_running()):
+        while n < target or (adaptive and n + 1 <= cap and self._job_running()):
             yield contextlib.nullcontext()
             n += 1
-            if self.mode == "adaptive":  # compare the job with the work done, not queued (CUDA: one queued)
+            if adaptive:  # compare the job with the work done, not queued (CUDA: one queued)
                 marks.append(self.device.mark())
                 if len(marks) > 1:
                     marks.popleft().synchronize()
@@ -196,9 +196,9 @@ class Overlapped(Strategy):
     def lr_for(self) -> callable:
         """Adaptive mode: the schedule's lr scaled for the realised batch, (tokens / nominal)^α."""
         start = self.consumed  # by value: the job runs while the loop moves on
-        schedule_lr = lambda consumed: self.schedule(start, consumed)  # noqa: E731
-        alpha, nominal = self.lr_batch_scaling, self.nominal_tokens
-        if not alpha or not nominal:
+        schedule_lr = lambda consumed: self.plan.schedule(start, consumed)  # noqa: E731
+        alpha, nominal = self.options.lr_batch_scaling, self.plan.tokens_per_update
+        if self.options.mode != "adaptive" or not alpha or not nominal:
             return schedule_lr
         return lambda consumed: schedule_lr(consumed) * (consumed / nominal) ** alpha
 
@@ -213,11 +213,12 @@ class Overlapped(Strategy):
             return
         (kind, keep_accumulating), self.planned = self.planned, None
         # C ← A: in bf16 for a bf16 estimate round, in C's first half (the same memory)
-        bf16 = kind == ESTIMATE and self.estimate_in_bf16
+        sharded, params = self.sharded, self.sharded.params
+        bf16 = kind == ESTIMATE and self.options.estimate_comm == "bf16" and params.dtype == torch.float32
         send = self.comm.view(torch.bfloat16)[: self.comm.numel()] if bf16 else self.comm
-        self.job_buffer = send if self.reduce_out is None else self.reduce_out
-        send.copy_(self.flat.grads)
-        sharded, comm, out, local = self.sharded, send, self.job_buffer, self.pending
+        self.job_buffer = send if self.comm.dtype == params.dtype else self.job_buffer  # fp32 C: its bf16 half
+        send.copy_(sharded.grads)
+        comm, out, local, max_norm = send, self.job_buffer, self.pending, self.plan.max_norm
         clip_norm = self.planner.estimate_clip_norm
         lr_for = self.lr_for()
         if kind == ESTIMATE:
@@ -226,20 +227,20 @@ class Overlapped(Strategy):
             commit_lr, share = lr_for, self.planner.share
             lr_for = lambda consumed: commit_lr(consumed / share)  # noqa: E731
 
-        heartbeat = self.dims.heartbeat
+        heartbeat = sharded.dims.heartbeat
 
         def job() -> UpdateResult:
             heartbeat.comm_phase(f"communication job ({kind}: reduce-scatter, optimizer, all-gather)")
             start = time.perf_counter()
             with record_function(f"torchacco/job:{kind}"):
-                result = sharded.run_job(comm, local, lr_for, kind, out, self.max_norm, clip_norm)
+                result = sharded.run_job(comm, local, lr_for, kind, out, max_norm, clip_norm)
             result.seconds = time.perf_counter() - start
             heartbeat.comm_phase("")
             return result
 
         self.runner.launch(job)
         if not keep_accumulating:
-            self.flat.grads.zero_()
+            sharded.grads.zero_()
             self.pending = Counts()
 
     def finish(self) -> UpdateResult | None:
@@ -249,16 +250,16 @@ class Overlapped(Strategy):
         start = time.perf_counter()
         with record_function("torchacco/wait_for_job"):
             finished = self.runner.wait(self.stall_s)
-        self.exposed += time.perf_counter() - start
-        self.job_seconds += finished.seconds
+        self.times.exposed += time.perf_counter() - start
+        self.times.jobs += finished.seconds
         self.planner.before_swap(self, finished)
-        self.flat.params_buffer.copy_(self.job_buffer)  # P ← C
+        self.sharded.params.copy_(self.job_buffer)  # P ← C
         if finished.committed:
             self.commits += 1
             self.planner.committed(finished)
             self.consumed += finished.consumed
-            finished.exposed_s, finished.jobs_s = self.exposed, self.job_seconds
-            self.exposed = self.job_seconds = 0.0
+            finished.exposed_s, finished.jobs_s = self.times.exposed, self.times.jobs
+            self.times = JobTimes()
         return finished
 
     def step(self, counts: Counts) -> UpdateResult | None:
@@ -274,12 +275,12 @@ class Overlapped(Strategy):
         """Between rounds (no job in flight), with θ — the fp32 master shards, gathered — in P.
         C is free until the next launch, so it keeps P's contents meanwhile."""
         assert not self.runner.in_flight()
-        self.comm.copy_(self.flat.params_buffer)
+        self.comm.copy_(self.sharded.params)
         self.sharded.refresh_copies()  # P ← θ
         try:
             yield self.model
         finally:
-            self.flat.params_buffer.copy_(self.comm)
+            self.sharded.params.copy_(self.comm)
 
     def close(self) -> None:
         self.runner.drain(self.stall_s)
@@ -293,13 +294,11 @@ class Overlapped(Strategy):
         """Between rounds: ZeRO-1's state, plus what the next rounds need — the compute parameters P (θ̃, θ or WP's
         prediction), this rank's accumulator and its counts, and the planned job (ACCO's round parity)."""
         assert not self.runner.in_flight()
-        world = self.flat.world
+        world, dp_mesh = self.sharded.flat.world, self.sharded.dims.dp_mesh
 
         def per_rank(row: torch.Tensor) -> DTensor:  # this rank's row of a (world, n) tensor
             n = row.shape[1]
-            return DTensor.from_local(
-                row, self.dims.dp_mesh, [Shard(0)], run_check=False, shape=(world, n), stride=(n, 1)
-            )
+            return DTensor.from_local(row, dp_mesh, [Shard(0)], run_check=False, shape=(world, n), stride=(n, 1))
 
         # The counts behind A, without their compute time: a wall-clock reading is no state to resume.
         pending = self.pending.as_tensor(self.comm.device)[: Counts.FIELDS - 1].unsqueeze(0).contiguous()
@@ -314,8 +313,8 @@ class Overlapped(Strategy):
                 **self.planner.state_dict(),
                 **self.balance.state_dict(),  # balanced mode's plan and measurements (the same on every rank)
                 "planned": "" if self.planned is None else f"{self.planned[0]}:{int(self.planned[1])}",
-                "params": self.flat.params_buffer,
-                "accumulator": per_rank(self.flat.grads.unsqueeze(0)),
+                "params": self.sharded.params,
+                "accumulator": per_rank(self.sharded.grads.unsqueeze(0)),
                 "pending": per_rank(pending),
             },
         }
@@ -327,7 +326,7 @@ class Overlapped(Strategy):
                 f"this checkpoint was saved by {schedule['name']}, not {self.name}; resume it "
                 f'with [parallelism] data_parallel = "{schedule["name"]}"'
             )
-        assert schedule["world"] == self.flat.world, "the trainer checks the world size before loading"
+        assert schedule["world"] == self.sharded.flat.world, "the trainer checks the world size before loading"
         self.sharded.load_state_dict(state)  # P was saved as it was (θ̃, θ or a prediction) and loaded in place
         self.consumed = state["consumed"]
         tokens, loss_sum, micro_batches, consumed = self._pending_buffer[0].tolist()
