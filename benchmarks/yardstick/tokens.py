@@ -108,6 +108,7 @@ VARIANTS = {
     "ddp_muon": _dp(DDP, MUON), "zero1_muon": _dp(ZERO1, MUON),  # Muon inside; zero1_muon − ddp_muon: its noise floor
     "snoo_h10": _dp(DDP, SNOO), "snoo_h10_muon": _dp(DDP, f"{SNOO} {MUON}"),
     "streaming_h10_avg_topk3_int2_senders_muon": _topk(0.03, mean="senders", more=MUON),
+    "streaming_h10_avg_muon": _dp(DDP, f"{BF16} {MUON}"),  # uncompressed (bf16): what the compression costs Muon
     "streaming_h10_avg_topk3_int2_senders_muon_r4": _topk(0.03, mean="senders", more=f"{MUON} {R4}"),
 }  # fmt: skip
 RANKS = {name: 4 for name in VARIANTS if name.endswith("_r4")}  # a variant's ranks where not 2
