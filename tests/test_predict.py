@@ -37,13 +37,12 @@ def run(capsys, *argv: str) -> subprocess.CompletedProcess:
 
 
 def measured_label(path: Path) -> str | None:
-    """The measured configuration a recipe runs (cost_model.MEASURED for DiLoCo, else its strategy's measured ratio)."""
+    """The measured entry a recipe runs, as predict's row for it finds it: for DiLoCo its outer step measured at its
+    replicas, else its strategy's measured ratio."""
     cfg = load_config(["--config", str(path)])
-    if cfg.parallelism.replicas > 1:
-        return cm.measured_outer_step(cfg.diloco)
-    label = dry_run.strategy_label(cfg)
-    source = cm.token_source(label)
-    return label if source and "mean" in cm.measured_entry(source) else None
+    label, replicas = dry_run.strategy_label(cfg), cfg.parallelism.replicas
+    source = cm.diloco_token_source(label, replicas, cfg.diloco) if replicas > 1 else cm.token_source(label)
+    return source if source and "mean" in cm.measured_entry(source) else None
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
@@ -62,6 +61,10 @@ def test_the_recipe_check_fails_on_an_unmeasured_outer_step(tmp_path):
     (tmp_path / "h100.toml").write_text(text.replace("sync_every = 10", "sync_every = 100"))
     assert measured_label(tmp_path / "h100.toml") is None
     assert measured_label(ROOT / "train_configs/llama3_8b_streaming_diloco.toml") == "streaming_h10_pier_warm100_r4"
+    # top 3% 2-bit was measured at 2 replicas: at the recipe's 4 it is not that measurement
+    assert measured_label(ROOT / "train_configs/llama3_8b_sparse_diloco.toml") is None
+    (tmp_path / "r4.toml").write_text(text.replace("replicas = 2", "replicas = 4"))
+    assert measured_label(tmp_path / "r4.toml") is None
 
 
 def yardstick(name: str, setting: str) -> dict[str, tuple[float, float]]:
