@@ -11,6 +11,7 @@ import pytest
 
 from torchacco.config import load_config
 from torchacco.errors import run_cli
+from torchacco.parallel.registry import strategies
 from torchacco.planning import cost_model as cm
 from torchacco.planning import dry_run, predict
 
@@ -139,6 +140,9 @@ def test_the_8b_example_names_a_pick_that_fits_with_its_factor_first(capsys, ban
     assumptions = out.stdout[out.stdout.index("Assumptions:") :].strip().splitlines()
     assert len(assumptions) == 3 and "model size" in assumptions[1] and predict.DOCS in assumptions[2]
     assert re.search(r"\| \d+ s \|", out.stdout) is None  # times in minutes, hours or days
+    # a row that does not fit shows only as a registered strategy's own, as the footer says
+    unfit = [line.split("|")[1].strip() for line in out.stdout.splitlines() if "| does not fit |" in line]
+    assert unfit and set(unfit) <= set(strategies()) and "not fitting (a strategy's own row shows anyway)" in out.stdout
     # the time to the loss: DDP's tokens to it × the row's measured ratio at the row's tokens/s (and a warm start's
     # synchronous updates beside)
     args = predict.build_parser().parse_args(["--bandwidth", bandwidth])

@@ -367,8 +367,8 @@ def predict(args) -> None:
     shown = [n for n in rows if args.all or n == best or shown_by_default(n, rows, ttl, fits)]
     print(table(rows, ttl, fits, best, shown))
     if hidden := len(rows) - len(shown):
-        print(f"{hidden} more rows (--all): unmeasured, not reaching DDP's loss, not fitting, balanced with no slow "
-              "GPU, or another strategy inside DiLoCo")  # fmt: skip
+        print(f"{hidden} more rows (--all): unmeasured, not reaching DDP's loss, not fitting (a strategy's own row "
+              "shows anyway), balanced with no slow GPU, or another strategy inside DiLoCo")  # fmt: skip
     print("\n" + assumptions(args, work, reference(rows).pred["tokens_per_update"]))
     if args.write and best:
         write_config(args, rows[best].settings, best)
