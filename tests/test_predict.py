@@ -185,6 +185,10 @@ def test_the_default_rows_are_the_measured_choices_and_all_adds_the_rest(capsys)
     every = rows(every_out)
     assert not any("balanced" in r or "adaptive" in r or r in ("dpu", "wp", "acco_bf16_estimate") for r in default)
     assert {"acco_adaptive_uncapped", "ddp_balanced", "dpu", "Streaming DiLoCo, bf16 (ddp inside)"} <= set(every)
+    # past adaptive ACCO's default cap (2× the batch) a row's tokens/s is of a batch no run had: its growth instead
+    cells = {r.split("|")[1].strip(): r.split("|")[3].strip() for r in every_out.splitlines() if r.startswith("| ")}
+    assert re.fullmatch(r"— \(\d+× the batch\)", cells["acco_adaptive_uncapped"]), cells["acco_adaptive_uncapped"]
+    assert re.fullmatch(r"[\d,]+", cells["acco_adaptive"]) and re.fullmatch(r"[\d,]+", cells["ddp"])
     assert len([r for r in default if r.startswith("Streaming DiLoCo, top 3%")]) == 1  # the soonest inside
     # ZeRO-1 and FSDP inside DiLoCo take the ratio measured with DDP inside
     ratio = lambda inner: next(

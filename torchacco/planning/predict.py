@@ -216,8 +216,7 @@ def from_config(args):
     run = dry_run.plan(cfg, dry_run.Cluster(args.nodes, args.gpus_per_node))
     t, p = run.cfg.training, run.cfg.parallelism
     args.model, args.flavor, args.vocab_size = cfg.model.name, cfg.model.flavor, run.args.vocab_size
-    # the DiLoCo flags' row takes the config's outer step; it models neither balance nor fault tolerance (the config's
-    # row does)
+    # the DiLoCo flags' row: the config's outer step, without balance or fault tolerance (the config's row has them)
     outer = dataclasses.replace(cfg.diloco, balance_replicas=False, fault_tolerant=False)
     args.config_diloco = outer if run.replicas > 1 else None
     # the alternatives run the config's global batch with every rank data-parallel: tp·pp times its dp ranks
@@ -313,14 +312,15 @@ def toml_lines(settings: list) -> str:
 
 def table(rows: dict[str, Row], ttl: dict, fits: dict, best: str | None, shown: list[str]) -> str:
     columns = ["strategy", "time per update (s)", "tokens/s", "tokens × DDP's", "time to loss", "vs pick", "GiB/GPU"]
-    cells = []
+    cells, batch = [], reference(rows).pred["tokens_per_update"]
     for name in shown:
         row, t = rows[name], ttl[name]
         when = duration(t) if t is not None else (cm.not_reached_note(row.source) or "not measured")
         versus = "does not fit" if not fits[name] else (f"{t / ttl[best]:.2f}×" if t is not None and best else "—")
         ratio = _ratio(row.source) if row.source else "—"
-        cells.append([name, f"{row.pred['step_time_s']:.4g}", f"{row.pred['tokens_per_s']:,.0f}", ratio, when, versus,
-                      f"{row.memory / 2**30:.1f}"])  # fmt: skip
+        grown = round(row.pred["tokens_per_update"] / batch, 6)  # past adaptive ACCO's default cap: a batch no run had
+        speed = f"{row.pred['tokens_per_s']:,.0f}" if grown <= cm.Hardware.max_growth else f"— ({grown:.0f}× the batch)"
+        cells.append([name, f"{row.pred['step_time_s']:.4g}", speed, ratio, when, versus, f"{row.memory / 2**30:.1f}"])
     return cm.markdown_table(columns, cells)
 
 
