@@ -221,6 +221,12 @@ def test_write_gives_a_config_that_loads_and_runs_the_pick(capsys, tmp_path):
     cfg = load_config(["--config", str(tmp_path / "p.toml")])
     assert cfg.parallelism.replicas == 2 and cfg.diloco.topk == 0.03 and cfg.diloco.balance_replicas
     assert cfg.training.max_tokens > 0 and cfg.model.name == "gpt_neo" and cfg.job.cluster == "2x1"
+    # without --config or --vocab-size the written file dry-runs the model predict evaluated, the flavor's vocabulary
+    argv = "--model llama3 --flavor 1B --nodes 2 --bandwidth 1gbit --write".split()
+    assert run(capsys, *argv, str(tmp_path / "r.toml")).returncode == 0
+    work = predict.workload_and_hardware(predict.build_parser().parse_args(argv + ["x"]))[0]
+    written = dry_run.plan(load_config(["--config", str(tmp_path / "r.toml")]), dry_run.Cluster(2, 8))
+    assert written.params == work.params and written.args.vocab_size == 128256
     recipe = ROOT / "train_configs/llama3_8b_fsdp.toml"
     out = run(capsys, "--config", str(recipe), "--bandwidth", "1gbit", "--write", str(tmp_path / "q.toml"))
     assert out.returncode == 0, out.stderr

@@ -1,5 +1,4 @@
-"""`torchacco predict`: which strategy reaches my loss soonest on a cluster, and the config that
-runs it.
+"""`torchacco predict`: which strategy reaches my loss soonest on a cluster, and the config that runs it.
 
     torchacco predict --model llama3 --flavor 8B --nodes 4 --gpus-per-node 8 --bandwidth 1gbit
     torchacco predict --config train_configs/llama3_8b_fsdp.toml --nodes 4 --write pick.toml
@@ -394,8 +393,9 @@ def write_config(args, settings: list, name: str) -> None:
     base = ["--config", args.config] if args.config else []
     if not args.config:
         batch = args.local_batch * args.micro_batches * args.nodes * args.gpus_per_node
+        vocab = args.vocab_size or get_model_spec(args.model).args(args.flavor).vocab_size  # the model evaluated
         base += (
-            f"--model.name={args.model} --model.flavor={args.flavor} --model.vocab_size={args.vocab_size} "
+            f"--model.name={args.model} --model.flavor={args.flavor} --model.vocab_size={vocab} "
             f"--training.seq_len={args.seq_len} --training.local_batch_size={args.local_batch} "
             f"--training.global_batch_size={batch} --training.mixed_precision=bf16 --job.dump_folder=outputs/pick "
             f"--training.activation_checkpoint={args.activation_checkpoint} --job.cluster={args.nodes}x"
