@@ -8,6 +8,8 @@ repository without outputs/, each page after the README's commands.
   `python -m torchacco COMMAND ...` by its command's, through the dispatcher (a command named alone in prose only has
   to exist); `torchacco predict` runs (no side effects, a fraction of a second). Another project's module
   (`python -m ruff`) only has to exist: run here, it could replace this process.
+- `./run_tests.sh ...`: not run (it is the suite); each `-m` expression names only markers pyproject.toml declares,
+  and each test file it names exists.
 - A path under outputs/ that a command reads must be written by an earlier one (a run's dump folder, `--out`).
 
 Checked for a cluster instead of this machine (`validate(here=False)`, for the config's `[job] cluster`): a run that
@@ -25,6 +27,7 @@ import re
 import runpy
 import shlex
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -40,10 +43,14 @@ from torchacco.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-START = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:sudo\s+)?(?:\./run_train\.sh|(?:\.venv/bin/)?python3?\s+-m)\b")
+START = re.compile(
+    r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:sudo\s+)?(?:\./run_t(?:rain|ests)\.sh|(?:\.venv/bin/)?python3?\s+-m)\b"
+)
 TEMPLATE = re.compile(r"\.\.\.|\b(FILE|DIR|SECTION|NAME|NODESxGPUS)\b|<[^>]*>|\$\w|\bmy_\w+\.toml|/path/to/")
 OURS = ("torchacco", "benchmarks", "models", "data", "scripts")  # the modules this repository holds
 RUNS = "outputs"  # where runs write: empty on a fresh clone
+PYTEST = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
+MARKERS = {marker.split(":")[0] for marker in PYTEST["markers"]}  # what a `-m` expression may name
 INPUTS = ("model.init_from", "data.dataset", "data.validation", "tokenizer.path", "checkpoint.load_path")
 
 
@@ -66,8 +73,8 @@ def commands(page: Path) -> list[str]:
 
 
 def _split(command: str) -> tuple[dict[str, str], bool, list[str]]:
-    """(environment set on the line, with sudo, argv from ./run_train.sh or the module on): comments, optional
-    `[--x y]` parts and shell redirections dropped."""
+    """(environment set on the line, with sudo, argv from ./run_train.sh, ./run_tests.sh or the module on): comments,
+    optional `[--x y]` parts and shell redirections dropped."""
     words = shlex.split(re.sub(r"\s\[--[^\]]*\]", "", command), comments=True)
     env = {}
     while "=" in words[0] and words[0].split("=")[0].isupper():
@@ -75,7 +82,7 @@ def _split(command: str) -> tuple[dict[str, str], bool, list[str]]:
         env[name] = value
     sudo = words[0] == "sudo"
     words = words[sudo:]
-    if words[0] != "./run_train.sh":
+    if words[0] not in ("./run_train.sh", "./run_tests.sh"):
         words = words[2:]  # python -m
     cut = next((i for i, w in enumerate(words) if w in (">", ">>", "|", "&&", ";")), len(words))
     return env, sudo, words[:cut]
@@ -105,6 +112,8 @@ class Session:
             return
         if argv[0] == "./run_train.sh":
             self.train(env, argv[1:], replay)
+        elif argv[0] == "./run_tests.sh":
+            assert replay or check_pytest_arguments(argv[1:]), argv
         elif not replay:
             self.module(argv[0], argv[1:], sudo)
 
@@ -162,6 +171,19 @@ class Session:
             load_config(train_args)
         if sudo:
             self.notes.append(f"needs root, parsed only: python -m {name} {' '.join(argv)}")
+
+
+def check_pytest_arguments(argv: list[str]) -> bool:
+    """pytest's arguments as ./run_tests.sh passes them: each `-m` expression's markers declared in pyproject.toml
+    (pytest takes any name there: a misspelt one selects nothing, or everything after `not`), each test file named."""
+    for i, arg in enumerate(argv):
+        expression = argv[i + 1] if arg == "-m" else arg[2:] if arg.startswith("-m") and len(arg) > 2 else None
+        if expression is not None:
+            names = set(re.findall(r"\w+", expression)) - {"and", "or", "not"}
+            assert names and names <= MARKERS, f"-m {expression!r}: {sorted(names - MARKERS)} not declared"
+        elif arg.endswith(".py") or "::" in arg:
+            assert (ROOT / arg.split("::")[0]).is_file(), f"{arg}: no such test file"
+    return True
 
 
 class Parsed(Exception):
@@ -226,6 +248,14 @@ def test_the_pages_hold_the_commands_this_test_runs():
     assert len(readme) >= 10, readme
     assert "./run_train.sh --config train_configs/default.toml" in readme[0]
     assert sum(len(commands(page)) for page in PAGES) >= 30
+
+
+def test_a_run_tests_line_names_declared_markers_and_test_files_that_exist():
+    assert "./run_tests.sh -m not integration" in [" ".join(_split(c)[2]) for c in commands(ROOT / "README.md")]
+    assert check_pytest_arguments(["-q", "-m", "not faults and not slow", "tests/test_predict.py::test_x", "-k", "a"])
+    for argv in (["-m", "not integraton"], ["-mslow2"], ["-m", ""], ["tests/test_nowhere.py"]):
+        with pytest.raises(AssertionError):
+            check_pytest_arguments(argv)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
