@@ -820,3 +820,54 @@ def test_acco_under_tensor_parallelism_issues_on_each_process_group_from_one_thr
             threads.setdefault(c["group"], set()).add(c["thread"])
         assert set(log["comm_threads"]) & set().union(*threads.values()), "the job thread issued nothing"
         assert all(len(t) == 1 for t in threads.values()), f"rank {rank}: groups issued on by two threads: {threads}"
+
+
+def _threads_per_group(folder, ranks: int) -> list[tuple[dict, dict]]:
+    """Per rank of a model_parallel_worker run with TORCH_FR_BUFFER_SIZE: (its log, group -> threads issuing on it)."""
+    import json
+
+    logs = []
+    for rank in range(ranks):
+        log = json.loads((folder / f"collectives_rank{rank}.json").read_text())
+        threads = {}
+        for c in log["collectives"]:
+            threads.setdefault(c["group"], set()).add(c["thread"])
+        logs.append((log, threads))
+    return logs
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_streaming_dilocos_transfer_beside_fsdp_issues_on_each_process_group_from_one_thread(
+    tiny_corpus, cache_dir, tmp_path
+):
+    """Streaming DiLoCo at τ = 1 over 2 replicas of 2 FSDP ranks: each fragment's transfer runs on the side thread
+    (on a replica group of its own) while the main thread gathers and reduce-scatters FSDP's shards. Under the suite's
+    check (collectives.py raises on a second issuing thread) and torch's flight recorder (every collective, those
+    issued from C++ included): the run finishes, the side thread issued, and no group saw two threads."""
+    import json
+    import sys
+
+    from conftest import ROOT
+
+    argv = tiny_args(tiny_corpus, cache_dir, tmp_path / "run", "--parallelism.replicas", "2",
+                     "--parallelism.data_parallel", "fsdp", "--diloco.sync_every", "10", "--diloco.overlap_steps", "1",
+                     "--diloco.fragments", "2", "--training.global_batch_size", "16", "--training.steps", "11",
+                     "--eval.every", "0")  # fmt: skip
+    (tmp_path / "runs.json").write_text(json.dumps([argv]))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "20000"}
+    assert env["TORCHACCO_CHECK_COLLECTIVE_THREADS"] == "1"
+    worker = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+              str(ROOT / "tests" / "workers" / "model_parallel_worker.py"), str(tmp_path / "runs.json")]  # fmt: skip
+    proc = subprocess.run(worker, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    stdout = (tmp_path / "run" / "stdout.txt").read_text()
+    assert "error" not in stdout, stdout[-2000:]
+    for rank, (log, threads) in enumerate(_threads_per_group(tmp_path / "run", 4)):
+        side = set(log["comm_threads"])
+        ranks_of = {g: log["group_ranks"][g] for g, t in threads.items() if t & side}
+        # the side thread issued, on the replica group alone (one rank of each replica), FSDP's on the main thread
+        assert list(ranks_of.values()) == [[rank % 2, rank % 2 + 2]], f"rank {rank}: the transfer issued on {ranks_of}"
+        fsdp = [g for g, r in log["group_ranks"].items() if r == [rank // 2 * 2, rank // 2 * 2 + 1]]
+        assert len(fsdp) == 1 and threads[fsdp[0]] == {log["main_thread"]}, f"rank {rank}: {threads}"
+        assert all(len(t) == 1 for t in threads.values()), f"rank {rank}: groups issued on by two threads: {threads}"
