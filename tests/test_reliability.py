@@ -689,6 +689,22 @@ def test_the_flight_recorder_is_written_where_nccls_timeout_dump_goes(tmp_path, 
     assert time.monotonic() - start < 2
 
 
+def test_the_flight_recorder_and_nccls_dump_on_timeout_are_on_by_default_and_a_users_setting_is_kept(
+    tmp_path, monkeypatch
+):
+    from torchacco.parallel.process_groups import nccl_flight_recorder
+
+    for name in ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    nccl_flight_recorder(tmp_path)
+    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"  # without it NCCL's watchdog aborts without a dump
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "flight_recorder" / "rank_")
+    monkeypatch.setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
+    nccl_flight_recorder(tmp_path)
+    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"
+
+
 def test_the_diagnosis_names_the_rank_that_has_not_entered_the_collective_the_others_are_in():
     from torchacco.health import behind
 
