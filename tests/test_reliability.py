@@ -766,6 +766,7 @@ def test_every_rank_resumes_from_the_step_rank_0_lists_even_beside_a_stale_listi
     assert loaded == ["step-00000004,step-00000004"] * 2, loaded
 
 
+LLAMA_PP2 = ("--model.name", "llama3", "--parallelism.pipeline_parallel_degree", "2")  # as the other pipeline tests
 HANG_TIMEOUT_S = 45  # the watchdog's deadline: 36 s (torchacco/runners.py's stall_deadline_s), gloo's own 9 s later
 
 
@@ -778,8 +779,10 @@ HANG_TIMEOUT_S = 45  # the watchdog's deadline: 36 s (torchacco/runners.py's sta
         ("--parallelism.data_parallel", "fsdp"),
         ("--parallelism.data_parallel", "ddp"),
         ("--parallelism.data_parallel", "zero1", "--parallelism.tensor_parallel_degree", "2"),
+        ("--parallelism.data_parallel", "zero1", *LLAMA_PP2),
+        ("--parallelism.data_parallel", "hsdp", "--hsdp.shard_degree", "1"),  # 2 replicas: the cross-replica all-reduce
     ],
-    ids=["zero1", "fsdp", "ddp", "tp2"],
+    ids=["zero1", "fsdp", "ddp", "tp2", "pp2", "hsdp"],
 )
 def test_a_collective_hung_on_the_main_thread_ends_in_one_line_naming_the_rank_and_the_collective(
     tiny_corpus, cache_dir, tmp_path, extra
