@@ -8,8 +8,7 @@ wheels in --wheels (benchmarks/gpu_wheels.sh) offline; throughput compares again
 torchtitan runs the same case in torchtitan 0.2.2 (carried: 0.3.0 does not import with torch 2.11). A step whose
 needs are absent (no GPU, no torchtitan, a torch torchtitan does not import with) is "skipped: <reason>".
 `--nproc 8` runs the multi-GPU steps instead (MULTI; on 2 nodes, each node with `--nnodes 2 --node-rank R
---master-addr HOST`), every command checked by --dry-run as the launcher checks it for its world size.
-"""
+--master-addr HOST`), every command checked by --dry-run as the launcher checks it for its world size."""
 
 from __future__ import annotations
 
@@ -75,7 +74,7 @@ MULTI = [
     Step("acco-tp-pp", 240, "acco on llama3 debug at tp 2 × dp N/2 and tp 2 × pp 2 × dp N/4, 50 updates each"),
     Step("diloco-fsdp", 150, "DiLoCo, 2 replicas × fsdp N/2, τ = 1, 12 updates: outer steps, a falling loss"),
     Step("memory-8b", 300, "llama3 8B fsdp, 3 updates: rank 0's peak allocated and a memory snapshot vs the dry run"),
-    Step("async-save-resume", 150, "acco, an async save at step 3, steps 4-6 resumed bit for bit; host RSS"),
+    Step("async-save-resume", 150, "acco, an async save at step 3, steps 4-6 resumed bit for bit; host RSS vs staged"),
     Step("hung-collective", 240, "a rank SIGSTOPped under acco, then zero1: the one-line diagnosis, flight_recorder/"),
     Step("torchft-nccl", 180, "fault-tolerant DiLoCo on NCCL, 2 replicas; replica 1 SIGKILLed mid-exchange"),
 ]
@@ -399,9 +398,7 @@ def tail(proc: subprocess.CompletedProcess, lines: int = 3) -> str:
 
 
 def has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+    return importlib.import_module("torch").cuda.is_available()  # (torch imported only when asked)
 
 
 def corpus(work: Path) -> None:
@@ -670,9 +667,12 @@ def memory_checks(ctx, problems, runs, procs) -> None:
 
 def resume_checks(ctx, problems, runs, procs) -> None:
     full, resumed = losses(ctx.work / "saved")[3:], losses(ctx.work / "resumed")
+    part(problems, f"steps 4-6 resumed {resumed}, uninterrupted {full}", check="exact resume", ok=full == resumed)
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # the largest process's peak (KiB)
-    part(problems, f"steps 4-6 resumed {resumed}, uninterrupted {full}", check="exact resume", ok=full == resumed,
-         host_rss_gib=round(rss, 2))  # fmt: skip
+    said = re.search(r"holds about ([\d,.]+) MiB of host memory per rank", procs["saved"].stdout)
+    staged = float(said[1].replace(",", "")) / 2**10 if said else float("nan")  # (nan: no line, a failed check)
+    part(problems, f"host RSS {rss:.2f} GiB, {staged:.3f} GiB staged (allowed: 6 GiB more: torch, CUDA, the loader)",
+         check="host RSS", ok=staged <= rss <= staged + 6, host_rss_gib=round(rss, 2), staged_gib=staged)  # fmt: skip
 
 
 CHECKS = {"parity": parity_checks, "memory-8b": memory_checks, "async-save-resume": resume_checks,

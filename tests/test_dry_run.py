@@ -207,15 +207,15 @@ def register_memcheck(monkeypatch) -> None:
     monkeypatch.setitem(get_model_spec("llama3").flavors, "memcheck", flavor)  # the workers register the same
 
 
-def measure_strategies(monkeypatch, strategies: list[str], *extra: str) -> dict[str, dict]:
-    """tests/workers/strategy_memory.py on 2 gloo ranks: each strategy's bytes once its gradients are complete, and
-    its gradients' most between micro-batches."""
+def measure_strategies(monkeypatch, strategies: list[str], *extra: str, nproc: int = 2, **env) -> dict[str, dict]:
+    """tests/workers/strategy_memory.py on `nproc` gloo ranks: each strategy's bytes once its gradients are complete,
+    and its gradients' most between micro-batches."""
     register_memcheck(monkeypatch)
     worker = ROOT / "tests" / "workers" / "strategy_memory.py"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker),
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), str(worker),
          *strategies, "--", *MEMCHECK, *extra],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
     )  # fmt: skip
     # every rank's error lines first: a crash on one rank ends the others' tracebacks in the tail
     errors = "\n".join(line for line in proc.stderr.splitlines() if "Error" in line)
@@ -249,6 +249,31 @@ def test_the_memory_estimate_is_what_the_strategies_allocate(monkeypatch):
         gradients = estimate(name).memory.gradients
         assert measured[name]["gradients"] == pytest.approx(gradients, rel=0.10), (name, measured[name], gradients)
     assert estimate("fsdp").memory.gradients == pytest.approx(estimate("hsdp").memory.gradients / 2)
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # 4 ranks
+def test_hsdp_over_2_replicas_of_2_shards_holds_sharded_gradients_and_all_reduces_them_once_per_update(monkeypatch):
+    """HSDP at shard_degree 2 on 4 ranks (2 replicas × 2 shards), 4 micro-batches: the gradients it holds between
+    micro-batches are the dry run's figure within 10% (half of shard_degree 1's); in torch's flight recorder, the
+    first update's micro-batches reduce-scatter within the replica and only the last one all-reduces across
+    replicas, once for each reduce-scatter."""
+    extra = ("--hsdp.shard_degree", "2", "--training.global_batch_size", "32")
+    measured = measure_strategies(monkeypatch, ["hsdp"], *extra, nproc=4, TORCH_FR_BUFFER_SIZE="20000")["hsdp"]
+    cfg = load_config([*MEMCHECK, "--parallelism.data_parallel", "hsdp", *extra])
+    run = dry_run.plan(cfg, dry_run.Cluster(2, 2))
+    assert run.micro_batches == 4
+    gradients = run.kinds[0].memory.gradients
+    assert measured["gradients"] == pytest.approx(gradients, rel=0.10), (measured, gradients)
+    assert gradients == pytest.approx(estimate("hsdp").memory.gradients / 2)  # shard_degree 1's, on 2 ranks
+    *micro_batches, _step = measured["collectives"]
+    assert len(micro_batches) == 4, measured["collectives"]
+    shard, replicas = "[0, 1]", "[0, 2]"  # rank 0's groups
+    # (gloo has no reduce-scatter: FSDP2 all-reduces in the shard group instead)
+    scatters = [sum(n for op, n in c.items() if op.startswith(shard) and "all_gather" not in op) for c in micro_batches]
+    all_reduces = [c.get(f"{replicas} gloo:all_reduce", 0) for c in micro_batches]
+    assert all(scatters) and len(set(scatters)) == 1, micro_batches
+    assert all_reduces == [0, 0, 0, scatters[-1]], micro_batches
 
 
 @pytest.mark.integration

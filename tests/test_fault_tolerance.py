@@ -75,18 +75,27 @@ def test_without_failures_the_losses_are_todays_diloco_bit_for_bit(tiny_corpus, 
 
 
 @pytest.mark.parametrize(
-    "replicas", [pytest.param(2, marks=pytest.mark.faults), pytest.param(3, marks=pytest.mark.slow)]
+    "replicas, kill",
+    [
+        pytest.param(2, "kill@replica1:rank0:step5", marks=pytest.mark.faults),
+        pytest.param(3, "kill@replica2:rank0:step5", marks=pytest.mark.slow),
+        pytest.param(2, "kill_mid_transfer@replica1:rank0:step6", marks=pytest.mark.faults),
+    ],
+    ids=["2", "3", "2-mid-transfer"],
 )
-def test_a_killed_replica_leaves_survivors_that_merge_only_the_live(tiny_corpus, cache_dir, tmp_path, replicas):
-    """The last replica is SIGKILLed as it starts step 5 (mid-period: outer steps after 3, 6, 9, 12) and not
-    restarted; the others finish, and their losses are those of today's DiLoCo in which that replica's
-    pseudo-gradients weigh nothing from step 5 on."""
-    lost = replicas - 1
-    env = {"TORCHACCO_FAULT": f"kill@replica{lost}:rank0:step5"}
+def test_a_killed_replica_leaves_survivors_that_merge_only_the_live(tiny_corpus, cache_dir, tmp_path, replicas, kill):
+    """The last replica is SIGKILLed as it starts step 5 (mid-period: outer steps after 3, 6, 9, 12), or in the
+    outer step after update 6 once it has sent its first message (mid-transfer), and not restarted; the others
+    finish, and their losses are those of today's DiLoCo in which that replica's pseudo-gradients weigh nothing
+    from that step on (5, or the outer step after 6)."""
+    lost, step = replicas - 1, kill.rsplit("step", 1)[1]
+    env = {"TORCHACCO_FAULT": kill}
     ft = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "ft", replicas, *FT), nproc=replicas, env=env)
     assert ft.returncode == 0, ft.stderr[-3000:]
     assert f"replica(s) {lost} failed for good; the others finished the run" in ft.stderr
-    env = {"TORCHACCO_FAULT": f"mute@replica{lost}:step5"}
+    if kill.startswith("kill_mid_transfer"):  # it died inside the round the survivor had begun with it
+        assert "replica 0: outer step round 1 failed" in ft.stdout, ft.stdout[-3000:]
+    env = {"TORCHACCO_FAULT": f"mute@replica{lost}:step{step}"}
     reference = run_train(replica_args(tiny_corpus, cache_dir, tmp_path / "ref", replicas), nproc=replicas, env=env)
     assert reference.returncode == 0, reference.stderr[-3000:]
     for survivor in range(replicas - 1):

@@ -131,3 +131,27 @@ def test_the_throughput_reference_is_the_measured_8_layer_case():
     assert next(r["mfu"] for r in rows if r["name"] == gpu_check.CASE) == pytest.approx(0.467, abs=5e-4)
     assert gpu_check.rel_gap([5.0, 4.0], [5.0, 4.04]) == pytest.approx(0.04 / 4.04)
     assert gpu_check.rel_gap([5.0], [5.0, 4.0]) == float("inf")  # a run cut short never passes
+
+
+@pytest.mark.parametrize(
+    "rss_gib, logged, ok",
+    [(2.5, "1,024.0", True), (0.5, "1,024.0", False), (7.5, "1,024.0", False), (2.5, None, False)],
+    ids=["within", "below-the-staged-copy", "over-the-margin", "no-line"],
+)
+def test_the_async_save_check_compares_host_rss_with_the_staged_bytes_the_run_logged(
+    tmp_path, monkeypatch, capsys, rss_gib, logged, ok
+):
+    """The largest worker's peak RSS holds the copy the run said it stages (1 GiB here), and at most 6 GiB more."""
+    for run, steps in (("saved", 6), ("resumed", 3)):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps({"loss": 4.0}) + "\n" for _ in range(steps)))
+    said = f"torchacco: an asynchronous save holds about {logged} MiB of host memory per rank, ...\n" if logged else ""
+    procs = {"saved": subprocess.CompletedProcess([], 0, "[rank0]: " + said, "")}
+    usage = Namespace(ru_maxrss=int(rss_gib * 2**20))  # KiB
+    monkeypatch.setattr(gpu_check.resource, "getrusage", lambda who: usage)
+    problems = []
+    gpu_check.resume_checks(Namespace(work=tmp_path), problems, [], procs)
+    parts = [json.loads(line[5:]) for line in capsys.readouterr().out.splitlines() if line.startswith("PART ")]
+    assert [p["check"] for p in parts] == ["exact resume", "host RSS"] and parts[0]["ok"]
+    assert parts[1]["ok"] == ok and (parts[1]["staged_gib"] == 1.0) == bool(logged), parts
+    assert len(problems) == (0 if ok else 1), problems

@@ -689,6 +689,22 @@ def test_the_flight_recorder_is_written_where_nccls_timeout_dump_goes(tmp_path, 
     assert time.monotonic() - start < 2
 
 
+def test_the_flight_recorder_and_nccls_dump_on_timeout_are_on_by_default_and_a_users_setting_is_kept(
+    tmp_path, monkeypatch
+):
+    from torchacco.parallel.process_groups import nccl_flight_recorder
+
+    for name in ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    nccl_flight_recorder(tmp_path)
+    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"  # without it NCCL's watchdog aborts without a dump
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "flight_recorder" / "rank_")
+    monkeypatch.setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
+    nccl_flight_recorder(tmp_path)
+    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"
+
+
 def test_the_diagnosis_names_the_rank_that_has_not_entered_the_collective_the_others_are_in():
     from torchacco.health import behind
 
@@ -750,6 +766,7 @@ def test_every_rank_resumes_from_the_step_rank_0_lists_even_beside_a_stale_listi
     assert loaded == ["step-00000004,step-00000004"] * 2, loaded
 
 
+LLAMA_PP2 = ("--model.name", "llama3", "--parallelism.pipeline_parallel_degree", "2")  # as the other pipeline tests
 HANG_TIMEOUT_S = 45  # the watchdog's deadline: 36 s (torchacco/runners.py's stall_deadline_s), gloo's own 9 s later
 
 
@@ -762,8 +779,10 @@ HANG_TIMEOUT_S = 45  # the watchdog's deadline: 36 s (torchacco/runners.py's sta
         ("--parallelism.data_parallel", "fsdp"),
         ("--parallelism.data_parallel", "ddp"),
         ("--parallelism.data_parallel", "zero1", "--parallelism.tensor_parallel_degree", "2"),
+        ("--parallelism.data_parallel", "zero1", *LLAMA_PP2),
+        ("--parallelism.data_parallel", "hsdp", "--hsdp.shard_degree", "1"),  # 2 replicas: the cross-replica all-reduce
     ],
-    ids=["zero1", "fsdp", "ddp", "tp2"],
+    ids=["zero1", "fsdp", "ddp", "tp2", "pp2", "hsdp"],
 )
 def test_a_collective_hung_on_the_main_thread_ends_in_one_line_naming_the_rank_and_the_collective(
     tiny_corpus, cache_dir, tmp_path, extra
@@ -819,4 +838,55 @@ def test_acco_under_tensor_parallelism_issues_on_each_process_group_from_one_thr
         for c in log["collectives"]:
             threads.setdefault(c["group"], set()).add(c["thread"])
         assert set(log["comm_threads"]) & set().union(*threads.values()), "the job thread issued nothing"
+        assert all(len(t) == 1 for t in threads.values()), f"rank {rank}: groups issued on by two threads: {threads}"
+
+
+def _threads_per_group(folder, ranks: int) -> list[tuple[dict, dict]]:
+    """Per rank of a model_parallel_worker run with TORCH_FR_BUFFER_SIZE: (its log, group -> threads issuing on it)."""
+    import json
+
+    logs = []
+    for rank in range(ranks):
+        log = json.loads((folder / f"collectives_rank{rank}.json").read_text())
+        threads = {}
+        for c in log["collectives"]:
+            threads.setdefault(c["group"], set()).add(c["thread"])
+        logs.append((log, threads))
+    return logs
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_streaming_dilocos_transfer_beside_fsdp_issues_on_each_process_group_from_one_thread(
+    tiny_corpus, cache_dir, tmp_path
+):
+    """Streaming DiLoCo at τ = 1 over 2 replicas of 2 FSDP ranks: each fragment's transfer runs on the side thread
+    (on a replica group of its own) while the main thread gathers and reduce-scatters FSDP's shards. Under the suite's
+    check (collectives.py raises on a second issuing thread) and torch's flight recorder (every collective, those
+    issued from C++ included): the run finishes, the side thread issued, and no group saw two threads."""
+    import json
+    import sys
+
+    from conftest import ROOT
+
+    argv = tiny_args(tiny_corpus, cache_dir, tmp_path / "run", "--parallelism.replicas", "2",
+                     "--parallelism.data_parallel", "fsdp", "--diloco.sync_every", "10", "--diloco.overlap_steps", "1",
+                     "--diloco.fragments", "2", "--training.global_batch_size", "16", "--training.steps", "11",
+                     "--eval.every", "0")  # fmt: skip
+    (tmp_path / "runs.json").write_text(json.dumps([argv]))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "20000"}
+    assert env["TORCHACCO_CHECK_COLLECTIVE_THREADS"] == "1"
+    worker = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+              str(ROOT / "tests" / "workers" / "model_parallel_worker.py"), str(tmp_path / "runs.json")]  # fmt: skip
+    proc = subprocess.run(worker, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    stdout = (tmp_path / "run" / "stdout.txt").read_text()
+    assert "error" not in stdout, stdout[-2000:]
+    for rank, (log, threads) in enumerate(_threads_per_group(tmp_path / "run", 4)):
+        side = set(log["comm_threads"])
+        ranks_of = {g: log["group_ranks"][g] for g, t in threads.items() if t & side}
+        # the side thread issued, on the replica group alone (one rank of each replica), FSDP's on the main thread
+        assert list(ranks_of.values()) == [[rank % 2, rank % 2 + 2]], f"rank {rank}: the transfer issued on {ranks_of}"
+        fsdp = [g for g, r in log["group_ranks"].items() if r == [rank // 2 * 2, rank // 2 * 2 + 1]]
+        assert len(fsdp) == 1 and threads[fsdp[0]] == {log["main_thread"]}, f"rank {rank}: {threads}"
         assert all(len(t) == 1 for t in threads.values()), f"rank {rank}: groups issued on by two threads: {threads}"

@@ -11,7 +11,7 @@ replica N only; in a fault-tolerant run, R counts within the replica's job):
   job or FSDP, an all-reduce of the counts; not DDP's or DTensor's, which C++ issues) is a receive that no peer
   sends: the rank waits inside the communication library, as in a hung NCCL kernel, and so do the peers in theirs;
 - `freeze@replicaN:rankR:stepS:Ts`: from step S on, once the rank's next fault-tolerant outer step has sent its
-  first message, the whole process stops (SIGSTOP, heartbeats too: a frozen machine) for T seconds, then goes on;
+  first message, it stops (SIGSTOP: a frozen machine) for T seconds; `kill_mid_transfer@replicaN:rankR:stepS`: SIGKILL;
 - `pause@[replicaN:]rankR:stepS:Ts`: the rank sleeps T seconds as it starts step S (a straggler: it lives, and a
   fault-tolerant replica's heartbeats go on), so that the others, or a restarting replica, catch up;
 - `mute@replicaN:stepS`: from the first outer step at update S or later on, replica N's pseudo-gradients weigh
@@ -39,9 +39,8 @@ from torchacco import health
 from torchacco.errors import UserError
 from torchacco.parallel.collectives import set_collective_hook
 
-FAULT = re.compile(
-    r"^(kill|nan|stall|hang|freeze|pause)@(?:replica(\d+):)?rank(\d+):step(\d+)(?::period(\d+)|:(\d+(?:\.\d+)?)s)?$"
-)
+FAULT = re.compile(r"^(kill_mid_transfer|kill|nan|stall|hang|freeze|pause)@(?:replica(\d+):)?rank(\d+):step(\d+)"
+                   r"(?::period(\d+)|:(\d+(?:\.\d+)?)s)?$")  # fmt: skip
 TIMED = ("freeze", "pause")  # the faults that take seconds; the others may take a period
 MUTE = re.compile(r"^mute@replica(\d+):step(\d+)$")
 SLOW_DATA = re.compile(r"^slow_data@rank(\d+):(\d+(?:\.\d+)?)s$")
@@ -74,13 +73,13 @@ class Faults:
         self._period = self._period + 1 if step == self._step else 1
         self._step = step
         poison = False
-        global _freeze_s
+        global _in_transfer
         for item, what, at, arg in self.faults:  # (`arg`: a freeze's or a pause's seconds, else the period)
             other_period = what not in TIMED and arg not in (None, self._period)
             if at != step or other_period or not self._first_time(item, what):
                 continue
-            if what == "freeze":
-                _freeze_s = arg
+            if what in ("freeze", "kill_mid_transfer"):
+                _in_transfer = (what, arg)
             elif what == "pause":
                 time.sleep(arg)
             elif what == "kill":
@@ -101,18 +100,19 @@ class Faults:
         return self.store.add(f"{FIRED_KEY}{item}{period}", 1) == 1
 
 
-_freeze_s: float | None = None  # a `freeze` fault that has fired, for this process's next outer step
+_in_transfer: tuple | None = None  # a `freeze` or `kill_mid_transfer` that has fired, for the next outer step
 
 
 def in_outer_exchange() -> None:
-    """Where a fault-tolerant outer step has sent its first message: a pending `freeze` stops the process here. A
-    child process it leaves behind continues it (SIGCONT) after the fault's seconds."""
-    global _freeze_s
-    if _freeze_s is None:
+    """Where a fault-tolerant outer step has sent its first message: a pending `kill_mid_transfer` ends the process
+    here, a `freeze` stops it (a child process it leaves behind continues it, SIGCONT, after the fault's seconds)."""
+    global _in_transfer
+    if _in_transfer is None:
         return
-    seconds, _freeze_s = _freeze_s, None
-    subprocess.Popen(["sh", "-c", f"sleep {seconds:g}; kill -CONT {os.getpid()}"], start_new_session=True)
-    os.kill(os.getpid(), signal.SIGSTOP)
+    (what, seconds), _in_transfer = _in_transfer, None
+    if what == "freeze":
+        subprocess.Popen(["sh", "-c", f"sleep {seconds:g}; kill -CONT {os.getpid()}"], start_new_session=True)
+    os.kill(os.getpid(), signal.SIGSTOP if what == "freeze" else signal.SIGKILL)
 
 
 def _receive_forever(name: str) -> None:

@@ -8,15 +8,20 @@ line: the bytes of every tensor storage alive when the gradients are complete (F
 sharded strategies: after their update, whose flat gradient buffer stays), less those alive before the build; and
 the gradient bytes, the most alive after a micro-batch of the first update less those alive after the build.
 Storages are found from the garbage collector's objects and the parameters' gradients, each counted once.
+With TORCH_FR_BUFFER_SIZE set, the line also holds "collectives": for each micro-batch of the first update, then its
+step, the collectives torch's flight recorder saw issued meanwhile, as counts of "RANKS OP" (the group's global ranks).
 """
 
 import gc
 import json
 import os
+import pickle
 import sys
+from collections import Counter
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.distributed.tensor import DTensor
 
 from torchacco.build import build_model, build_strategy
@@ -54,7 +59,25 @@ def live_bytes(model) -> int:
     return sum(storages.values())
 
 
-def measure(name: str, cfg, spec, dims, dev) -> tuple[int, int]:
+class Recorded:
+    """The collectives the flight recorder saw since the last call, as counts of "RANKS OP"."""
+
+    def __init__(self):
+        self.on, self.seen = bool(os.environ.get("TORCH_FR_BUFFER_SIZE")), -1
+        self.since()
+
+    def since(self) -> dict[str, int]:
+        if not self.on:
+            return {}
+        entries = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, True, False))["entries"]
+        new = [e for e in entries if e["record_id"] > self.seen]
+        self.seen = max([self.seen, *(e["record_id"] for e in new)])
+        ranks = {name: dist.get_process_group_ranks(_resolve_process_group(name))
+                 for name in {e["process_group"][0] for e in new}}  # fmt: skip
+        return dict(Counter(f"{ranks[e['process_group'][0]]} {e['profiling_name']}" for e in new))
+
+
+def measure(name: str, cfg, spec, dims, dev) -> tuple[int, int, list]:
     cfg.parallelism.data_parallel = name
     t = cfg.training
     dtype = compute_dtype(t.mixed_precision, dev)
@@ -64,6 +87,7 @@ def measure(name: str, cfg, spec, dims, dev) -> tuple[int, int]:
     model = build_model(spec, cfg.model, 0, t.seed, dev)
     strategy = build_strategy(model, cfg, dims, plan, dev)
     built, gradients = live_bytes(model), []
+    recorded, collectives = Recorded(), []
     measured = []
     optimizer = getattr(strategy, "optimizer", None)
     if isinstance(optimizer, torch.optim.Optimizer):  # torch's AdamW frees the gradients after its step
@@ -80,13 +104,16 @@ def measure(name: str, cfg, spec, dims, dev) -> tuple[int, int]:
             loss_sum, tokens, n = loss_sum + loss.item(), tokens + int(count), n + 1
             if updates == 0:
                 gradients.append(live_bytes(model) - built)
+                collectives.append(recorded.since())
         result = strategy.step(Counts(tokens, loss_sum, n, float(tokens)))
+        if updates == 0:
+            collectives.append(recorded.since())
         if result is not None and result.committed:
             updates += 1
             if optimizer is None or not isinstance(optimizer, torch.optim.Optimizer):
                 measured.append(live_bytes(model))
     strategy.close()
-    return max(measured) - before, max(gradients)
+    return max(measured) - before, max(gradients), collectives
 
 
 if __name__ == "__main__":
@@ -103,8 +130,9 @@ if __name__ == "__main__":
     spec.flavors["memcheck"] = MEMCHECK
     cfg = load_config(overrides)
     for name in names:
-        measured, gradients = measure(name, cfg, spec, dims, dev)
+        measured, gradients, collectives = measure(name, cfg, spec, dims, dev)
         if dims.rank == 0:
-            print(json.dumps({"strategy": name, "bytes": measured, "gradients": gradients}), flush=True)
+            record = {"strategy": name, "bytes": measured, "gradients": gradients, "collectives": collectives}
+            print(json.dumps(record), flush=True)
         gc.collect()
     dist.destroy_process_group()
