@@ -32,7 +32,8 @@ RECOMMENDED = "streaming_h10_avg_topk3_int2_senders"  # docs/diloco.md's: 3% ove
 STRATEGIES = {  # every registered strategy's variants (balanced batches among them), then the yardstick's own
     **common.strategy_variants(),
     **{name: VARIANTS[name] for name in ("diloco_h10", "diloco_h50", "streaming_h50", "diloco_h10_avg", STREAMING)},
-    **{name: VARIANTS[name] for name in ("ddp_b8", "zero1_b8")},  # 8 sequences an update: twice the syncs per token
+    # 8 sequences an update: twice the syncs per token; Muon inside: Newton–Schulz's time per update beside AdamW's
+    **{n: VARIANTS[n] for n in ("ddp_b8", "zero1_b8", *(f"{v}_muon" for v in (DDP, ZERO1, ACCO, RECOMMENDED)))},
     # Streaming DiLoCo across nodes with ZeRO-1 or ACCO over each node's ranks (settings a2, b2)
     **{f"{STREAMING}_{inner}": [*VARIANTS[STREAMING], "--parallelism.data_parallel", inner] for inner in (ZERO1, ACCO)},
     # mixed replicas: a replica runs as many of a period's H inner updates as fit in the fastest one's time

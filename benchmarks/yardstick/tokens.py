@@ -102,14 +102,13 @@ VARIANTS = {
     # 4 replicas of one rank (4 sequences each); alone, and with the warm start and the warmed-up Nesterov
     "streaming_h10_avg_r4": _dp(DDP, f"{BF16} {R4}"),
     "streaming_h10_pier_warm100_r4": _dp(DDP, f"{BF16} {PIER} {WARM} {R4}"),
-    **{f"streaming_h10_avg_topk3_int2{suffix}_r4": _topk(0.03, mean=mean, more=R4)
-       for suffix, mean in (("", "replicas"), ("_senders", "senders"))},
-    "streaming_h10_avg_topk3_int2_senders_warm100_r4": _topk(0.03, mean="senders", more=f"{WARM} {R4}"),
-    "ddp_muon": _dp(DDP, MUON), "zero1_muon": _dp(ZERO1, MUON),  # Muon inside; zero1_muon − ddp_muon: its noise floor
+    **{f"streaming_h10_avg_topk3_int2{tag}_r4": _topk(0.03, mean=mean, more=f"{more} {R4}") for tag, mean, more in (
+        ("", "replicas", ""), ("_senders", "senders", ""), ("_senders_warm100", "senders", WARM),
+        ("_senders_muon", "senders", MUON), ("_senders_warm100_muon", "senders", f"{WARM} {MUON}"))},  # Muon inside
+    **{f"{v}_muon": _dp(v, MUON) for v in (DDP, ZERO1, ACCO)},  # Muon inside; zero1_muon − ddp_muon: its noise floor
     "snoo_h10": _dp(DDP, SNOO), "snoo_h10_muon": _dp(DDP, f"{SNOO} {MUON}"),
     "streaming_h10_avg_topk3_int2_senders_muon": _topk(0.03, mean="senders", more=MUON),
     "streaming_h10_avg_muon": _dp(DDP, f"{BF16} {MUON}"),  # uncompressed (bf16): what the compression costs Muon
-    "streaming_h10_avg_topk3_int2_senders_muon_r4": _topk(0.03, mean="senders", more=f"{MUON} {R4}"),
 }  # fmt: skip
 RANKS = {name: 4 for name in VARIANTS if name.endswith("_r4")}  # a variant's ranks where not 2
 CPU_FLAVORS = ("debug", "tiny", "36M")  # GPT-Neo flavors 1,000 updates of which fit a 2-core machine
