@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import T95, mean_ci
+from benchmarks.common import DDP, T95, ZERO1, mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP3, TOP1 = "streaming_h10_avg_topk3_int2_senders", "streaming_h10_avg_topk1_int2_senders"
 AB, E = "time_to_target_topk3_senders_ab", "time_to_target_senders_e"  # 2026-11-29: settings a, b and e
+MB, ME = "time_to_target_muon_b", "time_to_target_muon_e"  # 2026-12-07: b and e, Muon beside AdamW
 README, PERF, DILOCO = "README.md", "docs/performance.md", "docs/diloco.md"
 RELIABILITY, ACCO, PARALLEL = "docs/reliability.md", "docs/acco.md", "docs/parallelism.md"
 OPTIMIZERS = "docs/optimizers.md"
@@ -36,9 +37,12 @@ def ttt(table: str, setting: str, label: str, *keys: str) -> list[float]:
     return [row[key] for key in keys]
 
 
+def tokens_row(label: str) -> dict:
+    return load("predict")["tokens_to_target"][label]
+
+
 def tokens(label: str) -> list[float]:
-    row = load("predict")["tokens_to_target"][label]
-    return [row["mean"], row["ci95"]]
+    return [tokens_row(label)["mean"], tokens_row(label)["ci95"]]
 
 
 def speed_ratio(table: str, setting: str, faster: str, slower: str) -> list[float]:
@@ -73,6 +77,18 @@ def vs_ddp(table: str, setting: str, label: str) -> list[float]:
 
 
 MUON_TOP3 = "streaming_h10_avg_topk3_int2_senders_muon"
+MUONS = ("ddp_muon", MUON_TOP3, f"{TOP3}_warm100_muon_r4")  # predict's entries with Muon inside
+
+
+def muon_time(table: str, setting: str, strategy: str) -> float:
+    """A strategy's time per update with Muon over its time with AdamW, in one speed run."""
+    times = load(table)["settings"][setting]["strategies"]
+    return times[f"{strategy}_muon"]["mean"] / times[strategy]["mean"]
+
+
+def muon_sync_sooner(table: str, setting: str) -> float:
+    """The soonest synchronous strategy with Muon in a time-to-target table, as its × sooner."""
+    return max(ttt(table, setting, f"{s}_muon", "sooner")[0] for s in (DDP, ZERO1))
 
 
 def muon_gap(label: str, table: str = "streaming_muon_screen") -> float:
@@ -193,7 +209,7 @@ NUMBERS = [
     ((README, PERF, DILOCO), "{:.2f}× ± {:.2f}", lambda: ttt(AB, "b", TOP3, "sooner", "sooner_ci95")),
     ((README, PERF), "{:.2f}× where communication ≈ compute", lambda: ttt(AB, "a", TOP3, "sooner")),
     ((DILOCO,), "{:.2f}× ± {:.2f}** where it takes 1×", lambda: ttt(AB, "a", TOP3, "sooner", "sooner_ci95")),
-    ((README, PERF, DILOCO), "{:.1f}× ± {:.1f}", lambda: ttt(E, "e", TOP1, "sooner", "sooner_ci95")),
+    ((PERF, DILOCO), "{:.1f}× ± {:.1f}", lambda: ttt(E, "e", TOP1, "sooner", "sooner_ci95")),
     ((README,), "{:.3f}× DDP's tokens", lambda: ttt(AB, "b", TOP3, "tokens_ratio")),
     ((DILOCO,), "{:.3f} ± {:.3f}× DDP's tokens", lambda: ttt(AB, "b", TOP3, "tokens_ratio", "tokens_ratio_ci95")),
     ((README, PERF, DILOCO), "bf16 {:.2f}×", lambda: ttt(AB, "b", "streaming_h10_avg", "sooner")),
@@ -203,8 +219,31 @@ NUMBERS = [
         "in bf16 {:.3f} ± {:.3f}× (tuned",
         lambda: ttt(AB, "b", "streaming_h10_avg", "tokens_ratio", "tokens_ratio_ci95"),
     ),  # fmt: skip
-    ((README, DILOCO), "{:.2f}× DDP's tokens; bf16", lambda: ttt(E, "e", TOP1, "tokens_ratio")),
-    ((README, PERF, DILOCO), "bf16 {:.1f}×", lambda: ttt(E, "e", "streaming_h10_avg", "sooner")),
+    ((DILOCO,), "{:.2f}× DDP's tokens; bf16", lambda: ttt(E, "e", TOP1, "tokens_ratio")),
+    ((PERF, DILOCO), "bf16 {:.1f}×", lambda: ttt(E, "e", "streaming_h10_avg", "sooner")),
+    # the top 3% and 1% side by side at e, and Muon inside, at a and b (2026-12-07)
+    (
+        (README,),
+        "**{:.1f}× ± {:.1f} sooner than ZeRO-1**; the top 1% {:.1f}× in the same run (141× fewer bytes than bf16, but "
+        "{:.2f}× DDP's",
+        lambda: ttt(ME, "e", TOP3, "sooner", "sooner_ci95") + ttt(ME, "e", TOP1, "sooner", "tokens_ratio"),
+    ),
+    ((README,), "with Muon inside {:.1f}×;", lambda: ttt(ME, "e", MUON_TOP3, "sooner")),
+    (
+        (OPTIMIZERS,),
+        "Muon takes {:.2f}× AdamW's time per update under DDP, {:.2f}× under ZeRO-1 and {:.2f}× under ACCO",
+        lambda: [muon_time("speed_muon_a", "a", s) for s in (DDP, ZERO1, "acco")],
+    ),
+    (
+        (OPTIMIZERS,),
+        "took {:.2f}×, and {:.2f}× sooner than DDP with Muon, the soonest synchronous Muon there",
+        lambda: ttt(MB, "b", TOP3, "sooner") + [ttt(MB, "b", MUON_TOP3, "sooner")[0] / muon_sync_sooner(MB, "b")],
+    ),
+    (
+        (README, OPTIMIZERS),
+        "with Muon inside **{:.2f}× ± {:.2f}** sooner than ZeRO-1 in a run of 2026-12-07 where AdamW's took {:.2f}×",
+        lambda: ttt(MB, "b", MUON_TOP3, "sooner", "sooner_ci95") + ttt(MB, "b", TOP3, "sooner"),
+    ),
     (
         (README, DILOCO),
         "{:.2f}× ± {:.2f} sooner than balanced ZeRO-1",
@@ -227,6 +266,11 @@ NUMBERS = [
         lambda: [load("predict")["tokens_to_target"][v]["gap_pct"] for v in ("dpu", "wp")],
     ),  # fmt: skip
     ((PERF,), "not reached within {:g}× |", lambda: [load("predict")["tokens_to_target"]["dpu"]["not_reached_within"]]),
+    (
+        (PERF,),
+        "| {:.3f} ± {:.3f}; {:.3f} ± {:.3f}; {:.3f} ± {:.3f} | −{:.2f}%; −{:.2f}%; −{:.2f}% | 5, 5, 5 |",
+        lambda: [x for v in MUONS for x in tokens(v)] + [-tokens_row(v)["gap_pct"] for v in MUONS],
+    ),
     # the noise floor: ZeRO-1 and FSDP compute DDP's update (final loss over 5 seeds, sd)
     (
         (PERF,),
@@ -422,6 +466,14 @@ NUMBERS = [
         (OPTIMIZERS,),
         "needs {:.3f}× DDP-AdamW's tokens for its loss",
         lambda: [statistics.mean(summary("streaming_muon_tokens", MUON_TOP3, "tokens_to_target_ratio"))],
+    ),
+    (
+        (OPTIMIZERS,),
+        "Muon inside needs {:.3f}× DDP-AdamW's tokens, where AdamW's best at 4 replicas needs {:.3f}×",
+        lambda: [
+            summary("streaming_muon_r4_tokens", f"{TOP3}_warm100_muon_r4", "mean_tokens_to_target_ratio"),
+            summary("diloco_r4_pier_warm100_budgets", "streaming_h10_pier_warm100_r4", "mean_tokens_to_target_ratio"),
+        ],
     ),
     # DiLoCo's wire table: loss vs DDP at equal tokens, and paired against bf16 (2026-11-27 to 11-29)
     ((DILOCO,), "| 2 | {:+.2f} ± {:.2f}% (5 seeds) |", lambda: gap(TE, "streaming_h10_avg")),

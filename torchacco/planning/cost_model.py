@@ -463,9 +463,10 @@ PLAIN_UPDATE = ("deterministic", "balanced")
 # [diloco] settings that say where the outer state lives or how a failure is survived, not what an outer step computes
 NOT_THE_UPDATE = ("offload", "fault_tolerant", "lighthouse", "min_replicas", "join_timeout_s", "round_timeout_s")
 TOPK_ONLY = ("error_decay", "topk_mean")  # settings of the residual and the sparse mean: nothing without topk
-# The DiLoCo configurations predict advises: each a token_efficiency.json entry, whose record holds the settings that
-# were measured (`measured_diloco`), with its plain name. The recipes in train_configs/ are checked against it.
+# The DiLoCo configurations predict advises: each a token_efficiency.json entry (with either optimizer), whose record
+# holds the settings that were measured (`measured_diloco`), with its plain name. The recipes are checked against it.
 MEASURED = {
+    "streaming_h10_avg_topk3_int2_senders_warm100_muon_r4": "Streaming DiLoCo, top 3%, 2-bit, warm start",
     "streaming_h10_avg_topk3_int2_senders": "Streaming DiLoCo, top 3%, 2-bit",
     "streaming_h10_avg_topk1_int2_senders": "Streaming DiLoCo, top 1%, 2-bit",
     "streaming_h10_avg": "Streaming DiLoCo, bf16",

@@ -4,11 +4,10 @@
     torchacco predict --config train_configs/llama3_8b_fsdp.toml --nodes 4 --write pick.toml
 
 First the pick against the best synchronous strategy that fits, and the config lines that run it; then per row the
-cost model's speed (`cost_model.py`), the measured tokens to DDP's loss (`token_efficiency.json`, both in
-torchacco/planning/), the time to it and the memory per GPU. Every strategy runs at its measured configuration, DiLoCo
-at each of `cost_model.MEASURED` (one replica per node) with the soonest strategy inside; `--all` adds the rows that
-are not a choice. `--config` adds the config's own layout as a row, the DiLoCo flags a row at their settings. No GPU
-needed.
+cost model's speed (`cost_model.py`), the measured tokens to DDP's loss (`token_efficiency.json`), the time to it and
+the memory per GPU. Every strategy runs at its measured configuration, DiLoCo at each of `cost_model.MEASURED` (one
+replica per node) with the soonest strategy inside; `--all` adds the rows that are not a choice. `--config` adds the
+config's own layout as a row, the DiLoCo flags a row at their settings. No GPU needed.
 """
 
 from __future__ import annotations
