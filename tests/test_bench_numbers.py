@@ -448,6 +448,7 @@ NUMBERS = [
     ((RELIABILITY,), "{:.2f} with kills, cuts and freezes", lambda: [fault("fault_goodput")["speed"]]),
     # Muon and SNOO against DDP-AdamW at equal tokens (2026-12-07)
     ((OPTIMIZERS,), "DDP with Muon ends {:.2f} ± {:.2f}% below", lambda: gap("muon_snoo_screen", "ddp_muon")),
+    ((OPTIMIZERS,), "the grid's edge, and ends {:.2f} ± {:.2f}% below", lambda: gap("muon_tuned", "ddp_muon")),
     (
         (OPTIMIZERS,),
         "reaches it in at most {:.3f}× its tokens on every seed",
