@@ -451,6 +451,11 @@ NUMBERS = [
     ((OPTIMIZERS,), "the grid's edge, and ends {:.2f} ± {:.2f}% below", lambda: gap("muon_tuned", "ddp_muon")),
     (
         (OPTIMIZERS,),
+        "There it needs at most {:.3f}× DDP-AdamW's tokens",
+        lambda: [summary("ddp_muon_tuned_tokens", "ddp_muon", "mean_tokens_to_target_ratio")],
+    ),
+    (
+        (OPTIMIZERS,),
         "reaches it in at most {:.3f}× its tokens on every seed",
         lambda: [max(summary("ddp_muon_tokens", "ddp_muon", "tokens_to_target_ratio"))],
     ),
