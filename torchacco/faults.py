@@ -58,7 +58,7 @@ class Faults:
             if not m or (m[6] is None) == (m[1] in TIMED):
                 raise UserError(
                     f"TORCHACCO_FAULT: cannot parse {item!r}; expected e.g. kill@rank1:step5, "
-                    "nan@rank0:step3:period1, kill@replica1:rank0:step5, freeze@replica1:rank0:step5:20s, "
+                    "nan@rank0:step3:period1, kill_mid_transfer@replica1:rank0:step5, freeze@replica1:rank0:step5:20s, "
                     "pause@rank0:step5:20s, mute@replica1:step5 or slow_data@rank0:30s"
                 )
             what, on_replica, r, step, period, seconds = m.groups()

@@ -213,7 +213,7 @@ class FaultTolerant(Synchronous):
             merged = torch.tensor([tokens], dtype=torch.float64, device=d.device.torch)
             dist.all_reduce(merged, group=group)  # the tokens behind the round's merge: what the lost ones lack
             self.merged_tokens = merged.item()
-            in_outer_exchange()  # an injected `freeze` (faults.py)
+            in_outer_exchange()  # an injected `freeze` or `kill_mid_transfer` (faults.py)
             return self.mean(f, delta, tokens, group)
 
         return f, self.link.round(exchange, opened)
