@@ -316,6 +316,7 @@ def test_predict_adds_newton_schulz_and_the_gathers_to_each_strategys_update():
     m, n = 768, 3072
     assert fields["muon_params"] == 12 * (4 * m * m + 2 * m * n)
     assert fields["muon_flops"] == 12 * 5 * (4 * 6 * m**3 + 2 * (4 * m * m * n + 2 * m**3))
+    assert fields["muon_largest"] == m * n
     assert muon_workload(Optimizer(), model) == {}
     adamw = cm.model_workload("gpt_neo", "125M", 1024, 8, 4)
     muon = dataclasses.replace(adamw, **fields)
@@ -326,9 +327,27 @@ def test_predict_adds_newton_schulz_and_the_gathers_to_each_strategys_update():
         s: cm.predict(muon, hw, s)["step_time_s"] - cm.predict(adamw, hw, s)["step_time_s"] for s in ("ddp", "zero1")
     }
     assert extra["ddp"] == pytest.approx(ns)  # every matrix on every rank, no communication
-    assert extra["zero1"] == pytest.approx(ns / hw.world + hw.ag_factor * V)  # a slice's share, one more all-gather
+    # a slice's share, and the bf16 pieces of a straddling matrix from the rank across the node boundary
+    assert extra["zero1"] == pytest.approx(ns / hw.world + 8 * 2 * m * n / hw.bandwidth_bps)
+    assert extra["zero1"] < ns / hw.world + hw.ag_factor * V / 4  # far less than gathering the parameters
     fsdp = cm.predict(muon, hw, "fsdp")["step_time_s"] - cm.predict(adamw, hw, "fsdp")["step_time_s"]
-    assert fsdp > ns  # and the matrices' fp32 updates gathered
+    assert fsdp == pytest.approx(ns + hw.ag_factor * cm.collective_s(2 * fields["muon_params"], hw))  # bf16 updates
+
+
+def test_only_the_ranks_that_share_a_matrix_exchange_its_pieces():
+    from types import SimpleNamespace
+
+    from torchacco.parallel.muon import _straddling
+
+    # Matrices of 6, 10 and 4 elements at 0, 6 and 16, over slices of 7: the second spans all three ranks.
+    params, offsets, size = [torch.zeros(2, 3), torch.zeros(2, 5), torch.zeros(2, 2)], [0, 6, 16], 7
+    slices = {0: [(0, 6, 0, 0), (6, 7, 1, 0)], 1: [(0, 7, 1, 1)], 2: [(0, 2, 1, 8), (2, 6, 2, 0)]}
+    pieces = {0: (0, 1), 1: (1, 8), 2: (8, 10)}  # of the second matrix, by rank
+    for rank, matrices in slices.items():
+        flat = SimpleNamespace(shard_numel=size, offsets=offsets, params=params, rank=rank)
+        ((i, (lo, hi), first, others),) = _straddling(flat, matrices)  # the others are whole where they lie
+        assert (i, first, hi - lo) == (1, pieces[rank][0], pieces[rank][1] - pieces[rank][0])
+        assert others == [(q, *pieces[q]) for q in pieces if q != rank]
 
 
 @pytest.mark.parametrize(

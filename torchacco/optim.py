@@ -52,14 +52,16 @@ def optimizer_state_share(cfg: OptimizerConfig, model: nn.Module) -> float:
 
 
 def muon_workload(cfg: OptimizerConfig, model: nn.Module) -> dict[str, float]:
-    """The cost model's Muon fields (`cost_model.Workload`): the hidden matrices' elements and one step's
-    Newton–Schulz FLOPs over them, ns_steps × (4m²n + 2m³) for an m × n matrix, m ≤ n; none with AdamW."""
+    """The cost model's Muon fields (`cost_model.Workload`): the hidden matrices' elements, one step's Newton–Schulz
+    FLOPs over them, ns_steps × (4m²n + 2m³) for an m × n matrix, m ≤ n, and the largest's elements; none with
+    AdamW."""
     if cfg.name != "muon":
         return {}
     hidden = hidden_matrix_ids(model)
     shapes = [sorted(p.shape) for p in model.parameters() if id(p) in hidden]
     flops = sum(cfg.ns_steps * (4 * m * m * n + 2 * m**3) for m, n in shapes)
-    return {"muon_params": float(sum(m * n for m, n in shapes)), "muon_flops": float(flops)}
+    sizes = [m * n for m, n in shapes]
+    return {"muon_params": float(sum(sizes)), "muon_flops": float(flops), "muon_largest": float(max(sizes))}
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
@@ -159,7 +161,7 @@ def _muon_step_gathered(p, grad, buf, group: dict) -> None:
     lr, momentum = group["lr"], group["momentum"]
     buf.lerp_(grad, 1 - momentum)
     update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-    whole = update.full_tensor() if isinstance(update, DTensor) else update
+    whole = update.bfloat16().full_tensor() if isinstance(update, DTensor) else update  # Newton–Schulz reads bf16
     ortho = orthogonalise(whole, group["ns_steps"], group["ns_coefficients"], group["eps"])
     if isinstance(p, DTensor):  # this rank's shard of the result, as p is laid out (no communication)
         ortho = distribute_tensor(ortho, p.device_mesh, p.placements, src_data_rank=None)
@@ -213,8 +215,6 @@ class ShardedAdamW:
     (any dtype) may be the gradient's own buffer, since each chunk is read before it is written: an update's
     working memory is a few chunks, not fp32 copies of the shard, beside the next micro-batch's activations.
     """
-
-    whole_out = False  # step and peek write this rank's slice of the job's output, not the whole buffer
 
     def __init__(self, master: torch.Tensor, decay_ranges: list[tuple[int, int]], cfg: OptimizerConfig):
         assert master.dtype == torch.float32 and master.ndim == 1

@@ -152,6 +152,25 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
             _exchange(outgoing[piece], send_to, incoming[piece], recv_from, group, rank)
 
 
+def exchange(pieces: list[tuple[int, torch.Tensor, torch.Tensor]], group=None) -> None:
+    """Point-to-point with a few peers at once: for each (peer's rank in `group`, the tensor sent to it, the tensor
+    received from it), in an order both sides share. Not a collective: the heartbeat's counts stay per collective."""
+    if not pieces:
+        return
+    _issue("exchange", group)
+    rank = dist.get_rank(group)
+    if len(pieces) == 1:  # one peer: the ring's exchange, with a 2-rank gloo group's second connection
+        peer, send, recv = pieces[0]
+        _exchange(send, dist.get_global_rank(group, peer), recv, dist.get_global_rank(group, peer), group, rank)
+        return
+    ops = []
+    for peer, send, recv in pieces:
+        ops += [dist.P2POp(dist.isend, send, dist.get_global_rank(group, peer), group),
+                dist.P2POp(dist.irecv, recv, dist.get_global_rank(group, peer), group)]  # fmt: skip
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
 def _neighbours(group) -> tuple[int, int, int, int]:
     """(world, rank, the next rank's global rank, the previous rank's global rank) of the ring."""
     group = group or dist.group.WORLD

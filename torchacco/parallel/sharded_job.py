@@ -60,12 +60,11 @@ def reduce_update_gather(
 
     lr = lr_for(consumed)
     send = flat.shard(out)
-    dest = out if opt.whole_out else send  # Muon gathers its matrices' updates through all of `out`
     with record_function(f"torchacco/job/optimizer_{kind}"):
         if kind == ESTIMATE:
-            opt.peek(grad, lr, scale, out=dest)
+            opt.peek(grad, lr, scale, out=send)
         else:
-            opt.step(grad, lr, scale, out=dest, predict=kind == COMMIT_AND_PREDICT)
+            opt.step(grad, lr, scale, out=send, predict=kind == COMMIT_AND_PREDICT)
     with record_function("torchacco/job/all_gather"):
         all_gather(out, send, group=group)
     return counts.result(loss_sum, grad_norm, lr, kind != ESTIMATE)

@@ -114,9 +114,11 @@ class Workload:
     # starts early in the backward; a cap that is set makes every bucket that size
     bucket_bytes: float = 25 * 2**20
     first_bucket_bytes: float | None = 2**20  # None: bucket_bytes
-    # [optimizer] name = "muon" (`optim.muon_workload`): the hidden matrices' elements, one step's Newton–Schulz FLOPs
+    # [optimizer] name = "muon" (`optim.muon_workload`): the hidden matrices' elements, one step's Newton–Schulz
+    # FLOPs, the largest matrix's elements
     muon_params: float = 0.0
     muon_flops: float = 0.0
+    muon_largest: float = 0.0
 
     def __post_init__(self):
         if self.params <= 0 or self.flops_per_token <= 0 or self.tokens_per_micro_batch <= 0:
@@ -336,16 +338,25 @@ FORMULAS = {
 
 def muon_seconds(work: Workload, hw: Hardware, traits: Traits, V: float) -> float:
     """Muon's seconds beyond AdamW's per optimizer step (docs/optimizers.md): Newton–Schulz on every matrix on every
-    rank and, under fsdp and hsdp, the matrices' fp32 updates all-gathered over the shard group; in the sharded job,
-    Newton–Schulz on a rank's slice's share and one more all-gather of the parameters."""
+    rank and, under fsdp and hsdp, the matrices' bf16 updates all-gathered over the shard group; in the sharded job,
+    Newton–Schulz on a rank's slice's share and the bf16 pieces of the matrices that straddle its slice's edges, at
+    most one matrix from the rank across a node boundary."""
     if not work.muon_params:
         return 0.0
     if traits.communication == "sharded_job":
-        return work.muon_flops / hw.world / hw.flops + hw.ag_factor * V
+        edge = 0.0 if hw.world == 1 else exchange_s(2 * work.muon_largest, hw)
+        return work.muon_flops / hw.world / hw.flops + edge
     if traits.communication != "per_micro_batch":
         return work.muon_flops / hw.flops
     group = dataclasses.replace(hw, nodes=1) if traits.shards_within_node else hw
-    return work.muon_flops / hw.flops + hw.ag_factor * collective_s(4 * work.muon_params, group)
+    return work.muon_flops / hw.flops + hw.ag_factor * collective_s(2 * work.muon_params, group)
+
+
+def exchange_s(nbytes: float, hw: Hardware) -> float:
+    """One point-to-point message of `nbytes` each way between neighbouring ranks, across nodes where there are
+    several (the slowest pair)."""
+    bps, latency = (hw.bandwidth_bps, hw.latency_s) if hw.nodes > 1 else (hw.intra_bps, 0.0)
+    return (8 * nbytes / bps if bps else 0.0) + latency
 
 
 def predict(work: Workload, hw: Hardware, strategy: str) -> dict:
