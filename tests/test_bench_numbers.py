@@ -91,6 +91,19 @@ def muon_sync_sooner(table: str, setting: str) -> float:
     return max(ttt(table, setting, f"{s}_muon", "sooner")[0] for s in (DDP, ZERO1))
 
 
+MUON_TUNED = "ddp_muon_tuned_tokens"  # DDP-Muon's lr tuned on seeds 100 and 101, and its tokens at that lr
+
+
+def muon_tuned_lr() -> dict:
+    """DDP-Muon's chosen grid point (lr, grid) in its tuned tokens run."""
+    return load(MUON_TUNED)["meta"]["tuned"]["0.003"]["ddp_muon"]
+
+
+def muon_grid() -> list[float]:
+    """DDP-Muon's tuning grid as multiples of AdamW's lr 3e-3."""
+    return [point["lr"] / 3e-3 for point in muon_tuned_lr()["grid"]]
+
+
 def muon_gap(label: str, table: str = "streaming_muon_screen") -> float:
     """Final loss over DDP-Muon's at equal tokens, %, the mean over seeds paired across the two screens."""
     ddp_muon = summary("muon_snoo_screen", "ddp_muon", "val_loss")
@@ -448,11 +461,16 @@ NUMBERS = [
     ((RELIABILITY,), "{:.2f} with kills, cuts and freezes", lambda: [fault("fault_goodput")["speed"]]),
     # Muon and SNOO against DDP-AdamW at equal tokens (2026-12-07)
     ((OPTIMIZERS,), "DDP with Muon ends {:.2f} ± {:.2f}% below", lambda: gap("muon_snoo_screen", "ddp_muon")),
-    ((OPTIMIZERS,), "the grid's edge, and ends {:.2f} ± {:.2f}% below", lambda: gap("muon_tuned", "ddp_muon")),
     (
         (OPTIMIZERS,),
-        "There it needs at most {:.3f}× DDP-AdamW's tokens",
-        lambda: [summary("ddp_muon_tuned_tokens", "ddp_muon", "mean_tokens_to_target_ratio")],
+        "DDP with Muon does best at {:g}× AdamW's lr, inside a grid of {:g}–{:g}×",
+        lambda: [muon_tuned_lr()["lr"] / 3e-3, min(muon_grid()), max(muon_grid())],
+    ),
+    ((OPTIMIZERS,), "and ends {:.2f} ± {:.2f}% below DDP-AdamW", lambda: gap(MUON_TUNED, "ddp_muon")),
+    (
+        (OPTIMIZERS,),
+        "At {:g}× AdamW's lr DDP with Muon needs {:.3f} ± {:.3f}× DDP-AdamW's tokens",
+        lambda: [tokens_row("ddp_muon")["lr_multiple"], *tokens("ddp_muon")],
     ),
     (
         (OPTIMIZERS,),
@@ -775,6 +793,13 @@ def test_zero1_is_the_fastest_synchronous_strategy_where_the_readme_says_so():
     ddp = [load(AB)["settings"][s]["strategies"]["ddp"]["speed_vs_best"] for s in "ab"]
     assert f"DDP {min(ddp):.2f}–{max(ddp):.2f}× its speed" in page_text(README)
     assert statistics.fmean(ddp) < 1
+
+
+def test_predict_runs_ddp_muon_at_its_tuned_lr_and_the_tokens_measured_there():
+    row, (mean, ci) = tokens_row("ddp_muon"), mean_ci(summary(MUON_TUNED, "ddp_muon", "tokens_to_target_ratio"))
+    assert row["source"] == f"bench_results/{MUON_TUNED}.md" and row["lr_multiple"] == muon_tuned_lr()["lr"] / 3e-3
+    assert not any(summary(MUON_TUNED, "ddp_muon", "ratio_is_upper_bound"))  # every seed measured, none a bound
+    assert (row["mean"], row["ci95"]) == (round(mean, 4), round(ci, 4))
 
 
 def test_the_figures_md_names_its_sources_and_command():
