@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torchacco.config import load_config
+from torchacco.config import Optimizer, load_config
 from torchacco.errors import run_cli
 from torchacco.parallel.registry import strategies
 from torchacco.planning import cost_model as cm
@@ -175,6 +175,9 @@ def test_muon_rows_take_the_ratios_measured_with_muon_and_the_table_shows_the_so
     for name in ("zero1", "fsdp", "hsdp"):
         row = rows[f"{name} + Muon"]
         assert row.source == "ddp_muon" and ("optimizer", "name", "muon") in row.settings
+        # measured at a multiple of the recipe's tuned lr: its config lines run that multiple of the default's
+        assert ("optimizer", "lr", Optimizer().lr * muon["lr_multiple"]) in row.settings and muon["lr_multiple"] != 1
+        assert not any(key == "lr" for _, key, _ in rows[name].settings)
         assert ttl[f"{name} + Muon"] == pytest.approx(muon["mean"] * target / row.pred["tokens_per_s"])
         assert row.pred["tokens_per_s"] < rows[name].pred["tokens_per_s"]  # Newton–Schulz and its gathers
         shown = [n for n in (name, f"{name} + Muon") if predict.shown_by_default(n, rows, ttl, fits)]

@@ -244,6 +244,14 @@ def config_row(run, work: cm.Workload, hw: cm.Hardware) -> tuple[str, Row]:
     return name, Row(pred, run.worst.memory.total, source, [], synchronous)
 
 
+def run_at_measured_lr(rows, lr: float) -> None:
+    """A row whose tokens were measured at a multiple of the recipe's tuned lr runs at that multiple of `lr` (the
+    config's, or the default's): its config lines set it."""
+    for row in rows:
+        multiple = cm.measured_entry(row.source).get("lr_multiple", 1) if row.source else 1
+        row.settings = row.settings + [("optimizer", "lr", lr * multiple)] * (multiple != 1)
+
+
 def reference(rows: dict[str, Row]) -> Row:
     """DDP's row (with the optimizer asked for): the tokens per update the loss is counted in."""
     return next(rows[cm.REFERENCE + suffix] for suffix in OPTIMIZERS.values() if cm.REFERENCE + suffix in rows)
@@ -262,6 +270,7 @@ def evaluate(args):
     for optimizer in OPTIMIZERS if args.optimizer == "best" else (args.optimizer,):
         with_optimizer = optimizer_workload(args, work, optimizer, run)
         rows |= {**sync_rows(args, with_optimizer, hw, optimizer), **diloco_rows(args, with_optimizer, hw, optimizer)}
+    run_at_measured_lr(rows.values(), (run.cfg.optimizer if run else Optimizer()).lr)
     capacity = (args.memory_gib or cm.DEVICES[args.device]["memory_gib"]) * 2**30
     fits = {name: fits_with_reserve(row.memory + work.activation_bytes, capacity) for name, row in rows.items()}
     if run is not None:
