@@ -282,6 +282,11 @@ def predict_label(label: str, cfg, work: cm.Workload, hw: cm.Hardware) -> dict:
         raise NotModelled("mixed replicas: predict_diloco has every replica run all H inner updates")
     if d["replicas"] != hw.nodes:
         raise NotModelled(f"{d['replicas']} replicas on {hw.nodes} nodes: predict_diloco has one per node")
+    return predict_diloco(cfg, d, work, hw)
+
+
+def predict_diloco(cfg, d: dict, work: cm.Workload, hw: cm.Hardware) -> dict:
+    """predict_diloco for a run's outer settings `d` (diloco_settings), each fragment its share of work.params."""
     m = cfg.model
     sizes = cm.model_fragment_params(m.name, m.flavor, d["fragments"], m.vocab_size or cfg.tokenizer.vocab_size)
     sizes = [size * work.params / sum(sizes) for size in sizes]  # the fragments' shares of the probed parameters
