@@ -270,11 +270,8 @@ def validate(argv: list[str], env: dict) -> list[str]:
 
 def run_step(step: Step, ctx, limit: float, env: dict) -> dict:
     started = time.monotonic()
-    own = [sys.executable, "-m", "benchmarks.gpu_check", "_step", step.name, "--work", str(ctx.work)]
-    own += ["--titan-assets", str(ctx.titan_assets), "--wheels", str(ctx.wheels), "--limit-s", str(round(limit))]
-    own += [f"--{k.replace('_', '-')}={getattr(ctx, k)}"
-            for k in ("nproc", "nnodes", "node_rank", "master_addr", "master_port")]  # fmt: skip
-    argv = step.child or own
+    own = [sys.executable, "-m", "benchmarks.gpu_check", "_step", step.name, "--limit-s", str(round(limit))]
+    argv = step.child or own + [f"--{k.replace('_', '-')}={getattr(ctx, k)}" for k in SHARED]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env=env, start_new_session=True)  # fmt: skip
     timed_out = False
@@ -316,12 +313,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", help="a comma-separated subset (default: all)")
     parser.add_argument("--budget-s", type=float, help="all steps' limits together (default: 780, a 15-min lease; "
                         "with --nproc > 1 the limits' sum)")  # fmt: skip
-    nodes(parser)
     parser.add_argument("--out", type=Path, default=ROOT / f"bench_results/gpu_check_{time.strftime('%Y-%m-%d')}.json")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/torchacco-gpu-check"), help="runs, corpus, site")
-    parser.add_argument("--wheels", type=Path, default=ROOT / ".whl-gpu", help="wheels to install (gpu_wheels.sh)")
-    parser.add_argument("--titan-assets", type=Path, default=ROOT / ".whl-gpu" / "titan",
-                        help="holds torchtitan's tests/assets/{tokenizer,c4_test}")  # fmt: skip
+    shared_options(parser, default=Path("/tmp/torchacco-gpu-check"))
     parser.add_argument("--dry-run", action="store_true", help="print the plan and check its commands; run nothing")
     args = parser.parse_args(argv)
     steps = MULTI if args.nproc > 1 else STEPS
@@ -753,7 +746,16 @@ RUNS = {"env": env_step, "cuda-tests": cuda_tests_step, "parity": parity_step, "
          "stall": stall_step, "torchtitan": titan_step}  # fmt: skip
 
 
-def nodes(parser: argparse.ArgumentParser) -> None:
+# the options that the parent passes on to each step's process (run_step)
+SHARED = ("work", "wheels", "titan_assets", "nproc", "nnodes", "node_rank", "master_addr", "master_port")
+
+
+def shared_options(parser: argparse.ArgumentParser, **work) -> None:
+    """The parent's and each step's options: the folders, and the nodes (`work`: how --work is given)."""
+    parser.add_argument("--work", type=Path, help="runs, corpus, site", **work)
+    parser.add_argument("--wheels", type=Path, default=ROOT / ".whl-gpu", help="wheels to install (gpu_wheels.sh)")
+    parser.add_argument("--titan-assets", type=Path, default=ROOT / ".whl-gpu" / "titan",
+                        help="holds torchtitan's tests/assets/{tokenizer,c4_test}")  # fmt: skip
     parser.add_argument("--nproc", type=int, default=1, help="GPUs per node: > 1 runs the multi-GPU check")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes, each running this check with its --node-rank")
     parser.add_argument("--node-rank", type=int, default=0)
@@ -765,11 +767,8 @@ def child(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("what", choices=("_step", "_titan"))
     parser.add_argument("name", nargs="?")
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--wheels", type=Path, default=ROOT / ".whl-gpu")
-    parser.add_argument("--titan-assets", type=Path, default=ROOT / ".whl-gpu" / "titan")
     parser.add_argument("--limit-s", type=float, default=600)
-    nodes(parser)
+    shared_options(parser, required=True)
     ctx = parser.parse_args(argv)
     if ctx.what == "_titan":
         return titan_run(ctx)
