@@ -321,12 +321,11 @@ def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed:
     factors = collective_factors(links, probed["collectives"])
     rows, skipped = {}, {}
     for label, measured in strategies.items():
-        if label not in STRATEGIES:
-            skipped[label] = "its trainer arguments are not among the speed benchmark's strategies"
-            continue
-        cfg = trainer_config([*STRATEGIES[label], *extra])  # the setting's arguments last, as speed's
-        t = traits(cfg)
         try:
+            if label not in STRATEGIES:
+                raise NotModelled("its trainer arguments are not among the speed benchmark's strategies")
+            cfg = trainer_config([*STRATEGIES[label], *extra])  # the setting's arguments last, as speed's
+            t = traits(cfg)
             shards_across_nodes(cfg, plan)
             work = workload(cfg, plan.world_size, inputs["params"])
             implementation = factors["rings" if t.communication == "sharded_job" else "gloo"]
