@@ -245,13 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.out / "fault_goodput_runs"
         result = {"meta": meta("fault-goodput", argv), "link_mbit_s": args.rate, "seed": args.seed,
                   "every_s": args.every, "outage_s": args.outage_s}  # fmt: skip
-        if args.undisturbed_from:
-            result["undisturbed"] = earlier_undisturbed(args.undisturbed_from, args, folder / "undisturbed")
-        else:
-            result["undisturbed"] = run(plan, train, folder / "undisturbed", Injector(plan, kinds, 0, 0),
-                                        args.timeout_s)  # fmt: skip
-        injector = Injector(plan, kinds, args.every, args.outage_s)
-        result["faulted"] = run(plan, train, folder / "faulted", injector, args.timeout_s)
+        runs = lambda name, every, outage_s: run(plan, train, folder / name, Injector(plan, kinds, every, outage_s),
+                                                 args.timeout_s)  # fmt: skip
+        calm = args.undisturbed_from and earlier_undisturbed(args.undisturbed_from, args, folder / "undisturbed")
+        result["undisturbed"] = calm or runs("undisturbed", 0, 0)  # (no faults)
+        result["faulted"] = runs("faulted", args.every, args.outage_s)
         write_report(args.out, "fault_goodput", result, markdown(result), lambda path: draw(folder, result, path))
 
     return run_cli(measure)
