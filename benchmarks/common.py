@@ -140,6 +140,19 @@ def records(folder: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def trainers():
+    """(pid, command line, environment, process state) of each torchacco.train process here (Linux's /proc): the
+    command line as its bytes (arguments \\0-separated), the environment as a dict of bytes."""
+    for p in Path("/proc").iterdir():
+        try:
+            cmd = (p / "cmdline").read_bytes() if p.name.isdigit() else b""
+            if b"torchacco.train" in cmd:
+                env = dict(x.split(b"=", 1) for x in (p / "environ").read_bytes().split(b"\0") if b"=" in x)
+                yield int(p.name), cmd, env, (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):  # gone meanwhile
+            pass
+
+
 def write_report(out: Path, name: str, data: dict, table: str, draw=None) -> None:
     """A benchmark's outputs: <name>.json (the data), .md (the table, also printed) and .png (`draw(path)`)."""
     out.mkdir(parents=True, exist_ok=True)

@@ -282,6 +282,11 @@ def predict_label(label: str, cfg, work: cm.Workload, hw: cm.Hardware) -> dict:
         raise NotModelled("mixed replicas: predict_diloco has every replica run all H inner updates")
     if d["replicas"] != hw.nodes:
         raise NotModelled(f"{d['replicas']} replicas on {hw.nodes} nodes: predict_diloco has one per node")
+    return predict_diloco(cfg, d, work, hw)
+
+
+def predict_diloco(cfg, d: dict, work: cm.Workload, hw: cm.Hardware) -> dict:
+    """predict_diloco for a run's outer settings `d` (diloco_settings), each fragment its share of work.params."""
     m = cfg.model
     sizes = cm.model_fragment_params(m.name, m.flavor, d["fragments"], m.vocab_size or cfg.tokenizer.vocab_size)
     sizes = [size * work.params / sum(sizes) for size in sizes]  # the fragments' shares of the probed parameters
@@ -316,12 +321,11 @@ def check_setting(strategies: dict, plan: ClusterPlan, extra: list[str], probed:
     factors = collective_factors(links, probed["collectives"])
     rows, skipped = {}, {}
     for label, measured in strategies.items():
-        if label not in STRATEGIES:
-            skipped[label] = "its trainer arguments are not among the speed benchmark's strategies"
-            continue
-        cfg = trainer_config([*STRATEGIES[label], *extra])  # the setting's arguments last, as speed's
-        t = traits(cfg)
         try:
+            if label not in STRATEGIES:
+                raise NotModelled("its trainer arguments are not among the speed benchmark's strategies")
+            cfg = trainer_config([*STRATEGIES[label], *extra])  # the setting's arguments last, as speed's
+            t = traits(cfg)
             shards_across_nodes(cfg, plan)
             work = workload(cfg, plan.world_size, inputs["params"])
             implementation = factors["rings" if t.communication == "sharded_job" else "gloo"]

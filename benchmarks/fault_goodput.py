@@ -23,6 +23,7 @@ import time
 from itertools import accumulate
 from pathlib import Path
 
+from benchmarks import common
 from benchmarks.cluster import ClusterPlan, host, preflight
 from benchmarks.cluster.launch import node_env, read_records
 from benchmarks.cluster.namespaces import Cluster
@@ -55,15 +56,9 @@ def agent(plan: ClusterPlan, i: int, args: list[str]) -> list[str]:
 
 def worker(replica: int) -> int | None:
     """The pid of `replica`'s training process (not its agent)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"torchacco.train" in cmdline and b"torchacco.launch" not in cmdline:
-            if f"{ENV_REPLICA}={replica}".encode() in environ:
-                return int(pid)
+    for pid, cmd, env, _ in common.trainers():
+        if b"torchacco.launch" not in cmd.split(b"\0") and env.get(ENV_REPLICA.encode()) == str(replica).encode():
+            return pid
     return None
 
 
@@ -110,15 +105,13 @@ class Injector:
         event = {"kind": kind}
         if kind == "kill":
             os.kill(pid, signal.SIGKILL)
-        elif kind == "cut":
+        else:  # a cut or a stall: begun mid-transfer, ended `outage_s` later
             port = ["ip", "-n", self.plan.switch, "link", "set", "p1"]
+            up = {"cut": lambda on: host.run([*port, "up" if on else "down"]),
+                  "stall": lambda on: os.kill(pid, signal.SIGCONT if on else signal.SIGSTOP)}[kind]  # fmt: skip
             event["mid_transfer"] = wait_for_transfer(pid)
-            host.run([*port, "down"])
-            self._undo = (time.monotonic() - started + self.outage_s, lambda: host.run([*port, "up"]))
-        else:
-            event["mid_transfer"] = wait_for_transfer(pid)
-            os.kill(pid, signal.SIGSTOP)
-            self._undo = (time.monotonic() - started + self.outage_s, lambda: os.kill(pid, signal.SIGCONT))
+            up(False)
+            self._undo = (time.monotonic() - started + self.outage_s, lambda: up(True))
         event["at_s"] = round(time.monotonic() - started, 1)
         self.events.append(event)
 
@@ -151,17 +144,13 @@ def run(plan: ClusterPlan, args: list[str], folder: Path, injector: Injector, ti
     records = read_records(folder)
     outer = [r for r in records if "outer_step" in r]
     heals = [tuple(map(float, m)) for m in HEALED.findall((folder / "node1.log").read_text())]
-    return {
-        "wall_s": wall,
-        "train_s": sum(update_s(r) for r in records),  # the survivor's updates, evaluation left out
-        "updates": len(records),
-        "merged_tokens": sum(r["outer_merged_tokens"] for r in outer),
-        "replicas_per_outer_step": [r["outer_replicas"] for r in outer],
-        "final_val_loss": next(r["val_loss"] for r in reversed(records) if "val_loss" in r),
-        "faults": injector.events,
-        "survivor_waits_s": survivor_waits(records),
-        "heals": [{"wait_and_copy_s": a, "mib": b, "copy_s": c} for a, b, c in heals],
-    }
+    # train_s: the survivor's updates, evaluation left out
+    return {"wall_s": wall, "train_s": sum(map(update_s, records)), "updates": len(records),
+            "merged_tokens": sum(r["outer_merged_tokens"] for r in outer),
+            "replicas_per_outer_step": [r["outer_replicas"] for r in outer],
+            "final_val_loss": next(r["val_loss"] for r in reversed(records) if "val_loss" in r),
+            "faults": injector.events, "survivor_waits_s": survivor_waits(records),
+            "heals": [{"wait_and_copy_s": a, "mib": b, "copy_s": c} for a, b, c in heals]}  # fmt: skip
 
 
 def markdown(result: dict) -> str:
@@ -173,33 +162,25 @@ def markdown(result: dict) -> str:
     listed = "; ".join(f"{f['at_s']:.0f} s: {said[f['kind']]}" + ("" if f.get("mid_transfer", True) else
                        " (no transfer seen within 60 s)") for f in faults)  # fmt: skip
     reused = f" The undisturbed run is from {calm['from']}." if "from" in calm else ""
-    lines = [
-        f"# Fault-tolerant DiLoCo under faults ({result['meta']['date']})",
-        "",
-        f"{result['meta']['machine']}; `{result['meta']['command']}`. Two replicas (one node each, "
-        f"{link:.0f} Mbit/s), {calm['updates']} updates; a fault on replica 1 every {result['every_s']:.0f} s "
-        f"({len(faults)} faults: {listed}).{reused}",
-        "",
-        "| | undisturbed | faulted | ratio |",
-        "|---|---:|---:|---:|",
-        f"| the survivor's training seconds | {calm['train_s']:.1f} | {hit['train_s']:.1f} | "
-        f"goodput **{calm['train_s'] / hit['train_s']:.3f}** |",
-        f"| wall seconds | {calm['wall_s']:.1f} | {hit['wall_s']:.1f} | {calm['wall_s'] / hit['wall_s']:.3f} |",
-        f"| loss tokens merged per wall second | {calm['merged_tokens'] / calm['wall_s']:,.0f} | "
-        f"{hit['merged_tokens'] / hit['wall_s']:,.0f} | "
-        f"{hit['merged_tokens'] / hit['wall_s'] / (calm['merged_tokens'] / calm['wall_s']):.3f} |",
-        f"| final validation loss (replica 0) | {calm['final_val_loss']:.4f} | {hit['final_val_loss']:.4f} | "
-        f"{hit['final_val_loss'] / calm['final_val_loss'] - 1:+.2%} |",
-        f"| outer steps with one replica | {hit['replicas_per_outer_step'].count(1)} of "
-        f"{len(hit['replicas_per_outer_step'])} | | |",
-        "",
-        f"The survivor's updates over 1 s: {', '.join(f'{w:g}' for w in hit['survivor_waits_s']) or 'none'} s "
-        f"(undisturbed: {', '.join(f'{w:g}' for w in calm['survivor_waits_s']) or 'none'}).",
-        "",
-        "| heal | wait for the round and copy (s) | copy alone (s) | state (MiB) | its bytes over the link (s) | "
-        "copy ÷ link |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
+    merged = [run["merged_tokens"] / run["wall_s"] for run in (calm, hit)]
+    waits = [", ".join(f"{w:g}" for w in run["survivor_waits_s"]) or "none" for run in (hit, calm)]
+    lines = [f"# Fault-tolerant DiLoCo under faults ({result['meta']['date']})", "",
+             f"{result['meta']['machine']}; `{result['meta']['command']}`. Two replicas (one node each, "
+             f"{link:.0f} Mbit/s), {calm['updates']} updates; a fault on replica 1 every {result['every_s']:.0f} s "
+             f"({len(faults)} faults: {listed}).{reused}", "",
+             "| | undisturbed | faulted | ratio |", "|---|---:|---:|---:|",
+             f"| the survivor's training seconds | {calm['train_s']:.1f} | {hit['train_s']:.1f} | "
+             f"goodput **{calm['train_s'] / hit['train_s']:.3f}** |",
+             f"| wall seconds | {calm['wall_s']:.1f} | {hit['wall_s']:.1f} | {calm['wall_s'] / hit['wall_s']:.3f} |",
+             f"| loss tokens merged per wall second | {merged[0]:,.0f} | {merged[1]:,.0f} | "
+             f"{merged[1] / merged[0]:.3f} |",
+             f"| final validation loss (replica 0) | {calm['final_val_loss']:.4f} | {hit['final_val_loss']:.4f} | "
+             f"{hit['final_val_loss'] / calm['final_val_loss'] - 1:+.2%} |",
+             f"| outer steps with one replica | {hit['replicas_per_outer_step'].count(1)} of "
+             f"{len(hit['replicas_per_outer_step'])} | | |", "",
+             f"The survivor's updates over 1 s: {waits[0]} s (undisturbed: {waits[1]}).", "",
+             "| heal | wait for the round and copy (s) | copy alone (s) | state (MiB) | its bytes over the link (s) | "
+             "copy ÷ link |", "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for i, (h, w) in enumerate(zip(heals, wire), 1):
         lines.append(f"| {i} | {h['wait_and_copy_s']:.1f} | {h['copy_s']:.2f} | {h['mib']:.1f} | {w:.2f} | "
                      f"{h['copy_s'] / w:.2f} |")  # fmt: skip
@@ -220,8 +201,8 @@ def draw(folder: Path, result: dict, path: Path) -> None:
         present.step([r["step"] for r in outer], [r["outer_replicas"] for r in outer], label=name, where="post")
     loss.set(xlabel="replica 0's training seconds", ylabel="training loss", title="the survivor")
     present.set(xlabel="update", ylabel="replicas in the outer step", ylim=(0, 2.5))
-    loss.legend()
-    present.legend()
+    for ax in (loss, present):
+        ax.legend()
     save_figure(fig, path)
 
 
@@ -264,13 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.out / "fault_goodput_runs"
         result = {"meta": meta("fault-goodput", argv), "link_mbit_s": args.rate, "seed": args.seed,
                   "every_s": args.every, "outage_s": args.outage_s}  # fmt: skip
-        if args.undisturbed_from:
-            result["undisturbed"] = earlier_undisturbed(args.undisturbed_from, args, folder / "undisturbed")
-        else:
-            result["undisturbed"] = run(plan, train, folder / "undisturbed", Injector(plan, kinds, 0, 0),
-                                        args.timeout_s)  # fmt: skip
-        injector = Injector(plan, kinds, args.every, args.outage_s)
-        result["faulted"] = run(plan, train, folder / "faulted", injector, args.timeout_s)
+        runs = lambda name, every, outage_s: run(plan, train, folder / name, Injector(plan, kinds, every, outage_s),
+                                                 args.timeout_s)  # fmt: skip
+        calm = args.undisturbed_from and earlier_undisturbed(args.undisturbed_from, args, folder / "undisturbed")
+        result["undisturbed"] = calm or runs("undisturbed", 0, 0)  # (no faults)
+        result["faulted"] = runs("faulted", args.every, args.outage_s)
         write_report(args.out, "fault_goodput", result, markdown(result), lambda path: draw(folder, result, path))
 
     return run_cli(measure)

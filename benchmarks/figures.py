@@ -47,21 +47,17 @@ def words(bps: float) -> str:
 @functools.cache
 def model_inputs(label: str, params: float):
     cfg = cmc.trainer_config(STRATEGIES[label])
-    d, m = cmc.diloco_settings(cfg), cfg.model
-    sizes = cm.model_fragment_params(m.name, m.flavor, d["fragments"], cfg.tokenizer.vocab_size) if d else None
-    return cfg, cmc.workload(cfg, 2, params), d, sizes
+    return cfg, cmc.workload(cfg, 2, params), cmc.diloco_settings(cfg)
 
 
 def step_s(label: str, rate: float, calibration: dict, slow: float = 1.0) -> float:
     """The cost model's seconds per update of `label` on 2 nodes at `rate`, one node `slow` times slower."""
-    cfg, work, d, sizes = model_inputs(label, calibration["params"])
+    cfg, work, d = model_inputs(label, calibration["params"])
     c = calibration["compute_per_update_s"] / work.micro_batches
     hw = cm.Hardware(nodes=2, bandwidth_bps=rate, compute_s=c, slow_factor=1.0 if d else slow, **cmc.MEASURED)
     if d is None:
         return cm.predict(work, hw, cmc.model_label(label, cfg))["step_time_s"]
-    shares = [s * work.params / sum(sizes) for s in sizes]
-    step = cm.predict_diloco(work, hw, d["inner"], d["sync_every"], d["fragments"], d["overlap_steps"],
-                             d["outer_dtype"], shares, d["topk"])["step_time_s"]  # fmt: skip
+    step = cmc.predict_diloco(cfg, d, work, hw)["step_time_s"]
     return step * 2 / (1 + 1 / slow) if d["balance_replicas"] else step  # the slow replica runs 1/slow of the updates
 
 

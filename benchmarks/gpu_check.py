@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from benchmarks.common import DDP, FSDP
+from benchmarks.common import DDP, FSDP, bare_parser, records, trainers
 from torchacco.errors import error_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,6 +174,11 @@ def nodes_env(ctx, label: str) -> dict:
     return env
 
 
+def on_nodes(ctx, label: str, out: str, *extra: str) -> tuple[str, list[str], dict]:
+    """A debug run over the check's GPUs, dumped in `out`, which also names its rendezvous."""
+    return label, train(ctx, out, *extra), nodes_env(ctx, out)
+
+
 def multi_plan(name: str, ctx, py: str, init: tuple) -> list[tuple[str, list[str], dict]]:
     n = ctx.nproc * ctx.nnodes
     batch = ("--training.global_batch_size", str(8 * n))  # 2 micro-batches of 4 per rank: acco's two periods
@@ -184,19 +189,18 @@ def multi_plan(name: str, ctx, py: str, init: tuple) -> list[tuple[str, list[str
         cpu = [(f"{k}_cpu", train(ctx, f"{k}_cpu", *kind(k), *init, *batch, device="cpu"), {**CPU, "NPROC": "2"})
                for k in (DDP, *compared())]  # fmt: skip
         compiled = lambda c: ("--model.compile", "true" if c == "compiled" else "false")  # noqa: E731
-        gpu = [(f"{k}_{c}", train(ctx, f"{k}_{c}", *kind(k), *init, *batch, *compiled(c)), nodes_env(ctx, f"{k}_{c}"))
+        gpu = [on_nodes(ctx, f"{k}_{c}", f"{k}_{c}", *kind(k), *init, *batch, *compiled(c))
                for k in (DDP, *compared()) for c in ("eager", "compiled")]  # fmt: skip
         return [start, *cpu, *gpu]
     if name == "acco-tp-pp":
         fifty = (*LLAMA, *kind(compared()[0]), *batch, "--training.steps", "50", "--metrics.log_every", "1")
-        tp = ("--parallelism.tensor_parallel_degree", "2")
-        return [(f"tp2_dp{n // 2}", train(ctx, "tp2", *fifty, *tp), nodes_env(ctx, "tp2")),
-                (f"tp2_pp2_dp{n // 4}", train(ctx, "tp2pp2", *fifty, *tp, "--parallelism.pipeline_parallel_degree",
-                                              "2"), nodes_env(ctx, "tp2pp2"))]  # fmt: skip
+        tp, pp = ("--parallelism.tensor_parallel_degree", "2"), ("--parallelism.pipeline_parallel_degree", "2")
+        return [on_nodes(ctx, f"tp2_dp{n // 2}", "tp2", *fifty, *tp),
+                on_nodes(ctx, f"tp2_pp2_dp{n // 4}", "tp2pp2", *fifty, *tp, *pp)]  # fmt: skip
     if name == "diloco-fsdp":
         diloco = ("--parallelism.replicas", "2", *kind(FSDP), *batch, "--training.steps", "12",
                   "--diloco.sync_every", "4", "--diloco.overlap_steps", "1")  # fmt: skip
-        return [(f"2x_fsdp{n // 2}", train(ctx, "diloco", *diloco), nodes_env(ctx, "diloco"))]
+        return [on_nodes(ctx, f"2x_fsdp{n // 2}", "diloco", *diloco)]
     if name == "memory-8b":
         data = ("--data.dataset", str(ctx.work / "corpus"), "--data.cache_dir", str(ctx.work / "cache"),
                 "--tokenizer.vocab_size", "400", "--training.global_batch_size", str(2 * n))  # fmt: skip
@@ -208,11 +212,11 @@ def multi_plan(name: str, ctx, py: str, init: tuple) -> list[tuple[str, list[str
     if name == "async-save-resume":
         save = (*kind(compared()[0]), *batch, *SAVE, "--checkpoint.async_save", "true")
         step3 = str(ctx.work / "saved" / "checkpoint" / "step-00000003")
-        saved, resumed = train(ctx, "saved", *save), train(ctx, "resumed", *save, "--checkpoint.load_path", step3)
-        return [("saved", saved, nodes_env(ctx, "saved")), ("resumed", resumed, nodes_env(ctx, "resumed"))]
+        return [on_nodes(ctx, "saved", "saved", *save),
+                on_nodes(ctx, "resumed", "resumed", *save, "--checkpoint.load_path", step3)]  # fmt: skip
     if name == "hung-collective":
         hang = (*batch, "--training.steps", "60", "--training.collective_timeout_s", "30")
-        return [(k, train(ctx, f"hung_{k}", *kind(k), *hang), nodes_env(ctx, f"hung_{k}")) for k in compared()[:2]]
+        return [on_nodes(ctx, k, f"hung_{k}", *kind(k), *hang) for k in compared()[:2]]
     if name == "torchft-nccl":
         ft = ("--parallelism.replicas", "2", *kind(DDP), *batch, "--training.steps", "9", "--diloco.sync_every",
               "3", "--diloco.fault_tolerant", "true", "--diloco.round_timeout_s", "20")  # fmt: skip
@@ -266,11 +270,8 @@ def validate(argv: list[str], env: dict) -> list[str]:
 
 def run_step(step: Step, ctx, limit: float, env: dict) -> dict:
     started = time.monotonic()
-    own = [sys.executable, "-m", "benchmarks.gpu_check", "_step", step.name, "--work", str(ctx.work)]
-    own += ["--titan-assets", str(ctx.titan_assets), "--wheels", str(ctx.wheels), "--limit-s", str(round(limit))]
-    own += [f"--{k.replace('_', '-')}={getattr(ctx, k)}"
-            for k in ("nproc", "nnodes", "node_rank", "master_addr", "master_port")]  # fmt: skip
-    argv = step.child or own
+    own = [sys.executable, "-m", "benchmarks.gpu_check", "_step", step.name, "--limit-s", str(round(limit))]
+    argv = step.child or own + [f"--{k.replace('_', '-')}={getattr(ctx, k)}" for k in SHARED]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env=env, start_new_session=True)  # fmt: skip
     timed_out = False
@@ -308,17 +309,12 @@ def commit() -> str | None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks gpu-check", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = bare_parser("gpu-check", __doc__)
     parser.add_argument("--steps", help="a comma-separated subset (default: all)")
     parser.add_argument("--budget-s", type=float, help="all steps' limits together (default: 780, a 15-min lease; "
                         "with --nproc > 1 the limits' sum)")  # fmt: skip
-    nodes(parser)
     parser.add_argument("--out", type=Path, default=ROOT / f"bench_results/gpu_check_{time.strftime('%Y-%m-%d')}.json")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/torchacco-gpu-check"), help="runs, corpus, site")
-    parser.add_argument("--wheels", type=Path, default=ROOT / ".whl-gpu", help="wheels to install (gpu_wheels.sh)")
-    parser.add_argument("--titan-assets", type=Path, default=ROOT / ".whl-gpu" / "titan",
-                        help="holds torchtitan's tests/assets/{tokenizer,c4_test}")  # fmt: skip
+    shared_options(parser, default=Path("/tmp/torchacco-gpu-check"))
     parser.add_argument("--dry-run", action="store_true", help="print the plan and check its commands; run nothing")
     args = parser.parse_args(argv)
     steps = MULTI if args.nproc > 1 else STEPS
@@ -414,8 +410,7 @@ def corpus(work: Path) -> None:
 
 
 def losses(folder: Path, key: str = "loss") -> list[float]:
-    metrics = folder / "metrics.jsonl"
-    return [json.loads(line)[key] for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return [r[key] for r in records(folder)]
 
 
 def rel_gap(a: list[float], b: list[float]) -> float:
@@ -543,18 +538,9 @@ def dump_folder(cmd: list[str]) -> Path:
 
 def workers(marker: str, state: str = "") -> dict[int, int]:
     """rank -> pid of this node's training workers whose command line holds `marker` (their dump folder), those in
-    process `state` (e.g. "T": stopped) only if given."""
-    found = {}
-    for p in Path("/proc").iterdir():
-        try:
-            cmd = (p / "cmdline").read_bytes() if p.name.isdigit() else b""
-            running = cmd and (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            if b"torchacco.train" in cmd and marker.encode() in cmd and running.startswith(state):
-                env = dict(x.split(b"=", 1) for x in (p / "environ").read_bytes().split(b"\0") if b"=" in x)
-                found[int(env[b"RANK"])] = int(p.name)
-        except (OSError, KeyError, ValueError, IndexError):  # gone, or the launcher (no RANK)
-            pass
-    return found
+    process `state` (e.g. "T": stopped) only if given (the launcher, without a RANK, is left out)."""
+    return {int(env[b"RANK"]): pid for pid, cmd, env, now in trainers()
+            if marker.encode() in cmd and now.startswith(state) and b"RANK" in env}  # fmt: skip
 
 
 def disturbed(cmd: list[str], env: dict, target, act, limit_s: float) -> tuple[int | None, str]:
@@ -760,7 +746,16 @@ RUNS = {"env": env_step, "cuda-tests": cuda_tests_step, "parity": parity_step, "
          "stall": stall_step, "torchtitan": titan_step}  # fmt: skip
 
 
-def nodes(parser: argparse.ArgumentParser) -> None:
+# the options that the parent passes on to each step's process (run_step)
+SHARED = ("work", "wheels", "titan_assets", "nproc", "nnodes", "node_rank", "master_addr", "master_port")
+
+
+def shared_options(parser: argparse.ArgumentParser, **work) -> None:
+    """The parent's and each step's options: the folders, and the nodes (`work`: how --work is given)."""
+    parser.add_argument("--work", type=Path, help="runs, corpus, site", **work)
+    parser.add_argument("--wheels", type=Path, default=ROOT / ".whl-gpu", help="wheels to install (gpu_wheels.sh)")
+    parser.add_argument("--titan-assets", type=Path, default=ROOT / ".whl-gpu" / "titan",
+                        help="holds torchtitan's tests/assets/{tokenizer,c4_test}")  # fmt: skip
     parser.add_argument("--nproc", type=int, default=1, help="GPUs per node: > 1 runs the multi-GPU check")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes, each running this check with its --node-rank")
     parser.add_argument("--node-rank", type=int, default=0)
@@ -772,11 +767,8 @@ def child(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("what", choices=("_step", "_titan"))
     parser.add_argument("name", nargs="?")
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--wheels", type=Path, default=ROOT / ".whl-gpu")
-    parser.add_argument("--titan-assets", type=Path, default=ROOT / ".whl-gpu" / "titan")
     parser.add_argument("--limit-s", type=float, default=600)
-    nodes(parser)
+    shared_options(parser, required=True)
     ctx = parser.parse_args(argv)
     if ctx.what == "_titan":
         return titan_run(ctx)
