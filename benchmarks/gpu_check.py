@@ -70,7 +70,8 @@ STEPS = [
 # with its --node-rank (node 0 checks the results; torchft-nccl is one node's)
 MULTI = [
     STEPS[0],
-    Step("parity", 420, "ddp, zero1, fsdp and acco at dp = N, compiled and eager, bf16, against the CPU's losses"),
+    Step("parity", 540, "ddp, zero1, fsdp and acco at dp = N, compiled and eager, bf16, against the CPU's losses; "
+         "zero1, fsdp and acco with Muon, eager (NCCL's point-to-point exchanges of straddling matrices)"),
     Step("acco-tp-pp", 240, "acco on llama3 debug at tp 2 × dp N/2 and tp 2 × pp 2 × dp N/4, 50 updates each"),
     Step("diloco-fsdp", 150, "DiLoCo, 2 replicas × fsdp N/2, τ = 1, 12 updates: outer steps, a falling loss"),
     Step("memory-8b", 300, "llama3 8B fsdp, 3 updates: rank 0's peak allocated and a memory snapshot vs the dry run"),
@@ -191,7 +192,11 @@ def multi_plan(name: str, ctx, py: str, init: tuple) -> list[tuple[str, list[str
         compiled = lambda c: ("--model.compile", "true" if c == "compiled" else "false")  # noqa: E731
         gpu = [on_nodes(ctx, f"{k}_{c}", f"{k}_{c}", *kind(k), *init, *batch, *compiled(c))
                for k in (DDP, *compared()) for c in ("eager", "compiled")]  # fmt: skip
-        return [start, *cpu, *gpu]
+        muon = ("--optimizer.name", "muon", *init, *batch)
+        muon_cpu = [(f"muon_{k}_cpu", train(ctx, f"muon_{k}_cpu", *kind(k), *muon, device="cpu"),
+                     {**CPU, "NPROC": "2"}) for k in compared()]  # fmt: skip
+        return [start, *cpu, *gpu, *muon_cpu, *(on_nodes(ctx, f"muon_{k}", f"muon_{k}", *kind(k), *muon)
+                                                for k in compared())]  # fmt: skip
     if name == "acco-tp-pp":
         fifty = (*LLAMA, *kind(compared()[0]), *batch, "--training.steps", "50", "--metrics.log_every", "1")
         tp, pp = ("--parallelism.tensor_parallel_degree", "2"), ("--parallelism.pipeline_parallel_degree", "2")
@@ -632,12 +637,14 @@ def multi_step(ctx) -> dict:
 
 
 def parity_checks(ctx, problems, runs, procs) -> None:
-    for kind in (DDP, *compared()):
-        for mode in ("eager", "compiled"):
-            gpu, cpu = losses(ctx.work / f"{kind}_{mode}"), losses(ctx.work / f"{kind}_cpu")
-            gap = rel_gap(gpu, cpu)
-            part(problems, f"{kind} {mode}: {gap:.3g} from the CPU's losses (allowed {BF16_REL})",
-                 check=f"{kind} {mode} vs cpu", ok=gap <= BF16_REL, gap=gap, cuda=gpu, cpu=cpu)  # fmt: skip
+    """Each GPU run against its CPU reference: four strategies eager and compiled, three of them with Muon."""
+    pairs = [(f"{k} {mode}", f"{k}_{mode}", f"{k}_cpu") for k in (DDP, *compared()) for mode in ("eager", "compiled")]
+    pairs += [(f"{k} muon", f"muon_{k}", f"muon_{k}_cpu") for k in compared()]
+    for name, gpu_run, cpu_run in pairs:
+        gpu, cpu = losses(ctx.work / gpu_run), losses(ctx.work / cpu_run)
+        gap = rel_gap(gpu, cpu)
+        part(problems, f"{name}: {gap:.3g} from the CPU's losses (allowed {BF16_REL})",
+             check=f"{name} vs cpu", ok=gap <= BF16_REL, gap=gap, cuda=gpu, cpu=cpu)  # fmt: skip
 
 
 def memory_checks(ctx, problems, runs, procs) -> None:

@@ -46,6 +46,8 @@ def test_the_multi_gpu_dry_run_plans_its_steps_in_order_on_one_node_and_two(caps
     assert [name for name, _ in planned(out)] == MULTI
     for kind in ("ddp", "zero1", "fsdp", "acco"):  # dp 8 on the GPUs, compiled and eager; the CPU's reference
         assert all(f"   {kind}_{mode}: NPROC='8' " in out for mode in ("eager", "compiled"))
+    for kind in ("zero1", "fsdp", "acco"):  # with Muon: dp 8 on the GPUs against 2 CPU ranks
+        assert f"   muon_{kind}: NPROC='8' " in out and f"   muon_{kind}_cpu: " in out
         assert f"   {kind}_cpu: CUDA_VISIBLE_DEVICES=''" in out
     assert "   tp2_dp4: " in out and "   tp2_pp2_dp2: " in out and "   2x_fsdp4: " in out
     assert "--dry-run 1x8" in out and "--checkpoint.async_save true" in out and "freeze@replica1" in out
