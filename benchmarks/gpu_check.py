@@ -70,8 +70,7 @@ STEPS = [
 # with its --node-rank (node 0 checks the results; torchft-nccl is one node's)
 MULTI = [
     STEPS[0],
-    Step("parity", 540, "ddp, zero1, fsdp and acco at dp = N, compiled and eager, bf16, against the CPU's losses; "
-         "zero1, fsdp and acco with Muon, eager (NCCL's point-to-point exchanges of straddling matrices)"),
+    Step("parity", 540, "ddp, zero1, fsdp, acco at dp = N, compiled and eager; zero1, fsdp, acco with Muon; vs CPU"),
     Step("acco-tp-pp", 240, "acco on llama3 debug at tp 2 × dp N/2 and tp 2 × pp 2 × dp N/4, 50 updates each"),
     Step("diloco-fsdp", 150, "DiLoCo, 2 replicas × fsdp N/2, τ = 1, 12 updates: outer steps, a falling loss"),
     Step("memory-8b", 300, "llama3 8B fsdp, 3 updates: rank 0's peak allocated and a memory snapshot vs the dry run"),
