@@ -33,9 +33,8 @@ def parse_signals(text: str) -> list[signal.Signals]:
     for name in (n.strip().upper() for n in text.split(",") if n.strip()):
         full = name if name.startswith("SIG") else "SIG" + name
         if full not in ALLOWED:
-            raise UserError(
-                f'[preemption] signals: {name!r} is not one of {", ".join(ALLOWED)}; e.g. signals = "SIGTERM,SIGUSR1"'
-            )
+            raise UserError(f'[preemption] signals: {name!r} is not one of {", ".join(ALLOWED)}; e.g. signals = '
+                            '"SIGTERM,SIGUSR1"')  # fmt: skip
         found.append(signal.Signals[full])
     if not found:
         raise UserError(
@@ -52,10 +51,8 @@ def check_config(p) -> None:
     if p.grace_s <= 0:
         raise UserError(f"[preemption] grace_s must be positive, got {p.grace_s:g}")
     if not 2 <= p.exit_code <= 125:
-        raise UserError(
-            f"[preemption] exit_code = {p.exit_code} must be between 2 and 125 (0 means success, 1 an error, "
-            "126 and above 'not run' or 'killed by a signal'); the default is 75"
-        )
+        raise UserError(f"[preemption] exit_code = {p.exit_code} must be between 2 and 125 (0 means success, 1 an "
+                        "error, 126 and above 'not run' or 'killed by a signal'); the default is 75")  # fmt: skip
 
 
 def exit_code(p, checkpoints: bool, signum: int) -> int:
@@ -148,11 +145,8 @@ class Preemption:
         name = signal.Signals(self.signum).name
         code = exit_code(self.cfg, checkpointer is not None, self.signum)
         if checkpointer is None:
-            raise Preempted(
-                f"stopped at step {step} on {name}; [checkpoint] enable = false, so nothing was saved and a relaunch "
-                f"starts over (exit code {code})",
-                code,
-            )
+            raise Preempted(f"stopped at step {step} on {name}; [checkpoint] enable = false, so nothing was saved and "
+                            f"a relaunch starts over (exit code {code})", code)  # fmt: skip
         start = time.perf_counter()
         self.heartbeat.enter(f"checkpoint save on {name} (step {step})")
         with record_function("torchacco/checkpoint_save"):
@@ -160,12 +154,9 @@ class Preemption:
                 checkpointer.save(step, state())
             checkpointer.wait()
         self._saved = True
-        raise Preempted(
-            f"stopped at step {step} on {name} and saved {checkpointer.folder / f'step-{step:08d}'} "
-            f"({time.perf_counter() - start:.1f} s); exit code {code}: requeue the job, the same command resumes "
-            "from there",
-            code,
-        )
+        raise Preempted(f"stopped at step {step} on {name} and saved {checkpointer.folder / f'step-{step:08d}'} "
+                        f"({time.perf_counter() - start:.1f} s); exit code {code}: requeue the job, the same command "
+                        "resumes from there", code)  # fmt: skip
 
     def _watchdog(self) -> None:
         self._signalled.wait()

@@ -57,10 +57,8 @@ def _check_folders_and_paths(cfg: Config, here: bool) -> None:
     for section, name in (("checkpoint", cfg.checkpoint.folder), ("profiling", cfg.profiling.folder)):
         folder = Path(name)
         if not name.strip() or folder.is_absolute() or ".." in folder.parts or folder == Path("."):
-            raise UserError(
-                f'[{section}] folder = {name!r} must name a folder inside the dump folder (e.g. "{section}"); to '
-                f"keep it elsewhere, choose --job.dump_folder there"
-            )
+            raise UserError(f"[{section}] folder = {name!r} must name a folder inside the dump folder (e.g. "
+                            f'"{section}"); to keep it elsewhere, choose --job.dump_folder there')  # fmt: skip
     check_preemption(cfg.preemption)
     if not here:
         return
@@ -92,10 +90,8 @@ def _check_training(cfg: Config, dp_size: int) -> None:
     if not 0 <= o.slow_beta < 1:
         raise UserError(f"[optimizer] slow_beta = {o.slow_beta:g} must be in [0, 1) (0: off), e.g. 0.99")
     if not 0 < o.slow_weight <= 1:
-        raise UserError(
-            f"[optimizer] slow_weight = {o.slow_weight:g} must be in (0, 1]; to step without the slow moment, set "
-            "slow_beta = 0"
-        )
+        raise UserError(f"[optimizer] slow_weight = {o.slow_weight:g} must be in (0, 1]; to step without the slow "
+                        "moment, set slow_beta = 0")  # fmt: skip
     _check_muon(o, cfg.parallelism, cfg.emulation.virtual_compute)
     check_activation_checkpoint(t.activation_checkpoint, t.selective_checkpoint)
     _check_strategy(cfg, dp_size)
@@ -115,10 +111,9 @@ def _check_muon(o, p, virtual_compute: bool) -> None:
                         f" and {o.ns_steps}")  # fmt: skip
     if p.tensor_parallel_degree > 1 and strategy_class(p.data_parallel).traits.overlapped:
         # the job's thread would gather matrices over the tp group while the compute's forward uses it
-        raise UserError(
-            "[optimizer] name = 'muon' with tensor parallelism needs a synchronous data_parallel strategy, not "
-            f"{p.data_parallel!r}; set tensor_parallel_degree = 1, another data_parallel, or name = 'adamw'"
-        )
+        raise UserError("[optimizer] name = 'muon' with tensor parallelism needs a synchronous data_parallel strategy, "
+                        f"not {p.data_parallel!r}; set tensor_parallel_degree = 1, another data_parallel, or name = "
+                        "'adamw'")  # fmt: skip
     if virtual_compute:
         raise UserError("[emulation] virtual_compute times AdamW only; with it, set [optimizer] name = 'adamw'")
 
@@ -128,15 +123,11 @@ def _check_emulation(cfg: Config) -> None:
     if not e.virtual_compute:
         return
     if e.forward_s <= 0 or e.backward_s <= 0 or e.optimizer_s_per_param < 0 or not 0 <= e.block_share <= 1:
-        raise UserError(
-            "[emulation] virtual_compute needs forward_s and backward_s > 0, optimizer_s_per_param >= 0 and "
-            "block_share in [0, 1]; `torchacco calibrate --config FILE` measures them"
-        )
+        raise UserError("[emulation] virtual_compute needs forward_s and backward_s > 0, optimizer_s_per_param >= 0 "
+                        "and block_share in [0, 1]; `torchacco calibrate --config FILE` measures them")  # fmt: skip
     if e.slow_factor < 1 or not all(r.strip().isdigit() for r in e.slow_ranks.split(",") if r.strip()):
-        raise UserError(
-            f'[emulation] slow_ranks = {e.slow_ranks!r} must list ranks (e.g. "2,3") and slow_factor = '
-            f"{e.slow_factor:g} be >= 1"
-        )
+        raise UserError(f'[emulation] slow_ranks = {e.slow_ranks!r} must list ranks (e.g. "2,3") and slow_factor = '
+                        f"{e.slow_factor:g} be >= 1")  # fmt: skip
     refused = {
         "an evaluation ([eval] every = 0)": cfg.eval.every,
         "compile ([model] compile = false)": cfg.model.compile,
@@ -156,11 +147,9 @@ def _check_strategy(cfg: Config, dp_size: int) -> None:
         which = able(lambda t: t.model_parallel)
         raise UserError(f"data_parallel = '{cls.name}' with {model_parallel} is not supported; use one of {which}")
     if p.balance_batches and not cls.traits.balances:
-        raise UserError(
-            f"[parallelism] balance_batches = true with data_parallel = '{cls.name}': its ranks must run the "
-            f"same micro-batches (collectives inside forward and backward); use one of {able(lambda t: t.balances)}, "
-            "or balance_batches = false"
-        )
+        raise UserError(f"[parallelism] balance_batches = true with data_parallel = '{cls.name}': its ranks must run "
+                        "the same micro-batches (collectives inside forward and backward); use one of "
+                        f"{able(lambda t: t.balances)}, or balance_batches = false")  # fmt: skip
     if p.balance_batches and model_parallel:
         raise UserError(
             f"[parallelism] balance_batches = true with {model_parallel} is not supported: tensor- and "
@@ -183,11 +172,9 @@ def _check_model(cfg: Config, model) -> None:
             "(ModelSpec.hf, e.g. models/<name>/hf.py); set export_hf = false, or add an adapter"
         )
     if cfg.training.seq_len > args.max_seq_len:
-        raise UserError(
-            f"[training] seq_len = {cfg.training.seq_len} exceeds the model's {args.max_seq_len} positions "
-            f"({cfg.model.name} {cfg.model.init_from or cfg.model.flavor}); use --training.seq_len "
-            f"{args.max_seq_len} or less"
-        )
+        raise UserError(f"[training] seq_len = {cfg.training.seq_len} exceeds the model's {args.max_seq_len} positions "
+                        f"({cfg.model.name} {cfg.model.init_from or cfg.model.flavor}); use --training.seq_len "
+                        f"{args.max_seq_len} or less")  # fmt: skip
 
 
 def _check_data(cfg: Config, own_data: bool) -> None:
@@ -195,10 +182,8 @@ def _check_data(cfg: Config, own_data: bool) -> None:
         path = getattr(cfg.data, key)
         if path and path != "embedded" and not Path(path).expanduser().exists():
             if not glob.has_magic(path):
-                raise UserError(
-                    f"[data] {key} path not found: {path} (a file, folder or glob pattern of .txt, .jsonl, .json "
-                    f"or .parquet files)"
-                )
+                raise UserError(f"[data] {key} path not found: {path} (a file, folder or glob pattern of .txt, .jsonl, "
+                                ".json or .parquet files)")  # fmt: skip
             if not glob.glob(str(Path(path).expanduser()), recursive=True):
                 raise UserError(f"[data] {key} = {path!r} matches no files; fix the pattern")
     if cfg.tokenizer.path and not Path(cfg.tokenizer.path).is_file():
@@ -223,17 +208,14 @@ def check_parallelism(p, world_size: int) -> int:
     if world_size % (n := replicas * tp * pp):
         factors = {"replicas": replicas} if replicas > 1 else {}  # named only when there are several
         factors |= {"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp}
-        raise UserError(
-            f"{world_size} ranks are not divisible by [parallelism] {' × '.join(factors)} = "
-            f"{' × '.join(map(str, factors.values()))} = {n}; launch a multiple of {n} ranks (NPROC × NNODES) or "
-            f"change {'replicas' if replicas > 1 else 'the degrees'}"
-        )
+        raise UserError(f"{world_size} ranks are not divisible by [parallelism] {' × '.join(factors)} = "
+                        f"{' × '.join(map(str, factors.values()))} = {n}; launch a multiple of {n} ranks (NPROC × "
+                        f"NNODES) or change {'replicas' if replicas > 1 else 'the degrees'}")  # fmt: skip
     if p.bucket_cap_mb < 0:
         raise UserError(f"[parallelism] bucket_cap_mb must be 0 (torch's default) or positive, got {p.bucket_cap_mb:g}")
     if p.pipeline_microbatches < 0:
-        raise UserError(
-            f"[parallelism] pipeline_microbatches must be 0 (auto) or positive, got {p.pipeline_microbatches}"
-        )
+        raise UserError("[parallelism] pipeline_microbatches must be 0 (auto) or positive, got "
+                        f"{p.pipeline_microbatches}")  # fmt: skip
     return world_size // n
 
 
@@ -244,15 +226,11 @@ def _check_profiling(p, device: str) -> None:
         if getattr(p, key) < 1:
             raise UserError(f"[profiling] {key} must be at least 1, got {getattr(p, key)}")
     if p.every and p.every <= p.active_steps:
-        raise UserError(
-            f"[profiling] every = {p.every} must exceed active_steps = {p.active_steps} (a trace spans "
-            "active_steps updates, plus one to warm the profiler up), or be 0 (trace once)"
-        )
+        raise UserError(f"[profiling] every = {p.every} must exceed active_steps = {p.active_steps} (a trace spans "
+                        "active_steps updates, plus one to warm the profiler up), or be 0 (trace once)")  # fmt: skip
     if p.memory_snapshot and (device == "cpu" or not torch.cuda.is_available()):
-        raise UserError(
-            "[profiling] memory_snapshot records the CUDA allocator's history and this run has no GPU; "
-            "set memory_snapshot = false (peak memory is in metrics.jsonl as memory_gib)"
-        )
+        raise UserError("[profiling] memory_snapshot records the CUDA allocator's history and this run has no GPU; set "
+                        "memory_snapshot = false (peak memory is in metrics.jsonl as memory_gib)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None, world_size: int | None = None, local_world_size: int | None = None) -> int:

@@ -112,10 +112,8 @@ class UpdatePlan:
             ranks = f"data-parallel ranks = {t.local_batch_size} × {dp_size}"
             if replicas > 1:
                 ranks = f"data-parallel ranks × replicas = {t.local_batch_size} × {dp_size} × {replicas}"
-            raise UserError(
-                f"[training] global_batch_size = {t.global_batch_size} is not divisible by local_batch_size × "
-                f"{ranks} = {per_step}; use a multiple of {per_step}"
-            )
+            raise UserError(f"[training] global_batch_size = {t.global_batch_size} is not divisible by "
+                            f"local_batch_size × {ranks} = {per_step}; use a multiple of {per_step}")  # fmt: skip
         global_batch = t.global_batch_size or per_step
         tokens_per_step = global_batch * t.seq_len / replicas
         schedule = TokenSchedule(
