@@ -58,9 +58,8 @@ def export(cfg, run_dir: Path, checkpoint: Path | None, out: Path | None) -> Pat
         checkpointer = Checkpointer(run_dir / cfg.checkpoint.folder, dims.rank, keep=0, async_save=False)
         checkpoint = checkpoint or checkpointer.latest()
         if checkpoint is None:
-            raise UserError(
-                f"no checkpoint in {run_dir / cfg.checkpoint.folder}; train with [checkpoint] enable = true"
-            )
+            raise UserError(f"no checkpoint in {run_dir / cfg.checkpoint.folder}; "
+                            "train with [checkpoint] enable = true")  # fmt: skip
         tokenizer, _, _ = build_data(cfg.data, cfg.tokenizer, cfg.training.seq_len, cfg.training.seed, dims)
         spec = get_model_spec(cfg.model.name)
         model = build_model(spec, cfg.model, tokenizer.vocab_size, cfg.training.seed, device)

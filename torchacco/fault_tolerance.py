@@ -64,10 +64,9 @@ def check_config(d, replicas: int) -> None:
                (d.outer_momentum_decay, "outer_momentum_decay = false")]  # fmt: skip
     for value, fix in refused:
         if value:
-            raise UserError(
-                f"[diloco] fault_tolerant runs each outer step as one round of the replicas present, which may run "
-                f"again, after a committed update; set {fix}, or fault_tolerant = false"
-            )
+            raise UserError("[diloco] fault_tolerant runs each outer step as one round of "
+                            "the replicas present, which may run again, after a committed "
+                            f"update; set {fix}, or fault_tolerant = false")  # fmt: skip
     if d.outer_dtype != "fp32":
         raise UserError("[diloco] fault_tolerant sends the pseudo-gradient as one fp32 all-reduce over torchft's group "
                         f"(its gathers are not yet wired); set outer_dtype = 'fp32' (got {d.outer_dtype!r}), or "
@@ -90,10 +89,9 @@ def check_config(d, replicas: int) -> None:
 def lighthouse_address(options) -> str:
     address = options.lighthouse or os.environ.get(ENV_LIGHTHOUSE, "")
     if not address:
-        raise UserError(
-            "[diloco] fault_tolerant needs a lighthouse: start ./run_train.sh on one machine (it starts one), or "
-            f"run `torchacco lighthouse` and set {ENV_LIGHTHOUSE} or [diloco] lighthouse"
-        )
+        raise UserError("[diloco] fault_tolerant needs a lighthouse: start ./run_train.sh "
+                        "on one machine (it starts one), or run `torchacco lighthouse` "
+                        f"and set {ENV_LIGHTHOUSE} or [diloco] lighthouse")  # fmt: skip
     url = urlparse(address if "://" in address else f"http://{address}")
     deadline = time.monotonic() + 15.0
     while True:  # one line now, rather than a quorum that times out in half an hour

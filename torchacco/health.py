@@ -162,10 +162,9 @@ def behind(beats: dict[int, dict], named: int = 4) -> str | None:
         waiting += "" if len(ahead) == 1 else (" are" if len(ahead) <= named else f" and {len(ahead) - named} more are")
         for r in late:
             late_ranks.add(r)
-            said.append(
-                f"rank {r} has not entered the {op} that {waiting} in (their reduce-scatter or all-gather #{most}; "
-                f"rank {r} entered {entered[r][0]}): rank {r} is alive, in {beats[r]['where']}"
-            )
+            said.append(f"rank {r} has not entered the {op} that {waiting} in (their "
+                        f"reduce-scatter or all-gather #{most}; rank {r} entered {entered[r][0]}): "
+                        f"rank {r} is alive, in {beats[r]['where']}")  # fmt: skip
     if not said:
         return None
     more = f"; and {len(said) - named} more ranks behind" if len(said) > named else ""

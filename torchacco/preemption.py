@@ -37,9 +37,8 @@ def parse_signals(text: str) -> list[signal.Signals]:
                             '"SIGTERM,SIGUSR1"')  # fmt: skip
         found.append(signal.Signals[full])
     if not found:
-        raise UserError(
-            '[preemption] signals is empty; name one or more (e.g. "SIGTERM,SIGUSR1") or set enable = false'
-        )
+        raise UserError("[preemption] signals is empty; name one or more (e.g. "
+                        '"SIGTERM,SIGUSR1") or set enable = false')  # fmt: skip
     return found
 
 

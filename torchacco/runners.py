@@ -73,9 +73,8 @@ class ThreadRunner:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
             left_stuck.set()
-            raise Stalled(
-                f"the communication job made no progress for {timeout_s:.0f} s (Timed out waiting for it)"
-            ) from None
+            raise Stalled(f"the communication job made no progress for {timeout_s:.0f} "
+                          "s (Timed out waiting for it)") from None  # fmt: skip
 
     def abandon(self) -> None:
         """Forget the job in flight (while another error ends the run): nothing waits for it."""

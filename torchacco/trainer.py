@@ -206,21 +206,16 @@ def _model(cfg: Config, spec, device: Device, kind: ModelKind, model, vocab: int
 
 
 def parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn, plan, init=None):
-    """Model parallelism, then the data-parallel strategy: (strategy, pipeline or None). `init` allocates a model built
-    on meta: run by the strategy's build (for FSDP, after sharding), so each rank allocates only its part."""
-    model, pipeline = _model_parallel(cfg, spec, dims, device, model, loss_fn)
-    return build_strategy(model, cfg, dims, plan, device, init), pipeline
-
-
-def _model_parallel(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss):
-    """torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile."""
+    """torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile; then the data-parallel
+    strategy: (strategy, pipeline or None). `init` allocates a model built on meta: run by the strategy's build (for
+    FSDP, after sharding), so each rank allocates only its part."""
     t = cfg.training
-    model, pipeline = apply_model_parallel(model, spec, cfg.parallelism, cfg.model, cfg.training, dims, device, loss_fn)
+    model, pipeline = apply_model_parallel(model, spec, cfg.parallelism, cfg.model, t, dims, device, loss_fn)
     apply_activation_checkpoint(block_list(model), t.activation_checkpoint, t.selective_checkpoint)
     if cfg.model.compile:
         for unit in compile_units(model):
             unit.compile()
-    return model, pipeline
+    return build_strategy(model, cfg, dims, plan, device, init), pipeline
 
 
 def _replicas(cfg: Config, dims: ParallelDims) -> str:

@@ -67,10 +67,9 @@ def _check_folders_and_paths(cfg: Config, here: bool) -> None:
     if cfg.checkpoint.load_path and not Path(cfg.checkpoint.load_path).is_dir():
         raise UserError(f"[checkpoint] load_path not found: {cfg.checkpoint.load_path} (a step-N checkpoint folder)")
     if cfg.model.init_from and not (Path(cfg.model.init_from) / "config.json").is_file():
-        raise UserError(
-            f"[model] init_from = {cfg.model.init_from} is not a Hugging Face folder with a config.json; "
-            "point it at a folder exported by torchacco (<dump_folder>/hf) or downloaded from the Hub"
-        )
+        raise UserError(f"[model] init_from = {cfg.model.init_from} is not a Hugging Face "
+                        "folder with a config.json; point it at a folder exported by "
+                        "torchacco (<dump_folder>/hf) or downloaded from the Hub")  # fmt: skip
 
 
 def _check_training(cfg: Config, dp_size: int) -> None:
@@ -103,9 +102,8 @@ def _check_muon(o, p, virtual_compute: bool) -> None:
     if o.name != "muon":
         return
     if o.slow_beta:
-        raise UserError(
-            "[optimizer] slow_beta is AdamW's slow moment, not Muon's; with name = 'muon' set slow_beta = 0"
-        )
+        raise UserError("[optimizer] slow_beta is AdamW's slow moment, not Muon's; "
+                        "with name = 'muon' set slow_beta = 0")  # fmt: skip
     if not 0 <= o.muon_momentum < 1 or not 1 <= o.ns_steps < 100:
         raise UserError(f"[optimizer] muon_momentum must be in [0, 1) and ns_steps in [1, 99], got {o.muon_momentum:g}"
                         f" and {o.ns_steps}")  # fmt: skip
@@ -151,10 +149,9 @@ def _check_strategy(cfg: Config, dp_size: int) -> None:
                         "the same micro-batches (collectives inside forward and backward); use one of "
                         f"{able(lambda t: t.balances)}, or balance_batches = false")  # fmt: skip
     if p.balance_batches and model_parallel:
-        raise UserError(
-            f"[parallelism] balance_batches = true with {model_parallel} is not supported: tensor- and "
-            "pipeline-parallel peers must run the same micro-batches; set balance_batches = false"
-        )
+        raise UserError(f"[parallelism] balance_batches = true with {model_parallel} is "
+                        "not supported: tensor- and pipeline-parallel peers must run the "
+                        "same micro-batches; set balance_batches = false")  # fmt: skip
     sections = {"training": cfg.training, "optimizer": cfg.optimizer, "lr_schedule": cfg.lr_schedule}
     if reason := cls.check_config(dp_size, model_parallel, options=cfg.options(cls.traits.options), **sections):
         raise UserError(reason)
@@ -167,10 +164,9 @@ def _check_model(cfg: Config, model) -> None:
     args = model.args if model is not None else model_args(spec, cfg.model)
     check_model_parallel(spec, args, cfg.parallelism, cfg.model, cfg.training)
     if cfg.checkpoint.export_hf and spec.hf is None:
-        raise UserError(
-            f"[checkpoint] export_hf = true but model {cfg.model.name} has no Hugging Face adapter "
-            "(ModelSpec.hf, e.g. models/<name>/hf.py); set export_hf = false, or add an adapter"
-        )
+        raise UserError(f"[checkpoint] export_hf = true but model {cfg.model.name} has no "
+                        "Hugging Face adapter (ModelSpec.hf, e.g. models/<name>/hf.py); "
+                        "set export_hf = false, or add an adapter")  # fmt: skip
     if cfg.training.seq_len > args.max_seq_len:
         raise UserError(f"[training] seq_len = {cfg.training.seq_len} exceeds the model's {args.max_seq_len} positions "
                         f"({cfg.model.name} {cfg.model.init_from or cfg.model.flavor}); use --training.seq_len "

@@ -244,16 +244,12 @@ class Theta(Protocol):
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """The fp32 tensors this rank keeps θ in (its shard, for a sharded strategy), by parameter
         name in the model's order. Writing them sets θ; `refresh_copies()` then refreshes what derives from it."""
-        ...
 
     def refresh_copies(self) -> None:
         """The pieces were written: refresh the compute parameters that are copies of them."""
-        ...
 
     def weights_state_dict(self) -> dict:
         """The part of the strategy's `state_dict()` that holds θ (what an export loads)."""
-        ...
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """θ as full fp32 tensors by parameter name (a collective)."""
-        ...
