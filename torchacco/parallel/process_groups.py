@@ -7,7 +7,6 @@ import contextlib
 import ipaddress
 import os
 import socket
-import threading
 import time
 import uuid
 from datetime import timedelta
@@ -62,21 +61,15 @@ def dump_flight_recorder(dump_folder: Path, rank: int, dump=None, timeout_s: flo
     env = os.environ
     prefix = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     path = Path(f"{prefix or dump_folder / FLIGHT_RECORDER / 'rank_'}{rank}")
-    written = []
 
-    def write() -> None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)  # on this node's disk too
-            path.write_bytes(dump())
-            written.append(path)
-        except (OSError, RuntimeError):
-            pass  # the diagnosis matters more than its evidence
+    def write() -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)  # on this node's disk too
+        path.write_bytes(dump())
+        return path
 
-    # With a deadline: a watchdog stuck beside the hang may hold the recorder's lock, and the diagnosis must go first.
-    writer = threading.Thread(target=write, name="torchacco-flight-recorder", daemon=True)
-    writer.start()
-    writer.join(timeout_s)
-    return written[0] if written else None
+    # With a deadline: a watchdog stuck beside the hang may hold the recorder's lock, and the diagnosis must go first
+    # (which matters more than its evidence: a failed write is dropped).
+    return health.within(write, timeout_s, "torchacco-flight-recorder", errors=(OSError, RuntimeError))
 
 
 def init_distributed(device: Device, timeout_s: float = 1800.0, tp=1, pp=1, replicas=1, job=None) -> ParallelDims:
