@@ -89,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> None:
         if not (opts.run_dir / "config.toml").is_file():
-            raise UserError(f"{opts.run_dir} is not a torchacco run folder (no config.toml); pass the run's "
-                            "--job.dump_folder")  # fmt: skip
+            raise UserError(f"{opts.run_dir} is not a torchacco run folder (no "
+                            "config.toml); pass the run's --job.dump_folder")  # fmt: skip
         cfg = load_config(["--config", str(opts.run_dir / "config.toml"), "--checkpoint.export_dtype", opts.dtype])
         p = cfg.parallelism
         if has_outer_step(p.replicas, cfg.diloco):
             raise UserError(f"{opts.run_dir} trained with DiLoCo's outer step ({p.replicas} replicas), whose "
-                            "checkpoints are not exported offline yet; the run itself exports θ_global at its end with "
-                            "[checkpoint] export_hf = true (docs/diloco.md)")  # fmt: skip
+                            "checkpoints are not exported offline yet; the run itself exports θ_global at "
+                            "its end with [checkpoint] export_hf = true (docs/diloco.md)")  # fmt: skip
         ranks = p.tensor_parallel_degree * p.pipeline_parallel_degree
         if ranks > 1 and "RANK" not in os.environ:  # again, on one CPU process per (pp, tp) coordinate
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]

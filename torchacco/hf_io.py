@@ -100,8 +100,8 @@ def save_hf(
 def _adapter_spec(model_name: str) -> ModelSpec:
     spec = get_model_spec(model_name)
     if spec.hf is None:
-        raise UserError(f"model {model_name} has no Hugging Face adapter (models/{model_name}/hf.py); export is "
-                        "unavailable")  # fmt: skip
+        raise UserError(f"model {model_name} has no Hugging Face adapter "
+                        f"(models/{model_name}/hf.py); export is unavailable")  # fmt: skip
     return spec
 
 
@@ -114,8 +114,8 @@ def _check_replaceable(folder: Path) -> None:
     ours = {CONFIG, WEIGHTS, INDEX, TOKENIZER, TOKENIZER_CONFIG, "generation_config.json"}
     other = [p.name for p in folder.iterdir() if p.name not in ours and not p.name.endswith(".safetensors")]
     if other:
-        raise UserError(f"export folder {folder} exists and holds other files ({', '.join(sorted(other)[:3])}); choose "
-                        "a new or empty folder")  # fmt: skip
+        raise UserError(f"export folder {folder} exists and holds other files "
+                        f"({', '.join(sorted(other)[:3])}); choose a new or empty folder")  # fmt: skip
 
 
 def _swap_into_place(tmp: Path, folder: Path) -> None:
@@ -200,11 +200,11 @@ def load_hf(folder, model_name: str | None = None, lazy: bool = False) -> tuple[
     model_type = config.get("model_type")
     name = _HF_MODEL_TYPES.get(model_type)
     if name is None:
-        raise UserError(f"{config_path}: model_type {model_type!r} is not supported; torchacco reads: "
-                        f"{', '.join(_HF_MODEL_TYPES)}")  # fmt: skip
+        raise UserError(f"{config_path}: model_type {model_type!r} is not supported; "
+                        f"torchacco reads: {', '.join(_HF_MODEL_TYPES)}")  # fmt: skip
     if model_name not in (None, name):
-        raise UserError(f"{folder} holds a {model_type} model ({name}), but the config asks for '{model_name}'; set "
-                        f'[model] name = "{name}" or point at a {model_name} folder')  # fmt: skip
+        raise UserError(f"{folder} holds a {model_type} model ({name}), but the config asks for '{model_name}'; "
+                        f'set [model] name = "{name}" or point at a {model_name} folder')  # fmt: skip
     spec = _adapter_spec(name)
     try:
         args = spec.hf.args_from_hf_config(config)
@@ -229,29 +229,29 @@ def _read_safetensors(folder: Path, lazy: bool) -> dict[str, torch.Tensor]:
             raise UserError(f"{index_path} is not a valid safetensors index ({e}); re-export the model") from None
         files = list(dict.fromkeys(weight_map.values()))
         if lost := [f for f in files if not (folder / f).is_file()]:
-            raise UserError(f"{index_path} lists shard {lost[0]}, which is missing from {folder}; copy the whole "
-                            "folder or re-export it")  # fmt: skip
+            raise UserError(f"{index_path} lists shard {lost[0]}, which is missing from "
+                            f"{folder}; copy the whole folder or re-export it")  # fmt: skip
     elif (folder / WEIGHTS).is_file():
         files, weight_map = [WEIGHTS], None
     else:
         files, weight_map = sorted(p.name for p in folder.glob("*.safetensors")), None
         if not files:
-            raise UserError(f"{folder} has no safetensors weights ({WEIGHTS} or {INDEX}); export the model with "
-                            "safetensors (PyTorch .bin files are not read)")  # fmt: skip
+            raise UserError(f"{folder} has no safetensors weights ({WEIGHTS} or {INDEX}); export the "
+                            "model with safetensors (PyTorch .bin files are not read)")  # fmt: skip
 
     sd = {}
     for f in files:
         try:
             tensors = on_disk(folder / f) if lazy else load_file(folder / f)
         except Exception as e:  # SafetensorError, OSError: a truncated or foreign file
-            raise UserError(f"cannot read {folder / f} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); the "
-                            "file is corrupted or incomplete: re-export or re-download it") from None  # fmt: skip
+            raise UserError(f"cannot read {folder / f} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                            "the file is corrupted or incomplete: re-export or re-download it") from None  # fmt: skip
         if dup := sd.keys() & tensors.keys():
             raise UserError(f"tensor '{sorted(dup)[0]}' appears in more than one shard of {folder}; re-export it")
         sd.update(tensors)
     if weight_map is not None and (missing := set(weight_map) - set(sd)):
-        raise UserError(f"{index_path} maps tensor '{sorted(missing)[0]}' to a shard that does not hold it; re-export "
-                        "the model")  # fmt: skip
+        raise UserError(f"{index_path} maps tensor '{sorted(missing)[0]}' to a shard "
+                        "that does not hold it; re-export the model")  # fmt: skip
     return sd
 
 
@@ -260,14 +260,14 @@ def _check_against_args(spec: ModelSpec, args, sd: dict[str, torch.Tensor], fold
     with torch.device("meta"):
         expected = spec.model_cls(args).state_dict()
     if missing := [k for k in expected if k not in sd]:
-        raise UserError(f"{folder} lacks tensor '{missing[0]}' (and {len(missing) - 1} more) that its config.json "
-                        "implies; the export is incomplete")  # fmt: skip
+        raise UserError(f"{folder} lacks tensor '{missing[0]}' (and {len(missing) - 1} more) "
+                        "that its config.json implies; the export is incomplete")  # fmt: skip
     if unexpected := [k for k in sd if k not in expected]:
         raise UserError(f"{folder} has tensor '{unexpected[0]}' that a model with its config.json has no place for")
     for k, t in expected.items():
         if sd[k].shape != t.shape:
-            raise UserError(f"{folder}: tensor '{k}' has shape {tuple(sd[k].shape)}, but config.json implies "
-                            f"{tuple(t.shape)}; the folder is inconsistent")  # fmt: skip
+            raise UserError(f"{folder}: tensor '{k}' has shape {tuple(sd[k].shape)}, but config.json "
+                            f"implies {tuple(t.shape)}; the folder is inconsistent")  # fmt: skip
     return list(expected)
 
 
@@ -280,11 +280,11 @@ def load_into(model: nn.Module, state_dict: dict) -> None:
             raise UserError(f"weights tensor '{k}' has shape {tuple(state_dict[k].shape)}, which does not match the "
                             f"configured model: {tuple(t.shape)}; check [model] flavor / vocab_size")  # fmt: skip
     if missing := [k for k in expected if k not in state_dict]:
-        raise UserError(f"the weights lack tensor '{missing[0]}' ({len(missing)} missing) that the configured model "
-                        "has; check [model] name / flavor")  # fmt: skip
+        raise UserError(f"the weights lack tensor '{missing[0]}' ({len(missing)} missing) that "
+                        "the configured model has; check [model] name / flavor")  # fmt: skip
     if unexpected := [k for k in state_dict if k not in expected]:
-        raise UserError(f"the weights have tensor '{unexpected[0]}' ({len(unexpected)} unexpected) that the configured "
-                        "model lacks; check [model] name / flavor / n_layers")  # fmt: skip
+        raise UserError(f"the weights have tensor '{unexpected[0]}' ({len(unexpected)} unexpected) that "
+                        "the configured model lacks; check [model] name / flavor / n_layers")  # fmt: skip
     with torch.no_grad():
         for k, t in expected.items():
             if t.is_meta:  # a layer another pipeline stage holds

@@ -192,14 +192,14 @@ def launch(errors: Path) -> int:
         for line in unprinted_errors(errors):
             print(line, file=sys.stderr)
         rank, failure = min(e.failures.items())
-        print(f"torchacco: {len(e.failures)} worker(s) failed (first: rank {rank}, {describe(failure.exitcode)}); see "
-              "the messages above", file=sys.stderr)  # fmt: skip
+        print(f"torchacco: {len(e.failures)} worker(s) failed (first: rank {rank}, "
+              f"{describe(failure.exitcode)}); see the messages above", file=sys.stderr)  # fmt: skip
         return 1
     except RendezvousError as e:
         print_error(f"the nodes did not all join the rendezvous ({type(e).__name__}: "
-                    f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else 'no detail'}); check that NNODES "
-                    "nodes were started with the same MASTER_ADDR, MASTER_PORT and RDZV_ID, that node 0 is reachable "
-                    "on MASTER_PORT, and RDZV_TIMEOUT")  # fmt: skip
+                    f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else 'no detail'}); "
+                    "check that NNODES nodes were started with the same MASTER_ADDR, MASTER_PORT and "
+                    "RDZV_ID, that node 0 is reachable on MASTER_PORT, and RDZV_TIMEOUT")  # fmt: skip
         return 1
     return 0
 

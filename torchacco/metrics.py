@@ -81,8 +81,8 @@ class MetricsLogger:
         parts.append(f"data/compute/sync {r['share_data']:.0%}/{r['share_compute']:.0%}/{r['share_sync']:.0%}")
         if "overlap" in r:  # overlapped schedules (acco, dpu, wp)
             mb = r["micro_batches_per_rank"]
-            parts.append(f"exposed comm {r['exposed_comm_s']:.3f}s overlap {r['overlap']:.0%} micro-batches "
-                         f"{min(mb)}-{max(mb)}")  # fmt: skip
+            parts.append(f"exposed comm {r['exposed_comm_s']:.3f}s overlap "
+                         f"{r['overlap']:.0%} micro-batches {min(mb)}-{max(mb)}")  # fmt: skip
         if "estimate_drift" in r:
             parts.append(f"|θ̃-θ|/|θ| {r['estimate_drift']:.2e}")
         if r.get("skipped"):

@@ -33,8 +33,8 @@ def parse_signals(text: str) -> list[signal.Signals]:
     for name in (n.strip().upper() for n in text.split(",") if n.strip()):
         full = name if name.startswith("SIG") else "SIG" + name
         if full not in ALLOWED:
-            raise UserError(f'[preemption] signals: {name!r} is not one of {", ".join(ALLOWED)}; e.g. signals = '
-                            '"SIGTERM,SIGUSR1"')  # fmt: skip
+            raise UserError(f'[preemption] signals: {name!r} is not one of {", ".join(ALLOWED)}; '
+                            'e.g. signals = "SIGTERM,SIGUSR1"')  # fmt: skip
         found.append(signal.Signals[full])
     if not found:
         raise UserError("[preemption] signals is empty; name one or more (e.g. "
@@ -144,8 +144,8 @@ class Preemption:
         name = signal.Signals(self.signum).name
         code = exit_code(self.cfg, checkpointer is not None, self.signum)
         if checkpointer is None:
-            raise Preempted(f"stopped at step {step} on {name}; [checkpoint] enable = false, so nothing was saved and "
-                            f"a relaunch starts over (exit code {code})", code)  # fmt: skip
+            raise Preempted(f"stopped at step {step} on {name}; [checkpoint] enable = false, so nothing "
+                            f"was saved and a relaunch starts over (exit code {code})", code)  # fmt: skip
         start = time.perf_counter()
         self.heartbeat.enter(f"checkpoint save on {name} (step {step})")
         with record_function("torchacco/checkpoint_save"):
@@ -154,8 +154,8 @@ class Preemption:
             checkpointer.wait()
         self._saved = True
         raise Preempted(f"stopped at step {step} on {name} and saved {checkpointer.folder / f'step-{step:08d}'} "
-                        f"({time.perf_counter() - start:.1f} s); exit code {code}: requeue the job, the same command "
-                        "resumes from there", code)  # fmt: skip
+                        f"({time.perf_counter() - start:.1f} s); exit code {code}: requeue the job, the same "
+                        "command resumes from there", code)  # fmt: skip
 
     def _watchdog(self) -> None:
         self._signalled.wait()

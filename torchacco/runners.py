@@ -150,6 +150,6 @@ def wait_for_event(event, timeout_s: float | None, waited_s: float = 0.0, poll_s
     while not event.query():
         if deadline is not None and time.monotonic() > deadline:
             left_stuck.set()  # kernels still queued behind the hung collective
-            raise Stalled(f"the communication job's kernels made no progress for {waited_s + timeout_s:.0f} s (Timed "
-                          "out waiting for it)")  # fmt: skip
+            raise Stalled("the communication job's kernels made no progress for "
+                          f"{waited_s + timeout_s:.0f} s (Timed out waiting for it)")  # fmt: skip
         time.sleep(poll_s)

@@ -152,10 +152,10 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     strategy, pipeline = parallelize(cfg, spec, dims, device, model, loss_fn, plan, init)
     run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline, n_params)
     run.log.info(f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | {strategy.name} × "
-                 f"{dims.dp_size}{model_parallel_label(dims, strategy.model)}{_replicas(cfg, dims)} on {device.name} | "
-                 f"{str(dtype).removeprefix('torch.')} | batch "
-                 f"{plan.tokens_per_update * dims.replicas // t.seq_len:.0f} × {t.seq_len} (accumulation "
-                 f"{plan.micro_batches}) | {t.steps} steps | {folder}")  # fmt: skip
+                 f"{dims.dp_size}{model_parallel_label(dims, strategy.model)}{_replicas(cfg, dims)} "
+                 f"on {device.name} | {str(dtype).removeprefix('torch.')} | batch "
+                 f"{plan.tokens_per_update * dims.replicas // t.seq_len:.0f} × {t.seq_len} "
+                 f"(accumulation {plan.micro_batches}) | {t.steps} steps | {folder}")  # fmt: skip
     if cfg.emulation.virtual_compute:
         run.log.info("torchacco: virtual compute ([emulation]): forward, backward and AdamW are waits; losses are "
                      "not computed (logged as null), speed is what this run measures")  # fmt: skip
@@ -381,13 +381,13 @@ def _count_nonfinite(t, state: TrainState, result) -> str | None:
     source = f"the loss of rank(s) {ranks}" if result.nonfinite_ranks else "the gradients"
     advice = "lower [optimizer] lr, raise [lr_schedule] warmup_steps, or check the data"
     if t.on_nonfinite == "abort":
-        return (f"non-finite loss or gradient at step {state.step} (from {source}; loss {result.loss}, gradient norm "
-                f"{result.grad_norm}); the update was not applied. {advice}, or set [training] on_nonfinite = 'skip' "
-                "to skip such updates")  # fmt: skip
+        return (f"non-finite loss or gradient at step {state.step} (from {source}; loss "
+                f"{result.loss}, gradient norm {result.grad_norm}); the update was not applied. "
+                f"{advice}, or set [training] on_nonfinite = 'skip' to skip such updates")  # fmt: skip
     if state.skips_in_a_row >= t.max_skips_in_a_row:
         return (f"{state.skips_in_a_row} updates in a row had a non-finite loss or gradient (steps "
-                f"{state.step - state.skips_in_a_row + 1}-{state.step}, last from {source}); stopping ([training] "
-                f"max_skips_in_a_row = {t.max_skips_in_a_row}). {advice}")  # fmt: skip
+                f"{state.step - state.skips_in_a_row + 1}-{state.step}, last from {source}); stopping "
+                f"([training] max_skips_in_a_row = {t.max_skips_in_a_row}). {advice}")  # fmt: skip
     return None
 
 
@@ -404,8 +404,8 @@ def compute_period(
         t0 = time.perf_counter()
         batch = next(batches, None)
         if batch is None:  # torchacco's own datasets are endless; a dataset passed to train() may not be
-            raise UserError("the training dataset ran out; pass an endless one (an IterableDataset that starts over), "
-                            "or texts (data/texts.py packs them into endless windows)")  # fmt: skip
+            raise UserError("the training dataset ran out; pass an endless one (an IterableDataset that starts "
+                            "over), or texts (data/texts.py packs them into endless windows)")  # fmt: skip
         batch = {k: v.to(device.torch, non_blocking=True) for k, v in batch.items()}
         t1 = time.perf_counter()
         with (

@@ -89,8 +89,8 @@ def _check_training(cfg: Config, dp_size: int) -> None:
     if not 0 <= o.slow_beta < 1:
         raise UserError(f"[optimizer] slow_beta = {o.slow_beta:g} must be in [0, 1) (0: off), e.g. 0.99")
     if not 0 < o.slow_weight <= 1:
-        raise UserError(f"[optimizer] slow_weight = {o.slow_weight:g} must be in (0, 1]; to step without the slow "
-                        "moment, set slow_beta = 0")  # fmt: skip
+        raise UserError(f"[optimizer] slow_weight = {o.slow_weight:g} must be in (0, 1]; "
+                        "to step without the slow moment, set slow_beta = 0")  # fmt: skip
     _check_muon(o, cfg.parallelism, cfg.emulation.virtual_compute)
     check_activation_checkpoint(t.activation_checkpoint, t.selective_checkpoint)
     _check_strategy(cfg, dp_size)
@@ -109,9 +109,9 @@ def _check_muon(o, p, virtual_compute: bool) -> None:
                         f" and {o.ns_steps}")  # fmt: skip
     if p.tensor_parallel_degree > 1 and strategy_class(p.data_parallel).traits.overlapped:
         # the job's thread would gather matrices over the tp group while the compute's forward uses it
-        raise UserError("[optimizer] name = 'muon' with tensor parallelism needs a synchronous data_parallel strategy, "
-                        f"not {p.data_parallel!r}; set tensor_parallel_degree = 1, another data_parallel, or name = "
-                        "'adamw'")  # fmt: skip
+        raise UserError("[optimizer] name = 'muon' with tensor parallelism needs a synchronous "
+                        f"data_parallel strategy, not {p.data_parallel!r}; set tensor_parallel_degree "
+                        "= 1, another data_parallel, or name = 'adamw'")  # fmt: skip
     if virtual_compute:
         raise UserError("[emulation] virtual_compute times AdamW only; with it, set [optimizer] name = 'adamw'")
 
@@ -124,8 +124,8 @@ def _check_emulation(cfg: Config) -> None:
         raise UserError("[emulation] virtual_compute needs forward_s and backward_s > 0, optimizer_s_per_param >= 0 "
                         "and block_share in [0, 1]; `torchacco calibrate --config FILE` measures them")  # fmt: skip
     if e.slow_factor < 1 or not all(r.strip().isdigit() for r in e.slow_ranks.split(",") if r.strip()):
-        raise UserError(f'[emulation] slow_ranks = {e.slow_ranks!r} must list ranks (e.g. "2,3") and slow_factor = '
-                        f"{e.slow_factor:g} be >= 1")  # fmt: skip
+        raise UserError(f"[emulation] slow_ranks = {e.slow_ranks!r} must list ranks (e.g. "
+                        f'"2,3") and slow_factor = {e.slow_factor:g} be >= 1')  # fmt: skip
     refused = {
         "an evaluation ([eval] every = 0)": cfg.eval.every,
         "compile ([model] compile = false)": cfg.model.compile,
@@ -145,9 +145,9 @@ def _check_strategy(cfg: Config, dp_size: int) -> None:
         which = able(lambda t: t.model_parallel)
         raise UserError(f"data_parallel = '{cls.name}' with {model_parallel} is not supported; use one of {which}")
     if p.balance_batches and not cls.traits.balances:
-        raise UserError(f"[parallelism] balance_batches = true with data_parallel = '{cls.name}': its ranks must run "
-                        "the same micro-batches (collectives inside forward and backward); use one of "
-                        f"{able(lambda t: t.balances)}, or balance_batches = false")  # fmt: skip
+        raise UserError(f"[parallelism] balance_batches = true with data_parallel = '{cls.name}': its "
+                        "ranks must run the same micro-batches (collectives inside forward and backward); "
+                        f"use one of {able(lambda t: t.balances)}, or balance_batches = false")  # fmt: skip
     if p.balance_batches and model_parallel:
         raise UserError(f"[parallelism] balance_batches = true with {model_parallel} is "
                         "not supported: tensor- and pipeline-parallel peers must run the "
@@ -168,9 +168,9 @@ def _check_model(cfg: Config, model) -> None:
                         "Hugging Face adapter (ModelSpec.hf, e.g. models/<name>/hf.py); "
                         "set export_hf = false, or add an adapter")  # fmt: skip
     if cfg.training.seq_len > args.max_seq_len:
-        raise UserError(f"[training] seq_len = {cfg.training.seq_len} exceeds the model's {args.max_seq_len} positions "
-                        f"({cfg.model.name} {cfg.model.init_from or cfg.model.flavor}); use --training.seq_len "
-                        f"{args.max_seq_len} or less")  # fmt: skip
+        raise UserError(f"[training] seq_len = {cfg.training.seq_len} exceeds the model's {args.max_seq_len} "
+                        f"positions ({cfg.model.name} {cfg.model.init_from or cfg.model.flavor}); use "
+                        f"--training.seq_len {args.max_seq_len} or less")  # fmt: skip
 
 
 def _check_data(cfg: Config, own_data: bool) -> None:
@@ -178,8 +178,8 @@ def _check_data(cfg: Config, own_data: bool) -> None:
         path = getattr(cfg.data, key)
         if path and path != "embedded" and not Path(path).expanduser().exists():
             if not glob.has_magic(path):
-                raise UserError(f"[data] {key} path not found: {path} (a file, folder or glob pattern of .txt, .jsonl, "
-                                ".json or .parquet files)")  # fmt: skip
+                raise UserError(f"[data] {key} path not found: {path} (a file, folder or glob "
+                                "pattern of .txt, .jsonl, .json or .parquet files)")  # fmt: skip
             if not glob.glob(str(Path(path).expanduser()), recursive=True):
                 raise UserError(f"[data] {key} = {path!r} matches no files; fix the pattern")
     if cfg.tokenizer.path and not Path(cfg.tokenizer.path).is_file():
@@ -205,13 +205,13 @@ def check_parallelism(p, world_size: int) -> int:
         factors = {"replicas": replicas} if replicas > 1 else {}  # named only when there are several
         factors |= {"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp}
         raise UserError(f"{world_size} ranks are not divisible by [parallelism] {' × '.join(factors)} = "
-                        f"{' × '.join(map(str, factors.values()))} = {n}; launch a multiple of {n} ranks (NPROC × "
-                        f"NNODES) or change {'replicas' if replicas > 1 else 'the degrees'}")  # fmt: skip
+                        f"{' × '.join(map(str, factors.values()))} = {n}; launch a multiple of {n} ranks (NPROC "
+                        f"× NNODES) or change {'replicas' if replicas > 1 else 'the degrees'}")  # fmt: skip
     if p.bucket_cap_mb < 0:
         raise UserError(f"[parallelism] bucket_cap_mb must be 0 (torch's default) or positive, got {p.bucket_cap_mb:g}")
     if p.pipeline_microbatches < 0:
-        raise UserError("[parallelism] pipeline_microbatches must be 0 (auto) or positive, got "
-                        f"{p.pipeline_microbatches}")  # fmt: skip
+        raise UserError("[parallelism] pipeline_microbatches must be 0 (auto) or "
+                        f"positive, got {p.pipeline_microbatches}")  # fmt: skip
     return world_size // n
 
 
@@ -225,8 +225,8 @@ def _check_profiling(p, device: str) -> None:
         raise UserError(f"[profiling] every = {p.every} must exceed active_steps = {p.active_steps} (a trace spans "
                         "active_steps updates, plus one to warm the profiler up), or be 0 (trace once)")  # fmt: skip
     if p.memory_snapshot and (device == "cpu" or not torch.cuda.is_available()):
-        raise UserError("[profiling] memory_snapshot records the CUDA allocator's history and this run has no GPU; set "
-                        "memory_snapshot = false (peak memory is in metrics.jsonl as memory_gib)")  # fmt: skip
+        raise UserError("[profiling] memory_snapshot records the CUDA allocator's history and this run has no GPU; "
+                        "set memory_snapshot = false (peak memory is in metrics.jsonl as memory_gib)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None, world_size: int | None = None, local_world_size: int | None = None) -> int:

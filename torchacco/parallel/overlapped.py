@@ -141,9 +141,9 @@ class Overlapped(Strategy):
     def check_config(cls, dp_size: int, model_parallel: str, *, options, training, **sections) -> str | None:
         a, estimates = options, cls.traits.estimates
         if a.mode != "deterministic" and model_parallel:
-            return (f"[acco] mode = '{a.mode}' with {model_parallel} is not supported: each rank picks its own number "
-                    "of micro-batches, but tensor- and pipeline-parallel peers must run the same ones; use mode = "
-                    "'deterministic'")  # fmt: skip
+            return (f"[acco] mode = '{a.mode}' with {model_parallel} is not supported: each rank "
+                    "picks its own number of micro-batches, but tensor- and pipeline-parallel "
+                    "peers must run the same ones; use mode = 'deterministic'")  # fmt: skip
         if a.max_growth < 0 or 0 < a.max_growth < 1:
             return f"[acco] max_growth = {a.max_growth:g} must be 0 (no cap) or at least 1"
         if a.lr_batch_scaling < 0:
@@ -155,15 +155,15 @@ class Overlapped(Strategy):
         for option in ("estimate_share", "estimate_clip"):
             value, default = getattr(a, option), getattr(defaults, option)
             if not estimates and value != default:
-                return (f"[acco] {option} = {value!r} does nothing here (only acco has an estimate round); remove it "
-                        f"or set it to {default!r}")  # fmt: skip
+                return (f"[acco] {option} = {value!r} does nothing here (only acco has an "
+                        f"estimate round); remove it or set it to {default!r}")  # fmt: skip
         if a.estimate_clip == "commit" and not training.max_norm:
-            return ("[acco] estimate_clip = 'commit' does nothing without clipping ([training] max_norm = 0); remove "
-                    "it or set max_norm")  # fmt: skip
+            return ("[acco] estimate_clip = 'commit' does nothing without clipping "
+                    "([training] max_norm = 0); remove it or set max_norm")  # fmt: skip
         if a.mode == "adaptive" and not training.max_tokens:
-            return ("[acco] mode = 'adaptive' lets each update's batch grow while communication runs, so a step count "
-                    "does not fix the learning-rate schedule or the data seen: set [training] max_tokens (the token "
-                    "budget)")  # fmt: skip
+            return ("[acco] mode = 'adaptive' lets each update's batch grow while communication "
+                    "runs, so a step count does not fix the learning-rate schedule or the data "
+                    "seen: set [training] max_tokens (the token budget)")  # fmt: skip
         return cls.planner_class.check_config(dp_size, options=options, training=training, **sections)
 
     def micro_batches(self):
@@ -314,8 +314,8 @@ class Overlapped(Strategy):
     def load_state_dict(self, state: dict) -> None:
         schedule = state["schedule"]
         if schedule["name"] != self.name:
-            raise UserError(f"this checkpoint was saved by {schedule['name']}, not {self.name}; resume it with "
-                            f'[parallelism] data_parallel = "{schedule["name"]}"')  # fmt: skip
+            raise UserError(f"this checkpoint was saved by {schedule['name']}, not {self.name}; resume "
+                            f'it with [parallelism] data_parallel = "{schedule["name"]}"')  # fmt: skip
         assert schedule["world"] == self.sharded.flat.world, "the trainer checks the world size before loading"
         self.sharded.load_state_dict(state)  # P was saved as it was (θ̃, θ or a prediction) and loaded in place
         self.consumed = state["consumed"]

@@ -104,9 +104,9 @@ def check_gloo_interface() -> None:
         address = None
     if address is None or address.is_loopback:
         found = "does not resolve" if address is None else f"resolves to the loopback address {address}"
-        raise UserError(f"this node's name {host!r} {found}, which the other nodes cannot reach: set "
-                        "GLOO_SOCKET_IFNAME to the interface that connects the nodes (e.g. GLOO_SOCKET_IFNAME=eth0; "
-                        "`ip -brief addr` lists them)")  # fmt: skip
+        raise UserError(f"this node's name {host!r} {found}, which the other nodes cannot reach: "
+                        "set GLOO_SOCKET_IFNAME to the interface that connects the nodes (e.g. "
+                        "GLOO_SOCKET_IFNAME=eth0; `ip -brief addr` lists them)")  # fmt: skip
 
 
 def _loopback(name: str) -> bool:
@@ -128,8 +128,8 @@ def _diagnosed_setup(store: dist.Store, rank: int, world: int, timeout_s: float)
         if not (isinstance(e, dist.DistError) or health.is_peer_failure(e)):
             raise
         cause = str(e).strip().splitlines()[-1][:120] if str(e).strip() else type(e).__name__
-        raise PeerFailure(f"rank {rank}: setting up the process group failed ({cause}): {beat.diagnose()}; [training] "
-                          f"collective_timeout_s = {timeout_s:g}") from None  # fmt: skip
+        raise PeerFailure(f"rank {rank}: setting up the process group failed ({cause}): {beat.diagnose()}; "
+                          f"[training] collective_timeout_s = {timeout_s:g}") from None  # fmt: skip
     finally:
         beat.close()
 
@@ -145,17 +145,17 @@ def attempt_store(store: dist.Store, rank: int, world: int, timeout_s: float) ->
         try:
             attempt = store.get(f"{prefix}name-for/{mine}").decode()  # waits up to the store's timeout
         except dist.DistStoreError:
-            raise PeerFailure(f"rank {rank}: rank 0 did not admit this rank to the process group within [training] "
-                              f"collective_timeout_s = {timeout_s:g}: rank 0, or a rank it waits for, died or stalled "
-                              "while starting (rank 0's message names it)") from None  # fmt: skip
+            raise PeerFailure(f"rank {rank}: rank 0 did not admit this rank to the process group within "
+                              f"[training] collective_timeout_s = {timeout_s:g}: rank 0, or a rank it waits for, "
+                              "died or stalled while starting (rank 0's message names it)") from None  # fmt: skip
         store.set(f"{prefix}{attempt}/ready/{rank}", "1")
     else:
         attempt = uuid.uuid4().hex
         deadline = time.monotonic() + timeout_s
         for peer in range(1, world):
             late = PeerFailure(f"rank 0: rank {peer} did not join the process group within [training] "
-                               f"collective_timeout_s = {timeout_s:g}: it died or stalled while starting (its own "
-                               "messages, or its node's log, say why)")  # fmt: skip
+                               f"collective_timeout_s = {timeout_s:g}: it died or stalled while "
+                               "starting (its own messages, or its node's log, say why)")  # fmt: skip
             while True:
                 # A join key left by a dead attempt gets a name nobody reads; wait and look again.
                 try:

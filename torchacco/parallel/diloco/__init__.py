@@ -240,9 +240,9 @@ class DiLoCo(Strategy):
         self.tokens, self.nominal, self.last_seen = list(outer["tokens"]), outer["nominal"], tuple(outer["last_seen"])
         if self.clock is not None:
             if "clock" not in outer:
-                raise UserError("this checkpoint holds no balance_replicas learning-rate clock (it was written by an "
-                                "earlier torchacco or without [diloco] balance_replicas): resume it with the torchacco "
-                                "and settings that wrote it, or start the run afresh")  # fmt: skip
+                raise UserError("this checkpoint holds no balance_replicas learning-rate clock (it was written "
+                                "by an earlier torchacco or without [diloco] balance_replicas): resume it with "
+                                "the torchacco and settings that wrote it, or start the run afresh")  # fmt: skip
             self.clock.tokens = outer["clock"]
         self.durations, self.stamp = [], time.perf_counter()  # timing starts again with the resumed run
         self.exchange.load_state_dict(outer)

@@ -14,8 +14,8 @@ def fragment_of(module: torch.nn.Module, names: list[str], fragments: int) -> li
     with the first fragment before them (embeddings) or the last after them (final norm, output head)."""
     blocks = block_list(module)
     if fragments > max(len(blocks), 1):
-        raise UserError(f"[diloco] fragments = {fragments} exceeds the {len(blocks)} transformer blocks of the model "
-                        "(on this rank's pipeline stage); use at most that many")  # fmt: skip
+        raise UserError(f"[diloco] fragments = {fragments} exceeds the {len(blocks)} transformer blocks "
+                        "of the model (on this rank's pipeline stage); use at most that many")  # fmt: skip
     index = {id(b): i for i, b in enumerate(blocks)}
     prefixes = [(name + ".", index[id(m)]) for name, m in module.named_modules() if id(m) in index]
     out, after_blocks = [], False
