@@ -1,8 +1,7 @@
 """Training checkpoints with torch.distributed.checkpoint (DCP), taken between two updates (docs/checkpoints.md).
 
 `checkpoint_state()` is the one schema the trainer and `torchacco.export` share. A save writes `step-N.tmp/`, which
-rank 0 renames to `step-N/` once every rank has finished: a `step-N` folder is always complete.
-"""
+rank 0 renames to `step-N/` once every rank has finished: a `step-N` folder is always complete."""
 
 from __future__ import annotations
 

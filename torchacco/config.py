@@ -4,8 +4,7 @@
 type (`Literal[...]` for a fixed set of choices), its default and a line of help: the loader checks values against it
 and `docs/configuration.md` is generated from it (`python -m torchacco config > docs/configuration.md`). Unknown
 sections or keys list the valid ones; a wrong type names the file, the key and the expected type. Every error is a
-`UserError` (one line for the user, no traceback).
-"""
+`UserError` (one line for the user, no traceback)."""
 
 from __future__ import annotations
 

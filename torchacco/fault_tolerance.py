@@ -6,8 +6,7 @@ ranks holding the same part of the model in every live replica, and a replica be
 
 One outer step is one torchft round: `start_quorum` (a replica behind heals there), the token-weighted exchange,
 `should_commit`. A failed round is not committed and runs again with the replicas then present. A replica that
-healed in the round sends zeros with weight 0 (its Δ is not one); a lost replica sends none.
-"""
+healed in the round sends zeros with weight 0 (its Δ is not one); a lost replica sends none."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@
 A folder written here loads with `transformers.AutoModelForCausalLM.from_pretrained(folder)`, and one from the
 Hub or `save_pretrained` loads here, for models whose `ModelSpec` has an `HFAdapter` (which owns names and
 config.json). Layout as `save_pretrained` writes it: `model.safetensors`, or above `max_shard_bytes`
-`model-00001-of-0000N.safetensors` + `model.safetensors.index.json`; a tied head is re-tied, not written.
-"""
+`model-00001-of-0000N.safetensors` + `model.safetensors.index.json`; a tied head is re-tied, not written."""
 
 from __future__ import annotations
 
@@ -36,9 +35,6 @@ TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 _HF_MODEL_TYPES = {"gpt_neo": "gpt_neo", "llama": "llama3"}  # config.json model_type -> models/<name>
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-# --- writing ---
 
 
 def save_hf(
@@ -166,9 +162,6 @@ def _tokenizer_config(tokenizer_json: Path, eos_id: int | None) -> dict:
         if token is not None:
             cfg.update(bos_token=token, eos_token=token)
     return cfg
-
-
-# --- reading ---
 
 
 class OnDisk:

@@ -104,10 +104,8 @@ class MetricsLogger:
             print(message, flush=True)
 
     def close(self) -> None:
-        if self.jsonl:
-            self.jsonl.close()
-        if self.writer:
-            self.writer.close()
+        for handle in filter(None, (self.jsonl, self.writer)):
+            handle.close()
 
 
 class Throughput:

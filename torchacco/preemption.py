@@ -2,8 +2,7 @@
 (docs/reliability.md#preemption). The signal handler only records the signal; the ranks agree at update boundaries
 on a gloo group of their own (no GPU sync, no group shared with the communication thread). torchrun stops the
 survivors of a dead worker with the same SIGTERM and SIGKILLs them 30 s later, so a rank PEER_CHECK_S past the
-signal without a boundary reads the heartbeats: if a peer stopped beating, it prints the diagnosis and exits at once.
-"""
+signal without a boundary reads the heartbeats: if a peer stopped beating, it prints the diagnosis and exits at once."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Runners: "start this job beside the compute; is it done?; wait" — the half of the device seam that the
-overlapped schedules use. A thread on CPU; on CUDA a thread that issues the job's kernels on a side stream.
-"""
+overlapped schedules use. A thread on CPU; on CUDA a thread that issues the job's kernels on a side stream."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ class ThreadRunner:
     """Runs one job at a time beside the compute, on a communication thread.
 
     Collectives are issued only by this thread while a job is in flight, so every rank issues them in the same
-    order. The thread is a daemon: a job stuck on a frozen peer never keeps the process from exiting.
-    """
+    order. The thread is a daemon: a job stuck on a frozen peer never keeps the process from exiting."""
 
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()

@@ -2,8 +2,7 @@
 
 `torchacco validate --config FILE [overrides]` runs them alone. The launcher (`torchacco.launch`) runs them in
 its own process before it starts any worker, so a bad key, type, path or batch size is one line on the terminal instead
-of the same error from every rank; WORLD_SIZE is the number of processes to check for when run alone.
-"""
+of the same error from every rank; WORLD_SIZE is the number of processes to check for when run alone."""
 
 from __future__ import annotations
 
@@ -28,12 +27,7 @@ from torchacco.spec import get_model_spec
 
 
 def validate(
-    cfg: Config,
-    world_size: int,
-    local_world_size: int | None = None,
-    model=None,
-    own_data: bool = False,
-    here: bool = True,
+    cfg: Config, world_size: int, local_world_size: int | None = None, model=None, own_data=False, here=True
 ) -> ModelKind:
     """`model` and `own_data`: a model or datasets passed to train() replace the configured ones, whose checks are then
     skipped (the model's own are made instead). `here` = False skips what depends on this machine (the files the run

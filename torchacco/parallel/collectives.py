@@ -2,8 +2,7 @@
 
 NCCL's run near their ring ideal and are used as they are. gloo's reduce-scatter moves an all-reduce's bytes and
 its all-gather takes 1.3–1.6× the ideal on a shaped link, so for gloo both run here as rings of point-to-point
-messages, (W−1)/W of the buffer per rank. Both work in place on a flat buffer, rank r's shard being chunk r.
-"""
+messages, (W−1)/W of the buffer per rank. Both work in place on a flat buffer, rank r's shard being chunk r."""
 
 from __future__ import annotations
 

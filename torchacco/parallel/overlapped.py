@@ -6,8 +6,7 @@ in, parameters out), the one extra parameter copy over ZeRO-1. At every round bo
 waits for the job in flight (adaptive mode keeps accumulating until it is done) and swaps in its parameters,
 P ← C, then plans the next job; when the next period starts (`micro_batches()`) it hands A over (C ← A), launches
 the job and zeroes A or keeps adding. So between rounds, where the loop logs, evaluates and stops, no job is in
-flight and the master shards hold exactly θ.
-"""
+flight and the master shards hold exactly θ."""
 
 from __future__ import annotations
 
@@ -34,16 +33,10 @@ from torchacco.parallel.strategy import Counts, Strategy, Traits, UpdateResult
 from torchacco.parallel.zero1 import sharded_checkpoint_key
 from torchacco.runners import stall_deadline_s
 
-# The traits the overlapped schedules share; each names itself (and ACCO its estimate rounds).
-OVERLAPPED = Traits(
-    "",
-    "sharded_job",
-    "wait for the communication job",
-    overlapped=True,
-    resume_needs_same_ranks=True,  # checkpoints hold each rank's accumulator
-    shards_theta=True,
-    options=OverlappedOptions,
-)
+# The traits the overlapped schedules share; each names itself (and ACCO its estimate rounds). Their checkpoints hold
+# each rank's accumulator: resumed on as many ranks.
+OVERLAPPED = Traits("", "sharded_job", "wait for the communication job", overlapped=True, shards_theta=True,
+                    options=OverlappedOptions, resume_needs_same_ranks=True)  # fmt: skip
 
 
 class Planner:

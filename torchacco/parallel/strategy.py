@@ -6,8 +6,7 @@ but the last; adaptive ACCO decides as it goes how many to run); `step(counts)` 
 `UpdateResult` of the update completed now, or None (a round that commits nothing); `evaluation()` gives the
 module holding θ; `state_dict()` / `load_state_dict()` (DCP `Stateful`) resume exactly between two updates.
 What the rest of torchacco needs to know about a strategy is declared by its class (`Traits`, the classmethods),
-so no caller asks for a strategy by name.
-"""
+so no caller asks for a strategy by name."""
 
 from __future__ import annotations
 

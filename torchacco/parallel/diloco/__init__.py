@@ -16,8 +16,7 @@ or fault-tolerant): exchange.py; the wire formats: wire.py, pseudo_gradient.py (
 With one replica (`has_outer_step`) Δ̄ = Δ, nothing is sent: lookahead, SNOO (arXiv 2510.15830).
 
 The outer state covers the pieces of θ this rank holds (`Strategy.theta`): under a sharded inner strategy θ_global
-and m are this rank's shard, all-reduced between the ranks holding it (`dims.replica_group`).
-"""
+and m are this rank's shard, all-reduced between the ranks holding it (`dims.replica_group`)."""
 
 from __future__ import annotations
 

@@ -83,8 +83,5 @@ class OuterState:
         return theta.to(self.device.torch)
 
     def state_dict(self) -> dict:
-        return {
-            **{f"backup{f}": b for f, b in enumerate(self.global_params)},
-            **{f"momentum{f}": m for f, m in enumerate(self.momentum)},
-            **{f"residual{f}": e for f, e in enumerate(self.residual)},
-        }
+        named = {"backup": self.global_params, "momentum": self.momentum, "residual": self.residual}
+        return {f"{name}{f}": t for name, per_fragment in named.items() for f, t in enumerate(per_fragment)}
