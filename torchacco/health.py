@@ -126,10 +126,9 @@ class Heartbeat:
             return "; ".join(f"rank {r} {stopped.get(r, never)}" for r in silent)
         busy = "; ".join(f"rank {r} is alive, in {second[r]['where']}" for r in sorted(second))
         return behind({**second, self.rank: self._beat()}) or (
-            f"no rank stopped: {busy} — a rank much slower than the others, ranks that disagree on the work to do, "
-            "or a collective hung in the communication library (with NCCL, <dump_folder>/flight_recorder holds each "
-            "rank's last collectives)"
-        )
+            f"no rank stopped: {busy} — a rank much slower than the others, ranks that disagree on the work to do, or "
+            "a collective hung in the communication library (with NCCL, <dump_folder>/flight_recorder holds each "
+            "rank's last collectives)")  # fmt: skip
 
 
 def behind(beats: dict[int, dict], named: int = 4) -> str | None:
@@ -274,11 +273,7 @@ def is_peer_failure(error: BaseException) -> bool:
     return isinstance(error, dist.DistBackendError | Stalled) or any(marker in str(error) for marker in PEER_FAILURES)
 
 
-# What gloo raises, as a plain RuntimeError from inside DDP's backward hooks, when a peer dies or stalls
-PEER_FAILURES = (
-    "Timed out",
-    "timed out",
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Application timeout caused pair closure",  # gloo's own timeout on a stalled peer's connection
-)
+# What gloo raises, as a plain RuntimeError from inside DDP's backward hooks, when a peer dies or stalls (the last:
+# gloo's own timeout on a stalled peer's connection)
+PEER_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer",
+                 "Application timeout caused pair closure")  # fmt: skip

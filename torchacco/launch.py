@@ -85,10 +85,9 @@ class RankLogs(DefaultLogsSpecs):
         folder = Path(self.root_log_dir) / (f"restart_{restart}" if restart != "0" else "")
         folder.mkdir(parents=True, exist_ok=True)
         base = {local: str(folder / f"rank_{env['RANK']}") for local, env in envs.items()}
+        out, err, errors = ({local: b + end for local, b in base.items()} for end in (".out", ".err", ".error.json"))
         for local, env in envs.items():
-            env["TORCHELASTIC_ERROR_FILE"] = base[local] + ".error.json"
-        out, err = ({local: b + suffix for local, b in base.items()} for suffix in (".out", ".err"))
-        errors = {local: b + ".error.json" for local, b in base.items()}
+            env["TORCHELASTIC_ERROR_FILE"] = errors[local]
         return LogsDest(out, err, dict(out), dict(err), errors, os.devnull, os.devnull)
 
 

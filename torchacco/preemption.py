@@ -165,14 +165,10 @@ class Preemption:
         if self._stand_down.wait(max(0.0, self.cfg.grace_s - (time.monotonic() - signalled))):
             return
         if not self._saved and self.rank == 0:
-            print(
-                f"torchacco: preempted ({signal.Signals(self.signum).name}), but the update and its checkpoint did not "
-                f"finish within [preemption] grace_s = {self.cfg.grace_s:g} (rank 0 was in "
-                f"{self.heartbeat.where()}); exiting without it: a relaunch resumes from the latest complete "
-                "checkpoint",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"torchacco: preempted ({signal.Signals(self.signum).name}), but the update and its checkpoint did "
+                  f"not finish within [preemption] grace_s = {self.cfg.grace_s:g} (rank 0 was in "
+                  f"{self.heartbeat.where()}); exiting without it: a relaunch resumes from the latest complete "
+                  "checkpoint", file=sys.stderr, flush=True)  # fmt: skip
         sys.stderr.flush()
         os._exit(exit_code(self.cfg, self.checkpoints, self.signum))
 

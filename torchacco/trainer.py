@@ -164,9 +164,8 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
         summary = _loop(cfg, dims, device, run, preempt)
         if cfg.checkpoint.export_hf:
             dims.heartbeat.enter("export to Hugging Face format")
-            exported = export_hf(
-                cfg.model.name, kind, strategy, dims, folder / "hf", cfg.checkpoint.export_dtype, tokenizer
-            )
+            c = cfg.checkpoint
+            exported = export_hf(cfg.model.name, kind, strategy, dims, folder / "hf", c.export_dtype, tokenizer)
             if exported:
                 run.log.info(f"torchacco: exported θ to {exported} (Hugging Face safetensors + config.json)")
     finally:

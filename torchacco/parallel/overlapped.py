@@ -77,8 +77,7 @@ class Planner:
     def state_dict(self) -> dict:
         return {}
 
-    def load_state_dict(self, schedule: dict) -> None:
-        pass
+    def load_state_dict(self, schedule: dict) -> None: ...
 
 
 @dataclass
