@@ -196,7 +196,6 @@ class Checkpointer:
                 self._publish(tmp, final)
 
     def wait(self) -> None:
-        """Finish an asynchronous save, if one is in flight."""
         if self.in_flight is not None:
             future, tmp, final = self.in_flight
             self.in_flight = None

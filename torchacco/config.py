@@ -287,8 +287,7 @@ class Config:
     )
 
     def section(self, name: str):
-        """A section by its TOML name, a strategy's included (one registered after this config was built gets its
-        defaults)."""
+        """A section by its TOML name, a strategy's included (one registered after this config gets its defaults)."""
         strategy = registry.option_sections().get(name)
         return getattr(self, name) if strategy is None else self.strategy_options.setdefault(name, strategy())
 

@@ -269,7 +269,6 @@ class SigtermGuard:
 
 
 def is_peer_failure(error: BaseException) -> bool:
-    """Does this error from a collective mean a peer died or stalled?"""
     return isinstance(error, dist.DistBackendError | Stalled) or any(marker in str(error) for marker in PEER_FAILURES)
 
 

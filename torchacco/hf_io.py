@@ -73,14 +73,12 @@ def save_hf(
     tmp.mkdir()
     try:
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-        if len(shards) == 1:
-            save_file(shards[0], tmp / WEIGHTS, metadata={"format": "pt"})
-        else:
-            weight_map = {}
-            for i, shard in enumerate(shards, 1):
-                name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, tmp / name, metadata={"format": "pt"})
-                weight_map.update(dict.fromkeys(shard, name))
+        n = len(shards)
+        names = [WEIGHTS] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+        for shard, name in zip(shards, names):
+            save_file(shard, tmp / name, metadata={"format": "pt"})
+        if n > 1:
+            weight_map = {key: name for shard, name in zip(shards, names) for key in shard}
             total = sum(t.numel() * t.element_size() for t in hf_sd.values())
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
             (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")

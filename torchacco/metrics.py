@@ -69,12 +69,8 @@ class MetricsLogger:
         print(self._console_line(record), flush=True)
 
     def _console_line(self, r: dict) -> str:
-        parts = [
-            f"step {r['step']:>6}",
-            "loss —" if r["loss"] is None else f"loss {r['loss']:.4f}",
-            f"lr {r['lr']:.2e}",
-            f"{r['tokens_per_s']:,.0f} tok/s",
-        ]
+        loss = "loss —" if r["loss"] is None else f"loss {r['loss']:.4f}"
+        parts = [f"step {r['step']:>6}", loss, f"lr {r['lr']:.2e}", f"{r['tokens_per_s']:,.0f} tok/s"]
         if "tflops" in r:
             parts.append(f"{r['tflops']:.3g} TFLOP/s" + (f" ({100 * r['mfu']:.1f}% MFU)" if "mfu" in r else ""))
         parts += [f"mem {r['memory_gib']:.2f} GiB", f"gnorm {r['grad_norm']:.3f}"]

@@ -42,7 +42,6 @@ def parse_signals(text: str) -> list[signal.Signals]:
 
 
 def check_config(p) -> None:
-    """Mistakes in the [preemption] section, before launch."""
     if not p.enable:
         return
     parse_signals(p.signals)

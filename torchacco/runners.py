@@ -30,10 +30,9 @@ def stall_deadline_s(collective_timeout: timedelta) -> float:
 
 
 class ThreadRunner:
-    """Runs one job at a time beside the compute, on a communication thread.
-
-    Collectives are issued only by this thread while a job is in flight, so every rank issues them in the same
-    order. The thread is a daemon: a job stuck on a frozen peer never keeps the process from exiting."""
+    """Runs one job at a time beside the compute, on a communication thread: collectives are issued only by this thread
+    while a job is in flight, so every rank issues them in the same order. The thread is a daemon: a job stuck on a
+    frozen peer never keeps the process from exiting."""
 
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()

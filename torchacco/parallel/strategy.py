@@ -204,8 +204,7 @@ class Strategy(abc.ABC):
 
     @classmethod
     def build(cls, model, dims, plan: UpdatePlan, device, init: Callable[[], None] | None, **sections) -> Strategy:
-        """`from_config` of the config's `sections`, with `init` (None: `model` is allocated) run first: it allocates a
-        model built on meta."""
+        """`from_config` of the config's `sections`, after `init` allocates a model built on meta (None: allocated)."""
         if init is not None:
             init()
         return cls.from_config(model, dims, plan, device, **sections)
