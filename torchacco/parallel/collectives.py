@@ -43,7 +43,7 @@ WATCHED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter
            "all_to_all_single", "reduce_scatter_single", "all_gather_single")  # fmt: skip
 
 
-def _issue(name: str, group, hooked: bool = True) -> None:
+def _issue(name: str, group, hooked: bool = False) -> None:
     """Before a collective: the hook (where `hooked`), the heartbeat's record, the thread check."""
     if hooked and _before_collective is not None:
         _before_collective(name)
@@ -105,7 +105,7 @@ def _name(group) -> str:
 def _enter_and_use_ring(name: str, tensor: torch.Tensor, group) -> bool:
     """Before collective `name`: the hook, then the heartbeat (a stall in the hook never enters); whether it runs here
     as a ring."""
-    _issue(name, group)
+    _issue(name, group, hooked=True)
     if _heartbeat is not None:
         _heartbeat.entered(name, _name(group))
     return dist.get_backend(group) == "gloo" and dist.get_world_size(group) > 1 and tensor.numel() >= RING_MIN_NUMEL
