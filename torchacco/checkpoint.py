@@ -1,8 +1,7 @@
 """Training checkpoints with torch.distributed.checkpoint (DCP), taken between two updates (docs/checkpoints.md).
 
 `checkpoint_state()` is the one schema the trainer and `torchacco.export` share. A save writes `step-N.tmp/`, which
-rank 0 renames to `step-N/` once every rank has finished: a `step-N` folder is always complete.
-"""
+rank 0 renames to `step-N/` once every rank has finished: a `step-N` folder is always complete."""
 
 from __future__ import annotations
 
@@ -133,12 +132,10 @@ def check_shared(folder: Path, dims) -> None:
             time.sleep(0.5)
         node = dims.rank // dims.local_world_size
         named = folder if folder.is_absolute() else f"{folder} ({folder.absolute()} on node {node})"
-        raise UserError(
-            f"the checkpoint folder {named} is not shared: node {node} "
-            f"({socket.gethostname()}) does not see what rank 0 wrote there. Every rank writes its part of a "
-            "checkpoint into one folder: put --job.dump_folder (which holds the checkpoint folder) on a "
-            "filesystem every node mounts, at the same path on each, or set [checkpoint] enable = false"
-        )
+        raise UserError(f"the checkpoint folder {named} is not shared: node {node} ({socket.gethostname()}) does "
+                        "not see what rank 0 wrote there. Every rank writes its part of a checkpoint into one "
+                        "folder: put --job.dump_folder (which holds the checkpoint folder) on a filesystem every "
+                        "node mounts, at the same path on each, or set [checkpoint] enable = false")  # fmt: skip
 
     on_one_rank(dims, write, main_only=True, what="check that the checkpoint folder is shared")
     on_one_rank(dims, read, what="check that the checkpoint folder is shared")
@@ -199,7 +196,6 @@ class Checkpointer:
                 self._publish(tmp, final)
 
     def wait(self) -> None:
-        """Finish an asynchronous save, if one is in flight."""
         if self.in_flight is not None:
             future, tmp, final = self.in_flight
             self.in_flight = None
@@ -220,10 +216,8 @@ class Checkpointer:
             reason += f"; {free:.0f} MiB free on its disk"
             done = [p.name for _, p in step_dirs(self.folder)]
             kept = f"the earlier checkpoint {done[-1]} is intact" if done else "no earlier checkpoint exists"
-            raise UserError(
-                f"could not write checkpoint {final} ({reason}); {kept}. Free some space or fix the "
-                "folder's permissions, then run again to resume"
-            ) from None
+            raise UserError(f"could not write checkpoint {final} ({reason}); {kept}. Free some space or "
+                            "fix the folder's permissions, then run again to resume") from None  # fmt: skip
 
     def _publish(self, tmp: Path, final: Path) -> None:
         dist.barrier(group=self.group)  # every rank has written its part
@@ -256,10 +250,8 @@ class Checkpointer:
 
     def load(self, path: Path, state: dict) -> None:
         if not (path / ".metadata").is_file():
-            raise UserError(
-                f"{path} is not a complete torchacco checkpoint (no .metadata); "
-                "point [checkpoint] load_path at a step-N folder"
-            )
+            raise UserError(f"{path} is not a complete torchacco checkpoint (no .metadata); "
+                            "point [checkpoint] load_path at a step-N folder")  # fmt: skip
         try:
             dcp.load(state, checkpoint_id=path, process_group=self.group)
         except CheckpointException as e:  # a BaseException: DCP failed on some rank
@@ -269,16 +261,14 @@ class Checkpointer:
                 raise first from None
             cause = str(first).strip().splitlines()[0][:160] if causes and str(first).strip() else "unknown"
             if causes and (any(w in cause.lower() for w in ("mismatch", "missing key")) or isinstance(first, KeyError)):
-                raise UserError(
-                    f"cannot resume from {path}: it does not match this run's model, optimizer or data_parallel "
-                    f"strategy ({cause}); resume with the config it was saved with, or start a new --job.dump_folder"
-                ) from None
+                raise UserError(f"cannot resume from {path}: it does not match this run's model, optimizer "
+                                f"or data_parallel strategy ({cause}); resume with the config it was saved "
+                                "with, or start a new --job.dump_folder") from None  # fmt: skip
             earlier = [p for _, p in step_dirs(path.parent) if p != path]
             hint = f"--checkpoint.load_path {earlier[-1]}" if earlier else "a new --job.dump_folder"
-            raise UserError(
-                f"cannot read checkpoint {path}, it may be corrupted "
-                f"({type(first).__name__ if causes else 'error'}: {cause}); resume from an earlier one with {hint}"
-            ) from None
+            raise UserError(f"cannot read checkpoint {path}, it may be corrupted "
+                            f"({type(first).__name__ if causes else 'error'}: {cause}); "
+                            f"resume from an earlier one with {hint}") from None  # fmt: skip
 
     def close(self) -> None:
         self.wait()
@@ -315,11 +305,9 @@ def resume(
     checkpointer.load(path, {"train": state})
     same_ranks = state.dp_size == dims.data_size
     if not same_ranks and strategy.traits.resume_needs_same_ranks:
-        raise UserError(
-            f"{path} holds {strategy.name}'s per-rank state (in-flight accumulators, or a replica's shard) of "
-            f"{state.dp_size} data-parallel ranks; resume it on {state.dp_size} ranks (this run has "
-            f"{dims.data_size})"
-        )
+        raise UserError(f"{path} holds {strategy.name}'s per-rank state (in-flight accumulators, "
+                        f"or a replica's shard) of {state.dp_size} data-parallel ranks; resume it "
+                        f"on {state.dp_size} ranks (this run has {dims.data_size})")  # fmt: skip
     # Weights and optimizer state reshard onto any number of ranks; a rank's data position only on as many ranks
     checkpointer.load(path, checkpoint_state(strategy, state, loader, dims, with_rank_state=same_ranks))
     message = f"resumed from {path} at step {state.step} ({int(state.tokens):,} tokens)"

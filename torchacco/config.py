@@ -4,8 +4,7 @@
 type (`Literal[...]` for a fixed set of choices), its default and a line of help: the loader checks values against it
 and `docs/configuration.md` is generated from it (`python -m torchacco config > docs/configuration.md`). Unknown
 sections or keys list the valid ones; a wrong type names the file, the key and the expected type. Every error is a
-`UserError` (one line for the user, no traceback).
-"""
+`UserError` (one line for the user, no traceback)."""
 
 from __future__ import annotations
 
@@ -52,10 +51,8 @@ class Tokenizer:
 
 @dataclass
 class Data:
-    dataset: str = key(
-        "embedded",
-        '"embedded" (Shakespeare, Milton, KJV) or a file, folder, glob of .txt, .jsonl, Alpaca .json, .parquet',
-    )
+    dataset: str = key("embedded", '"embedded" (Shakespeare, Milton, KJV) or a file, '
+                       "folder, glob of .txt, .jsonl, Alpaca .json, .parquet")  # fmt: skip
     format: Literal["auto", "text", "jsonl", "alpaca", "parquet"] = key(
         "auto",
         "how to read the dataset files. auto: by suffix and content; .jsonl records and .parquet rows with "
@@ -81,9 +78,8 @@ class Training:
     activation_checkpoint: Literal["none", "selective", "full"] = key(
         "none", "recompute activations in backward instead of keeping them: every block (full), or selectively"
     )
-    selective_checkpoint: str = key(
-        "op", "selective: 'op' keeps matmul and attention outputs, recomputes the rest; k checkpoints every k-th block"
-    )
+    selective_checkpoint: str = key("op", "selective: 'op' keeps matmul and attention outputs, "
+                                    "recomputes the rest; k checkpoints every k-th block")  # fmt: skip
     loss_chunks: int = key(1, "pieces of the sequence the cross-entropy runs over (fp32 logits for one at a time)")
     num_threads: int = key(0, "CPU threads per rank; 0: cores / local ranks")
     collective_timeout_s: float = key(1800.0, "a collective waiting longer than this fails the run (a dead peer)")
@@ -120,17 +116,13 @@ class Parallelism:
         registry.default_name, "the data-parallel strategy (docs/parallelism.md)", choices=registry.names
     )
     reshard_after_forward: bool = key(True, "fsdp: free gathered parameters after forward")
-    accumulate_unsharded: bool = key(
-        False,
-        "fsdp, hsdp: keep an unsharded gradient of every parameter (4 bytes each in fp32) across an update's "
-        "micro-batches and reduce once, on the last (less traffic, for slow links); false: reduce-scatter every "
-        "micro-batch (hsdp: inside a node, with the all-reduce across nodes once per update)",
-    )
-    bucket_cap_mb: float = key(
-        0.0,
-        "ddp: gradient bucket size in MiB; 0: torch's default, 25 MiB buckets after a first one of 1 MiB whose "
-        "all-reduce starts early in the backward (a model smaller than one bucket overlaps nothing)",
-    )
+    accumulate_unsharded: bool = key(False, "fsdp, hsdp: keep an unsharded gradient of every parameter (4 bytes each "
+                                     "in fp32) across an update's micro-batches and reduce once, on the last (less "
+                                     "traffic, for slow links); false: reduce-scatter every micro-batch (hsdp: "
+                                     "inside a node, with the all-reduce across nodes once per update)")  # fmt: skip
+    bucket_cap_mb: float = key(0.0, "ddp: gradient bucket size in MiB; 0: torch's default, 25 MiB "
+                               "buckets after a first one of 1 MiB whose all-reduce starts early in the "
+                               "backward (a model smaller than one bucket overlaps nothing)")  # fmt: skip
     reduce_dtype: Literal["fp32", "bf16"] = key(
         "fp32",
         "computing in bf16, fsdp, zero1, acco, dpu, wp: the dtype gradients are summed in over the dp ranks (a ring "
@@ -143,16 +135,12 @@ class Parallelism:
     )
     pipeline_microbatches: int = key(0, "pieces each local batch is split into; 0: the number of stages")
     loss_parallel: bool = key(True, "tp without pp: logits stay split by vocabulary, the loss computed on the shards")
-    balance_batches: bool = key(
-        False,
-        "split each update's micro-batches between the data-parallel ranks by their measured speed, the global "
-        "batch fixed (mixed or throttled GPUs); ddp, zero1, acco, dpu, wp; not fsdp, nor with tp/pp",
-    )
-    replicas: int = key(
-        1,
-        "model replicas that train apart and meet every [diloco] sync_every updates (DiLoCo; docs/diloco.md); "
-        "data_parallel then runs inside each replica. 1: one replica, no outer step",
-    )
+    balance_batches: bool = key(False, "split each update's micro-batches between the data-parallel ranks "
+                                "by their measured speed, the global batch fixed (mixed or throttled "
+                                "GPUs); ddp, zero1, acco, dpu, wp; not fsdp, nor with tp/pp")  # fmt: skip
+    replicas: int = key(1, "model replicas that train apart and meet every [diloco] "
+                        "sync_every updates (DiLoCo; docs/diloco.md); data_parallel then runs "
+                        "inside each replica. 1: one replica, no outer step")  # fmt: skip
 
 
 @dataclass
@@ -162,31 +150,24 @@ class DiLoCo:
     sync_every: int = key(100, "H: inner updates between two outer steps of each fragment")
     outer_lr: float = key(0.7, "the outer Nesterov SGD's learning rate (1 with momentum 0: plain averaging)")
     outer_momentum: float = key(0.9, "the outer Nesterov SGD's momentum")
-    outer_momentum_warmup: int = key(
-        0, "W: the k-th outer step of a fragment has momentum outer_momentum · min(1, k / W) (Pier); 0: off"
-    )
-    outer_momentum_decay: bool = key(
-        False,
-        "the outer momentum also follows the inner learning rate down (Pier): μ·η_t / η_peak at the outer step after "
-        "an update at η_t, η_peak the largest so far",
-    )
-    fragments: int = key(
-        1, "P: Streaming DiLoCo's fragments (contiguous blocks), one syncing every H/P updates in turn"
-    )
+    outer_momentum_warmup: int = key(0, "W: the k-th outer step of a fragment has momentum "
+                                     "outer_momentum · min(1, k / W) (Pier); 0: off")  # fmt: skip
+    outer_momentum_decay: bool = key(False, "the outer momentum also follows the inner learning "
+                                     "rate down (Pier): μ·η_t / η_peak at the outer step after "
+                                     "an update at η_t, η_peak the largest so far")  # fmt: skip
+    fragments: int = key(1, "P: Streaming DiLoCo's fragments (contiguous blocks), "
+                         "one syncing every H/P updates in turn")  # fmt: skip
     overlap_steps: int = key(0, "τ: inner updates a fragment's all-reduce runs beside before its outer step; < H / P")
-    mixing: float = key(
-        0.0, "α: after an overlapped outer step, θ ← (1 − α)·θ_global + α·θ_local (0 drops τ local updates; paper: 0.5)"
-    )
+    mixing: float = key(0.0, "α: after an overlapped outer step, θ ← (1 − α)·θ_global + "
+                        "α·θ_local (0 drops τ local updates; paper: 0.5)")  # fmt: skip
     outer_dtype: Literal["fp32", "bf16", "int8", "int4", "int2"] = key(
         "fp32",
         "the pseudo-gradient on the wire: fp32 (all-reduce), or bf16 / int8 / int4 / int2 with one scale per row "
         "of 256 (per chunk of 4096 with topk), all-gathered and summed in fp32",
     )
-    topk: float = key(
-        0.0,
-        "fraction of each 4096-element chunk of the pseudo-gradient sent: its largest magnitudes (Elias–Fano-coded "
-        "offsets, outer_dtype values); the rest is fed into the next outer step's (SparseLoCo). 0 sends all",
-    )
+    topk: float = key(0.0, "fraction of each 4096-element chunk of the pseudo-gradient sent: its "
+                      "largest magnitudes (Elias–Fano-coded offsets, outer_dtype values); the rest "
+                      "is fed into the next outer step's (SparseLoCo). 0 sends all")  # fmt: skip
     error_decay: float = key(0.95, "β with topk: the residual not yet sent is multiplied by β at each outer step")
     topk_mean: Literal["senders", "replicas"] = key(
         "senders",
@@ -194,45 +175,31 @@ class DiLoCo:
         "all tokens (an element moves by at most twice its share; less loss per token with 2 and 4 replicas), or "
         "over every replica (0 for one that did not send it: SparseLoCo's rule)",
     )
-    warm_start: int = key(
-        0,
-        "inner updates at the start after each of which the replicas average θ (fp32, all fragments; post-local "
-        "SGD) before the outer steps begin; a multiple of sync_every / fragments",
-    )
-    sync_every_max: int = key(
-        0,
-        "QSR (arXiv 2310.14423): above sync_every, H grows as the learning rate decays, H_t = min(sync_every_max, "
-        "max(H, ⌊H·(η_peak / η_t)²⌋)) from the lr of each outer step's update; 0 keeps H fixed",
-    )
+    warm_start: int = key(0, "inner updates at the start after each of which the replicas "
+                          "average θ (fp32, all fragments; post-local SGD) before the outer "
+                          "steps begin; a multiple of sync_every / fragments")  # fmt: skip
+    sync_every_max: int = key(0, "QSR (arXiv 2310.14423): above sync_every, H grows as the learning "
+                              "rate decays, H_t = min(sync_every_max, max(H, ⌊H·(η_peak / η_t)²⌋)) "
+                              "from the lr of each outer step's update; 0 keeps H fixed")  # fmt: skip
     offload: bool = key(False, "keep θ_global and the outer momentum in CPU memory (pinned with CUDA)")
-    eager: bool = key(
-        False,
-        "with overlap_steps: while a fragment's all-reduce is in flight, continue from the outer step of this "
-        "replica's own pseudo-gradient, then move the local updates onto the true one (arXiv 2502.12996)",
-    )
-    balance_replicas: bool = key(
-        False,
-        "mixed replicas: each replica runs as many of a period's H / fragments inner updates as it can in the time "
-        "the fastest takes for them (measured each period, agreed at the outer step) and idles the rest; the merge "
-        "weighs them by tokens. Needs [training] max_tokens and ddp, zero1 or fsdp inside",
-    )
-    fault_tolerant: bool = key(
-        False,
-        "each replica its own job, met through torchft's lighthouse: a lost replica does not stop the others, and it "
-        "rejoins at an outer step with the live state copied from a peer (docs/reliability.md)",
-    )
-    lighthouse: str = key(
-        "", "with fault_tolerant: the lighthouse (http://host:port); empty: $TORCHFT_LIGHTHOUSE, or run_train.sh's own"
-    )
+    eager: bool = key(False, "with overlap_steps: while a fragment's all-reduce is in flight, "
+                      "continue from the outer step of this replica's own pseudo-gradient, then "
+                      "move the local updates onto the true one (arXiv 2502.12996)")  # fmt: skip
+    balance_replicas: bool = key(False, "mixed replicas: each replica runs as many of a period's H / fragments "
+                                 "inner updates as it can in the time the fastest takes for them (measured each "
+                                 "period, agreed at the outer step) and idles the rest; the merge weighs them by "
+                                 "tokens. Needs [training] max_tokens and ddp, zero1 or fsdp inside")  # fmt: skip
+    fault_tolerant: bool = key(False, "each replica its own job, met through torchft's lighthouse: a lost "
+                               "replica does not stop the others, and it rejoins at an outer step with "
+                               "the live state copied from a peer (docs/reliability.md)")  # fmt: skip
+    lighthouse: str = key("", "with fault_tolerant: the lighthouse (http://host:port); "
+                          "empty: $TORCHFT_LIGHTHOUSE, or run_train.sh's own")  # fmt: skip
     min_replicas: int = key(1, "with fault_tolerant: the replicas an outer step needs to commit")
-    join_timeout_s: float = key(
-        60.0, "with fault_tolerant: how long an outer step waits for a late live replica, then goes on without it"
-    )
-    round_timeout_s: float = key(
-        300.0,
-        "with fault_tolerant: an outer step's exchange waiting longer than this fails; the round runs again without "
-        "the stalled replica (a frozen machine, a cut link); set it above the pseudo-gradient's time on the worst link",
-    )
+    join_timeout_s: float = key(60.0, "with fault_tolerant: how long an outer step waits for "
+                                "a late live replica, then goes on without it")  # fmt: skip
+    round_timeout_s: float = key(300.0, "with fault_tolerant: an outer step's exchange waiting longer than this "
+                                 "fails; the round runs again without the stalled replica (a frozen machine, a cut "
+                                 "link); set it above the pseudo-gradient's time on the worst link")  # fmt: skip
 
 
 @dataclass
@@ -267,11 +234,9 @@ class Preemption:
 
     enable: bool = key(True, "handle `signals` as a preemption (false: SIGTERM stops at once, without a checkpoint)")
     signals: str = key("SIGTERM,SIGUSR1", "comma-separated: any of SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP")
-    grace_s: float = key(
-        90.0,
-        "from the signal, the most time to finish the update and save; past it a rank exits without the "
-        "checkpoint (the previous one stays). Keep it below the time your scheduler gives before SIGKILL",
-    )
+    grace_s: float = key(90.0, "from the signal, the most time to finish the update and save; "
+                         "past it a rank exits without the checkpoint (the previous one stays). "
+                         "Keep it below the time your scheduler gives before SIGKILL")  # fmt: skip
     exit_code: int = key(75, "exit code after a preemption with checkpoints on (75: EX_TEMPFAIL); requeue on it")
 
 
@@ -281,9 +246,8 @@ class Profiling:
     start_step: int = key(5, "the first traced update (the one before it warms the profiler up)")
     active_steps: int = key(2, "updates per trace")
     every: int = key(0, "trace again every this many updates; 0: once")
-    memory_snapshot: bool = key(
-        False, "CUDA: the allocator's history over the first trace too (memory_step<N>.pickle, pytorch.org/memory_viz)"
-    )
+    memory_snapshot: bool = key(False, "CUDA: the allocator's history over the first trace too "
+                                "(memory_step<N>.pickle, pytorch.org/memory_viz)")  # fmt: skip
     folder: str = key("profile", "inside the dump folder")
 
 
@@ -323,8 +287,7 @@ class Config:
     )
 
     def section(self, name: str):
-        """A section by its TOML name, a strategy's included (one registered after this config was built gets its
-        defaults)."""
+        """A section by its TOML name, a strategy's included (one registered after this config gets its defaults)."""
         strategy = registry.option_sections().get(name)
         return getattr(self, name) if strategy is None else self.strategy_options.setdefault(name, strategy())
 

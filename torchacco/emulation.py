@@ -7,8 +7,7 @@ With `[emulation] virtual_compute` (the benchmarks' `--virtual-compute` sets it 
   hooks, buffers, schedules and collectives run as they do.
 
 Gradients are zeros: losses are not computed and are logged as null; speed is what this measures. A slow rank
-(`slow_ranks`) waits `slow_factor` times as long, as a slower GPU would compute.
-"""
+(`slow_ranks`) waits `slow_factor` times as long, as a slower GPU would compute."""
 
 from __future__ import annotations
 
@@ -125,18 +124,16 @@ def calibrate(cfg: Config, threads: int, repeats: int = 8) -> dict:
     for block in block_list(model):
         block.register_forward_pre_hook(lambda m, a: spans.append(-time.perf_counter()))
         block.register_forward_hook(lambda m, a, o: spans.append(time.perf_counter()))
-    forward, backward, share = [], [], []
-    for i in range(repeats + 2):  # two to warm up
+    samples = []  # (forward, backward, the blocks' share of forward) of each repeat
+    for _ in range(repeats + 2):
         spans.clear()
         t0 = time.perf_counter()
         loss, _ = loss_fn.of_batch(model, batch)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
-        if i >= 2:
-            forward.append(t1 - t0)
-            backward.append(t2 - t1)
-            share.append(sum(spans) / (t1 - t0))
+        samples.append((t1 - t0, t2 - t1, sum(spans) / (t1 - t0)))
+    forward, backward, share = zip(*samples[2:])  # two to warm up
     optimizer = build_adamw(model, cfg.optimizer)
     optimizer.step()
     t0 = time.perf_counter()

@@ -58,9 +58,8 @@ def export(cfg, run_dir: Path, checkpoint: Path | None, out: Path | None) -> Pat
         checkpointer = Checkpointer(run_dir / cfg.checkpoint.folder, dims.rank, keep=0, async_save=False)
         checkpoint = checkpoint or checkpointer.latest()
         if checkpoint is None:
-            raise UserError(
-                f"no checkpoint in {run_dir / cfg.checkpoint.folder}; train with [checkpoint] enable = true"
-            )
+            raise UserError(f"no checkpoint in {run_dir / cfg.checkpoint.folder}; "
+                            "train with [checkpoint] enable = true")  # fmt: skip
         tokenizer, _, _ = build_data(cfg.data, cfg.tokenizer, cfg.training.seq_len, cfg.training.seed, dims)
         spec = get_model_spec(cfg.model.name)
         model = build_model(spec, cfg.model, tokenizer.vocab_size, cfg.training.seed, device)
@@ -90,17 +89,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> None:
         if not (opts.run_dir / "config.toml").is_file():
-            raise UserError(
-                f"{opts.run_dir} is not a torchacco run folder (no config.toml); pass the run's --job.dump_folder"
-            )
+            raise UserError(f"{opts.run_dir} is not a torchacco run folder (no "
+                            "config.toml); pass the run's --job.dump_folder")  # fmt: skip
         cfg = load_config(["--config", str(opts.run_dir / "config.toml"), "--checkpoint.export_dtype", opts.dtype])
         p = cfg.parallelism
         if has_outer_step(p.replicas, cfg.diloco):
-            raise UserError(
-                f"{opts.run_dir} trained with DiLoCo's outer step ({p.replicas} replicas), whose checkpoints are not "
-                "exported offline yet; "
-                "the run itself exports θ_global at its end with [checkpoint] export_hf = true (docs/diloco.md)"
-            )
+            raise UserError(f"{opts.run_dir} trained with DiLoCo's outer step ({p.replicas} replicas), whose "
+                            "checkpoints are not exported offline yet; the run itself exports θ_global at "
+                            "its end with [checkpoint] export_hf = true (docs/diloco.md)")  # fmt: skip
         ranks = p.tensor_parallel_degree * p.pipeline_parallel_degree
         if ranks > 1 and "RANK" not in os.environ:  # again, on one CPU process per (pp, tp) coordinate
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]

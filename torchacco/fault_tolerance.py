@@ -6,8 +6,7 @@ ranks holding the same part of the model in every live replica, and a replica be
 
 One outer step is one torchft round: `start_quorum` (a replica behind heals there), the token-weighted exchange,
 `should_commit`. A failed round is not committed and runs again with the replicas then present. A replica that
-healed in the round sends zeros with weight 0 (its Δ is not one); a lost replica sends none.
-"""
+healed in the round sends zeros with weight 0 (its Δ is not one); a lost replica sends none."""
 
 from __future__ import annotations
 
@@ -64,42 +63,34 @@ def check_config(d, replicas: int) -> None:
                (d.outer_momentum_decay, "outer_momentum_decay = false")]  # fmt: skip
     for value, fix in refused:
         if value:
-            raise UserError(
-                f"[diloco] fault_tolerant runs each outer step as one round of the replicas present, which may run "
-                f"again, after a committed update; set {fix}, or fault_tolerant = false"
-            )
+            raise UserError("[diloco] fault_tolerant runs each outer step as one round of "
+                            "the replicas present, which may run again, after a committed "
+                            f"update; set {fix}, or fault_tolerant = false")  # fmt: skip
     if d.outer_dtype != "fp32":
-        raise UserError(
-            f"[diloco] fault_tolerant sends the pseudo-gradient as one fp32 all-reduce over torchft's group (its "
-            f"gathers are not yet wired); set outer_dtype = 'fp32' (got {d.outer_dtype!r}), or fault_tolerant = false"
-        )
+        raise UserError("[diloco] fault_tolerant sends the pseudo-gradient as one fp32 all-reduce "
+                        "over torchft's group (its gathers are not yet wired); set outer_dtype = "
+                        f"'fp32' (got {d.outer_dtype!r}), or fault_tolerant = false")  # fmt: skip
     replica = replica_of_job()
     if replica is not None and replica >= replicas:
-        raise UserError(
-            f"{ENV_REPLICA}={replica}, but [parallelism] replicas = {replicas}: number the replicas' jobs 0 to "
-            f"{replicas - 1}"
-        )
+        raise UserError(f"{ENV_REPLICA}={replica}, but [parallelism] replicas = {replicas}: "
+                        f"number the replicas' jobs 0 to {replicas - 1}")  # fmt: skip
     if not 1 <= d.min_replicas <= replicas:
-        raise UserError(
-            f"[diloco] min_replicas = {d.min_replicas} can never be met with [parallelism] replicas = {replicas}; set "
-            f"it between 1 and {replicas}"
-        )
+        raise UserError(f"[diloco] min_replicas = {d.min_replicas} can never be met with [parallelism] "
+                        f"replicas = {replicas}; set it between 1 and {replicas}")  # fmt: skip
     for name in ("join_timeout_s", "round_timeout_s"):
         if getattr(d, name) <= 0:
             raise UserError(f"[diloco] {name} = {getattr(d, name):g} must be positive")
     if importlib.util.find_spec("torchft") is None:  # (not imported here: it must load after _quiet_torchft)
-        raise UserError(
-            f"[diloco] fault_tolerant needs torchft; install it with `pip install {TORCHFT}` (or ./install.sh ft)"
-        )
+        raise UserError("[diloco] fault_tolerant needs torchft; install it with "
+                        f"`pip install {TORCHFT}` (or ./install.sh ft)")  # fmt: skip
 
 
 def lighthouse_address(options) -> str:
     address = options.lighthouse or os.environ.get(ENV_LIGHTHOUSE, "")
     if not address:
-        raise UserError(
-            "[diloco] fault_tolerant needs a lighthouse: start ./run_train.sh on one machine (it starts one), or "
-            f"run `torchacco lighthouse` and set {ENV_LIGHTHOUSE} or [diloco] lighthouse"
-        )
+        raise UserError("[diloco] fault_tolerant needs a lighthouse: start ./run_train.sh "
+                        "on one machine (it starts one), or run `torchacco lighthouse` "
+                        f"and set {ENV_LIGHTHOUSE} or [diloco] lighthouse")  # fmt: skip
     url = urlparse(address if "://" in address else f"http://{address}")
     deadline = time.monotonic() + 15.0
     while True:  # one line now, rather than a quorum that times out in half an hour
@@ -108,10 +99,8 @@ def lighthouse_address(options) -> str:
             return address
         except (OSError, TypeError):
             if time.monotonic() > deadline:
-                raise UserError(
-                    f"no lighthouse answers at {address} ([diloco] lighthouse or ${ENV_LIGHTHOUSE}); start it "
-                    "(torchacco lighthouse) or correct the address"
-                ) from None
+                raise UserError(f"no lighthouse answers at {address} ([diloco] lighthouse or ${ENV_LIGHTHOUSE}); "
+                                "start it (torchacco lighthouse) or correct the address") from None  # fmt: skip
             time.sleep(0.5)
 
 
@@ -221,10 +210,9 @@ class ReplicaLink:
 
     def _load(self, state: dict) -> None:
         if state["layout"] != self.layout:
-            raise UserError(
-                f"replica {self.replica} cannot heal from a replica laid out otherwise ({state['layout']} against its "
-                f"{self.layout}): launch every replica with the same ranks, parallelism and data_parallel"
-            )
+            raise UserError(f"replica {self.replica} cannot heal from a replica laid out otherwise "
+                            f"({state['layout']} against its {self.layout}): launch every replica "
+                            "with the same ranks, parallelism and data_parallel")  # fmt: skip
         self._state[1](state)
         self.healed = True
 
@@ -275,10 +263,8 @@ class ReplicaLink:
             cause = str(error.original_exception if error else "not committed").strip().splitlines()
             self.log(f"torchacco: replica {self.replica}: outer step round {attempt} failed "
                      f"({cause[-1][:160] if cause else 'no detail'}); again with the replicas present")  # fmt: skip
-        raise PeerFailure(
-            f"replica {self.replica}: the outer step failed in {ATTEMPTS} rounds in a row; the lighthouse or this "
-            "replica's link is down"
-        )
+        raise PeerFailure(f"replica {self.replica}: the outer step failed in {ATTEMPTS} rounds "
+                          "in a row; the lighthouse or this replica's link is down")  # fmt: skip
 
     def _count_present(self) -> None:
         present = self.manager.num_participants()

@@ -89,10 +89,9 @@ def run(opts: argparse.Namespace) -> str:
     tokenizer = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     name, args, state_dict = load_hf(folder)
     if tokenizer.get_vocab_size(with_added_tokens=True) > args.vocab_size:
-        raise UserError(
-            f"{folder}/tokenizer.json has {tokenizer.get_vocab_size()} tokens, more than the model's "
-            f"vocab_size {args.vocab_size}; it is not the tokenizer the model was trained with"
-        )
+        raise UserError(f"{folder}/tokenizer.json has {tokenizer.get_vocab_size()} "
+                        f"tokens, more than the model's vocab_size {args.vocab_size}; it "
+                        "is not the tokenizer the model was trained with")  # fmt: skip
     with torch.device("meta"):
         model = get_model_spec(name).model_cls(args)
     model.to_empty(device=device)

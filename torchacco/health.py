@@ -100,20 +100,12 @@ class Heartbeat:
             self._cond.notify_all()
 
     def read(self) -> dict[int, dict] | None:
-        """The other ranks' heartbeats; None when the store does not answer within READ_TIMEOUT_S."""
-        found = {}
-
-        def read_all() -> None:
-            with contextlib.suppress(Exception):  # the store's host is gone
-                keys = {r: f"{BEAT_KEY}{r}" for r in range(self.world) if r != self.rank}
-                found["beats"] = {r: json.loads(self.store.get(k)) for r, k in keys.items() if self.store.check([k])}
-
-        # On a thread: a store whose host hangs blocks a read for the store's own timeout (the
-        # collective timeout, 30 minutes by default), and no timeout bounds a read in progress.
-        reader = threading.Thread(target=read_all, name="torchacco-heartbeat-read", daemon=True)
-        reader.start()
-        reader.join(READ_TIMEOUT_S)
-        return found.get("beats")
+        """The other ranks' heartbeats; None when the store does not answer within READ_TIMEOUT_S. (On a thread: a store
+        whose host hangs blocks a read for the store's own timeout, the collective timeout, and no timeout bounds a read
+        in progress.)"""
+        keys = {r: f"{BEAT_KEY}{r}" for r in range(self.world) if r != self.rank}
+        read = lambda: {r: json.loads(self.store.get(k)) for r, k in keys.items() if self.store.check([k])}
+        return within(read, READ_TIMEOUT_S, "torchacco-heartbeat-read")  # None too when the store's host is gone
 
     def diagnose(self, watch_s: float | None = None) -> str:
         """A sentence naming the ranks that stopped and where, or what is known."""
@@ -126,24 +118,17 @@ class Heartbeat:
         second = self.read()
         if second is None:
             return "the launcher's store stopped answering while the heartbeats were read: node 0 is probably down"
-        silent = [
-            r
-            for r in range(self.world)
-            if r != self.rank and (r not in first or (r in second and second[r]["beat"] == first[r]["beat"]))
-        ]
+        others = (r for r in range(self.world) if r != self.rank)
+        silent = [r for r in others if r not in first or (r in second and second[r]["beat"] == first[r]["beat"])]
         if silent:
-            return "; ".join(
-                f"rank {r} stopped responding in {first[r]['where']}"
-                if r in first
-                else f"rank {r} never reported (it died or stalled while starting)"
-                for r in silent
-            )
+            stopped = {r: f"stopped responding in {first[r]['where']}" for r in silent if r in first}
+            never = "never reported (it died or stalled while starting)"
+            return "; ".join(f"rank {r} {stopped.get(r, never)}" for r in silent)
         busy = "; ".join(f"rank {r} is alive, in {second[r]['where']}" for r in sorted(second))
         return behind({**second, self.rank: self._beat()}) or (
-            f"no rank stopped: {busy} — a rank much slower than the others, ranks that disagree on the work to do, "
-            "or a collective hung in the communication library (with NCCL, <dump_folder>/flight_recorder holds each "
-            "rank's last collectives)"
-        )
+            f"no rank stopped: {busy} — a rank much slower than the others, ranks that disagree on the work to do, or "
+            "a collective hung in the communication library (with NCCL, <dump_folder>/flight_recorder holds each "
+            "rank's last collectives)")  # fmt: skip
 
 
 def behind(beats: dict[int, dict], named: int = 4) -> str | None:
@@ -162,10 +147,9 @@ def behind(beats: dict[int, dict], named: int = 4) -> str | None:
         waiting += "" if len(ahead) == 1 else (" are" if len(ahead) <= named else f" and {len(ahead) - named} more are")
         for r in late:
             late_ranks.add(r)
-            said.append(
-                f"rank {r} has not entered the {op} that {waiting} in (their reduce-scatter or all-gather #{most}; "
-                f"rank {r} entered {entered[r][0]}): rank {r} is alive, in {beats[r]['where']}"
-            )
+            said.append(f"rank {r} has not entered the {op} that {waiting} in (their "
+                        f"reduce-scatter or all-gather #{most}; rank {r} entered {entered[r][0]}): "
+                        f"rank {r} is alive, in {beats[r]['where']}")  # fmt: skip
     if not said:
         return None
     more = f"; and {len(said) - named} more ranks behind" if len(said) > named else ""
@@ -188,22 +172,31 @@ def watch(hb: Heartbeat, deadline_s: float, timeout_s: float, dump: Callable[[],
 
 def last_collective() -> tuple[int, str]:
     """(ns, what) of the flight recorder's newest collective (DDP's, DTensor's: C++ issues them), or (0, "")."""
-    found = [(0, "")]
 
-    def read() -> None:
-        with contextlib.suppress(Exception):
-            e = max(pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, False, True))["entries"],
-                    key=lambda e: e["time_created_ns"])  # fmt: skip
-            seq = e["collective_seq_id"] or e.get("p2p_seq_id", 0)
-            found.append(
-                (e["time_created_ns"], f"{e['profiling_name']} (#{seq}) on process group {e['process_group'][0]}")
-            )
+    def read() -> tuple[int, str]:
+        e = max(pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, False, True))["entries"],
+                key=lambda e: e["time_created_ns"])  # fmt: skip
+        seq = e["collective_seq_id"] or e.get("p2p_seq_id", 0)
+        return e["time_created_ns"], f"{e['profiling_name']} (#{seq}) on process group {e['process_group'][0]}"
 
-    if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or 0) > 0:  # (on a thread: its lock may be held beside the hang)
-        reader = threading.Thread(target=read, name="torchacco-flight-recorder-read", daemon=True)
-        reader.start()
-        reader.join(5.0)
-    return found[-1]
+    if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or 0) <= 0:
+        return 0, ""
+    return within(read, 5.0, "torchacco-flight-recorder-read") or (0, "")  # (its lock may be held beside the hang)
+
+
+def within(fn: Callable[[], object], timeout_s: float, name: str, errors: tuple = (Exception,)):
+    """`fn()` on a daemon thread of its own, waited for at most `timeout_s`: its result, or None when it raised one of
+    `errors` or is still running (a store or a lock held beside a hang must not hold up a diagnosis)."""
+    found = []
+
+    def run() -> None:
+        with contextlib.suppress(*errors):
+            found.append(fn())
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return found[0] if found else None
 
 
 _report_lock = threading.Lock()
@@ -276,15 +269,10 @@ class SigtermGuard:
 
 
 def is_peer_failure(error: BaseException) -> bool:
-    """Does this error from a collective mean a peer died or stalled?"""
     return isinstance(error, dist.DistBackendError | Stalled) or any(marker in str(error) for marker in PEER_FAILURES)
 
 
-# What gloo raises, as a plain RuntimeError from inside DDP's backward hooks, when a peer dies or stalls
-PEER_FAILURES = (
-    "Timed out",
-    "timed out",
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Application timeout caused pair closure",  # gloo's own timeout on a stalled peer's connection
-)
+# What gloo raises, as a plain RuntimeError from inside DDP's backward hooks, when a peer dies or stalls (the last:
+# gloo's own timeout on a stalled peer's connection)
+PEER_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer",
+                 "Application timeout caused pair closure")  # fmt: skip

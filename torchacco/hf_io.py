@@ -7,8 +7,7 @@
 A folder written here loads with `transformers.AutoModelForCausalLM.from_pretrained(folder)`, and one from the
 Hub or `save_pretrained` loads here, for models whose `ModelSpec` has an `HFAdapter` (which owns names and
 config.json). Layout as `save_pretrained` writes it: `model.safetensors`, or above `max_shard_bytes`
-`model-00001-of-0000N.safetensors` + `model.safetensors.index.json`; a tied head is re-tied, not written.
-"""
+`model-00001-of-0000N.safetensors` + `model.safetensors.index.json`; a tied head is re-tied, not written."""
 
 from __future__ import annotations
 
@@ -36,9 +35,6 @@ TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 _HF_MODEL_TYPES = {"gpt_neo": "gpt_neo", "llama": "llama3"}  # config.json model_type -> models/<name>
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-# --- writing ---
 
 
 def save_hf(
@@ -77,14 +73,12 @@ def save_hf(
     tmp.mkdir()
     try:
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-        if len(shards) == 1:
-            save_file(shards[0], tmp / WEIGHTS, metadata={"format": "pt"})
-        else:
-            weight_map = {}
-            for i, shard in enumerate(shards, 1):
-                name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, tmp / name, metadata={"format": "pt"})
-                weight_map.update(dict.fromkeys(shard, name))
+        n = len(shards)
+        names = [WEIGHTS] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+        for shard, name in zip(shards, names):
+            save_file(shard, tmp / name, metadata={"format": "pt"})
+        if n > 1:
+            weight_map = {key: name for shard, name in zip(shards, names) for key in shard}
             total = sum(t.numel() * t.element_size() for t in hf_sd.values())
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
             (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
@@ -100,9 +94,8 @@ def save_hf(
 def _adapter_spec(model_name: str) -> ModelSpec:
     spec = get_model_spec(model_name)
     if spec.hf is None:
-        raise UserError(
-            f"model {model_name} has no Hugging Face adapter (models/{model_name}/hf.py); export is unavailable"
-        )
+        raise UserError(f"model {model_name} has no Hugging Face adapter "
+                        f"(models/{model_name}/hf.py); export is unavailable")  # fmt: skip
     return spec
 
 
@@ -115,10 +108,8 @@ def _check_replaceable(folder: Path) -> None:
     ours = {CONFIG, WEIGHTS, INDEX, TOKENIZER, TOKENIZER_CONFIG, "generation_config.json"}
     other = [p.name for p in folder.iterdir() if p.name not in ours and not p.name.endswith(".safetensors")]
     if other:
-        raise UserError(
-            f"export folder {folder} exists and holds other files ({', '.join(sorted(other)[:3])}); "
-            f"choose a new or empty folder"
-        )
+        raise UserError(f"export folder {folder} exists and holds other files "
+                        f"({', '.join(sorted(other)[:3])}); choose a new or empty folder")  # fmt: skip
 
 
 def _swap_into_place(tmp: Path, folder: Path) -> None:
@@ -171,9 +162,6 @@ def _tokenizer_config(tokenizer_json: Path, eos_id: int | None) -> dict:
     return cfg
 
 
-# --- reading ---
-
-
 class OnDisk:
     """A safetensors tensor not read yet: its shape now, its fp32 values on `load()` (a rank filling its shard
     of a large model holds one whole tensor at a time, never the model)."""
@@ -203,14 +191,11 @@ def load_hf(folder, model_name: str | None = None, lazy: bool = False) -> tuple[
     model_type = config.get("model_type")
     name = _HF_MODEL_TYPES.get(model_type)
     if name is None:
-        raise UserError(
-            f"{config_path}: model_type {model_type!r} is not supported; torchacco reads: {', '.join(_HF_MODEL_TYPES)}"
-        )
+        raise UserError(f"{config_path}: model_type {model_type!r} is not supported; "
+                        f"torchacco reads: {', '.join(_HF_MODEL_TYPES)}")  # fmt: skip
     if model_name not in (None, name):
-        raise UserError(
-            f"{folder} holds a {model_type} model ({name}), but the config asks for '{model_name}'; "
-            f'set [model] name = "{name}" or point at a {model_name} folder'
-        )
+        raise UserError(f"{folder} holds a {model_type} model ({name}), but the config asks for '{model_name}'; "
+                        f'set [model] name = "{name}" or point at a {model_name} folder')  # fmt: skip
     spec = _adapter_spec(name)
     try:
         args = spec.hf.args_from_hf_config(config)
@@ -235,36 +220,29 @@ def _read_safetensors(folder: Path, lazy: bool) -> dict[str, torch.Tensor]:
             raise UserError(f"{index_path} is not a valid safetensors index ({e}); re-export the model") from None
         files = list(dict.fromkeys(weight_map.values()))
         if lost := [f for f in files if not (folder / f).is_file()]:
-            raise UserError(
-                f"{index_path} lists shard {lost[0]}, which is missing from {folder}; "
-                "copy the whole folder or re-export it"
-            )
+            raise UserError(f"{index_path} lists shard {lost[0]}, which is missing from "
+                            f"{folder}; copy the whole folder or re-export it")  # fmt: skip
     elif (folder / WEIGHTS).is_file():
         files, weight_map = [WEIGHTS], None
     else:
         files, weight_map = sorted(p.name for p in folder.glob("*.safetensors")), None
         if not files:
-            raise UserError(
-                f"{folder} has no safetensors weights ({WEIGHTS} or {INDEX}); export the model with safetensors "
-                "(PyTorch .bin files are not read)"
-            )
+            raise UserError(f"{folder} has no safetensors weights ({WEIGHTS} or {INDEX}); export the "
+                            "model with safetensors (PyTorch .bin files are not read)")  # fmt: skip
 
     sd = {}
     for f in files:
         try:
             tensors = on_disk(folder / f) if lazy else load_file(folder / f)
         except Exception as e:  # SafetensorError, OSError: a truncated or foreign file
-            raise UserError(
-                f"cannot read {folder / f} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                f"the file is corrupted or incomplete: re-export or re-download it"
-            ) from None
+            raise UserError(f"cannot read {folder / f} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                            "the file is corrupted or incomplete: re-export or re-download it") from None  # fmt: skip
         if dup := sd.keys() & tensors.keys():
             raise UserError(f"tensor '{sorted(dup)[0]}' appears in more than one shard of {folder}; re-export it")
         sd.update(tensors)
     if weight_map is not None and (missing := set(weight_map) - set(sd)):
-        raise UserError(
-            f"{index_path} maps tensor '{sorted(missing)[0]}' to a shard that does not hold it; re-export the model"
-        )
+        raise UserError(f"{index_path} maps tensor '{sorted(missing)[0]}' to a shard "
+                        "that does not hold it; re-export the model")  # fmt: skip
     return sd
 
 
@@ -273,18 +251,14 @@ def _check_against_args(spec: ModelSpec, args, sd: dict[str, torch.Tensor], fold
     with torch.device("meta"):
         expected = spec.model_cls(args).state_dict()
     if missing := [k for k in expected if k not in sd]:
-        raise UserError(
-            f"{folder} lacks tensor '{missing[0]}' (and {len(missing) - 1} more) that its config.json "
-            f"implies; the export is incomplete"
-        )
+        raise UserError(f"{folder} lacks tensor '{missing[0]}' (and {len(missing) - 1} more) "
+                        "that its config.json implies; the export is incomplete")  # fmt: skip
     if unexpected := [k for k in sd if k not in expected]:
         raise UserError(f"{folder} has tensor '{unexpected[0]}' that a model with its config.json has no place for")
     for k, t in expected.items():
         if sd[k].shape != t.shape:
-            raise UserError(
-                f"{folder}: tensor '{k}' has shape {tuple(sd[k].shape)}, but config.json implies "
-                f"{tuple(t.shape)}; the folder is inconsistent"
-            )
+            raise UserError(f"{folder}: tensor '{k}' has shape {tuple(sd[k].shape)}, but config.json "
+                            f"implies {tuple(t.shape)}; the folder is inconsistent")  # fmt: skip
     return list(expected)
 
 
@@ -294,20 +268,14 @@ def load_into(model: nn.Module, state_dict: dict) -> None:
     expected = model.state_dict(keep_vars=True)
     for k, t in expected.items():  # in the model's order: the first mismatch is the earliest tensor
         if k in state_dict and tuple(state_dict[k].shape) != tuple(t.shape):
-            raise UserError(
-                f"weights tensor '{k}' has shape {tuple(state_dict[k].shape)}, which does not match the configured "
-                f"model: {tuple(t.shape)}; check [model] flavor / vocab_size"
-            )
+            raise UserError(f"weights tensor '{k}' has shape {tuple(state_dict[k].shape)}, which does not match the "
+                            f"configured model: {tuple(t.shape)}; check [model] flavor / vocab_size")  # fmt: skip
     if missing := [k for k in expected if k not in state_dict]:
-        raise UserError(
-            f"the weights lack tensor '{missing[0]}' ({len(missing)} missing) that the configured "
-            f"model has; check [model] name / flavor"
-        )
+        raise UserError(f"the weights lack tensor '{missing[0]}' ({len(missing)} missing) that "
+                        "the configured model has; check [model] name / flavor")  # fmt: skip
     if unexpected := [k for k in state_dict if k not in expected]:
-        raise UserError(
-            f"the weights have tensor '{unexpected[0]}' ({len(unexpected)} unexpected) that the "
-            f"configured model lacks; check [model] name / flavor / n_layers"
-        )
+        raise UserError(f"the weights have tensor '{unexpected[0]}' ({len(unexpected)} unexpected) that "
+                        "the configured model lacks; check [model] name / flavor / n_layers")  # fmt: skip
     with torch.no_grad():
         for k, t in expected.items():
             if t.is_meta:  # a layer another pipeline stage holds

@@ -85,10 +85,9 @@ class RankLogs(DefaultLogsSpecs):
         folder = Path(self.root_log_dir) / (f"restart_{restart}" if restart != "0" else "")
         folder.mkdir(parents=True, exist_ok=True)
         base = {local: str(folder / f"rank_{env['RANK']}") for local, env in envs.items()}
+        out, err, errors = ({local: b + end for local, b in base.items()} for end in (".out", ".err", ".error.json"))
         for local, env in envs.items():
-            env["TORCHELASTIC_ERROR_FILE"] = base[local] + ".error.json"
-        out, err = ({local: b + suffix for local, b in base.items()} for suffix in (".out", ".err"))
-        errors = {local: b + ".error.json" for local, b in base.items()}
+            env["TORCHELASTIC_ERROR_FILE"] = errors[local]
         return LogsDest(out, err, dict(out), dict(err), errors, os.devnull, os.devnull)
 
 
@@ -192,19 +191,14 @@ def launch(errors: Path) -> int:
         for line in unprinted_errors(errors):
             print(line, file=sys.stderr)
         rank, failure = min(e.failures.items())
-        print(
-            f"torchacco: {len(e.failures)} worker(s) failed (first: rank {rank}, {describe(failure.exitcode)}); "
-            "see the messages above",
-            file=sys.stderr,
-        )
+        print(f"torchacco: {len(e.failures)} worker(s) failed (first: rank {rank}, "
+              f"{describe(failure.exitcode)}); see the messages above", file=sys.stderr)  # fmt: skip
         return 1
     except RendezvousError as e:
-        print_error(
-            f"the nodes did not all join the rendezvous ({type(e).__name__}: "
-            f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else 'no detail'}); check that NNODES nodes "
-            "were started with the same MASTER_ADDR, MASTER_PORT and RDZV_ID, that node 0 is reachable on "
-            "MASTER_PORT, and RDZV_TIMEOUT"
-        )
+        print_error(f"the nodes did not all join the rendezvous ({type(e).__name__}: "
+                    f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else 'no detail'}); "
+                    "check that NNODES nodes were started with the same MASTER_ADDR, MASTER_PORT and "
+                    "RDZV_ID, that node 0 is reachable on MASTER_PORT, and RDZV_TIMEOUT")  # fmt: skip
         return 1
     return 0
 

@@ -69,21 +69,16 @@ class MetricsLogger:
         print(self._console_line(record), flush=True)
 
     def _console_line(self, r: dict) -> str:
-        parts = [
-            f"step {r['step']:>6}",
-            "loss —" if r["loss"] is None else f"loss {r['loss']:.4f}",
-            f"lr {r['lr']:.2e}",
-            f"{r['tokens_per_s']:,.0f} tok/s",
-        ]
+        loss = "loss —" if r["loss"] is None else f"loss {r['loss']:.4f}"
+        parts = [f"step {r['step']:>6}", loss, f"lr {r['lr']:.2e}", f"{r['tokens_per_s']:,.0f} tok/s"]
         if "tflops" in r:
             parts.append(f"{r['tflops']:.3g} TFLOP/s" + (f" ({100 * r['mfu']:.1f}% MFU)" if "mfu" in r else ""))
         parts += [f"mem {r['memory_gib']:.2f} GiB", f"gnorm {r['grad_norm']:.3f}"]
         parts.append(f"data/compute/sync {r['share_data']:.0%}/{r['share_compute']:.0%}/{r['share_sync']:.0%}")
         if "overlap" in r:  # overlapped schedules (acco, dpu, wp)
             mb = r["micro_batches_per_rank"]
-            parts.append(
-                f"exposed comm {r['exposed_comm_s']:.3f}s overlap {r['overlap']:.0%} micro-batches {min(mb)}-{max(mb)}"
-            )
+            parts.append(f"exposed comm {r['exposed_comm_s']:.3f}s overlap "
+                         f"{r['overlap']:.0%} micro-batches {min(mb)}-{max(mb)}")  # fmt: skip
         if "estimate_drift" in r:
             parts.append(f"|θ̃-θ|/|θ| {r['estimate_drift']:.2e}")
         if r.get("skipped"):
@@ -105,10 +100,8 @@ class MetricsLogger:
             print(message, flush=True)
 
     def close(self) -> None:
-        if self.jsonl:
-            self.jsonl.close()
-        if self.writer:
-            self.writer.close()
+        for handle in filter(None, (self.jsonl, self.writer)):
+            handle.close()
 
 
 class Throughput:

@@ -2,8 +2,7 @@
 (docs/reliability.md#preemption). The signal handler only records the signal; the ranks agree at update boundaries
 on a gloo group of their own (no GPU sync, no group shared with the communication thread). torchrun stops the
 survivors of a dead worker with the same SIGTERM and SIGKILLs them 30 s later, so a rank PEER_CHECK_S past the
-signal without a boundary reads the heartbeats: if a peer stopped beating, it prints the diagnosis and exits at once.
-"""
+signal without a boundary reads the heartbeats: if a peer stopped beating, it prints the diagnosis and exits at once."""
 
 from __future__ import annotations
 
@@ -33,29 +32,24 @@ def parse_signals(text: str) -> list[signal.Signals]:
     for name in (n.strip().upper() for n in text.split(",") if n.strip()):
         full = name if name.startswith("SIG") else "SIG" + name
         if full not in ALLOWED:
-            raise UserError(
-                f'[preemption] signals: {name!r} is not one of {", ".join(ALLOWED)}; e.g. signals = "SIGTERM,SIGUSR1"'
-            )
+            raise UserError(f'[preemption] signals: {name!r} is not one of {", ".join(ALLOWED)}; '
+                            'e.g. signals = "SIGTERM,SIGUSR1"')  # fmt: skip
         found.append(signal.Signals[full])
     if not found:
-        raise UserError(
-            '[preemption] signals is empty; name one or more (e.g. "SIGTERM,SIGUSR1") or set enable = false'
-        )
+        raise UserError("[preemption] signals is empty; name one or more (e.g. "
+                        '"SIGTERM,SIGUSR1") or set enable = false')  # fmt: skip
     return found
 
 
 def check_config(p) -> None:
-    """Mistakes in the [preemption] section, before launch."""
     if not p.enable:
         return
     parse_signals(p.signals)
     if p.grace_s <= 0:
         raise UserError(f"[preemption] grace_s must be positive, got {p.grace_s:g}")
     if not 2 <= p.exit_code <= 125:
-        raise UserError(
-            f"[preemption] exit_code = {p.exit_code} must be between 2 and 125 (0 means success, 1 an error, "
-            "126 and above 'not run' or 'killed by a signal'); the default is 75"
-        )
+        raise UserError(f"[preemption] exit_code = {p.exit_code} must be between 2 and 125 (0 means success, 1 an "
+                        "error, 126 and above 'not run' or 'killed by a signal'); the default is 75")  # fmt: skip
 
 
 def exit_code(p, checkpoints: bool, signum: int) -> int:
@@ -148,11 +142,8 @@ class Preemption:
         name = signal.Signals(self.signum).name
         code = exit_code(self.cfg, checkpointer is not None, self.signum)
         if checkpointer is None:
-            raise Preempted(
-                f"stopped at step {step} on {name}; [checkpoint] enable = false, so nothing was saved and a relaunch "
-                f"starts over (exit code {code})",
-                code,
-            )
+            raise Preempted(f"stopped at step {step} on {name}; [checkpoint] enable = false, so nothing "
+                            f"was saved and a relaunch starts over (exit code {code})", code)  # fmt: skip
         start = time.perf_counter()
         self.heartbeat.enter(f"checkpoint save on {name} (step {step})")
         with record_function("torchacco/checkpoint_save"):
@@ -160,12 +151,9 @@ class Preemption:
                 checkpointer.save(step, state())
             checkpointer.wait()
         self._saved = True
-        raise Preempted(
-            f"stopped at step {step} on {name} and saved {checkpointer.folder / f'step-{step:08d}'} "
-            f"({time.perf_counter() - start:.1f} s); exit code {code}: requeue the job, the same command resumes "
-            "from there",
-            code,
-        )
+        raise Preempted(f"stopped at step {step} on {name} and saved {checkpointer.folder / f'step-{step:08d}'} "
+                        f"({time.perf_counter() - start:.1f} s); exit code {code}: requeue the job, the same "
+                        "command resumes from there", code)  # fmt: skip
 
     def _watchdog(self) -> None:
         self._signalled.wait()
@@ -176,14 +164,10 @@ class Preemption:
         if self._stand_down.wait(max(0.0, self.cfg.grace_s - (time.monotonic() - signalled))):
             return
         if not self._saved and self.rank == 0:
-            print(
-                f"torchacco: preempted ({signal.Signals(self.signum).name}), but the update and its checkpoint did not "
-                f"finish within [preemption] grace_s = {self.cfg.grace_s:g} (rank 0 was in "
-                f"{self.heartbeat.where()}); exiting without it: a relaunch resumes from the latest complete "
-                "checkpoint",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"torchacco: preempted ({signal.Signals(self.signum).name}), but the update and its checkpoint did "
+                  f"not finish within [preemption] grace_s = {self.cfg.grace_s:g} (rank 0 was in "
+                  f"{self.heartbeat.where()}); exiting without it: a relaunch resumes from the latest complete "
+                  "checkpoint", file=sys.stderr, flush=True)  # fmt: skip
         sys.stderr.flush()
         os._exit(exit_code(self.cfg, self.checkpoints, self.signum))
 

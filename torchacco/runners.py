@@ -1,6 +1,5 @@
 """Runners: "start this job beside the compute; is it done?; wait" — the half of the device seam that the
-overlapped schedules use. A thread on CPU; on CUDA a thread that issues the job's kernels on a side stream.
-"""
+overlapped schedules use. A thread on CPU; on CUDA a thread that issues the job's kernels on a side stream."""
 
 from __future__ import annotations
 
@@ -31,11 +30,9 @@ def stall_deadline_s(collective_timeout: timedelta) -> float:
 
 
 class ThreadRunner:
-    """Runs one job at a time beside the compute, on a communication thread.
-
-    Collectives are issued only by this thread while a job is in flight, so every rank issues them in the same
-    order. The thread is a daemon: a job stuck on a frozen peer never keeps the process from exiting.
-    """
+    """Runs one job at a time beside the compute, on a communication thread: collectives are issued only by this thread
+    while a job is in flight, so every rank issues them in the same order. The thread is a daemon: a job stuck on a
+    frozen peer never keeps the process from exiting."""
 
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -73,9 +70,8 @@ class ThreadRunner:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
             left_stuck.set()
-            raise Stalled(
-                f"the communication job made no progress for {timeout_s:.0f} s (Timed out waiting for it)"
-            ) from None
+            raise Stalled(f"the communication job made no progress for {timeout_s:.0f} "
+                          "s (Timed out waiting for it)") from None  # fmt: skip
 
     def abandon(self) -> None:
         """Forget the job in flight (while another error ends the run): nothing waits for it."""
@@ -151,8 +147,6 @@ def wait_for_event(event, timeout_s: float | None, waited_s: float = 0.0, poll_s
     while not event.query():
         if deadline is not None and time.monotonic() > deadline:
             left_stuck.set()  # kernels still queued behind the hung collective
-            raise Stalled(
-                f"the communication job's kernels made no progress for {waited_s + timeout_s:.0f} s "
-                "(Timed out waiting for it)"
-            )
+            raise Stalled("the communication job's kernels made no progress for "
+                          f"{waited_s + timeout_s:.0f} s (Timed out waiting for it)")  # fmt: skip
         time.sleep(poll_s)

@@ -151,13 +151,11 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
     plan = UpdatePlan.from_config(t, cfg.optimizer, cfg.lr_schedule, dims.dp_size, dtype, dims.replicas)
     strategy, pipeline = parallelize(cfg, spec, dims, device, model, loss_fn, plan, init)
     run = _start(cfg, dims, device, strategy, (train_set, val_set), loss_fn, pipeline, n_params)
-    run.log.info(
-        f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | "
-        f"{strategy.name} × {dims.dp_size}{model_parallel_label(dims, strategy.model)}{_replicas(cfg, dims)} on "
-        f"{device.name} | {str(dtype).removeprefix('torch.')} | "
-        f"batch {plan.tokens_per_update * dims.replicas // t.seq_len:.0f} × {t.seq_len} "
-        f"(accumulation {plan.micro_batches}) | {t.steps} steps | {folder}"
-    )
+    run.log.info(f"torchacco: {kind.label} {n_params / 1e6:.2f}M params | {strategy.name} × "
+                 f"{dims.dp_size}{model_parallel_label(dims, strategy.model)}{_replicas(cfg, dims)} "
+                 f"on {device.name} | {str(dtype).removeprefix('torch.')} | batch "
+                 f"{plan.tokens_per_update * dims.replicas // t.seq_len:.0f} × {t.seq_len} "
+                 f"(accumulation {plan.micro_batches}) | {t.steps} steps | {folder}")  # fmt: skip
     if cfg.emulation.virtual_compute:
         run.log.info("torchacco: virtual compute ([emulation]): forward, backward and AdamW are waits; losses are "
                      "not computed (logged as null), speed is what this run measures")  # fmt: skip
@@ -166,9 +164,8 @@ def _train(cfg: Config, dims: ParallelDims, device: Device, kind: ModelKind, mod
         summary = _loop(cfg, dims, device, run, preempt)
         if cfg.checkpoint.export_hf:
             dims.heartbeat.enter("export to Hugging Face format")
-            exported = export_hf(
-                cfg.model.name, kind, strategy, dims, folder / "hf", cfg.checkpoint.export_dtype, tokenizer
-            )
+            c = cfg.checkpoint
+            exported = export_hf(cfg.model.name, kind, strategy, dims, folder / "hf", c.export_dtype, tokenizer)
             if exported:
                 run.log.info(f"torchacco: exported θ to {exported} (Hugging Face safetensors + config.json)")
     finally:
@@ -189,10 +186,8 @@ def _datasets(cfg: Config, dims: ParallelDims, datasets, tokenizer):
         where = (t.seq_len, dims.data_rank, dims.data_size, t.seed, cfg.eval.every > 0)
         tokenizer, train_set, val_set = data.python_datasets(datasets, tokenizer, cfg.data, cfg.tokenizer, *where)
     if cfg.eval.every and getattr(val_set, "num_windows", None) == 0:
-        raise UserError(
-            f"the validation split has no window of {t.seq_len + 1} tokens per rank; raise [data] val_fraction, "
-            "point [data] validation at more text, or set [eval] every = 0"
-        )
+        raise UserError(f"the validation split has no window of {t.seq_len + 1} tokens per rank; raise [data] "
+                        "val_fraction, point [data] validation at more text, or set [eval] every = 0")  # fmt: skip
     return tokenizer, train_set, val_set
 
 
@@ -210,21 +205,16 @@ def _model(cfg: Config, spec, device: Device, kind: ModelKind, model, vocab: int
 
 
 def parallelize(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn, plan, init=None):
-    """Model parallelism, then the data-parallel strategy: (strategy, pipeline or None). `init` allocates a model built
-    on meta: run by the strategy's build (for FSDP, after sharding), so each rank allocates only its part."""
-    model, pipeline = _model_parallel(cfg, spec, dims, device, model, loss_fn)
-    return build_strategy(model, cfg, dims, plan, device, init), pipeline
-
-
-def _model_parallel(cfg: Config, spec, dims: ParallelDims, device: Device, model: nn.Module, loss_fn: TokenLoss):
-    """torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile."""
+    """torchtitan's order: stages -> tensor parallel -> activation checkpointing -> compile; then the data-parallel
+    strategy: (strategy, pipeline or None). `init` allocates a model built on meta: run by the strategy's build (for
+    FSDP, after sharding), so each rank allocates only its part."""
     t = cfg.training
-    model, pipeline = apply_model_parallel(model, spec, cfg.parallelism, cfg.model, cfg.training, dims, device, loss_fn)
+    model, pipeline = apply_model_parallel(model, spec, cfg.parallelism, cfg.model, t, dims, device, loss_fn)
     apply_activation_checkpoint(block_list(model), t.activation_checkpoint, t.selective_checkpoint)
     if cfg.model.compile:
         for unit in compile_units(model):
             unit.compile()
-    return model, pipeline
+    return build_strategy(model, cfg, dims, plan, device, init), pipeline
 
 
 def _replicas(cfg: Config, dims: ParallelDims) -> str:
@@ -390,17 +380,13 @@ def _count_nonfinite(t, state: TrainState, result) -> str | None:
     source = f"the loss of rank(s) {ranks}" if result.nonfinite_ranks else "the gradients"
     advice = "lower [optimizer] lr, raise [lr_schedule] warmup_steps, or check the data"
     if t.on_nonfinite == "abort":
-        return (
-            f"non-finite loss or gradient at step {state.step} (from {source}; loss {result.loss}, gradient "
-            f"norm {result.grad_norm}); the update was not applied. {advice}, or set [training] "
-            "on_nonfinite = 'skip' to skip such updates"
-        )
+        return (f"non-finite loss or gradient at step {state.step} (from {source}; loss "
+                f"{result.loss}, gradient norm {result.grad_norm}); the update was not applied. "
+                f"{advice}, or set [training] on_nonfinite = 'skip' to skip such updates")  # fmt: skip
     if state.skips_in_a_row >= t.max_skips_in_a_row:
-        return (
-            f"{state.skips_in_a_row} updates in a row had a non-finite loss or gradient (steps "
-            f"{state.step - state.skips_in_a_row + 1}-{state.step}, last from {source}); stopping "
-            f"([training] max_skips_in_a_row = {t.max_skips_in_a_row}). {advice}"
-        )
+        return (f"{state.skips_in_a_row} updates in a row had a non-finite loss or gradient (steps "
+                f"{state.step - state.skips_in_a_row + 1}-{state.step}, last from {source}); stopping "
+                f"([training] max_skips_in_a_row = {t.max_skips_in_a_row}). {advice}")  # fmt: skip
     return None
 
 
@@ -417,10 +403,8 @@ def compute_period(
         t0 = time.perf_counter()
         batch = next(batches, None)
         if batch is None:  # torchacco's own datasets are endless; a dataset passed to train() may not be
-            raise UserError(
-                "the training dataset ran out; pass an endless one (an IterableDataset that starts over), or "
-                "texts (data/texts.py packs them into endless windows)"
-            )
+            raise UserError("the training dataset ran out; pass an endless one (an IterableDataset that starts "
+                            "over), or texts (data/texts.py packs them into endless windows)")  # fmt: skip
         batch = {k: v.to(device.torch, non_blocking=True) for k, v in batch.items()}
         t1 = time.perf_counter()
         with (

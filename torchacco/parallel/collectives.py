@@ -2,8 +2,7 @@
 
 NCCL's run near their ring ideal and are used as they are. gloo's reduce-scatter moves an all-reduce's bytes and
 its all-gather takes 1.3–1.6× the ideal on a shaped link, so for gloo both run here as rings of point-to-point
-messages, (W−1)/W of the buffer per rank. Both work in place on a flat buffer, rank r's shard being chunk r.
-"""
+messages, (W−1)/W of the buffer per rank. Both work in place on a flat buffer, rank r's shard being chunk r."""
 
 from __future__ import annotations
 
@@ -44,8 +43,12 @@ WATCHED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter
            "all_to_all_single", "reduce_scatter_single", "all_gather_single")  # fmt: skip
 
 
-def _issue(name: str, group) -> None:
-    """Before a collective: the heartbeat's record; the thread check."""
+def _issue(name: str, group, hooked: bool = False) -> None:
+    """Before a collective: the hook (where `hooked`), the heartbeat's record, the thread check."""
+    if hooked and _before_collective is not None:
+        _before_collective(name)
+    if not dist.is_initialized():
+        return
     group, me = group or dist.group.WORLD, threading.current_thread()
     if group not in dist.distributed_c10d._world.pg_names:  # torchft's: not torch's to name, its manager's to check
         return
@@ -58,8 +61,8 @@ def _issue(name: str, group) -> None:
 
 
 def watch_collectives(heartbeat) -> None:
-    """torch.distributed's collectives called from Python (not DDP's or DTensor's) run the hook, then `_issue`; they
-    and these report to `heartbeat` (health.start's; None: to none)."""
+    """torch.distributed's collectives called from Python (not DDP's or DTensor's) run `_issue` first; they and these
+    report to `heartbeat` (health.start's; None: to none)."""
     global _heartbeat
     _heartbeat = heartbeat
     for name in WATCHED:
@@ -69,10 +72,7 @@ def watch_collectives(heartbeat) -> None:
 
         @functools.wraps(fn)
         def watched(*args, _fn=fn, _name=name, **kwargs):
-            if _before_collective is not None and _everywhere:
-                _before_collective(_name)
-            if dist.is_initialized():
-                _issue(_name, kwargs.get("group"))
+            _issue(_name, kwargs.get("group"), hooked=_everywhere)
             return _fn(*args, **kwargs)
 
         watched._torchacco_watched = True
@@ -105,10 +105,7 @@ def _name(group) -> str:
 def _enter_and_use_ring(name: str, tensor: torch.Tensor, group) -> bool:
     """Before collective `name`: the hook, then the heartbeat (a stall in the hook never enters); whether it runs here
     as a ring."""
-    if _before_collective is not None:
-        _before_collective(name)
-    if dist.is_initialized():
-        _issue(name, group)
+    _issue(name, group, hooked=True)
     if _heartbeat is not None:
         _heartbeat.entered(name, _name(group))
     return dist.get_backend(group) == "gloo" and dist.get_world_size(group) > 1 and tensor.numel() >= RING_MIN_NUMEL

@@ -6,8 +6,7 @@ in, parameters out), the one extra parameter copy over ZeRO-1. At every round bo
 waits for the job in flight (adaptive mode keeps accumulating until it is done) and swaps in its parameters,
 P ← C, then plans the next job; when the next period starts (`micro_batches()`) it hands A over (C ← A), launches
 the job and zeroes A or keeps adding. So between rounds, where the loop logs, evaluates and stops, no job is in
-flight and the master shards hold exactly θ.
-"""
+flight and the master shards hold exactly θ."""
 
 from __future__ import annotations
 
@@ -34,16 +33,10 @@ from torchacco.parallel.strategy import Counts, Strategy, Traits, UpdateResult
 from torchacco.parallel.zero1 import sharded_checkpoint_key
 from torchacco.runners import stall_deadline_s
 
-# The traits the overlapped schedules share; each names itself (and ACCO its estimate rounds).
-OVERLAPPED = Traits(
-    "",
-    "sharded_job",
-    "wait for the communication job",
-    overlapped=True,
-    resume_needs_same_ranks=True,  # checkpoints hold each rank's accumulator
-    shards_theta=True,
-    options=OverlappedOptions,
-)
+# The traits the overlapped schedules share; each names itself (and ACCO its estimate rounds). Their checkpoints hold
+# each rank's accumulator: resumed on as many ranks.
+OVERLAPPED = Traits("", "sharded_job", "wait for the communication job", overlapped=True, shards_theta=True,
+                    options=OverlappedOptions, resume_needs_same_ranks=True)  # fmt: skip
 
 
 class Planner:
@@ -84,8 +77,7 @@ class Planner:
     def state_dict(self) -> dict:
         return {}
 
-    def load_state_dict(self, schedule: dict) -> None:
-        pass
+    def load_state_dict(self, schedule: dict) -> None: ...
 
 
 @dataclass
@@ -141,11 +133,9 @@ class Overlapped(Strategy):
     def check_config(cls, dp_size: int, model_parallel: str, *, options, training, **sections) -> str | None:
         a, estimates = options, cls.traits.estimates
         if a.mode != "deterministic" and model_parallel:
-            return (
-                f"[acco] mode = '{a.mode}' with {model_parallel} is not supported: each rank picks its "
-                "own number of micro-batches, but tensor- and pipeline-parallel peers must run the same "
-                "ones; use mode = 'deterministic'"
-            )
+            return (f"[acco] mode = '{a.mode}' with {model_parallel} is not supported: each rank "
+                    "picks its own number of micro-batches, but tensor- and pipeline-parallel "
+                    "peers must run the same ones; use mode = 'deterministic'")  # fmt: skip
         if a.max_growth < 0 or 0 < a.max_growth < 1:
             return f"[acco] max_growth = {a.max_growth:g} must be 0 (no cap) or at least 1"
         if a.lr_batch_scaling < 0:
@@ -157,21 +147,15 @@ class Overlapped(Strategy):
         for option in ("estimate_share", "estimate_clip"):
             value, default = getattr(a, option), getattr(defaults, option)
             if not estimates and value != default:
-                return (
-                    f"[acco] {option} = {value!r} does nothing here (only acco has an estimate round); "
-                    f"remove it or set it to {default!r}"
-                )
+                return (f"[acco] {option} = {value!r} does nothing here (only acco has an "
+                        f"estimate round); remove it or set it to {default!r}")  # fmt: skip
         if a.estimate_clip == "commit" and not training.max_norm:
-            return (
-                "[acco] estimate_clip = 'commit' does nothing without clipping ([training] max_norm = 0); "
-                "remove it or set max_norm"
-            )
+            return ("[acco] estimate_clip = 'commit' does nothing without clipping "
+                    "([training] max_norm = 0); remove it or set max_norm")  # fmt: skip
         if a.mode == "adaptive" and not training.max_tokens:
-            return (
-                "[acco] mode = 'adaptive' lets each update's batch grow while communication runs, so a step count "
-                "does not fix the learning-rate schedule or the data seen: set [training] max_tokens (the token "
-                "budget)"
-            )
+            return ("[acco] mode = 'adaptive' lets each update's batch grow while communication "
+                    "runs, so a step count does not fix the learning-rate schedule or the data "
+                    "seen: set [training] max_tokens (the token budget)")  # fmt: skip
         return cls.planner_class.check_config(dp_size, options=options, training=training, **sections)
 
     def micro_batches(self):
@@ -322,10 +306,8 @@ class Overlapped(Strategy):
     def load_state_dict(self, state: dict) -> None:
         schedule = state["schedule"]
         if schedule["name"] != self.name:
-            raise UserError(
-                f"this checkpoint was saved by {schedule['name']}, not {self.name}; resume it "
-                f'with [parallelism] data_parallel = "{schedule["name"]}"'
-            )
+            raise UserError(f"this checkpoint was saved by {schedule['name']}, not {self.name}; resume "
+                            f'it with [parallelism] data_parallel = "{schedule["name"]}"')  # fmt: skip
         assert schedule["world"] == self.sharded.flat.world, "the trainer checks the world size before loading"
         self.sharded.load_state_dict(state)  # P was saved as it was (θ̃, θ or a prediction) and loaded in place
         self.consumed = state["consumed"]

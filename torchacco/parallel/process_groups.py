@@ -7,7 +7,6 @@ import contextlib
 import ipaddress
 import os
 import socket
-import threading
 import time
 import uuid
 from datetime import timedelta
@@ -62,21 +61,15 @@ def dump_flight_recorder(dump_folder: Path, rank: int, dump=None, timeout_s: flo
     env = os.environ
     prefix = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     path = Path(f"{prefix or dump_folder / FLIGHT_RECORDER / 'rank_'}{rank}")
-    written = []
 
-    def write() -> None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)  # on this node's disk too
-            path.write_bytes(dump())
-            written.append(path)
-        except (OSError, RuntimeError):
-            pass  # the diagnosis matters more than its evidence
+    def write() -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)  # on this node's disk too
+        path.write_bytes(dump())
+        return path
 
-    # With a deadline: a watchdog stuck beside the hang may hold the recorder's lock, and the diagnosis must go first.
-    writer = threading.Thread(target=write, name="torchacco-flight-recorder", daemon=True)
-    writer.start()
-    writer.join(timeout_s)
-    return written[0] if written else None
+    # With a deadline: a watchdog stuck beside the hang may hold the recorder's lock, and the diagnosis must go first
+    # (which matters more than its evidence: a failed write is dropped).
+    return health.within(write, timeout_s, "torchacco-flight-recorder", errors=(OSError, RuntimeError))
 
 
 def init_distributed(device: Device, timeout_s: float = 1800.0, tp=1, pp=1, replicas=1, job=None) -> ParallelDims:
@@ -111,10 +104,9 @@ def check_gloo_interface() -> None:
         address = None
     if address is None or address.is_loopback:
         found = "does not resolve" if address is None else f"resolves to the loopback address {address}"
-        raise UserError(
-            f"this node's name {host!r} {found}, which the other nodes cannot reach: set GLOO_SOCKET_IFNAME to "
-            "the interface that connects the nodes (e.g. GLOO_SOCKET_IFNAME=eth0; `ip -brief addr` lists them)"
-        )
+        raise UserError(f"this node's name {host!r} {found}, which the other nodes cannot reach: "
+                        "set GLOO_SOCKET_IFNAME to the interface that connects the nodes (e.g. "
+                        "GLOO_SOCKET_IFNAME=eth0; `ip -brief addr` lists them)")  # fmt: skip
 
 
 def _loopback(name: str) -> bool:
@@ -136,10 +128,8 @@ def _diagnosed_setup(store: dist.Store, rank: int, world: int, timeout_s: float)
         if not (isinstance(e, dist.DistError) or health.is_peer_failure(e)):
             raise
         cause = str(e).strip().splitlines()[-1][:120] if str(e).strip() else type(e).__name__
-        raise PeerFailure(
-            f"rank {rank}: setting up the process group failed ({cause}): {beat.diagnose()}; "
-            f"[training] collective_timeout_s = {timeout_s:g}"
-        ) from None
+        raise PeerFailure(f"rank {rank}: setting up the process group failed ({cause}): {beat.diagnose()}; "
+                          f"[training] collective_timeout_s = {timeout_s:g}") from None  # fmt: skip
     finally:
         beat.close()
 
@@ -155,20 +145,17 @@ def attempt_store(store: dist.Store, rank: int, world: int, timeout_s: float) ->
         try:
             attempt = store.get(f"{prefix}name-for/{mine}").decode()  # waits up to the store's timeout
         except dist.DistStoreError:
-            raise PeerFailure(
-                f"rank {rank}: rank 0 did not admit this rank to the process group within [training] "
-                f"collective_timeout_s = {timeout_s:g}: rank 0, or a rank it waits for, died or stalled while "
-                "starting (rank 0's message names it)"
-            ) from None
+            raise PeerFailure(f"rank {rank}: rank 0 did not admit this rank to the process group within "
+                              f"[training] collective_timeout_s = {timeout_s:g}: rank 0, or a rank it waits for, "
+                              "died or stalled while starting (rank 0's message names it)") from None  # fmt: skip
         store.set(f"{prefix}{attempt}/ready/{rank}", "1")
     else:
         attempt = uuid.uuid4().hex
         deadline = time.monotonic() + timeout_s
         for peer in range(1, world):
-            late = PeerFailure(
-                f"rank 0: rank {peer} did not join the process group within [training] collective_timeout_s = "
-                f"{timeout_s:g}: it died or stalled while starting (its own messages, or its node's log, say why)"
-            )
+            late = PeerFailure(f"rank 0: rank {peer} did not join the process group within [training] "
+                               f"collective_timeout_s = {timeout_s:g}: it died or stalled while "
+                               "starting (its own messages, or its node's log, say why)")  # fmt: skip
             while True:
                 # A join key left by a dead attempt gets a name nobody reads; wait and look again.
                 try:

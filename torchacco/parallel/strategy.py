@@ -6,8 +6,7 @@ but the last; adaptive ACCO decides as it goes how many to run); `step(counts)` 
 `UpdateResult` of the update completed now, or None (a round that commits nothing); `evaluation()` gives the
 module holding θ; `state_dict()` / `load_state_dict()` (DCP `Stateful`) resume exactly between two updates.
 What the rest of torchacco needs to know about a strategy is declared by its class (`Traits`, the classmethods),
-so no caller asks for a strategy by name.
-"""
+so no caller asks for a strategy by name."""
 
 from __future__ import annotations
 
@@ -112,10 +111,8 @@ class UpdatePlan:
             ranks = f"data-parallel ranks = {t.local_batch_size} × {dp_size}"
             if replicas > 1:
                 ranks = f"data-parallel ranks × replicas = {t.local_batch_size} × {dp_size} × {replicas}"
-            raise UserError(
-                f"[training] global_batch_size = {t.global_batch_size} is not divisible by local_batch_size × "
-                f"{ranks} = {per_step}; use a multiple of {per_step}"
-            )
+            raise UserError(f"[training] global_batch_size = {t.global_batch_size} is not divisible by "
+                            f"local_batch_size × {ranks} = {per_step}; use a multiple of {per_step}")  # fmt: skip
         global_batch = t.global_batch_size or per_step
         tokens_per_step = global_batch * t.seq_len / replicas
         schedule = TokenSchedule(
@@ -207,8 +204,7 @@ class Strategy(abc.ABC):
 
     @classmethod
     def build(cls, model, dims, plan: UpdatePlan, device, init: Callable[[], None] | None, **sections) -> Strategy:
-        """`from_config` of the config's `sections`, with `init` (None: `model` is allocated) run first: it allocates a
-        model built on meta."""
+        """`from_config` of the config's `sections`, after `init` allocates a model built on meta (None: allocated)."""
         if init is not None:
             init()
         return cls.from_config(model, dims, plan, device, **sections)
@@ -246,16 +242,12 @@ class Theta(Protocol):
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """The fp32 tensors this rank keeps θ in (its shard, for a sharded strategy), by parameter
         name in the model's order. Writing them sets θ; `refresh_copies()` then refreshes what derives from it."""
-        ...
 
     def refresh_copies(self) -> None:
         """The pieces were written: refresh the compute parameters that are copies of them."""
-        ...
 
     def weights_state_dict(self) -> dict:
         """The part of the strategy's `state_dict()` that holds θ (what an export loads)."""
-        ...
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """θ as full fp32 tensors by parameter name (a collective)."""
-        ...

@@ -16,8 +16,7 @@ or fault-tolerant): exchange.py; the wire formats: wire.py, pseudo_gradient.py (
 With one replica (`has_outer_step`) Δ̄ = Δ, nothing is sent: lookahead, SNOO (arXiv 2510.15830).
 
 The outer state covers the pieces of θ this rank holds (`Strategy.theta`): under a sharded inner strategy θ_global
-and m are this rank's shard, all-reduced between the ranks holding it (`dims.replica_group`).
-"""
+and m are this rank's shard, all-reduced between the ranks holding it (`dims.replica_group`)."""
 
 from __future__ import annotations
 
@@ -240,11 +239,9 @@ class DiLoCo(Strategy):
         self.tokens, self.nominal, self.last_seen = list(outer["tokens"]), outer["nominal"], tuple(outer["last_seen"])
         if self.clock is not None:
             if "clock" not in outer:
-                raise UserError(
-                    "this checkpoint holds no balance_replicas learning-rate clock (it was written by an earlier "
-                    "torchacco or without [diloco] balance_replicas): resume it with the torchacco and settings "
-                    "that wrote it, or start the run afresh"
-                )
+                raise UserError("this checkpoint holds no balance_replicas learning-rate clock (it was written "
+                                "by an earlier torchacco or without [diloco] balance_replicas): resume it with "
+                                "the torchacco and settings that wrote it, or start the run afresh")  # fmt: skip
             self.clock.tokens = outer["clock"]
         self.durations, self.stamp = [], time.perf_counter()  # timing starts again with the resumed run
         self.exchange.load_state_dict(outer)

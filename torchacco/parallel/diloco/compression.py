@@ -7,8 +7,7 @@
 
 A message is a chunk's k offsets in an Elias–Fano code and its values as `outer_dtype` (fp32, bf16, or codes with
 one fp32 scale per chunk), the same size on every rank: one all-gather of bytes, decoded and summed in fp32 in
-rank order (the same result everywhere).
-"""
+rank order (the same result everywhere)."""
 
 from __future__ import annotations
 

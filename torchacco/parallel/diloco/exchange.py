@@ -74,8 +74,7 @@ class Synchronous:
         delta, tokens = self.diloco.delta(f)
         return f, delta if self.diloco.dims.replicas == 1 else self.mean(f, delta, tokens)
 
-    def after_update(self) -> None:  # (an overlapped exchange starts its transfers here)
-        pass
+    def after_update(self) -> None: ...  # (an overlapped exchange starts its transfers here)
 
     def land(self, f: int, theta: torch.Tensor) -> torch.Tensor:  # the θ_r that follows θ_global = `theta`
         return theta
@@ -98,11 +97,9 @@ class Synchronous:
         arrived = torch.zeros(self.diloco.state.largest, dtype=torch.float32, device=self.diloco.device.torch)
         return {"in_flight": -1, "arrived": arrived}
 
-    def load_state_dict(self, outer: dict) -> None:
-        pass
+    def load_state_dict(self, outer: dict) -> None: ...
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None: ...
 
 
 class Overlapped(Synchronous):

@@ -14,10 +14,8 @@ def fragment_of(module: torch.nn.Module, names: list[str], fragments: int) -> li
     with the first fragment before them (embeddings) or the last after them (final norm, output head)."""
     blocks = block_list(module)
     if fragments > max(len(blocks), 1):
-        raise UserError(
-            f"[diloco] fragments = {fragments} exceeds the {len(blocks)} transformer blocks of the model (on this "
-            "rank's pipeline stage); use at most that many"
-        )
+        raise UserError(f"[diloco] fragments = {fragments} exceeds the {len(blocks)} transformer blocks "
+                        "of the model (on this rank's pipeline stage); use at most that many")  # fmt: skip
     index = {id(b): i for i, b in enumerate(blocks)}
     prefixes = [(name + ".", index[id(m)]) for name, m in module.named_modules() if id(m) in index]
     out, after_blocks = [], False
@@ -85,8 +83,5 @@ class OuterState:
         return theta.to(self.device.torch)
 
     def state_dict(self) -> dict:
-        return {
-            **{f"backup{f}": b for f, b in enumerate(self.global_params)},
-            **{f"momentum{f}": m for f, m in enumerate(self.momentum)},
-            **{f"residual{f}": e for f, e in enumerate(self.residual)},
-        }
+        named = {"backup": self.global_params, "momentum": self.momentum, "residual": self.residual}
+        return {f"{name}{f}": t for name, per_fragment in named.items() for f, t in enumerate(per_fragment)}

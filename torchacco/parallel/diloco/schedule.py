@@ -3,8 +3,7 @@
 Fragment f's outer step follows inner update t when t is a multiple of H / P and f = (t / (H / P) − 1) mod P. The
 first `warm_start` updates each end in an average instead. With sync_every_max (QSR) the period after an outer step is
 H_t / P, H_t = H·(η_peak / η_t)² up to sync_every_max. With balance_replicas replica r computes the first K_r slots of
-each period and sits the rest out.
-"""
+each period and sits the rest out."""
 
 from __future__ import annotations
 
