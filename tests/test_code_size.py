@@ -8,7 +8,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # Physical lines of Python: a change that would grow past its budget cuts repetition elsewhere first, or raises the
 # budget in the same commit with the reason.
-BUDGET = {"torchacco": 10_970, "benchmarks": 4_651}
+BUDGET = {"torchacco": 10_726, "benchmarks": 4_657}
 
 
 @pytest.mark.parametrize("folder", sorted(BUDGET))
