@@ -249,7 +249,7 @@ NUMBERS = [
     ),
     (
         (OPTIMIZERS,),
-        "took {:.2f}×, and {:.2f}× sooner than DDP with Muon, the soonest synchronous Muon there",
+        "took {:.2f}×, and {:.2f}× sooner than the soonest synchronous Muon there",
         lambda: ttt(MB, "b", TOP3, "sooner") + [ttt(MB, "b", MUON_TOP3, "sooner")[0] / muon_sync_sooner(MB, "b")],
     ),
     (
