@@ -58,7 +58,7 @@ whole = sum(t.numel() * 4 for t in model.parameters())
 if p.data_parallel == "fsdp":
     strategy, _ = trainer.parallelize(cfg, spec, dims, dev, model, TokenLoss(), plan, init)
 else:  # the model alone: a replicated-update strategy's own buffers are not the build's
-    trainer._model_parallel(cfg, spec, dims, dev, model, TokenLoss())
+    trainer.apply_model_parallel(model, spec, p, cfg.model, cfg.training, dims, dev, TokenLoss())
     if init is not None:
         init()
 grown = (peak_kib() - start) * 1024
