@@ -154,16 +154,18 @@ def exchange(pieces: list[tuple[int, torch.Tensor, torch.Tensor]], group=None) -
     received from it), in an order both sides share. Not a collective: the heartbeat's counts stay per collective."""
     if not pieces:
         return
+    group = group or dist.group.WORLD
     _issue("exchange", group)
-    rank = dist.get_rank(group)
-    if len(pieces) == 1:  # one peer: the ring's exchange, with a 2-rank gloo group's second connection
-        peer, send, recv = pieces[0]
-        _exchange(send, dist.get_global_rank(group, peer), recv, dist.get_global_rank(group, peer), group, rank)
+    peers = [(dist.get_global_rank(group, peer), send, recv) for peer, send, recv in pieces]
+    if len(peers) == 1:  # one peer: the ring's exchange, with a 2-rank gloo group's second connection
+        peer, send, recv = peers[0]
+        _exchange(send, peer, recv, peer, group, dist.get_rank(group))
         return
-    ops = []
-    for peer, send, recv in pieces:
-        ops += [dist.P2POp(dist.isend, send, dist.get_global_rank(group, peer), group),
-                dist.P2POp(dist.irecv, recv, dist.get_global_rank(group, peer), group)]  # fmt: skip
+    ops = [
+        dist.P2POp(op, t, peer, group)
+        for peer, send, recv in peers
+        for op, t in ((dist.isend, send), (dist.irecv, recv))
+    ]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
 
