@@ -161,11 +161,9 @@ def exchange(pieces: list[tuple[int, torch.Tensor, torch.Tensor]], group=None) -
         peer, send, recv = peers[0]
         _exchange(send, peer, recv, peer, group, dist.get_rank(group))
         return
-    ops = [
-        dist.P2POp(op, t, peer, group)
-        for peer, send, recv in peers
-        for op, t in ((dist.isend, send), (dist.irecv, recv))
-    ]
+    ops = []
+    for peer, send, recv in peers:
+        ops += [dist.P2POp(dist.isend, send, peer, group), dist.P2POp(dist.irecv, recv, peer, group)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
 
